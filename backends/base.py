@@ -1,0 +1,77 @@
+"""The TrainingStrategy interface: what the training loop needs from a backend.
+
+Batches are dicts of tensors laid out by `rlcore.core.batch` (right-padded [B, T]; position t of
+every per-token field refers to predicting input_ids[:, t] from the tokens before it).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+class LossFn(Protocol):
+    """Maps the policy's per-token log-probs/entropy on one micro-batch to a loss.
+
+    The returned loss and metrics are this micro-batch's contribution to the whole train batch
+    (normalised by global token/sequence counts), so summing over micro-batches and ranks gives
+    the global value.
+    """
+
+    needs_entropy: bool
+
+    def __call__(
+        self, logprobs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class TrainingStrategy(ABC):
+    """One training backend across all ranks of the trainer world.
+
+    Construction: `Strategy(model_path, trainer_cfg, optimizer_cfg, *, device, dtype, total_steps,
+    with_reference, seed)`; every rank builds it, collectives happen inside.
+    """
+
+    @abstractmethod
+    def forward_backward(self, micro_batches: list[Batch], loss_fn: LossFn, temperature: float) -> dict[str, float]:
+        """Accumulate gradients of `loss_fn` over this rank's micro-batches; return metrics summed over
+        micro-batches and ranks (identical on every rank)."""
+
+    @abstractmethod
+    def optimizer_step(self) -> float:
+        """Clip, step the optimizer and the lr schedule, zero grads; return the pre-clip grad norm."""
+
+    @abstractmethod
+    def compute_logprobs(self, micro_batches: list[Batch], temperature: float, reference: bool = False) -> list[torch.Tensor]:
+        """Per-token log-probs [B, T] of each micro-batch under the policy (or the frozen reference)."""
+
+    @abstractmethod
+    def current_lr(self) -> float: ...
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Write model, optimizer and scheduler state under `path` (collective)."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what `save_checkpoint` wrote (collective)."""
+
+    @abstractmethod
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (hf_name, full tensor) in the same order on every rank, one tensor at a time
+        (collective: every rank must consume the iterator to the end)."""
+
+    @abstractmethod
+    def hf_config(self) -> Any:
+        """The model's transformers config (for HF export)."""
+
+    def offload(self) -> None:
+        """Move state off the accelerator while engines use it (colocation). Default: no-op."""
+
+    def onload(self) -> None:
+        """Undo `offload`."""

@@ -1,0 +1,341 @@
+"""The config schema: every field, its default and its allowed values live here and only here.
+
+YAML recipes in `configs/` hold overrides only. Field metadata drives validation (see validate.py):
+  choices       allowed values (a tuple, or "module:REGISTRY" naming a lazy Registry)
+  ge/gt/le/lt   numeric bounds
+  must_exist    the value is a path that must exist (unless a generator can create it)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+def choice(default: Any, choices: tuple[str, ...] | str) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+def bounded(default: Any, **bounds: float) -> Any:
+    return field(default=default, metadata=bounds)
+
+
+# ----------------------------------------------------------------------------------------------
+# algorithm
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = bounded(1e-6, gt=0.0)
+    """Peak learning rate."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = bounded(1e-8, gt=0.0)
+    """AdamW epsilon."""
+    weight_decay: float = bounded(0.01, ge=0.0)
+    """AdamW decoupled weight decay."""
+    lr_scheduler_type: str = choice("constant", ("constant", "cosine"))
+    """Schedule after warm-up: constant, or cosine decay to `min_lr_ratio * lr` at the last step."""
+    lr_warmup_steps: int = bounded(0, ge=0)
+    """Linear warm-up from 0 to `lr` over this many optimizer steps."""
+    min_lr_ratio: float = bounded(0.0, ge=0.0, le=1.0)
+    """Cosine floor as a fraction of `lr`."""
+
+
+@dataclass
+class KLControllerConfig:
+    type: str = choice("fixed", ("fixed", "adaptive"))
+    """fixed: the coefficient never changes; adaptive: proportional controller towards `target_kl`."""
+    kl_coef: float = bounded(0.001, ge=0.0)
+    """Initial coefficient of the KL penalty in the reward (used when algorithm.use_kl_in_reward)."""
+    target_kl: float = bounded(0.1, gt=0.0)
+    """Adaptive controller: the KL per sequence it steers towards."""
+    horizon: int = bounded(10000, gt=0)
+    """Adaptive controller: number of samples over which the coefficient adapts."""
+
+
+@dataclass
+class AlgorithmConfig:
+    algorithm_type: str = choice("grpo", ("grpo", "sft"))
+    """grpo: group-relative policy optimisation with a PPO-clipped surrogate; sft: cross-entropy on
+    the taskset's responses."""
+    repeat_times: int = bounded(8, ge=1)
+    """Responses sampled per task (the GRPO group size)."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    advantage_fn: str = choice("grpo", ("grpo",))
+    """Advantage estimator."""
+    advantage_std_normalize: bool = True
+    """GRPO: divide the group-centred reward by the group's standard deviation (False: Dr. GRPO)."""
+    kl_loss_fn: str = choice("k3", ("none", "k1", "abs", "k2", "mse", "k3", "low_var_kl"))
+    """KL estimator used as a loss term against the reference model ('none' disables it)."""
+    kl_loss_coef: float = bounded(0.001, ge=0.0)
+    """Weight of the KL loss term."""
+    use_kl_in_reward: bool = False
+    """Subtract `kl_ctrl.kl_coef * KL` (estimator `kl_penalty_fn`) from the token-level reward."""
+    kl_penalty_fn: str = choice("k1", ("k1", "abs", "k2", "mse", "k3", "low_var_kl"))
+    """KL estimator used for the reward penalty."""
+    kl_ctrl: KLControllerConfig = field(default_factory=KLControllerConfig)
+    entropy_coef: float = bounded(0.0, ge=0.0)
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    clip_ratio_low: float = bounded(0.2, ge=0.0, lt=1.0)
+    """PPO clip: ratio is clipped below at 1 - clip_ratio_low."""
+    clip_ratio_high: float = bounded(0.2, ge=0.0)
+    """PPO clip: ratio is clipped above at 1 + clip_ratio_high."""
+    loss_agg_mode: str = choice(
+        "token-mean", ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    )
+    """How per-token losses become one scalar (over the whole train batch, across ranks)."""
+    do_old_log_prob_compute: bool = True
+    """Recompute old log-probs with the trainer before the update (True) or use the engine's (False)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# model
+
+
+@dataclass
+class ScratchModelConfig:
+    """A tiny Llama-architecture model and character tokenizer built locally (no download)."""
+
+    enabled: bool = False
+    """Build the model and tokenizer into `model.model_path` if that folder has no config.json."""
+    hidden_size: int = bounded(128, gt=0)
+    num_layers: int = bounded(4, gt=0)
+    num_attention_heads: int = bounded(4, gt=0)
+    num_key_value_heads: int = bounded(2, gt=0)
+    intermediate_size: int = bounded(384, gt=0)
+    tie_word_embeddings: bool = False
+
+
+@dataclass
+class ModelConfig:
+    model_path: str = MISSING
+    """HF model folder (config.json, weights, tokenizer)."""
+    max_model_len: int = bounded(1024, gt=0)
+    """Longest prompt + response the engines and trainer accept, in tokens."""
+    max_prompt_tokens: int = bounded(512, gt=0)
+    """Prompts longer than this are truncated from the left."""
+    max_response_tokens: int = bounded(512, gt=0)
+    """Default generation budget per response."""
+    dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
+    """Compute dtype; auto: bfloat16 on CUDA, float32 on CPU. Master weights stay float32."""
+    apply_chat_template: bool = False
+    """Wrap prompts with the tokenizer's chat template (False: the prompt text is used as is)."""
+    chat_template: Optional[str] = None
+    """A Jinja chat template that replaces the tokenizer's own."""
+    scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
+
+
+# ----------------------------------------------------------------------------------------------
+# cluster
+
+
+@dataclass
+class ClusterConfig:
+    device: str = choice("auto", ("auto", "cpu", "cuda"))
+    """auto: cuda when available, else cpu."""
+    num_nodes: int = bounded(1, ge=1)
+    """Trainer nodes."""
+    ranks_per_node: int = bounded(1, ge=1)
+    """Trainer processes per node (one per GPU on CUDA)."""
+    rdzv_endpoint: str = ""
+    """host:port of the torchrun rendezvous for multi-node runs; empty: single node, standalone."""
+    threads_per_rank: int = bounded(0, ge=0)
+    """CPU threads per trainer process; 0: cores divided by ranks."""
+
+
+# ----------------------------------------------------------------------------------------------
+# buffer
+
+
+@dataclass
+class FormatConfig:
+    prompt_key: str = "prompt"
+    """Column holding the prompt text."""
+    response_key: str = "response"
+    """Column holding the reference response (SFT target)."""
+    answer_key: str = "answer"
+    """Column holding the ground-truth answer for reward functions."""
+    system_prompt: Optional[str] = None
+    """System message prepended when model.apply_chat_template is on."""
+
+
+@dataclass
+class RolloutArgs:
+    temperature: float = bounded(1.0, ge=0.0)
+    """0 means greedy decoding."""
+    top_p: float = bounded(1.0, gt=0.0, le=1.0)
+    top_k: int = bounded(-1, ge=-1)
+    """-1 disables top-k."""
+    min_p: float = bounded(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = bounded(1.0, gt=0.0)
+    max_tokens: Optional[int] = bounded(None, gt=0)
+    """Generation budget; null: model.max_response_tokens."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (excluded from the returned text, like EOS)."""
+
+
+@dataclass
+class TasksetConfig:
+    name: str = "taskset"
+    """Label used in metrics (eval/<name>/...)."""
+    path: str = MISSING
+    """Local jsonl/json/parquet file or folder, read through HF datasets."""
+    split: str = "train"
+    format: FormatConfig = field(default_factory=FormatConfig)
+    rollout_args: RolloutArgs = field(default_factory=RolloutArgs)
+    reward_fn: list[str] = field(default_factory=lambda: ["exact_match"])
+    """Reward functions by registered name or import path 'pkg.mod:fn'."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per reward_fn; empty: all 1.0."""
+    shuffle: bool = True
+    """Shuffle each epoch (seeded by the global seed and the epoch)."""
+    num_samples: Optional[int] = bounded(None, gt=0)
+    """Use only the first N rows."""
+    generator: Optional[str] = None
+    """Writes `path` when it is missing: a registered name (arithmetic) or 'pkg.mod:fn(path, **args)'."""
+    generator_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExplorerInput:
+    taskset: TasksetConfig = field(default_factory=TasksetConfig)
+    eval_tasksets: list[TasksetConfig] = field(default_factory=list)
+
+
+@dataclass
+class ExperienceBufferConfig:
+    name: str = "experiences"
+    storage_type: str = choice("queue", ("queue", "jsonl"))
+    """queue: in memory, explorer -> trainer; jsonl: appended to / read from `path`."""
+    path: Optional[str] = None
+    """jsonl file for storage_type jsonl (mode explore writes it, mode train reads it)."""
+
+
+@dataclass
+class TrainerInput:
+    experience_buffer: ExperienceBufferConfig = field(default_factory=ExperienceBufferConfig)
+
+
+@dataclass
+class BufferConfig:
+    batch_size: int = bounded(16, ge=1)
+    """Tasks per explore step."""
+    train_batch_size: int = bounded(0, ge=0)
+    """Experiences per optimizer step; 0: everything one explore step produced (one update per step)."""
+    total_epochs: int = bounded(1, ge=1)
+    """Passes over the taskset."""
+    total_steps: Optional[int] = bounded(None, ge=1)
+    """Stop after this many explore steps (null: when the epochs are done)."""
+    explorer_input: ExplorerInput = field(default_factory=ExplorerInput)
+    trainer_input: TrainerInput = field(default_factory=TrainerInput)
+
+
+# ----------------------------------------------------------------------------------------------
+# explorer / trainer / synchronizer
+
+
+@dataclass
+class RolloutModelConfig:
+    engine_type: str = choice("hf", "rlcore.rollout.engines:ENGINES")
+    """Inference engine."""
+    engine_num: int = bounded(1, ge=1)
+    tensor_parallel_size: int = bounded(1, ge=1)
+    max_batch_size: int = bounded(256, ge=1)
+    """Sequences generated together in one engine call."""
+
+
+@dataclass
+class ExplorerConfig:
+    rollout_model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
+    eval_interval: int = bounded(0, ge=0)
+    """Evaluate every N explore steps (0: only at the end of the stage)."""
+    eval_on_startup: bool = False
+    """Evaluate before the first step."""
+    max_timeout: float = bounded(900.0, gt=0.0)
+    """Seconds one rollout batch may take before it is an error."""
+    max_retry_times: int = bounded(2, ge=0)
+    """Retries of a failed rollout batch."""
+
+
+@dataclass
+class TrainerConfig:
+    strategy: str = choice("fsdp2", "rlcore.backends:STRATEGIES")
+    """Training strategy (`--strategy` on the command line overrides it)."""
+    total_steps: Optional[int] = bounded(None, ge=1)
+    """Stop after this many optimizer steps (null: when the buffer is exhausted)."""
+    save_interval: int = bounded(0, ge=0)
+    """Checkpoint every N optimizer steps (0: only at the end of the stage)."""
+    max_checkpoints_to_keep: Optional[int] = bounded(None, ge=1)
+    """Delete older checkpoints beyond this many (null: keep all)."""
+    save_hf_checkpoint: str = choice("last", ("last", "always", "never"))
+    """Also export HF format (loadable by from_pretrained): with the last checkpoint, every one, or never."""
+    grad_clip: float = bounded(1.0, ge=0.0)
+    """Max global gradient norm (0 disables clipping)."""
+    max_token_len_per_gpu: int = bounded(16384, gt=0)
+    """Micro-batch token budget per rank: sequences are grouped so each forward stays under it."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+
+
+@dataclass
+class SynchronizerConfig:
+    sync_method: str = choice("memory", ("memory",))
+    """How weights reach the engines: memory (engine in the trainer's rank-0 process)."""
+    sync_interval: int = bounded(1, ge=1)
+    """Sync after every N optimizer steps."""
+    sync_offset: int = bounded(0, ge=0)
+    """Delay the first sync by this many steps."""
+    sync_timeout: float = bounded(1200.0, gt=0.0)
+    """Seconds a sync may take before it is an error."""
+    sync_style: str = choice("fixed", ("fixed",))
+    """Who decides when to sync: fixed (every sync_interval steps)."""
+
+
+@dataclass
+class MonitorConfig:
+    monitor_type: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Any of console, jsonl, tensorboard, wandb, mlflow."""
+
+
+MONITOR_TYPES = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
+@dataclass
+class LogConfig:
+    level: str = choice("INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+# ----------------------------------------------------------------------------------------------
+# root
+
+
+@dataclass
+class RLCoreConfig:
+    project: str = "rlcore"
+    name: str = "run"
+    mode: str = choice("both", ("both", "train", "explore", "bench", "colocate"))
+    """both/colocate: explore and train in turn; train: SFT or training from the experience buffer
+    only; explore: rollouts written to the experience buffer; bench: evaluation only."""
+    checkpoint_root_dir: str = "./checkpoints"
+    """Runs live in <checkpoint_root_dir>/<project>/<name>/."""
+    continue_from_checkpoint: bool = False
+    """Resume from the latest checkpoint of this run (stages already finished are skipped)."""
+    seed: int = 42
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    stages: list[Any] = field(default_factory=list)
+    """Sequential stages; each is {name: ..., <section>: {overrides}} applied on top of this config."""
+
+
+# sections a stage may override (everything but the run identity and the stage list itself)
+STAGE_SECTIONS = ("mode", "algorithm", "model", "buffer", "explorer", "trainer", "synchronizer", "monitor")

@@ -1,0 +1,134 @@
+"""Value checks beyond types: allowed choices, numeric ranges, files that must exist, and the few
+rules that relate fields to each other. Messages are one line: `<full.key.path>: <what is allowed>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from ..registry import Registry, import_path
+from .schema import MONITOR_TYPES, RLCoreConfig, TasksetConfig
+
+
+class ConfigError(ValueError):
+    """A user-facing config problem; str(e) is one line naming the key path and the fix."""
+
+
+def _choices(spec: tuple[str, ...] | str) -> tuple[str, ...]:
+    if isinstance(spec, str):  # "module:REGISTRY": a lazy registry, imported without heavy deps
+        registry = import_path(spec, what="registry")
+        assert isinstance(registry, Registry)
+        return tuple(registry)
+    return spec
+
+
+def _check_field(path: str, value: Any, meta: dict[str, Any]) -> None:
+    if value is None:
+        return
+    if "choices" in meta:
+        allowed = _choices(meta["choices"])
+        if value not in allowed:
+            raise ConfigError(f"{path} must be one of {', '.join(allowed)}; got '{value}'")
+    bounds = {"ge": (">=", lambda a, b: a >= b), "gt": (">", lambda a, b: a > b),
+              "le": ("<=", lambda a, b: a <= b), "lt": ("<", lambda a, b: a < b)}
+    for name, (sym, ok) in bounds.items():
+        if name in meta and not ok(value, meta[name]):
+            raise ConfigError(f"{path} must be {sym} {meta[name]}; got {value}")
+
+
+def _walk(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        _check_field(path, value, dict(f.metadata))
+        if dataclasses.is_dataclass(value):
+            _walk(value, path + ".")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    _walk(item, f"{path}[{i}].")
+
+
+def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool) -> None:
+    from ...rollout.rewards import REWARDS  # registry of names only; no heavy imports
+
+    if not ts.reward_fn:
+        raise ConfigError(f"{path}.reward_fn: give at least one reward function ({', '.join(REWARDS)})")
+    for i, name in enumerate(ts.reward_fn):
+        if name not in REWARDS and ":" not in name:
+            raise ConfigError(
+                f"{path}.reward_fn[{i}] must be one of {', '.join(REWARDS)} or an import path "
+                f"'pkg.mod:fn'; got '{name}'"
+            )
+    if ts.reward_weights and len(ts.reward_weights) != len(ts.reward_fn):
+        raise ConfigError(
+            f"{path}.reward_weights has {len(ts.reward_weights)} entries but reward_fn has "
+            f"{len(ts.reward_fn)}; give one weight per reward function or none"
+        )
+    if ts.generator is not None:
+        from ..data import GENERATORS
+
+        if ts.generator not in GENERATORS and ":" not in ts.generator:
+            raise ConfigError(
+                f"{path}.generator must be one of {', '.join(GENERATORS)} or an import path; got '{ts.generator}'"
+            )
+    elif check_paths and not os.path.exists(ts.path):
+        raise ConfigError(f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet file or set a generator)")
+
+
+def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
+    """Raise ConfigError on the first invalid value."""
+    _walk(cfg, "")
+    for i, m in enumerate(cfg.monitor.monitor_type):
+        if m not in MONITOR_TYPES:
+            raise ConfigError(f"monitor.monitor_type[{i}] must be one of {', '.join(MONITOR_TYPES)}; got '{m}'")
+
+    opt = cfg.algorithm.optimizer
+    if len(opt.betas) != 2 or not all(0.0 <= b < 1.0 for b in opt.betas):
+        raise ConfigError(f"algorithm.optimizer.betas must be two numbers in [0, 1); got {list(opt.betas)}")
+
+    model = cfg.model
+    if model.max_prompt_tokens + model.max_response_tokens > model.max_model_len:
+        raise ConfigError(
+            f"model.max_prompt_tokens + model.max_response_tokens ({model.max_prompt_tokens} + "
+            f"{model.max_response_tokens}) must be <= model.max_model_len ({model.max_model_len})"
+        )
+    sc = model.scratch
+    if sc.enabled:
+        if sc.hidden_size % sc.num_attention_heads:
+            raise ConfigError("model.scratch.hidden_size must be divisible by model.scratch.num_attention_heads")
+        if sc.num_attention_heads % sc.num_key_value_heads:
+            raise ConfigError(
+                "model.scratch.num_attention_heads must be divisible by model.scratch.num_key_value_heads"
+            )
+    elif check_paths and model.model_path != "<previous stage>" and not os.path.isdir(model.model_path):
+        raise ConfigError(
+            f"model.model_path: '{model.model_path}' is not a folder (give an HF model folder, "
+            f"or set model.scratch.enabled=true to build a tiny model there)"
+        )
+
+    buf = cfg.buffer
+    group = buf.batch_size * cfg.algorithm.repeat_times
+    if buf.train_batch_size and group % buf.train_batch_size:
+        raise ConfigError(
+            f"buffer.train_batch_size ({buf.train_batch_size}) must divide buffer.batch_size * "
+            f"algorithm.repeat_times ({group}), or be 0"
+        )
+    eb = buf.trainer_input.experience_buffer
+    if eb.storage_type == "jsonl" and not eb.path:
+        raise ConfigError("buffer.trainer_input.experience_buffer.path: required when storage_type is jsonl")
+    uses_taskset = cfg.mode != "train" or cfg.algorithm.algorithm_type == "sft"
+    if uses_taskset:
+        _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths)
+    for i, ts in enumerate(buf.explorer_input.eval_tasksets):
+        _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
+
+    if cfg.mode in ("both", "colocate", "explore") and cfg.algorithm.algorithm_type == "sft":
+        raise ConfigError(f"mode '{cfg.mode}' needs algorithm.algorithm_type grpo; SFT runs with mode train")
+    if cfg.mode == "train" and cfg.algorithm.algorithm_type != "sft" and eb.storage_type != "jsonl":
+        raise ConfigError(
+            "mode train with algorithm grpo reads experiences from a file: set "
+            "buffer.trainer_input.experience_buffer.storage_type=jsonl and its path"
+        )

@@ -1,0 +1,5 @@
+"""Tasksets: loading through HF datasets, and built-in generators of synthetic tasks."""
+
+from ..registry import Registry
+
+GENERATORS = Registry("taskset.generator", {"arithmetic": "rlcore.core.data.synthetic:write_arithmetic_taskset"})

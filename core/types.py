@@ -1,0 +1,81 @@
+"""Data types that cross module boundaries (and, later, process boundaries through proto/).
+
+Plain dataclasses of Python lists and numbers: no torch here, so they serialise cleanly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Task:
+    """One row of a taskset."""
+
+    task_id: str
+    prompt: str
+    answer: str | None = None
+    """Ground truth for reward functions."""
+    response: str | None = None
+    """Reference response (SFT target)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 disables top-k."""
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1
+    """Completions per prompt."""
+    max_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    """Seeds the sampler for this request; the same seed and weights give the same tokens."""
+
+
+@dataclass
+class Completion:
+    """One generated sequence as an engine returns it."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    """Response tokens, EOS included when generation stopped on it; stop strings excluded."""
+    logprobs: list[float]
+    """Log-probability of each sampled token under the temperature-scaled policy
+    (log_softmax(logits / temperature); raw logits when greedy). Same length as token_ids."""
+    finish_reason: str
+    """'stop' (EOS or a stop string) or 'length' (budget reached)."""
+    text: str = ""
+    """Decoded response, special tokens and stop string removed."""
+
+
+@dataclass
+class Experience:
+    """A scored completion, the unit the trainer consumes."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    logprobs: list[float]
+    """Rollout log-probs of response tokens."""
+    reward: float
+    group_id: str
+    """Task id: experiences sampled from the same task form a GRPO group."""
+    policy_version: int = 0
+    """The trainer step whose weights generated this experience."""
+    finish_reason: str = "stop"
+    response_text: str = ""
+    reward_components: dict[str, float] = field(default_factory=dict)
+    """Each reward function's unweighted score."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Experience:
+        return cls(**d)

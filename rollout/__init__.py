@@ -1,0 +1,1 @@
+"""Inference engines, workflows and reward functions."""

@@ -1,0 +1,5 @@
+"""Inference engines behind the RolloutEngine interface (engines/base.py)."""
+
+from ...core.registry import Registry
+
+ENGINES = Registry("explorer.rollout_model.engine_type", {"hf": "rlcore.rollout.engines.hf:HFEngine"})

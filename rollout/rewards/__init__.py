@@ -1,0 +1,12 @@
+"""Reward functions: registered names resolve lazily to `fn(response: str, task: Task) -> float`."""
+
+from ...core.registry import Registry
+
+REWARDS = Registry(
+    "reward_fn",
+    {
+        "exact_match": "rlcore.rollout.rewards.answer:exact_match",
+        "numeric": "rlcore.rollout.rewards.answer:numeric_match",
+        "format": "rlcore.rollout.rewards.answer:format_reward",
+    },
+)
