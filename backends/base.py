@@ -38,7 +38,9 @@ class TrainingStrategy(ABC):
     """
 
     @abstractmethod
-    def forward_backward(self, micro_batches: list[Batch], loss_fn: LossFn, temperature: float) -> dict[str, float]:
+    def forward_backward(
+        self, micro_batches: list[Batch], loss_fn: LossFn, temperature: float
+    ) -> dict[str, float]:
         """Accumulate gradients of `loss_fn` over this rank's micro-batches; return metrics summed over
         micro-batches and ranks (identical on every rank)."""
 
@@ -47,7 +49,9 @@ class TrainingStrategy(ABC):
         """Clip, step the optimizer and the lr schedule, zero grads; return the pre-clip grad norm."""
 
     @abstractmethod
-    def compute_logprobs(self, micro_batches: list[Batch], temperature: float, reference: bool = False) -> list[torch.Tensor]:
+    def compute_logprobs(
+        self, micro_batches: list[Batch], temperature: float, reference: bool = False
+    ) -> list[torch.Tensor]:
         """Per-token log-probs [B, T] of each micro-batch under the policy (or the frozen reference)."""
 
     @abstractmethod
@@ -72,6 +76,8 @@ class TrainingStrategy(ABC):
 
     def offload(self) -> None:
         """Move state off the accelerator while engines use it (colocation). Default: no-op."""
+        return None
 
     def onload(self) -> None:
         """Undo `offload`."""
+        return None

@@ -7,15 +7,21 @@ allowed. Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import os
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
+    GrammarParseError,
     InterpolationResolutionError,
+    InterpolationValidationError,
     MissingMandatoryValue,
     OmegaConfBaseException,
     ValidationError,
@@ -34,30 +40,114 @@ class Stage:
     config: RLCoreConfig
 
 
-def _allowed_keys(node: Any) -> str:
-    if isinstance(node, DictConfig):
-        return ", ".join(str(k) for k in node.keys())
-    return ""
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
-def _explain(err: OmegaConfBaseException, base: DictConfig | None, prefix: str = "") -> ConfigError:
+def _is_section(hint: Any) -> typing.TypeGuard[type]:
+    """A schema dataclass (a section or a list item type), as opposed to a scalar or container."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _type_name(hint: Any) -> str:
+    """How a schema type reads in an error message: int, float or null, a list of str..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # Optional[X]
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is list:
+        return f"a list of {_type_name(args[0])}" if args and args[0] is not Any else "a list"
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return "a mapping"
+    if hint is bool:
+        return "true or false"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _show(value: Any) -> str:
+    """A user value as the YAML/override writer typed it."""
+    if value is None:
+        return "null"
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=False)
+    return repr(value)
+
+
+def _unknown_key(path: str, key: Any, allowed: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(str(key), allowed, n=1)
+    guess = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(f"{path}: unknown key{guess}; allowed keys here: {', '.join(allowed)}")
+
+
+def _expected_type(err: OmegaConfBaseException) -> str | None:
+    """The schema type of the value an OmegaConf ValidationError complains about."""
+    obj, key = getattr(err, "object_type", None), getattr(err, "key", None)
+    ref = getattr(err, "ref_type", None)
+    if _is_section(obj) and isinstance(key, str) and key in _hints(obj):
+        return _type_name(_hints(obj)[key])
+    if isinstance(key, int) and typing.get_origin(ref) is list:  # a list element
+        return _type_name(typing.get_args(ref)[0])
+    return None
+
+
+def _explain(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
     """Turn an OmegaConf exception into a one-line ConfigError with the full key path."""
-    key = getattr(err, "full_key", None) or getattr(err, "key", None) or ""
-    key = f"{prefix}{key}"
+    rel = getattr(err, "full_key", None) or getattr(err, "key", None) or ""
+    key = f"{prefix}{rel}"
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    if isinstance(err, ConfigKeyError) and base is not None:
-        parent_path = key.rsplit(".", 1)[0] if "." in key else ""
-        parent_path = parent_path[len(prefix):] if prefix and parent_path.startswith(prefix) else parent_path
-        parent = OmegaConf.select(base, parent_path) if parent_path else base
-        allowed = _allowed_keys(parent)
-        return ConfigError(f"{key}: unknown key; allowed keys here: {allowed}")
+    obj = getattr(err, "object_type", None)
+    if isinstance(err, ConfigKeyError) and _is_section(obj):
+        return _unknown_key(key, getattr(err, "key", rel), list(_hints(obj)))
     if isinstance(err, MissingMandatoryValue):
-        return ConfigError(f"{key}: required but not set")
+        return ConfigError(f"{key}: required but not set (set it in the YAML or pass {key}=...)")
+    if isinstance(err, GrammarParseError):
+        return ConfigError(f"{key}: malformed interpolation {_show(getattr(err, 'value', None))} ({msg})")
+    if isinstance(err, ValidationError) and (expected := _expected_type(err)) is not None:
+        source = " (from an interpolation)" if isinstance(err, InterpolationValidationError) else ""
+        return ConfigError(f"{key}: expected {expected}, got {_show(getattr(err, 'value', None))}{source}")
     if isinstance(err, InterpolationResolutionError):
         return ConfigError(f"{key}: cannot resolve interpolation ({msg})")
-    if isinstance(err, ValidationError):
-        return ConfigError(f"{key}: {msg}")
     return ConfigError(f"{key}: {msg}" if key else msg)
+
+
+def _check_layer(cls: type, data: dict[Any, Any], path: str) -> None:
+    """Check a layer's keys and section shapes against the schema before OmegaConf merges it.
+
+    OmegaConf names an error inside a list element relative to the element, and reports a scalar
+    given for a whole section without any key; walking the layer first keeps the full key path.
+    Scalar types are left to OmegaConf (it converts "3" to 3 and resolves interpolations).
+    """
+    hints = _hints(cls)
+    for key, value in data.items():
+        full = f"{path}{key}"
+        if key not in hints:
+            raise _unknown_key(full, key, list(hints))
+        hint = hints[key]
+        if isinstance(value, str) and "${" in value:
+            continue  # an interpolation: checked once resolved
+        origin = typing.get_origin(hint)
+        if _is_section(hint) or origin is dict:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{full}: expected a mapping of {key} keys, got {_show(value)}")
+            if _is_section(hint):
+                _check_layer(hint, value, full + ".")
+        elif origin is list:
+            if not isinstance(value, list):
+                raise ConfigError(f"{full}: expected {_type_name(hint)}, got {_show(value)}")
+            (item_type,) = typing.get_args(hint)
+            if _is_section(item_type):
+                for i, item in enumerate(value):
+                    _check_item(item_type, item, f"{full}[{i}]")
+
+
+def _check_item(cls: type, item: Any, path: str) -> None:
+    if not isinstance(item, dict):
+        raise ConfigError(f"{path}: expected a mapping of {cls.__name__} keys, got {_show(item)}")
+    _check_layer(cls, item, path + ".")
+    try:  # scalar types, merged alone so the error can carry the element's path
+        OmegaConf.merge(OmegaConf.structured(cls), item)
+    except OmegaConfBaseException as e:
+        raise _explain(e, path + ".") from None
 
 
 def _read_yaml(path: str) -> DictConfig:
@@ -67,32 +157,45 @@ def _read_yaml(path: str) -> DictConfig:
         with open(path) as f:
             data = yaml.safe_load(f)
     except yaml.YAMLError as e:
-        first = str(e).replace("\n", " ")
+        first = " ".join(str(e).split())
         raise ConfigError(f"{path}: invalid YAML ({first})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return OmegaConf.create(data)
+    try:
+        return OmegaConf.create(data)
+    except OmegaConfBaseException as e:  # e.g. a malformed ${...} interpolation
+        raise _explain(e) from None
 
 
 def _parse_overrides(overrides: list[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' must be written key.path=value")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"bad override: {str(e).splitlines()[0]}") from None
+    layer = OmegaConf.create()
+    for item in overrides:
+        try:
+            layer.merge_with_dotlist([item])
+        except (OmegaConfBaseException, yaml.YAMLError) as e:
+            lines = str(e).splitlines()
+            first = lines[0] if isinstance(e, OmegaConfBaseException) else " ".join(" ".join(lines).split())
+            raise ConfigError(f"override '{item}': cannot parse the value ({first})") from None
+    return layer
 
 
 def _merge(schema: DictConfig, *layers: DictConfig, prefix: str = "") -> DictConfig:
     merged = schema
     for layer in layers:
+        data = OmegaConf.to_container(layer, resolve=False)
+        assert isinstance(data, dict)
+        _check_layer(RLCoreConfig, data, prefix)
         try:
-            merged = OmegaConf.merge(merged, layer)
+            out = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as e:
-            raise _explain(e, schema, prefix) from None
+            raise _explain(e, prefix) from None
+        assert isinstance(out, DictConfig)
+        merged = out
     return merged
 
 
@@ -100,7 +203,7 @@ def _to_object(cfg: DictConfig, prefix: str = "") -> RLCoreConfig:
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
-        raise _explain(e, cfg, prefix) from None
+        raise _explain(e, prefix) from None
     assert isinstance(obj, RLCoreConfig)
     return obj
 
@@ -152,8 +255,8 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
         for key in raw:
             if key not in STAGE_SECTIONS:
                 raise ConfigError(f"{prefix}{key}: a stage may override only {', '.join(STAGE_SECTIONS)}")
+        stage_cfg = _merge(base, OmegaConf.create(raw), prefix=prefix)  # checks the sections' shapes
         inherits_model = i > 0 and "model_path" not in (raw.get("model") or {})
-        stage_cfg = _merge(base, OmegaConf.create(raw), prefix=prefix)
         if inherits_model:
             with _unlocked(stage_cfg):
                 # Placeholder so validation passes; the runner points it at the previous stage's export.
@@ -193,11 +296,12 @@ def to_yaml(cfg: DictConfig | RLCoreConfig) -> str:
     try:
         return OmegaConf.to_yaml(cfg, resolve=True)
     except OmegaConfBaseException as e:
-        raise _explain(e, cfg) from None
+        raise _explain(e) from None
 
 
 def from_yaml(text: str) -> RLCoreConfig:
     """Rebuild a config written by `to_yaml` (used to hand a stage's config to trainer ranks)."""
     schema = OmegaConf.structured(RLCoreConfig)
     cfg = OmegaConf.merge(schema, OmegaConf.create(text))
+    assert isinstance(cfg, DictConfig)
     return _to_object(cfg)

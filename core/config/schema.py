@@ -9,7 +9,7 @@ YAML recipes in `configs/` hold overrides only. Field metadata drives validation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -123,7 +123,7 @@ class ModelConfig:
     """Compute dtype; auto: bfloat16 on CUDA, float32 on CPU. Master weights stay float32."""
     apply_chat_template: bool = False
     """Wrap prompts with the tokenizer's chat template (False: the prompt text is used as is)."""
-    chat_template: Optional[str] = None
+    chat_template: str | None = None
     """A Jinja chat template that replaces the tokenizer's own."""
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
 
@@ -158,7 +158,7 @@ class FormatConfig:
     """Column holding the reference response (SFT target)."""
     answer_key: str = "answer"
     """Column holding the ground-truth answer for reward functions."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """System message prepended when model.apply_chat_template is on."""
 
 
@@ -171,7 +171,7 @@ class RolloutArgs:
     """-1 disables top-k."""
     min_p: float = bounded(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = bounded(1.0, gt=0.0)
-    max_tokens: Optional[int] = bounded(None, gt=0)
+    max_tokens: int | None = bounded(None, gt=0)
     """Generation budget; null: model.max_response_tokens."""
     stop: list[str] = field(default_factory=list)
     """Stop strings (excluded from the returned text, like EOS)."""
@@ -192,9 +192,9 @@ class TasksetConfig:
     """One weight per reward_fn; empty: all 1.0."""
     shuffle: bool = True
     """Shuffle each epoch (seeded by the global seed and the epoch)."""
-    num_samples: Optional[int] = bounded(None, gt=0)
+    num_samples: int | None = bounded(None, gt=0)
     """Use only the first N rows."""
-    generator: Optional[str] = None
+    generator: str | None = None
     """Writes `path` when it is missing: a registered name (arithmetic) or 'pkg.mod:fn(path, **args)'."""
     generator_args: dict[str, Any] = field(default_factory=dict)
 
@@ -210,7 +210,7 @@ class ExperienceBufferConfig:
     name: str = "experiences"
     storage_type: str = choice("queue", ("queue", "jsonl"))
     """queue: in memory, explorer -> trainer; jsonl: appended to / read from `path`."""
-    path: Optional[str] = None
+    path: str | None = None
     """jsonl file for storage_type jsonl (mode explore writes it, mode train reads it)."""
 
 
@@ -227,7 +227,7 @@ class BufferConfig:
     """Experiences per optimizer step; 0: everything one explore step produced (one update per step)."""
     total_epochs: int = bounded(1, ge=1)
     """Passes over the taskset."""
-    total_steps: Optional[int] = bounded(None, ge=1)
+    total_steps: int | None = bounded(None, ge=1)
     """Stop after this many explore steps (null: when the epochs are done)."""
     explorer_input: ExplorerInput = field(default_factory=ExplorerInput)
     trainer_input: TrainerInput = field(default_factory=TrainerInput)
@@ -264,11 +264,11 @@ class ExplorerConfig:
 class TrainerConfig:
     strategy: str = choice("fsdp2", "rlcore.backends:STRATEGIES")
     """Training strategy (`--strategy` on the command line overrides it)."""
-    total_steps: Optional[int] = bounded(None, ge=1)
+    total_steps: int | None = bounded(None, ge=1)
     """Stop after this many optimizer steps (null: when the buffer is exhausted)."""
     save_interval: int = bounded(0, ge=0)
     """Checkpoint every N optimizer steps (0: only at the end of the stage)."""
-    max_checkpoints_to_keep: Optional[int] = bounded(None, ge=1)
+    max_checkpoints_to_keep: int | None = bounded(None, ge=1)
     """Delete older checkpoints beyond this many (null: keep all)."""
     save_hf_checkpoint: str = choice("last", ("last", "always", "never"))
     """Also export HF format (loadable by from_pretrained): with the last checkpoint, every one, or never."""

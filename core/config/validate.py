@@ -31,8 +31,12 @@ def _check_field(path: str, value: Any, meta: dict[str, Any]) -> None:
         allowed = _choices(meta["choices"])
         if value not in allowed:
             raise ConfigError(f"{path} must be one of {', '.join(allowed)}; got '{value}'")
-    bounds = {"ge": (">=", lambda a, b: a >= b), "gt": (">", lambda a, b: a > b),
-              "le": ("<=", lambda a, b: a <= b), "lt": ("<", lambda a, b: a < b)}
+    bounds = {
+        "ge": (">=", lambda a, b: a >= b),
+        "gt": (">", lambda a, b: a > b),
+        "le": ("<=", lambda a, b: a <= b),
+        "lt": ("<", lambda a, b: a < b),
+    }
     for name, (sym, ok) in bounds.items():
         if name in meta and not ok(value, meta[name]):
             raise ConfigError(f"{path} must be {sym} {meta[name]}; got {value}")
@@ -75,7 +79,9 @@ def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool) -> None:
                 f"{path}.generator must be one of {', '.join(GENERATORS)} or an import path; got '{ts.generator}'"
             )
     elif check_paths and not os.path.exists(ts.path):
-        raise ConfigError(f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet file or set a generator)")
+        raise ConfigError(
+            f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet file or set a generator)"
+        )
 
 
 def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
@@ -83,7 +89,9 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     _walk(cfg, "")
     for i, m in enumerate(cfg.monitor.monitor_type):
         if m not in MONITOR_TYPES:
-            raise ConfigError(f"monitor.monitor_type[{i}] must be one of {', '.join(MONITOR_TYPES)}; got '{m}'")
+            raise ConfigError(
+                f"monitor.monitor_type[{i}] must be one of {', '.join(MONITOR_TYPES)}; got '{m}'"
+            )
 
     opt = cfg.algorithm.optimizer
     if len(opt.betas) != 2 or not all(0.0 <= b < 1.0 for b in opt.betas):
@@ -98,7 +106,9 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     sc = model.scratch
     if sc.enabled:
         if sc.hidden_size % sc.num_attention_heads:
-            raise ConfigError("model.scratch.hidden_size must be divisible by model.scratch.num_attention_heads")
+            raise ConfigError(
+                "model.scratch.hidden_size must be divisible by model.scratch.num_attention_heads"
+            )
         if sc.num_attention_heads % sc.num_key_value_heads:
             raise ConfigError(
                 "model.scratch.num_attention_heads must be divisible by model.scratch.num_key_value_heads"

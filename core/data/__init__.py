@@ -2,4 +2,6 @@
 
 from ..registry import Registry
 
-GENERATORS = Registry("taskset.generator", {"arithmetic": "rlcore.core.data.synthetic:write_arithmetic_taskset"})
+GENERATORS = Registry(
+    "taskset.generator", {"arithmetic": "rlcore.core.data.synthetic:write_arithmetic_taskset"}
+)

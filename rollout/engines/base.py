@@ -31,9 +31,12 @@ class RolloutEngine(ABC):
 
     def pause(self) -> None:
         """Stop accepting work (before a weight update). Default: nothing to do for in-process engines."""
+        return None
 
     def resume(self) -> None:
         """Accept work again."""
+        return None
 
     def close(self) -> None:
         """Release the engine's resources."""
+        return None

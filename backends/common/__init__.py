@@ -1,0 +1,1 @@
+"""Pieces shared by the PyTorch-native strategies (FSDP1, FSDP2)."""

@@ -1,0 +1,1 @@
+"""The `rlcore` command line (cli/main.py)."""

@@ -1,0 +1,119 @@
+"""Turn sequences into the tensor batches every strategy consumes.
+
+Layout: right-padded [B, T]; position t of every per-token field refers to predicting
+input_ids[:, t] from the tokens before it (so position 0 is never a target). Keys: input_ids,
+attention_mask, loss_mask (1.0 on response tokens), and, when given, old_logprobs, advantages.
+
+The global train batch is split contiguously across data-parallel ranks, then each rank packs its
+share into micro-batches under a padded-token budget. FSDP-style backends run collectives in every
+forward, so all ranks must run the same number of micro-batches: `equalize` pads the count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class Sequence:
+    """One training sequence before padding."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_logprobs: list[float] | None = None
+    advantage: float = 0.0
+    index: int = -1
+    """Position in the global train batch (to route per-sequence values back to rows)."""
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def shard(items: list, rank: int, world_size: int) -> list:
+    """Contiguous, near-equal split (the first `len % world` ranks get one more)."""
+    base, extra = divmod(len(items), world_size)
+    start = rank * base + min(rank, extra)
+    return items[start : start + base + (1 if rank < extra else 0)]
+
+
+def pack(seqs: list[Sequence], pad_token_id: int) -> Batch:
+    """Right-pad `seqs` into one batch."""
+    assert seqs, "pack() needs at least one sequence"
+    width = max(s.length for s in seqs)
+    n = len(seqs)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width), dtype=torch.float32)
+    with_old = seqs[0].old_logprobs is not None
+    old = torch.zeros((n, width), dtype=torch.float32)
+    adv = torch.zeros((n, width), dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        attention_mask[i, : p + r] = 1
+        loss_mask[i, p : p + r] = 1.0
+        adv[i, p : p + r] = s.advantage
+        if with_old:
+            assert s.old_logprobs is not None and len(s.old_logprobs) == r
+            old[i, p : p + r] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "loss_mask": loss_mask,
+        "advantages": adv,
+    }
+    if with_old:
+        batch["old_logprobs"] = old
+    return batch
+
+
+def plan_micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]]:
+    """Greedy contiguous packing: a micro-batch grows while (count * longest) stays <= max_tokens.
+    A single sequence longer than the budget gets a micro-batch of its own."""
+    groups: list[list[Sequence]] = []
+    current: list[Sequence] = []
+    longest = 0
+    for s in seqs:
+        longest_if_added = max(longest, s.length)
+        if current and (len(current) + 1) * longest_if_added > max_tokens:
+            groups.append(current)
+            current, longest_if_added = [], s.length
+        current.append(s)
+        longest = longest_if_added
+    if current:
+        groups.append(current)
+    return groups
+
+
+def equalize(groups: list[list[Sequence]], count: int) -> list[list[Sequence]]:
+    """Split the largest groups until there are `count` of them; when no group can be split any
+    more, add empty groups (the caller runs them as zero-loss dummies)."""
+    groups = [g for g in groups if g]
+    while len(groups) < count:
+        i = max(range(len(groups)), key=lambda j: len(groups[j]), default=None)
+        if i is None or len(groups[i]) < 2:
+            groups.append([])
+            continue
+        g = groups.pop(i)
+        half = len(g) // 2
+        groups[i:i] = [g[:half], g[half:]]
+    return groups
+
+
+def micro_batches(groups: list[list[Sequence]], pad_token_id: int, template: Sequence) -> list[Batch]:
+    """Pack groups; an empty group becomes a one-row batch with an all-zero loss mask."""
+    out = []
+    for g in groups:
+        if g:
+            out.append(pack(g, pad_token_id))
+        else:
+            dummy = pack([template], pad_token_id)
+            dummy["loss_mask"].zero_()
+            dummy["advantages"].zero_()
+            out.append(dummy)
+    return out

@@ -1,0 +1,99 @@
+"""Tasksets read through HF `datasets` and served in seeded, resumable batches."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from ..config.schema import TasksetConfig
+from ..registry import import_path
+from ..types import Task
+
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:
+    """Run the configured generator when the taskset file is missing."""
+    if cfg.generator is None or os.path.exists(cfg.path):
+        return
+    from . import GENERATORS
+
+    fn = (
+        GENERATORS.resolve(cfg.generator)
+        if cfg.generator in GENERATORS
+        else import_path(cfg.generator, f"{key_path}.generator")
+    )
+    try:
+        fn(cfg.path, **cfg.generator_args)
+    except TypeError as e:
+        raise ValueError(f"{key_path}.generator_args: {e}") from None
+
+
+def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
+    """Read every row of the taskset into Tasks (prompt/answer/response by the format keys)."""
+    from datasets import load_dataset
+
+    path = cfg.path
+    if os.path.isdir(path):
+        ds = load_dataset(path, split=cfg.split)
+    else:
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in FORMATS:
+            raise ValueError(
+                f"{key_path}.path: unsupported file type '{ext}'; use one of {', '.join(FORMATS)}"
+            )
+        ds = load_dataset(FORMATS[ext], data_files={cfg.split: path}, split=cfg.split)
+    fmt = cfg.format
+    if fmt.prompt_key not in ds.column_names:
+        raise ValueError(
+            f"{key_path}.format.prompt_key: column '{fmt.prompt_key}' not in {path}; columns: {', '.join(ds.column_names)}"
+        )
+    if cfg.num_samples is not None:
+        ds = ds.select(range(min(cfg.num_samples, len(ds))))
+    tasks = []
+    for i, row in enumerate(ds):
+        answer = row.get(fmt.answer_key)
+        response = row.get(fmt.response_key)
+        tasks.append(
+            Task(
+                task_id=f"{cfg.name}-{i}",
+                prompt=str(row[fmt.prompt_key]),
+                answer=None if answer is None else str(answer),
+                response=None if response is None else str(response),
+                metadata={
+                    k: v
+                    for k, v in row.items()
+                    if k not in (fmt.prompt_key, fmt.answer_key, fmt.response_key)
+                },
+            )
+        )
+    if not tasks:
+        raise ValueError(f"{key_path}.path: '{path}' has no rows")
+    return tasks
+
+
+class TaskStream:
+    """Batches of `batch_size` tasks; epoch e is the taskset shuffled with seed (seed, e).
+
+    The position is just the number of batches consumed, so resuming needs only that number.
+    Incomplete trailing batches are dropped so every step has the same shape.
+    """
+
+    def __init__(self, tasks: list[Task], batch_size: int, seed: int, shuffle: bool):
+        if len(tasks) < batch_size:
+            raise ValueError(
+                f"the taskset has {len(tasks)} rows, fewer than buffer.batch_size ({batch_size})"
+            )
+        self.tasks = tasks
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.batches_per_epoch = len(tasks) // batch_size
+
+    def batch(self, index: int) -> list[Task]:
+        epoch, i = divmod(index, self.batches_per_epoch)
+        order = list(range(len(self.tasks)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        picked = order[i * self.batch_size : (i + 1) * self.batch_size]
+        return [self.tasks[j] for j in picked]

@@ -1,0 +1,73 @@
+"""Export the strategy's weights as an HF model folder loadable by `from_pretrained`.
+
+Weights arrive one full tensor at a time from `iter_full_weights()` and are written in safetensors
+shards of bounded size, so the writer never holds the whole model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+SHARD_BYTES = 2 * 1024**3
+
+
+def export_hf(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    out_dir: str,
+    hf_config: Any,
+    tokenizer_dir: str,
+    write: bool,
+    shard_bytes: int = SHARD_BYTES,
+) -> None:
+    """Consume `weights` (every rank must, it is collective); rank with `write=True` writes files."""
+    from safetensors.torch import save_file
+
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    shard: dict[str, torch.Tensor] = {}
+    shard_size = 0
+    files: list[tuple[str, list[str]]] = []
+
+    def flush() -> None:
+        nonlocal shard, shard_size
+        name = f"model-{len(files) + 1:05d}.safetensors"
+        save_file(shard, os.path.join(out_dir, name), metadata={"format": "pt"})
+        files.append((name, list(shard)))
+        shard, shard_size = {}, 0
+
+    if write:
+        os.makedirs(out_dir, exist_ok=True)
+    for name, tensor in weights:
+        if not write or (tied and name == "lm_head.weight"):
+            continue
+        t = tensor.detach().to("cpu", copy=True).contiguous()
+        if shard and shard_size + t.numel() * t.element_size() > shard_bytes:
+            flush()
+        shard[name] = t
+        shard_size += t.numel() * t.element_size()
+    if not write:
+        return
+    if shard or not files:
+        flush()
+    if len(files) == 1:
+        os.replace(os.path.join(out_dir, files[0][0]), os.path.join(out_dir, "model.safetensors"))
+    else:
+        index = {"metadata": {}, "weight_map": {k: fname for fname, keys in files for k in keys}}
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+    config = copy.deepcopy(hf_config)
+    config.use_cache = True  # training turns the KV cache off; inference wants it
+    config.save_pretrained(out_dir)
+    for fname in os.listdir(tokenizer_dir):
+        if fname.startswith("tokenizer") or fname in (
+            "special_tokens_map.json",
+            "generation_config.json",
+            "chat_template.jinja",
+        ):
+            shutil.copy2(os.path.join(tokenizer_dir, fname), os.path.join(out_dir, fname))

@@ -1,0 +1,41 @@
+"""Metrics to MLflow (needs the mlflow package: pip install 'rlcore[tracking]').
+
+The tracking server comes from MLflow's own settings (MLFLOW_TRACKING_URI); the rlcore project is
+the experiment, the run name the MLflow run name, and the config is logged as flat `a.b.c` params.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Monitor
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class MlflowMonitor(Monitor):
+    def __init__(self, run_dir: str, project: str, name: str, config: dict[str, Any]):
+        import mlflow  # only when selected; check_monitor_dependencies explains a missing package
+
+        self._mlflow = mlflow
+        mlflow.set_experiment(project)
+        self._run = mlflow.start_run(run_name=name, tags={"rlcore.run_dir": run_dir})
+        mlflow.log_params(_flatten(config))
+
+    @classmethod
+    def from_run(cls, run_dir: str, project: str, name: str, config: dict[str, Any]) -> MlflowMonitor:
+        return cls(run_dir, project, name, config)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self._mlflow.end_run()

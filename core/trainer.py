@@ -1,0 +1,347 @@
+"""The training loop of one stage, run by every rank of the trainer world.
+
+    for each batch of tasks:
+        experiences = explore(tasks)              rank 0's engine; broadcast to all ranks
+        ref / old log-probs, KL-in-reward, GRPO advantages
+        for each mini-batch: forward_backward + optimizer_step
+        sync weights to the engine, evaluate, checkpoint, log
+
+SFT stages skip exploration and train on the taskset's reference responses.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from ..backends import STRATEGIES
+from ..rollout.workflows.prompts import PromptFormat
+from .algorithms import LossNorm, build_kl_controller, build_loss, grpo_advantages, kl_penalized_rewards
+from .batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
+from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import RLCoreConfig, Stage
+from .data.taskset import TaskStream, load_tasks
+from .hf_export import export_hf
+from .types import Experience, Task
+
+log = logging.getLogger("rlcore.trainer")
+
+
+class StageTrainer:
+    def __init__(self, stage: Stage, stage_dir: str, model_path: str, device: str, export_final_hf: bool):
+        from transformers import AutoTokenizer
+
+        self.stage, self.cfg, self.stage_dir, self.model_path = stage, stage.config, stage_dir, model_path
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = device
+        self.export_final_hf = export_final_hf
+        cfg, algo = self.cfg, self.cfg.algorithm
+        self.is_sft = algo.algorithm_type == "sft"
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        ts = cfg.buffer.explorer_input.taskset
+        self.stream = TaskStream(
+            load_tasks(ts, "buffer.explorer_input.taskset"), cfg.buffer.batch_size, cfg.seed, ts.shuffle
+        )
+        self.prompt_format = PromptFormat(
+            cfg.model.max_prompt_tokens,
+            cfg.model.apply_chat_template,
+            cfg.model.chat_template,
+            ts.format.system_prompt,
+        )
+        self.temperature = ts.rollout_args.temperature or 1.0
+        self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
+
+        self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
+            cfg, len(self.stream.tasks)
+        )
+
+        self.kl_in_loss = not self.is_sft and algo.kl_loss_fn != "none" and algo.kl_loss_coef > 0
+        self.needs_ref = self.kl_in_loss or (not self.is_sft and algo.use_kl_in_reward)
+        self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
+        self.strategy = STRATEGIES.resolve(cfg.trainer.strategy)(
+            model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
+            total_steps=self.total_train_steps, with_reference=self.needs_ref, seed=cfg.seed,
+        )  # fmt: skip
+        self.explorer = None
+        if self.rank == 0 and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets):
+            from .explorer import Explorer
+
+            self.explorer = Explorer(cfg, model_path, device)
+        self.state = TrainerState()
+        self.monitor = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, monitor, progress) -> dict[str, float]:
+        cfg = self.cfg
+        self.monitor, self.progress = monitor, progress
+        self._maybe_resume()
+        if cfg.explorer.eval_on_startup and self.state.global_step == 0:
+            self._log(self.evaluate(), self.state.global_step)
+        last_eval: dict[str, float] = {}
+        while (
+            self.state.explore_step < self.total_explore_steps
+            and self.state.global_step < self.total_train_steps
+        ):
+            start = time.perf_counter()
+            tasks = self.stream.batch(self.state.explore_step)
+            metrics = self.sft_step(tasks) if self.is_sft else self.rl_step(tasks)
+            self.state.explore_step += 1
+            self._maybe_sync(metrics)
+            metrics["perf/step_time_s"] = time.perf_counter() - start
+            metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens", 0.0) / metrics["perf/step_time_s"]
+            done = (
+                self.state.explore_step >= self.total_explore_steps
+                or self.state.global_step >= self.total_train_steps
+            )
+            if self.explorer_due_eval(done):
+                last_eval = self.evaluate()
+                metrics.update(last_eval)
+            self._maybe_checkpoint(final=done)
+            self._log(metrics, self.state.global_step)
+        if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
+            last_eval = self.evaluate()
+            self._log(last_eval, self.state.global_step)
+        return last_eval
+
+    # ------------------------------------------------------------------ steps
+
+    def sft_step(self, tasks: list[Task]) -> dict[str, float]:
+        seqs = []
+        for t in tasks:
+            if t.response is None:
+                raise ValueError(
+                    f"SFT needs a reference response: task {t.task_id} has no column "
+                    f"'{self.cfg.buffer.explorer_input.taskset.format.response_key}'"
+                )
+            prompt_ids, response_ids = self.prompt_format.encode_sft_example(
+                self.tokenizer, t.prompt, t.response
+            )
+            seqs.append(Sequence(prompt_ids, response_ids, index=len(seqs)))
+        metrics = self._update(seqs, lambda norm: build_loss(self.cfg.algorithm, norm), temperature=1.0)
+        metrics["perf/tokens"] = float(sum(s.length for s in seqs))
+        return metrics
+
+    def rl_step(self, tasks: list[Task]) -> dict[str, float]:
+        algo = self.cfg.algorithm
+        t0 = time.perf_counter()
+        exps = self._explore(tasks)
+        t_gen = time.perf_counter() - t0
+        seqs = [
+            Sequence(e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i)
+            for i, e in enumerate(exps)
+        ]
+        scores = torch.tensor([e.reward for e in exps], dtype=torch.float32)
+
+        # Log-prob passes happen before any update, on this rank's share of every mini-batch.
+        minis = [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
+        local = [self._micro(m) for m in minis]
+        for mbs, _ in local:
+            if self.needs_ref:
+                for mb, lp in zip(
+                    mbs, self.strategy.compute_logprobs(mbs, self.temperature, reference=True), strict=True
+                ):
+                    mb["ref_logprobs"] = lp
+            if algo.do_old_log_prob_compute:
+                for mb, lp in zip(mbs, self.strategy.compute_logprobs(mbs, self.temperature), strict=True):
+                    mb["old_logprobs"] = lp
+
+        metrics: dict[str, float] = {}
+        rewards = scores
+        if algo.use_kl_in_reward:
+            seq_kl = torch.zeros(len(seqs), dtype=torch.float64)
+            for mbs, idx in local:
+                for mb, rows in zip(mbs, idx, strict=True):
+                    _, kl = kl_penalized_rewards(
+                        torch.zeros(len(rows)), mb["old_logprobs"][: len(rows)], mb["ref_logprobs"][: len(rows)],
+                        mb["loss_mask"][: len(rows)], algo.kl_penalty_fn, 0.0,
+                    )  # fmt: skip
+                    seq_kl[rows] = kl.double()
+            dist.all_reduce(seq_kl)  # each rank filled its own rows
+            rewards = scores - self.kl_ctrl.value * seq_kl.float()
+            metrics["rollout/kl_penalty"] = float(seq_kl.mean())
+            metrics["rollout/kl_coef"] = self.kl_ctrl.value
+            self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
+        adv = grpo_advantages(rewards, [e.group_id for e in exps], algo.advantage_std_normalize)
+        for mbs, idx in local:
+            for mb, rows in zip(mbs, idx, strict=True):
+                mb["advantages"][: len(rows)] = mb["loss_mask"][: len(rows)] * adv[rows].unsqueeze(1)
+
+        t1 = time.perf_counter()
+        updates = [
+            self._train_on(mbs, mini, lambda norm: build_loss(algo, norm))
+            for (mbs, _), mini in zip(local, minis, strict=True)
+        ]
+        metrics.update(_mean_dicts(updates))
+        metrics.update(_rollout_metrics(exps))
+        metrics["perf/generate_s"] = t_gen
+        metrics["perf/train_s"] = time.perf_counter() - t1
+        metrics["perf/tokens"] = float(sum(s.length for s in seqs))
+        return metrics
+
+    # ------------------------------------------------------------------ pieces
+
+    def _explore(self, tasks: list[Task]) -> list[Experience]:
+        box: list = [None]
+        if self.rank == 0:
+            assert self.explorer is not None
+            box[0] = self.explorer.explore(tasks, seed=self.cfg.seed * 100_003 + self.state.explore_step)
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _micro(self, mini: list[Sequence]) -> tuple[list[Batch], list[list[int]]]:
+        """This rank's share of a mini-batch as micro-batches, with the same count on every rank."""
+        mine = shard(mini, self.rank, self.world)
+        groups = plan_micro_batches(mine, self.cfg.trainer.max_token_len_per_gpu)
+        count = torch.tensor([len(groups)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        groups = equalize(groups, int(count))
+        mbs = micro_batches(groups, self.tokenizer.pad_token_id, template=mini[0])
+        return mbs, [[s.index for s in g] for g in groups]
+
+    def _update(self, seqs: list[Sequence], make_loss, temperature: float) -> dict[str, float]:
+        minis = [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
+        return _mean_dicts([self._train_on(self._micro(m)[0], m, make_loss, temperature) for m in minis])
+
+    def _train_on(
+        self, mbs: list[Batch], mini: list[Sequence], make_loss, temperature: float | None = None
+    ) -> dict[str, float]:
+        norm = LossNorm(
+            num_tokens=float(sum(len(s.response_ids) for s in mini)), num_seqs=float(len(mini)),
+            max_response_len=self.max_response_len,
+        )  # fmt: skip
+        metrics = self.strategy.forward_backward(mbs, make_loss(norm), temperature or self.temperature)
+        metrics["actor/grad_norm"] = self.strategy.optimizer_step()
+        metrics["actor/lr"] = self.strategy.current_lr()
+        self.state.global_step += 1
+        return metrics
+
+    def _sync(self) -> None:
+        weights = self.strategy.iter_full_weights()
+        if self.explorer is not None:
+            self.explorer.load_weights(weights, self.state.global_step)
+        else:
+            for _ in weights:  # collective: every rank walks the iterator
+                pass
+        self.state.policy_version = self.state.global_step
+
+    def _maybe_sync(self, metrics: dict[str, float]) -> None:
+        sc = self.cfg.synchronizer
+        if self.is_sft:  # the engine only serves evaluation, which syncs on demand
+            return
+        due = (
+            self.state.global_step >= sc.sync_offset
+            and self.state.global_step - self.state.policy_version >= sc.sync_interval
+        )
+        if due:
+            start = time.perf_counter()
+            self._sync()
+            metrics["perf/sync_s"] = time.perf_counter() - start
+
+    def explorer_due_eval(self, done: bool) -> bool:
+        if not self.cfg.buffer.explorer_input.eval_tasksets:
+            return False
+        interval = self.cfg.explorer.eval_interval
+        return done or (interval > 0 and self.state.explore_step % interval == 0)
+
+    def evaluate(self) -> dict[str, float]:
+        """Rank 0 evaluates with the engine (after making sure it holds the current weights)."""
+        if not self.cfg.buffer.explorer_input.eval_tasksets:
+            return {}
+        if self.state.policy_version != self.state.global_step:
+            self._sync()
+        box: list = [{}]
+        if self.rank == 0:
+            assert self.explorer is not None
+            box[0] = self.explorer.evaluate(seed=self.cfg.seed)
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _maybe_checkpoint(self, final: bool) -> None:
+        interval = self.cfg.trainer.save_interval
+        periodic = (
+            interval > 0 and self.state.global_step // interval > getattr(self, "_last_saved", 0) // interval
+        )
+        if not (final or periodic):
+            return
+        mode = self.cfg.trainer.save_hf_checkpoint
+        with_hf = mode == "always" or (final and (mode == "last" or self.export_final_hf))
+        self.state.kl_ctrl = self.kl_ctrl.state_dict()
+        export = None
+        if with_hf:
+
+            def export(path: str) -> None:
+                export_hf(
+                    self.strategy.iter_full_weights(),
+                    path,
+                    self.strategy.hf_config(),
+                    self.model_path,
+                    write=self.rank == 0,
+                )
+
+        save_checkpoint(
+            self.stage_dir, self.strategy, self.state, self.cfg.trainer.max_checkpoints_to_keep, export
+        )
+        self._last_saved = self.state.global_step
+
+    def _maybe_resume(self) -> None:
+        if not self.cfg.continue_from_checkpoint:
+            return
+        path = latest_checkpoint(self.stage_dir)
+        if path is None:
+            return
+        self.state = load_checkpoint(path, self.strategy)
+        self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
+        self._last_saved = self.state.global_step
+        if self.rank == 0:
+            log.info("resumed %s from %s (step %d)", self.stage.name, path, self.state.global_step)
+        self._sync()
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        if self.rank != 0 or not metrics:
+            return
+        if self.monitor is not None:
+            self.monitor.log(metrics, step)
+        if self.progress is not None:
+            self.progress.update(step, metrics)
+
+
+def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
+    """(experiences per optimizer step, explore steps, optimizer steps) of a stage."""
+    is_sft = cfg.algorithm.algorithm_type == "sft"
+    per_step = cfg.buffer.batch_size * (1 if is_sft else cfg.algorithm.repeat_times)
+    train_batch = cfg.buffer.train_batch_size or per_step
+    updates_per_step = per_step // train_batch
+    explore_steps = (num_tasks // cfg.buffer.batch_size) * cfg.buffer.total_epochs
+    if cfg.buffer.total_steps is not None:
+        explore_steps = min(explore_steps, cfg.buffer.total_steps)
+    train_steps = explore_steps * updates_per_step
+    if cfg.trainer.total_steps is not None:
+        train_steps = min(train_steps, cfg.trainer.total_steps)
+    return train_batch, math.ceil(train_steps / updates_per_step), train_steps
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    sums: dict[str, float] = defaultdict(float)
+    for d in dicts:
+        for k, v in d.items():
+            sums[k] += v
+    return {k: v / len(dicts) for k, v in sums.items()}
+
+
+def _rollout_metrics(exps: list[Experience]) -> dict[str, float]:
+    rewards = torch.tensor([e.reward for e in exps], dtype=torch.float32)
+    out = {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()) if len(exps) > 1 else 0.0,
+        "rollout/response_len_mean": sum(len(e.response_token_ids) for e in exps) / len(exps),
+        "rollout/truncated_frac": sum(e.finish_reason == "length" for e in exps) / len(exps),
+    }
+    for name in exps[0].reward_components:
+        out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
+    return out

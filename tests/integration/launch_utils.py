@@ -1,0 +1,75 @@
+"""Helpers to run `rlcore launch` for real (torchrun, gloo ranks) on tiny configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tiny_grpo_config(root: str, **sections) -> dict:
+    """A GRPO run on the scratch model that takes seconds per step on CPU."""
+    cfg = {
+        "project": "it",
+        "name": "run",
+        "checkpoint_root_dir": root,
+        "seed": 7,
+        "model": {
+            "model_path": os.path.join(root, "model"),
+            "max_model_len": 48,
+            "max_prompt_tokens": 16,
+            "max_response_tokens": 8,
+            "scratch": {
+                "enabled": True,
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "intermediate_size": 128,
+            },
+        },
+        "cluster": {"device": "cpu", "threads_per_rank": 1},
+        "algorithm": {"repeat_times": 4, "kl_loss_coef": 0.01, "optimizer": {"lr": 1e-3}},
+        "buffer": {
+            "batch_size": 4,
+            "total_steps": 2,
+            "explorer_input": {
+                "taskset": {
+                    "path": os.path.join(root, "train.jsonl"),
+                    "generator": "arithmetic",
+                    "generator_args": {"num_tasks": 64, "max_operand": 9},
+                    "rollout_args": {"max_tokens": 8},
+                    "reward_fn": ["tests.integration.rewards:distinct_chars"],
+                }
+            },
+        },
+        "monitor": {"monitor_type": ["jsonl"]},
+    }
+    for key, value in sections.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
+def launch(cfg: dict, path: str, *overrides: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    cmd = [sys.executable, "-m", "rlcore.cli", "launch", path, *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, (
+        f"launch failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    return proc
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]

@@ -1,0 +1,138 @@
+"""Bad configs through the real CLI: exit code 2 and one stderr line naming the key and what is allowed."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from rlcore.cli.main import main
+
+TASKSET = "buffer.explorer_input.taskset"
+# (overrides, a regex the one stderr line must match after "rlcore: error: ")
+BAD_OVERRIDES = [
+    (["trainer.strategyy=fsdp2"], r"trainer\.strategyy: unknown key \(did you mean strategy\?\); allowed keys here: strategy, total_steps,"),
+    (["strategy=fsdp2"], r"strategy: unknown key; allowed keys here: project, name, mode,"),
+    (["trainer.save_interval=abc"], r"trainer\.save_interval: expected int, got 'abc'$"),
+    (["trainer.total_steps=x"], r"trainer\.total_steps: expected int or null, got 'x'$"),
+    (["algorithm.use_kl_in_reward=maybe"], r"algorithm\.use_kl_in_reward: expected true or false, got 'maybe'$"),
+    (["monitor.monitor_type=console"], r"monitor\.monitor_type: expected a list of str, got 'console'$"),
+    (["trainer=3"], r"trainer: expected a mapping of trainer keys, got 3$"),
+    (["algorithm.repeat_times=0"], r"algorithm\.repeat_times must be >= 1; got 0$"),
+    (["algorithm.optimizer.lr=-1"], r"algorithm\.optimizer\.lr must be > 0\.0; got -1\.0$"),
+    (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp2; got 'fsdp3'$"),
+    (["mode=foo"], r"mode must be one of both, train, explore, bench, colocate; got 'foo'$"),
+    (["monitor.monitor_type=[console,foo]"], r"monitor\.monitor_type\[1\] must be one of console, jsonl, tensorboard, wandb, mlflow; got 'foo'$"),
+    ([f"{TASKSET}.path=/no/such/tasks.jsonl"], rf"{TASKSET}\.path: '/no/such/tasks\.jsonl' does not exist"),
+    (["model.model_path=/no/such/model"], r"model\.model_path: '/no/such/model' is not a folder"),
+    ([f"{TASKSET}.reward_weights=[1,2]"], rf"{TASKSET}\.reward_weights has 2 entries but reward_fn has 1; give one weight per reward function"),
+    ([f"{TASKSET}.reward_fn=[exact_match,bogus]"], rf"{TASKSET}\.reward_fn\[1\] must be one of exact_match, numeric, format or an import path 'pkg\.mod:fn'; got 'bogus'$"),
+    (["trainer.save_interval"], r"override 'trainer\.save_interval' must be written key\.path=value$"),
+    (["algorithm.optimizer.betas=[0.9,"], r"override 'algorithm\.optimizer\.betas=\[0\.9,': cannot parse the value"),
+    (["model.model_path=${oc.env:X"], r"override 'model\.model_path=\$\{oc\.env:X': cannot parse the value \(missing BRACE_CLOSE"),
+]  # fmt: skip
+
+
+@pytest.fixture()
+def recipe(tmp_path: Path) -> str:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model_path": str(tmp_path / "model")},
+                "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "tasks.jsonl")}}},
+            }
+        )
+    )
+    return str(path)
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run the CLI in-process; assert exit 2 and exactly one stderr line; return that line's message."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("rlcore: error: ")
+    return lines[0].removeprefix("rlcore: error: ")
+
+
+@pytest.mark.parametrize(("overrides", "pattern"), BAD_OVERRIDES, ids=[" ".join(o) for o, _ in BAD_OVERRIDES])
+def test_bad_override_is_one_line(
+    recipe: str, overrides: list[str], pattern: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command in (["config", "validate"], ["launch"]):  # launch validates before importing anything heavy
+        message = one_error_line(capsys, [*command, recipe, *overrides])
+        assert re.search(pattern, message), message
+
+
+def test_bad_yaml_files_are_one_line(tmp_path: Path, recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "missing.yaml")
+    assert one_error_line(capsys, ["config", "validate", missing]) == f"config file '{missing}' not found"
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  model_path: [unclosed\n")
+    message = one_error_line(capsys, ["config", "validate", str(bad)])
+    assert message.startswith(f"{bad}: invalid YAML (while parsing a flow sequence")
+    assert "line 2, column 15" in message
+
+    nested_unknown = tmp_path / "nested.yaml"
+    nested_unknown.write_text(Path(recipe).read_text() + "trainer:\n  strategyy: fsdp2\n")
+    message = one_error_line(capsys, ["config", "validate", str(nested_unknown)])
+    assert message.startswith(
+        "trainer.strategyy: unknown key (did you mean strategy?); allowed keys here: strategy,"
+    )
+
+    empty_section = tmp_path / "empty_section.yaml"
+    empty_section.write_text(Path(recipe).read_text() + "trainer:\n")
+    message = one_error_line(capsys, ["config", "validate", str(empty_section)])
+    assert message == "trainer: expected a mapping of trainer keys, got null"
+
+    a_list = tmp_path / "list.yaml"
+    a_list.write_text("- model\n")
+    message = one_error_line(capsys, ["config", "validate", str(a_list)])
+    assert message == f"{a_list}: the top level must be a mapping of sections, got list"
+
+
+def test_missing_required_path_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "no_taskset.yaml"
+    path.write_text(f"model:\n  model_path: {tmp_path / 'model'}\n")
+    message = one_error_line(capsys, ["config", "validate", str(path)])
+    assert message.startswith(f"{TASKSET}.path: required but not set")
+
+
+def test_missing_monitor_package_fails_validation(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here; the missing-package path cannot be exercised")
+    message = one_error_line(capsys, ["config", "validate", recipe, "monitor.monitor_type=[jsonl,wandb]"])
+    assert message == "monitor.monitor_type 'wandb' needs the wandb package: pip install 'rlcore[tracking]'"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "from rlcore.cli.main import main; raise SystemExit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
+    # the process exit code and the whole stderr, as a user sees them
+    result = run_cli("config", "validate", recipe, "trainer.strategyy=fsdp2")
+    assert result.returncode == 2
+    assert result.stderr.startswith("rlcore: error: trainer.strategyy: unknown key")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: {save_interval: [\n")
+    result = run_cli("launch", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"rlcore: error: {bad}: invalid YAML")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

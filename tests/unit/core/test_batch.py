@@ -1,0 +1,47 @@
+import torch
+
+from rlcore.core.batch import Sequence, equalize, micro_batches, pack, plan_micro_batches, shard
+
+
+def seq(p: int, r: int, **kw) -> Sequence:
+    return Sequence(list(range(1, p + 1)), list(range(100, 100 + r)), **kw)
+
+
+def test_shard_is_contiguous_and_covers_everything():
+    items = list(range(7))
+    parts = [shard(items, r, 3) for r in range(3)]
+    assert parts == [[0, 1, 2], [3, 4], [5, 6]]
+
+
+def test_pack_layout_right_padded_with_target_aligned_fields():
+    b = pack(
+        [seq(2, 3, old_logprobs=[-1.0, -2.0, -3.0], advantage=0.5), seq(1, 1, old_logprobs=[-4.0])],
+        pad_token_id=0,
+    )
+    assert b["input_ids"].tolist() == [[1, 2, 100, 101, 102], [1, 100, 0, 0, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    # position t is the prediction of input_ids[t]: response tokens sit at positions p..p+r-1
+    assert b["loss_mask"].tolist() == [[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
+    assert b["old_logprobs"].tolist() == [[0, 0, -1, -2, -3], [0, -4, 0, 0, 0]]
+    assert b["advantages"].tolist() == [[0, 0, 0.5, 0.5, 0.5], [0, 0, 0, 0, 0]]
+
+
+def test_plan_micro_batches_respects_padded_token_budget():
+    seqs = [seq(2, 2), seq(2, 2), seq(3, 3), seq(1, 1), seq(10, 10)]
+    groups = plan_micro_batches(seqs, max_tokens=12)
+    # [4,4] -> 2*4=8; adding 6 -> 3*6=18 > 12; [6,2] -> 2*6=12; adding 20 alone
+    assert [[s.length for s in g] for g in groups] == [[4, 4], [6, 2], [20]]
+    assert sum(len(g) for g in groups) == len(seqs)
+
+
+def test_equalize_splits_then_pads_with_empty_groups():
+    groups = [[seq(1, 1), seq(1, 1), seq(1, 1)]]
+    assert [len(g) for g in equalize(groups, 2)] == [1, 2]
+    assert [len(g) for g in equalize([[seq(1, 1)]], 3)] == [1, 0, 0]
+
+
+def test_empty_group_becomes_zero_loss_dummy():
+    template = seq(2, 2)
+    mbs = micro_batches([[template], []], pad_token_id=0, template=template)
+    assert len(mbs) == 2
+    assert mbs[1]["loss_mask"].sum() == 0 and torch.equal(mbs[1]["input_ids"], mbs[0]["input_ids"])

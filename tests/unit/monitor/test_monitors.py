@@ -1,0 +1,121 @@
+"""Monitors: the jsonl record, TensorBoard event files, the console line, missing tracking packages."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from rlcore.core.monitor import MONITORS, MultiMonitor, build_monitors, check_monitor_dependencies
+from rlcore.core.monitor.console import ConsoleMonitor
+from rlcore.core.monitor.jsonl import JsonlMonitor
+
+
+def test_jsonl_appends_one_object_per_call(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    before = time.time()
+    monitor = JsonlMonitor(str(run_dir))
+    monitor.log({"actor/loss": 0.5, "rollout/reward_mean": 0.25}, step=1)
+    # flushed per line: readable before close
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    monitor.log({"actor/loss": 0.125}, step=2)
+    monitor.close()
+
+    first, second = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    assert before <= first["time"] <= second["time"] <= time.time()
+    assert {k: v for k, v in first.items() if k != "time"} == {
+        "step": 1,
+        "actor/loss": 0.5,
+        "rollout/reward_mean": 0.25,
+    }
+    assert {k: v for k, v in second.items() if k != "time"} == {"step": 2, "actor/loss": 0.125}
+
+    resumed = JsonlMonitor(str(run_dir))  # a resumed run keeps the earlier lines
+    resumed.log({"actor/loss": 0.0625}, step=3)
+    resumed.close()
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+    ]
+
+
+def test_tensorboard_writes_an_events_file(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monitor = build_monitors(["tensorboard"], str(tmp_path), project="p", name="n", config={})
+    monitor.log({"actor/loss": 0.5}, step=1)
+    monitor.log({"actor/loss": 0.25}, step=2)
+    monitor.close()
+    log_dir = tmp_path / "tensorboard"
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(log_dir))
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("actor/loss")] == [(1, 0.5), (2, 0.25)]
+
+
+def test_console_prints_one_compact_line(tmp_path: Path) -> None:
+    out = io.StringIO()
+    monitor = ConsoleMonitor(file=out)
+    metrics = {
+        "rollout/reward_mean": 0.5,
+        "actor/loss": 0.1234567,
+        "actor/kl_loss": 0.001,
+        "perf/tokens_per_s": 12345.6,
+        "actor/lr": 1e-6,  # not a key metric: left out
+        "eval/arith/accuracy": 0.25,
+        "eval/arith/time_s": 3.0,  # not a key eval metric: left out
+    }
+    monitor.log(metrics, step=7)
+    monitor.log({"sft/loss": 2.0}, step=8)
+    monitor.close()
+    # 0.1234567 -> 4 significant digits 0.1235; 12345.6 -> 12.3k
+    assert out.getvalue().splitlines() == [
+        "step 7 | reward 0.5 | loss 0.1235 | kl 0.001 | tok/s 12.3k | eval/arith/accuracy 0.25",
+        "step 8 | loss 2",
+    ]
+
+
+def test_build_monitors_fans_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monitor = build_monitors(["console", "jsonl"], str(tmp_path), project="p", name="n", config={"seed": 1})
+    assert isinstance(monitor, MultiMonitor)
+    assert [type(m).__name__ for m in monitor.monitors] == ["ConsoleMonitor", "JsonlMonitor"]
+    monitor.log({"actor/loss": 1.5}, step=3)
+    monitor.close()
+    assert capsys.readouterr().out == "step 3 | loss 1.5\n"
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["actor/loss"] == 1.5
+
+
+def test_registry_matches_the_schema_choices() -> None:
+    from rlcore.core.config.schema import MONITOR_TYPES
+
+    assert tuple(MONITORS) == MONITOR_TYPES
+    for name in ("console", "jsonl", "tensorboard"):  # the ones importable here resolve to Monitors
+        assert MONITORS.resolve(name).__name__.endswith("Monitor")
+
+
+@pytest.mark.parametrize("name", ["wandb", "mlflow"])
+def test_missing_tracking_package_is_one_line(name: str, tmp_path: Path) -> None:
+    if importlib.util.find_spec(name) is not None:
+        pytest.skip(f"{name} is installed here; the missing-package path cannot be exercised")
+    expected = f"monitor.monitor_type '{name}' needs the {name} package: pip install 'rlcore[tracking]'"
+    with pytest.raises(ValueError) as err:
+        check_monitor_dependencies(["console", name])
+    assert str(err.value) == expected
+    with pytest.raises(ValueError) as err:  # build checks before constructing anything
+        build_monitors(["jsonl", name], str(tmp_path / "run"), project="p", name="n", config={})
+    assert str(err.value) == expected
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_monitor_lists_the_valid_ones() -> None:
+    with pytest.raises(ValueError) as err:
+        check_monitor_dependencies(["jsonl", "neptune"])
+    assert str(err.value) == (
+        "monitor.monitor_type must be one of console, jsonl, tensorboard, wandb, mlflow; got 'neptune'"
+    )

@@ -1,0 +1,169 @@
+"""The `rlcore` command: parsing, `config show` / `config validate` output, exit codes, light imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import rlcore.cli.main as cli
+import yaml
+from rlcore.cli.main import build_parser, main
+
+
+@pytest.fixture()
+def recipe(tmp_path: Path) -> str:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model_path": str(tmp_path / "model")},
+                "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "tasks.jsonl")}}},
+                "algorithm": {"repeat_times": 4},
+            }
+        )
+    )
+    return str(path)
+
+
+def test_launch_arguments_parse_with_strategy_before_or_after(recipe: str) -> None:
+    parser = build_parser()
+    before = parser.parse_args(["launch", "--strategy", "fsdp2", recipe, "a.b=1", "c=2"])
+    after = parser.parse_args(["launch", recipe, "a.b=1", "c=2", "--strategy", "fsdp2"])
+    for args in (before, after):
+        assert (args.command, args.strategy, args.config, args.overrides) == (
+            "launch",
+            "fsdp2",
+            recipe,
+            ["a.b=1", "c=2"],
+        )
+    plain = parser.parse_args(["launch", recipe])
+    assert (plain.strategy, plain.overrides) == (None, [])
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["config"], ["launch"], ["launch", "--strategy", "fsdp3", "x.yaml"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+    assert "invalid choice: 'fsdp3' (choose from" in capsys.readouterr().err
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "launch" in out and "config" in out
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    assert "--strategy {fsdp2}" in capsys.readouterr().out
+
+
+def test_validate_prints_ok_with_the_stages(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "validate", recipe]) == 0
+    assert capsys.readouterr().out == f"OK: {recipe} (1 stage(s): main)\n"
+
+    stages = "stages=[{name: sft, mode: train, algorithm: {algorithm_type: sft}}, {name: grpo}]"
+    assert main(["config", "validate", "--strategy", "fsdp2", recipe, stages]) == 0
+    assert capsys.readouterr().out == f"OK: {recipe} (2 stage(s): sft, grpo)\n"
+
+
+def test_show_prints_the_resolved_config(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", recipe, "trainer.save_interval=7"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["algorithm"]["repeat_times"] == 4  # YAML
+    assert shown["trainer"]["save_interval"] == 7  # override
+    assert shown["trainer"]["strategy"] == "fsdp2"  # schema default
+    assert shown["model"]["max_model_len"] == 1024  # schema default
+
+
+def test_show_prints_each_stage_under_a_header(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    stages = "stages=[{name: sft, mode: train, algorithm: {algorithm_type: sft}}, {name: grpo, buffer: {batch_size: 2}}]"
+    assert main(["config", "show", recipe, stages]) == 0
+    out = capsys.readouterr().out
+    base, rest = out.split("# stage 0: sft\n")
+    sft, grpo = rest.split("# stage 1: grpo\n")
+    base, sft, grpo = yaml.safe_load(base), yaml.safe_load(sft), yaml.safe_load(grpo)
+    assert [s["name"] for s in base["stages"]] == ["sft", "grpo"]
+    assert (sft["mode"], sft["algorithm"]["algorithm_type"], sft["buffer"]["batch_size"]) == (
+        "train",
+        "sft",
+        16,
+    )
+    assert (grpo["mode"], grpo["algorithm"]["algorithm_type"], grpo["buffer"]["batch_size"]) == (
+        "both",
+        "grpo",
+        2,
+    )
+    assert grpo["model"]["model_path"] == "<previous stage>"
+
+
+def test_show_does_not_check_paths_but_validate_does(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    override = "model.model_path=/not/downloaded/yet"
+    assert main(["config", "show", recipe, override]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["model_path"] == "/not/downloaded/yet"
+    assert main(["config", "validate", recipe, override]) == 2
+    assert capsys.readouterr().err.startswith(
+        "rlcore: error: model.model_path: '/not/downloaded/yet' is not a folder"
+    )
+
+
+def test_keyboard_interrupt_exits_130(
+    recipe: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "load_config", interrupted)  # Ctrl-C while the config loads
+    assert main(["config", "validate", recipe]) == 130
+    assert capsys.readouterr().err == "rlcore: interrupted\n"
+
+
+LIGHT_CHECK = """
+import sys
+from rlcore.cli.main import main
+for argv in (['config', 'validate', sys.argv[1]], ['config', 'show', sys.argv[1]]):
+    assert main(argv) == 0, argv
+try:
+    main(['--help'])
+except SystemExit:
+    pass
+heavy = sorted(m for m in ('torch', 'transformers', 'vllm', 'megatron', 'tensorboard', 'datasets') if m in sys.modules)
+print('HEAVY', heavy)
+"""
+
+
+def test_help_show_and_validate_import_no_heavy_module(recipe: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", LIGHT_CHECK, recipe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "HEAVY []"
+
+
+def test_validate_accepts_paths_that_launch_creates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a scratch model and a generated taskset do not exist before `rlcore launch` builds them
+    path = tmp_path / "scratch.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model_path": str(tmp_path / "tiny"), "scratch": {"enabled": True}},
+                "buffer": {
+                    "explorer_input": {
+                        "taskset": {"path": str(tmp_path / "t.jsonl"), "generator": "arithmetic"}
+                    }
+                },
+            }
+        )
+    )
+    assert main(["config", "validate", str(path)]) == 0
+    assert capsys.readouterr().out == f"OK: {path} (1 stage(s): main)\n"
+    assert (
+        not (tmp_path / "tiny").exists() and not (tmp_path / "t.jsonl").exists()
+    )  # validation writes nothing
