@@ -68,7 +68,7 @@ class StageTrainer:
             total_steps=self.total_train_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
         self.explorer = None
-        if self.rank == 0 and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets):
+        if self.rank == 0 and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench"):
             from .explorer import Explorer
 
             self.explorer = Explorer(cfg, model_path, device)
@@ -81,6 +81,10 @@ class StageTrainer:
         cfg = self.cfg
         self.monitor, self.progress = monitor, progress
         self._maybe_resume()
+        if cfg.mode == "bench":
+            result = self.evaluate()
+            self._log(result, self.state.global_step)
+            return result
         if cfg.explorer.eval_on_startup and self.state.global_step == 0:
             self._log(self.evaluate(), self.state.global_step)
         last_eval: dict[str, float] = {}

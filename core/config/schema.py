@@ -316,9 +316,10 @@ class LogConfig:
 class RLCoreConfig:
     project: str = "rlcore"
     name: str = "run"
-    mode: str = choice("both", ("both", "train", "explore", "bench", "colocate"))
-    """both/colocate: explore and train in turn; train: SFT or training from the experience buffer
-    only; explore: rollouts written to the experience buffer; bench: evaluation only."""
+    mode: str = choice("both", ("both", "colocate", "train", "bench"))
+    """both / colocate: explore and train in turn (in this version the engine always lives in trainer
+    rank 0's process, so the two are the same); train: SFT on the taskset's responses; bench:
+    evaluate the model on the eval tasksets only."""
     checkpoint_root_dir: str = "./checkpoints"
     """Runs live in <checkpoint_root_dir>/<project>/<name>/."""
     continue_from_checkpoint: bool = False

@@ -126,19 +126,14 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             f"buffer.train_batch_size ({buf.train_batch_size}) must divide buffer.batch_size * "
             f"algorithm.repeat_times ({group}), or be 0"
         )
-    eb = buf.trainer_input.experience_buffer
-    if eb.storage_type == "jsonl" and not eb.path:
-        raise ConfigError("buffer.trainer_input.experience_buffer.path: required when storage_type is jsonl")
-    uses_taskset = cfg.mode != "train" or cfg.algorithm.algorithm_type == "sft"
-    if uses_taskset:
-        _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths)
+    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths)
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
 
-    if cfg.mode in ("both", "colocate", "explore") and cfg.algorithm.algorithm_type == "sft":
+    algo = cfg.algorithm.algorithm_type
+    if cfg.mode in ("both", "colocate") and algo == "sft":
         raise ConfigError(f"mode '{cfg.mode}' needs algorithm.algorithm_type grpo; SFT runs with mode train")
-    if cfg.mode == "train" and cfg.algorithm.algorithm_type != "sft" and eb.storage_type != "jsonl":
-        raise ConfigError(
-            "mode train with algorithm grpo reads experiences from a file: set "
-            "buffer.trainer_input.experience_buffer.storage_type=jsonl and its path"
-        )
+    if cfg.mode == "train" and algo != "sft":
+        raise ConfigError(f"mode train runs algorithm.algorithm_type sft; '{algo}' needs mode both or colocate")
+    if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
+        raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import rlcore.cli.main as cli
 import yaml
+
+import rlcore.cli.main as cli
 from rlcore.cli.main import build_parser, main
 
 

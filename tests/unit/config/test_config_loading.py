@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf.errors import ConfigAttributeError
+
 from rlcore.core.config import ConfigError, inherits_previous_model, load_config, resolve_stages
 
 

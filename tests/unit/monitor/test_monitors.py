@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from rlcore.core.monitor import MONITORS, MultiMonitor, build_monitors, check_monitor_dependencies
 from rlcore.core.monitor.console import ConsoleMonitor
 from rlcore.core.monitor.jsonl import JsonlMonitor
