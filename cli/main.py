@@ -94,7 +94,10 @@ def _launch(args: argparse.Namespace) -> int:
     _load(args)
     from ..core.launcher import launch  # heavy: torch, the strategy, the engines
 
-    return launch(args.config, list(args.overrides), args.strategy)
+    try:
+        return launch(args.config, list(args.overrides), args.strategy)
+    except ValueError as e:  # user-facing problems found while preparing the run (data, model, assets)
+        raise ConfigError(str(e)) from e
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,8 @@ class Completion:
 
     prompt_token_ids: list[int]
     token_ids: list[int]
-    """Response tokens, EOS included when generation stopped on it; stop strings excluded."""
+    """Response tokens, EOS included when generation stopped on it; the tokens that completed a
+    stop string are kept too (they were generated), only `text` drops the stop string."""
     logprobs: list[float]
     """Log-probability of each sampled token under the temperature-scaled policy
     (log_softmax(logits / temperature); raw logits when greedy). Same length as token_ids."""

@@ -24,17 +24,17 @@ def write_arithmetic_taskset(
     never share a problem, so `part: test` is a true held-out set.
     """
     if part not in ("train", "test"):
-        raise ValueError(f"generator_args.part must be train or test; got '{part}'")
+        raise ValueError(f"part must be train or test; got '{part}'")
     unknown = set(ops) - set("+-*")
     if unknown or not ops:
-        raise ValueError(f"generator_args.ops must be made of + - *; got '{ops}'")
+        raise ValueError(f"ops must be made of + - *; got '{ops}'")
     problems = list(itertools.product(range(max_operand + 1), range(max_operand + 1), ops))
     random.Random(seed).shuffle(problems)
     n_test = int(len(problems) * test_fraction)
     pool = problems[:n_test] if part == "test" else problems[n_test:]
     if num_tasks > len(pool):
         raise ValueError(
-            f"generator_args.num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available"
+            f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available"
         )
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"

@@ -25,7 +25,7 @@ def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:
     )
     try:
         fn(cfg.path, **cfg.generator_args)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{key_path}.generator_args: {e}") from None
 
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from rlcore.core.algorithms import grpo_advantages
 
 # Groups interleaved on purpose: a = [1, 2, 3], b = [0, 4], c = [5].

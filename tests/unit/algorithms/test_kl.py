@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from rlcore.core.algorithms import (
     AdaptiveKLController,
     FixedKLController,

@@ -1,6 +1,7 @@
 import math
 
 import torch
+
 from rlcore.core.algorithms import entropy_from_logits, token_logprobs
 from rlcore.core.algorithms import logprob as logprob_module
 

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from rlcore.core.algorithms import LossNorm, PolicyLoss, SFTLoss, build_loss
 from rlcore.core.config.schema import AlgorithmConfig
 

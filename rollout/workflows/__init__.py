@@ -1,0 +1,1 @@
+"""Workflows turn tasks into scored experiences using an engine and reward functions."""

@@ -1,0 +1,70 @@
+"""One prompt, one response, one score: the workflow behind math/QA-style GRPO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.types import Experience, SamplingParams, Task
+from ..engines.base import RolloutEngine
+from ..rewards.compose import RewardComposer
+
+
+class SingleTurnWorkflow:
+    """Encode each task's prompt, sample `sampling.n` responses in one engine call and score them."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        reward: RewardComposer,
+        *,
+        max_prompt_tokens: int,
+        apply_chat_template: bool = False,
+        chat_template: str | None = None,
+        system_prompt: str | None = None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.reward = reward
+        self.max_prompt_tokens = max_prompt_tokens
+        self.apply_chat_template = apply_chat_template
+        self.chat_template = chat_template
+        self.system_prompt = system_prompt  # only with the chat template: raw text has no system turn
+
+    def encode_prompt(self, task: Task) -> list[int]:
+        """Token ids of the prompt, truncated from the left so the question's end survives."""
+        if self.apply_chat_template:
+            messages = [{"role": "user", "content": task.prompt}]
+            if self.system_prompt is not None:
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
+            # Render to text, then tokenize without special tokens: the template already writes any BOS.
+            text = self.tokenizer.apply_chat_template(
+                messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = task.prompt
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids[-self.max_prompt_tokens :]
+
+    def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
+        """Experiences task by task, then sample by sample; a task's samples share its task_id as group."""
+        prompts = [self.encode_prompt(task) for task in tasks]
+        completions = self.engine.generate(prompts, sampling)
+        experiences = []
+        for task, samples in zip(tasks, completions, strict=True):
+            for c in samples:
+                reward, components = self.reward(c.text, task)
+                experiences.append(
+                    Experience(
+                        prompt_token_ids=c.prompt_token_ids,
+                        response_token_ids=c.token_ids,
+                        logprobs=c.logprobs,
+                        reward=reward,
+                        group_id=task.task_id,
+                        policy_version=policy_version,
+                        finish_reason=c.finish_reason,
+                        response_text=c.text,
+                        reward_components=components,
+                    )
+                )
+        return experiences

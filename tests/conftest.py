@@ -1,0 +1,16 @@
+"""Fixtures shared by all test tiers."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore.core.config.schema import ScratchModelConfig
+from rlcore.core.scratch_model import build_scratch_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The scratch model (random init, seed 0, char tokenizer), built once per test session."""
+    path = str(tmp_path_factory.mktemp("models") / "tiny")
+    build_scratch_model(path, ScratchModelConfig(enabled=True), max_model_len=256, seed=0)
+    return path
