@@ -13,22 +13,18 @@ class PromptFormat:
     chat_template: str | None = None
     system_prompt: str | None = None
 
-    def _messages(self, prompt: str) -> list[dict[str, str]]:
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return messages + [{"role": "user", "content": prompt}]
-
     def encode_prompt(self, tokenizer: Any, prompt: str) -> list[int]:
-        """Token ids of the prompt, left-truncated to max_prompt_tokens."""
+        """Token ids of the prompt, truncated from the left so the question's end survives."""
+        text = prompt
         if self.apply_chat_template:
-            ids = tokenizer.apply_chat_template(
-                self._messages(prompt),
-                chat_template=self.chat_template,
-                add_generation_prompt=True,
-                tokenize=True,
+            messages = [{"role": "user", "content": prompt}]
+            if self.system_prompt is not None:  # only with the template: raw text has no system turn
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
+            # Render to text, then tokenize without special tokens: the template already writes any BOS.
+            text = tokenizer.apply_chat_template(
+                messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
             )
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-        else:
-            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         return ids[-self.max_prompt_tokens :]
 
     def encode_sft_example(self, tokenizer: Any, prompt: str, response: str) -> tuple[list[int], list[int]]:

@@ -7,6 +7,7 @@ from typing import Any
 from ...core.types import Experience, SamplingParams, Task
 from ..engines.base import RolloutEngine
 from ..rewards.compose import RewardComposer
+from .prompts import PromptFormat
 
 
 class SingleTurnWorkflow:
@@ -26,25 +27,12 @@ class SingleTurnWorkflow:
         self.engine = engine
         self.tokenizer = tokenizer
         self.reward = reward
-        self.max_prompt_tokens = max_prompt_tokens
-        self.apply_chat_template = apply_chat_template
-        self.chat_template = chat_template
-        self.system_prompt = system_prompt  # only with the chat template: raw text has no system turn
+        self.prompt_format = PromptFormat(
+            max_prompt_tokens, apply_chat_template, chat_template, system_prompt
+        )
 
     def encode_prompt(self, task: Task) -> list[int]:
-        """Token ids of the prompt, truncated from the left so the question's end survives."""
-        if self.apply_chat_template:
-            messages = [{"role": "user", "content": task.prompt}]
-            if self.system_prompt is not None:
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
-            # Render to text, then tokenize without special tokens: the template already writes any BOS.
-            text = self.tokenizer.apply_chat_template(
-                messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = task.prompt
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids[-self.max_prompt_tokens :]
+        return self.prompt_format.encode_prompt(self.tokenizer, task.prompt)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
         """Experiences task by task, then sample by sample; a task's samples share its task_id as group."""
