@@ -47,6 +47,33 @@ def prepare_assets(stages: list[Stage]) -> None:
             print(f"rlcore: built a scratch model in {cfg.model.model_path}", flush=True)
 
 
+def preflight(stages: list[Stage]) -> None:
+    """Resolve everything a rank would otherwise discover minutes later: reward functions (user
+    import paths included), monitor packages and the model folder."""
+    from ..rollout.rewards.compose import build_reward
+    from .monitor import check_monitor_dependencies
+
+    for s in stages:
+        cfg = s.config
+        check_monitor_dependencies(list(cfg.monitor.monitor_type))
+        tasksets = [("buffer.explorer_input.taskset", cfg.buffer.explorer_input.taskset)]
+        tasksets += [
+            (f"buffer.explorer_input.eval_tasksets[{i}]", t)
+            for i, t in enumerate(cfg.buffer.explorer_input.eval_tasksets)
+        ]
+        for key, ts in tasksets:
+            try:
+                build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
+            except ValueError as e:
+                raise ConfigError(f"{key}.reward_fn: {e}") from None
+        model = cfg.model
+        if not inherits_previous_model(cfg) and not model.scratch.enabled:
+            if not os.path.isfile(os.path.join(model.model_path, "config.json")):
+                raise ConfigError(
+                    f"model.model_path: '{model.model_path}' has no config.json (is it an HF model folder?)"
+                )
+
+
 def check_run_dir(run_dir: str, stages: list[Stage], resume: bool) -> None:
     had_run = any(
         list_checkpoints(stage_dir(run_dir, s, len(stages)))
@@ -95,10 +122,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     cfg = load_config(config_path, overrides, strategy)
     stages = resolve_stages(cfg)
     base = stages[0].config
-    from .monitor import check_monitor_dependencies
-
-    for s in stages:
-        check_monitor_dependencies(list(s.config.monitor.monitor_type))
+    preflight(stages)
     device = resolve_device(base.cluster.device)
     run_dir = os.path.abspath(os.path.join(base.checkpoint_root_dir, base.project, base.name))
     check_run_dir(run_dir, stages, base.continue_from_checkpoint)

@@ -68,7 +68,9 @@ class StageTrainer:
             total_steps=self.total_train_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
         self.explorer = None
-        if self.rank == 0 and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench"):
+        if self.rank == 0 and (
+            not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench"
+        ):
             from .explorer import Explorer
 
             self.explorer = Explorer(cfg, model_path, device)

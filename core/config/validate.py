@@ -134,6 +134,8 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     if cfg.mode in ("both", "colocate") and algo == "sft":
         raise ConfigError(f"mode '{cfg.mode}' needs algorithm.algorithm_type grpo; SFT runs with mode train")
     if cfg.mode == "train" and algo != "sft":
-        raise ConfigError(f"mode train runs algorithm.algorithm_type sft; '{algo}' needs mode both or colocate")
+        raise ConfigError(
+            f"mode train runs algorithm.algorithm_type sft; '{algo}' needs mode both or colocate"
+        )
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")

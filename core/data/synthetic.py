@@ -33,9 +33,7 @@ def write_arithmetic_taskset(
     n_test = int(len(problems) * test_fraction)
     pool = problems[:n_test] if part == "test" else problems[n_test:]
     if num_tasks > len(pool):
-        raise ValueError(
-            f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available"
-        )
+        raise ValueError(f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -1,0 +1,83 @@
+"""A two-stage run (SFT warm-up, then GRPO with evaluation) through `rlcore launch`, end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config
+
+pytestmark = pytest.mark.integration
+
+
+def staged_config(root: str) -> dict:
+    cfg = tiny_grpo_config(root)
+    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [
+        {
+            "name": "heldout",
+            "path": os.path.join(root, "test.jsonl"),
+            "generator": "arithmetic",
+            "generator_args": {"part": "test", "num_tasks": 12, "max_operand": 9},
+            "rollout_args": {"temperature": 0.0, "max_tokens": 8},
+        }
+    ]
+    cfg["stages"] = [
+        {
+            "name": "warmup",
+            "mode": "train",
+            "algorithm": {"algorithm_type": "sft"},
+            "buffer": {"batch_size": 8, "total_steps": 6},
+        },
+        {"name": "rl", "mode": "both", "buffer": {"total_steps": 2}, "explorer": {"eval_on_startup": True}},
+    ]
+    return cfg
+
+
+def test_sft_then_grpo_chains_weights_evaluates_and_exports(tmp_path):
+    root = str(tmp_path)
+    proc = launch(staged_config(root), os.path.join(root, "cfg.yaml"))
+    run_dir = os.path.join(root, "it", "run")
+    assert "after stage 0 warmup (step 6): heldout/accuracy" in proc.stdout
+    assert "after stage 1 rl (step 2): heldout/accuracy" in proc.stdout
+
+    sft_summary = json.load(open(os.path.join(run_dir, "stage0_warmup", "stage_summary.json")))
+    rl_metrics = read_metrics(os.path.join(run_dir, "stage1_rl"))
+    # GRPO started from the SFT export: its startup evaluation equals SFT's final evaluation.
+    assert rl_metrics[0]["step"] == 0
+    assert rl_metrics[0]["eval/heldout/accuracy"] == sft_summary["eval"]["eval/heldout/accuracy"]
+    assert (
+        rl_metrics[0]["eval/heldout/response_len_mean"]
+        == sft_summary["eval"]["eval/heldout/response_len_mean"]
+    )
+
+    # the final HF export loads with plain transformers and holds the trained (not initial) weights
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "stage1_rl", "global_step_2", "hf"))
+    initial = AutoModelForCausalLM.from_pretrained(os.path.join(root, "model"))
+    w_final = final.model.embed_tokens.weight
+    assert not torch.equal(w_final, initial.model.embed_tokens.weight)
+    assert final.config.use_cache
+
+
+def test_existing_run_is_not_overwritten_and_runtime_errors_are_one_line(tmp_path):
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(root, **{"buffer.total_steps": 1})
+    path = os.path.join(root, "cfg.yaml")
+    launch(cfg, path)
+    again = subprocess.run(
+        [sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO, capture_output=True, text=True
+    )
+    assert again.returncode == 2
+    assert again.stderr.strip().count("\n") == 0 and "continue_from_checkpoint=true" in again.stderr
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "rlcore.cli", "launch", path, "name=other",
+         "buffer.explorer_input.taskset.reward_fn=[tests.integration.rewards:no_such_fn]"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "has no attribute 'no_such_fn'" in bad.stderr and "Traceback" not in bad.stderr
