@@ -5,6 +5,7 @@ python -m torch.distributed.run ... -m rlcore.core.worker <run_dir>/launch/plan.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -43,7 +44,11 @@ def run_stage(stage: Stage, sdir: str, model_path: str, device: str, is_last: bo
     monitor = progress = None
     if dist.get_rank() == 0:
         monitor = build_monitors(
-            list(cfg.monitor.monitor_type), sdir, cfg.project, f"{cfg.name}/{stage.name}", {}
+            list(cfg.monitor.monitor_type),
+            sdir,
+            cfg.project,
+            f"{cfg.name}/{stage.name}",
+            dataclasses.asdict(cfg),
         )
         progress = StepProgress(trainer.total_train_steps, desc=stage.name)
     try:
