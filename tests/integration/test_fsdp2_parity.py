@@ -56,3 +56,27 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     assert [m["step"] for m in mb] == [m["step"] for m in ma]
     for x, y in zip(ma, mb, strict=True):
         assert abs(x["actor/loss"] - y["actor/loss"]) < 1e-6
+
+
+def test_gradient_checkpointing_same_loss_and_old_checkpoints_pruned(tmp_path):
+    plain, ckpt = str(tmp_path / "plain"), str(tmp_path / "ckpt")
+    launch(tiny_grpo_config(plain, **{"buffer.total_steps": 1}), plain + ".yaml")
+    cfg = tiny_grpo_config(
+        ckpt,
+        **{"buffer.total_steps": 3, "trainer.gradient_checkpointing": True, "trainer.save_interval": 1,
+           "trainer.max_checkpoints_to_keep": 2, "trainer.save_hf_checkpoint": "never"},
+    )  # fmt: skip
+    launch(cfg, ckpt + ".yaml")
+    a, b = (
+        first_train_step(os.path.join(plain, "it", "run")),
+        first_train_step(os.path.join(ckpt, "it", "run")),
+    )
+    assert abs(a["actor/loss"] - b["actor/loss"]) < 1e-6
+    assert abs(a["actor/grad_norm"] - b["actor/grad_norm"]) < 1e-5
+    run_dir = os.path.join(ckpt, "it", "run")
+    assert sorted(d for d in os.listdir(run_dir) if d.startswith("global_step_")) == [
+        "global_step_2",
+        "global_step_3",
+    ]
+    assert not os.path.exists(os.path.join(run_dir, "global_step_3", "hf"))
+    assert open(os.path.join(run_dir, "latest")).read().strip() == "global_step_3"

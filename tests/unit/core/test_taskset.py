@@ -1,0 +1,80 @@
+import json
+
+import pytest
+
+from rlcore.core.config.schema import FormatConfig, TasksetConfig
+from rlcore.core.data.synthetic import write_arithmetic_taskset
+from rlcore.core.data.taskset import TaskStream, ensure_taskset, load_tasks
+
+
+def write_rows(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_jsonl_and_parquet_load_with_custom_keys(tmp_path):
+    rows = [{"q": f"{i}+1=", "sol": str(i + 1), "extra": i} for i in range(5)]
+    write_rows(tmp_path / "t.jsonl", rows)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet")
+    fmt = FormatConfig(prompt_key="q", answer_key="sol")
+    for name in ("t.jsonl", "t.parquet"):
+        tasks = load_tasks(
+            TasksetConfig(name="x", path=str(tmp_path / name), format=fmt, num_samples=3), "ts"
+        )
+        assert [t.prompt for t in tasks] == ["0+1=", "1+1=", "2+1="]
+        assert [t.answer for t in tasks] == ["1", "2", "3"]
+        assert tasks[0].response is None and tasks[2].metadata == {"extra": 2}
+        assert tasks[1].task_id == "x-1"
+
+
+def test_missing_prompt_column_names_the_key(tmp_path):
+    write_rows(tmp_path / "t.jsonl", [{"question": "a"}])
+    with pytest.raises(
+        ValueError, match=r"ts\.format\.prompt_key: column 'prompt' not in .*columns: question"
+    ):
+        load_tasks(TasksetConfig(path=str(tmp_path / "t.jsonl")), "ts")
+
+
+def test_stream_is_seeded_per_epoch_and_resumable_by_index(tmp_path):
+    write_rows(tmp_path / "t.jsonl", [{"prompt": str(i)} for i in range(10)])
+    tasks = load_tasks(TasksetConfig(path=str(tmp_path / "t.jsonl")), "ts")
+    a, b = TaskStream(tasks, 4, seed=1, shuffle=True), TaskStream(tasks, 4, seed=1, shuffle=True)
+    assert a.batches_per_epoch == 2  # the incomplete third batch is dropped
+    epoch0 = [t.prompt for i in range(2) for t in a.batch(i)]
+    assert len(set(epoch0)) == 8  # no repeats inside an epoch
+    assert [t.prompt for t in a.batch(3)] == [t.prompt for t in b.batch(3)]  # position = index only
+    assert [t.prompt for t in a.batch(2)] != [t.prompt for t in a.batch(0)]  # reshuffled next epoch
+    assert [t.prompt for t in TaskStream(tasks, 4, 1, shuffle=False).batch(1)] == ["4", "5", "6", "7"]
+
+
+def test_generator_writes_disjoint_train_and_test(tmp_path):
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    ensure_taskset(
+        TasksetConfig(
+            path=str(train), generator="arithmetic", generator_args={"num_tasks": 80, "max_operand": 9}
+        ),
+        "ts",
+    )
+    write_arithmetic_taskset(str(test), part="test", num_tasks=20, max_operand=9)
+    tr = {json.loads(line)["prompt"] for line in open(train)}
+    te = [json.loads(line) for line in open(test)]
+    assert len(tr) == 80 and len(te) == 20 and not tr & {r["prompt"] for r in te}
+    a, b = te[0]["prompt"].rstrip("=").split("+")
+    assert (
+        te[0]["answer"] == str(int(a) + int(b)) and te[0]["response"] == f"<answer>{te[0]['answer']}</answer>"
+    )
+    with pytest.raises(
+        ValueError, match=r"ts\.generator_args: num_tasks \(999\) exceeds the 80 train problems"
+    ):
+        ensure_taskset(
+            TasksetConfig(
+                path=str(tmp_path / "x.jsonl"),
+                generator="arithmetic",
+                generator_args={"num_tasks": 999, "max_operand": 9},
+            ),
+            "ts",
+        )
