@@ -57,7 +57,6 @@ def build_scratch_model(path: str, spec: ScratchModelConfig, max_model_len: int,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         rms_norm_eps=1e-5,
-        torch_dtype="float32",
     )
     saved_rng = torch.random.get_rng_state()
     torch.manual_seed(seed)

@@ -118,7 +118,7 @@ class StageTrainer:
     # ------------------------------------------------------------------ steps
 
     def sft_step(self, tasks: list[Task]) -> dict[str, float]:
-        seqs = []
+        seqs: list[Sequence] = []
         for t in tasks:
             if t.response is None:
                 raise ValueError(

@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ...core.config.schema import OptimizerConfig, TrainerConfig
@@ -83,7 +83,7 @@ class FSDP2Strategy(TrainingStrategy):
         for i, mb in enumerate(micro_batches):
             mb = self._to_device(mb)
             # Reduce-scatter gradients only after the last micro-batch.
-            self.model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            cast(FSDPModule, self.model).set_requires_gradient_sync(i == len(micro_batches) - 1)
             logprobs, entropy = forward_logprobs(self.model, mb, temperature, loss_fn.needs_entropy)
             loss, metrics = loss_fn(logprobs, entropy, mb)
             # FSDP averages gradients over ranks; the loss is already this rank's share of the
@@ -131,7 +131,7 @@ class FSDP2Strategy(TrainingStrategy):
 
     def load_checkpoint(self, path: str) -> None:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteriaList
@@ -66,7 +67,8 @@ class HFEngine(RolloutEngine):
         self.max_model_len = max_model_len
         self.max_batch_size = max_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
+        self.model = model.to(self.device)
         self.model.eval()
         # A chat model may end turns on several ids (generation_config lists them all); stop on any.
         eos = self.model.generation_config.eos_token_id
@@ -211,7 +213,7 @@ class HFEngine(RolloutEngine):
         return torch.log_softmax(logits_RV, dim=-1).gather(-1, tokens_R[:, None]).squeeze(-1)
 
     def _decode(self, token_ids: list[int], stop: list[str]) -> str:
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        text = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
         cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
         return text[: min(cuts)] if cuts else text
 
