@@ -13,23 +13,6 @@ import rlcore.cli.main as cli
 from rlcore.cli.main import build_parser, main
 
 
-@pytest.fixture()
-def recipe(tmp_path: Path) -> str:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    path = tmp_path / "recipe.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model_path": str(tmp_path / "model")},
-                "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "tasks.jsonl")}}},
-                "algorithm": {"repeat_times": 4},
-            }
-        )
-    )
-    return str(path)
-
-
 def test_launch_arguments_parse_with_strategy_before_or_after(recipe: str) -> None:
     parser = build_parser()
     before = parser.parse_args(["launch", "--strategy", "fsdp2", recipe, "a.b=1", "c=2"])

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlcore.cli.main import main
 
@@ -36,22 +35,6 @@ BAD_OVERRIDES = [
     (["algorithm.optimizer.betas=[0.9,"], r"override 'algorithm\.optimizer\.betas=\[0\.9,': cannot parse the value"),
     (["model.model_path=${oc.env:X"], r"override 'model\.model_path=\$\{oc\.env:X': cannot parse the value \(missing BRACE_CLOSE"),
 ]  # fmt: skip
-
-
-@pytest.fixture()
-def recipe(tmp_path: Path) -> str:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    path = tmp_path / "recipe.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model_path": str(tmp_path / "model")},
-                "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "tasks.jsonl")}}},
-            }
-        )
-    )
-    return str(path)
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
