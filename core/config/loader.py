@@ -190,6 +190,7 @@ def _merge(schema: DictConfig, *layers: DictConfig, prefix: str = "") -> DictCon
         data = OmegaConf.to_container(layer, resolve=False)
         assert isinstance(data, dict)
         _check_layer(RLCoreConfig, data, prefix)
+        _open_free_dicts(merged)
         try:
             out = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as e:
@@ -197,6 +198,22 @@ def _merge(schema: DictConfig, *layers: DictConfig, prefix: str = "") -> DictCon
         assert isinstance(out, DictConfig)
         merged = out
     return merged
+
+
+def _open_free_dicts(node: DictConfig) -> None:
+    """Free-form `dict[str, Any]` fields (e.g. generator_args) accept new keys in every layer;
+    struct mode keeps guarding the schema's own sections."""
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            if OmegaConf.get_type(child) is dict:
+                OmegaConf.set_struct(child, False)
+            else:
+                _open_free_dicts(child)
+        elif isinstance(child, ListConfig):
+            for item in child:
+                if isinstance(item, DictConfig):
+                    _open_free_dicts(item)
 
 
 def _to_object(cfg: DictConfig, prefix: str = "") -> RLCoreConfig:

@@ -16,12 +16,19 @@ def write_arithmetic_taskset(
     ops: str = "+",
     test_fraction: float = 0.2,
     seed: int = 0,
+    copies: int = 1,
+    wrong_fraction: float = 0.0,
 ) -> None:
     """Write `num_tasks` rows like {"prompt": "37+48=", "response": "<answer>85</answer>", "answer": "85"}.
 
     Every problem `a op b` with 0 <= a, b <= max_operand is enumerated, shuffled with `seed` and split
     into a train and a test part by `test_fraction`; files made with the same seed and fraction
     never share a problem, so `part: test` is a true held-out set.
+
+    Demonstrations for SFT can be made sloppy: each of the `copies` rows of a problem has, with
+    probability `wrong_fraction`, a response that forgets the carry (27+15 -> 32), like a student
+    who has not learnt carrying. The `answer` column always holds the true value, so a verifiable
+    reward can teach past the demonstrations (this is what the quickstart's GRPO stage shows).
     """
     if part not in ("train", "test"):
         raise ValueError(f"part must be train or test; got '{part}'")
@@ -32,13 +39,35 @@ def write_arithmetic_taskset(
     random.Random(seed).shuffle(problems)
     n_test = int(len(problems) * test_fraction)
     pool = problems[:n_test] if part == "test" else problems[n_test:]
+    if copies < 1:
+        raise ValueError(f"copies must be >= 1; got {copies}")
+    if not 0.0 <= wrong_fraction <= 1.0:
+        raise ValueError(f"wrong_fraction must be in [0, 1]; got {wrong_fraction}")
+    if wrong_fraction and ops != "+":
+        raise ValueError("wrong_fraction (forgotten carries) is defined for ops '+' only")
     if num_tasks > len(pool):
         raise ValueError(f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
+    noise = random.Random(seed + 1)
     with open(tmp, "w") as f:
         for a, b, op in pool[:num_tasks]:
             value = {"+": a + b, "-": a - b, "*": a * b}[op]
-            row = {"prompt": f"{a}{op}{b}=", "response": f"<answer>{value}</answer>", "answer": str(value)}
-            f.write(json.dumps(row) + "\n")
+            for _ in range(copies):
+                shown = _sum_without_carry(a, b) if noise.random() < wrong_fraction else value
+                row = {
+                    "prompt": f"{a}{op}{b}=",
+                    "response": f"<answer>{shown}</answer>",
+                    "answer": str(value),
+                }
+                f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
+
+
+def _sum_without_carry(a: int, b: int) -> int:
+    """Digit-wise sum, each column mod 10: the answer of someone who forgets to carry."""
+    out, place = 0, 1
+    while a or b:
+        out += ((a % 10 + b % 10) % 10) * place
+        a, b, place = a // 10, b // 10, place * 10
+    return out

@@ -78,3 +78,29 @@ def test_generator_writes_disjoint_train_and_test(tmp_path):
             ),
             "ts",
         )
+
+
+def test_sloppy_demonstrations_forget_carries_but_keep_true_answers(tmp_path):
+    from rlcore.core.data.synthetic import _sum_without_carry
+
+    assert (
+        _sum_without_carry(27, 15) == 32
+        and _sum_without_carry(48, 5) == 43
+        and _sum_without_carry(12, 3) == 15
+    )
+    path = tmp_path / "demos.jsonl"
+    write_arithmetic_taskset(str(path), num_tasks=50, max_operand=49, copies=4, wrong_fraction=0.5, seed=3)
+    rows = [json.loads(line) for line in open(path)]
+    assert len(rows) == 200 and len({r["prompt"] for r in rows}) == 50
+    for r in rows:
+        a, b = map(int, r["prompt"].rstrip("=").split("+"))
+        assert r["answer"] == str(a + b)  # rewards always see the truth
+        shown = int(r["response"].removeprefix("<answer>").removesuffix("</answer>"))
+        assert shown in (a + b, _sum_without_carry(a, b))
+    carry_rows = [
+        r
+        for r in rows
+        if int(r["answer"]) != _sum_without_carry(*map(int, r["prompt"].rstrip("=").split("+")))
+    ]
+    wrong = sum(r["response"] != f"<answer>{r['answer']}</answer>" for r in carry_rows)
+    assert 0.3 < wrong / len(carry_rows) < 0.7
