@@ -28,6 +28,7 @@ from .config import RLCoreConfig, Stage
 from .data.taskset import TaskStream, load_tasks
 from .hf_export import export_hf
 from .types import Experience, Task
+from .watchdog import deadline
 
 log = logging.getLogger("rlcore.trainer")
 
@@ -228,12 +229,13 @@ class StageTrainer:
         return metrics
 
     def _sync(self) -> None:
-        weights = self.strategy.iter_full_weights()
-        if self.explorer is not None:
-            self.explorer.load_weights(weights, self.state.global_step)
-        else:
-            for _ in weights:  # collective: every rank walks the iterator
-                pass
+        with deadline(self.cfg.synchronizer.sync_timeout, "a weight sync", "synchronizer.sync_timeout"):
+            weights = self.strategy.iter_full_weights()
+            if self.explorer is not None:
+                self.explorer.load_weights(weights, self.state.global_step)
+            else:
+                for _ in weights:  # collective: every rank walks the iterator
+                    pass
         self.state.policy_version = self.state.global_step
 
     def _maybe_sync(self, metrics: dict[str, float]) -> None:

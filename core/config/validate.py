@@ -130,6 +130,13 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
 
+    rm = cfg.explorer.rollout_model
+    for key in ("engine_num", "tensor_parallel_size"):
+        if getattr(rm, key) != 1:
+            raise ConfigError(
+                f"explorer.rollout_model.{key} must be 1 in this version: the engine runs inside trainer "
+                f"rank 0 (separate rollout workers are not built yet); got {getattr(rm, key)}"
+            )
     algo = cfg.algorithm.algorithm_type
     if cfg.mode in ("both", "colocate") and algo == "sft":
         raise ConfigError(f"mode '{cfg.mode}' needs algorithm.algorithm_type grpo; SFT runs with mode train")

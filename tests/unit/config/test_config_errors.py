@@ -120,3 +120,9 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith(f"rlcore: error: {bad}: invalid YAML")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_multiple_engines_are_refused_until_rollout_workers_exist(recipe: str, capsys) -> None:
+    assert main(["config", "validate", recipe, "explorer.rollout_model.engine_num=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlcore: error: explorer.rollout_model.engine_num must be 1 in this version")
