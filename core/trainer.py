@@ -76,6 +76,7 @@ class StageTrainer:
 
             self.explorer = Explorer(cfg, model_path, device)
         self.state = TrainerState()
+        self._last_saved = 0  # global step of the newest checkpoint
         self.monitor = None
 
     # ------------------------------------------------------------------ the loop
@@ -273,7 +274,7 @@ class StageTrainer:
     def _maybe_checkpoint(self, final: bool) -> None:
         interval = self.cfg.trainer.save_interval
         periodic = (
-            interval > 0 and self.state.global_step // interval > getattr(self, "_last_saved", 0) // interval
+            interval > 0 and self.state.global_step // interval > self._last_saved // interval
         )
         if not (final or periodic):
             return
