@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..backends import STRATEGIES
 from ..rollout.workflows.prompts import PromptFormat
-from .algorithms import LossNorm, build_kl_controller, build_loss, grpo_advantages, kl_penalized_rewards
+from .algorithms import LossNorm, build_kl_controller, build_loss, grpo_advantages, kl_estimate
 from .batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RLCoreConfig, Stage
@@ -131,7 +131,9 @@ class StageTrainer:
                 self.tokenizer, t.prompt, t.response
             )
             seqs.append(Sequence(prompt_ids, response_ids, index=len(seqs)))
-        metrics = self._update(seqs, lambda norm: build_loss(self.cfg.algorithm, norm), temperature=1.0)
+        metrics = _mean_dicts(
+            [self._train_on(self._micro(m)[0], m, temperature=1.0) for m in self._minis(seqs)]
+        )
         metrics["perf/tokens"] = float(sum(s.length for s in seqs))
         return metrics
 
@@ -147,7 +149,7 @@ class StageTrainer:
         scores = torch.tensor([e.reward for e in exps], dtype=torch.float32)
 
         # Log-prob passes happen before any update, on this rank's share of every mini-batch.
-        minis = [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
+        minis = self._minis(seqs)
         local = [self._micro(m) for m in minis]
         for mbs, _ in local:
             if self.needs_ref:
@@ -165,11 +167,9 @@ class StageTrainer:
             seq_kl = torch.zeros(len(seqs), dtype=torch.float64)
             for mbs, idx in local:
                 for mb, rows in zip(mbs, idx, strict=True):
-                    _, kl = kl_penalized_rewards(
-                        torch.zeros(len(rows)), mb["old_logprobs"][: len(rows)], mb["ref_logprobs"][: len(rows)],
-                        mb["loss_mask"][: len(rows)], algo.kl_penalty_fn, 0.0,
-                    )  # fmt: skip
-                    seq_kl[rows] = kl.double()
+                    n = len(rows)
+                    kl = kl_estimate(mb["old_logprobs"][:n], mb["ref_logprobs"][:n], algo.kl_penalty_fn)
+                    seq_kl[rows] = (kl * mb["loss_mask"][:n]).sum(dim=1).double()
             dist.all_reduce(seq_kl)  # each rank filled its own rows
             rewards = scores - self.kl_ctrl.value * seq_kl.float()
             metrics["rollout/kl_penalty"] = float(seq_kl.mean())
@@ -181,10 +181,7 @@ class StageTrainer:
                 mb["advantages"][: len(rows)] = mb["loss_mask"][: len(rows)] * adv[rows].unsqueeze(1)
 
         t1 = time.perf_counter()
-        updates = [
-            self._train_on(mbs, mini, lambda norm: build_loss(algo, norm))
-            for (mbs, _), mini in zip(local, minis, strict=True)
-        ]
+        updates = [self._train_on(mbs, mini) for (mbs, _), mini in zip(local, minis, strict=True)]
         metrics.update(_mean_dicts(updates))
         metrics.update(_rollout_metrics(exps))
         metrics["perf/generate_s"] = t_gen
@@ -212,18 +209,19 @@ class StageTrainer:
         mbs = micro_batches(groups, self.tokenizer.pad_token_id, template=mini[0])
         return mbs, [[s.index for s in g] for g in groups]
 
-    def _update(self, seqs: list[Sequence], make_loss, temperature: float) -> dict[str, float]:
-        minis = [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
-        return _mean_dicts([self._train_on(self._micro(m)[0], m, make_loss, temperature) for m in minis])
+    def _minis(self, seqs: list[Sequence]) -> list[list[Sequence]]:
+        """Consecutive train batches of `train_batch` sequences: one optimizer step each."""
+        return [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
 
     def _train_on(
-        self, mbs: list[Batch], mini: list[Sequence], make_loss, temperature: float | None = None
+        self, mbs: list[Batch], mini: list[Sequence], temperature: float | None = None
     ) -> dict[str, float]:
         norm = LossNorm(
             num_tokens=float(sum(len(s.response_ids) for s in mini)), num_seqs=float(len(mini)),
             max_response_len=self.max_response_len,
         )  # fmt: skip
-        metrics = self.strategy.forward_backward(mbs, make_loss(norm), temperature or self.temperature)
+        loss_fn = build_loss(self.cfg.algorithm, norm)
+        metrics = self.strategy.forward_backward(mbs, loss_fn, temperature or self.temperature)
         metrics["actor/grad_norm"] = self.strategy.optimizer_step()
         metrics["actor/lr"] = self.strategy.current_lr()
         self.state.global_step += 1
@@ -273,9 +271,7 @@ class StageTrainer:
 
     def _maybe_checkpoint(self, final: bool) -> None:
         interval = self.cfg.trainer.save_interval
-        periodic = (
-            interval > 0 and self.state.global_step // interval > self._last_saved // interval
-        )
+        periodic = interval > 0 and self.state.global_step // interval > self._last_saved // interval
         if not (final or periodic):
             return
         mode = self.cfg.trainer.save_hf_checkpoint

@@ -80,3 +80,18 @@ def test_gradient_checkpointing_same_loss_and_old_checkpoints_pruned(tmp_path):
     ]
     assert not os.path.exists(os.path.join(run_dir, "global_step_3", "hf"))
     assert open(os.path.join(run_dir, "latest")).read().strip() == "global_step_3"
+
+
+def test_kl_in_reward_with_adaptive_controller(tmp_path):
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl": {"type": "adaptive", "kl_coef": 0.1},
+           "buffer.total_steps": 3},
+    )  # fmt: skip
+    launch(cfg, root + ".yaml")
+    steps = [m for m in read_metrics(os.path.join(root, "it", "run")) if "rollout/kl_penalty" in m]
+    assert steps[0]["rollout/kl_penalty"] == 0.0  # the policy starts equal to the reference
+    assert steps[1]["rollout/kl_penalty"] > 0.0
+    # KL below target_kl (0.1 per sequence at first) makes the adaptive coefficient shrink
+    assert steps[2]["rollout/kl_coef"] < steps[1]["rollout/kl_coef"] < steps[0]["rollout/kl_coef"] == 0.1
