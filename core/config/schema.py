@@ -245,6 +245,9 @@ class RolloutModelConfig:
     tensor_parallel_size: int = bounded(1, ge=1)
     max_batch_size: int = bounded(256, ge=1)
     """Sequences generated together in one engine call."""
+    endpoints: list[str] = field(default_factory=list)
+    """Rollout workers already running (host:port each, e.g. started with `rlcore rollout serve`);
+    empty: `rlcore launch` starts `engine_num` workers on this machine. Mode both only."""
 
 
 @dataclass
@@ -278,12 +281,19 @@ class TrainerConfig:
     """Micro-batch token budget per rank: sequences are grouped so each forward stays under it."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    remote: str | None = None
+    """host:port of a TrainerService started with `rlcore trainer serve`: the loop runs in the
+    launch process and drives that trainer over gRPC instead of starting a trainer world."""
 
 
 @dataclass
 class SynchronizerConfig:
-    sync_method: str = choice("memory", ("memory",))
-    """How weights reach the engines: memory (engine in the trainer's rank-0 process)."""
+    sync_method: str = choice("auto", ("auto", "nccl", "memory"))
+    """How weights reach the engines: nccl (a process group between trainer rank 0 and the rollout
+    workers: NCCL on GPU, gloo on CPU), memory (engine in trainer rank 0's process, mode colocate),
+    auto (memory for colocate, nccl otherwise)."""
+    bucket_mb: int = bounded(64, gt=0)
+    """Weights are packed into buckets of this many MiB, one broadcast each."""
     sync_interval: int = bounded(1, ge=1)
     """Sync after every N optimizer steps."""
     sync_offset: int = bounded(0, ge=0)
@@ -304,6 +314,51 @@ MONITOR_TYPES = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
 @dataclass
+class TLSConfig:
+    enabled: bool = False
+    """Serve and call over TLS instead of plaintext."""
+    cert_file: str | None = None
+    """PEM certificate chain this process presents (servers; clients too under mutual TLS)."""
+    key_file: str | None = None
+    """PEM private key of cert_file."""
+    ca_file: str | None = None
+    """PEM CA bundle peers are verified against (clients check servers; servers check clients
+    when require_client_cert)."""
+    require_client_cert: bool = False
+    """Mutual TLS: servers refuse clients without a certificate signed by ca_file."""
+    server_name: str | None = None
+    """Name clients expect in the server certificate when it differs from the host dialled."""
+
+
+@dataclass
+class ControlConfig:
+    """The gRPC control plane: every server rlcore starts and every client it uses."""
+
+    host: str = "127.0.0.1"
+    """Interface servers bind (127.0.0.1: this machine only; 0.0.0.0: every interface)."""
+    run_port: int = bounded(0, ge=0, le=65535)
+    """Port of the launch process's RunService (0: any free port)."""
+    trainer_port: int = bounded(0, ge=0, le=65535)
+    """Port of trainer rank 0's TrainerService (0: any free port)."""
+    token_env: str = "RLCORE_TOKEN"
+    """Environment variable holding the shared token every RPC (but health) must carry; when it is
+    unset, `rlcore launch` makes a random one for the processes it starts."""
+    max_message_mb: int = bounded(64, gt=0, le=2047)
+    """Largest gRPC message sent or received, in MiB (larger requests get RESOURCE_EXHAUSTED)."""
+    rpc_timeout: float = bounded(600.0, gt=0.0)
+    """Default deadline of one call in seconds (rollout calls use explorer.max_timeout)."""
+    retry_attempts: int = bounded(5, ge=1)
+    """Attempts of a call that fails with UNAVAILABLE (a server restarting or not up yet)."""
+    retry_backoff: float = bounded(0.2, gt=0.0)
+    """First wait between attempts in seconds; doubles each time, at most 5 s."""
+    worker_start_timeout: float = bounded(300.0, gt=0.0)
+    """Seconds rollout workers may take to start and register before the launch fails."""
+    heartbeat_interval: float = bounded(5.0, gt=0.0)
+    """Seconds between a rollout worker's heartbeats to the run."""
+    tls: TLSConfig = field(default_factory=TLSConfig)
+
+
+@dataclass
 class LogConfig:
     level: str = choice("INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 
@@ -317,9 +372,9 @@ class RLCoreConfig:
     project: str = "rlcore"
     name: str = "run"
     mode: str = choice("both", ("both", "colocate", "train", "bench"))
-    """both / colocate: explore and train in turn (in this version the engine always lives in trainer
-    rank 0's process, so the two are the same); train: SFT on the taskset's responses; bench:
-    evaluate the model on the eval tasksets only."""
+    """both: explore on rollout workers (separate processes, spawned or at explorer.rollout_model.
+    endpoints) and train in turn; colocate: the engine lives in trainer rank 0's process; train: SFT
+    on the taskset's responses; bench: evaluate the model on the eval tasksets only."""
     checkpoint_root_dir: str = "./checkpoints"
     """Runs live in <checkpoint_root_dir>/<project>/<name>/."""
     continue_from_checkpoint: bool = False
@@ -333,6 +388,7 @@ class RLCoreConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
     log: LogConfig = field(default_factory=LogConfig)
     stages: list[Any] = field(default_factory=list)
     """Sequential stages; each is {name: ..., <section>: {overrides}} applied on top of this config."""

@@ -130,13 +130,8 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
 
-    rm = cfg.explorer.rollout_model
-    for key in ("engine_num", "tensor_parallel_size"):
-        if getattr(rm, key) != 1:
-            raise ConfigError(
-                f"explorer.rollout_model.{key} must be 1 in this version: the engine runs inside trainer "
-                f"rank 0 (separate rollout workers are not built yet); got {getattr(rm, key)}"
-            )
+    _check_rollout_and_sync(cfg)
+    _check_control(cfg, check_paths)
     algo = cfg.algorithm.algorithm_type
     if cfg.mode in ("both", "colocate") and algo == "sft":
         raise ConfigError(f"mode '{cfg.mode}' needs algorithm.algorithm_type grpo; SFT runs with mode train")
@@ -146,3 +141,64 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         )
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
+
+
+def check_address(value: str, path: str) -> None:
+    """`host:port` with a port in 1..65535 (IPv6 hosts in brackets: [::1]:50051)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{path} must be host:port with a port in 1..65535; got '{value}'")
+
+
+def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
+    rm = cfg.explorer.rollout_model
+    if rm.tensor_parallel_size != 1:
+        raise ConfigError(
+            "explorer.rollout_model.tensor_parallel_size must be 1 with the engines of this version "
+            f"(hf); got {rm.tensor_parallel_size}"
+        )
+    for i, address in enumerate(rm.endpoints):
+        check_address(address, f"explorer.rollout_model.endpoints[{i}]")
+    if cfg.trainer.remote is not None:
+        check_address(cfg.trainer.remote, "trainer.remote")
+    method = cfg.synchronizer.sync_method
+    if cfg.mode == "colocate":
+        if rm.engine_num != 1 or rm.endpoints:
+            raise ConfigError(
+                "mode colocate runs one engine inside trainer rank 0: set explorer.rollout_model.engine_num=1 "
+                "and no endpoints, or use mode both for separate rollout workers"
+            )
+        if method == "nccl":
+            raise ConfigError(
+                "synchronizer.sync_method nccl sends weights to separate rollout workers (mode both); "
+                "mode colocate uses memory (or auto)"
+            )
+    if cfg.mode == "both" and method == "memory":
+        raise ConfigError(
+            "synchronizer.sync_method memory needs the engine in the trainer's process (mode colocate); "
+            "mode both uses nccl (or auto)"
+        )
+
+
+def _check_control(cfg: RLCoreConfig, check_paths: bool) -> None:
+    control = cfg.control
+    if not control.token_env or not control.token_env.replace("_", "").isalnum():
+        raise ConfigError(
+            f"control.token_env must name an environment variable (letters, digits, _); got '{control.token_env}'"
+        )
+    tls = control.tls
+    if not tls.enabled:
+        return
+    needed = ["cert_file", "key_file"] + (["ca_file"] if tls.require_client_cert else [])
+    for key in needed:
+        if not getattr(tls, key):
+            raise ConfigError(
+                f"control.tls.{key} is required when control.tls.enabled"
+                + (" and require_client_cert" if key == "ca_file" else "")
+                + " (a PEM file)"
+            )
+    if check_paths:
+        for key in ("cert_file", "key_file", "ca_file"):
+            path = getattr(tls, key)
+            if path and not os.path.isfile(path):
+                raise ConfigError(f"control.tls.{key}: '{path}' is not a file (give a PEM file)")

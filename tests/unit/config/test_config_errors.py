@@ -122,7 +122,27 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
-def test_multiple_engines_are_refused_until_rollout_workers_exist(recipe: str, capsys) -> None:
-    assert main(["config", "validate", recipe, "explorer.rollout_model.engine_num=2"]) == 2
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (["explorer.rollout_model.tensor_parallel_size=2"], "explorer.rollout_model.tensor_parallel_size must be 1"),
+        (["explorer.rollout_model.endpoints=[localhost]"], "explorer.rollout_model.endpoints[0] must be host:port"),
+        (["explorer.rollout_model.endpoints=[a:70000]"], "explorer.rollout_model.endpoints[0] must be host:port"),
+        (["trainer.remote=nohost"], "trainer.remote must be host:port"),
+        (["mode=colocate", "explorer.rollout_model.engine_num=2"], "mode colocate runs one engine"),
+        (["mode=colocate", "synchronizer.sync_method=nccl"], "synchronizer.sync_method nccl sends weights"),
+        (["synchronizer.sync_method=memory"], "synchronizer.sync_method memory needs the engine"),
+        (["control.token_env=not a name"], "control.token_env must name an environment variable"),
+        (["control.tls.enabled=true"], "control.tls.cert_file is required"),
+        (
+            ["control.tls.enabled=true", "control.tls.cert_file=/nope.pem", "control.tls.key_file=/nope.key"],
+            "control.tls.cert_file: '/nope.pem' is not a file",
+        ),
+    ],
+)
+def test_rollout_sync_and_control_errors_name_the_key(
+    recipe: str, override: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["config", "validate", recipe, *override]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("rlcore: error: explorer.rollout_model.engine_num must be 1 in this version")
+    assert err.startswith(f"rlcore: error: {expected}"), err
