@@ -71,6 +71,11 @@ class TrainingStrategy(ABC):
         (collective: every rank must consume the iterator to the end)."""
 
     @abstractmethod
+    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(hf_name, dtype, full shape) of what `iter_full_weights` yields, in the same order,
+        without moving any data (weight sync announces them before sending bytes)."""
+
+    @abstractmethod
     def hf_config(self) -> Any:
         """The model's transformers config (for HF export)."""
 

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from ..backends import STRATEGIES
 from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
 from ..core.monitor import check_monitor_dependencies
+from ..rollout.engines import ENGINES
 
 _EXIT_USAGE = 2  # argparse's code for bad input; a bad config is bad input too
 _EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlcore", description="RL post-training for language models: one config, one command."
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{launch,config}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{launch,config,rollout,trainer}")
 
     launch = commands.add_parser("launch", help="validate the config, then run every stage")
     _add_config_args(launch)
@@ -53,7 +54,54 @@ def build_parser() -> argparse.ArgumentParser:
         "validate", help="check keys, types, values, paths and monitor packages; print OK on success"
     )
     _add_config_args(validate)
+
+    rollout = commands.add_parser("rollout", help="rollout workers")
+    rollout_commands = rollout.add_subparsers(dest="rollout_command", required=True, metavar="{serve}")
+    serve = rollout_commands.add_parser(
+        "serve", help="serve an inference engine over gRPC (RolloutService) until interrupted"
+    )
+    serve.add_argument("--model", required=True, help="HF model folder")
+    serve.add_argument("--engine", default="hf", choices=list(ENGINES), help="inference engine (default hf)")
+    serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--max-model-len", type=int, default=1024, help="longest prompt + response in tokens")
+    serve.add_argument("--max-batch-size", type=int, default=256, help="sequences per engine call")
+    serve.add_argument(
+        "--threads", type=int, default=0, help="CPU threads for the engine (0: torch's default)"
+    )
+    serve.add_argument(
+        "--register", metavar="HOST:PORT", help="RunService of a run to join (RegisterWorker + heartbeats)"
+    )
+    serve.add_argument("--index", type=int, default=-1, help="worker index given by the launcher")
+    _add_server_args(serve)
+
+    trainer = commands.add_parser("trainer", help="trainer worlds")
+    trainer_commands = trainer.add_subparsers(dest="trainer_command", required=True, metavar="{serve}")
+    tserve = trainer_commands.add_parser(
+        "serve", help="start a trainer world whose rank 0 serves TrainerService until interrupted"
+    )
+    tserve.add_argument("--ranks", type=int, default=1, help="trainer processes on this machine")
+    tserve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    tserve.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: cores / ranks)")
+    _add_server_args(tserve)
     return parser
+
+
+def _add_server_args(parser: argparse.ArgumentParser) -> None:
+    """Flags every server takes (the same meaning as the control.* config keys)."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
+    parser.add_argument(
+        "--port-file", help="write the bound host:port to this file once serving (for scripts using --port 0)"
+    )
+    parser.add_argument(
+        "--token-env", default="RLCORE_TOKEN", help="environment variable holding the shared token"
+    )
+    parser.add_argument("--max-message-mb", type=int, default=64, help="largest message sent or received")
+    parser.add_argument("--tls-cert", help="PEM certificate chain (enables TLS with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", help="PEM CA bundle that client certificates must chain to")
+    parser.add_argument("--tls-require-client-cert", action="store_true", help="mutual TLS (needs --tls-ca)")
 
 
 def _load(args: argparse.Namespace, check_machine: bool = True) -> tuple[DictConfig, list[Stage]]:
@@ -106,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "launch":
             return _launch(args)
+        if args.command == "rollout":
+            from ..rollout.server import serve_main
+
+            return serve_main(args)
+        if args.command == "trainer":
+            from ..core.trainer_service import serve_main as trainer_serve_main
+
+            return trainer_serve_main(args)
         if args.config_command == "show":
             return _show(args)
         return _validate(args)

@@ -1,24 +1,32 @@
-"""The explorer: turns tasks into scored experiences with an inference engine, and evaluates.
+"""The explorer: turns tasks into scored experiences on inference engines, and evaluates.
 
-It lives on trainer rank 0 and holds an in-process engine whose weights are refreshed from the
-strategy (sync_method memory).
+It lives on trainer rank 0 and runs tasks either on an engine in its own process (mode colocate,
+weights copied in memory) or on rollout workers over gRPC (mode both: workers spawned by
+`rlcore launch` or listed in explorer.rollout_model.endpoints, weights broadcast over a
+process group). The loop above it does not know which.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
 
 import torch
 
+from ..client.base import ClientOptions, RpcError
 from ..rollout.engines import ENGINES
 from ..rollout.rewards.compose import build_reward
 from ..rollout.workflows.single_turn import SingleTurnWorkflow
 from .config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
 from .data.taskset import load_tasks
-from .types import Experience, SamplingParams, Task
+from .types import Experience, SamplingParams, Task, WorkflowSpec
 from .watchdog import deadline
+from .weight_sync import TensorSpec
 
 log = logging.getLogger("rlcore.explorer")
 
@@ -37,49 +45,152 @@ def sampling_params(args: RolloutArgs, n: int, default_max_tokens: int, seed: in
     )
 
 
-class Explorer:
+def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
+    return WorkflowSpec(
+        reward_fn=list(ts.reward_fn),
+        reward_weights=list(ts.reward_weights),
+        max_prompt_tokens=cfg.model.max_prompt_tokens,
+        apply_chat_template=cfg.model.apply_chat_template,
+        chat_template=cfg.model.chat_template,
+        system_prompt=ts.format.system_prompt,
+    )
+
+
+class LocalRollout:
+    """An engine in this process; weights arrive by an in-memory copy."""
+
     def __init__(self, cfg: RLCoreConfig, model_path: str, device: str):
-        self.cfg = cfg
         rm = cfg.explorer.rollout_model
-        engine_cls = ENGINES.resolve(rm.engine_type)
         dtype = (
             cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
         )
-        self.engine = engine_cls(
-            model_path,
-            device=device,
-            dtype=dtype,
-            max_model_len=cfg.model.max_model_len,
+        self.engine = ENGINES.resolve(rm.engine_type)(
+            model_path, device=device, dtype=dtype, max_model_len=cfg.model.max_model_len,
             max_batch_size=rm.max_batch_size,
+        )  # fmt: skip
+        self._workflows: dict[str, SingleTurnWorkflow] = {}
+
+    def run(
+        self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
+    ) -> list[Experience]:
+        key = json.dumps(asdict(spec), sort_keys=True)
+        if key not in self._workflows:
+            self._workflows[key] = SingleTurnWorkflow(
+                self.engine, self.engine.tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None),
+                max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
+                chat_template=spec.chat_template, system_prompt=spec.system_prompt,
+            )  # fmt: skip
+        return self._workflows[key].run(tasks, sampling, self.engine.policy_version)
+
+    def load_weights(
+        self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> dict[str, float]:
+        self.engine.pause()
+        self.engine.load_weights(weights, version)
+        self.engine.resume()
+        return {}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class RemoteRollout:
+    """Rollout workers over gRPC: a batch is split across workers, weights go over a process group.
+
+    Workers number versions over their own lifetime; a stage's optimizer step `s` is announced to
+    them as version `base + s`, where `base` is one past what they served when the stage began.
+    """
+
+    def __init__(self, cfg: RLCoreConfig, endpoints: list[str], device: str, master_address: str):
+        from ..client.rollout import RolloutClient
+        from .weight_sync import WeightSender
+
+        options = ClientOptions.from_control(cfg.control, timeout=cfg.explorer.max_timeout)
+        self.clients = [RolloutClient(address, options) for address in endpoints]
+        infos = [c.get_info() for c in self.clients]
+        for address, info in zip(endpoints, infos, strict=True):
+            if info.max_model_len < cfg.model.max_model_len:
+                raise ValueError(
+                    f"rollout worker {address} serves max_model_len {info.max_model_len} but "
+                    f"model.max_model_len is {cfg.model.max_model_len}: start it with --max-model-len "
+                    f"{cfg.model.max_model_len}"
+                )
+        self.base = max(info.policy_version for info in infos) + 1
+        self.sender = WeightSender(
+            self.clients,
+            backend="nccl" if device == "cuda" else "gloo",
+            timeout_s=cfg.synchronizer.sync_timeout,
+            bucket_bytes=cfg.synchronizer.bucket_mb << 20,
+            master_address=master_address,
+        )
+        self._pool = ThreadPoolExecutor(max_workers=len(self.clients))
+        log.info("exploring on %d rollout worker(s): %s", len(endpoints), ", ".join(endpoints))
+
+    def run(
+        self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
+    ) -> list[Experience]:
+        n = len(self.clients)
+        bounds = [len(tasks) * i // n for i in range(n + 1)]  # contiguous, balanced shares
+
+        def share(i: int) -> list[list[Experience]]:
+            chunk = tasks[bounds[i] : bounds[i + 1]]
+            out: list[list[Experience]] = [[] for _ in chunk]
+            if not chunk:
+                return out
+            seeded = (
+                sampling
+                if sampling.seed is None
+                else SamplingParams(**{**asdict(sampling), "seed": sampling.seed + 7919 * i})
+            )
+            for index, exps in self.clients[i].run_tasks(chunk, seeded, spec, timeout=timeout):
+                out[index] = exps
+            return out
+
+        per_task = [exps for part in self._pool.map(share, range(n)) for exps in part]
+        experiences = [e for exps in per_task for e in exps]
+        for e in experiences:
+            e.policy_version -= self.base
+        return experiences
+
+    def load_weights(
+        self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> dict[str, float]:
+        return self.sender.send(specs, weights, self.base + version)
+
+    def close(self) -> None:
+        self.sender.close()
+        for c in self.clients:
+            c.close()
+
+
+class Explorer:
+    def __init__(self, cfg: RLCoreConfig, model_path: str, device: str, endpoints: list[str] | None = None,
+                 master_address: str = "127.0.0.1"):  # fmt: skip
+        self.cfg = cfg
+        self.rollout: Any = (
+            RemoteRollout(cfg, endpoints, device, master_address)
+            if endpoints
+            else LocalRollout(cfg, model_path, device)
         )
         self.train_set = cfg.buffer.explorer_input.taskset
-        self.workflow = self._workflow(self.train_set)
+        self.train_spec = workflow_spec(cfg, self.train_set)
         self.eval_sets = [
-            (ts, load_tasks(ts, f"buffer.explorer_input.eval_tasksets[{i}]"), self._workflow(ts))
+            (ts, load_tasks(ts, f"buffer.explorer_input.eval_tasksets[{i}]"), workflow_spec(cfg, ts))
             for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets)
         ]
 
-    def _workflow(self, ts: TasksetConfig) -> SingleTurnWorkflow:
-        return SingleTurnWorkflow(
-            self.engine,
-            self.engine.tokenizer,
-            build_reward(list(ts.reward_fn), list(ts.reward_weights) or None),
-            max_prompt_tokens=self.cfg.model.max_prompt_tokens,
-            apply_chat_template=self.cfg.model.apply_chat_template,
-            chat_template=self.cfg.model.chat_template,
-            system_prompt=ts.format.system_prompt,
-        )
+    @property
+    def remote(self) -> bool:
+        return isinstance(self.rollout, RemoteRollout)
 
-    def _run(
-        self, workflow: SingleTurnWorkflow, tasks: list[Task], sampling: SamplingParams
-    ) -> list[Experience]:
-        retries = self.cfg.explorer.max_retry_times
+    def _run(self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec) -> list[Experience]:
+        retries, timeout = self.cfg.explorer.max_retry_times, self.cfg.explorer.max_timeout
         for attempt in range(retries + 1):
             try:
-                with deadline(self.cfg.explorer.max_timeout, "a rollout batch", "explorer.max_timeout"):
-                    return workflow.run(tasks, sampling, self.engine.policy_version)
-            except (RuntimeError, OSError) as e:  # engine failures; bad input (ValueError) is not retried
-                if attempt == retries:
+                with deadline(timeout, "a rollout batch", "explorer.max_timeout"):
+                    return self.rollout.run(tasks, sampling, spec, timeout)
+            except (RuntimeError, OSError, RpcError) as e:  # engine/worker failures; bad input is not retried
+                if attempt == retries or (isinstance(e, RpcError) and e.code.name == "INVALID_ARGUMENT"):
                     raise
                 log.warning("rollout batch failed (%s); retry %d/%d", e, attempt + 1, retries)
         raise AssertionError("unreachable")
@@ -91,16 +202,16 @@ class Explorer:
             self.cfg.model.max_response_tokens,
             seed,
         )
-        return self._run(self.workflow, tasks, sampling)
+        return self._run(tasks, sampling, self.train_spec)
 
     def evaluate(self, seed: int) -> dict[str, float]:
         """Mean reward, accuracy (mean of correctness rewards) and response length per eval taskset."""
         metrics: dict[str, float] = {}
-        for ts, tasks, workflow in self.eval_sets:
+        for ts, tasks, spec in self.eval_sets:
             start = time.perf_counter()
             sampling = sampling_params(ts.rollout_args, 1, self.cfg.model.max_response_tokens, seed)
-            exps = self._run(workflow, tasks, sampling)
-            names = workflow.reward.correctness_names
+            exps = self._run(tasks, sampling, spec)
+            names = build_reward(spec.reward_fn, spec.reward_weights or None).correctness_names
             prefix = f"eval/{ts.name}/"
             metrics[prefix + "reward_mean"] = sum(e.reward for e in exps) / len(exps)
             if names:
@@ -110,7 +221,10 @@ class Explorer:
             metrics[prefix + "time_s"] = time.perf_counter() - start
         return metrics
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.engine.pause()
-        self.engine.load_weights(weights, version)
-        self.engine.resume()
+    def load_weights(
+        self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> dict[str, float]:
+        return self.rollout.load_weights(specs, weights, version)
+
+    def close(self) -> None:
+        self.rollout.close()

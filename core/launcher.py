@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from .checkpoint import list_checkpoints
 from .config import ConfigError, Stage, inherits_previous_model, load_config, resolve_stages, to_yaml
@@ -118,6 +123,159 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
         previous.update(accs)
 
 
+def ensure_token(token_env: str) -> None:
+    """Processes of one run share a token; without one in the environment, make a random one that
+    the processes this launch starts inherit."""
+    if not os.environ.get(token_env):
+        os.environ[token_env] = secrets.token_urlsafe(32)
+
+
+def advertised_host(bind_host: str, peers: list[str]) -> str:
+    """The address other processes of the run reach this machine at."""
+    local = ("127.0.0.1", "localhost", "[::1]", "::1")
+    if bind_host not in ("0.0.0.0", "::", "[::]"):
+        return bind_host
+    if all(p.rpartition(":")[0] in local for p in peers):
+        return "127.0.0.1"
+    return socket.getfqdn()
+
+
+def _tls_flags(tls: Any) -> list[str]:
+    if not tls.enabled:
+        return []
+    flags = ["--tls-cert", tls.cert_file, "--tls-key", tls.key_file]
+    if tls.ca_file:
+        flags += ["--tls-ca", tls.ca_file]
+    if tls.require_client_cert:
+        flags.append("--tls-require-client-cert")
+    return flags
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class RolloutWorkers:
+    """Rollout workers this launch starts (`rlcore rollout serve`), one process each, logging to
+    <run>/launch/rollout_worker_<i>.log; they register with the run's RunService."""
+
+    def __init__(self, cfg: Any, model_path: str, count: int, device: str, run_address: str, log_dir: str):
+        self.procs: list[subprocess.Popen] = []
+        self.logs = [os.path.join(log_dir, f"rollout_worker_{i}.log") for i in range(count)]
+        threads = max(1, (os.cpu_count() or 1) // count)
+        rm, control = cfg.explorer.rollout_model, cfg.control
+        for i in range(count):
+            cmd = [
+                sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", model_path,
+                "--engine", rm.engine_type, "--device", device, "--dtype", cfg.model.dtype,
+                "--max-model-len", str(cfg.model.max_model_len), "--max-batch-size", str(rm.max_batch_size),
+                "--threads", str(threads), "--host", control.host, "--port", "0", "--register", run_address,
+                "--index", str(i), "--token-env", control.token_env,
+                "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls),
+            ]  # fmt: skip
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+            with open(self.logs[i], "w") as log_file:
+                self.procs.append(
+                    subprocess.Popen(
+                        cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    )
+                )
+
+    def dead(self) -> str | None:
+        """A message about the first worker that exited, with its log's tail; None if all run."""
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                return (
+                    f"rollout worker {i} exited with code {p.returncode}; last lines of {self.logs[i]}:\n"
+                    + _tail(self.logs[i])
+                )
+        return None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        end = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def check_endpoints(endpoints: list[str], control: Any) -> None:
+    """Configured rollout workers must answer before any trainer rank starts."""
+    from ..client.base import ClientOptions, RpcError
+    from ..client.rollout import RolloutClient
+
+    options = ClientOptions.from_control(control, timeout=10.0)
+    options.retry_attempts = 3
+    for i, address in enumerate(endpoints):
+        with RolloutClient(address, options) as client:
+            try:
+                client.get_info()
+            except RpcError as e:
+                raise ConfigError(
+                    f"explorer.rollout_model.endpoints[{i}]: {address} does not answer ({e.code.name}: "
+                    f"{e.details}); start it with `rlcore rollout serve --model ... --port ...` and the run's token"
+                ) from None
+
+
+@contextmanager
+def control_plane(base: Any, stages: list[Stage], device: str, launch_dir: str) -> Iterator[dict[str, Any]]:
+    """Serve RunService for the run's lifetime and start (then stop) the rollout workers it needs.
+    Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
+    from .rpc.security import read_token
+    from .rpc.server import ServerOptions
+    from .run_service import start_run_server
+
+    control = base.control
+    ensure_token(control.token_env)
+    token = read_token(control.token_env)
+    assert token is not None
+    server, run = start_run_server(
+        f"{base.project}/{base.name}",
+        ServerOptions.from_control(control, token, port=control.run_port),
+        heartbeat_interval_s=control.heartbeat_interval,
+    )
+    run_address = server.address
+    print(f"rlcore: run controller (RunService) on {run_address}", flush=True)
+    workers: RolloutWorkers | None = None
+    info: dict[str, Any] = {
+        "run_address": run_address,
+        "rollout_endpoints": [],
+        "master_address": "127.0.0.1",
+    }
+    try:
+        # a remote trainer cannot host an engine: every stage explores and evaluates on workers
+        remote_stages = [s.config for s in stages if s.config.mode == "both" or s.config.trainer.remote]
+        if remote_stages:
+            first = remote_stages[0]
+            endpoints = list(first.explorer.rollout_model.endpoints)
+            if endpoints:
+                check_endpoints(endpoints, control)
+            else:
+                count = max(c.explorer.rollout_model.engine_num for c in remote_stages)
+                print(f"rlcore: starting {count} rollout worker(s) (logs in {launch_dir})", flush=True)
+                workers = RolloutWorkers(
+                    first, stages[0].config.model.model_path, count, device, run_address, launch_dir
+                )
+                endpoints = run.wait_for_workers("rollout", count, control.worker_start_timeout, workers.dead)
+                print(f"rlcore: rollout workers ready: {', '.join(endpoints)}", flush=True)
+            info["rollout_endpoints"] = endpoints
+            info["master_address"] = advertised_host(control.host, endpoints)
+        yield {**info, "run": run}
+    finally:
+        if workers is not None:
+            workers.stop()
+        server.stop(grace=1.0)
+
+
 def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     cfg = load_config(config_path, overrides, strategy)
     stages = resolve_stages(cfg)
@@ -132,29 +290,47 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     os.makedirs(launch_dir, exist_ok=True)
     cores = os.cpu_count() or 1
     threads = base.cluster.threads_per_rank or max(1, cores // base.cluster.ranks_per_node)
-    plan = {
-        "run_dir": run_dir,
-        "device": device,
-        "log_level": base.log.level,
-        "threads_per_rank": threads,
-        "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
-    }
-    plan_path = os.path.join(launch_dir, "plan.json")
-    with open(plan_path, "w") as f:
-        json.dump(plan, f, indent=2)
     world = base.cluster.num_nodes * base.cluster.ranks_per_node
     print(
         f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], strategy {base.trainer.strategy}, "
         f"{world} trainer rank(s) on {device}; run folder {run_dir}",
         flush=True,
     )
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     start = time.time()
     try:
-        rc = subprocess.call(torchrun_command(plan_path, base.cluster, base.project, base.name), env=env)
+        with control_plane(base, stages, device, launch_dir) as plane:
+            plan = {
+                "run_dir": run_dir,
+                "device": device,
+                "log_level": base.log.level,
+                "threads_per_rank": threads,
+                "run_address": plane["run_address"],
+                "rollout_endpoints": plane["rollout_endpoints"],
+                "master_address": plane["master_address"],
+                "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
+            }
+            plan_path = os.path.join(launch_dir, "plan.json")
+            with open(plan_path, "w") as f:
+                json.dump(plan, f, indent=2)
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+            plane["run"].mark_running()
+            if base.trainer.remote:
+                from .remote_loop import run_remote
+
+                rc = run_remote(stages, run_dir, plan, device)
+            else:
+                rc = subprocess.call(
+                    torchrun_command(plan_path, base.cluster, base.project, base.name), env=env
+                )
+            if rc == 0:
+                plane["run"].mark_finished()
+            else:
+                plane["run"].mark_failed(f"the trainer world exited with code {rc}")
     except KeyboardInterrupt:
         print("rlcore: interrupted; resume later with continue_from_checkpoint=true", file=sys.stderr)
         return 130
+    except (TimeoutError, RuntimeError) as e:  # rollout workers that did not start
+        raise ConfigError(str(e)) from None
     if rc != 0:
         print(
             f"rlcore: error: the trainer world exited with code {rc} (see the messages above)",

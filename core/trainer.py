@@ -29,12 +29,27 @@ from .data.taskset import TaskStream, load_tasks
 from .hf_export import export_hf
 from .types import Experience, Task
 from .watchdog import deadline
+from .weight_sync import spec_of
 
 log = logging.getLogger("rlcore.trainer")
 
 
 class StageTrainer:
-    def __init__(self, stage: Stage, stage_dir: str, model_path: str, device: str, export_final_hf: bool):
+    def __init__(
+        self,
+        stage: Stage,
+        stage_dir: str,
+        model_path: str,
+        device: str,
+        export_final_hf: bool,
+        *,
+        with_explorer: bool = True,
+        total_train_steps: int | None = None,
+        rollout_endpoints: list[str] | None = None,
+        master_address: str = "127.0.0.1",
+    ):
+        """`with_explorer=False, total_train_steps=N` builds only the training side (the remote
+        TrainerService): no engine, no task stream, an lr schedule spanning N optimizer steps."""
         from transformers import AutoTokenizer
 
         self.stage, self.cfg, self.stage_dir, self.model_path = stage, stage.config, stage_dir, model_path
@@ -45,9 +60,7 @@ class StageTrainer:
         self.is_sft = algo.algorithm_type == "sft"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         ts = cfg.buffer.explorer_input.taskset
-        self.stream = TaskStream(
-            load_tasks(ts, "buffer.explorer_input.taskset"), cfg.buffer.batch_size, cfg.seed, ts.shuffle
-        )
+        self.stream: TaskStream | None = None
         self.prompt_format = PromptFormat(
             cfg.model.max_prompt_tokens,
             cfg.model.apply_chat_template,
@@ -57,9 +70,16 @@ class StageTrainer:
         self.temperature = ts.rollout_args.temperature or 1.0
         self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
 
-        self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
-            cfg, len(self.stream.tasks)
-        )
+        if total_train_steps is None:
+            self.stream = TaskStream(
+                load_tasks(ts, "buffer.explorer_input.taskset"), cfg.buffer.batch_size, cfg.seed, ts.shuffle
+            )
+            self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
+                cfg, len(self.stream.tasks)
+            )
+        else:
+            self.train_batch, _, _ = plan_steps(cfg, cfg.buffer.batch_size)
+            self.total_explore_steps = self.total_train_steps = total_train_steps
 
         self.kl_in_loss = not self.is_sft and algo.kl_loss_fn != "none" and algo.kl_loss_coef > 0
         self.needs_ref = self.kl_in_loss or (not self.is_sft and algo.use_kl_in_reward)
@@ -69,22 +89,31 @@ class StageTrainer:
             total_steps=self.total_train_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
         self.explorer = None
-        if self.rank == 0 and (
-            not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench"
+        if (
+            with_explorer
+            and self.rank == 0
+            and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench")
         ):
             from .explorer import Explorer
 
-            self.explorer = Explorer(cfg, model_path, device)
+            endpoints = rollout_endpoints if cfg.mode == "both" else None
+            self.explorer = Explorer(cfg, model_path, device, endpoints, master_address)
+        # Separate rollout workers hold whatever weights they started with: push ours first.
+        self.sync_on_start = with_explorer and cfg.mode == "both"
         self.state = TrainerState()
         self._last_saved = 0  # global step of the newest checkpoint
         self.monitor = None
+        self.reporter = None  # RunReporter on rank 0 when the run has a controller
+        self.stopped = False  # the run asked to stop before the stage's last step
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self, monitor, progress) -> dict[str, float]:
+    def run(self, monitor, progress, reporter=None) -> dict[str, float]:
         cfg = self.cfg
-        self.monitor, self.progress = monitor, progress
-        self._maybe_resume()
+        self.monitor, self.progress, self.reporter = monitor, progress, reporter
+        resumed = self._maybe_resume()
+        if self.sync_on_start and not resumed:
+            self._sync()
         if cfg.mode == "bench":
             result = self.evaluate()
             self._log(result, self.state.global_step)
@@ -97,6 +126,7 @@ class StageTrainer:
             and self.state.global_step < self.total_train_steps
         ):
             start = time.perf_counter()
+            assert self.stream is not None
             tasks = self.stream.batch(self.state.explore_step)
             metrics = self.sft_step(tasks) if self.is_sft else self.rl_step(tasks)
             self.state.explore_step += 1
@@ -112,6 +142,13 @@ class StageTrainer:
                 metrics.update(last_eval)
             self._maybe_checkpoint(final=done)
             self._log(metrics, self.state.global_step)
+            if not done and self._run_wants_stop():
+                if self._last_saved != self.state.global_step:
+                    self._maybe_checkpoint(final=True)
+                self.stopped = True
+                if self.rank == 0:
+                    log.info("stopped at step %d on the run's request", self.state.global_step)
+                return last_eval
         if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
             last_eval = self.evaluate()
             self._log(last_eval, self.state.global_step)
@@ -138,10 +175,17 @@ class StageTrainer:
         return metrics
 
     def rl_step(self, tasks: list[Task]) -> dict[str, float]:
-        algo = self.cfg.algorithm
         t0 = time.perf_counter()
         exps = self._explore(tasks)
         t_gen = time.perf_counter() - t0
+        metrics = self.train_experiences(exps)
+        metrics["perf/generate_s"] = t_gen
+        return metrics
+
+    def train_experiences(self, exps: list[Experience]) -> dict[str, float]:
+        """One RL step on scored experiences (the same list on every rank): old and reference
+        log-probs, KL-in-reward, GRPO advantages, then one optimizer step per mini-batch."""
+        algo = self.cfg.algorithm
         seqs = [
             Sequence(e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i)
             for i, e in enumerate(exps)
@@ -184,7 +228,6 @@ class StageTrainer:
         updates = [self._train_on(mbs, mini) for (mbs, _), mini in zip(local, minis, strict=True)]
         metrics.update(_mean_dicts(updates))
         metrics.update(_rollout_metrics(exps))
-        metrics["perf/generate_s"] = t_gen
         metrics["perf/train_s"] = time.perf_counter() - t1
         metrics["perf/tokens"] = float(sum(s.length for s in seqs))
         return metrics
@@ -227,15 +270,18 @@ class StageTrainer:
         self.state.global_step += 1
         return metrics
 
-    def _sync(self) -> None:
+    def _sync(self) -> dict[str, float]:
+        stats: dict[str, float] = {}
         with deadline(self.cfg.synchronizer.sync_timeout, "a weight sync", "synchronizer.sync_timeout"):
             weights = self.strategy.iter_full_weights()
             if self.explorer is not None:
-                self.explorer.load_weights(weights, self.state.global_step)
+                specs = [spec_of(*s) for s in self.strategy.weight_specs()]
+                stats = self.explorer.load_weights(specs, weights, self.state.global_step)
             else:
                 for _ in weights:  # collective: every rank walks the iterator
                     pass
         self.state.policy_version = self.state.global_step
+        return stats
 
     def _maybe_sync(self, metrics: dict[str, float]) -> None:
         sc = self.cfg.synchronizer
@@ -247,8 +293,10 @@ class StageTrainer:
         )
         if due:
             start = time.perf_counter()
-            self._sync()
+            stats = self._sync()
             metrics["perf/sync_s"] = time.perf_counter() - start
+            if "num_bytes" in stats:
+                metrics["perf/sync_gb_per_s"] = stats["num_bytes"] / 1e9 / max(stats["total_s"], 1e-9)
 
     def explorer_due_eval(self, done: bool) -> bool:
         if not self.cfg.buffer.explorer_input.eval_tasksets:
@@ -294,22 +342,35 @@ class StageTrainer:
         )
         self._last_saved = self.state.global_step
 
-    def _maybe_resume(self) -> None:
+    def _maybe_resume(self) -> bool:
         if not self.cfg.continue_from_checkpoint:
-            return
+            return False
         path = latest_checkpoint(self.stage_dir)
         if path is None:
-            return
+            return False
         self.state = load_checkpoint(path, self.strategy)
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
         self._last_saved = self.state.global_step
         if self.rank == 0:
             log.info("resumed %s from %s (step %d)", self.stage.name, path, self.state.global_step)
         self._sync()
+        return True
+
+    def _run_wants_stop(self) -> bool:
+        """Report the step to the run's controller (rank 0) and agree on every rank whether to stop."""
+        box = ["go"]
+        if self.rank == 0 and self.reporter is not None:
+            box[0] = self.reporter.checkpoint(
+                self.stage.name, self.state.global_step, self.total_train_steps, self.state.policy_version
+            )
+        dist.broadcast_object_list(box, src=0)
+        return box[0] == "stop"
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.rank != 0 or not metrics:
             return
+        if self.reporter is not None:
+            self.reporter.record(self.stage.name, step, metrics)
         if self.monitor is not None:
             self.monitor.log(metrics, step)
         if self.progress is not None:

@@ -57,6 +57,23 @@ class Completion:
 
 
 @dataclass
+class WorkflowSpec:
+    """How a rollout worker turns tasks into scored experiences (RunTasks)."""
+
+    reward_fn: list[str]
+    """Reward functions by registered name or import path 'pkg.mod:fn'."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per reward function; empty: all 1.0."""
+    max_prompt_tokens: int = 512
+    """Prompts longer than this are truncated from the left."""
+    apply_chat_template: bool = False
+    chat_template: str | None = None
+    system_prompt: str | None = None
+    name: str = "single_turn"
+    """Registered workflow."""
+
+
+@dataclass
 class Experience:
     """A scored completion, the unit the trainer consumes."""
 

@@ -34,13 +34,19 @@ def planned_steps(stage: Stage) -> int:
     return plan_steps(stage.config, len(tasks))[2]
 
 
-def run_stage(stage: Stage, sdir: str, model_path: str, device: str, is_last: bool) -> dict:
+def run_stage(
+    stage: Stage, sdir: str, model_path: str, device: str, is_last: bool, plan: dict, reporter=None
+) -> dict:
     from .monitor import build_monitors
     from .monitor.progress import StepProgress
     from .trainer import StageTrainer
 
     cfg = stage.config
-    trainer = StageTrainer(stage, sdir, model_path, device, export_final_hf=not is_last)
+    trainer = StageTrainer(
+        stage, sdir, model_path, device, export_final_hf=not is_last,
+        rollout_endpoints=plan.get("rollout_endpoints") or None,
+        master_address=plan.get("master_address", "127.0.0.1"),
+    )  # fmt: skip
     monitor = progress = None
     if dist.get_rank() == 0:
         monitor = build_monitors(
@@ -52,16 +58,24 @@ def run_stage(stage: Stage, sdir: str, model_path: str, device: str, is_last: bo
         )
         progress = StepProgress(trainer.total_train_steps, desc=stage.name)
     try:
-        eval_metrics = trainer.run(monitor, progress)
+        eval_metrics = trainer.run(monitor, progress, reporter)
+        if reporter is not None:
+            reporter.checkpoint(
+                stage.name, trainer.state.global_step, trainer.total_train_steps,
+                trainer.state.policy_version, wait=False,
+            )  # fmt: skip
     finally:
         if progress is not None:
             progress.close()
         if monitor is not None:
             monitor.close()
+        if trainer.explorer is not None:
+            trainer.explorer.close()
     final = latest_checkpoint(sdir)
     summary = {
         "stage": stage.name,
         "global_step": trainer.state.global_step,
+        "stopped": trainer.stopped,
         "eval": eval_metrics,
         "final_checkpoint": final,
         "final_model": os.path.join(final, "hf")
@@ -95,8 +109,14 @@ def main(plan_path: str) -> int:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    reporter = None
     try:
         stages = [Stage(s["index"], s["name"], from_yaml(s["config"])) for s in plan["stages"]]
+        if rank == 0 and plan.get("run_address"):
+            from ..client.base import ClientOptions
+            from .run_reporter import RunReporter
+
+            reporter = RunReporter(plan["run_address"], ClientOptions.from_control(stages[0].config.control))
         previous_model = None
         for stage in stages:
             sdir = stage_dir(plan["run_dir"], stage, len(stages))
@@ -114,12 +134,16 @@ def main(plan_path: str) -> int:
                     f"stage {stage.name} inherits weights but the previous stage exported none"
                 )
                 model_path = previous_model
-            summary = run_stage(stage, sdir, model_path, device, is_last=stage is stages[-1])
+            summary = run_stage(stage, sdir, model_path, device, stage is stages[-1], plan, reporter)
             previous_model = summary["final_model"]
+            if summary["stopped"]:
+                break
     except ValueError as e:  # user-facing problems found at run time: one line, no traceback
         print(f"rlcore: error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
+        if reporter is not None:
+            reporter.close()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0

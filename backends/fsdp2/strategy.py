@@ -144,6 +144,10 @@ class FSDP2Strategy(TrainingStrategy):
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             yield name, full.detach()
 
+    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        # a DTensor reports its global shape: nothing is gathered here
+        return [(name, t.dtype, tuple(t.shape)) for name, t in self.model.state_dict().items()]
+
     def hf_config(self) -> Any:
         return self.model.config
 

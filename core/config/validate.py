@@ -161,6 +161,12 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
         check_address(address, f"explorer.rollout_model.endpoints[{i}]")
     if cfg.trainer.remote is not None:
         check_address(cfg.trainer.remote, "trainer.remote")
+        if cfg.continue_from_checkpoint or cfg.mode not in ("both", "train"):
+            raise ConfigError(
+                "trainer.remote runs modes both and train from the start (no continue_from_checkpoint yet); "
+                f"got mode {cfg.mode}"
+                + (" with continue_from_checkpoint" if cfg.continue_from_checkpoint else "")
+            )
     method = cfg.synchronizer.sync_method
     if cfg.mode == "colocate":
         if rm.engine_num != 1 or rm.endpoints:

@@ -125,9 +125,18 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        (["explorer.rollout_model.tensor_parallel_size=2"], "explorer.rollout_model.tensor_parallel_size must be 1"),
-        (["explorer.rollout_model.endpoints=[localhost]"], "explorer.rollout_model.endpoints[0] must be host:port"),
-        (["explorer.rollout_model.endpoints=[a:70000]"], "explorer.rollout_model.endpoints[0] must be host:port"),
+        (
+            ["explorer.rollout_model.tensor_parallel_size=2"],
+            "explorer.rollout_model.tensor_parallel_size must be 1",
+        ),
+        (
+            ["explorer.rollout_model.endpoints=[localhost]"],
+            "explorer.rollout_model.endpoints[0] must be host:port",
+        ),
+        (
+            ["explorer.rollout_model.endpoints=[a:70000]"],
+            "explorer.rollout_model.endpoints[0] must be host:port",
+        ),
         (["trainer.remote=nohost"], "trainer.remote must be host:port"),
         (["mode=colocate", "explorer.rollout_model.engine_num=2"], "mode colocate runs one engine"),
         (["mode=colocate", "synchronizer.sync_method=nccl"], "synchronizer.sync_method nccl sends weights"),

@@ -1,0 +1,223 @@
+"""Clients of a trainer world's TrainerService (`rlcore trainer serve`), blocking and asyncio.
+
+The remote training API: Configure once, then either ForwardBackward (+ OptimStep when a step's
+gradients are complete) with a loss of your own choosing, or TrainStep with scored experiences for
+one whole RL step. Every call has a deadline (ClientOptions.timeout unless `timeout` is given) and is
+retried on UNAVAILABLE with backoff; a failure raises RpcError with status and message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..core.rpc.convert import experience_to_proto
+from ..core.types import Experience
+from ..proto.v1 import trainer_pb2, trainer_pb2_grpc
+from .base import AsyncClient, BlockingClient
+
+
+@dataclass
+class TrainSequence:
+    """One training sequence; the loss covers response tokens only."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    loss_mask: list[float] = field(default_factory=list)
+    """Per response token: 1 trains on it, 0 skips it; empty: all 1."""
+    advantages: list[float] = field(default_factory=list)
+    """grpo/ppo: one value per response token, or one for the whole sequence."""
+    old_logprobs: list[float] = field(default_factory=list)
+    """grpo/ppo: log-probs of the response tokens under the policy that sampled them."""
+
+
+@dataclass
+class ForwardBackwardResult:
+    loss: float
+    """Loss of the batch (normalised as requested)."""
+    metrics: dict[str, float]
+    """Loss-specific metrics (actor/pg_clipfrac, actor/ppo_kl, sft/loss, ...)."""
+    num_tokens: int
+    """Tokens the loss covered."""
+
+
+@dataclass
+class OptimStepResult:
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    lr: float
+    """Learning rate this step used."""
+    global_step: int
+    """Optimizer steps taken so far."""
+
+
+@dataclass
+class TrainStepResult:
+    metrics: dict[str, float]
+    global_step: int
+
+
+def configure_request(
+    config_yaml: str, model_path: str, checkpoint_dir: str, total_steps: int
+) -> trainer_pb2.ConfigureRequest:
+    return trainer_pb2.ConfigureRequest(
+        config_yaml=config_yaml, model_path=model_path, checkpoint_dir=checkpoint_dir, total_steps=total_steps
+    )
+
+
+def forward_backward_request(
+    sequences: Sequence[TrainSequence], loss: str, temperature: float, normalize_tokens: float
+) -> trainer_pb2.ForwardBackwardRequest:
+    return trainer_pb2.ForwardBackwardRequest(
+        sequences=[
+            trainer_pb2.TrainSequence(
+                prompt_token_ids=s.prompt_token_ids,
+                response_token_ids=s.response_token_ids,
+                loss_mask=s.loss_mask,
+                advantages=s.advantages,
+                old_logprobs=s.old_logprobs,
+            )  # fmt: skip
+            for s in sequences
+        ],
+        loss=loss,
+        temperature=temperature,
+        normalize_tokens=normalize_tokens,
+    )
+
+
+def _fb_result(msg: trainer_pb2.ForwardBackwardResponse) -> ForwardBackwardResult:
+    return ForwardBackwardResult(msg.loss, dict(msg.metrics), msg.num_tokens)
+
+
+def _optim_result(msg: trainer_pb2.OptimStepResponse) -> OptimStepResult:
+    return OptimStepResult(msg.grad_norm, msg.lr, msg.global_step)
+
+
+def _train_request(experiences: Sequence[Experience]) -> trainer_pb2.TrainStepRequest:
+    return trainer_pb2.TrainStepRequest(experiences=[experience_to_proto(e) for e in experiences])
+
+
+def _train_result(msg: trainer_pb2.TrainStepResponse) -> TrainStepResult:
+    return TrainStepResult(dict(msg.metrics), msg.global_step)
+
+
+class TrainerClient(BlockingClient):
+    """Blocking client of a trainer world (its rank 0)."""
+
+    stub_class = trainer_pb2_grpc.TrainerServiceStub
+
+    def configure(
+        self,
+        config_yaml: str,
+        model_path: str = "",
+        checkpoint_dir: str = "",
+        total_steps: int = 1,
+        timeout: float | None = None,
+    ) -> trainer_pb2.ConfigureResponse:
+        """Build (or rebuild) model, optimizer and lr schedule from a complete rlcore config (YAML,
+        e.g. `rlcore config show`). Paths are on the trainer's machine; empty model_path means the
+        config's model.model_path, empty checkpoint_dir the run folder of the config."""
+        request = configure_request(config_yaml, model_path, checkpoint_dir, total_steps)
+        return self._unary("Configure", request, timeout)
+
+    def forward_backward(
+        self,
+        sequences: Sequence[TrainSequence],
+        loss: str,
+        temperature: float = 1.0,
+        normalize_tokens: float = 0.0,
+        timeout: float | None = None,
+    ) -> ForwardBackwardResult:
+        """Accumulate gradients of `loss` (grpo, ppo or cross_entropy) over `sequences`; no optimizer
+        step. `normalize_tokens` > 0 divides by that many tokens (a step spanning several calls)."""
+        request = forward_backward_request(sequences, loss, temperature, normalize_tokens)
+        return _fb_result(self._unary("ForwardBackward", request, timeout))
+
+    def optim_step(self, timeout: float | None = None) -> OptimStepResult:
+        return _optim_result(self._unary("OptimStep", trainer_pb2.OptimStepRequest(), timeout))
+
+    def train_step(self, experiences: Sequence[Experience], timeout: float | None = None) -> TrainStepResult:
+        """One full RL step (log-probs, advantages, the configured mini-batch updates). Gradients a
+        ForwardBackward left without an OptimStep join its first update."""
+        return _train_result(self._unary("TrainStep", _train_request(experiences), timeout))
+
+    def save_checkpoint(
+        self, export_hf: bool = False, explore_step: int = 0, timeout: float | None = None
+    ) -> tuple[str, str]:
+        """(checkpoint folder, HF export folder or "") on the trainer's file system."""
+        request = trainer_pb2.SaveCheckpointRequest(export_hf=export_hf, explore_step=explore_step)
+        msg = self._unary("SaveCheckpoint", request, timeout)
+        return msg.path, msg.hf_path
+
+    def load_checkpoint(
+        self, path: str = "", timeout: float | None = None
+    ) -> trainer_pb2.LoadCheckpointResponse:
+        """Restore `path` (empty: the newest checkpoint of the configured checkpoint_dir)."""
+        return self._unary("LoadCheckpoint", trainer_pb2.LoadCheckpointRequest(path=path), timeout)
+
+    def get_state(self, timeout: float | None = None) -> trainer_pb2.GetStateResponse:
+        return self._unary("GetState", trainer_pb2.GetStateRequest(), timeout)
+
+    def sync_weights(
+        self, endpoints: Sequence[str], timeout: float | None = None
+    ) -> trainer_pb2.SyncWeightsResponse:
+        """Push the current weights to these rollout workers (host:port each)."""
+        request = trainer_pb2.SyncWeightsRequest(endpoints=list(endpoints))
+        return self._unary("SyncWeights", request, timeout)
+
+
+class AsyncTrainerClient(AsyncClient):
+    """asyncio client of a trainer world; the same calls as TrainerClient."""
+
+    stub_class = trainer_pb2_grpc.TrainerServiceStub
+
+    async def configure(
+        self,
+        config_yaml: str,
+        model_path: str = "",
+        checkpoint_dir: str = "",
+        total_steps: int = 1,
+        timeout: float | None = None,
+    ) -> trainer_pb2.ConfigureResponse:
+        request = configure_request(config_yaml, model_path, checkpoint_dir, total_steps)
+        return await self._unary("Configure", request, timeout)
+
+    async def forward_backward(
+        self,
+        sequences: Sequence[TrainSequence],
+        loss: str,
+        temperature: float = 1.0,
+        normalize_tokens: float = 0.0,
+        timeout: float | None = None,
+    ) -> ForwardBackwardResult:
+        request = forward_backward_request(sequences, loss, temperature, normalize_tokens)
+        return _fb_result(await self._unary("ForwardBackward", request, timeout))
+
+    async def optim_step(self, timeout: float | None = None) -> OptimStepResult:
+        return _optim_result(await self._unary("OptimStep", trainer_pb2.OptimStepRequest(), timeout))
+
+    async def train_step(
+        self, experiences: Sequence[Experience], timeout: float | None = None
+    ) -> TrainStepResult:
+        return _train_result(await self._unary("TrainStep", _train_request(experiences), timeout))
+
+    async def save_checkpoint(
+        self, export_hf: bool = False, explore_step: int = 0, timeout: float | None = None
+    ) -> tuple[str, str]:
+        request = trainer_pb2.SaveCheckpointRequest(export_hf=export_hf, explore_step=explore_step)
+        msg = await self._unary("SaveCheckpoint", request, timeout)
+        return msg.path, msg.hf_path
+
+    async def load_checkpoint(
+        self, path: str = "", timeout: float | None = None
+    ) -> trainer_pb2.LoadCheckpointResponse:
+        return await self._unary("LoadCheckpoint", trainer_pb2.LoadCheckpointRequest(path=path), timeout)
+
+    async def get_state(self, timeout: float | None = None) -> trainer_pb2.GetStateResponse:
+        return await self._unary("GetState", trainer_pb2.GetStateRequest(), timeout)
+
+    async def sync_weights(
+        self, endpoints: Sequence[str], timeout: float | None = None
+    ) -> trainer_pb2.SyncWeightsResponse:
+        request = trainer_pb2.SyncWeightsRequest(endpoints=list(endpoints))
+        return await self._unary("SyncWeights", request, timeout)

@@ -1,0 +1,123 @@
+"""`rlcore launch` over the control plane: rollout workers as separate processes, the RunService
+in the launch process, and the loop driving a separately started trainer (trainer.remote)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from rlcore.client import ClientOptions, RunClient
+from tests.integration.launch_utils import REPO, launch, read_metrics, tiny_grpo_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+TOKEN = "control-plane-test-token"
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, RLCORE_TOKEN=TOKEN)
+
+
+def _keys(rows: list[dict], key: str) -> list[float]:
+    return [r[key] for r in rows if key in r]
+
+
+def test_rollout_worker_process_trains_exactly_like_the_in_process_engine(tmp_path, monkeypatch) -> None:
+    """One rollout worker (its own process, weights broadcast over gloo each step) against the same
+    engine inside trainer rank 0 (weights copied in memory): the same seeds must give the same
+    samples, rewards and losses at every step, which only holds if every sync delivered the
+    trainer's weights exactly."""
+    monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
+    runs = {}
+    for mode in ("both", "colocate"):
+        root = str(tmp_path / mode)
+        cfg = tiny_grpo_config(root, **{"buffer.total_steps": 3})
+        proc = launch(cfg, os.path.join(root + ".yaml"), f"mode={mode}")
+        if mode == "both":
+            assert "rollout workers ready: 127.0.0.1:" in proc.stdout
+        runs[mode] = read_metrics(os.path.join(root, "it", "run"))
+    both, colocate = runs["both"], runs["colocate"]
+    assert len(_keys(both, "rollout/reward_mean")) == 3
+    assert _keys(both, "rollout/reward_mean") == _keys(colocate, "rollout/reward_mean")
+    assert _keys(both, "rollout/response_len_mean") == _keys(colocate, "rollout/response_len_mean")
+    for a, b in zip(_keys(both, "actor/pg_loss"), _keys(colocate, "actor/pg_loss"), strict=True):
+        assert abs(a - b) < 1e-5
+    assert all(s > 0 for s in _keys(both, "perf/sync_gb_per_s"))  # a real transfer happened each step
+
+
+def test_run_service_streams_metrics_and_stops_the_run(tmp_path) -> None:
+    """A client in another process watches the live metrics of a launch with two rollout workers
+    and stops the run after its first step: the run checkpoints and ends early, cleanly."""
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(root, **{"buffer.total_steps": 50, "explorer.rollout_model.engine_num": 2})
+    path = os.path.join(root, "cfg.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    address = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "RunService) on " in line:
+            address = line.rsplit(" ", 1)[-1].strip()
+            break
+    assert address, "".join(lines)
+    rest: list[str] = []
+    drain = threading.Thread(target=lambda: rest.extend(proc.stdout or []), daemon=True)
+    drain.start()
+    with RunClient(address, ClientOptions(token=TOKEN, timeout=300)) as client:
+        records = []
+        for record in client.stream_metrics(include_history=True):
+            records.append(record)
+            if any("rollout/reward_mean" in r.metrics for r in records):
+                assert client.stop() == "STOPPING"
+                break
+        status = client.get_status()
+        roles = sorted(w.role for w in status.workers)
+    assert roles == ["rollout", "rollout", "trainer"], roles
+    assert proc.wait(timeout=300) == 0, "".join(lines + rest)
+    drain.join(10)
+    steps = _keys(read_metrics(os.path.join(root, "it", "run")), "rollout/reward_mean")
+    assert 1 <= len(steps) < 50  # stopped early, between steps
+    assert os.path.isfile(os.path.join(root, "it", "run", "latest")) or any(
+        d.startswith("global_step_") for d in os.listdir(os.path.join(root, "it", "run"))
+    )
+
+
+def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> None:
+    """trainer.remote: the loop runs in the launch process; a trainer world started by hand with
+    `rlcore trainer serve` does every update; rollout workers get weights from it."""
+    root = str(tmp_path)
+    port_file = os.path.join(root, "trainer.port")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "2", "--port", "0",
+         "--port-file", port_file, "--threads", "1"],
+        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.isfile(port_file):
+            assert server.poll() is None and time.monotonic() < deadline, "trainer did not start"
+            time.sleep(0.5)
+        with open(port_file) as f:
+            address = f.read().strip()
+        cfg = tiny_grpo_config(root, **{"buffer.total_steps": 3, "trainer.remote": address})
+        monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
+        proc = launch(cfg, os.path.join(root, "cfg.yaml"))
+        rows = read_metrics(os.path.join(root, "it", "run"))
+        assert len(_keys(rows, "rollout/reward_mean")) == 3
+        assert all(abs(x) < 1e3 for x in _keys(rows, "actor/pg_loss"))
+        assert "after stage 0 main (step 3)" in proc.stdout
+    finally:
+        server.terminate()
+        assert server.wait(timeout=60) == 0
