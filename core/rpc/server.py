@@ -126,12 +126,15 @@ class RpcServer:
             self.server,
         )
         bind = f"{_bracket(options.host)}:{options.port}"
-        if options.tls is not None:
-            self.port = self.server.add_secure_port(bind, server_credentials(options.tls))
-        else:
-            self.port = self.server.add_insecure_port(bind)
+        try:
+            if options.tls is not None:
+                self.port = self.server.add_secure_port(bind, server_credentials(options.tls))
+            else:
+                self.port = self.server.add_insecure_port(bind)
+        except RuntimeError as e:  # grpcio raises on a failed bind (older versions returned 0)
+            raise OSError(f"cannot listen on {bind}: port taken or host not local ({e})") from None
         if self.port == 0:
-            raise OSError(f"cannot listen on {bind} (port taken or host not local)")
+            raise OSError(f"cannot listen on {bind}: port taken or host not local")
         self.server.start()
         for name in ["", *names]:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
