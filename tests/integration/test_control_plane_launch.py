@@ -121,3 +121,44 @@ def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> No
     finally:
         server.terminate()
         assert server.wait(timeout=60) == 0
+
+
+def test_launch_uses_endpoints_listed_in_the_config(tmp_path, monkeypatch, tiny_model_path) -> None:
+    """explorer.rollout_model.endpoints: a worker started by hand is used instead of spawning one
+    (the run's scratch model has the tiny model's architecture, so the first sync overwrites it)."""
+    root = str(tmp_path)
+    port_file = os.path.join(root, "worker.port")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", tiny_model_path, "--port", "0",
+         "--port-file", port_file, "--threads", "1", "--max-model-len", "256"],
+        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.isfile(port_file):
+            assert worker.poll() is None and time.monotonic() < deadline, "worker did not start"
+            time.sleep(0.5)
+        with open(port_file) as f:
+            address = f.read().strip()
+        cfg = tiny_grpo_config(
+            root, **{"buffer.total_steps": 2, "explorer.rollout_model.endpoints": [address]}
+        )
+        cfg["model"] = {"model_path": tiny_model_path, "max_model_len": 48, "max_prompt_tokens": 16,
+                        "max_response_tokens": 8}  # fmt: skip
+        monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
+        proc = launch(cfg, os.path.join(root, "cfg.yaml"))
+        assert "starting" not in proc.stdout  # nothing spawned
+        assert len(_keys(read_metrics(os.path.join(root, "it", "run")), "rollout/reward_mean")) == 2
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=60) == 0
+
+    # a listed worker that does not answer fails before any trainer rank starts, naming the key
+    cfg = tiny_grpo_config(str(tmp_path / "dead"), **{"explorer.rollout_model.endpoints": [address]})
+    path = str(tmp_path / "dead.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    proc2 = subprocess.run([sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO, env=_env(),
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc2.returncode == 2
+    assert f"explorer.rollout_model.endpoints[0]: {address} does not answer (UNAVAILABLE" in proc2.stderr
