@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "launch":
             return _launch(args)
         if args.command == "rollout":
-            from ..rollout.server import serve_main
+            from ..rollout.serve import serve_main
 
             return serve_main(args)
         if args.command == "trainer":
-            from ..core.trainer_service import serve_main as trainer_serve_main
+            from ..core.trainer_serve import serve_main as trainer_serve_main
 
             return trainer_serve_main(args)
         if args.config_command == "show":

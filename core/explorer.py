@@ -174,10 +174,13 @@ class Explorer:
         )
         self.train_set = cfg.buffer.explorer_input.taskset
         self.train_spec = workflow_spec(cfg, self.train_set)
-        self.eval_sets = [
-            (ts, load_tasks(ts, f"buffer.explorer_input.eval_tasksets[{i}]"), workflow_spec(cfg, ts))
-            for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets)
-        ]
+        self.eval_sets = []
+        for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets):
+            spec = workflow_spec(cfg, ts)
+            correctness = build_reward(spec.reward_fn, spec.reward_weights or None).correctness_names
+            self.eval_sets.append(
+                (ts, load_tasks(ts, f"buffer.explorer_input.eval_tasksets[{i}]"), spec, correctness)
+            )
 
     @property
     def remote(self) -> bool:
@@ -207,11 +210,10 @@ class Explorer:
     def evaluate(self, seed: int) -> dict[str, float]:
         """Mean reward, accuracy (mean of correctness rewards) and response length per eval taskset."""
         metrics: dict[str, float] = {}
-        for ts, tasks, spec in self.eval_sets:
+        for ts, tasks, spec, names in self.eval_sets:
             start = time.perf_counter()
             sampling = sampling_params(ts.rollout_args, 1, self.cfg.model.max_response_tokens, seed)
             exps = self._run(tasks, sampling, spec)
-            names = build_reward(spec.reward_fn, spec.reward_weights or None).correctness_names
             prefix = f"eval/{ts.name}/"
             metrics[prefix + "reward_mean"] = sum(e.reward for e in exps) / len(exps)
             if names:

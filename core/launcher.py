@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -130,16 +129,6 @@ def ensure_token(token_env: str) -> None:
         os.environ[token_env] = secrets.token_urlsafe(32)
 
 
-def advertised_host(bind_host: str, peers: list[str]) -> str:
-    """The address other processes of the run reach this machine at."""
-    local = ("127.0.0.1", "localhost", "[::1]", "::1")
-    if bind_host not in ("0.0.0.0", "::", "[::]"):
-        return bind_host
-    if all(p.rpartition(":")[0] in local for p in peers):
-        return "127.0.0.1"
-    return socket.getfqdn()
-
-
 def _tls_flags(tls: Any) -> list[str]:
     if not tls.enabled:
         return []
@@ -230,6 +219,7 @@ def check_endpoints(endpoints: list[str], control: Any) -> None:
 def control_plane(base: Any, stages: list[Stage], device: str, launch_dir: str) -> Iterator[dict[str, Any]]:
     """Serve RunService for the run's lifetime and start (then stop) the rollout workers it needs.
     Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
+    from .rpc.address import reachable_host
     from .rpc.security import read_token
     from .rpc.server import ServerOptions
     from .run_service import start_run_server
@@ -268,7 +258,7 @@ def control_plane(base: Any, stages: list[Stage], device: str, launch_dir: str) 
                 endpoints = run.wait_for_workers("rollout", count, control.worker_start_timeout, workers.dead)
                 print(f"rlcore: rollout workers ready: {', '.join(endpoints)}", flush=True)
             info["rollout_endpoints"] = endpoints
-            info["master_address"] = advertised_host(control.host, endpoints)
+            info["master_address"] = reachable_host(control.host)
         yield {**info, "run": run}
     finally:
         if workers is not None:

@@ -143,7 +143,7 @@ class RemoteStage:
             self._log(metrics, monitor, progress, reporter)
             if reporter is not None and not done:
                 if (
-                    reporter.checkpoint(
+                    reporter.heartbeat(
                         self.stage.name, self.global_step, self.total_train_steps, self.synced_step
                     )
                     == "stop"

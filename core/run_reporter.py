@@ -27,7 +27,7 @@ class RunReporter:
 
         self._pending.append(MetricsRecord(stage=stage, step=step, metrics=dict(metrics), time=time.time()))
 
-    def checkpoint(
+    def heartbeat(
         self, stage: str, step: int, total_steps: int, policy_version: int, wait: bool = True
     ) -> str:
         """Send what was recorded; while the run is paused, keep heartbeating and wait. Returns

@@ -20,6 +20,7 @@ from functools import partial
 import grpc
 
 from ..proto.v1 import run_pb2, run_pb2_grpc
+from .rpc.address import is_host_port
 from .rpc.errors import FailedPrecondition, InvalidArgument, require
 from .rpc.server import RpcServer, ServerOptions, Service
 
@@ -36,16 +37,6 @@ _TERMINAL = (run_pb2.RUN_STATE_FINISHED, run_pb2.RUN_STATE_FAILED)
 def state_name(state: int) -> str:
     """RUN_STATE_PAUSED -> "PAUSED"."""
     return run_pb2.RunState.Name(state).removeprefix("RUN_STATE_")
-
-
-def is_host_port(address: str) -> bool:
-    """host:port with a non-empty host (IPv6 in brackets) and a port in 1..65535."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return False
-    if ":" in host:  # IPv6 must be bracketed, or the port is ambiguous
-        return host.startswith("[") and host.endswith("]") and len(host) > 2
-    return True
 
 
 @dataclass

@@ -360,7 +360,7 @@ class StageTrainer:
         """Report the step to the run's controller (rank 0) and agree on every rank whether to stop."""
         box = ["go"]
         if self.rank == 0 and self.reporter is not None:
-            box[0] = self.reporter.checkpoint(
+            box[0] = self.reporter.heartbeat(
                 self.stage.name, self.state.global_step, self.total_train_steps, self.state.policy_version
             )
         dist.broadcast_object_list(box, src=0)

@@ -60,7 +60,7 @@ def run_stage(
     try:
         eval_metrics = trainer.run(monitor, progress, reporter)
         if reporter is not None:
-            reporter.checkpoint(
+            reporter.heartbeat(
                 stage.name, trainer.state.global_step, trainer.total_train_steps,
                 trainer.state.policy_version, wait=False,
             )  # fmt: skip

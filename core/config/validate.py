@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from ..registry import Registry, import_path
+from ..rpc.address import is_host_port
 from .schema import MONITOR_TYPES, RLCoreConfig, TasksetConfig
 
 
@@ -145,8 +146,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
 
 def check_address(value: str, path: str) -> None:
     """`host:port` with a port in 1..65535 (IPv6 hosts in brackets: [::1]:50051)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not is_host_port(value):
         raise ConfigError(f"{path} must be host:port with a port in 1..65535; got '{value}'")
 
 

@@ -4,7 +4,6 @@ standard health checking and reflection, and ServiceError -> status mapping."""
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from .address import bracket, reachable_host
 from .errors import ServiceError
 from .security import TLSFiles, TokenAuthInterceptor, server_credentials
 
@@ -125,7 +125,7 @@ class RpcServer:
             [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
             self.server,
         )
-        bind = f"{_bracket(options.host)}:{options.port}"
+        bind = f"{bracket(options.host)}:{options.port}"
         try:
             if options.tls is not None:
                 self.port = self.server.add_secure_port(bind, server_credentials(options.tls))
@@ -142,10 +142,7 @@ class RpcServer:
     @property
     def address(self) -> str:
         """host:port clients dial (the machine's name when bound to every interface)."""
-        host = self.options.host
-        if host in ("0.0.0.0", "::", "[::]"):
-            host = socket.gethostname()
-        return f"{_bracket(host)}:{self.port}"
+        return f"{bracket(reachable_host(self.options.host))}:{self.port}"
 
     def stop(self, grace: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
@@ -153,7 +150,3 @@ class RpcServer:
 
     def wait(self) -> None:
         self.server.wait_for_termination()
-
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,36 @@
+"""What the `rlcore ... serve` commands share: one-line usage errors, TLS from flags, port files."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .security import TLSFiles
+
+EXIT_USAGE = 2
+
+
+def usage_error(message: str) -> int:
+    """Print `rlcore: error: <message>` and return the usage exit code."""
+    print(f"rlcore: error: {message}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def tls_from_args(args: argparse.Namespace) -> TLSFiles | None:
+    """TLS files from the --tls-* flags (None: plaintext); ValueError on an incomplete set."""
+    if not (args.tls_cert or args.tls_key or args.tls_ca or args.tls_require_client_cert):
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    if args.tls_require_client_cert and not args.tls_ca:
+        raise ValueError("--tls-require-client-cert needs --tls-ca (the CA client certificates chain to)")
+    return TLSFiles(args.tls_cert, args.tls_key, args.tls_ca, args.tls_require_client_cert)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write through a temporary file and a rename: readers never see a half-written file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,236 @@
+"""`rlcore trainer serve`: a trainer world (torchrun) whose rank 0 serves TrainerService and whose
+other ranks run the commands rank 0 broadcasts, until shutdown.
+
+    python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N \\
+        -m rlcore.core.trainer_serve <options.json>
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..proto.v1 import trainer_pb2_grpc
+from .config import RLCoreConfig
+from .rpc.address import reachable_host
+from .rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
+from .rpc.security import TLSFiles, read_token
+from .rpc.server import MiB, RpcServer, ServerOptions, Service
+from .trainer_service import SERVICE_NAME, TrainerServicer
+from .trainer_world import TrainerWorld
+
+log = logging.getLogger("rlcore.trainer_serve")
+
+# Ranks > 0 wait for the next command in a broadcast for as long as no client calls: that group's
+# timeout has to outlast idle time. It is a gloo group, so idle ranks block on the CPU (never in a
+# spinning NCCL kernel), and the default group keeps its usual timeout for the work itself.
+IDLE_TIMEOUT = datetime.timedelta(days=7)
+_EXIT_INTERRUPTED = 130
+_STOP_GRACE_S = 30.0
+
+
+def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, device: str, host: str):
+    """Rank 0's way to reach rollout workers: the run's token and TLS files, the trainer's limits;
+    workers join the weight-sync group at the address this trainer serves on."""
+    master_address = reachable_host(host)
+
+    def make(endpoints: list[str], cfg: RLCoreConfig) -> Any:
+        from ..client.base import ClientOptions
+        from ..client.rollout import RolloutClient
+        from .weight_sync import WeightSender
+
+        sc = cfg.synchronizer
+        options = ClientOptions(
+            token=token, timeout=sc.sync_timeout, max_message_bytes=max_message_bytes, tls=tls
+        )
+        return WeightSender(
+            [RolloutClient(e, options) for e in endpoints],
+            backend="nccl" if device == "cuda" else "gloo",
+            timeout_s=sc.sync_timeout,
+            bucket_bytes=sc.bucket_mb * MiB,
+            master_address=master_address,
+        )
+
+    return make
+
+
+def _serve_rank0(opts: dict[str, Any], commands: Any, stop: threading.Event) -> int:
+    token = read_token(opts["token_env"])
+    assert token is not None
+    tls = (
+        TLSFiles(opts["tls_cert"], opts["tls_key"], opts["tls_ca"], opts["tls_require_client_cert"])
+        if opts["tls_cert"]
+        else None
+    )
+    max_bytes = opts["max_message_mb"] * MiB
+    world = TrainerWorld(opts["device"], _sender_factory(token, tls, max_bytes, opts["device"], opts["host"]))
+    servicer = TrainerServicer(world, commands)
+    try:
+        options = ServerOptions(
+            token=token, host=opts["host"], port=opts["port"], max_message_bytes=max_bytes, tls=tls
+        )
+        try:
+            server = RpcServer(
+                options,
+                [Service(SERVICE_NAME, servicer, trainer_pb2_grpc.add_TrainerServiceServicer_to_server)],
+            )
+        except (OSError, ValueError, RuntimeError) as e:  # port taken (grpc raises RuntimeError), TLS files
+            print(
+                f"rlcore: error: cannot serve on {opts['host']}:{opts['port']}: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_USAGE
+        print(
+            f"rlcore: trainer serving on {server.address} ({dist.get_world_size()} rank(s), {opts['device']})",
+            flush=True,
+        )
+        if opts["port_file"]:
+            write_atomic(opts["port_file"], server.address)
+        while not stop.wait(1.0):
+            pass
+        server.stop(grace=5.0)
+    finally:
+        servicer.shutdown()
+    return 0
+
+
+def _command_loop(world: TrainerWorld, commands: Any) -> None:
+    """Ranks > 0: run what rank 0 broadcasts until it says shutdown."""
+    while True:
+        box: list[Any] = [None, None]
+        dist.broadcast_object_list(box, src=0, group=commands)
+        command, payload = box
+        if command == "shutdown":
+            return
+        try:
+            getattr(world, command)(payload)
+        except Exception:  # rank 0 fails the same way and answers the client; keep serving
+            log.exception("%s failed", command)
+
+
+def rank_main(options_path: str) -> int:
+    with open(options_path) as f:
+        opts = json.load(f)
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for name in ("transformers", "datasets", "httpx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    stop = threading.Event()
+    if rank == 0:  # rank 0 decides when the world ends; the others follow its shutdown broadcast
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        write_atomic(opts["pid_file"], str(os.getpid()))
+    else:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+    torch.set_num_threads(opts["threads"])
+    if opts["device"] == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend="nccl" if opts["device"] == "cuda" else "gloo")
+    commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    try:
+        if rank == 0:
+            return _serve_rank0(opts, commands, stop)
+        _command_loop(TrainerWorld(opts["device"]), commands)
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------- `rlcore trainer serve`
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Start the trainer world (torchrun) and wait for it; SIGTERM/Ctrl-C stop it through rank 0."""
+    try:
+        read_token(args.token_env)
+    except ValueError as e:
+        return usage_error(str(e))
+    if args.ranks < 1:
+        return usage_error(f"--ranks must be >= 1; got {args.ranks}")
+    try:
+        tls_from_args(args)  # checked here; rank 0 builds the TLS files from the same flags
+    except ValueError as e:
+        return usage_error(str(e))
+    cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not cuda:
+        return usage_error("--device cuda but no CUDA device is visible; use --device cpu (or auto)")
+    device = ("cuda" if cuda else "cpu") if args.device == "auto" else args.device
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.ranks)
+
+    workdir = tempfile.mkdtemp(prefix="rlcore-trainer-")
+    options = {
+        "device": device, "threads": threads, "host": args.host, "port": args.port,
+        "port_file": os.path.abspath(args.port_file) if args.port_file else None,
+        "token_env": args.token_env, "max_message_mb": args.max_message_mb,
+        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
+        "tls_require_client_cert": args.tls_require_client_cert,
+        "pid_file": os.path.join(workdir, "rank0.pid"),
+    }  # fmt: skip
+    options_path = os.path.join(workdir, "options.json")
+    with open(options_path, "w") as f:
+        json.dump(options, f)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc-per-node", str(args.ranks), "-m", "rlcore.core.trainer_serve", options_path,
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.Popen(cmd, env=env)
+
+    def on_sigterm(*_: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return proc.wait()
+    except _Terminated:
+        return _stop_world(proc, options["pid_file"])
+    except KeyboardInterrupt:
+        _stop_world(proc, options["pid_file"])
+        print("rlcore: interrupted", file=sys.stderr)
+        return _EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Terminated(Exception):
+    """SIGTERM reached `rlcore trainer serve`."""
+
+
+def _stop_world(proc: subprocess.Popen, pid_file: str) -> int:
+    """Ask rank 0 to shut the world down cleanly (its exit code is then the world's); if it is not
+    up yet or does not finish in time, let torchrun terminate every rank."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
+    try:
+        with open(pid_file) as f:
+            os.kill(int(f.read()), signal.SIGTERM)
+    except (OSError, ValueError):
+        proc.terminate()
+    try:
+        return proc.wait(timeout=_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main(sys.argv[1]))

@@ -1,0 +1,204 @@
+"""The training side of a trainer world that serves TrainerService: what every rank runs.
+
+Rank 0's servicer (trainer_service.py) and the other ranks' command loop (trainer_serve.py) call
+the same TrainerWorld methods with the same validated arguments in the same order, so the
+strategy's collectives line up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from .config import RLCoreConfig, Stage
+from .types import Experience
+
+if TYPE_CHECKING:
+    from .trainer import StageTrainer
+
+
+# ---------------------------------------------------------------------------------------------- calls
+# What rank 0 broadcasts: validated, plain Python (pickled by broadcast_object_list).
+
+
+@dataclass
+class ConfigureCall:
+    cfg: RLCoreConfig
+    model_path: str
+    checkpoint_dir: str
+    total_steps: int
+
+
+@dataclass
+class SequenceSpec:
+    """One validated TrainSequence; per-token lists have the response's length."""
+
+    prompt: list[int]
+    response: list[int]
+    loss_mask: list[float]
+    advantages: list[float]
+    old_logprobs: list[float] | None
+
+
+@dataclass
+class ForwardBackwardCall:
+    sequences: list[SequenceSpec]
+    loss: str
+    temperature: float
+    normalize_tokens: float
+
+
+class TrainerWorld:
+    """The training side as every rank holds it; rank 0's servicer and the other ranks' command
+    loop call the same methods with the same arguments in the same order."""
+
+    def __init__(self, device: str, make_sender: Callable[[list[str], RLCoreConfig], Any] | None = None):
+        self.device = device
+        self.trainer: StageTrainer | None = None
+        self.model_path = ""
+        self.vocab_size = 0
+        self._make_sender = make_sender  # rank 0 only: WeightSender for a list of endpoints
+        self._senders: dict[tuple[str, ...], Any] = {}
+
+    def _t(self) -> StageTrainer:
+        assert self.trainer is not None, "rank 0 checks Configure before broadcasting"
+        return self.trainer
+
+    def configure(self, call: ConfigureCall) -> dict[str, Any]:
+        from .trainer import StageTrainer
+
+        self.trainer = None  # free the previous model and optimizer before building the next
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.trainer = StageTrainer(
+            Stage(0, "remote", call.cfg), call.checkpoint_dir, call.model_path, self.device,
+            export_final_hf=False, with_explorer=False, total_train_steps=call.total_steps,
+        )  # fmt: skip
+        self.model_path = call.model_path
+        self.vocab_size = int(self.trainer.strategy.hf_config().vocab_size)
+        model = self.trainer.strategy.model  # DTensor parameters report their global size
+        return {
+            "strategy": call.cfg.trainer.strategy,
+            "world_size": dist.get_world_size(),
+            "num_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        }
+
+    def forward_backward(self, call: ForwardBackwardCall) -> dict[str, Any]:
+        from .algorithms import LossNorm, build_loss
+        from .batch import Sequence
+
+        t = self._t()
+        seqs = [Sequence(s.prompt, s.response, s.old_logprobs, index=i) for i, s in enumerate(call.sequences)]
+        mbs, rows = t._micro(seqs)
+        for mb, idx in zip(mbs, rows, strict=True):
+            for r, i in enumerate(idx):  # the batch's right-padded layout: response at [p, p + n)
+                s = call.sequences[i]
+                p, n = len(s.prompt), len(s.response)
+                mask = torch.tensor(s.loss_mask, dtype=torch.float32)
+                mb["loss_mask"][r, p : p + n] = mask
+                mb["advantages"][r, p : p + n] = mask * torch.tensor(s.advantages, dtype=torch.float32)
+        algo = t.cfg.algorithm
+        if call.loss == "cross_entropy":
+            algo = dataclasses.replace(algo, algorithm_type="sft")
+        else:  # the KL term needs the reference model, which only an RL config builds
+            algo = dataclasses.replace(
+                algo, algorithm_type="grpo", kl_loss_fn=algo.kl_loss_fn if t.needs_ref else "none"
+            )
+        num_tokens = sum(sum(s.loss_mask) for s in call.sequences)
+        norm = LossNorm(
+            num_tokens=call.normalize_tokens or num_tokens,
+            num_seqs=float(sum(1 for s in call.sequences if sum(s.loss_mask) > 0)),
+            max_response_len=t.max_response_len,
+        )
+        loss_fn = build_loss(algo, norm)
+        if loss_fn.needs_reference:
+            ref = t.strategy.compute_logprobs(mbs, call.temperature, reference=True)
+            for mb, lp in zip(mbs, ref, strict=True):
+                mb["ref_logprobs"] = lp
+        metrics = t.strategy.forward_backward(mbs, loss_fn, call.temperature)
+        loss = metrics["sft/loss"] if call.loss == "cross_entropy" else metrics["actor/loss"]
+        return {"loss": loss, "metrics": metrics, "num_tokens": int(round(num_tokens))}
+
+    def optim_step(self, _: None) -> dict[str, Any]:
+        t = self._t()
+        lr = t.strategy.current_lr()  # the scheduler moves on inside optimizer_step
+        grad_norm = t.strategy.optimizer_step()
+        t.state.global_step += 1
+        return {"grad_norm": grad_norm, "lr": lr, "global_step": t.state.global_step}
+
+    def train_step(self, exps: list[Experience]) -> dict[str, Any]:
+        t = self._t()
+        metrics = t.train_experiences(exps)
+        return {"metrics": metrics, "global_step": t.state.global_step}
+
+    def save_checkpoint(self, call: tuple[bool, int]) -> dict[str, str]:
+        from .hf_export import export_hf
+
+        t = self._t()
+        with_hf, explore_step = call
+        t.state.explore_step = explore_step
+        t.state.kl_ctrl = t.kl_ctrl.state_dict()
+        export = None
+        if with_hf:
+
+            def export(path: str) -> None:
+                weights = t.strategy.iter_full_weights()
+                export_hf(weights, path, t.strategy.hf_config(), t.model_path, write=dist.get_rank() == 0)
+
+        path = save_checkpoint(
+            t.stage_dir, t.strategy, t.state, t.cfg.trainer.max_checkpoints_to_keep, export
+        )
+        return {"path": path, "hf_path": os.path.join(path, "hf") if with_hf else ""}
+
+    def load_checkpoint(self, path: str) -> TrainerState:
+        t = self._t()
+        t.state = load_checkpoint(path, t.strategy)
+        t.kl_ctrl.load_state_dict(t.state.kl_ctrl)
+        return t.state
+
+    def sync_weights(self, endpoints: list[str]) -> dict[str, Any]:
+        """Rank 0 sends over a weight-sync group with the workers; the other ranks only take part in
+        the strategy's gathers. Workers accept only increasing versions, so the version announced is
+        the global step, or one past what they serve when that is not newer (a step-0 sync, a resync)."""
+        from .weight_sync import spec_of
+
+        t = self._t()
+        weights = t.strategy.iter_full_weights()
+        if self._make_sender is None:  # ranks > 0; rank 0 keeps the version (it writes trainer state)
+            for _ in weights:  # collective: every rank walks the iterator
+                pass
+            return {}
+        start = time.perf_counter()
+        key = tuple(endpoints)
+        try:
+            if key not in self._senders:
+                self._senders[key] = self._make_sender(endpoints, t.cfg)
+            sender = self._senders[key]
+            served = max(c.get_info().policy_version for c in sender.clients)
+            version = max(t.state.global_step, served + 1)
+            specs = [spec_of(*s) for s in t.strategy.weight_specs()]
+            stats = sender.send(specs, weights, version)
+        except Exception:
+            sender = self._senders.pop(key, None)
+            if sender is not None:  # its group may be broken; the next call forms a new one
+                sender.close()
+            raise
+        finally:
+            for _ in weights:  # collective: the other ranks walk it to the end whatever happened here
+                pass
+        t.state.policy_version = version
+        return {
+            "policy_version": version,
+            "num_bytes": int(stats["num_bytes"]),
+            "seconds": time.perf_counter() - start,
+        }

@@ -1,0 +1,57 @@
+"""Admission of generation calls on a rollout worker: counted while they run, refused while closed
+(between Pause and Resume, or during a weight update)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..core.rpc.errors import Unavailable
+
+
+class GenerationGate:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.closed = False
+        self.active = 0
+        """Generation calls running now."""
+        self.completed = 0
+        self.generated_tokens = 0
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """Run one generation call unless the gate is closed (then UNAVAILABLE)."""
+        with self._cond:
+            if self.closed:
+                raise Unavailable("worker paused (Pause or a weight update); retry after Resume")
+            self.active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.active -= 1
+                self.completed += 1
+                self._cond.notify_all()
+
+    def count(self, num_tokens: int) -> None:
+        with self._cond:
+            self.generated_tokens += num_tokens
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+
+    def open(self) -> None:
+        with self._cond:
+            self.closed = False
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no generation call runs; False if `timeout` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.active == 0, timeout=timeout)
+
+    def snapshot(self) -> tuple[bool, int, int, int]:
+        """(closed, active, completed, generated_tokens), read together."""
+        with self._cond:
+            return self.closed, self.active, self.completed, self.generated_tokens

@@ -1,0 +1,101 @@
+"""`rlcore rollout serve`: load an engine, serve RolloutService until SIGINT/SIGTERM, optionally
+joining a run (RegisterWorker, then heartbeats)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any
+
+from ..core.rpc.cli import tls_from_args, usage_error, write_atomic
+from ..core.rpc.security import read_token
+from ..core.rpc.server import MiB, RpcServer, ServerOptions
+from .server import RolloutServicer, rollout_service
+
+log = logging.getLogger("rlcore.rollout.serve")
+
+
+def _heartbeat_loop(
+    run: Any, worker_id: str, interval_s: float, servicer: RolloutServicer, stop: threading.Event
+) -> None:
+    from ..client.base import RpcError
+
+    while not stop.wait(interval_s):
+        try:
+            run.heartbeat(worker_id, policy_version=servicer.engine.policy_version)
+        except RpcError as e:
+            log.warning("heartbeat to the run at %s failed: %s", run.address, e)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """`rlcore rollout serve`: load the engine, serve until SIGINT/SIGTERM; returns the exit code."""
+    try:
+        token = read_token(args.token_env)
+        tls = tls_from_args(args)
+    except ValueError as e:
+        return usage_error(str(e))
+    for name in ("max_model_len", "max_batch_size", "max_message_mb"):
+        if getattr(args, name) < 1:
+            return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+
+    import torch
+
+    from .engines import ENGINES
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    try:
+        engine = ENGINES.resolve(args.engine)(
+            args.model, device=device, dtype=dtype, max_model_len=args.max_model_len,
+            max_batch_size=args.max_batch_size,
+        )  # fmt: skip
+    except (OSError, ValueError) as e:
+        return usage_error(f"cannot load --model {args.model} with the {args.engine} engine: {e}")
+    options = ServerOptions(
+        token=token, host=args.host, port=args.port, max_message_bytes=args.max_message_mb * MiB, tls=tls
+    )
+    servicer = RolloutServicer(
+        engine, engine_name=args.engine, model_path=args.model, max_message_bytes=options.max_message_bytes
+    )
+    try:
+        server = RpcServer(options, [rollout_service(servicer)])
+    except OSError as e:
+        return usage_error(str(e))
+
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    run = None
+    try:
+        if args.port_file:
+            write_atomic(args.port_file, server.address)
+        if args.register:
+            from ..client.base import ClientOptions, RpcError
+            from ..client.run import RunClient
+
+            run = RunClient(args.register, ClientOptions(token=token, timeout=30.0, tls=tls))
+            try:
+                worker_id, interval_s = run.register_worker("rollout", server.address, args.index)
+            except RpcError as e:
+                return usage_error(f"cannot register with the run at {args.register}: {e}")
+            servicer.worker_id = worker_id
+            if interval_s > 0:
+                threading.Thread(
+                    target=_heartbeat_loop, args=(run, worker_id, interval_s, servicer, stop), name="heartbeat",
+                    daemon=True,
+                ).start()  # fmt: skip
+        print(f"rlcore: rollout worker serving {args.model} on {server.address}", flush=True)
+        while not stop.wait(1.0):  # a short wait keeps the main thread responsive to signals
+            pass
+    finally:
+        stop.set()
+        server.stop()
+        if run is not None:
+            run.close()
+        engine.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
