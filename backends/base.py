@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 
 Batch = dict[str, torch.Tensor]
 
@@ -35,7 +36,25 @@ class TrainingStrategy(ABC):
 
     Construction: `Strategy(model_path, trainer_cfg, optimizer_cfg, *, device, dtype, total_steps,
     with_reference, seed)`; every rank builds it, collectives happen inside.
+
+    Data parallelism: the loop gives each data-parallel rank its own share of a batch; ranks that
+    split one model replica (tensor or pipeline parallel) get the same share. Strategies without
+    model parallelism keep the defaults (every rank is its own data-parallel rank).
     """
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel ranks (which share of the batch it trains on)."""
+        return dist.get_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return dist.get_world_size()
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The group of data-parallel peers (one rank per share of the batch); None: the world."""
+        return None
 
     @abstractmethod
     def forward_backward(
@@ -69,6 +88,11 @@ class TrainingStrategy(ABC):
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (hf_name, full tensor) in the same order on every rank, one tensor at a time
         (collective: every rank must consume the iterator to the end)."""
+
+    @abstractmethod
+    def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """After `forward_backward` and before `optimizer_step`: (hf_name, full gradient of the summed
+        loss) in `iter_full_weights` order (collective, like it). For checking that strategies agree."""
 
     @abstractmethod
     def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:

@@ -34,6 +34,19 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def check_strategies(stages: list[Stage], device: str) -> None:
+    """A strategy this machine cannot run (megatron without CUDA) is a one-line error up front."""
+    from ..backends import check_strategy_runs
+
+    for s in stages:
+        if s.config.trainer.remote:
+            continue  # the remote trainer's own machine decides
+        try:
+            check_strategy_runs(s.config.trainer.strategy, device)
+        except RuntimeError as e:
+            raise ConfigError(str(e)) from None
+
+
 def prepare_assets(stages: list[Stage]) -> None:
     """Generate missing synthetic tasksets and build a missing scratch model (deterministic, so
     doing it once here, before any rank starts, is enough)."""
@@ -272,6 +285,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     base = stages[0].config
     preflight(stages)
     device = resolve_device(base.cluster.device)
+    check_strategies(stages, device)
     run_dir = os.path.abspath(os.path.join(base.checkpoint_root_dir, base.project, base.name))
     check_run_dir(run_dir, stages, base.continue_from_checkpoint)
     prepare_assets(stages)

@@ -214,7 +214,7 @@ class StageTrainer:
                     n = len(rows)
                     kl = kl_estimate(mb["old_logprobs"][:n], mb["ref_logprobs"][:n], algo.kl_penalty_fn)
                     seq_kl[rows] = (kl * mb["loss_mask"][:n]).sum(dim=1).double()
-            dist.all_reduce(seq_kl)  # each rank filled its own rows
+            dist.all_reduce(seq_kl, group=self.strategy.dp_group)  # each DP rank filled its own rows
             rewards = scores - self.kl_ctrl.value * seq_kl.float()
             metrics["rollout/kl_penalty"] = float(seq_kl.mean())
             metrics["rollout/kl_coef"] = self.kl_ctrl.value
@@ -243,8 +243,9 @@ class StageTrainer:
         return box[0]
 
     def _micro(self, mini: list[Sequence]) -> tuple[list[Batch], list[list[int]]]:
-        """This rank's share of a mini-batch as micro-batches, with the same count on every rank."""
-        mine = shard(mini, self.rank, self.world)
+        """This rank's share of a mini-batch as micro-batches, with the same count on every rank.
+        Ranks that hold parts of one model replica (tensor/pipeline parallel) share one share."""
+        mine = shard(mini, self.strategy.dp_rank, self.strategy.dp_size)
         groups = plan_micro_batches(mine, self.cfg.trainer.max_token_len_per_gpu)
         count = torch.tensor([len(groups)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from ..backends import check_strategy_runs
 from ..proto.v1 import trainer_pb2, trainer_pb2_grpc
 from .checkpoint import TRAINER_STATE, latest_checkpoint
 from .config import ConfigError, from_yaml
@@ -180,6 +181,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     def Configure(self, request, context):
         call = validate_configure(request)
+        try:
+            check_strategy_runs(call.cfg.trainer.strategy, self.world.device)
+        except RuntimeError as e:
+            raise FailedPrecondition(str(e)) from None
         with self._lock:
             out = self._run("configure", call)
         return trainer_pb2.ConfigureResponse(**out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import os
 import time
 from collections.abc import Callable
@@ -86,11 +87,10 @@ class TrainerWorld:
         )  # fmt: skip
         self.model_path = call.model_path
         self.vocab_size = int(self.trainer.strategy.hf_config().vocab_size)
-        model = self.trainer.strategy.model  # DTensor parameters report their global size
         return {
             "strategy": call.cfg.trainer.strategy,
             "world_size": dist.get_world_size(),
-            "num_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "num_parameters": _num_parameters(self.trainer.strategy),
         }
 
     def forward_backward(self, call: ForwardBackwardCall) -> dict[str, Any]:
@@ -202,3 +202,14 @@ class TrainerWorld:
             "num_bytes": int(stats["num_bytes"]),
             "seconds": time.perf_counter() - start,
         }
+
+
+def _num_parameters(strategy: Any) -> int:
+    """From the announced full shapes (sharded strategies hold only slices); a tied LM head is the
+    embedding, not a second matrix."""
+    tied = bool(getattr(strategy.hf_config(), "tie_word_embeddings", False))
+    return sum(
+        math.prod(shape)
+        for name, _, shape in strategy.weight_specs()
+        if not (tied and name == "lm_head.weight")
+    )

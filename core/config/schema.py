@@ -264,6 +264,19 @@ class ExplorerConfig:
 
 
 @dataclass
+class MegatronConfig:
+    """Parallel layout of `trainer.strategy: megatron`; the data-parallel size is what remains:
+    ranks / (tensor_model_parallel_size * pipeline_model_parallel_size)."""
+
+    tensor_model_parallel_size: int = bounded(1, ge=1)
+    """Ranks that split each layer's matrices (attention heads, MLP columns, vocabulary)."""
+    pipeline_model_parallel_size: int = bounded(1, ge=1)
+    """Ranks that split the layers into consecutive stages."""
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state and master weights over the data-parallel ranks (ZeRO-1)."""
+
+
+@dataclass
 class TrainerConfig:
     strategy: str = choice("fsdp2", "rlcore.backends:STRATEGIES")
     """Training strategy (`--strategy` on the command line overrides it)."""
@@ -284,6 +297,8 @@ class TrainerConfig:
     remote: str | None = None
     """host:port of a TrainerService started with `rlcore trainer serve`: the loop runs in the
     launch process and drives that trainer over gRPC instead of starting a trainer world."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Only read by `strategy: megatron`."""
 
 
 @dataclass

@@ -44,7 +44,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert "launch" in out and "config" in out
     with pytest.raises(SystemExit):
         main(["launch", "--help"])
-    assert "--strategy {fsdp2}" in capsys.readouterr().out
+    assert "--strategy {fsdp,fsdp2,megatron}" in capsys.readouterr().out
 
 
 def test_validate_prints_ok_with_the_stages(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,7 @@ BAD_OVERRIDES = [
     (["trainer=3"], r"trainer: expected a mapping of trainer keys, got 3$"),
     (["algorithm.repeat_times=0"], r"algorithm\.repeat_times must be >= 1; got 0$"),
     (["algorithm.optimizer.lr=-1"], r"algorithm\.optimizer\.lr must be > 0\.0; got -1\.0$"),
-    (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp2; got 'fsdp3'$"),
+    (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"),
     (["mode=foo"], r"mode must be one of both, colocate, train, bench; got 'foo'$"),
     (["monitor.monitor_type=[console,foo]"], r"monitor\.monitor_type\[1\] must be one of console, jsonl, tensorboard, wandb, mlflow; got 'foo'$"),
     ([f"{TASKSET}.path=/no/such/tasks.jsonl"], rf"{TASKSET}\.path: '/no/such/tasks\.jsonl' does not exist"),

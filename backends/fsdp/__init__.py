@@ -1,0 +1,1 @@
+"""FSDP1 (`FullyShardedDataParallel`, `use_orig_params=True`) training strategy."""

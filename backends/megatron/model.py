@@ -1,0 +1,129 @@
+"""Building megatron-core GPTModels from a HF model folder, and loading/reading their weights.
+
+The model is the local (non-TransformerEngine) layer spec: RMSNorm, SwiGLU MLP, rotary positions,
+optional QKV bias (Qwen2), tied or untied output layer — the Llama and Qwen2 families.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.transformer_config import TransformerConfig
+from safetensors import safe_open
+
+from .mapping import ModelDims, hf_to_megatron, padded_vocab, stage_layers, to_global
+
+
+def transformer_config(
+    dims: ModelDims, tp: int, pp: int, dtype: torch.dtype, on_cpu: bool, recompute: bool
+) -> TransformerConfig:
+    """Everything numerically relevant matches the HF model: no dropout, fp32 softmax, the HF eps.
+    Fused kernels are off (they need Apex/TransformerEngine); losses are summed, not averaged, by
+    the pipeline schedule because rlcore's loss functions normalise globally themselves."""
+    return TransformerConfig(
+        num_layers=dims.num_layers,
+        hidden_size=dims.hidden,
+        num_attention_heads=dims.num_heads,
+        num_query_groups=dims.num_kv_heads,
+        kv_channels=dims.head_dim,
+        ffn_hidden_size=dims.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=dims.rms_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=dims.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        calculate_per_token_loss=True,
+        use_cpu_initialization=on_cpu,
+        # Every weight is then overwritten from the HF checkpoint, but initialisation is also where
+        # megatron-core tags tensor-parallel weights; untagged, they count once per TP rank as
+        # "duplicates" and the grad norm (and clipping) silently misses them.
+        perform_initialization=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
+    )
+
+
+def build_gpt(config: TransformerConfig, dims: ModelDims) -> GPTModel:
+    """This rank's part of the model: its pipeline stage's layers, its tensor-parallel slices."""
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=padded_vocab(dims.vocab, config.tensor_model_parallel_size),
+        max_sequence_length=dims.max_positions,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=dims.tied,
+        position_embedding_type="rope",
+        rotary_base=int(dims.rope_theta),
+    )
+
+
+class HFWeights(Mapping[str, torch.Tensor]):
+    """The tensors of a HF model folder's safetensors files, read one at a time on access."""
+
+    def __init__(self, model_path: str):
+        index = os.path.join(model_path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                files = json.load(f)["weight_map"]
+            self._file_of = {name: os.path.join(model_path, file) for name, file in files.items()}
+        else:
+            single = os.path.join(model_path, "model.safetensors")
+            if not os.path.exists(single):
+                raise ValueError(f"model.model_path: no safetensors weights in {model_path}")
+            with safe_open(single, "pt") as f:
+                self._file_of = {name: single for name in f.keys()}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        with safe_open(self._file_of[name], "pt") as f:
+            return f.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+
+def layer_offset(dims: ModelDims) -> int:
+    """Global index of this pipeline stage's first layer (stages number their layers from 0)."""
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    return stage_layers(dims, pp, parallel_state.get_pipeline_model_parallel_rank()).start
+
+
+@torch.no_grad()
+def load_hf_weights(model: GPTModel, hf: Mapping[str, torch.Tensor], dims: ModelDims) -> None:
+    """Copy this rank's shard of every parameter from the HF tensors."""
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    offset = layer_offset(dims)
+    for local_name, param in model.named_parameters():
+        name = to_global(local_name, offset)
+        if name == "output_layer.weight" and dims.tied:
+            # pipeline-parallel with tied embeddings: the last stage keeps its own copy of them
+            name = "embedding.word_embeddings.weight"
+        param.copy_(hf_to_megatron(name, hf, dims, tp, tp_rank).to(param.dtype))

@@ -1,0 +1,396 @@
+"""megatron-core training strategy: tensor-, pipeline- and data-parallel GPTModel.
+
+The world is split by megatron-core's parallel_state into tensor-parallel (TP) groups inside
+pipeline stages (PP) inside data-parallel (DP) replicas. Every rank of one replica trains on the
+same share of the batch (`dp_rank`/`dp_size`); micro-batches flow through the stages by megatron's
+pipeline schedule; Megatron DDP sums gradients over the DP ranks and the distributed optimizer
+(ZeRO-1) keeps each DP rank's slice of the optimizer state. Weights enter and leave in HF names
+through `mapping.py`, so the loop, weight sync and HF export never see Megatron's layout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.distributed.param_and_grad_buffer import shard_buffer
+from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from ...core.config.schema import OptimizerConfig, TrainerConfig
+from ..base import Batch, LossFn, TrainingStrategy
+from ..common.hf_model import resolve_dtype
+from ..common.schedule import lr_lambda
+from .logprobs import token_logprobs_and_entropy
+from .mapping import (
+    ModelDims,
+    check_layout,
+    hf_specs,
+    hf_specs_of,
+    megatron_names,
+    megatron_to_hf,
+    stage_of,
+    to_local,
+    tp_dim,
+)
+from .model import HFWeights, build_gpt, layer_offset, load_hf_weights, transformer_config
+
+
+class MegatronStrategy(TrainingStrategy):
+    def __init__(
+        self,
+        model_path: str,
+        trainer_cfg: TrainerConfig,
+        optimizer_cfg: OptimizerConfig,
+        *,
+        device: str,
+        dtype: str,
+        total_steps: int,
+        with_reference: bool,
+        seed: int,
+    ):
+        from transformers import AutoConfig
+
+        mcfg = trainer_cfg.megatron
+        tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
+        world = dist.get_world_size()
+        if world % (tp * pp):
+            raise ValueError(
+                f"trainer.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = {tp * pp} "
+                f"must divide the number of trainer ranks ({world})"
+            )
+        self._hf_config = AutoConfig.from_pretrained(model_path)
+        self.dims = ModelDims.from_hf_config(self._hf_config)
+        check_layout(self.dims, tp, pp)
+        self.trainer_cfg, self.optimizer_cfg, self.total_steps = trainer_cfg, optimizer_cfg, total_steps
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        )
+        self.dtype = resolve_dtype(dtype, self.device.type)
+
+        parallel_state.initialize_model_parallel(tp, pp)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        self.tp, self.pp = tp, pp
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.is_last_stage = parallel_state.is_pipeline_last_stage()
+        self.config = transformer_config(
+            self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu",
+            recompute=trainer_cfg.gradient_checkpointing,
+        )  # fmt: skip
+        hf = HFWeights(model_path)
+        module = build_gpt(self.config, self.dims)
+        load_hf_weights(module, hf, self.dims)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=mcfg.use_distributed_optimizer,
+        )
+        self.model = DistributedDataParallel(self.config, ddp_config, module)
+        self.optimizer = get_megatron_optimizer(
+            MegatronOptimizerConfig(
+                optimizer="adam",
+                lr=optimizer_cfg.lr,
+                weight_decay=optimizer_cfg.weight_decay,
+                adam_beta1=optimizer_cfg.betas[0],
+                adam_beta2=optimizer_cfg.betas[1],
+                adam_eps=optimizer_cfg.eps,
+                clip_grad=trainer_cfg.grad_clip,
+                use_distributed_optimizer=mcfg.use_distributed_optimizer,
+                bf16=self.dtype == torch.bfloat16,
+                fp16=self.dtype == torch.float16,
+                params_dtype=self.dtype,
+            ),
+            [self.model],
+            config_overrides={},  # weight decay on every parameter, as the other strategies do
+        )
+        self._lr_multiplier = lr_lambda(optimizer_cfg, total_steps)
+        self.step = 0  # optimizer steps taken: the lr schedule's position
+        self._set_lr()
+        self.reference = None
+        if with_reference:
+            self.reference = build_gpt(self.config, self.dims)
+            load_hf_weights(self.reference, hf, self.dims)
+            self.reference.requires_grad_(False)
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def dp_rank(self) -> int:
+        return parallel_state.get_data_parallel_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return parallel_state.get_data_parallel_world_size()
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return parallel_state.get_data_parallel_group()
+
+    # ------------------------------------------------------------------ training
+
+    def forward_backward(
+        self, micro_batches: list[Batch], loss_fn: LossFn, temperature: float
+    ) -> dict[str, float]:
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outputs = self._run_schedule(
+            self.model, micro_batches, partial(self._loss, loss_fn, temperature), forward_only=False
+        )
+        finalize_model_grads([self.model])  # sum over DP ranks; tied embeddings across stages
+        totals: dict[str, float] = defaultdict(float)
+        for metrics in outputs:
+            for k, v in metrics.items():
+                totals[k] += v
+        return self._reduce_metrics(dict(totals))
+
+    def optimizer_step(self) -> float:
+        self._set_lr()
+        self.optimizer.prepare_grads()
+        grad_norm = float(self.optimizer.get_grad_norm())
+        if math.isfinite(grad_norm):
+            if self.trainer_cfg.grad_clip > 0:
+                self.optimizer.clip_grad_norm(self.trainer_cfg.grad_clip)
+            self.optimizer.step_with_ready_grads()
+        self.step += 1
+        return grad_norm
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, micro_batches: list[Batch], temperature: float, reference: bool = False
+    ) -> list[torch.Tensor]:
+        model = self.reference if reference else self.model
+        assert model is not None, "compute_logprobs(reference=True) without a reference model"
+        model.eval()
+
+        def keep_logprobs(mb: Batch, output: torch.Tensor):
+            logprobs, _ = self._logprobs(output, mb, temperature, with_entropy=False)
+            return logprobs.sum() * 0, torch.tensor(1), {"logprobs": logprobs.float()}
+
+        outputs = self._run_schedule(model, micro_batches, keep_logprobs, forward_only=True)
+        results = []
+        for i, mb in enumerate(micro_batches):
+            rows, width = mb["input_ids"].shape
+            lp = outputs[i]["logprobs"][:rows, :width] if self.is_last_stage else None
+            results.append(self._from_last_stage(lp, (rows, width)).cpu())
+        return results
+
+    def current_lr(self) -> float:
+        return self.optimizer_cfg.lr * self._lr_multiplier(max(self.step - 1, 0))
+
+    def _set_lr(self) -> None:
+        lr = self.optimizer_cfg.lr * self._lr_multiplier(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ------------------------------------------------------------------ the schedule
+
+    def _run_schedule(
+        self, model: torch.nn.Module, micro_batches: list[Batch], loss_of: Callable, forward_only: bool
+    ) -> list[dict[str, Any]]:
+        """Run megatron's (pipeline) schedule over the micro-batches; returns, on the last stage, what
+        `loss_of(mb, output)` reported for each. Pipelined stages exchange fixed-shape activations,
+        so there every micro-batch is padded to the largest (padding rows carry no loss)."""
+        mbs = [{k: v.to(self.device) for k, v in mb.items()} for mb in micro_batches]
+        if self.pp > 1:
+            rows = max(mb["input_ids"].shape[0] for mb in mbs)
+            width = max(mb["input_ids"].shape[1] for mb in mbs)
+            mbs = [_pad(mb, rows, width) for mb in mbs]
+        rows, width = mbs[0]["input_ids"].shape
+
+        def forward_step(data_iterator: Iterator[Batch], chunk: torch.nn.Module):
+            mb = next(data_iterator)
+            positions = torch.arange(mb["input_ids"].shape[1], device=self.device).expand_as(mb["input_ids"])
+            output = chunk(mb["input_ids"], positions, attention_mask=None)
+            return output, partial(loss_of, mb)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(mbs),
+            model=[model],
+            num_microbatches=len(mbs),
+            seq_length=width,
+            micro_batch_size=rows,
+            forward_only=forward_only,
+        )
+
+    def _logprobs(
+        self, logits: torch.Tensor, mb: Batch, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs [B, T] from [B, T, V_local] logits, position 0 being 0 (as in
+        backends/common/hf_model.forward_logprobs)."""
+        logits = logits[:, :-1]
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
+        lp, ent = token_logprobs_and_entropy(logits, mb["input_ids"][:, 1:], self.dims.vocab, with_entropy)
+        zeros = lp.new_zeros((lp.shape[0], 1))
+        return torch.cat([zeros, lp], dim=1), None if ent is None else torch.cat([zeros, ent], dim=1)
+
+    def _loss(self, loss_fn: LossFn, temperature: float, mb: Batch, output: torch.Tensor):
+        logprobs, entropy = self._logprobs(output, mb, temperature, loss_fn.needs_entropy)
+        loss, metrics = loss_fn(logprobs, entropy, mb)
+        # (loss, token count, metrics): with calculate_per_token_loss the schedule does not rescale
+        return loss, torch.tensor(1, dtype=torch.int), metrics
+
+    # ------------------------------------------------------------------ cross-stage plumbing
+
+    def _reduce_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        """Sum over DP replicas on the last stage, then hand the result to every stage."""
+        box: list[Any] = [None]
+        if self.is_last_stage:
+            keys = sorted(totals)
+            t = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, group=self.dp_group)
+            box[0] = dict(zip(keys, t.tolist(), strict=True))
+        if self.pp > 1:
+            dist.broadcast_object_list(
+                box, group=parallel_state.get_pipeline_model_parallel_group(), group_src=self.pp - 1
+            )
+        return box[0]
+
+    def _from_stage(
+        self, tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, stage: int
+    ) -> torch.Tensor:
+        """`tensor` as held by pipeline stage `stage`, on every stage."""
+        if self.pp == 1:
+            assert tensor is not None
+            return tensor
+        if self.pp_rank != stage:
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        assert tensor is not None
+        tensor = tensor.contiguous()
+        dist.broadcast(tensor, group=parallel_state.get_pipeline_model_parallel_group(), group_src=stage)
+        return tensor
+
+    def _from_last_stage(self, tensor: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+        return self._from_stage(tensor, shape, torch.float32, self.pp - 1)
+
+    # ------------------------------------------------------------------ weights
+
+    def _iter_full(self, local_of: Callable[[torch.nn.Parameter], torch.Tensor], dtype: torch.dtype):
+        """(hf_name, full tensor) for every weight, in `hf_specs` order, on every rank: each
+        parameter is gathered over its TP group on the stage that owns it, converted to HF tensors
+        there, and each of those is broadcast to the other stages — one parameter at a time."""
+        params = dict(self.model.module.named_parameters())
+        offset = layer_offset(self.dims)
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+        for name in megatron_names(self.dims):
+            stage = stage_of(name, self.dims, self.pp)
+            converted = None
+            if stage == self.pp_rank:
+                local = local_of(params[to_local(name, offset)]).detach()
+                shards = [local]
+                if tp_dim(name) is not None and self.tp > 1:
+                    shards = [torch.empty_like(local) for _ in range(self.tp)]
+                    dist.all_gather(shards, local.contiguous(), group=tp_group)
+                converted = megatron_to_hf(name, shards, self.dims)
+            for i, (hf_name, shape) in enumerate(hf_specs_of(name, self.dims)):
+                mine = None
+                if converted is not None:
+                    assert converted[i][0] == hf_name, (converted[i][0], hf_name)
+                    mine = converted[i][1]
+                yield hf_name, self._from_stage(mine, shape, dtype, stage)
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self._iter_full(lambda p: p, self.dtype)
+
+    def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.model.ddp_config.use_distributed_optimizer:
+            self._gather_grad_shards()
+        return self._iter_full(lambda p: p.main_grad, torch.float32)  # type: ignore[attr-defined]  # DDP-owned, fp32
+
+    def _gather_grad_shards(self) -> None:
+        """After the reduce-scatter each DP rank holds only its slice of the summed gradients;
+        all-gather the slices so every rank has them whole (the optimizer reads only its own)."""
+        for bucket_group in self.model.bucket_groups:
+            group = bucket_group.intra_distributed_optimizer_instance_group
+            for bucket in bucket_group.buckets:
+                shards = shard_buffer(bucket.grad_data, group.size())
+                dist.all_gather_into_tensor(bucket.grad_data, shards[group.rank()].clone(), group=group)
+
+    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(name, self.dtype, tuple(shape)) for name, shape in hf_specs(self.dims)]
+
+    def hf_config(self) -> Any:
+        return self._hf_config
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
+        """Every rank's own shards, written and read in parallel by dist_checkpointing (torch DCP
+        underneath). The optimizer state is saved as the distributed optimizer holds it: a resume
+        may change the number of data-parallel ranks, not the TP/PP layout."""
+        model_sd = self.model.module.sharded_state_dict()
+        optim_sd = self.optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "dp_reshardable"}
+        )
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def save_checkpoint(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state(is_loading=False), path)
+        if dist.get_rank() == 0:
+            torch.save({"step": self.step}, os.path.join(path, "scheduler.pt"))
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        self._materialize_optimizer_state()
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True), path)
+        with torch.no_grad():  # fp32 main params are views of the (leaf) model params
+            self.model.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self._restore_adam_steps()
+        self.step = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)["step"]
+        self._set_lr()
+
+    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [opt.optimizer for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+
+    def _restore_adam_steps(self) -> None:
+        """megatron-core (torch-optimizer path) keeps Adam's step count in each param group of the
+        checkpoint but leaves the per-parameter `step` torch's AdamW reads untouched: copy it there,
+        one tensor per parameter (AdamW increments them in place)."""
+        for inner in self._inner_optimizers():
+            for group in inner.param_groups:
+                if "step" in group:
+                    for p in group["params"]:
+                        inner.state[p]["step"] = torch.tensor(float(group["step"]))
+
+    def _materialize_optimizer_state(self) -> None:
+        """torch's AdamW creates its state on the first step, but megatron-core (without Apex or
+        TransformerEngine) describes the state to load from the state it already has: give a fresh
+        optimizer zero state, as its first step would, so that the checkpoint can fill it."""
+        for inner in self._inner_optimizers():
+            for group in inner.param_groups:
+                for p in group["params"]:
+                    state = inner.state[p]
+                    if not state:
+                        state["step"] = torch.tensor(0.0)
+                        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _pad(mb: Batch, rows: int, width: int) -> Batch:
+    """Right/bottom-pad every [B, T] field with zeros (padding rows have an all-zero loss mask)."""
+    out = {}
+    for k, v in mb.items():
+        padded = v.new_zeros((rows, width) + tuple(v.shape[2:]))
+        padded[: v.shape[0], : v.shape[1]] = v
+        out[k] = padded
+    return out

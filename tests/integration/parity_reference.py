@@ -1,0 +1,156 @@
+"""The strategy parity setup, shared by the torchrun worker (parity_worker.py) and the ground truth
+computed here with a plain HF model in one process (no torch.distributed).
+
+One fixed GRPO train batch, independent of rank and world size: 8 sequences with random token ids
+(prompts 3-6 tokens, responses 2-9), group-relative advantages of mixed sign, and old log-probs of
+the initial model, so the first step is on-policy (ratio 1) and later steps re-use the batch like
+PPO epochs (ratios move away from 1, the loss moves, clipping engages). The loss is core's own
+(`build_loss` with `LossNorm` of the whole batch) with an entropy bonus, so `needs_entropy` is True.
+Each data-parallel rank trains on `shard(...)` of the batch in a fixed number of micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+
+from rlcore.backends.common.hf_model import forward_logprobs, load_causal_lm
+from rlcore.backends.common.schedule import build_optimizer
+from rlcore.core.algorithms import LossNorm, build_loss, grpo_advantages
+from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss
+from rlcore.core.batch import Batch, Sequence, equalize, micro_batches, pack, plan_micro_batches, shard
+from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
+
+SEED = 1234
+PAD_ID = 0  # token ids are drawn from [FIRST_ID, vocab): padding never collides with a real token
+FIRST_ID = 4
+NUM_SEQS = 8
+GROUP_SIZE = 4
+MICRO_BATCHES = 2
+"""Micro-batches per rank (per step): gradient accumulation is always exercised."""
+TEMPERATURE = 0.8
+"""Not 1, so a strategy that forgets to scale the logits fails the check."""
+
+
+def algorithm_config() -> AlgorithmConfig:
+    """GRPO with an entropy bonus and no KL term (so no reference model), lr warm-up + cosine decay.
+
+    The clip range is wide on purpose: with the usual 0.2 every token of the re-used batch is clipped
+    after 2-3 steps and the loss curve goes flat; with [0.1, 11] and lr 1e-3 the tiny model's loss
+    falls for ~15 of 20 steps (-0.65 to -5.2) before clipping stops it.
+    """
+    optimizer = OptimizerConfig(
+        lr=1e-3, lr_warmup_steps=2, lr_scheduler_type="cosine", min_lr_ratio=0.1, weight_decay=0.01
+    )
+    return AlgorithmConfig(
+        algorithm_type="grpo",
+        optimizer=optimizer,
+        kl_loss_fn="none",
+        kl_loss_coef=0.0,
+        entropy_coef=0.1,
+        clip_ratio_low=0.9,
+        clip_ratio_high=10.0,
+    )
+
+
+def trainer_config(sets: list[str]) -> TrainerConfig:
+    """The default TrainerConfig with `dotted.key=value` overrides (keys relative to `trainer`)."""
+    base = OmegaConf.structured(TrainerConfig)
+    merged = OmegaConf.merge(base, OmegaConf.from_dotlist(sets))
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, TrainerConfig)
+    return cfg
+
+
+@torch.no_grad()
+def parity_sequences(model_path: str) -> list[Sequence]:
+    """The train batch; old log-probs come from the initial model in float32 on the CPU."""
+    model = load_causal_lm(model_path)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(SEED)
+    shapes = [
+        (int(torch.randint(3, 7, (), generator=gen)), int(torch.randint(2, 10, (), generator=gen)))
+        for _ in range(NUM_SEQS)
+    ]
+    ids = [torch.randint(FIRST_ID, vocab, (p + r,), generator=gen).tolist() for p, r in shapes]
+    seqs = [Sequence(x[:p], x[p:], index=i) for i, (x, (p, _)) in enumerate(zip(ids, shapes, strict=True))]
+    rewards = torch.rand(NUM_SEQS, generator=gen)
+    groups = [str(i // GROUP_SIZE) for i in range(NUM_SEQS)]
+    adv = grpo_advantages(rewards, groups)
+    assert (adv > 0).any() and (adv < 0).any(), "advantages of one sign only"
+    logprobs, _ = forward_logprobs(model, pack(seqs, PAD_ID), TEMPERATURE, with_entropy=False)
+    for s, a, lp in zip(seqs, adv.tolist(), logprobs, strict=True):
+        s.advantage = a
+        s.old_logprobs = lp[len(s.prompt_ids) : s.length].tolist()
+    return seqs
+
+
+def parity_loss(seqs: list[Sequence]) -> PolicyLoss | SFTLoss:
+    """core's loss for the whole batch: every micro-batch's loss is its share of the batch loss."""
+    norm = LossNorm(
+        num_tokens=float(sum(len(s.response_ids) for s in seqs)),
+        num_seqs=float(len(seqs)),
+        max_response_len=max(len(s.response_ids) for s in seqs),
+    )
+    loss = build_loss(algorithm_config(), norm)
+    assert loss.needs_entropy
+    return loss
+
+
+def rank_micro_batches(
+    seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int, count: int
+) -> list[Batch]:
+    """This rank's share packed into `count` micro-batches (StageTrainer._micro with the count
+    already agreed on by all ranks)."""
+    groups = equalize(plan_micro_batches(shard(seqs, dp_rank, dp_size), max_tokens), count)
+    return micro_batches(groups, PAD_ID, template=seqs[0])
+
+
+def micro_batch_count(seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int) -> int:
+    """This rank's wish: at least MICRO_BATCHES (the ranks then agree on the maximum)."""
+    return max(MICRO_BATCHES, len(plan_micro_batches(shard(seqs, dp_rank, dp_size), max_tokens)))
+
+
+def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Gradients by state-dict name (a tied lm_head.weight included), in state-dict order."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    out = {}
+    for name in model.state_dict():
+        if name in params:
+            grad = params[name].grad
+            out[name] = torch.zeros_like(params[name]) if grad is None else grad.detach().clone()
+    return out
+
+
+def reference_run(
+    model_path: str, steps: int, total_steps: int
+) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(loss per step, gradients of the first step by HF name, final weights by HF name) of a plain
+    HF model trained on the whole batch in this process: the ground truth."""
+    torch.manual_seed(SEED)
+    trainer_cfg = trainer_config([])
+    model = load_causal_lm(model_path)
+    optimizer, scheduler = build_optimizer(model.parameters(), algorithm_config().optimizer, total_steps)
+    seqs = parity_sequences(model_path)
+    loss_fn = parity_loss(seqs)
+    count = micro_batch_count(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu)
+    mbs = rank_micro_batches(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu, count)
+    losses: list[float] = []
+    first_grads: dict[str, torch.Tensor] = {}
+    model.train()
+    for step in range(steps):
+        total = 0.0
+        for mb in mbs:
+            logprobs, entropy = forward_logprobs(model, mb, TEMPERATURE, loss_fn.needs_entropy)
+            loss, metrics = loss_fn(logprobs, entropy, mb)
+            loss.backward()
+            total += metrics["actor/loss"]
+        if step == 0:
+            first_grads = param_grads(model)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        losses.append(total)
+    weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    return losses, first_grads, weights

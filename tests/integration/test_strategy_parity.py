@@ -1,0 +1,166 @@
+"""Every training strategy trains the tiny model exactly like a plain HF model in one process.
+
+Each case runs tests/integration/parity_worker.py under torchrun once (20 steps, a checkpoint after
+step 10) and is compared with `reference_run` (parity_reference.py): first-step loss within 1e-5,
+every first-step gradient by HF name within 1e-4 of that gradient's largest magnitude, the
+untrained policy's `compute_logprobs` within 1e-5 of the HF model's, the loss at
+every one of the 20 steps within 1e-3. Resume parity: 10 steps resumed from the step-10 checkpoint
+give the same losses and final weights (1e-6) as the uninterrupted run's steps 11-20.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from .launch_utils import REPO
+from .parity_reference import reference_run
+
+pytestmark = pytest.mark.integration
+
+STEPS = 20
+SAVE_AT = 10
+
+CASES: list[tuple[str, str, int, list[str]]] = [
+    # (id, strategy, ranks, TrainerConfig overrides for parity_worker --set)
+    ("fsdp-1", "fsdp", 1, []),
+    ("fsdp-2", "fsdp", 2, []),
+    ("fsdp2-1", "fsdp2", 1, []),
+    ("fsdp2-2", "fsdp2", 2, []),
+    # megatron-core on CPU through tests/megatron_cpu_shim.py (parity_worker installs it)
+    ("megatron-tp1", "megatron", 1, []),
+    ("megatron-tp2", "megatron", 2, ["megatron.tensor_model_parallel_size=2"]),
+    ("megatron-pp2", "megatron", 2, ["megatron.pipeline_model_parallel_size=2"]),
+    ("megatron-dp2", "megatron", 2, []),  # data parallel with the distributed optimizer
+]
+RESUME_CASES = ["fsdp-2", "fsdp2-2", "megatron-tp2", "megatron-dp2"]
+"""Ids of CASES whose step-10 checkpoint is resumed."""
+
+CASE_BY_ID = {case[0]: case for case in CASES}
+
+
+class Run(NamedTuple):
+    out: str
+    """The worker's --out folder (the checkpoint is `out/ckpt`)."""
+    result: dict
+    """result.json: losses, grad_norms, lrs per step."""
+    grads: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor]
+
+
+def run_worker(
+    model: str, strategy: str, ranks: int, sets: list[str], out: str, *extra: str, timeout_s: float = 600
+) -> Run:
+    """Launch parity_worker under torchrun; return what rank 0 wrote."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+        "-m", "tests.integration.parity_worker", "--model", model, "--strategy", strategy,
+        "--out", out, *[f"--set={s}" for s in sets], *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    with open(os.path.join(out, "result.json")) as f:
+        result = json.load(f)
+    grads = torch.load(os.path.join(out, "grads.pt"), weights_only=True)
+    weights = torch.load(os.path.join(out, "weights.pt"), weights_only=True)
+    return Run(out, result, grads, weights)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_path: str) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    torch.set_num_threads(1)
+    return reference_run(tiny_model_path, STEPS, STEPS)
+
+
+@pytest.fixture(scope="module")
+def case_run(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
+    """case id -> its 20-step run (launched on first use, once per module)."""
+    done: dict[str, Run] = {}
+
+    def get(case_id: str) -> Run:
+        if case_id not in done:
+            _, strategy, ranks, sets = CASE_BY_ID[case_id]
+            out = str(tmp_path_factory.mktemp(case_id))
+            done[case_id] = run_worker(
+                tiny_model_path, strategy, ranks, sets, out,
+                "--steps", str(STEPS), "--total-steps", str(STEPS), "--save-at", str(SAVE_AT),
+            )  # fmt: skip
+        return done[case_id]
+
+    return get
+
+
+def _worst_relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[str, float]:
+    """(name, max |got - want| / max |want|) of the tensor that differs most."""
+    errors = {n: float((got[n] - want[n]).abs().max() / want[n].abs().max().clamp(min=1e-30)) for n in want}
+    name = max(errors, key=lambda n: errors[n])
+    return name, errors[name]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES])
+def test_first_step_loss_and_gradients(case_id, case_run, reference):
+    run = case_run(case_id)
+    result, grads = run.result, run.grads
+    ref_losses, ref_grads, _ = reference
+    assert abs(result["losses"][0] - ref_losses[0]) <= 1e-5, (result["losses"][0], ref_losses[0])
+    # compute_logprobs of the untrained policy equals the HF model's (which gave old_logprobs)
+    assert result["logprob_diffs"] and max(result["logprob_diffs"]) <= 1e-5, result["logprob_diffs"]
+    # each strategy has its own (fixed) order; the names are the HF model's
+    assert sorted(grads) == sorted(ref_grads), "gradient names differ from the HF state dict's"
+    for name, g in grads.items():
+        assert g.shape == ref_grads[name].shape, (name, tuple(g.shape), tuple(ref_grads[name].shape))
+    worst, rel = _worst_relative(grads, ref_grads)
+    assert rel <= 1e-4, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES])
+def test_loss_curve(case_id, case_run, reference):
+    result = case_run(case_id).result
+    ref_losses = reference[0]
+    # the batch is hard enough that the curve really moves (a flat curve would prove little)
+    assert ref_losses[-1] < ref_losses[0] - 1.0, ref_losses
+    assert len(result["losses"]) == STEPS
+    diffs = [abs(a - b) for a, b in zip(result["losses"], ref_losses, strict=True)]
+    step = max(range(STEPS), key=lambda i: diffs[i])
+    assert diffs[step] <= 1e-3, f"step {step + 1}: loss {result['losses'][step]} vs {ref_losses[step]}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES])
+def test_hf_export_loads_with_the_trained_weights(case_id, case_run):
+    from transformers import AutoModelForCausalLM
+
+    run = case_run(case_id)
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(run.out, "hf"), dtype=torch.float32)
+    exported = model.state_dict()
+    for name, w in run.weights.items():
+        assert torch.equal(exported[name], w), name
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case_id", RESUME_CASES)
+def test_resume_matches_uninterrupted_run(case_id, case_run, tiny_model_path, tmp_path):
+    straight = case_run(case_id)
+    _, strategy, ranks, sets = CASE_BY_ID[case_id]
+    resumed = run_worker(
+        tiny_model_path, strategy, ranks, sets, str(tmp_path),
+        "--steps", str(STEPS - SAVE_AT), "--total-steps", str(STEPS),
+        "--resume-from", os.path.join(straight.out, "ckpt"),
+    )  # fmt: skip
+    assert resumed.result["lrs"] == straight.result["lrs"][SAVE_AT:]
+    tail = straight.result["losses"][SAVE_AT:]
+    for step, (a, b) in enumerate(zip(resumed.result["losses"], tail, strict=True)):
+        assert abs(a - b) <= 1e-6, f"step {SAVE_AT + step + 1}: resumed loss {a} vs {b}"
+    assert list(resumed.weights) == list(straight.weights)
+    for name, w in resumed.weights.items():
+        assert (w - straight.weights[name]).abs().max().item() <= 1e-6, name

@@ -1,0 +1,357 @@
+"""HF <-> megatron-core weight mapping: exact round trips, hand-computed fused layouts, and shapes and
+fused-layout semantics checked against real megatron-core modules (built on CPU, no forward of the
+whole model)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from rlcore.backends.megatron.mapping import (
+    ModelDims,
+    check_layout,
+    hf_specs,
+    hf_to_megatron,
+    megatron_names,
+    megatron_to_hf,
+    padded_vocab,
+    stage_layers,
+    stage_of,
+    to_global,
+    to_local,
+    tp_dim,
+)
+
+# name -> (config class, model class, num_key_value_heads)
+CASES = {
+    "llama_mha": (LlamaConfig, LlamaForCausalLM, 4),
+    "llama_gqa": (LlamaConfig, LlamaForCausalLM, 2),
+    "qwen2_gqa": (Qwen2Config, Qwen2ForCausalLM, 2),
+}
+LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]  # (tp, pp)
+
+
+def _hf_model(case: str, tied: bool) -> PreTrainedModel:
+    config_cls, model_cls, kv_heads = CASES[case]
+    config = config_cls(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        vocab_size=101,  # odd: tp=2 pads it to 102
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    # HF initialises norms to ones and biases to zeros: re-draw everything so a swap cannot hide
+    # (scale 0.2 keeps activations near 1, so float32 tolerances below mean something)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _hf_export(model: PreTrainedModel, dims: ModelDims) -> dict[str, torch.Tensor]:
+    """What an HF export holds: the state dict, without lm_head when it is the embedding itself."""
+    state = model.state_dict()
+    if dims.tied:
+        assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+        del state["lm_head.weight"]
+    return state
+
+
+@pytest.mark.parametrize("tp,pp", LAYOUTS)
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_round_trip_is_exact(case: str, tied: bool, tp: int, pp: int) -> None:
+    model = _hf_model(case, tied)
+    dims = ModelDims.from_hf_config(model.config)
+    hf = _hf_export(model, dims)
+    check_layout(dims, tp, pp)
+
+    # every (pp stage, tp rank) builds its shards under LOCAL names, as a megatron stage holds them
+    stages: list[dict[str, list[torch.Tensor]]] = []
+    for pp_rank in range(pp):
+        offset = stage_layers(dims, pp, pp_rank).start
+        stages.append(
+            {
+                to_local(name, offset): [hf_to_megatron(name, hf, dims, tp, r) for r in range(tp)]
+                for name in megatron_names(dims)
+                if stage_of(name, dims, pp) == pp_rank
+            }
+        )
+    # 4 layers over pp stages: each stage numbers its layers 0 .. 4/pp - 1
+    for local in stages:
+        layers = {int(n.split(".")[2]) for n in local if n.startswith("decoder.layers.")}
+        assert layers == set(range(4 // pp))
+
+    rebuilt: list[tuple[str, torch.Tensor]] = []
+    for pp_rank, local in enumerate(stages):
+        offset = stage_layers(dims, pp, pp_rank).start
+        for name, shards in local.items():
+            if tp_dim(name) is None:  # replicated: every TP rank holds the same tensor
+                assert all(torch.equal(s, shards[0]) for s in shards)
+                shards = shards[:1]
+            rebuilt += megatron_to_hf(to_global(name, offset), shards, dims)
+
+    assert [(n, tuple(t.shape)) for n, t in rebuilt] == hf_specs(dims)
+    assert sorted(n for n, _ in rebuilt) == sorted(hf)
+    for name, tensor in rebuilt:
+        assert torch.equal(tensor, hf[name]), name
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_names_are_what_save_pretrained_writes(tied: bool, tmp_path: Path) -> None:
+    model = _hf_model("qwen2_gqa", tied)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    assert saved == {n for n, _ in hf_specs(ModelDims.from_hf_config(model.config))}
+    assert ("lm_head.weight" in saved) is not tied
+
+
+def _dims(num_heads: int, num_kv_heads: int, ffn: int, head_dim: int = 1) -> ModelDims:
+    return ModelDims(
+        hidden=1,
+        num_layers=1,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        ffn=ffn,
+        vocab=5,
+        tied=False,
+        qkv_bias=True,
+        rms_eps=1e-6,
+        rope_theta=1e4,
+        max_positions=8,
+    )
+
+
+def test_fused_layouts_by_hand() -> None:
+    dims = _dims(num_heads=4, num_kv_heads=2, ffn=4)
+    # head_dim 1, hidden 1: q rows are heads q0..q3 (values 0..3), k0,k1 = 10,11, v0,v1 = 20,21
+    hf = {
+        "model.layers.0.self_attn.q_proj.bias": torch.tensor([0.0, 1, 2, 3]),
+        "model.layers.0.self_attn.k_proj.bias": torch.tensor([10.0, 11]),
+        "model.layers.0.self_attn.v_proj.bias": torch.tensor([20.0, 21]),
+        "model.layers.0.mlp.gate_proj.weight": torch.tensor([[0.0], [1], [2], [3]]),
+        "model.layers.0.mlp.up_proj.weight": torch.tensor([[10.0], [11], [12], [13]]),
+        "lm_head.weight": torch.tensor([[1.0], [2], [3], [4], [5]]),
+    }
+    qkv = "decoder.layers.0.self_attention.linear_qkv.bias"
+    # grouped per KV head: [q0 q1 k0 v0 | q2 q3 k1 v1]; tp=2 gives each rank one group
+    assert hf_to_megatron(qkv, hf, dims, 1, 0).tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+    assert hf_to_megatron(qkv, hf, dims, 2, 1).tolist() == [2, 3, 11, 21]
+    fc1 = "decoder.layers.0.mlp.linear_fc1.weight"
+    # per TP shard [gate shard; up shard]: rank 0 = g0 g1 u0 u1, rank 1 = g2 g3 u2 u3
+    assert hf_to_megatron(fc1, hf, dims, 1, 0).flatten().tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert hf_to_megatron(fc1, hf, dims, 2, 0).flatten().tolist() == [0, 1, 10, 11]
+    assert hf_to_megatron(fc1, hf, dims, 2, 1).flatten().tolist() == [2, 3, 12, 13]
+    # 5 vocab rows over tp=2 -> padded to 6, rank 1 holds rows 3, 4 and a zero row
+    assert padded_vocab(5, 2) == 6 and padded_vocab(6, 2) == 6 and padded_vocab(101, 4) == 104
+    out = "output_layer.weight"
+    assert hf_to_megatron(out, hf, dims, 2, 1).flatten().tolist() == [4, 5, 0]
+    shards = [hf_to_megatron(out, hf, dims, 2, r) for r in range(2)]
+    assert megatron_to_hf(out, shards, dims)[0][1].flatten().tolist() == [1, 2, 3, 4, 5]
+
+
+def test_a_tied_output_layer_is_the_embedding() -> None:
+    # pipeline-parallel megatron keeps a copy of a tied embedding on the last stage as output_layer
+    dims = dataclasses.replace(_dims(4, 2, 4), tied=True)
+    hf = {"model.embed_tokens.weight": torch.arange(5.0).unsqueeze(1)}
+    assert "output_layer.weight" not in megatron_names(dims)
+    assert hf_to_megatron("output_layer.weight", hf, dims, 2, 0).flatten().tolist() == [0, 1, 2]
+
+
+def test_stages_and_local_names() -> None:
+    dims = dataclasses.replace(_dims(4, 2, 4), num_layers=4)
+    assert stage_layers(dims, 2, 1) == range(2, 4)
+    assert stage_of("embedding.word_embeddings.weight", dims, 2) == 0
+    assert stage_of("decoder.layers.1.mlp.linear_fc2.weight", dims, 2) == 0
+    assert stage_of("decoder.layers.2.input_layernorm.weight", dims, 2) == 1
+    assert stage_of("decoder.final_layernorm.weight", dims, 2) == 1
+    assert stage_of("output_layer.weight", dims, 2) == 1
+    name = "decoder.layers.3.mlp.linear_fc2.weight"
+    assert to_local(name, 2) == "decoder.layers.1.mlp.linear_fc2.weight"
+    assert to_global(to_local(name, 2), 2) == name
+    assert to_local("output_layer.weight", 2) == "output_layer.weight"
+    assert tp_dim(name) == 1 and tp_dim("decoder.layers.0.self_attention.linear_qkv.bias") == 0
+    assert tp_dim("decoder.layers.0.input_layernorm.weight") is None
+
+
+def test_unsupported_configs_fail_with_one_line() -> None:
+    base = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    cases = [
+        (Qwen2Config(**base, use_sliding_window=True, sliding_window=8), "use_sliding_window"),
+        (LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_type.*'linear'"),
+        (LlamaConfig(**base, attention_bias=True), "attention_bias"),
+        (LlamaConfig(**base, hidden_act="gelu"), "hidden_act must be silu"),
+        (MistralConfig(**base), "model_type must be llama or qwen2.*'mistral'"),
+    ]
+    for config, match in cases:
+        with pytest.raises(ValueError, match=match) as err:
+            ModelDims.from_hf_config(config)
+        assert "\n" not in str(err.value)
+
+    dims = ModelDims.from_hf_config(LlamaConfig(**base, num_hidden_layers=4, intermediate_size=128))
+    with pytest.raises(
+        ValueError, match=r"tensor_model_parallel_size \(4\) must divide .*num_key_value_heads \(2\)"
+    ):
+        check_layout(dims, 4, 1)
+    with pytest.raises(
+        ValueError, match=r"pipeline_model_parallel_size \(3\) must divide .*num_hidden_layers \(4\)"
+    ):
+        check_layout(dims, 1, 3)
+    check_layout(dims, 2, 4)
+
+
+# ---- against real megatron-core modules ----
+
+
+@contextlib.contextmanager
+def _megatron_world(tp: int, pp: int, rank: int) -> Iterator[tuple[int, int]]:
+    """megatron-core's parallel state for one rank of a tp*pp world inside this process, on torch's
+    fake process group (collectives are no-ops, so a row-parallel output stays this rank's partial
+    sum). Yields megatron's own (tp_rank, pp_rank) of that rank."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=tp * pp)
+    try:
+        parallel_state.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
+        yield (
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_pipeline_model_parallel_rank(),
+        )
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _gpt_model(dims: ModelDims, tp: int, pp: int, pp_rank: int) -> torch.nn.Module:
+    """The GPTModel stage the megatron strategy builds (local spec, no fused kernels)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=dims.num_layers,
+        hidden_size=dims.hidden,
+        num_attention_heads=dims.num_heads,
+        num_query_groups=dims.num_kv_heads,
+        kv_channels=dims.head_dim,
+        ffn_hidden_size=dims.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=dims.rms_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=dims.qkv_bias,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=padded_vocab(dims.vocab, tp),
+        max_sequence_length=dims.max_positions,
+        pre_process=pp_rank == 0,
+        post_process=pp_rank == pp - 1,
+        share_embeddings_and_output_weights=dims.tied,
+        position_embedding_type="rope",
+        rotary_base=int(dims.rope_theta),
+    )
+
+
+# (case, tied, tp, pp). A tied model with pp > 1 is left out: megatron-core moves the last stage's
+# copy of the embedding to CUDA while constructing it (the round trip above covers its names).
+MEGATRON_LAYOUTS = [
+    ("qwen2_gqa", False, 1, 1),
+    ("llama_gqa", True, 1, 1),
+    ("llama_mha", True, 2, 1),
+    ("qwen2_gqa", False, 2, 2),
+]
+
+
+@pytest.mark.parametrize("case,tied,tp,pp", MEGATRON_LAYOUTS)
+def test_megatron_core_holds_the_mapped_shapes_and_layouts(case: str, tied: bool, tp: int, pp: int) -> None:
+    pytest.importorskip("megatron.core")
+    torch.set_num_threads(1)
+    hf_model = _hf_model(case, tied)
+    dims = ModelDims.from_hf_config(hf_model.config)
+    hf = _hf_export(hf_model, dims)
+    heads, kv_heads, d = dims.num_heads // tp, dims.num_kv_heads // tp, dims.head_dim
+    x = torch.randn(5, 2, dims.hidden, generator=torch.Generator().manual_seed(2))  # [seq, batch, hidden]
+    mlp_sums: dict[
+        int, torch.Tensor
+    ] = {}  # global layer -> sum over TP ranks of megatron's partial MLP output
+
+    for rank in range(tp * pp):
+        with _megatron_world(tp, pp, rank) as (tp_rank, pp_rank):
+            model = _gpt_model(dims, tp, pp, pp_rank)
+            params = dict(model.named_parameters())
+            layers = stage_layers(dims, pp, pp_rank)
+            expected = [n for n in megatron_names(dims) if stage_of(n, dims, pp) == pp_rank]
+            # the stage holds exactly the mapped names, each with the mapped shard's shape
+            assert sorted(params) == sorted(to_local(n, layers.start) for n in expected)
+            with torch.no_grad():
+                for name in expected:
+                    params[to_local(name, layers.start)].copy_(hf_to_megatron(name, hf, dims, tp, tp_rank))
+
+            # megatron's own split of the fused QKV gives this rank's HF heads, and its SwiGLU MLP
+            # (summed over TP ranks, since the fake all-reduce is a no-op) gives HF's MLP
+            with torch.no_grad():
+                for local_index, layer in enumerate(model.decoder.layers):
+                    hf_layer = hf_model.model.layers[layers.start + local_index]
+                    q, k, v = layer.self_attention.get_query_key_value_tensors(x, None)
+                    attn = hf_layer.self_attn
+                    q_hf = attn.q_proj(x).view(5, 2, -1, d)[:, :, tp_rank * heads : (tp_rank + 1) * heads]
+                    k_hf = attn.k_proj(x).view(5, 2, -1, d)[
+                        :, :, tp_rank * kv_heads : (tp_rank + 1) * kv_heads
+                    ]
+                    v_hf = attn.v_proj(x).view(5, 2, -1, d)[
+                        :, :, tp_rank * kv_heads : (tp_rank + 1) * kv_heads
+                    ]
+                    torch.testing.assert_close(q, q_hf)
+                    torch.testing.assert_close(k, k_hf)
+                    torch.testing.assert_close(v, v_hf)
+                    partial, _ = layer.mlp(x)
+                    index = layers.start + local_index
+                    mlp_sums[index] = mlp_sums.get(index, torch.zeros_like(partial)) + partial
+                    # a replicated norm: megatron's RMSNorm with the mapped weight equals HF's
+                    torch.testing.assert_close(
+                        layer.pre_mlp_layernorm(x), hf_layer.post_attention_layernorm(x)
+                    )
+
+    assert sorted(mlp_sums) == list(range(dims.num_layers))
+    with torch.no_grad():
+        for index, total in mlp_sums.items():
+            # TP partial sums add in another order than HF's one matmul: float32 rounding only
+            torch.testing.assert_close(total, hf_model.model.layers[index].mlp(x), rtol=1e-5, atol=1e-5)
