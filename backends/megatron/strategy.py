@@ -83,6 +83,8 @@ class MegatronStrategy(TrainingStrategy):
         )
         self.dtype = resolve_dtype(dtype, self.device.type)
 
+        if parallel_state.model_parallel_is_initialized():  # an earlier stage's strategy
+            parallel_state.destroy_model_parallel()
         parallel_state.initialize_model_parallel(tp, pp)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         self.tp, self.pp = tp, pp

@@ -40,7 +40,7 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     ("megatron-pp2", "megatron", 2, ["megatron.pipeline_model_parallel_size=2"]),
     ("megatron-dp2", "megatron", 2, []),  # data parallel with the distributed optimizer
 ]
-RESUME_CASES = ["fsdp-2", "fsdp2-2", "megatron-tp2", "megatron-dp2"]
+RESUME_CASES = ["fsdp-2", "fsdp2-2", "megatron-tp2", "megatron-pp2", "megatron-dp2"]
 """Ids of CASES whose step-10 checkpoint is resumed."""
 
 CASE_BY_ID = {case[0]: case for case in CASES}
