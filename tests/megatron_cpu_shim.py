@@ -98,4 +98,13 @@ def install() -> None:
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
     _CudaToCpu().__enter__()  # for the life of the process
+    # ... but autograd runs backward passes without the caller's torch-function modes: re-enter it
+    # around every custom Function's backward (megatron's recompute, vocab-parallel kernels)
+    backward_apply = torch.autograd.function.BackwardCFunction.apply
+
+    def apply_with_shim(self: Any, *args: Any) -> Any:
+        with _CudaToCpu():
+            return backward_apply(self, *args)
+
+    torch.autograd.function.BackwardCFunction.apply = apply_with_shim  # type: ignore[method-assign]
     _installed = True
