@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -21,16 +21,14 @@ from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ...core.config.schema import OptimizerConfig, TrainerConfig
-from ..base import Batch, LossFn, TrainingStrategy
-from ..common.dist_utils import all_reduce_sum, rank_device
+from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
+from ..common.native import NativeStrategy
 from ..common.schedule import build_optimizer
-from ..common.sharded_checkpoint import load_sharded, save_sharded
-from ..common.steps import accumulate_gradients, batch_logprobs, step_if_finite
 from .units import UnitLayout
 
 
-class FSDP1Strategy(TrainingStrategy):
+class FSDP1Strategy(NativeStrategy):
     def __init__(
         self,
         model_path: str,
@@ -43,7 +41,7 @@ class FSDP1Strategy(TrainingStrategy):
         with_reference: bool,
         seed: int,
     ):
-        self.cfg = trainer_cfg
+        self.grad_clip = trainer_cfg.grad_clip
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()
         compute_dtype = resolve_dtype(dtype, self.device.type)
@@ -77,42 +75,16 @@ class FSDP1Strategy(TrainingStrategy):
             use_orig_params=True,
         )
 
-    # ------------------------------------------------------------------ training
+    # ------------------------------------------------------------------ what differs from FSDP2
 
-    def forward_backward(
-        self, micro_batches: list[Batch], loss_fn: LossFn, temperature: float
-    ) -> dict[str, float]:
-        def gradient_sync(last: bool) -> AbstractContextManager:
-            # no_sync keeps unsharded gradients locally; the last micro-batch reduce-scatters them all
-            return nullcontext() if last else self.model.no_sync()
+    def _gradient_sync(self, last: bool) -> AbstractContextManager:
+        # no_sync keeps unsharded gradients locally; the last micro-batch reduce-scatters them all
+        return nullcontext() if last else cast(FSDP, self.model).no_sync()
 
-        totals = accumulate_gradients(
-            self.model, micro_batches, loss_fn, temperature, self.device, self.world_size, gradient_sync
-        )
-        return all_reduce_sum(totals, self.device)
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return cast(FSDP, self.model).clip_grad_norm_(max_norm)  # the global norm over all shards
 
-    def optimizer_step(self) -> float:
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        norm = self.model.clip_grad_norm_(max_norm)  # the global norm over all ranks' shards
-        return step_if_finite(norm, self.optimizer, self.scheduler)
-
-    def compute_logprobs(
-        self, micro_batches: list[Batch], temperature: float, reference: bool = False
-    ) -> list[torch.Tensor]:
-        model = self.reference if reference else self.model
-        assert model is not None, "compute_logprobs(reference=True) without a reference model"
-        return batch_logprobs(model, micro_batches, temperature, self.device)
-
-    def current_lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
-
-    # ------------------------------------------------------------------ state
-
-    def save_checkpoint(self, path: str) -> None:
-        save_sharded(path, self.model, self.optimizer, self.scheduler)
-
-    def load_checkpoint(self, path: str) -> None:
-        load_sharded(path, self.model, self.optimizer, self.scheduler)
+    # ------------------------------------------------------------------ full tensors
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self._iter_full(with_grads=False)

@@ -19,15 +19,13 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ...core.config.schema import OptimizerConfig, TrainerConfig
-from ..base import Batch, LossFn, TrainingStrategy
-from ..common.dist_utils import all_reduce_sum, rank_device
+from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
+from ..common.native import NativeStrategy
 from ..common.schedule import build_optimizer
-from ..common.sharded_checkpoint import load_sharded, save_sharded
-from ..common.steps import accumulate_gradients, batch_logprobs, step_if_finite
 
 
-class FSDP2Strategy(TrainingStrategy):
+class FSDP2Strategy(NativeStrategy):
     def __init__(
         self,
         model_path: str,
@@ -40,7 +38,7 @@ class FSDP2Strategy(TrainingStrategy):
         with_reference: bool,
         seed: int,
     ):
-        self.cfg = trainer_cfg
+        self.grad_clip = trainer_cfg.grad_clip
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -66,47 +64,17 @@ class FSDP2Strategy(TrainingStrategy):
         fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy)
         return model
 
-    # ------------------------------------------------------------------ training
+    # ------------------------------------------------------------------ what differs from FSDP1
 
-    def forward_backward(
-        self, micro_batches: list[Batch], loss_fn: LossFn, temperature: float
-    ) -> dict[str, float]:
-        model = cast(FSDPModule, self.model)
+    def _gradient_sync(self, last: bool) -> AbstractContextManager:
+        cast(FSDPModule, self.model).set_requires_gradient_sync(last)  # reduce-scatter after the last
+        return nullcontext()
 
-        def gradient_sync(last: bool) -> AbstractContextManager:
-            # Reduce-scatter gradients only after the last micro-batch.
-            model.set_requires_gradient_sync(last)
-            return nullcontext()
-
-        totals = accumulate_gradients(
-            self.model, micro_batches, loss_fn, temperature, self.device, self.world_size, gradient_sync
-        )
-        return all_reduce_sum(totals, self.device)
-
-    def optimizer_step(self) -> float:
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return step_if_finite(norm, self.optimizer, self.scheduler)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    def compute_logprobs(
-        self, micro_batches: list[Batch], temperature: float, reference: bool = False
-    ) -> list[torch.Tensor]:
-        model = self.reference if reference else self.model
-        assert model is not None, "compute_logprobs(reference=True) without a reference model"
-        return batch_logprobs(model, micro_batches, temperature, self.device)
-
-    def current_lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
-
-    # ------------------------------------------------------------------ state
-
-    def save_checkpoint(self, path: str) -> None:
-        save_sharded(path, self.model, self.optimizer, self.scheduler)
-
-    def load_checkpoint(self, path: str) -> None:
-        load_sharded(path, self.model, self.optimizer, self.scheduler)
+    # ------------------------------------------------------------------ full tensors
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.model.state_dict().items():

@@ -67,15 +67,25 @@ def transformer_config(
     )
 
 
-def build_gpt(config: TransformerConfig, dims: ModelDims) -> GPTModel:
-    """This rank's part of the model: its pipeline stage's layers, its tensor-parallel slices."""
+def build_gpt(
+    config: TransformerConfig,
+    dims: ModelDims,
+    first_stage: bool | None = None,
+    last_stage: bool | None = None,
+) -> GPTModel:
+    """This rank's part of the model: its pipeline stage's layers, its tensor-parallel slices (the
+    stage position defaults to this rank's in parallel_state)."""
+    if first_stage is None:
+        first_stage = parallel_state.is_pipeline_first_stage()
+    if last_stage is None:
+        last_stage = parallel_state.is_pipeline_last_stage()
     return GPTModel(
         config,
         get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab(dims.vocab, config.tensor_model_parallel_size),
         max_sequence_length=dims.max_positions,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=first_stage,
+        post_process=last_stage,
         share_embeddings_and_output_weights=dims.tied,
         position_embedding_type="rope",
         rotary_base=int(dims.rope_theta),

@@ -248,46 +248,11 @@ def _megatron_world(tp: int, pp: int, rank: int) -> Iterator[tuple[int, int]]:
 
 
 def _gpt_model(dims: ModelDims, tp: int, pp: int, pp_rank: int) -> torch.nn.Module:
-    """The GPTModel stage the megatron strategy builds (local spec, no fused kernels)."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
+    """The GPTModel stage the megatron strategy builds (its own config and builder)."""
+    from rlcore.backends.megatron.model import build_gpt, transformer_config
 
-    config = TransformerConfig(
-        num_layers=dims.num_layers,
-        hidden_size=dims.hidden,
-        num_attention_heads=dims.num_heads,
-        num_query_groups=dims.num_kv_heads,
-        kv_channels=dims.head_dim,
-        ffn_hidden_size=dims.ffn,
-        normalization="RMSNorm",
-        layernorm_epsilon=dims.rms_eps,
-        gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu,
-        add_bias_linear=False,
-        add_qkv_bias=dims.qkv_bias,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        pipeline_dtype=torch.float32,
-        use_cpu_initialization=True,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-    )
-    return GPTModel(
-        config,
-        get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=padded_vocab(dims.vocab, tp),
-        max_sequence_length=dims.max_positions,
-        pre_process=pp_rank == 0,
-        post_process=pp_rank == pp - 1,
-        share_embeddings_and_output_weights=dims.tied,
-        position_embedding_type="rope",
-        rotary_base=int(dims.rope_theta),
-    )
+    config = transformer_config(dims, tp, pp, torch.float32, on_cpu=True, recompute=False)
+    return build_gpt(config, dims, first_stage=pp_rank == 0, last_stage=pp_rank == pp - 1)
 
 
 # (case, tied, tp, pp). A tied model with pp > 1 is left out: megatron-core moves the last stage's
