@@ -137,3 +137,17 @@ def load_hf_weights(model: GPTModel, hf: Mapping[str, torch.Tensor], dims: Model
             # pipeline-parallel with tied embeddings: the last stage keeps its own copy of them
             name = "embedding.word_embeddings.weight"
         param.copy_(hf_to_megatron(name, hf, dims, tp, tp_rank).to(param.dtype))
+
+
+def freeze_padding_embedding(model: GPTModel, pad_token_id: int | None) -> None:
+    """HF embeddings take `padding_idx=pad_token_id`: a lookup of the pad token passes no gradient to
+    its row (a response may sample that token). megatron-core's embedding has no such notion, so
+    detach the looked-up vectors of pad tokens to train exactly as the HF model does."""
+    if pad_token_id is None or not hasattr(model, "embedding"):  # later pipeline stages embed nothing
+        return
+
+    def detach_pad_rows(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        is_pad = (args[0] == pad_token_id).unsqueeze(-1)
+        return torch.where(is_pad, output.detach(), output)
+
+    model.embedding.word_embeddings.register_forward_hook(detach_pad_rows)

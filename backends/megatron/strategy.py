@@ -46,7 +46,14 @@ from .mapping import (
     to_local,
     tp_dim,
 )
-from .model import HFWeights, build_gpt, layer_offset, load_hf_weights, transformer_config
+from .model import (
+    HFWeights,
+    build_gpt,
+    freeze_padding_embedding,
+    layer_offset,
+    load_hf_weights,
+    transformer_config,
+)
 
 
 class MegatronStrategy(TrainingStrategy):
@@ -97,6 +104,7 @@ class MegatronStrategy(TrainingStrategy):
         hf = HFWeights(model_path)
         module = build_gpt(self.config, self.dims)
         load_hf_weights(module, hf, self.dims)
+        freeze_padding_embedding(module, self._hf_config.pad_token_id)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,

@@ -22,7 +22,7 @@ from rlcore.core.batch import Batch, Sequence, equalize, micro_batches, pack, pl
 from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
 
 SEED = 1234
-PAD_ID = 0  # token ids are drawn from [FIRST_ID, vocab): padding never collides with a real token
+PAD_ID = 0  # pads batches; also placed once inside a response (see parity_sequences)
 FIRST_ID = 4
 NUM_SEQS = 8
 GROUP_SIZE = 4
@@ -73,6 +73,9 @@ def parity_sequences(model_path: str) -> list[Sequence]:
         for _ in range(NUM_SEQS)
     ]
     ids = [torch.randint(FIRST_ID, vocab, (p + r,), generator=gen).tolist() for p, r in shapes]
+    # A sampled response may contain the pad token itself: HF never trains its embedding row
+    # (padding_idx), and every strategy must agree with that.
+    ids[0][shapes[0][0]] = PAD_ID
     seqs = [Sequence(x[:p], x[p:], index=i) for i, (x, (p, _)) in enumerate(zip(ids, shapes, strict=True))]
     rewards = torch.rand(NUM_SEQS, generator=gen)
     groups = [str(i // GROUP_SIZE) for i in range(NUM_SEQS)]

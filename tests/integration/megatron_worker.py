@@ -1,0 +1,17 @@
+"""Test-only trainer-rank entry: install the CPU shim for megatron-core, then run rlcore's own rank
+entry point (`rlcore.core.worker`) on a plan written by `rlcore launch`. This is how the CPU tests
+run the real training loop on the megatron strategy: `rlcore launch` itself refuses megatron
+without CUDA, as it must for users.
+
+python -m torch.distributed.run --nproc-per-node N -m tests.integration.megatron_worker PLAN.json
+"""
+
+import sys
+
+if __name__ == "__main__":
+    from tests.megatron_cpu_shim import install
+
+    install()
+    from rlcore.core.worker import main
+
+    sys.exit(main(sys.argv[1]))
