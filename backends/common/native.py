@@ -8,14 +8,15 @@ how the global gradient norm is taken, and how full tensors are gathered.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections import defaultdict
 from contextlib import AbstractContextManager
 
 import torch
 
 from ..base import Batch, LossFn, TrainingStrategy
 from .dist_utils import all_reduce_sum
+from .hf_model import forward_logprobs
 from .sharded_checkpoint import load_sharded, save_sharded
-from .steps import accumulate_gradients, batch_logprobs, step_if_finite
 
 
 class NativeStrategy(TrainingStrategy):
@@ -35,26 +36,47 @@ class NativeStrategy(TrainingStrategy):
     def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip to `max_norm`; return the global pre-clip norm as a plain tensor."""
 
+    def _to_device(self, batch: Batch) -> Batch:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
     def forward_backward(
         self, micro_batches: list[Batch], loss_fn: LossFn, temperature: float
     ) -> dict[str, float]:
-        # FSDP averages gradients over ranks; each loss is already this rank's share of the global
-        # mean, so scaling by the world size turns the average back into the sum
-        totals = accumulate_gradients(
-            self.model, micro_batches, loss_fn, temperature, self.device, self.world_size, self._gradient_sync
-        )
-        return all_reduce_sum(totals, self.device)
+        self.model.train()
+        totals: dict[str, float] = defaultdict(float)
+        for i, mb in enumerate(micro_batches):
+            mb = self._to_device(mb)
+            with self._gradient_sync(i == len(micro_batches) - 1):
+                logprobs, entropy = forward_logprobs(self.model, mb, temperature, loss_fn.needs_entropy)
+                loss, metrics = loss_fn(logprobs, entropy, mb)
+                # FSDP averages gradients over ranks while the loss is already this rank's share of
+                # the global mean: scaling by the world size turns the average back into the sum
+                (loss * self.world_size).backward()
+            for k, v in metrics.items():
+                totals[k] += v
+        return all_reduce_sum(dict(totals), self.device)
 
     def optimizer_step(self) -> float:
+        """Clip, then step unless the norm is inf/nan (a bad batch must not poison the weights); zero
+        the gradients and advance the lr schedule either way."""
         norm = self._clip_grad_norm(self.grad_clip if self.grad_clip > 0 else float("inf"))
-        return step_if_finite(norm, self.optimizer, self.scheduler)
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(norm)
 
+    @torch.no_grad()
     def compute_logprobs(
         self, micro_batches: list[Batch], temperature: float, reference: bool = False
     ) -> list[torch.Tensor]:
         model = self.reference if reference else self.model
         assert model is not None, "compute_logprobs(reference=True) without a reference model"
-        return batch_logprobs(model, micro_batches, temperature, self.device)
+        out = []
+        for mb in micro_batches:
+            logprobs, _ = forward_logprobs(model, self._to_device(mb), temperature, with_entropy=False)
+            out.append(logprobs.float().cpu())
+        return out
 
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])

@@ -82,7 +82,7 @@ class MegatronStrategy(TrainingStrategy):
         self._hf_config = AutoConfig.from_pretrained(model_path)
         self.dims = ModelDims.from_hf_config(self._hf_config)
         check_layout(self.dims, tp, pp)
-        self.trainer_cfg, self.optimizer_cfg, self.total_steps = trainer_cfg, optimizer_cfg, total_steps
+        self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.device = (
@@ -172,10 +172,13 @@ class MegatronStrategy(TrainingStrategy):
     def optimizer_step(self) -> float:
         self._set_lr()
         self.optimizer.prepare_grads()
-        grad_norm = float(self.optimizer.get_grad_norm())
+        # the pre-clip norm either way; an inf/nan norm clips nothing and the step is skipped
+        # (a bad batch must not poison the weights), as on the other strategies
+        if self.grad_clip > 0:
+            grad_norm = float(self.optimizer.clip_grad_norm(self.grad_clip))
+        else:
+            grad_norm = float(self.optimizer.get_grad_norm())
         if math.isfinite(grad_norm):
-            if self.trainer_cfg.grad_clip > 0:
-                self.optimizer.clip_grad_norm(self.trainer_cfg.grad_clip)
             self.optimizer.step_with_ready_grads()
         self.step += 1
         return grad_norm
@@ -201,10 +204,11 @@ class MegatronStrategy(TrainingStrategy):
         return results
 
     def current_lr(self) -> float:
-        return self.optimizer_cfg.lr * self._lr_multiplier(max(self.step - 1, 0))
+        """The lr of the next optimizer step (what LambdaLR reports for the FSDP strategies)."""
+        return self.optimizer_cfg.lr * self._lr_multiplier(self.step)
 
     def _set_lr(self) -> None:
-        lr = self.optimizer_cfg.lr * self._lr_multiplier(self.step)
+        lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import yaml
 
@@ -73,3 +74,21 @@ def launch(cfg: dict, path: str, *overrides: str, timeout_s: float = 600) -> sub
 def read_metrics(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def wait_for_port_file(
+    port_file: str, proc: subprocess.Popen, what: str, timeout_s: float = 120, log_file: str | None = None
+) -> str:
+    """The address a `rollout serve` / `trainer serve` process writes to its --port-file once it
+    listens. Fails (killing the process, with its log tail when given) if it exits first or does not
+    start within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(port_file):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            rc = proc.poll()
+            proc.kill()
+            log = open(log_file).read()[-6000:] if log_file and os.path.exists(log_file) else ""
+            raise AssertionError(f"{what} did not start within {timeout_s:.0f} s (exit code {rc})\n{log}")
+        time.sleep(0.2)
+    with open(port_file) as f:
+        return f.read().strip()

@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import yaml
 
 from rlcore.client import ClientOptions, RunClient
-from tests.integration.launch_utils import REPO, launch, read_metrics, tiny_grpo_config
+from tests.integration.launch_utils import REPO, launch, read_metrics, tiny_grpo_config, wait_for_port_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -105,12 +104,7 @@ def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> No
         cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while not os.path.isfile(port_file):
-            assert server.poll() is None and time.monotonic() < deadline, "trainer did not start"
-            time.sleep(0.5)
-        with open(port_file) as f:
-            address = f.read().strip()
+        address = wait_for_port_file(port_file, server, "trainer")
         cfg = tiny_grpo_config(root, **{"buffer.total_steps": 3, "trainer.remote": address})
         monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
         proc = launch(cfg, os.path.join(root, "cfg.yaml"))
@@ -134,12 +128,7 @@ def test_launch_uses_endpoints_listed_in_the_config(tmp_path, monkeypatch, tiny_
         cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while not os.path.isfile(port_file):
-            assert worker.poll() is None and time.monotonic() < deadline, "worker did not start"
-            time.sleep(0.5)
-        with open(port_file) as f:
-            address = f.read().strip()
+        address = wait_for_port_file(port_file, worker, "worker")
         cfg = tiny_grpo_config(
             root, **{"buffer.total_steps": 2, "explorer.rollout_model.endpoints": [address]}
         )

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from rlcore.client import ClientOptions, RolloutClient
 from rlcore.core.types import SamplingParams, Task, WorkflowSpec
 
-from .launch_utils import REPO
+from .launch_utils import REPO, wait_for_port_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -59,15 +58,10 @@ def worker(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> It
             _serve_cmd(tiny_model_path, "--port", "0", "--port-file", str(port_file)),
             cwd=REPO, env=env, stdout=out, stderr=err,
         )  # fmt: skip
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(
-                f"rollout worker did not start (rc {proc.poll()}):\n{(log_dir / 'stderr').read_text()}"
-            )
-        time.sleep(0.2)
-    w = Worker(proc, port_file.read_text().strip(), tiny_model_path, log_dir)
+    address = wait_for_port_file(
+        str(port_file), proc, "rollout worker", START_TIMEOUT_S, log_file=str(log_dir / "stderr")
+    )
+    w = Worker(proc, address, tiny_model_path, log_dir)
     yield w
     if proc.poll() is None:
         proc.kill()

@@ -19,7 +19,7 @@ from rlcore.client.rollout import RolloutClient
 from rlcore.client.trainer import TrainerClient, TrainSequence
 from rlcore.core.types import Experience, SamplingParams
 
-from .launch_utils import REPO, tiny_grpo_config
+from .launch_utils import REPO, tiny_grpo_config, wait_for_port_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -33,13 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     cmd = [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "2", "--device", "cpu",
            "--threads", "1", "--port", "0", "--port-file", port_file, "--token-env", TOKEN_ENV]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **{TOKEN_ENV: TOKEN}))
-    deadline = time.monotonic() + 120
-    while not os.path.exists(port_file):
-        assert proc.poll() is None, f"trainer serve exited with {proc.returncode} before serving"
-        assert time.monotonic() < deadline, "trainer serve did not write its port file within 120 s"
-        time.sleep(0.2)
-    with open(port_file) as f:
-        address = f.read()
+    address = wait_for_port_file(port_file, proc, "trainer serve")
     yield proc, address
     if proc.poll() is None:  # test_sigterm did not run (or failed)
         proc.kill()
@@ -235,13 +229,7 @@ def rollout_worker(tiny_model_path, tmp_path):
            "--device", "cpu", "--threads", "1", "--port", "0", "--port-file", port_file,
            "--token-env", TOKEN_ENV]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **{TOKEN_ENV: TOKEN}))
-    deadline = time.monotonic() + 120
-    while not os.path.exists(port_file):
-        assert proc.poll() is None, f"rollout serve exited with {proc.returncode} before serving"
-        assert time.monotonic() < deadline, "rollout serve did not write its port file within 120 s"
-        time.sleep(0.2)
-    with open(port_file) as f:
-        address = f.read()
+    address = wait_for_port_file(port_file, proc, "rollout serve")
     yield address
     proc.send_signal(signal.SIGTERM)
     try:
