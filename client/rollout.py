@@ -111,12 +111,18 @@ def init_weight_sync_request(
 
 
 def begin_weight_update_request(
-    policy_version: int, specs: Sequence[TensorSpec], bucket_bytes: int
+    policy_version: int,
+    specs: Sequence[TensorSpec],
+    bucket_bytes: int,
+    checksums: bool = False,
+    checkpoint_path: str = "",
 ) -> rollout_pb2.BeginWeightUpdateRequest:
     return rollout_pb2.BeginWeightUpdateRequest(
         policy_version=policy_version,
         tensors=[common_pb2.TensorMeta(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in specs],
         bucket_bytes=bucket_bytes,
+        checksums=checksums,
+        checkpoint_path=checkpoint_path,
     )
 
 
@@ -171,7 +177,8 @@ class RolloutClient(BlockingClient):
         group_name: str,
         timeout: float | None = None,
     ) -> int:
-        """Join the weight-sync group (returns once it formed); answers the rank held."""
+        """Join the weight-sync group at first rank `rank` (returns once it formed); answers the
+        first rank held."""
         request = init_weight_sync_request(
             master_address, master_port, world_size, rank, backend, timeout_s, group_name
         )
@@ -183,9 +190,13 @@ class RolloutClient(BlockingClient):
         specs: Sequence[TensorSpec],
         bucket_bytes: int,
         timeout: float | None = None,
+        *,
+        checksums: bool = False,
+        checkpoint_path: str = "",
     ) -> int:
-        """Announce a version; the worker starts receiving at once. Answers the buckets it expects."""
-        request = begin_weight_update_request(policy_version, specs, bucket_bytes)
+        """Announce a version; the worker starts receiving at once (or loading `checkpoint_path`).
+        Answers the buckets it expects."""
+        request = begin_weight_update_request(policy_version, specs, bucket_bytes, checksums, checkpoint_path)
         return self._unary("BeginWeightUpdate", request, timeout).num_buckets
 
     def finish_weight_update(
@@ -253,8 +264,11 @@ class AsyncRolloutClient(AsyncClient):
         specs: Sequence[TensorSpec],
         bucket_bytes: int,
         timeout: float | None = None,
+        *,
+        checksums: bool = False,
+        checkpoint_path: str = "",
     ) -> int:
-        request = begin_weight_update_request(policy_version, specs, bucket_bytes)
+        request = begin_weight_update_request(policy_version, specs, bucket_bytes, checksums, checkpoint_path)
         return (await self._unary("BeginWeightUpdate", request, timeout)).num_buckets
 
     async def finish_weight_update(

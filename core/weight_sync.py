@@ -1,10 +1,15 @@
 """Weights from a trainer rank to rollout workers: metadata over gRPC, bytes over a process group.
 
-    trainer rank 0 (group rank 0)                 rollout worker i (group rank i + 1)
-    InitWeightSync(store address, world, rank) -> joins the group (once)
+    trainer rank 0 (group rank 0)                 rollout worker i (group ranks r_i .. r_i + n_i - 1)
+    InitWeightSync(store address, world, r_i)  -> its n_i engine processes join the group (once)
     BeginWeightUpdate(version, specs, bucket)  -> starts receiving in a thread, answers at once
     broadcast bucket 0 .. k-1                  -> unpacks each bucket into the engine's load_weights
     FinishWeightUpdate(version)                -> waits for the load, answers the version it serves
+
+n_i is the worker's weight_sync_ranks: 1 for the embedded HF engine (its server process receives),
+the tensor-parallel size for vLLM (each vLLM worker process receives every bucket itself and loads
+its shard). With checksums each bucket carries a CRC-32 trailer, checked on every receiving rank
+before anything is loaded.
 
 The group is standalone (its own TCP store and ProcessGroupGloo / ProcessGroupNCCL), never the
 trainer's default group, so workers can join and leave without touching the trainer world. Tensors
@@ -17,6 +22,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -112,13 +118,42 @@ def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
-def _layout(specs: list[TensorSpec], bucket: list[int]) -> tuple[list[int], int]:
-    """Byte offset of each tensor of a bucket and the bucket's total size."""
+def _layout(specs: list[TensorSpec], bucket: list[int], checksums: bool) -> tuple[list[int], int]:
+    """Byte offset of each tensor of a bucket and the bucket's total size (with its checksum
+    trailer when `checksums`)."""
     offsets, size = [], 0
     for i in bucket:
         offsets.append(size)
         size += _aligned(specs[i].nbytes)
-    return offsets, size
+    return offsets, size + (_ALIGN if checksums else 0)
+
+
+def bucket_checksum(payload: torch.Tensor) -> int:
+    """CRC-32 of a byte tensor (copied to the host first when it lives on a GPU)."""
+    host = payload if payload.device.type == "cpu" else payload.cpu()
+    return zlib.crc32(host.numpy().data)
+
+
+def _seal(buf: torch.Tensor) -> None:
+    """Write the payload's checksum into the bucket's trailer."""
+    crc = torch.tensor([bucket_checksum(buf[:-_ALIGN])], dtype=torch.int64)
+    buf[-_ALIGN : -_ALIGN + 8].copy_(crc.view(torch.uint8))
+
+
+def _checksum_ok(buf: torch.Tensor) -> bool:
+    stored = int(buf[-_ALIGN : -_ALIGN + 8].cpu().view(torch.int64)[0])
+    return stored == bucket_checksum(buf[:-_ALIGN])
+
+
+class WeightCorruption(RuntimeError):
+    """Received buckets failed their checksums; nothing was loaded."""
+
+    def __init__(self, version: int, bad: list[tuple[int, str, str]], num_buckets: int):
+        self.bad = bad
+        names = "; ".join(f"bucket {b} ({first} .. {last})" for b, first, last in bad)
+        super().__init__(
+            f"version {version}: {len(bad)} of {num_buckets} bucket(s) failed their checksum: {names}"
+        )
 
 
 class SyncGroup:
@@ -131,11 +166,15 @@ class SyncGroup:
             torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         )
 
-    def broadcast(self, buf: torch.Tensor) -> None:
+    def broadcast_async(self, buf: torch.Tensor) -> Any:
+        """Start broadcasting `buf` from rank 0; returns the work to wait() on."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
-        self.pg.broadcast([buf], opts).wait()
+        return self.pg.broadcast([buf], opts)
+
+    def broadcast(self, buf: torch.Tensor) -> None:
+        self.broadcast_async(buf).wait()
 
 
 def init_group(
@@ -169,40 +208,120 @@ def init_group(
     return group
 
 
-def receive_weights(
-    group: SyncGroup, specs: list[TensorSpec], bucket_bytes: int, device: str, stats: dict[str, float]
+def _tensors(
+    specs: list[TensorSpec], bucket: list[int], offsets: list[int], buf: torch.Tensor, device: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Receive every bucket from rank 0 and yield (name, tensor) views into it, bucket by bucket.
-    Fills stats: num_bytes, receive_s (time blocked in the group)."""
-    stats["num_bytes"] = stats["receive_s"] = 0.0
-    for bucket in plan_buckets(specs, bucket_bytes):
-        offsets, size = _layout(specs, bucket)
-        buf = torch.empty(size, dtype=torch.uint8, device=group.device)
+    if buf.device != torch.device(device):
+        buf = buf.to(device)
+    for i, off in zip(bucket, offsets, strict=True):
+        spec = specs[i]
+        yield spec.name, buf[off : off + spec.nbytes].view(DTYPES[spec.dtype]).view(spec.shape)
+
+
+def receive_weights(
+    group: SyncGroup,
+    specs: list[TensorSpec],
+    bucket_bytes: int,
+    device: str,
+    stats: dict[str, float],
+    *,
+    checksums: bool = False,
+    version: int = 0,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Receive every bucket from rank 0 and yield (name, tensor) views into it.
+
+    Without checksums each bucket is yielded as it arrives, while the next one is already being
+    received (two buckets in flight). With checksums every bucket is received and checked before
+    the first tensor is yielded, so a corrupted transfer raises WeightCorruption with nothing
+    loaded (at the cost of holding the whole model in received buckets).
+    Fills stats: num_bytes, receive_s (time blocked in the group), verified_buckets.
+    """
+    stats["num_bytes"] = stats["receive_s"] = stats["verified_buckets"] = 0.0
+    plan = plan_buckets(specs, bucket_bytes)
+    layouts = [_layout(specs, bucket, checksums) for bucket in plan]
+
+    def post(b: int) -> tuple[torch.Tensor, Any]:
+        buf = torch.empty(layouts[b][1], dtype=torch.uint8, device=group.device)
+        return buf, group.broadcast_async(buf)
+
+    def wait(b: int, pending: tuple[torch.Tensor, Any]) -> torch.Tensor:
+        buf, work = pending
         start = time.perf_counter()
-        group.broadcast(buf)
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"receiving bucket {b} of {len(plan)} ({buf.numel()} bytes) failed: {e}"
+            ) from e
         stats["receive_s"] += time.perf_counter() - start
-        stats["num_bytes"] += size
-        if buf.device != torch.device(device):
-            buf = buf.to(device)
-        for i, off in zip(bucket, offsets, strict=True):
-            spec = specs[i]
-            yield spec.name, buf[off : off + spec.nbytes].view(DTYPES[spec.dtype]).view(spec.shape)
+        stats["num_bytes"] += buf.numel()
+        return buf
+
+    if checksums:
+        received = []
+        for b in range(len(plan)):
+            received.append(wait(b, post(b)))
+        bad = [
+            (b, specs[plan[b][0]].name, specs[plan[b][-1]].name)
+            for b, buf in enumerate(received)
+            if not _checksum_ok(buf)
+        ]
+        stats["verified_buckets"] = float(len(plan))
+        if bad:
+            raise WeightCorruption(version, bad, len(plan))
+        for b, buf in enumerate(received):
+            yield from _tensors(specs, plan[b], layouts[b][0], buf, device)
+        return
+
+    pending = post(0) if plan else None
+    for b in range(len(plan)):
+        assert pending is not None
+        buf = wait(b, pending)
+        pending = post(b + 1) if b + 1 < len(plan) else None  # overlaps the caller's load of bucket b
+        yield from _tensors(specs, plan[b], layouts[b][0], buf, device)
 
 
 def send_weights(
-    group: SyncGroup, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+    group: SyncGroup,
+    specs: list[TensorSpec],
+    weights: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int,
+    *,
+    checksums: bool = False,
 ) -> dict[str, float]:
-    """Pack `weights` (in `specs` order) into buckets and broadcast each one; returns num_bytes,
-    gather_s (waiting for the next tensor: the strategy's all-gather), send_s (in the group)."""
-    stats = {"num_bytes": 0.0, "gather_s": 0.0, "send_s": 0.0}
+    """Pack `weights` (in `specs` order) into buckets and broadcast each one, packing the next
+    bucket while the previous one is on the wire (two buffers). Returns num_bytes, gather_s
+    (waiting for the next tensor: the strategy's all-gather), pack_s (copying into buckets and
+    checksums), send_s (blocked in the group)."""
+    stats = {"num_bytes": 0.0, "gather_s": 0.0, "pack_s": 0.0, "send_s": 0.0}
+    plan = plan_buckets(specs, bucket_bytes)
     it = iter(weights)
-    for b, bucket in enumerate(plan_buckets(specs, bucket_bytes)):
-        offsets, size = _layout(specs, bucket)
-        buf = torch.empty(size, dtype=torch.uint8, device=group.device)
+    buffers: list[torch.Tensor] = []  # at most two, reused alternately
+    in_flight: tuple[int, torch.Tensor, Any] | None = None
+
+    def finish(flight: tuple[int, torch.Tensor, Any]) -> None:
+        b, buf, work = flight
+        start = time.perf_counter()
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise RuntimeError(f"sending bucket {b} of {len(plan)} ({buf.numel()} bytes) failed: {e}") from e
+        stats["send_s"] += time.perf_counter() - start
+        stats["num_bytes"] += buf.numel()
+
+    for b, bucket in enumerate(plan):
+        offsets, size = _layout(specs, bucket, checksums)
+        slot = b % 2
+        if len(buffers) <= slot:
+            buffers.append(torch.empty(0, dtype=torch.uint8, device=group.device))
+        if buffers[slot].numel() < size:
+            buffers[slot] = torch.empty(size, dtype=torch.uint8, device=group.device)
+        buf = buffers[slot][:size]
         for i, off in zip(bucket, offsets, strict=True):
             start = time.perf_counter()
             name, tensor = next(it)
-            stats["gather_s"] += time.perf_counter() - start
+            got = time.perf_counter()
+            stats["gather_s"] += got - start
             spec = specs[i]
             if (
                 name != spec.name
@@ -215,20 +334,29 @@ def send_weights(
                     f"iter_full_weights() disagree"
                 )
             buf[off : off + spec.nbytes].copy_(tensor.detach().contiguous().view(-1).view(torch.uint8))
-        start = time.perf_counter()
-        try:
-            group.broadcast(buf)
-        except RuntimeError as e:
-            raise RuntimeError(f"sending bucket {b} ({size} bytes) failed: {e}") from e
-        stats["send_s"] += time.perf_counter() - start
-        stats["num_bytes"] += size
+            stats["pack_s"] += time.perf_counter() - got
+        if checksums:
+            start = time.perf_counter()
+            _seal(buf)
+            stats["pack_s"] += time.perf_counter() - start
+        if in_flight is not None:
+            finish(in_flight)  # the other buffer is free again once its broadcast is done
+        in_flight = (b, buf, group.broadcast_async(buf))
+        # The slot packed next was sent two buckets ago: `finish` above already waited for it.
+    if in_flight is not None:
+        finish(in_flight)
     leftover = next(it, None)
     assert leftover is None, f"iter_full_weights yielded {leftover[0]} beyond the announced specs"
     return stats
 
 
 class WeightSender:
-    """Trainer rank 0's side: forms the group with the workers once, then pushes versions."""
+    """Trainer rank 0's side: forms the group with the workers once, then pushes versions.
+
+    Worker i takes `ranks[i]` consecutive group ranks (one per engine process that receives, e.g.
+    each tensor-parallel worker of a vLLM engine), after the ranks of the workers before it. Every
+    phase has a deadline of `timeout_s`; a missed one is an error naming the worker and the phase.
+    """
 
     def __init__(
         self,
@@ -238,18 +366,44 @@ class WeightSender:
         timeout_s: float,
         bucket_bytes: int,
         master_address: str = "127.0.0.1",
+        ranks: list[int] | None = None,
+        checksums: bool = False,
     ):
         assert clients, "no rollout workers to sync"
         self.clients = clients
         self.backend, self.timeout_s, self.bucket_bytes = backend, timeout_s, bucket_bytes
         self.master_address = master_address
+        self.ranks = ranks or [1] * len(clients)
+        assert len(self.ranks) == len(clients) and all(r >= 1 for r in self.ranks)
+        self.checksums = checksums
         self.group: SyncGroup | None = None
         self._pool = ThreadPoolExecutor(max_workers=len(clients))
+
+    def _results(self, futures: list[Any], phase: str, what: str) -> list[Any]:
+        """Each worker's answer, or an error naming the first worker that failed and the phase."""
+        from ..client.base import RpcError
+
+        out = []
+        for c, f in zip(self.clients, futures, strict=True):
+            try:
+                out.append(f.result(timeout=self.timeout_s + 5))
+            except (RpcError, TimeoutError) as e:
+                late = isinstance(e, TimeoutError) or e.code.name == "DEADLINE_EXCEEDED"
+                reason = (
+                    f"did not answer within {self.timeout_s:g} s (synchronizer.sync_timeout)"
+                    if late
+                    else str(e)
+                )
+                raise WeightSyncError(
+                    f"{what}: rollout worker {c.address} {reason} in phase {phase}: {e}"
+                ) from e
+        return out
 
     def _ensure_group(self) -> SyncGroup:
         if self.group is not None:
             return self.group
-        world = len(self.clients) + 1
+        world = sum(self.ranks) + 1
+        firsts = [1 + sum(self.ranks[:i]) for i in range(len(self.clients))]
         timeout = datetime.timedelta(seconds=self.timeout_s)
         store = dist.TCPStore(
             self.master_address, 0, world, is_master=True, timeout=timeout, wait_for_workers=False
@@ -261,13 +415,13 @@ class WeightSender:
                 self.master_address,
                 store.port,
                 world,
-                rank + 1,
+                first,
                 self.backend,
                 self.timeout_s,
                 name,
                 timeout=self.timeout_s,
             )  # fmt: skip
-            for rank, c in enumerate(self.clients)
+            for first, c in zip(firsts, self.clients, strict=True)
         ]
         try:
             group = init_group(
@@ -278,12 +432,13 @@ class WeightSender:
                 c.address for c, f in zip(self.clients, joins, strict=True) if f.done() and f.exception()
             ]
             reasons = "; ".join(str(f.exception()) for f in joins if f.done() and f.exception())
-            raise RuntimeError(
-                f"weight-sync group did not form within {self.timeout_s:g} s (synchronizer.sync_timeout); "
-                f"workers that failed to join: {', '.join(failed) or 'none reported'} {reasons} ({e})"
+            raise WeightSyncError(
+                f"weight-sync group did not form within {self.timeout_s:g} s (synchronizer.sync_timeout) "
+                f"in phase init; workers that failed to join: {', '.join(failed) or 'none reported'} "
+                f"{reasons} ({e})"
             ) from e
-        for c, f in zip(self.clients, joins, strict=True):
-            f.result(timeout=self.timeout_s)  # surfaces a worker's error, naming it through RpcError
+        self._results(joins, "init", "forming the weight-sync group")
+        for c in self.clients:
             log.info("weight-sync group formed with %s", c.address)
         self.group = group
         return group
@@ -293,38 +448,64 @@ class WeightSender:
     ) -> dict[str, float]:
         """Announce, broadcast and confirm one version on every worker; returns timings and bytes."""
         start = time.perf_counter()
+        what = f"weight sync of version {policy_version}"
         group = self._ensure_group()
         expected = len(plan_buckets(specs, self.bucket_bytes))
         begins = [
             self._pool.submit(
-                c.begin_weight_update, policy_version, specs, self.bucket_bytes, timeout=self.timeout_s
+                c.begin_weight_update,
+                policy_version,
+                specs,
+                self.bucket_bytes,
+                timeout=self.timeout_s,
+                checksums=self.checksums,
+            )  # fmt: skip
+            for c in self.clients
+        ]
+        for c, got in zip(self.clients, self._results(begins, "begin", what), strict=True):
+            assert got == expected, f"{c.address} plans {got} buckets, the sender {expected}"
+        try:
+            stats = send_weights(group, specs, weights, self.bucket_bytes, checksums=self.checksums)
+        except RuntimeError as e:
+            self.group = None  # the group is unusable after a failed collective; re-form next time
+            raise WeightSyncError(
+                f"{what} to {', '.join(c.address for c in self.clients)} failed in phase send "
+                f"(synchronizer.sync_timeout {self.timeout_s:g} s): {e}"
+            ) from e
+        stats.update(self._finish(policy_version, what))
+        stats["total_s"] = time.perf_counter() - start
+        return stats
+
+    def send_checkpoint(self, path: str, policy_version: int) -> dict[str, float]:
+        """Have every worker load the HF folder `path` as `policy_version` (sync_method checkpoint)."""
+        start = time.perf_counter()
+        what = f"checkpoint sync of version {policy_version} from {path}"
+        begins = [
+            self._pool.submit(
+                c.begin_weight_update, policy_version, [], 0, timeout=self.timeout_s, checkpoint_path=path
             )
             for c in self.clients
         ]
-        for c, f in zip(self.clients, begins, strict=True):
-            got = f.result()
-            assert got == expected, f"{c.address} plans {got} buckets, the sender {expected}"
-        try:
-            stats = send_weights(group, specs, weights, self.bucket_bytes)
-        except RuntimeError as e:
-            self.group = None  # the group is unusable after a failed collective; re-form next time
-            raise RuntimeError(
-                f"weight sync of version {policy_version} to {', '.join(c.address for c in self.clients)} "
-                f"failed in phase send: {e}"
-            ) from e
+        self._results(begins, "begin", what)
+        stats = self._finish(policy_version, what)
+        stats["total_s"] = time.perf_counter() - start
+        return stats
+
+    def _finish(self, policy_version: int, what: str) -> dict[str, float]:
         finishes = [
             self._pool.submit(c.finish_weight_update, policy_version, timeout=self.timeout_s)
             for c in self.clients
         ]
         load_s = 0.0
-        for f in finishes:
-            answer = f.result()
+        for answer in self._results(finishes, "load", what):
             assert answer.policy_version == policy_version
             load_s = max(load_s, answer.load_s)
-        stats["load_s"] = load_s
-        stats["total_s"] = time.perf_counter() - start
-        return stats
+        return {"load_s": load_s}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self.group = None
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed or missed its deadline; the message names the worker and the phase."""

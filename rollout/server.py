@@ -82,12 +82,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.vocab_size = len(self.tokenizer)
         self.max_model_len: int = attrs.max_model_len
         self.max_batch_size: int = attrs.max_batch_size
-        self.device = str(getattr(engine, "device", "cpu"))
         self._engine_lock = threading.Lock()
         self.gate = GenerationGate()
         self._workflows: OrderedDict[tuple, SingleTurnWorkflow] = OrderedDict()
         self._workflows_lock = threading.Lock()
-        self.weights = WeightReceiver(engine, self._engine_lock, self.gate, self.device)
+        self.weights = WeightReceiver(engine, self._engine_lock, self.gate)
 
     # ------------------------------------------------------------------------------------------
     # generation
@@ -279,6 +278,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             max_batch_size=self.max_batch_size, policy_version=self.engine.policy_version, paused=paused,
             active_requests=active, completed_requests=completed, generated_tokens=tokens,
             vocab_size=self.vocab_size, worker_id=self.worker_id, max_message_bytes=self.max_message_bytes,
+            weight_sync_ranks=self.engine.weight_sync_ranks,
         )  # fmt: skip
 
     def Pause(self, request: rollout_pb2.PauseRequest, context: grpc.ServicerContext) -> Any:

@@ -1,9 +1,12 @@
 """A rollout worker's side of weight sync (InitWeightSync / BeginWeightUpdate / FinishWeightUpdate;
 the protocol is in rlcore.core.weight_sync).
 
-Begin closes the generation gate and starts a thread that waits for running generation, then
-receives the buckets and loads them into the engine under the engine lock; Finish joins it and
-reopens the gate. A failed update leaves the gate closed: the weights may be partly replaced.
+The engine owns the group membership and the receiving (the HF engine receives in this process, a
+vLLM engine in its worker processes); this class orchestrates: Begin closes the generation gate and
+starts a thread that waits for running generation, then receives and loads under the engine lock;
+Finish joins it and reopens the gate. A failed transfer leaves the gate closed (the weights may be
+partly replaced), except a checksum failure: nothing was loaded, so the worker keeps serving the
+last good version.
 """
 
 from __future__ import annotations
@@ -12,19 +15,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..core.rpc.errors import DeadlineExceeded, FailedPrecondition, ServiceError, require
-from ..core.weight_sync import (
-    SyncGroup,
-    TensorSpec,
-    init_group,
-    plan_buckets,
-    receive_weights,
-    specs_from_proto,
-)
+from ..core.rpc.errors import DataLoss, DeadlineExceeded, FailedPrecondition, ServiceError, require
+from ..core.weight_sync import TensorSpec, WeightCorruption, plan_buckets, specs_from_proto
 from ..proto.v1 import rollout_pb2
 from .engines.base import RolloutEngine
 from .gate import GenerationGate
@@ -43,12 +37,16 @@ class _Update:
     load_s: float = 0.0
     error: BaseException | None = None
 
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
 
 class WeightReceiver:
-    def __init__(self, engine: RolloutEngine, engine_lock: threading.Lock, gate: GenerationGate, device: str):
-        self.engine, self.engine_lock, self.gate, self.device = engine, engine_lock, gate, device
+    def __init__(self, engine: RolloutEngine, engine_lock: threading.Lock, gate: GenerationGate):
+        self.engine, self.engine_lock, self.gate = engine, engine_lock, gate
         self._lock = threading.Lock()
-        self._group: SyncGroup | None = None
+        self._joined = False
+        self._timeout_s = 600.0
         self._update: _Update | None = None
 
     def open_gate(self) -> None:
@@ -62,12 +60,19 @@ class WeightReceiver:
             self.gate.open()
 
     def init(self, r: rollout_pb2.InitWeightSyncRequest) -> rollout_pb2.InitWeightSyncResponse:
+        n = self.engine.weight_sync_ranks
         require(bool(r.master_address), "master_address", "must be non-empty")
         require(1 <= r.master_port <= 65535, "master_port", f"must be in 1..65535; got {r.master_port}")
         require(
-            r.world_size >= 2, "world_size", f"must be >= 2 (a sender and this worker); got {r.world_size}"
+            r.world_size >= 1 + n,
+            "world_size",
+            f"must be >= {1 + n} (a sender and this worker's {n} rank(s)); got {r.world_size}",
         )
-        require(1 <= r.rank < r.world_size, "rank", f"must be in 1..{r.world_size - 1}; got {r.rank}")
+        require(
+            1 <= r.rank <= r.world_size - n,
+            "rank",
+            f"must be in 1..{r.world_size - n} (this worker takes {n} rank(s) from it); got {r.rank}",
+        )
         require(r.backend in ("gloo", "nccl"), "backend", f"must be gloo or nccl; got '{r.backend}'")
         require(
             math.isfinite(r.timeout_s) and r.timeout_s > 0, "timeout_s", f"must be > 0; got {r.timeout_s}"
@@ -75,20 +80,21 @@ class WeightReceiver:
         require(bool(r.group_name), "group_name", "must be non-empty")
         with self._lock:
             self._check_no_running_update()
-            # A new group replaces the old one (the sender re-forms it after a failed collective).
-            self._group = None
+            self._joined = False  # a new group replaces the old one (re-formed after a failure)
         try:  # outside the lock: forming the group blocks until the sender joins
-            group = init_group(
-                r.master_address, r.master_port, r.world_size, r.rank, r.backend, r.timeout_s, r.group_name
-            )
-        except RuntimeError as e:
+            with self.engine_lock:
+                self.engine.join_weight_sync(
+                    r.master_address, r.master_port, r.world_size, r.rank, r.backend, r.timeout_s,
+                    r.group_name,
+                )  # fmt: skip
+        except (RuntimeError, TimeoutError) as e:
             raise DeadlineExceeded(
                 f"weight-sync group '{r.group_name}' at {r.master_address}:{r.master_port} did not form "
                 f"within {r.timeout_s:g} s: {e}"
             ) from None
         with self._lock:
-            self._group = group
-        return rollout_pb2.InitWeightSyncResponse(rank=r.rank)
+            self._joined, self._timeout_s = True, r.timeout_s
+        return rollout_pb2.InitWeightSyncResponse(rank=r.rank, num_ranks=n)
 
     def _check_no_running_update(self) -> None:
         """Refuse while an update thread runs; forget a finished one nobody collected (the sender
@@ -106,9 +112,6 @@ class WeightReceiver:
 
     def begin(self, request: rollout_pb2.BeginWeightUpdateRequest) -> rollout_pb2.BeginWeightUpdateResponse:
         with self._lock:
-            group = self._group
-            if group is None:
-                raise FailedPrecondition("no weight-sync group: call InitWeightSync first")
             self._check_no_running_update()
             current = self.engine.policy_version
             require(
@@ -116,40 +119,59 @@ class WeightReceiver:
                 "policy_version",
                 f"must be greater than the version served now ({current}); got {request.policy_version}",
             )
-            specs = specs_from_proto(request.tensors, "tensors")
-            require(request.bucket_bytes > 0, "bucket_bytes", f"must be > 0; got {request.bucket_bytes}")
-            num_buckets = len(plan_buckets(specs, request.bucket_bytes))
-            self.gate.close()
             update = _Update(request.policy_version)
+            if request.checkpoint_path:
+                num_buckets = 0
+                target, args = self._load_checkpoint, (update, request.checkpoint_path)
+            else:
+                if not self._joined:
+                    raise FailedPrecondition("no weight-sync group: call InitWeightSync first")
+                specs = specs_from_proto(request.tensors, "tensors")
+                require(request.bucket_bytes > 0, "bucket_bytes", f"must be > 0; got {request.bucket_bytes}")
+                num_buckets = len(plan_buckets(specs, request.bucket_bytes))
+                target = self._receive_and_load  # type: ignore[assignment]
+                args = (update, specs, request.bucket_bytes, request.checksums)  # type: ignore[assignment]
+            self.gate.close()
             update.thread = threading.Thread(
-                target=self._receive_and_load,
-                args=(update, group, specs, request.bucket_bytes),
-                name=f"weight-update-v{request.policy_version}",
-                daemon=True,
+                target=target, args=args, name=f"weight-update-v{request.policy_version}", daemon=True
             )
             self._update = update
             update.thread.start()
         return rollout_pb2.BeginWeightUpdateResponse(num_buckets=num_buckets)
 
     def _receive_and_load(
-        self, update: _Update, group: SyncGroup, specs: list[TensorSpec], bucket_bytes: int
+        self, update: _Update, specs: list[TensorSpec], bucket_bytes: int, checksums: bool
     ) -> None:
         try:
             self.gate.wait_idle()
             with self.engine_lock:
+                update.phase = "receiving"
                 start = time.perf_counter()
-                weights = receive_weights(group, specs, bucket_bytes, self.device, update.stats)
-                self.engine.load_weights(_tracked(update, weights), update.version)
+                self.engine.receive_weights(
+                    specs, bucket_bytes, update.version, checksums=checksums, stats=update.stats,
+                    on_phase=update.set_phase,
+                )  # fmt: skip
                 update.load_s = time.perf_counter() - start - update.stats.get("receive_s", 0.0)
         except BaseException as e:  # reported by FinishWeightUpdate
+            update.error = e
+
+    def _load_checkpoint(self, update: _Update, path: str) -> None:
+        try:
+            self.gate.wait_idle()
+            with self.engine_lock:
+                update.phase = f"loading {path}"
+                start = time.perf_counter()
+                self.engine.load_checkpoint(path, update.version)
+                update.load_s = time.perf_counter() - start
+        except BaseException as e:
             update.error = e
 
     def finish(
         self, request: rollout_pb2.FinishWeightUpdateRequest
     ) -> rollout_pb2.FinishWeightUpdateResponse:
         with self._lock:
-            update, group = self._update, self._group
-            if update is None or group is None:
+            update = self._update
+            if update is None:
                 raise FailedPrecondition("no weight update is pending: call BeginWeightUpdate first")
             require(
                 request.policy_version == update.version,
@@ -157,17 +179,26 @@ class WeightReceiver:
                 f"must be {update.version}, the version BeginWeightUpdate announced; got {request.policy_version}",
             )
         assert update.thread is not None
-        update.thread.join(timeout=group.timeout_s)
+        update.thread.join(timeout=self._timeout_s)
         what = f"weight update to version {update.version}"
         if update.thread.is_alive():
             raise DeadlineExceeded(
-                f"{what} did not finish within {group.timeout_s:g} s (phase: {update.phase}); the worker "
+                f"{what} did not finish within {self._timeout_s:g} s (phase: {update.phase}); the worker "
                 f"stays paused serving version {self.engine.policy_version}"
             )
         with self._lock:
             if self._update is not update:
                 raise FailedPrecondition(f"{what} was already finished by another call")
             self._update = None
+        if isinstance(update.error, WeightCorruption):
+            # Nothing was loaded: keep serving the last good version.
+            self.gate.open()
+            self.engine.resume()
+            log.error("%s rejected: %s", what, update.error)
+            raise DataLoss(
+                f"{what} rejected, nothing loaded: {update.error}; the worker keeps serving version "
+                f"{self.engine.policy_version}"
+            )
         if update.error is not None:
             raise ServiceError(
                 f"{what} failed while {update.phase}: {type(update.error).__name__}: {update.error}; the worker "
@@ -178,19 +209,8 @@ class WeightReceiver:
         self.engine.resume()
         return rollout_pb2.FinishWeightUpdateResponse(
             policy_version=update.version,
-            num_bytes=int(update.stats["num_bytes"]),
-            receive_s=update.stats["receive_s"],
+            num_bytes=int(update.stats.get("num_bytes", 0)),
+            receive_s=update.stats.get("receive_s", 0.0),
             load_s=update.load_s,
+            verified_buckets=int(update.stats.get("verified_buckets", 0)),
         )
-
-
-def _tracked(update: _Update, weights: Iterator[Any]) -> Iterator[Any]:
-    """Pass `weights` through, recording whether the update is receiving or loading."""
-    while True:
-        update.phase = "receiving"
-        try:
-            item = next(weights)
-        except StopIteration:
-            return
-        update.phase = "loading"
-        yield item

@@ -45,6 +45,12 @@ class DeadlineExceeded(ServiceError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class DataLoss(ServiceError):
+    """Data arrived damaged (e.g. a weight bucket failed its checksum)."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
 def require(condition: bool, field: str, problem: str) -> None:
     """Raise InvalidArgument(field, problem) unless `condition` holds."""
     if not condition:

