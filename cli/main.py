@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=1024, help="longest prompt + response in tokens")
     serve.add_argument("--max-batch-size", type=int, default=256, help="sequences per engine call")
     serve.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="GPUs one vLLM engine spans (vllm only)"
+    )
+    serve.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of GPU memory vLLM may take (vllm only)",
+    )
+    serve.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (vllm only)")
+    serve.add_argument("--seed", type=int, default=0, help="engine seed (vllm)")
+    serve.add_argument(
         "--threads", type=int, default=0, help="CPU threads for the engine (0: torch's default)"
     )
     serve.add_argument(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from ..client.base import ClientOptions, RpcError
-from ..rollout.engines import ENGINES
+from ..rollout.engines import build_engine
 from ..rollout.rewards.compose import build_reward
 from ..rollout.workflows.single_turn import SingleTurnWorkflow
 from .config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
@@ -64,11 +65,14 @@ class LocalRollout:
         dtype = (
             cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
         )
-        self.engine = ENGINES.resolve(rm.engine_type)(
-            model_path, device=device, dtype=dtype, max_model_len=cfg.model.max_model_len,
-            max_batch_size=rm.max_batch_size,
+        self.engine = build_engine(
+            rm.engine_type, model_path, device=device, dtype=dtype, max_model_len=cfg.model.max_model_len,
+            max_batch_size=rm.max_batch_size, gpu_memory_utilization=rm.gpu_memory_utilization,
+            enforce_eager=rm.enforce_eager, enable_sleep_mode=rm.enable_sleep_mode, in_process=True,
+            seed=cfg.seed,
         )  # fmt: skip
         self._workflows: dict[str, SingleTurnWorkflow] = {}
+        self.sleeps = rm.enable_sleep_mode
 
     def run(
         self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
@@ -80,15 +84,33 @@ class LocalRollout:
                 max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
                 chat_template=spec.chat_template, system_prompt=spec.system_prompt,
             )  # fmt: skip
-        return self._workflows[key].run(tasks, sampling, self.engine.policy_version)
+        if self.sleeps and self.engine.sleeping:
+            self.engine.wake_up()
+        experiences = self._workflows[key].run(tasks, sampling, self.engine.policy_version)
+        if self.sleeps:  # the trainer gets the GPU until the next weight load
+            self.engine.sleep()
+        return experiences
 
     def load_weights(
         self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> dict[str, float]:
         self.engine.pause()
+        if self.sleeps:  # the weights come back first, the KV cache once they are loaded
+            self.engine.wake_up(["weights"])
         self.engine.load_weights(weights, version)
+        if self.sleeps:
+            self.engine.wake_up(["kv_cache"])
         self.engine.resume()
         return {}
+
+    def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
+        (c,) = self._generate_awake([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
+        return [("in-process", c.token_ids, c.logprobs)]
+
+    def _generate_awake(self, prompts: list[list[int]], sampling: SamplingParams) -> Any:
+        if self.sleeps and self.engine.sleeping:
+            self.engine.wake_up()
+        return self.engine.generate(prompts, sampling)
 
     def close(self) -> None:
         self.engine.close()
@@ -122,6 +144,8 @@ class RemoteRollout:
             timeout_s=cfg.synchronizer.sync_timeout,
             bucket_bytes=cfg.synchronizer.bucket_mb << 20,
             master_address=master_address,
+            ranks=[max(1, info.weight_sync_ranks) for info in infos],
+            checksums=cfg.synchronizer.checksums,
         )
         self._pool = ThreadPoolExecutor(max_workers=len(self.clients))
         log.info("exploring on %d rollout worker(s): %s", len(endpoints), ", ".join(endpoints))
@@ -156,6 +180,18 @@ class RemoteRollout:
         self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> dict[str, float]:
         return self.sender.send(specs, weights, self.base + version)
+
+    def load_checkpoint(self, path: str, version: int) -> dict[str, float]:
+        return self.sender.send_checkpoint(os.path.abspath(path), self.base + version)
+
+    def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
+        """Greedy decode of `prompt` on every worker: (address, tokens, log-probs) each."""
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        out = []
+        for c in self.clients:
+            (completion,) = c.generate([prompt], sampling).completions[0]
+            out.append((c.address, completion.token_ids, completion.logprobs))
+        return out
 
     def close(self) -> None:
         self.sender.close()
@@ -227,6 +263,15 @@ class Explorer:
         self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> dict[str, float]:
         return self.rollout.load_weights(specs, weights, version)
+
+    def load_checkpoint(self, path: str, version: int) -> dict[str, float]:
+        """Have the rollout workers load an HF folder as `version` (synchronizer.sync_method checkpoint)."""
+        assert self.remote, "sync_method checkpoint needs rollout workers (mode both)"
+        return self.rollout.load_checkpoint(path, version)
+
+    def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
+        """Each engine's greedy tokens and log-probs for `prompt` (the sync probe)."""
+        return self.rollout.probe(prompt, max_tokens)
 
     def close(self) -> None:
         self.rollout.close()

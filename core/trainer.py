@@ -4,7 +4,7 @@
         experiences = explore(tasks)              rank 0's engine; broadcast to all ranks
         ref / old log-probs, KL-in-reward, GRPO advantages
         for each mini-batch: forward_backward + optimizer_step
-        sync weights to the engine, evaluate, checkpoint, log
+        sync weights to the engines (core/synchronizer.py), evaluate, checkpoint, log
 
 SFT stages skip exploration and train on the taskset's reference responses.
 """
@@ -27,9 +27,8 @@ from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_c
 from .config import RLCoreConfig, Stage
 from .data.taskset import TaskStream, load_tasks
 from .hf_export import export_hf
+from .synchronizer import Synchronizer
 from .types import Experience, Task
-from .watchdog import deadline
-from .weight_sync import spec_of
 
 log = logging.getLogger("rlcore.trainer")
 
@@ -101,6 +100,15 @@ class StageTrainer:
         # Separate rollout workers hold whatever weights they started with: push ours first.
         self.sync_on_start = with_explorer and cfg.mode == "both"
         self.state = TrainerState()
+        probe_prompt = (
+            self.prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
+            if self.stream is not None
+            else [self.tokenizer.bos_token_id or 0]
+        )
+        self.synchronizer = Synchronizer(
+            cfg, self.strategy, self.explorer, stage_dir, model_path, probe_prompt,
+            self.tokenizer.pad_token_id, device,
+        )  # fmt: skip
         self._last_saved = 0  # global step of the newest checkpoint
         self.monitor = None
         self.reporter = None  # RunReporter on rank 0 when the run has a controller
@@ -175,10 +183,14 @@ class StageTrainer:
         return metrics
 
     def rl_step(self, tasks: list[Task]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.synchronizer.due_before_explore(self.state):
+            metrics.update(self._sync())
         t0 = time.perf_counter()
-        exps = self._explore(tasks)
+        exps = self.synchronizer.drop_stale(self._explore(tasks), self.state.global_step, metrics)
         t_gen = time.perf_counter() - t0
-        metrics = self.train_experiences(exps)
+        if exps:
+            metrics.update(self.train_experiences(exps))
         metrics["perf/generate_s"] = t_gen
         return metrics
 
@@ -272,32 +284,15 @@ class StageTrainer:
         return metrics
 
     def _sync(self) -> dict[str, float]:
-        stats: dict[str, float] = {}
-        with deadline(self.cfg.synchronizer.sync_timeout, "a weight sync", "synchronizer.sync_timeout"):
-            weights = self.strategy.iter_full_weights()
-            if self.explorer is not None:
-                specs = [spec_of(*s) for s in self.strategy.weight_specs()]
-                stats = self.explorer.load_weights(specs, weights, self.state.global_step)
-            else:
-                for _ in weights:  # collective: every rank walks the iterator
-                    pass
+        metrics = self.synchronizer.sync(self.state.global_step)
         self.state.policy_version = self.state.global_step
-        return stats
+        return metrics
 
     def _maybe_sync(self, metrics: dict[str, float]) -> None:
-        sc = self.cfg.synchronizer
         if self.is_sft:  # the engine only serves evaluation, which syncs on demand
             return
-        due = (
-            self.state.global_step >= sc.sync_offset
-            and self.state.global_step - self.state.policy_version >= sc.sync_interval
-        )
-        if due:
-            start = time.perf_counter()
-            stats = self._sync()
-            metrics["perf/sync_s"] = time.perf_counter() - start
-            if "num_bytes" in stats:
-                metrics["perf/sync_gb_per_s"] = stats["num_bytes"] / 1e9 / max(stats["total_s"], 1e-9)
+        if self.synchronizer.due_after_step(self.state):
+            metrics.update(self._sync())
 
     def explorer_due_eval(self, done: bool) -> bool:
         if not self.cfg.buffer.explorer_input.eval_tasksets:

@@ -56,12 +56,15 @@ def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, de
         options = ClientOptions(
             token=token, timeout=sc.sync_timeout, max_message_bytes=max_message_bytes, tls=tls
         )
+        clients = [RolloutClient(e, options) for e in endpoints]
         return WeightSender(
-            [RolloutClient(e, options) for e in endpoints],
+            clients,
             backend="nccl" if device == "cuda" else "gloo",
             timeout_s=sc.sync_timeout,
             bucket_bytes=sc.bucket_mb * MiB,
             master_address=master_address,
+            ranks=[max(1, c.get_info().weight_sync_ranks) for c in clients],
+            checksums=sc.checksums,
         )
 
     return make

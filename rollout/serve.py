@@ -36,24 +36,26 @@ def serve_main(args: argparse.Namespace) -> int:
         tls = tls_from_args(args)
     except ValueError as e:
         return usage_error(str(e))
-    for name in ("max_model_len", "max_batch_size", "max_message_mb"):
+    for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size"):
         if getattr(args, name) < 1:
             return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
 
     import torch
 
-    from .engines import ENGINES
+    from .engines import build_engine
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     try:
-        engine = ENGINES.resolve(args.engine)(
-            args.model, device=device, dtype=dtype, max_model_len=args.max_model_len,
-            max_batch_size=args.max_batch_size,
+        engine = build_engine(
+            args.engine, args.model, device=device, dtype=dtype, max_model_len=args.max_model_len,
+            max_batch_size=args.max_batch_size, tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+            seed=args.seed,
         )  # fmt: skip
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, ImportError) as e:
         return usage_error(f"cannot load --model {args.model} with the {args.engine} engine: {e}")
     options = ServerOptions(
         token=token, host=args.host, port=args.port, max_message_bytes=args.max_message_mb * MiB, tls=tls

@@ -243,8 +243,16 @@ class RolloutModelConfig:
     """Inference engine."""
     engine_num: int = bounded(1, ge=1)
     tensor_parallel_size: int = bounded(1, ge=1)
+    """GPUs one vLLM engine splits its model over (vllm only)."""
     max_batch_size: int = bounded(256, ge=1)
     """Sequences generated together in one engine call."""
+    gpu_memory_utilization: float = bounded(0.9, gt=0.0, le=1.0)
+    """Share of each GPU's memory vLLM may take for weights and KV cache (vllm on GPU)."""
+    enforce_eager: bool = False
+    """Run vLLM without CUDA graphs / torch.compile: slower decoding, faster start (always on CPU)."""
+    enable_sleep_mode: bool = False
+    """Mode colocate on one GPU: vLLM frees its KV cache and offloads its weights while the trainer
+    works, then wakes for the weight load and the next rollout (vllm on GPU)."""
     endpoints: list[str] = field(default_factory=list)
     """Rollout workers already running (host:port each, e.g. started with `rlcore rollout serve`);
     empty: `rlcore launch` starts `engine_num` workers on this machine. Mode both only."""
@@ -303,20 +311,36 @@ class TrainerConfig:
 
 @dataclass
 class SynchronizerConfig:
-    sync_method: str = choice("auto", ("auto", "nccl", "memory"))
+    sync_method: str = choice("auto", ("auto", "nccl", "checkpoint", "memory"))
     """How weights reach the engines: nccl (a process group between trainer rank 0 and the rollout
-    workers: NCCL on GPU, gloo on CPU), memory (engine in trainer rank 0's process, mode colocate),
-    auto (memory for colocate, nccl otherwise)."""
+    workers' engine processes: NCCL on GPU, gloo on CPU), checkpoint (rank 0 writes an HF folder
+    the workers load: a shared file system instead of a group), memory (engine in trainer rank 0's
+    process, mode colocate), auto (memory for colocate, nccl otherwise)."""
     bucket_mb: int = bounded(64, gt=0)
     """Weights are packed into buckets of this many MiB, one broadcast each."""
     sync_interval: int = bounded(1, ge=1)
-    """Sync after every N optimizer steps."""
+    """Sync after every N optimizer steps (sync_style fixed)."""
     sync_offset: int = bounded(0, ge=0)
     """Delay the first sync by this many steps."""
     sync_timeout: float = bounded(1200.0, gt=0.0)
-    """Seconds a sync may take before it is an error."""
-    sync_style: str = choice("fixed", ("fixed",))
-    """Who decides when to sync: fixed (every sync_interval steps)."""
+    """Seconds each phase of a sync (group forming, announce, transfer, load) may take before it is
+    an error naming the worker and the phase."""
+    sync_style: str = choice("fixed", ("fixed", "explorer_driven", "trainer_driven"))
+    """Who decides when to sync: fixed (every sync_interval steps after sync_offset),
+    trainer_driven (after every optimizer step: the engines never lag), explorer_driven (just
+    before the explorer would generate with weights older than max_staleness allows: the fewest
+    syncs)."""
+    max_staleness: int | None = bounded(None, ge=0)
+    """Train only on experiences at most this many policy versions older than the weights being
+    trained; older ones are dropped and counted (rollout/stale_dropped). None: no bound."""
+    checksums: bool = False
+    """Every bucket carries a CRC-32 that each engine checks before loading anything; a mismatch
+    fails the sync and the engine keeps its last good version (nccl only)."""
+    probe: bool = False
+    """After each sync, compare the engine's greedy log-probs on a fixed prompt with the trainer's."""
+    probe_tolerance: float = bounded(0.0, ge=0.0)
+    """Largest mean |log-prob difference| the probe accepts; 0: by dtype (1e-3 float32, 5e-2
+    bfloat16/float16)."""
 
 
 @dataclass

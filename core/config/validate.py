@@ -184,6 +184,60 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
             "synchronizer.sync_method memory needs the engine in the trainer's process (mode colocate); "
             "mode both uses nccl (or auto)"
         )
+    _check_engine_and_sync(cfg)
+
+
+def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
+    rm, sc = cfg.explorer.rollout_model, cfg.synchronizer
+    if rm.engine_type != "vllm":
+        for key, bad in (
+            ("tensor_parallel_size", rm.tensor_parallel_size != 1),
+            ("enable_sleep_mode", rm.enable_sleep_mode),
+        ):
+            if bad:
+                raise ConfigError(
+                    f"explorer.rollout_model.{key} applies to engine_type vllm only; got engine_type "
+                    f"{rm.engine_type}: set explorer.rollout_model.engine_type=vllm or drop it"
+                )
+    if rm.enable_sleep_mode and (cfg.mode != "colocate" or cfg.cluster.device == "cpu"):
+        raise ConfigError(
+            "explorer.rollout_model.enable_sleep_mode shares one GPU between trainer and engine: it needs "
+            f"mode colocate and cluster.device=cuda; got mode {cfg.mode}, cluster.device={cfg.cluster.device}"
+        )
+    if sc.sync_method == "checkpoint" and cfg.mode != "both":
+        raise ConfigError(
+            "synchronizer.sync_method checkpoint has separate rollout workers load an HF folder (mode both); "
+            f"got mode {cfg.mode}"
+        )
+    if sc.checksums and (cfg.mode != "both" or sc.sync_method not in ("auto", "nccl")):
+        raise ConfigError(
+            "synchronizer.checksums guard weights sent over a process group (mode both, sync_method "
+            f"nccl or auto); got mode {cfg.mode}, sync_method {sc.sync_method}"
+        )
+    if cfg.trainer.remote is not None:
+        extras = [
+            ("sync_style", sc.sync_style != "fixed"),
+            ("max_staleness", sc.max_staleness is not None),
+            ("probe", sc.probe),
+            ("sync_method checkpoint", sc.sync_method == "checkpoint"),
+        ]
+        unsupported = [name for name, used in extras if used]
+        if unsupported:
+            raise ConfigError(
+                f"synchronizer {', '.join(unsupported)} run in rlcore's own training loop; with trainer.remote "
+                "the run drives a TrainerService, which syncs with sync_style fixed over nccl only"
+            )
+    if sc.sync_style == "trainer_driven" and sc.sync_interval != 1:
+        raise ConfigError(
+            f"synchronizer.sync_style trainer_driven syncs after every step; sync_interval {sc.sync_interval} "
+            "applies to sync_style fixed only: drop it or use sync_style fixed"
+        )
+    if sc.max_staleness is not None and sc.sync_style == "fixed" and sc.max_staleness < sc.sync_interval - 1:
+        raise ConfigError(
+            f"synchronizer.max_staleness {sc.max_staleness} would drop every experience generated between "
+            f"syncs: sync_interval {sc.sync_interval} makes them up to {sc.sync_interval - 1} versions old; "
+            f"raise max_staleness to >= {sc.sync_interval - 1} or lower sync_interval"
+        )
 
 
 def _check_control(cfg: RLCoreConfig, check_paths: bool) -> None:

@@ -1,6 +1,13 @@
 """Inference engines behind the RolloutEngine interface (engines/base.py)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ...core.registry import Registry
+
+if TYPE_CHECKING:
+    from .base import RolloutEngine
 
 ENGINES = Registry(
     "explorer.rollout_model.engine_type",
@@ -9,3 +16,40 @@ ENGINES = Registry(
         "vllm": "rlcore.rollout.engines.vllm:VLLMEngine",
     },
 )
+
+
+def build_engine(
+    engine_type: str,
+    model_path: str,
+    *,
+    device: str,
+    dtype: str,
+    max_model_len: int,
+    max_batch_size: int,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    enforce_eager: bool = False,
+    enable_sleep_mode: bool = False,
+    in_process: bool = False,
+    seed: int = 0,
+) -> RolloutEngine:
+    """Construct the engine `engine_type` names; the vLLM-only options go to vLLM only (the HF
+    engine refuses a tensor-parallel size above 1)."""
+    cls = ENGINES.resolve(engine_type)
+    common = {
+        "device": device,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "max_batch_size": max_batch_size,
+    }
+    if engine_type != "vllm":
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size must be 1 for the {engine_type} engine; got {tensor_parallel_size}"
+            )
+        return cls(model_path, **common)
+    return cls(
+        model_path, **common, tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+        enable_sleep_mode=enable_sleep_mode, in_process=in_process, seed=seed,
+    )  # fmt: skip

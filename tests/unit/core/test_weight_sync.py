@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from rlcore.core.weight_sync import (
+    SyncGroup,
     TensorSpec,
+    WeightCorruption,
     init_group,
     plan_buckets,
     receive_weights,
@@ -89,3 +92,101 @@ def test_sender_refuses_weights_that_disagree_with_the_specs() -> None:
 
     with pytest.raises(RuntimeError, match="norm.weight bfloat16 .* announced spec is norm.weight float32"):
         send_weights(NoGroup(), specs, iter(weights), 1 << 20)  # type: ignore[arg-type]
+
+
+def _pair(name: str, timeout_s: float) -> tuple[SyncGroup, SyncGroup]:
+    """A sender group (rank 0) and a receiver group (rank 1) formed in this process."""
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))  # fmt: skip
+    box: list[SyncGroup] = []
+    thread = threading.Thread(
+        target=lambda: box.append(init_group("127.0.0.1", store.port, 2, 1, "gloo", timeout_s, name))
+    )
+    thread.start()
+    sender = init_group("127.0.0.1", store.port, 2, 0, "gloo", timeout_s, name, store=store)
+    thread.join(30)
+    return sender, box[0]
+
+
+def _transfer(
+    sender: SyncGroup,
+    receiver: SyncGroup,
+    specs: list[TensorSpec],
+    weights: list,
+    bucket: int,
+    checksums: bool,
+) -> tuple[list[tuple[str, torch.Tensor]], dict[str, float], list[BaseException]]:
+    received: list[tuple[str, torch.Tensor]] = []
+    stats: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for name, t in receive_weights(
+                receiver, specs, bucket, "cpu", stats, checksums=checksums, version=3
+            ):
+                received.append((name, t.clone()))
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    send_weights(sender, specs, iter(weights), bucket, checksums=checksums)
+    thread.join(30)
+    return received, stats, errors
+
+
+@pytest.mark.timeout(60)
+def test_checksummed_transfer_is_bit_exact_and_checks_every_bucket() -> None:
+    weights = _weights()
+    specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
+    sender, receiver = _pair("crc-ok", 30.0)
+    received, stats, errors = _transfer(sender, receiver, specs, weights, 1024, checksums=True)
+    assert not errors, errors
+    for (_, a), (_, b) in zip(received, weights, strict=True):
+        assert torch.equal(a, b)
+    assert stats["verified_buckets"] == len(plan_buckets(specs, 1024))
+
+
+@pytest.mark.timeout(60)
+def test_a_corrupted_bucket_is_detected_and_nothing_is_delivered() -> None:
+    weights = _weights()
+    specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
+    plan = plan_buckets(specs, 1024)
+    sender, receiver = _pair("crc-bad", 30.0)
+    real = sender.broadcast_async
+    sent = [0]
+
+    def flip_a_byte_of_bucket_1(buf: torch.Tensor):  # damage on the wire, after the checksum was sealed
+        if sent[0] == 1:
+            buf[3] ^= 0x10
+        sent[0] += 1
+        return real(buf)
+
+    sender.broadcast_async = flip_a_byte_of_bucket_1  # type: ignore[method-assign]
+    received, _, errors = _transfer(sender, receiver, specs, weights, 1024, checksums=True)
+    assert received == []  # the engine would have loaded nothing: it keeps its last good version
+    (error,) = errors
+    assert isinstance(error, WeightCorruption)
+    first, last = specs[plan[1][0]].name, specs[plan[1][-1]].name
+    assert error.bad == [(1, first, last)]
+    assert (
+        f"version 3: 1 of {len(plan)} bucket(s) failed their checksum: bucket 1 ({first} .. {last})"
+        in str(error)
+    )
+
+    # Without checksums the same damage goes through unnoticed: that is what the option is for.
+    sent[0] = 0
+    received, _, errors = _transfer(sender, receiver, specs, weights, 1024, checksums=False)
+    assert not errors and any(not torch.equal(a, b) for (_, a), (_, b) in zip(received, weights, strict=True))
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_receiver_becomes_an_error_within_the_group_timeout() -> None:
+    weights = _weights()
+    specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
+    sender, _receiver = _pair("stall", 2.0)  # the receiver joined, then never receives
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"sending bucket 0 of \d+ \(\d+ bytes\) failed: .*[Tt]imed out"):
+        send_weights(sender, specs, iter(weights), 1024)
+    assert time.perf_counter() - start < 2.0 + 3.0

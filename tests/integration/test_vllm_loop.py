@@ -1,0 +1,148 @@
+"""A GRPO run whose rollouts come from a vLLM engine in a separate rollout-worker process, weights
+synced after every step over a gloo group (checksums and the log-prob probe on).
+
+While the run trains, this process keeps asking the worker for greedy decodes of fixed prompts;
+every answer carries the policy version that produced it. Afterwards each version's greedy tokens
+are compared with HF `generate` on the HF export of the trainer step that version came from.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from rlcore.client import ClientOptions, RolloutClient
+from rlcore.core.types import SamplingParams
+
+from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config, wait_for_port_file
+from .vllm_support import require_vllm
+
+require_vllm()
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+TOKEN_ENV = "RLCORE_IT_VLLM_TOKEN"
+STEPS = 3
+PROMPTS = ["3+4=", "12+9=", "7+7="]
+
+
+def test_grpo_with_a_vllm_worker_synced_every_step_decodes_like_hf_with_the_trainers_weights(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{
+            "buffer.total_steps": STEPS,
+            "explorer.rollout_model.engine_type": "vllm",
+            "explorer.rollout_model.max_batch_size": 16,
+            "synchronizer.sync_interval": 1,
+            "synchronizer.checksums": True,
+            "synchronizer.probe": True,
+            "synchronizer.max_staleness": 0,
+            "trainer.save_interval": 1,
+            "trainer.save_hf_checkpoint": "always",
+        },
+    )
+    scratch = cfg["model"]["scratch"]
+    model_path = cfg["model"]["model_path"]
+    build_scratch_model(
+        model_path,
+        ScratchModelConfig(enabled=True, **scratch),
+        max_model_len=cfg["model"]["max_model_len"],
+        seed=7,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+
+    monkeypatch.setenv(TOKEN_ENV, "vllm-loop-secret")  # the worker and the launch read it
+    env = dict(os.environ)
+    port_file, log_file = os.path.join(root, "worker.address"), os.path.join(root, "worker.log")
+    with open(log_file, "w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", model_path, "--engine", "vllm",
+             "--max-model-len", str(cfg["model"]["max_model_len"]), "--max-batch-size", "16", "--threads", "1",
+             "--token-env", TOKEN_ENV, "--port", "0", "--port-file", port_file],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        address = wait_for_port_file(port_file, worker, "the vLLM rollout worker", 300, log_file)
+        client = RolloutClient(address, ClientOptions(token="vllm-loop-secret", timeout=120))
+        assert client.get_info().engine == "vllm" and client.get_info().weight_sync_ranks == 1
+
+        seen: dict[int, list[list[int]]] = {}  # worker version -> greedy tokens per prompt
+        stop = threading.Event()
+
+        def observe() -> None:
+            while not stop.is_set():
+                try:
+                    result = client.generate(prompts, greedy)
+                except Exception:  # paused for a weight update: ask again
+                    stop.wait(0.2)
+                    continue
+                seen.setdefault(result.policy_version, [c[0].token_ids for c in result.completions])
+
+        observer = threading.Thread(target=observe, daemon=True)
+        observer.start()
+        cfg["explorer"]["rollout_model"]["endpoints"] = [address]
+        cfg["control"] = {"token_env": TOKEN_ENV}
+        launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=700)
+        stop.set()
+        observer.join(60)
+        final = client.generate(prompts, greedy)
+        seen.setdefault(final.policy_version, [c[0].token_ids for c in final.completions])
+        client.close()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+
+    # The worker served version 0 (its own load), then base + step for each sync: base = 1 here,
+    # and the run syncs before step 1 (version 1 = the untrained weights) and after every step.
+    run_dir = os.path.join(root, "it", "run")
+    stage_dir = (
+        os.path.join(run_dir, "checkpoints")
+        if os.path.isdir(os.path.join(run_dir, "checkpoints"))
+        else run_dir
+    )
+    metrics = [m for m in read_metrics(run_dir) if "actor/loss" in m]
+    assert len(metrics) == STEPS
+    assert all(m["sync/probe_logprob_diff"] < 1e-3 for m in metrics), [
+        m["sync/probe_logprob_diff"] for m in metrics
+    ]
+    assert all(m["rollout/stale_dropped"] == 0 for m in metrics)
+    assert max(seen) == 1 + STEPS, sorted(seen)
+    compared = 0
+    for version, tokens in sorted(seen.items()):
+        if version == 0:
+            continue
+        step = version - 1
+        weights = model_path if step == 0 else _hf_export(stage_dir, step)
+        model = AutoModelForCausalLM.from_pretrained(weights)
+        for ids, got in zip(prompts, tokens, strict=True):
+            out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            expected = out[0, len(ids) :].tolist()
+            if tokenizer.eos_token_id in expected:
+                expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
+            assert got == expected, f"version {version} (step {step}): vLLM {got} != HF {expected}"
+        compared += 1
+    assert compared >= 2, sorted(seen)  # at least two synced versions were caught and checked
+
+
+def _hf_export(stage_dir: str, step: int) -> str:
+    for dirpath, dirnames, _ in os.walk(stage_dir):
+        if os.path.basename(dirpath) == f"global_step_{step}" and "hf" in dirnames:
+            return os.path.join(dirpath, "hf")
+    raise AssertionError(f"no HF export of step {step} under {stage_dir}")
