@@ -162,7 +162,8 @@ class Synchronizer:
         tolerance = self.sc.probe_tolerance or PROBE_TOLERANCE[self.dtype]
         worst = 0.0
         for row, (engine, tokens, engine_lp) in enumerate(answers):
-            diff = (trainer_lp[row, : len(tokens)] - torch.tensor(engine_lp)).abs()
+            start = len(self.probe_prompt)  # log-probs sit at the response's columns of the packed row
+            diff = (trainer_lp[row, start : start + len(tokens)] - torch.tensor(engine_lp)).abs()
             mean = float(diff.mean()) if len(tokens) else 0.0
             worst = max(worst, mean)
             if mean > tolerance:

@@ -59,7 +59,7 @@ def test_grpo_with_a_vllm_worker_synced_every_step_decodes_like_hf_with_the_trai
     model_path = cfg["model"]["model_path"]
     build_scratch_model(
         model_path,
-        ScratchModelConfig(enabled=True, **scratch),
+        ScratchModelConfig(**scratch),
         max_model_len=cfg["model"]["max_model_len"],
         seed=7,
     )
