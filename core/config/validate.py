@@ -152,11 +152,6 @@ def check_address(value: str, path: str) -> None:
 
 def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
     rm = cfg.explorer.rollout_model
-    if rm.tensor_parallel_size != 1:
-        raise ConfigError(
-            "explorer.rollout_model.tensor_parallel_size must be 1 with the engines of this version "
-            f"(hf); got {rm.tensor_parallel_size}"
-        )
     for i, address in enumerate(rm.endpoints):
         check_address(address, f"explorer.rollout_model.endpoints[{i}]")
     if cfg.trainer.remote is not None:
@@ -199,6 +194,16 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
                     f"explorer.rollout_model.{key} applies to engine_type vllm only; got engine_type "
                     f"{rm.engine_type}: set explorer.rollout_model.engine_type=vllm or drop it"
                 )
+    if cfg.mode == "colocate" and rm.engine_type == "vllm":
+        ranks = cfg.cluster.num_nodes * cfg.cluster.ranks_per_node
+        if ranks > 1 or len(cfg.stages) > 1:
+            # vLLM in process builds its parallel groups over the trainer's default process group
+            # and destroys that group when it shuts down.
+            raise ConfigError(
+                "mode colocate with engine_type vllm runs vLLM inside a one-rank, one-stage trainer; got "
+                f"{ranks} trainer rank(s) and {max(1, len(cfg.stages))} stage(s): use mode both (vLLM in "
+                "rollout workers) or engine_type hf"
+            )
     if rm.enable_sleep_mode and (cfg.mode != "colocate" or cfg.cluster.device == "cpu"):
         raise ConfigError(
             "explorer.rollout_model.enable_sleep_mode shares one GPU between trainer and engine: it needs "

@@ -259,9 +259,15 @@ class VLLMEngine(RolloutEngine):
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-            self.llm = None
+        if llm is None:
+            return
+        self.llm = None
+        if self.in_process:
+            # vLLM's in-process teardown destroys the caller's default process group (the trainer
+            # world's): the engine stays up until the process exits (colocate is one stage).
+            self._kept_alive = llm
+            return
+        llm.llm_engine.engine_core.shutdown()
 
 
 def _kv_cache_bytes(config: Any, dtype: str, max_batch_size: int, max_model_len: int) -> int:

@@ -146,3 +146,16 @@ def _hf_export(stage_dir: str, step: int) -> str:
         if os.path.basename(dirpath) == f"global_step_{step}" and "hf" in dirnames:
             return os.path.join(dirpath, "hf")
     raise AssertionError(f"no HF export of step {step} under {stage_dir}")
+
+
+def test_colocated_vllm_engine_loads_in_process_and_passes_the_probe_every_step(tmp_path) -> None:
+    """mode colocate: vLLM inside trainer rank 0, weights handed over by reference each step."""
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{"mode": "colocate", "explorer.rollout_model.engine_type": "vllm", "synchronizer.probe": True},
+    )
+    launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=600)
+    metrics = [m for m in read_metrics(os.path.join(root, "it", "run")) if "actor/loss" in m]
+    assert len(metrics) == cfg["buffer"]["total_steps"]
+    assert all(m["sync/probe_logprob_diff"] < 1e-3 for m in metrics), metrics

@@ -127,7 +127,7 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
     [
         (
             ["explorer.rollout_model.tensor_parallel_size=2"],
-            "explorer.rollout_model.tensor_parallel_size must be 1",
+            "explorer.rollout_model.tensor_parallel_size applies to engine_type vllm only",
         ),
         (
             ["explorer.rollout_model.endpoints=[localhost]"],

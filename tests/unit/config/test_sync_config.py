@@ -1,0 +1,53 @@
+"""Engine and synchronizer settings that cannot work together are refused at load time, naming
+the keys and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlcore.core.config import ConfigError, load_config, resolve_stages
+
+from .test_config_loading import write_recipe
+
+
+def _check(tmp_path: Path, *overrides: str) -> None:
+    resolve_stages(load_config(write_recipe(tmp_path), list(overrides)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [
+        (["explorer.rollout_model.tensor_parallel_size=2"],
+         r"^explorer.rollout_model.tensor_parallel_size applies to engine_type vllm only; got engine_type hf"),
+        (["mode=colocate", "explorer.rollout_model.engine_type=vllm", "cluster.ranks_per_node=2"],
+         r"^mode colocate with engine_type vllm runs vLLM inside a one-rank, one-stage trainer; got 2 trainer"),
+        (["explorer.rollout_model.engine_type=vllm", "explorer.rollout_model.enable_sleep_mode=true"],
+         r"^explorer.rollout_model.enable_sleep_mode shares one GPU .* got mode both"),
+        (["mode=colocate", "synchronizer.sync_method=checkpoint"],
+         r"^synchronizer.sync_method checkpoint has separate rollout workers load an HF folder \(mode both\)"),
+        (["mode=colocate", "synchronizer.checksums=true"],
+         r"^synchronizer.checksums guard weights sent over a process group"),
+        (["synchronizer.sync_interval=3", "synchronizer.max_staleness=1"],
+         r"^synchronizer.max_staleness 1 would drop every experience .* raise max_staleness to >= 2"),
+        (["synchronizer.sync_style=trainer_driven", "synchronizer.sync_interval=2"],
+         r"^synchronizer.sync_style trainer_driven syncs after every step; sync_interval 2"),
+        (["synchronizer.sync_style=sometimes"],
+         r"^synchronizer.sync_style must be one of fixed, explorer_driven, trainer_driven; got 'sometimes'"),
+        (["trainer.remote=127.0.0.1:1", "synchronizer.probe=true"],
+         r"^synchronizer probe run in rlcore's own training loop; with trainer.remote"),
+    ],
+)  # fmt: skip
+def test_conflicting_engine_and_sync_settings_are_refused(tmp_path: Path, overrides, pattern) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        _check(tmp_path, *overrides)
+
+
+def test_consistent_settings_load(tmp_path: Path) -> None:
+    _check(
+        tmp_path, "explorer.rollout_model.engine_type=vllm", "explorer.rollout_model.tensor_parallel_size=2",
+        "synchronizer.sync_style=explorer_driven", "synchronizer.max_staleness=2", "synchronizer.checksums=true",
+        "synchronizer.probe=true", "synchronizer.sync_method=nccl",
+    )  # fmt: skip
+    _check(tmp_path, "mode=colocate", "explorer.rollout_model.engine_type=vllm", "synchronizer.probe=true")
