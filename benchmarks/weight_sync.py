@@ -1,0 +1,566 @@
+"""Weight-sync bandwidth: rlcore's bucketed broadcast (`send_weights` -> `receive_weights` ->
+`HFEngine.load_weights`) between two processes on one gloo SyncGroup, against a raw broadcast of
+the same buckets on the same group and an in-process copy, for random-init Llama models.
+
+Per model size two processes run: the sender (group rank 0) holds an FSDP2 strategy in a
+torch.distributed world of size 1 and a second HFEngine for the in-process copy; the receiver
+(group rank 1) holds the HFEngine that rlcore's sync loads into. Each repeat runs, one at a time
+(after one unrecorded warm-up repeat):
+
+    rlcore     send_weights(strategy.iter_full_weights()) -> receive_weights -> HFEngine.load_weights,
+               the full data path of a sync minus the gRPC control messages
+    raw        preallocated buffers of exactly rlcore's bucket sizes, broadcast one after the other
+               (no gather, no packing, no loading): what the wire gives
+    checksums  rlcore with checksums=True (CRC-32 per bucket, all verified before loading)
+    in_process strategy.iter_full_weights() -> a second HFEngine.load_weights in the sender's process
+
+and the next repeat runs them in reverse order, so every rlcore run has a raw neighbour measured at
+the machine's speed of the moment: the headline is the per-pair ratio of bandwidths, min/median/max.
+Each process uses one CPU thread. Target (issue 5): rlcore/raw >= 0.85.
+
+    python benchmarks/weight_sync.py                  # 10m,100m,400m,1b, 3 repeats, 64 MiB buckets
+    python benchmarks/weight_sync.py --sizes 10m --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MAX_MODEL_LEN = 256
+GROUP_TIMEOUT_S = 1800.0
+KINDS = ("raw_copy", "rlcore", "raw", "checksums", "in_process")
+"""Run order in even repeats (reversed in odd ones): raw sits next to both rlcore variants."""
+SHOWN = ("raw", "raw_copy", "rlcore", "checksums", "in_process")
+"""Column order of the tables."""
+TARGET_RATIO = 0.85
+GIB = 1024**3
+
+# Llama shapes (the char tokenizer's 87-token vocabulary makes embeddings negligible):
+# per layer 4*h^2 (attention, full KV heads) + 3*h*i (MLP).
+SIZES: dict[str, dict[str, int]] = {
+    "10m": {"hidden_size": 384, "intermediate_size": 1024, "num_layers": 6},
+    "100m": {"hidden_size": 768, "intermediate_size": 2048, "num_layers": 14},
+    "400m": {"hidden_size": 1536, "intermediate_size": 4096, "num_layers": 14},
+    "1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_layers": 20},
+}
+
+
+# ---------------------------------------------------------------------------- model and memory
+
+
+def build_model(path: str, shape: dict[str, int]) -> int:
+    """Write a random-init float32 Llama model and the char tokenizer to `path`; returns its
+    parameter count."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlcore.core.scratch_model import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    heads = shape["hidden_size"] // 64
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["num_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=MAX_MODEL_LEN,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    del model
+    gc.collect()
+    return params
+
+
+def mem_available() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (free memory plus reclaimable page cache)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+
+
+def memory_needed(model_bytes: int, bucket_bytes: int, checksums: bool) -> int:
+    """Peak resident bytes of one size's run: the strategy's float32 copy and the in-process
+    target in the sender, the engine in the receiver (plus every received bucket when checksums
+    hold the whole model back until verified), five buckets per side (raw's two and copy source,
+    rlcore's two), ~0.6 GiB per process."""
+    copies = 3 + (1 if checksums else 0)
+    return copies * model_bytes + 10 * bucket_bytes + int(1.8 * GIB)
+
+
+# ---------------------------------------------------------------------------- the two processes
+
+
+def _timed_iter(items: Iterable[tuple[str, torch.Tensor]], stats: dict[str, float]) -> Iterator[Any]:
+    """Yields `items`, adding the time spent waiting for each one to stats["gather_s"]."""
+    it = iter(items)
+    while True:
+        start = time.perf_counter()
+        item = next(it, None)
+        stats["gather_s"] += time.perf_counter() - start
+        if item is None:
+            return
+        yield item
+
+
+def _state_crc(named: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """CRC-32 over every tensor's bytes in order; the receiver's weights start zeroed, so a copy
+    that skipped or mangled a tensor shows as a different value."""
+    crc = 0
+    for _, t in named:
+        crc = zlib.crc32(memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy()), crc)
+    return crc
+
+
+def bucket_sizes(specs: list[Any], bucket_bytes: int) -> list[int]:
+    """Bytes of each bucket as send_weights lays it out without checksums: every tensor starts at
+    a multiple of 16 bytes (the sender checks the total against send_weights' num_bytes)."""
+    from rlcore.core.weight_sync import plan_buckets
+
+    return [sum((specs[i].nbytes + 15) // 16 * 16 for i in b) for b in plan_buckets(specs, bucket_bytes)]
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, all) jiffies of the whole machine from /proc/stat: busy includes kernel, interrupt and
+    softirq time (where loopback TCP does part of its copying) and other users' load."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def _barrier(group: Any) -> None:
+    group.broadcast(torch.zeros(1, dtype=torch.uint8))
+
+
+def _schedule(repeats: int, kinds: list[str]) -> list[tuple[int, str]]:
+    """Repeat 0 is an unrecorded warm-up; later repeats alternate the order of the kinds."""
+    plan = []
+    for rep in range(repeats + 1):
+        order = kinds if rep % 2 == 0 else kinds[::-1]
+        plan.extend((rep, kind) for kind in order)
+    return plan
+
+
+def send_copying(group: Any, sizes: list[int], bufs: list[torch.Tensor], source: torch.Tensor) -> None:
+    """The raw broadcast plus one bucket-sized copy into each bucket before it is sent, overlapped
+    with the previous bucket on the wire as send_weights does: the floor of any design that packs."""
+    work = None
+    for b, size in enumerate(sizes):
+        bufs[b % 2][:size].copy_(source[:size])
+        if work is not None:
+            work.wait()
+        work = group.broadcast_async(bufs[b % 2][:size])
+    assert work is not None
+    work.wait()
+
+
+def receive_copying(group: Any, sizes: list[int], bufs: list[torch.Tensor], target: torch.Tensor) -> None:
+    """The receiving half of send_copying: one copy out of each bucket while the next one is
+    received, as receive_weights and load_weights do."""
+    work = group.broadcast_async(bufs[0][: sizes[0]])
+    for b, size in enumerate(sizes):
+        work.wait()
+        if b + 1 < len(sizes):
+            work = group.broadcast_async(bufs[(b + 1) % 2][: sizes[b + 1]])
+        target[:size].copy_(bufs[b % 2][:size])
+
+
+def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: Any) -> None:
+    """Group rank 0: the training strategy (the weights' source) and the in-process target."""
+    from rlcore.backends import STRATEGIES
+    from rlcore.core.config.schema import OptimizerConfig, TrainerConfig
+    from rlcore.core.weight_sync import init_group, send_weights, spec_of
+    from rlcore.rollout.engines.hf import HFEngine
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    strategy = STRATEGIES.resolve("fsdp2")(
+        model_dir, TrainerConfig(), OptimizerConfig(), device="cpu", dtype="float32", total_steps=1,
+        with_reference=False, seed=0,
+    )  # fmt: skip
+    target = HFEngine(model_dir, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN)
+    with torch.no_grad():  # a copy that did not happen must show in the final comparison
+        for p in target.model.parameters():
+            p.zero_()
+    specs = [spec_of(*s) for s in strategy.weight_specs()]
+    bucket_bytes = args["bucket_mb"] * 1024 * 1024
+    sizes = bucket_sizes(specs, bucket_bytes)
+    raw_bufs = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(min(2, len(sizes)))]
+    scratch = torch.ones(max(sizes), dtype=torch.uint8)
+
+    timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timeout, wait_for_workers=False)
+    port_conn.send(store.port)
+    group = init_group("127.0.0.1", store.port, 2, 0, "gloo", GROUP_TIMEOUT_S, "bench", store)
+    # What BeginWeightUpdate announces over gRPC in rlcore.
+    group.store.set("bench/specs", json.dumps([[s.name, s.dtype, list(s.shape)] for s in specs]))
+
+    runs: list[dict[str, Any]] = []
+    repeats = args["repeats"]
+    for rep, kind in _schedule(repeats, args["kinds"]):
+        _barrier(group)
+        start, cpu, jiffies = time.perf_counter(), time.process_time(), _cpu_jiffies()
+        stats: dict[str, float] = {}
+        if kind == "raw":
+            for b, size in enumerate(sizes):
+                group.broadcast(raw_bufs[b % 2][:size])
+        elif kind == "raw_copy":
+            send_copying(group, sizes, raw_bufs, scratch)
+        elif kind in ("rlcore", "checksums"):
+            stats = send_weights(
+                group, specs, strategy.iter_full_weights(), bucket_bytes, checksums=kind == "checksums"
+            )
+        else:
+            stats["gather_s"] = 0.0
+            target.load_weights(_timed_iter(strategy.iter_full_weights(), stats), rep)
+            stats["copy_s"] = time.perf_counter() - start - stats["gather_s"]
+        end = time.perf_counter()
+        stats["cpu_s"] = time.process_time() - cpu
+        peer = json.loads(group.store.get(f"bench/{rep}/{kind}"))  # the receiver's side, once done
+        busy, every = (now - then for now, then in zip(_cpu_jiffies(), jiffies, strict=True))
+        stats["machine_busy_cores"] = busy / max(every, 1) * (os.cpu_count() or 1)
+        total = (max(end, peer["end"]) - min(start, peer["start"])) if kind != "in_process" else end - start
+        if kind == "rlcore":  # the raw side must carry exactly the bytes rlcore sends
+            assert stats["num_bytes"] == sum(sizes), (stats["num_bytes"], sum(sizes))
+        run = {"repeat": rep, "kind": kind, "total_s": total, "sender": stats, "receiver": peer}
+        if rep > 0:
+            runs.append(run)
+        label = "warm-up" if rep == 0 else f"repeat {rep}/{repeats}"
+        gbps = args["model_bytes"] / 1e9 / total
+        print(f"  [{args['size']}] {label} {kind:>10}: {total:7.3f} s {gbps:6.3f} GB/s", flush=True)
+    match = {
+        "rlcore": _state_crc(strategy.iter_full_weights()) == json.loads(group.store.get("bench/crc"))["crc"],
+        "in_process": _state_crc(strategy.iter_full_weights())
+        == _state_crc(target.model.state_dict().items()),
+    }
+    results.put({"runs": runs, "num_buckets": len(sizes), "wire_bytes": sum(sizes), "weights_match": match})
+    _barrier(group)  # the receiver may leave only after the store's last read
+
+
+def receiver_main(model_dir: str, args: dict[str, Any], port_conn: Any) -> None:
+    """Group rank 1: the rollout engine that rlcore's sync loads into."""
+    from rlcore.core.weight_sync import TensorSpec, init_group, receive_weights
+    from rlcore.rollout.engines.hf import HFEngine
+
+    torch.set_num_threads(1)
+    engine = HFEngine(model_dir, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN)
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            p.zero_()
+    port = port_conn.recv()
+    group = init_group("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
+    specs = [TensorSpec(n, d, tuple(shape)) for n, d, shape in json.loads(group.store.get("bench/specs"))]
+    bucket_bytes = args["bucket_mb"] * 1024 * 1024
+    sizes = bucket_sizes(specs, bucket_bytes)
+    raw_bufs = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(min(2, len(sizes)))]
+    scratch = torch.ones(max(sizes), dtype=torch.uint8)
+
+    for rep, kind in _schedule(args["repeats"], args["kinds"]):
+        _barrier(group)
+        start, cpu = time.perf_counter(), time.process_time()
+        stats: dict[str, float] = {}
+        if kind == "raw":
+            for b, size in enumerate(sizes):
+                group.broadcast(raw_bufs[b % 2][:size])
+        elif kind == "raw_copy":
+            receive_copying(group, sizes, raw_bufs, scratch)
+        elif kind in ("rlcore", "checksums"):
+            weights = receive_weights(
+                group, specs, bucket_bytes, "cpu", stats, checksums=kind == "checksums", version=rep
+            )
+            engine.load_weights(weights, rep)
+            stats["load_s"] = time.perf_counter() - start - stats["receive_s"]
+        end = time.perf_counter()
+        stats["cpu_s"] = time.process_time() - cpu
+        group.store.set(f"bench/{rep}/{kind}", json.dumps({"start": start, "end": end, **stats}))
+    group.store.set("bench/crc", json.dumps({"crc": _state_crc(engine.model.state_dict().items())}))
+    _barrier(group)
+
+
+def run_size(size: str, model_dir: str, args: argparse.Namespace, kinds: list[str], model_bytes: int) -> dict:
+    """Start the sender and the receiver for one model and collect the sender's report."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    to_receiver, from_sender = ctx.Pipe()
+    shared = {"size": size, "repeats": args.repeats, "bucket_mb": args.bucket_mb, "kinds": kinds,
+              "model_bytes": model_bytes}  # fmt: skip
+    procs = [
+        ctx.Process(target=sender_main, args=(model_dir, shared, to_receiver, results), name="sender"),
+        ctx.Process(target=receiver_main, args=(model_dir, shared, from_sender), name="receiver"),
+    ]
+    for p in procs:
+        p.start()
+    try:
+        while True:
+            try:
+                report = results.get(timeout=1.0)
+                break
+            except queue.Empty:  # check that both sides are still alive
+                failed = [p for p in procs if p.exitcode not in (None, 0)]
+                if failed or all(p.exitcode is not None for p in procs):
+                    raise RuntimeError(
+                        f"{size}: {', '.join(f'{p.name} exited with {p.exitcode}' for p in procs)}"
+                    ) from None
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return report
+
+
+# ---------------------------------------------------------------------------- summary
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def summarise(report: dict[str, Any], kinds: list[str], model_bytes: int) -> dict[str, Any]:
+    by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in SHOWN if k in kinds}
+    for run in report["runs"]:
+        by_kind[run["kind"]].append(run)
+    seconds = {k: [r["total_s"] for r in runs] for k, runs in by_kind.items()}
+    gbps = {k: [model_bytes / 1e9 / s for s in v] for k, v in seconds.items()}
+    ratios = {}
+    for k in ("rlcore", "raw_copy", "checksums", "in_process"):
+        if k in kinds:  # raw and k of the same repeat (neighbours, except for in_process)
+            ratios[f"{k}_over_raw"] = spread_runs([a / b for a, b in zip(gbps[k], gbps["raw"], strict=True)])
+    skip = {"start", "end", "num_bytes", "verified_buckets"}
+    breakdown = {
+        k: {
+            f"{side}_{name}": statistics.median(r[side][name] for r in runs)
+            for side in ("sender", "receiver")
+            for name in runs[0][side]
+            if name not in skip
+        }
+        for k, runs in by_kind.items()
+    }
+    return {
+        "seconds": {k: spread_runs(v) for k, v in seconds.items()},
+        "gb_per_s": {k: spread_runs(v) for k, v in gbps.items()},
+        "ratios": ratios,
+        "breakdown_median_s": breakdown,
+        "runs": report["runs"],
+    }
+
+
+def spread_runs(values: list[float]) -> dict[str, Any]:
+    return {"runs": values, **spread(values)}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    done = {name: s for name, s in result["sizes"].items() if not s.get("skipped")}
+    lines = [
+        f"gloo between two processes on one machine, {cfg['bucket_mb']} MiB buckets, {cfg['repeats']} "
+        "alternating repeats, 1 CPU thread per process. GB/s = model bytes / wall seconds of the whole "
+        "sync, median over repeats. raw+copy = raw plus one overlapped bucket copy per side (the "
+        "floor of any pack/unpack design).",
+        "",
+        "| model | params | MB | buckets | raw GB/s | raw+copy GB/s | rlcore GB/s | checksums GB/s "
+        "| in-process GB/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in result["sizes"].items():
+        if s.get("skipped"):
+            lines.append(f"| {name} | skipped: {s['skipped']} |" + " |" * 7)
+            continue
+        cells = [f"{s['gb_per_s'][k]['median']:.3f}" if k in s["gb_per_s"] else "-" for k in SHOWN]
+        lines.append(
+            f"| {name} | {s['params'] / 1e6:.0f}M | {s['model_bytes'] / 1e6:.0f} | {s['num_buckets']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "Bandwidth / raw's bandwidth in the same repeat, min / median / max over the repeats:",
+        "",
+        "| model | raw+copy / raw | **rlcore / raw** | checksums / raw | in-process / raw |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, s in done.items():
+        cells = []
+        for k in SHOWN[1:]:
+            r = s["ratios"].get(f"{k}_over_raw")
+            mid = "-" if r is None else f"**{r['median']:.2f}**" if k == "rlcore" else f"{r['median']:.2f}"
+            cells.append("-" if r is None else f"{r['min']:.2f} / {mid} / {r['max']:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Breakdown, median seconds. Sender: gather = waiting for `iter_full_weights`, pack = copying "
+        "into buckets (and CRC), send = blocked in the group; receiver: receive = blocked in the "
+        "group, load = the rest (`load_weights` copies; with checksums also the CRC check). In-process: "
+        "gather, then copy in the load column. CPU = process CPU seconds (all threads); machine busy "
+        f"cores = non-idle share of all {result['machine']['cpus']} cores during the run (/proc/stat: "
+        "includes the kernel's softirq work for loopback TCP, and anyone else's load).",
+        "",
+        "| model | variant | wall | gather | pack | send | receive | load | sender CPU | receiver CPU "
+        "| machine busy cores |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    columns = (
+        "sender_gather_s", "sender_pack_s", "sender_send_s", "receiver_receive_s", "receiver_load_s",
+        "sender_cpu_s", "receiver_cpu_s", "sender_machine_busy_cores",
+    )  # fmt: skip
+    for name, s in done.items():
+        for kind, b in s["breakdown_median_s"].items():
+            b = dict(b)
+            if kind == "in_process":
+                b["receiver_load_s"] = b.pop("sender_copy_s")
+                b.pop("receiver_cpu_s")  # the receiver idles while the sender copies
+            cells = [f"{b[k]:.3f}" if k in b else "-" for k in columns]
+            wall = s["seconds"][kind]["median"]
+            lines.append(f"| {name} | {kind} | {wall:.3f} | " + " | ".join(cells) + " |")
+    met = [
+        f"{name}: {'met' if s['ratios']['rlcore_over_raw']['median'] >= TARGET_RATIO else 'NOT met'} "
+        f"({s['ratios']['rlcore_over_raw']['median']:.2f})"
+        for name, s in done.items()
+    ]
+    same = [
+        f"{name}: {'yes' if all(s['weights_match'].values()) else 'NO ' + str(s['weights_match'])}"
+        for name, s in done.items()
+    ]
+    lines += [
+        "",
+        f"Target rlcore / raw >= {TARGET_RATIO} (median): " + "; ".join(met),
+        "",
+        "Weights equal to the sender's after the runs (CRC-32 of every tensor; the targets start "
+        "zeroed): " + "; ".join(same),
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def machine_info() -> dict[str, Any]:
+    with open("/proc/meminfo") as f:
+        total_kb = int(f.readline().split()[1])
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "mem_total_gib": round(total_kb / 1024**2, 1),
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10m,100m,400m,1b", help=f"comma-separated, of {', '.join(SIZES)}")
+    parser.add_argument("--repeats", type=int, default=3, help="measured repeats per size (after a warm-up)")
+    parser.add_argument("--bucket-mb", type=int, default=64, help="bucket size (synchronizer.bucket_mb)")
+    parser.add_argument("--no-checksums", action="store_true", help="skip the checksums=True variant")
+    parser.add_argument("--out", default="benchmarks/results/weight_sync.json")
+    args = parser.parse_args(argv)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown or not sizes:
+        parser.error(f"--sizes must be a comma-separated list of {', '.join(SIZES)}; got '{args.sizes}'")
+    for name in ("repeats", "bucket_mb"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+
+    torch.set_num_threads(1)
+    bucket_bytes = args.bucket_mb * 1024 * 1024
+    result: dict[str, Any] = {
+        "benchmark": "weight_sync",
+        "config": {
+            "sizes": {s: SIZES[s] for s in sizes},
+            "repeats": args.repeats,
+            "bucket_mb": args.bucket_mb,
+            "backend": "gloo",
+            "strategy": "fsdp2 (world size 1)",
+            "engine": "hf",
+            "dtype": "float32 (FSDP2 keeps float32 master weights: that is what travels)",
+            "threads_per_process": 1,
+        },
+        "target_ratio": TARGET_RATIO,
+        "machine": machine_info(),
+        "sizes": {},
+    }
+    start = time.perf_counter()
+    for size in sizes:
+        with tempfile.TemporaryDirectory(prefix=f"rlcore-wsync-{size}-") as workdir:
+            model_dir = os.path.join(workdir, "model")
+            print(f"[{size}] building the model ...", flush=True)
+            params = build_model(model_dir, SIZES[size])
+            model_bytes = 4 * params
+            kinds = [k for k in KINDS if not (k == "checksums" and args.no_checksums)]
+            available = mem_available()
+            entry: dict[str, Any] = {"params": params, "model_bytes": model_bytes, "shape": SIZES[size]}
+            if "checksums" in kinds and memory_needed(model_bytes, bucket_bytes, True) > available:
+                kinds.remove("checksums")
+                entry["checksums_dropped"] = (
+                    f"needs ~{memory_needed(model_bytes, bucket_bytes, True) / GIB:.1f} GiB with checksums, "
+                    f"{available / GIB:.1f} GiB available"
+                )
+                print(f"[{size}] no checksums variant: {entry['checksums_dropped']}", flush=True)
+            need = memory_needed(model_bytes, bucket_bytes, False)
+            if need > available:
+                entry["skipped"] = f"needs ~{need / GIB:.1f} GiB, {available / GIB:.1f} GiB available"
+                print(f"[{size}] skipped: {entry['skipped']}", flush=True)
+                result["sizes"][size] = entry
+                continue
+            print(
+                f"[{size}] {params / 1e6:.1f}M parameters, {model_bytes / 1e9:.2f} GB; needs ~"
+                f"{memory_needed(model_bytes, bucket_bytes, 'checksums' in kinds) / GIB:.1f} GiB of "
+                f"{available / GIB:.1f} GiB available; {', '.join(kinds)}",
+                flush=True,
+            )
+            report = run_size(size, model_dir, args, kinds, model_bytes)
+        entry.update(num_buckets=report["num_buckets"], wire_bytes=report["wire_bytes"])
+        entry["weights_match"] = report["weights_match"]
+        entry.update(summarise(report, kinds, model_bytes))
+        result["sizes"][size] = entry
+        r = entry["ratios"]["rlcore_over_raw"]
+        print(
+            f"[{size}] rlcore / raw bandwidth: {r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f}",
+            flush=True,
+        )
+    result["wall_s"] = time.perf_counter() - start
+    result["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    md = markdown(result)
+    print(md)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(md + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
