@@ -84,8 +84,7 @@ class LocalRollout:
                 max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
                 chat_template=spec.chat_template, system_prompt=spec.system_prompt,
             )  # fmt: skip
-        if self.sleeps and self.engine.sleeping:
-            self.engine.wake_up()
+        self._awake()
         experiences = self._workflows[key].run(tasks, sampling, self.engine.policy_version)
         if self.sleeps:  # the trainer gets the GPU until the next weight load
             self.engine.sleep()
@@ -104,13 +103,13 @@ class LocalRollout:
         return {}
 
     def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
-        (c,) = self._generate_awake([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
+        self._awake()
+        (c,) = self.engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
         return [("in-process", c.token_ids, c.logprobs)]
 
-    def _generate_awake(self, prompts: list[list[int]], sampling: SamplingParams) -> Any:
+    def _awake(self) -> None:
         if self.sleeps and self.engine.sleeping:
             self.engine.wake_up()
-        return self.engine.generate(prompts, sampling)
 
     def close(self) -> None:
         self.engine.close()
@@ -125,7 +124,7 @@ class RemoteRollout:
 
     def __init__(self, cfg: RLCoreConfig, endpoints: list[str], device: str, master_address: str):
         from ..client.rollout import RolloutClient
-        from .weight_sync import WeightSender
+        from .weight_sender import WeightSender
 
         options = ClientOptions.from_control(cfg.control, timeout=cfg.explorer.max_timeout)
         self.clients = [RolloutClient(address, options) for address in endpoints]

@@ -50,7 +50,7 @@ def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, de
     def make(endpoints: list[str], cfg: RLCoreConfig) -> Any:
         from ..client.base import ClientOptions
         from ..client.rollout import RolloutClient
-        from .weight_sync import WeightSender
+        from .weight_sender import WeightSender
 
         sc = cfg.synchronizer
         options = ClientOptions(

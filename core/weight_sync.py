@@ -14,30 +14,25 @@ before anything is loaded.
 The group is standalone (its own TCP store and ProcessGroupGloo / ProcessGroupNCCL), never the
 trainer's default group, so workers can join and leave without touching the trainer world. Tensors
 are packed in order into flat byte buckets of at most `bucket_bytes` (a larger tensor travels
-alone): one collective per bucket instead of one per tensor, and at most one bucket in flight.
+alone): one collective per bucket instead of one per tensor, two buckets in flight (the next one is
+packed, or loaded, while the other is on the wire). The gRPC calls around the bytes are in
+weight_sender.py.
 """
 
 from __future__ import annotations
 
 import datetime
-import logging
 import time
 import zlib
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..proto.v1 import common_pb2
 from .rpc.errors import require
-
-if TYPE_CHECKING:
-    from ..client.rollout import RolloutClient
-
-log = logging.getLogger("rlcore.weight_sync")
 
 DTYPES = {
     "float32": torch.float32,
@@ -156,6 +151,10 @@ class WeightCorruption(RuntimeError):
         )
 
 
+class WeightSyncError(RuntimeError):
+    """A weight sync failed or missed its deadline; the message names the worker and the phase."""
+
+
 class SyncGroup:
     """A standalone process group for weight broadcast (rank 0 sends)."""
 
@@ -165,6 +164,13 @@ class SyncGroup:
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         )
+        self._pack: list[torch.Tensor] = []
+
+    def pack_buffers(self, nbytes: int) -> list[torch.Tensor]:
+        """The sender's two bucket buffers, at least `nbytes` each, kept from one sync to the next."""
+        if not self._pack or self._pack[0].numel() < nbytes:
+            self._pack = [torch.empty(nbytes, dtype=torch.uint8, device=self.device) for _ in range(2)]
+        return self._pack
 
     def broadcast_async(self, buf: torch.Tensor) -> Any:
         """Start broadcasting `buf` from rank 0; returns the work to wait() on."""
@@ -241,6 +247,9 @@ def receive_weights(
     layouts = [_layout(specs, bucket, checksums) for bucket in plan]
 
     def post(b: int) -> tuple[torch.Tensor, Any]:
+        # A fresh buffer per bucket, not two reused ones: a consumer may hold the views it was
+        # given past the next bucket (vLLM's layerwise reload keeps a layer's tensors until the
+        # layer is complete).
         buf = torch.empty(layouts[b][1], dtype=torch.uint8, device=group.device)
         return buf, group.broadcast_async(buf)
 
@@ -295,8 +304,9 @@ def send_weights(
     checksums), send_s (blocked in the group)."""
     stats = {"num_bytes": 0.0, "gather_s": 0.0, "pack_s": 0.0, "send_s": 0.0}
     plan = plan_buckets(specs, bucket_bytes)
+    layouts = [_layout(specs, bucket, checksums) for bucket in plan]
+    buffers = group.pack_buffers(max((size for _, size in layouts), default=0))  # used alternately
     it = iter(weights)
-    buffers: list[torch.Tensor] = []  # at most two, reused alternately
     in_flight: tuple[int, torch.Tensor, Any] | None = None
 
     def finish(flight: tuple[int, torch.Tensor, Any]) -> None:
@@ -309,14 +319,8 @@ def send_weights(
         stats["send_s"] += time.perf_counter() - start
         stats["num_bytes"] += buf.numel()
 
-    for b, bucket in enumerate(plan):
-        offsets, size = _layout(specs, bucket, checksums)
-        slot = b % 2
-        if len(buffers) <= slot:
-            buffers.append(torch.empty(0, dtype=torch.uint8, device=group.device))
-        if buffers[slot].numel() < size:
-            buffers[slot] = torch.empty(size, dtype=torch.uint8, device=group.device)
-        buf = buffers[slot][:size]
+    for b, (bucket, (offsets, size)) in enumerate(zip(plan, layouts, strict=True)):
+        buf = buffers[b % 2][:size]
         for i, off in zip(bucket, offsets, strict=True):
             start = time.perf_counter()
             name, tensor = next(it)
@@ -348,164 +352,3 @@ def send_weights(
     leftover = next(it, None)
     assert leftover is None, f"iter_full_weights yielded {leftover[0]} beyond the announced specs"
     return stats
-
-
-class WeightSender:
-    """Trainer rank 0's side: forms the group with the workers once, then pushes versions.
-
-    Worker i takes `ranks[i]` consecutive group ranks (one per engine process that receives, e.g.
-    each tensor-parallel worker of a vLLM engine), after the ranks of the workers before it. Every
-    phase has a deadline of `timeout_s`; a missed one is an error naming the worker and the phase.
-    """
-
-    def __init__(
-        self,
-        clients: list[RolloutClient],
-        *,
-        backend: str,
-        timeout_s: float,
-        bucket_bytes: int,
-        master_address: str = "127.0.0.1",
-        ranks: list[int] | None = None,
-        checksums: bool = False,
-    ):
-        assert clients, "no rollout workers to sync"
-        self.clients = clients
-        self.backend, self.timeout_s, self.bucket_bytes = backend, timeout_s, bucket_bytes
-        self.master_address = master_address
-        self.ranks = ranks or [1] * len(clients)
-        assert len(self.ranks) == len(clients) and all(r >= 1 for r in self.ranks)
-        self.checksums = checksums
-        self.group: SyncGroup | None = None
-        self._pool = ThreadPoolExecutor(max_workers=len(clients))
-
-    def _results(self, futures: list[Any], phase: str, what: str) -> list[Any]:
-        """Each worker's answer, or an error naming the first worker that failed and the phase."""
-        from ..client.base import RpcError
-
-        out = []
-        for c, f in zip(self.clients, futures, strict=True):
-            try:
-                out.append(f.result(timeout=self.timeout_s + 5))
-            except (RpcError, TimeoutError) as e:
-                late = isinstance(e, TimeoutError) or e.code.name == "DEADLINE_EXCEEDED"
-                reason = (
-                    f"did not answer within {self.timeout_s:g} s (synchronizer.sync_timeout)"
-                    if late
-                    else str(e)
-                )
-                raise WeightSyncError(
-                    f"{what}: rollout worker {c.address} {reason} in phase {phase}: {e}"
-                ) from e
-        return out
-
-    def _ensure_group(self) -> SyncGroup:
-        if self.group is not None:
-            return self.group
-        world = sum(self.ranks) + 1
-        firsts = [1 + sum(self.ranks[:i]) for i in range(len(self.clients))]
-        timeout = datetime.timedelta(seconds=self.timeout_s)
-        store = dist.TCPStore(
-            self.master_address, 0, world, is_master=True, timeout=timeout, wait_for_workers=False
-        )
-        name = f"{store.port}-{time.time_ns()}"
-        joins = [
-            self._pool.submit(
-                c.init_weight_sync,
-                self.master_address,
-                store.port,
-                world,
-                first,
-                self.backend,
-                self.timeout_s,
-                name,
-                timeout=self.timeout_s,
-            )  # fmt: skip
-            for first, c in zip(firsts, self.clients, strict=True)
-        ]
-        try:
-            group = init_group(
-                self.master_address, store.port, world, 0, self.backend, self.timeout_s, name, store
-            )
-        except RuntimeError as e:
-            failed = [
-                c.address for c, f in zip(self.clients, joins, strict=True) if f.done() and f.exception()
-            ]
-            reasons = "; ".join(str(f.exception()) for f in joins if f.done() and f.exception())
-            raise WeightSyncError(
-                f"weight-sync group did not form within {self.timeout_s:g} s (synchronizer.sync_timeout) "
-                f"in phase init; workers that failed to join: {', '.join(failed) or 'none reported'} "
-                f"{reasons} ({e})"
-            ) from e
-        self._results(joins, "init", "forming the weight-sync group")
-        for c in self.clients:
-            log.info("weight-sync group formed with %s", c.address)
-        self.group = group
-        return group
-
-    def send(
-        self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], policy_version: int
-    ) -> dict[str, float]:
-        """Announce, broadcast and confirm one version on every worker; returns timings and bytes."""
-        start = time.perf_counter()
-        what = f"weight sync of version {policy_version}"
-        group = self._ensure_group()
-        expected = len(plan_buckets(specs, self.bucket_bytes))
-        begins = [
-            self._pool.submit(
-                c.begin_weight_update,
-                policy_version,
-                specs,
-                self.bucket_bytes,
-                timeout=self.timeout_s,
-                checksums=self.checksums,
-            )  # fmt: skip
-            for c in self.clients
-        ]
-        for c, got in zip(self.clients, self._results(begins, "begin", what), strict=True):
-            assert got == expected, f"{c.address} plans {got} buckets, the sender {expected}"
-        try:
-            stats = send_weights(group, specs, weights, self.bucket_bytes, checksums=self.checksums)
-        except RuntimeError as e:
-            self.group = None  # the group is unusable after a failed collective; re-form next time
-            raise WeightSyncError(
-                f"{what} to {', '.join(c.address for c in self.clients)} failed in phase send "
-                f"(synchronizer.sync_timeout {self.timeout_s:g} s): {e}"
-            ) from e
-        stats.update(self._finish(policy_version, what))
-        stats["total_s"] = time.perf_counter() - start
-        return stats
-
-    def send_checkpoint(self, path: str, policy_version: int) -> dict[str, float]:
-        """Have every worker load the HF folder `path` as `policy_version` (sync_method checkpoint)."""
-        start = time.perf_counter()
-        what = f"checkpoint sync of version {policy_version} from {path}"
-        begins = [
-            self._pool.submit(
-                c.begin_weight_update, policy_version, [], 0, timeout=self.timeout_s, checkpoint_path=path
-            )
-            for c in self.clients
-        ]
-        self._results(begins, "begin", what)
-        stats = self._finish(policy_version, what)
-        stats["total_s"] = time.perf_counter() - start
-        return stats
-
-    def _finish(self, policy_version: int, what: str) -> dict[str, float]:
-        finishes = [
-            self._pool.submit(c.finish_weight_update, policy_version, timeout=self.timeout_s)
-            for c in self.clients
-        ]
-        load_s = 0.0
-        for answer in self._results(finishes, "load", what):
-            assert answer.policy_version == policy_version
-            load_s = max(load_s, answer.load_s)
-        return {"load_s": load_s}
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-        self.group = None
-
-
-class WeightSyncError(RuntimeError):
-    """A weight sync failed or missed its deadline; the message names the worker and the phase."""

@@ -11,6 +11,7 @@ last good version.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -120,20 +121,22 @@ class WeightReceiver:
                 f"must be greater than the version served now ({current}); got {request.policy_version}",
             )
             update = _Update(request.policy_version)
-            if request.checkpoint_path:
+            path = request.checkpoint_path
+            if path:
                 num_buckets = 0
-                target, args = self._load_checkpoint, (update, request.checkpoint_path)
+                work = functools.partial(self._load_checkpoint, update, path)
             else:
                 if not self._joined:
                     raise FailedPrecondition("no weight-sync group: call InitWeightSync first")
                 specs = specs_from_proto(request.tensors, "tensors")
                 require(request.bucket_bytes > 0, "bucket_bytes", f"must be > 0; got {request.bucket_bytes}")
                 num_buckets = len(plan_buckets(specs, request.bucket_bytes))
-                target = self._receive_and_load  # type: ignore[assignment]
-                args = (update, specs, request.bucket_bytes, request.checksums)  # type: ignore[assignment]
+                work = functools.partial(
+                    self._receive_and_load, update, specs, request.bucket_bytes, request.checksums
+                )
             self.gate.close()
             update.thread = threading.Thread(
-                target=target, args=args, name=f"weight-update-v{request.policy_version}", daemon=True
+                target=work, name=f"weight-update-v{request.policy_version}", daemon=True
             )
             self._update = update
             update.thread.start()

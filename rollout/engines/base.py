@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import Completion, SamplingParams
@@ -88,6 +89,23 @@ class RolloutEngine(ABC):
     def close(self) -> None:
         """Release the engine's resources."""
         return None
+
+
+def stop_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model_path: str) -> list[int]:
+    """Every id a response may end on: the generation config's EOS ids (a chat model may end turns
+    on several) plus the tokenizer's EOS."""
+    ids = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    assert ids, f"{model_path} defines no EOS token"
+    return ids
+
+
+def copy_completion(c: Completion) -> Completion:
+    """An independent copy (greedy samples are decoded once and copied n times)."""
+    return replace(
+        c, prompt_token_ids=list(c.prompt_token_ids), token_ids=list(c.token_ids), logprobs=list(c.logprobs)
+    )
 
 
 def iter_safetensors(path: str) -> Iterator[tuple[str, Any]]:

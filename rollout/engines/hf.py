@@ -10,7 +10,6 @@ sampler.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,15 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine
+from .base import RolloutEngine, copy_completion, stop_token_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _copy(c: Completion) -> Completion:
-    return replace(
-        c, prompt_token_ids=list(c.prompt_token_ids), token_ids=list(c.token_ids), logprobs=list(c.logprobs)
-    )
 
 
 class _ResponseStopStrings(StoppingCriteria):
@@ -70,12 +63,7 @@ class HFEngine(RolloutEngine):
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
         self.model = model.to(self.device)
         self.model.eval()
-        # A chat model may end turns on several ids (generation_config lists them all); stop on any.
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos_ids:
-            eos_ids.append(self.tokenizer.eos_token_id)
-        assert eos_ids, f"{model_path} defines no EOS token"
+        eos_ids = stop_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
         self.eos_token_ids = eos_ids
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = eos_ids[0] if pad is None else pad
@@ -108,7 +96,7 @@ class HFEngine(RolloutEngine):
                 for j, i in enumerate(indices):
                     out[i].extend(completions[j * count : (j + 1) * count])
         if n != sampling.n:
-            out = [[_copy(c) for _ in range(sampling.n)] for (c,) in out]
+            out = [[copy_completion(c) for _ in range(sampling.n)] for (c,) in out]
         return out
 
     def _rng_devices(self) -> dict:

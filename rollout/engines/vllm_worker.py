@@ -12,7 +12,15 @@ from __future__ import annotations
 import time
 from typing import Any, cast
 
-from ...core.weight_sync import SyncGroup, TensorSpec, WeightCorruption, init_group, receive_weights
+from ...core.weight_sync import (
+    SyncGroup,
+    TensorSpec,
+    WeightCorruption,
+    init_group,
+    plan_buckets,
+    receive_weights,
+)
+from .base import iter_safetensors
 
 
 class RLCoreWorkerExtension:
@@ -59,7 +67,11 @@ class RLCoreWorkerExtension:
                 weights = iter(list(weights))
             cast(Any, self).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         except WeightCorruption as e:
-            return {"stats": stats, "bad": e.bad, "num_buckets": len(_buckets(tensor_specs, bucket_bytes))}
+            return {
+                "stats": stats,
+                "bad": e.bad,
+                "num_buckets": len(plan_buckets(tensor_specs, bucket_bytes)),
+            }
         stats["load_s"] = time.perf_counter() - start - stats.get("receive_s", 0.0)
         return {"stats": stats, "bad": [], "num_buckets": 0}
 
@@ -69,12 +81,4 @@ class RLCoreWorkerExtension:
 
     def rlcore_load_checkpoint(self, path: str) -> None:
         """Reload from an HF folder on disk (synchronizer.sync_method checkpoint)."""
-        from .base import iter_safetensors
-
         cast(Any, self).reload_weights(weights_iterator=iter_safetensors(path), is_checkpoint_format=True)
-
-
-def _buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
-    from ...core.weight_sync import plan_buckets
-
-    return plan_buckets(specs, bucket_bytes)

@@ -62,7 +62,9 @@ def test_strategy_flag_beats_yaml_and_overrides(tmp_path: Path) -> None:
     path = write_recipe(tmp_path, {"trainer": {"strategy": "fsdp3"}})
     cfg = load_config(path, ["trainer.strategy=megatron9"], strategy="fsdp2")
     assert resolve_stages(cfg)[0].config.trainer.strategy == "fsdp2"
-    with pytest.raises(ConfigError, match=r"^trainer.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"):
+    with pytest.raises(
+        ConfigError, match=r"^trainer.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"
+    ):
         resolve_stages(load_config(path))
 
 

@@ -84,14 +84,9 @@ def test_sender_refuses_weights_that_disagree_with_the_specs() -> None:
     specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
     specs[1] = TensorSpec("norm.weight", "float32", (16,))  # announced fp32, the strategy yields bf16
 
-    class NoGroup:  # the check happens before anything is sent
-        device = torch.device("cpu")
-
-        def broadcast(self, buf: torch.Tensor) -> None:
-            pass
-
+    no_peers = SyncGroup(None, None, 0, 1, "gloo", 1.0)  # the check happens before anything is sent
     with pytest.raises(RuntimeError, match="norm.weight bfloat16 .* announced spec is norm.weight float32"):
-        send_weights(NoGroup(), specs, iter(weights), 1 << 20)  # type: ignore[arg-type]
+        send_weights(no_peers, specs, iter(weights), 1 << 20)
 
 
 def _pair(name: str, timeout_s: float) -> tuple[SyncGroup, SyncGroup]:
