@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine
+from .base import RolloutEngine, copy_completion, stop_token_ids
 
 if TYPE_CHECKING:
     import torch
@@ -98,16 +98,11 @@ class VLLMEngine(RolloutEngine):
         self.weight_sync_ranks = tensor_parallel_size
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         config = AutoConfig.from_pretrained(model_path)
-        eos = GenerationConfig.from_model_config(config).eos_token_id
         try:
-            eos = GenerationConfig.from_pretrained(model_path).eos_token_id
-        except OSError:  # no generation_config.json
-            pass
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos_ids:
-            eos_ids.append(self.tokenizer.eos_token_id)
-        assert eos_ids, f"{model_path} defines no EOS token"
-        self.eos_token_ids = eos_ids
+            generation = GenerationConfig.from_pretrained(model_path)
+        except OSError:  # no generation_config.json: transformers derives one from the model config
+            generation = GenerationConfig.from_model_config(config)
+        self.eos_token_ids = stop_token_ids(generation.eos_token_id, self.tokenizer, model_path)
 
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -172,7 +167,7 @@ class VLLMEngine(RolloutEngine):
         for ids, out in zip(prompt_token_ids, outputs, strict=True):
             samples = [self._completion(ids, c) for c in sorted(out.outputs, key=lambda c: c.index)]
             if n != sampling.n:
-                samples = [samples[0]] + [_copy(samples[0]) for _ in range(sampling.n - 1)]
+                samples = [samples[0]] + [copy_completion(samples[0]) for _ in range(sampling.n - 1)]
             results.append(samples)
         return results
 
@@ -228,11 +223,9 @@ class VLLMEngine(RolloutEngine):
         )
         for key in ("num_bytes", "receive_s", "verified_buckets", "load_s"):
             stats[key] = max(float(a["stats"].get(key, 0.0)) for a in answers)
-        bad = sorted({tuple(b) for a in answers for b in a["bad"]})
+        bad = sorted({(int(b), str(first), str(last)) for a in answers for b, first, last in a["bad"]})
         if bad:
-            raise WeightCorruption(
-                policy_version, [tuple(b) for b in bad], max(a["num_buckets"] for a in answers)
-            )  # type: ignore[misc]
+            raise WeightCorruption(policy_version, bad, max(a["num_buckets"] for a in answers))
         self._loaded(policy_version)
 
     def load_checkpoint(self, path: str, policy_version: int) -> None:
@@ -277,7 +270,3 @@ def _kv_cache_bytes(config: Any, dtype: str, max_batch_size: int, max_model_len:
     itemsize = 4 if dtype == "float32" else 2
     per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * itemsize
     return max(MIN_KV_CACHE_BYTES, int(per_token * max_batch_size * max_model_len * 1.25))
-
-
-def _copy(c: Completion) -> Completion:
-    return Completion(list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs), c.finish_reason, c.text)
