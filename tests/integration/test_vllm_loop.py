@@ -86,13 +86,20 @@ def test_grpo_with_a_vllm_worker_synced_every_step_decodes_like_hf_with_the_trai
         stop = threading.Event()
 
         def observe() -> None:
+            # Decode only when the served version changes (GetInfo costs the engine nothing): a
+            # worker kept generating non-stop starves the trainer of this machine's two cores.
+            last = -1
             while not stop.is_set():
                 try:
+                    if client.get_info().policy_version == last:
+                        stop.wait(0.05)
+                        continue
                     result = client.generate(prompts, greedy)
                 except Exception:  # paused for a weight update: ask again
                     stop.wait(0.2)
                     continue
-                seen.setdefault(result.policy_version, [c[0].token_ids for c in result.completions])
+                last = result.policy_version
+                seen.setdefault(last, [c[0].token_ids for c in result.completions])
 
         observer = threading.Thread(target=observe, daemon=True)
         observer.start()
