@@ -1,16 +1,20 @@
-"""Weight-sync bandwidth: rlcore's bucketed broadcast (`send_weights` -> `receive_weights` ->
-`HFEngine.load_weights`) between two processes on one gloo SyncGroup, against a raw broadcast of
-the same buckets on the same group and an in-process copy, for random-init Llama models.
+"""Weight-sync bandwidth: rlcore's bucketed broadcast (`send_weights` -> `HFEngine.receive_weights`)
+between two processes on one gloo SyncGroup, against a raw broadcast of the same buckets on the same
+group and an in-process copy, for random-init Llama models.
 
 Per model size two processes run: the sender (group rank 0) holds an FSDP2 strategy in a
 torch.distributed world of size 1 and a second HFEngine for the in-process copy; the receiver
 (group rank 1) holds the HFEngine that rlcore's sync loads into. Each repeat runs, one at a time
 (after one unrecorded warm-up repeat):
 
-    rlcore     send_weights(strategy.iter_full_weights()) -> receive_weights -> HFEngine.load_weights,
-               the full data path of a sync minus the gRPC control messages
+    rlcore     send_weights(strategy.iter_full_weights()) -> HFEngine.receive_weights (tensors of
+               1 MiB or more straight from the strategy's tensors into the engine's parameters, the
+               rest packed into buckets and copied by load_weights): the full data path of a sync
+               minus the gRPC control messages
     raw        preallocated buffers of exactly rlcore's bucket sizes, broadcast one after the other
                (no gather, no packing, no loading): what the wire gives
+    raw_packed the same bytes in full buckets of --bucket-mb, raw: the wire of a design that packs
+               everything (fewer, larger collectives; rlcore is compared with it too)
     checksums  rlcore with checksums=True (CRC-32 per bucket, all verified before loading)
     in_process strategy.iter_full_weights() -> a second HFEngine.load_weights in the sender's process
 
@@ -45,9 +49,9 @@ import torch.distributed as dist
 
 MAX_MODEL_LEN = 256
 GROUP_TIMEOUT_S = 1800.0
-KINDS = ("raw_copy", "rlcore", "raw", "checksums", "in_process")
+KINDS = ("raw_packed", "rlcore", "raw", "checksums", "in_process")
 """Run order in even repeats (reversed in odd ones): raw sits next to both rlcore variants."""
-SHOWN = ("raw", "raw_copy", "rlcore", "checksums", "in_process")
+SHOWN = ("raw", "raw_packed", "rlcore", "checksums", "in_process")
 """Column order of the tables."""
 TARGET_RATIO = 0.85
 GIB = 1024**3
@@ -108,10 +112,10 @@ def mem_available() -> int:
 def memory_needed(model_bytes: int, bucket_bytes: int, checksums: bool) -> int:
     """Peak resident bytes of one size's run: the strategy's float32 copy and the in-process
     target in the sender, the engine in the receiver (plus every received bucket when checksums
-    hold the whole model back until verified), five buckets per side (raw's two and copy source,
-    rlcore's two), ~0.6 GiB per process."""
+    hold the whole model back until verified), four buckets per side (raw's two, rlcore's two),
+    ~0.6 GiB per process."""
     copies = 3 + (1 if checksums else 0)
-    return copies * model_bytes + 10 * bucket_bytes + int(1.8 * GIB)
+    return copies * model_bytes + 8 * bucket_bytes + int(1.8 * GIB)
 
 
 # ---------------------------------------------------------------------------- the two processes
@@ -139,11 +143,11 @@ def _state_crc(named: Iterable[tuple[str, torch.Tensor]]) -> int:
 
 
 def bucket_sizes(specs: list[Any], bucket_bytes: int) -> list[int]:
-    """Bytes of each bucket as send_weights lays it out without checksums: every tensor starts at
-    a multiple of 16 bytes (the sender checks the total against send_weights' num_bytes)."""
-    from rlcore.core.weight_sync import plan_buckets
+    """Bytes on the wire of each bucket as send_weights lays it out without checksums (the sender
+    checks the total against send_weights' num_bytes)."""
+    from rlcore.core.weight_sync import bucket_layout, plan_buckets
 
-    return [sum((specs[i].nbytes + 15) // 16 * 16 for i in b) for b in plan_buckets(specs, bucket_bytes)]
+    return [bucket_layout(specs, b, False)[1] for b in plan_buckets(specs, bucket_bytes)]
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -168,28 +172,15 @@ def _schedule(repeats: int, kinds: list[str]) -> list[tuple[int, str]]:
     return plan
 
 
-def send_copying(group: Any, sizes: list[int], bufs: list[torch.Tensor], source: torch.Tensor) -> None:
-    """The raw broadcast plus one bucket-sized copy into each bucket before it is sent, overlapped
-    with the previous bucket on the wire as send_weights does: the floor of any design that packs."""
-    work = None
-    for b, size in enumerate(sizes):
-        bufs[b % 2][:size].copy_(source[:size])
-        if work is not None:
-            work.wait()
-        work = group.broadcast_async(bufs[b % 2][:size])
-    assert work is not None
-    work.wait()
+def packed_sizes(total: int, bucket_bytes: int) -> list[int]:
+    """`total` bytes cut into full buckets: the wire of a design that packs every tensor."""
+    return [min(bucket_bytes, total - offset) for offset in range(0, total, bucket_bytes)]
 
 
-def receive_copying(group: Any, sizes: list[int], bufs: list[torch.Tensor], target: torch.Tensor) -> None:
-    """The receiving half of send_copying: one copy out of each bucket while the next one is
-    received, as receive_weights and load_weights do."""
-    work = group.broadcast_async(bufs[0][: sizes[0]])
+def broadcast_all(group: Any, sizes: list[int], bufs: list[torch.Tensor]) -> None:
+    """The raw broadcasts: preallocated buffers, one collective per size, one after the other."""
     for b, size in enumerate(sizes):
-        work.wait()
-        if b + 1 < len(sizes):
-            work = group.broadcast_async(bufs[(b + 1) % 2][: sizes[b + 1]])
-        target[:size].copy_(bufs[b % 2][:size])
+        group.broadcast(bufs[b % 2][:size])
 
 
 def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: Any) -> None:
@@ -212,8 +203,8 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
     specs = [spec_of(*s) for s in strategy.weight_specs()]
     bucket_bytes = args["bucket_mb"] * 1024 * 1024
     sizes = bucket_sizes(specs, bucket_bytes)
-    raw_bufs = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(min(2, len(sizes)))]
-    scratch = torch.ones(max(sizes), dtype=torch.uint8)
+    packed = packed_sizes(sum(sizes), bucket_bytes)
+    raw_bufs = [torch.zeros(max(sizes + packed), dtype=torch.uint8) for _ in range(2)]
 
     timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
     store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timeout, wait_for_workers=False)
@@ -228,11 +219,8 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
         _barrier(group)
         start, cpu, jiffies = time.perf_counter(), time.process_time(), _cpu_jiffies()
         stats: dict[str, float] = {}
-        if kind == "raw":
-            for b, size in enumerate(sizes):
-                group.broadcast(raw_bufs[b % 2][:size])
-        elif kind == "raw_copy":
-            send_copying(group, sizes, raw_bufs, scratch)
+        if kind in ("raw", "raw_packed"):
+            broadcast_all(group, sizes if kind == "raw" else packed, raw_bufs)
         elif kind in ("rlcore", "checksums"):
             stats = send_weights(
                 group, specs, strategy.iter_full_weights(), bucket_bytes, checksums=kind == "checksums"
@@ -266,7 +254,7 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
 
 def receiver_main(model_dir: str, args: dict[str, Any], port_conn: Any) -> None:
     """Group rank 1: the rollout engine that rlcore's sync loads into."""
-    from rlcore.core.weight_sync import TensorSpec, init_group, receive_weights
+    from rlcore.core.weight_sync import TensorSpec
     from rlcore.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(1)
@@ -275,27 +263,23 @@ def receiver_main(model_dir: str, args: dict[str, Any], port_conn: Any) -> None:
         for p in engine.model.parameters():
             p.zero_()
     port = port_conn.recv()
-    group = init_group("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
+    engine.join_weight_sync("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
+    group = engine.sync_group
+    assert group is not None
     specs = [TensorSpec(n, d, tuple(shape)) for n, d, shape in json.loads(group.store.get("bench/specs"))]
     bucket_bytes = args["bucket_mb"] * 1024 * 1024
     sizes = bucket_sizes(specs, bucket_bytes)
-    raw_bufs = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(min(2, len(sizes)))]
-    scratch = torch.ones(max(sizes), dtype=torch.uint8)
+    packed = packed_sizes(sum(sizes), bucket_bytes)
+    raw_bufs = [torch.zeros(max(sizes + packed), dtype=torch.uint8) for _ in range(2)]
 
     for rep, kind in _schedule(args["repeats"], args["kinds"]):
         _barrier(group)
         start, cpu = time.perf_counter(), time.process_time()
         stats: dict[str, float] = {}
-        if kind == "raw":
-            for b, size in enumerate(sizes):
-                group.broadcast(raw_bufs[b % 2][:size])
-        elif kind == "raw_copy":
-            receive_copying(group, sizes, raw_bufs, scratch)
+        if kind in ("raw", "raw_packed"):
+            broadcast_all(group, sizes if kind == "raw" else packed, raw_bufs)
         elif kind in ("rlcore", "checksums"):
-            weights = receive_weights(
-                group, specs, bucket_bytes, "cpu", stats, checksums=kind == "checksums", version=rep
-            )
-            engine.load_weights(weights, rep)
+            engine.receive_weights(specs, bucket_bytes, rep, checksums=kind == "checksums", stats=stats)
             stats["load_s"] = time.perf_counter() - start - stats["receive_s"]
         end = time.perf_counter()
         stats["cpu_s"] = time.process_time() - cpu
@@ -352,10 +336,14 @@ def summarise(report: dict[str, Any], kinds: list[str], model_bytes: int) -> dic
     seconds = {k: [r["total_s"] for r in runs] for k, runs in by_kind.items()}
     gbps = {k: [model_bytes / 1e9 / s for s in v] for k, v in seconds.items()}
     ratios = {}
-    for k in ("rlcore", "raw_copy", "checksums", "in_process"):
+    for k in ("rlcore", "raw_packed", "checksums", "in_process"):
         if k in kinds:  # raw and k of the same repeat (neighbours, except for in_process)
             ratios[f"{k}_over_raw"] = spread_runs([a / b for a, b in zip(gbps[k], gbps["raw"], strict=True)])
-    skip = {"start", "end", "num_bytes", "verified_buckets"}
+    if "raw_packed" in kinds:
+        ratios["rlcore_over_raw_packed"] = spread_runs(
+            [a / b for a, b in zip(gbps["rlcore"], gbps["raw_packed"], strict=True)]
+        )
+    skip = {"start", "end", "num_bytes", "direct_bytes", "verified_buckets"}
     breakdown = {
         k: {
             f"{side}_{name}": statistics.median(r[side][name] for r in runs)
@@ -365,7 +353,13 @@ def summarise(report: dict[str, Any], kinds: list[str], model_bytes: int) -> dic
         }
         for k, runs in by_kind.items()
     }
+    uncopied = {  # share of the bytes that went from the strategy's tensor / into the engine's own
+        side: statistics.median(r[side]["direct_bytes"] / r[side]["num_bytes"] for r in by_kind["rlcore"])
+        for side in ("sender", "receiver")
+        if by_kind.get("rlcore")
+    }
     return {
+        "uncopied_share": uncopied,
         "seconds": {k: spread_runs(v) for k, v in seconds.items()},
         "gb_per_s": {k: spread_runs(v) for k, v in gbps.items()},
         "ratios": ratios,
@@ -384,10 +378,10 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"gloo between two processes on one machine, {cfg['bucket_mb']} MiB buckets, {cfg['repeats']} "
         "alternating repeats, 1 CPU thread per process. GB/s = model bytes / wall seconds of the whole "
-        "sync, median over repeats. raw+copy = raw plus one overlapped bucket copy per side (the "
-        "floor of any pack/unpack design).",
+        "sync, median over repeats. raw = rlcore's buckets broadcast from preallocated buffers; raw "
+        f"packed = the same bytes in full {cfg['bucket_mb']} MiB buckets.",
         "",
-        "| model | params | MB | buckets | raw GB/s | raw+copy GB/s | rlcore GB/s | checksums GB/s "
+        "| model | params | MB | buckets | raw GB/s | raw packed GB/s | rlcore GB/s | checksums GB/s "
         "| in-process GB/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -405,7 +399,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "Bandwidth / raw's bandwidth in the same repeat, min / median / max over the repeats:",
         "",
-        "| model | raw+copy / raw | **rlcore / raw** | checksums / raw | in-process / raw |",
+        "| model | raw packed / raw | **rlcore / raw** | checksums / raw | in-process / raw |",
         "|---|---:|---:|---:|---:|",
     ]
     for name, s in done.items():
@@ -441,9 +435,15 @@ def markdown(result: dict[str, Any]) -> str:
             cells = [f"{b[k]:.3f}" if k in b else "-" for k in columns]
             wall = s["seconds"][kind]["median"]
             lines.append(f"| {name} | {kind} | {wall:.3f} | " + " | ".join(cells) + " |")
+    uncopied = [
+        f"{name}: sent {s['uncopied_share']['sender']:.0%}, received {s['uncopied_share']['receiver']:.0%}"
+        for name, s in done.items()
+        if s.get("uncopied_share")
+    ]
     met = [
         f"{name}: {'met' if s['ratios']['rlcore_over_raw']['median'] >= TARGET_RATIO else 'NOT met'} "
-        f"({s['ratios']['rlcore_over_raw']['median']:.2f})"
+        f"({s['ratios']['rlcore_over_raw']['median']:.2f}; against raw packed "
+        f"{s['ratios']['rlcore_over_raw_packed']['median']:.2f})"
         for name, s in done.items()
     ]
     same = [
@@ -451,6 +451,9 @@ def markdown(result: dict[str, Any]) -> str:
         for name, s in done.items()
     ]
     lines += [
+        "",
+        "Bytes rlcore moved without a copy (sent from the strategy's own tensor, received into the "
+        "engine's own parameter): " + "; ".join(uncopied),
         "",
         f"Target rlcore / raw >= {TARGET_RATIO} (median): " + "; ".join(met),
         "",

@@ -12,11 +12,15 @@ its shard). With checksums each bucket carries a CRC-32 trailer, checked on ever
 before anything is loaded.
 
 The group is standalone (its own TCP store and ProcessGroupGloo / ProcessGroupNCCL), never the
-trainer's default group, so workers can join and leave without touching the trainer world. Tensors
-are packed in order into flat byte buckets of at most `bucket_bytes` (a larger tensor travels
-alone): one collective per bucket instead of one per tensor, two buckets in flight (the next one is
-packed, or loaded, while the other is on the wire). The gRPC calls around the bytes are in
-weight_sender.py.
+trainer's default group, so workers can join and leave without touching the trainer world. Small
+tensors are packed in order into flat byte buckets of at most `bucket_bytes`: one collective per
+bucket instead of one per tensor. A tensor of at least SOLO_BYTES (or a whole bucket, if smaller)
+travels alone and without copies: broadcast from its own storage, and received straight into the
+engine's parameter when the engine offers one of the same dtype and shape (`into`; the HF engine
+does, vLLM's fused parameters do not). Two buckets are in flight: the next one is gathered and
+packed, or loaded, while the other is on the wire. With checksums every bucket is packed and
+staged, so nothing is written into the engine before all of them check out. The gRPC calls around
+the bytes are in weight_sender.py.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import datetime
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +49,8 @@ DTYPES = {
     "bool": torch.bool,
 }
 _ALIGN = 16  # every tensor starts at a multiple of this in its bucket, so byte views can be retyped
+SOLO_BYTES = 1 << 20
+"""Tensors this large travel alone, unpacked: a copy costs more than a collective's fixed overhead."""
 
 
 @dataclass(frozen=True)
@@ -95,32 +101,39 @@ def _aligned(n: int) -> int:
 
 
 def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
-    """Consecutive tensor indices per bucket: a bucket closes before the tensor that would push it
-    past `bucket_bytes` (offsets aligned); a tensor larger than a bucket travels alone."""
+    """Consecutive tensor indices per bucket. A tensor of at least min(SOLO_BYTES, bucket_bytes)
+    travels alone; smaller ones are packed, a bucket closing before the tensor that would push it
+    past `bucket_bytes` (offsets aligned)."""
     assert bucket_bytes > 0
+    solo = min(SOLO_BYTES, bucket_bytes)
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0
     for i, spec in enumerate(specs):
         n = _aligned(spec.nbytes)
-        if current and size + n > bucket_bytes:
+        if current and (spec.nbytes >= solo or size + n > bucket_bytes):
             buckets.append(current)
             current, size = [], 0
         current.append(i)
         size += n
+        if spec.nbytes >= solo:
+            buckets.append(current)
+            current, size = [], 0
     if current:
         buckets.append(current)
     return buckets
 
 
-def _layout(specs: list[TensorSpec], bucket: list[int], checksums: bool) -> tuple[list[int], int]:
-    """Byte offset of each tensor of a bucket and the bucket's total size (with its checksum
-    trailer when `checksums`)."""
-    offsets, size = [], 0
+def bucket_layout(specs: list[TensorSpec], bucket: list[int], checksums: bool) -> tuple[list[int], int]:
+    """Byte offset of each tensor of a bucket and the bytes on the wire: the tensors, each at an
+    aligned offset, then the checksum trailer when `checksums` (a lone tensor without checksums
+    travels as exactly its own bytes)."""
+    offsets, end = [], 0
     for i in bucket:
-        offsets.append(size)
-        size += _aligned(specs[i].nbytes)
-    return offsets, size + (_ALIGN if checksums else 0)
+        offset = _aligned(end)
+        offsets.append(offset)
+        end = offset + specs[i].nbytes
+    return offsets, (_aligned(end) + _ALIGN if checksums else end)
 
 
 def bucket_checksum(payload: torch.Tensor) -> int:
@@ -164,13 +177,16 @@ class SyncGroup:
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         )
-        self._pack: list[torch.Tensor] = []
+        self._staging: list[torch.Tensor] = []
 
-    def pack_buffers(self, nbytes: int) -> list[torch.Tensor]:
-        """The sender's two bucket buffers, at least `nbytes` each, kept from one sync to the next."""
-        if not self._pack or self._pack[0].numel() < nbytes:
-            self._pack = [torch.empty(nbytes, dtype=torch.uint8, device=self.device) for _ in range(2)]
-        return self._pack
+    def staging_buffers(self, nbytes: int) -> list[torch.Tensor]:
+        """Two bucket buffers of at least `nbytes` each (the sender packs into them, a receiver whose
+        engine copies what it is given receives into them), kept from one sync to the next: fresh
+        memory would cost a page fault per 4 KiB on every sync."""
+        if not self._staging or self._staging[0].numel() < nbytes:
+            self._staging = []  # free the old pair before allocating the new one
+            self._staging = [torch.empty(nbytes, dtype=torch.uint8, device=self.device) for _ in range(2)]
+        return self._staging
 
     def broadcast_async(self, buf: torch.Tensor) -> Any:
         """Start broadcasting `buf` from rank 0; returns the work to wait() on."""
@@ -224,6 +240,27 @@ def _tensors(
         yield spec.name, buf[off : off + spec.nbytes].view(DTYPES[spec.dtype]).view(spec.shape)
 
 
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The flat uint8 view of a contiguous tensor's storage."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _direct_target(
+    spec: TensorSpec, into: Callable[[str], torch.Tensor | None] | None, device: torch.device
+) -> torch.Tensor | None:
+    """The engine's own tensor for `spec`, when the bytes can be received straight into it."""
+    target = into(spec.name) if into is not None else None
+    if (
+        target is None
+        or target.dtype != DTYPES[spec.dtype]
+        or tuple(target.shape) != spec.shape
+        or not target.is_contiguous()
+        or target.device != device
+    ):
+        return None
+    return target
+
+
 def receive_weights(
     group: SyncGroup,
     specs: list[TensorSpec],
@@ -233,28 +270,44 @@ def receive_weights(
     *,
     checksums: bool = False,
     version: int = 0,
+    into: Callable[[str], torch.Tensor | None] | None = None,
+    reuse_buffers: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Receive every bucket from rank 0 and yield (name, tensor) views into it.
 
     Without checksums each bucket is yielded as it arrives, while the next one is already being
-    received (two buckets in flight). With checksums every bucket is received and checked before
-    the first tensor is yielded, so a corrupted transfer raises WeightCorruption with nothing
-    loaded (at the cost of holding the whole model in received buckets).
-    Fills stats: num_bytes, receive_s (time blocked in the group), verified_buckets.
+    received (two buckets in flight). A lone tensor for which `into(name)` returns a tensor of the
+    same dtype and shape (contiguous, on the group's device) is received straight into that tensor
+    and not yielded. `reuse_buffers`: receive into the group's two staging buffers instead of fresh
+    memory per bucket; only for a consumer that copies each tensor before asking for the next
+    bucket (not vLLM's layerwise reload, which holds a layer's tensors until the layer is complete).
+
+    With checksums every bucket is received into fresh memory and checked before the first tensor
+    is yielded, so a corrupted transfer raises WeightCorruption with nothing loaded (at the cost of
+    holding the whole model in received buckets); `into` and `reuse_buffers` are ignored.
+    Fills stats: num_bytes, direct_bytes (received in place), receive_s (time blocked in the
+    group), verified_buckets.
     """
-    stats["num_bytes"] = stats["receive_s"] = stats["verified_buckets"] = 0.0
+    for key in ("num_bytes", "direct_bytes", "receive_s", "verified_buckets"):
+        stats[key] = 0.0
     plan = plan_buckets(specs, bucket_bytes)
-    layouts = [_layout(specs, bucket, checksums) for bucket in plan]
+    layouts = [bucket_layout(specs, bucket, checksums) for bucket in plan]
+    if checksums:
+        into, reuse_buffers = None, False
 
-    def post(b: int) -> tuple[torch.Tensor, Any]:
-        # A fresh buffer per bucket, not two reused ones: a consumer may hold the views it was
-        # given past the next bucket (vLLM's layerwise reload keeps a layer's tensors until the
-        # layer is complete).
-        buf = torch.empty(layouts[b][1], dtype=torch.uint8, device=group.device)
-        return buf, group.broadcast_async(buf)
+    def post(b: int) -> tuple[torch.Tensor, Any, bool]:
+        size = layouts[b][1]
+        target = _direct_target(specs[plan[b][0]], into, group.device) if len(plan[b]) == 1 else None
+        if target is not None:
+            buf = _as_bytes(target)
+        elif reuse_buffers:  # bucket b - 2, the slot's last user, was consumed before this post
+            buf = group.staging_buffers(size)[b % 2][:size]
+        else:
+            buf = torch.empty(size, dtype=torch.uint8, device=group.device)
+        return buf, group.broadcast_async(buf), target is not None
 
-    def wait(b: int, pending: tuple[torch.Tensor, Any]) -> torch.Tensor:
-        buf, work = pending
+    def wait(b: int, pending: tuple[torch.Tensor, Any, bool]) -> torch.Tensor:
+        buf, work, direct = pending
         start = time.perf_counter()
         try:
             work.wait()
@@ -264,6 +317,8 @@ def receive_weights(
             ) from e
         stats["receive_s"] += time.perf_counter() - start
         stats["num_bytes"] += buf.numel()
+        if direct:
+            stats["direct_bytes"] += buf.numel()
         return buf
 
     if checksums:
@@ -285,9 +340,11 @@ def receive_weights(
     pending = post(0) if plan else None
     for b in range(len(plan)):
         assert pending is not None
+        direct = pending[2]
         buf = wait(b, pending)
         pending = post(b + 1) if b + 1 < len(plan) else None  # overlaps the caller's load of bucket b
-        yield from _tensors(specs, plan[b], layouts[b][0], buf, device)
+        if not direct:
+            yield from _tensors(specs, plan[b], layouts[b][0], buf, device)
 
 
 def send_weights(
@@ -298,16 +355,32 @@ def send_weights(
     *,
     checksums: bool = False,
 ) -> dict[str, float]:
-    """Pack `weights` (in `specs` order) into buckets and broadcast each one, packing the next
-    bucket while the previous one is on the wire (two buffers). Returns num_bytes, gather_s
-    (waiting for the next tensor: the strategy's all-gather), pack_s (copying into buckets and
-    checksums), send_s (blocked in the group)."""
-    stats = {"num_bytes": 0.0, "gather_s": 0.0, "pack_s": 0.0, "send_s": 0.0}
+    """Broadcast `weights` (in `specs` order) bucket by bucket, gathering and packing the next bucket
+    while the previous one is on the wire (two staging buffers). Without checksums a lone tensor
+    that is contiguous and on the group's device is sent from its own storage, uncopied (the
+    strategy must not overwrite a yielded tensor before the iterator is exhausted). Returns
+    num_bytes, direct_bytes (sent uncopied), gather_s (waiting for the next tensor: the strategy's
+    all-gather), pack_s (copying into buckets and checksums), send_s (blocked in the group)."""
+    stats = {"num_bytes": 0.0, "direct_bytes": 0.0, "gather_s": 0.0, "pack_s": 0.0, "send_s": 0.0}
     plan = plan_buckets(specs, bucket_bytes)
-    layouts = [_layout(specs, bucket, checksums) for bucket in plan]
-    buffers = group.pack_buffers(max((size for _, size in layouts), default=0))  # used alternately
+    layouts = [bucket_layout(specs, bucket, checksums) for bucket in plan]
+    packed = [size for bucket, (_, size) in zip(plan, layouts, strict=True) if len(bucket) > 1 or checksums]
+    group.staging_buffers(max(packed, default=0))  # allocated once, not grown bucket by bucket
     it = iter(weights)
     in_flight: tuple[int, torch.Tensor, Any] | None = None
+
+    def next_tensor(i: int) -> torch.Tensor:
+        start = time.perf_counter()
+        name, tensor = next(it)
+        stats["gather_s"] += time.perf_counter() - start
+        spec = specs[i]
+        if name != spec.name or dtype_name(tensor.dtype) != spec.dtype or tuple(tensor.shape) != spec.shape:
+            raise RuntimeError(
+                f"weight {i} is {name} {dtype_name(tensor.dtype)} {tuple(tensor.shape)} but the announced "
+                f"spec is {spec.name} {spec.dtype} {spec.shape}: the strategy's weight_specs() and "
+                f"iter_full_weights() disagree"
+            )
+        return tensor.detach()
 
     def finish(flight: tuple[int, torch.Tensor, Any]) -> None:
         b, buf, work = flight
@@ -320,33 +393,27 @@ def send_weights(
         stats["num_bytes"] += buf.numel()
 
     for b, (bucket, (offsets, size)) in enumerate(zip(plan, layouts, strict=True)):
-        buf = buffers[b % 2][:size]
-        for i, off in zip(bucket, offsets, strict=True):
-            start = time.perf_counter()
-            name, tensor = next(it)
-            got = time.perf_counter()
-            stats["gather_s"] += got - start
-            spec = specs[i]
-            if (
-                name != spec.name
-                or dtype_name(tensor.dtype) != spec.dtype
-                or tuple(tensor.shape) != spec.shape
-            ):
-                raise RuntimeError(
-                    f"weight {i} is {name} {dtype_name(tensor.dtype)} {tuple(tensor.shape)} but the announced "
-                    f"spec is {spec.name} {spec.dtype} {spec.shape}: the strategy's weight_specs() and "
-                    f"iter_full_weights() disagree"
-                )
-            buf[off : off + spec.nbytes].copy_(tensor.detach().contiguous().view(-1).view(torch.uint8))
-            stats["pack_s"] += time.perf_counter() - got
-        if checksums:
-            start = time.perf_counter()
-            _seal(buf)
-            stats["pack_s"] += time.perf_counter() - start
+        tensors = [next_tensor(i) for i in bucket]
+        start = time.perf_counter()
+        if (
+            len(bucket) == 1
+            and not checksums
+            and tensors[0].is_contiguous()
+            and tensors[0].device == group.device
+        ):
+            buf = _as_bytes(tensors[0])  # in_flight keeps it alive until its broadcast is done
+            stats["direct_bytes"] += size
+        else:
+            # The slot packed now was last sent two buckets ago: `finish` below already waited for it.
+            buf = group.staging_buffers(size)[b % 2][:size]
+            for tensor, off in zip(tensors, offsets, strict=True):
+                buf[off : off + tensor.nbytes].copy_(_as_bytes(tensor.contiguous()))
+            if checksums:
+                _seal(buf)
+        stats["pack_s"] += time.perf_counter() - start
         if in_flight is not None:
             finish(in_flight)  # the other buffer is free again once its broadcast is done
         in_flight = (b, buf, group.broadcast_async(buf))
-        # The slot packed next was sent two buckets ago: `finish` above already waited for it.
     if in_flight is not None:
         finish(in_flight)
     leftover = next(it, None)

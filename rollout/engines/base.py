@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -63,16 +63,29 @@ class RolloutEngine(ABC):
         stats: dict[str, float],
         on_phase: Callable[[str], None] = lambda phase: None,
     ) -> None:
-        """Receive one version's buckets from the group and load them. With checksums nothing is
-        loaded unless every bucket checks out (WeightCorruption otherwise)."""
+        """Receive one version's buckets from the group and load them: large tensors straight into
+        `weight_destinations()`, the rest through `load_weights` (which copies each tensor, so two
+        staging buffers are reused across buckets and syncs). With checksums nothing is loaded
+        unless every bucket checks out (WeightCorruption otherwise)."""
         from ...core.weight_sync import receive_weights
 
         assert self._sync_group is not None, "join_weight_sync first"
         weights = receive_weights(
             self._sync_group, specs, bucket_bytes, str(getattr(self, "device", "cpu")), stats,
-            checksums=checksums, version=policy_version,
+            checksums=checksums, version=policy_version, into=self.weight_destinations().get,
+            reuse_buffers=True,
         )  # fmt: skip
         self.load_weights(_tracked(weights, on_phase), policy_version)
+
+    def weight_destinations(self) -> Mapping[str, torch.Tensor]:
+        """HF name -> the engine's own tensor that received bytes may be written into directly
+        (where dtype and shape match). Default: none, everything goes through `load_weights`."""
+        return {}
+
+    @property
+    def sync_group(self) -> SyncGroup | None:
+        """The weight-sync group this process joined (None before `join_weight_sync`)."""
+        return self._sync_group
 
     def load_checkpoint(self, path: str, policy_version: int) -> None:
         """Load the weights of an HF model folder (safetensors files)."""

@@ -208,6 +208,11 @@ class HFEngine(RolloutEngine):
     # ------------------------------------------------------------------------------------------
     # weights
 
+    def weight_destinations(self) -> dict[str, torch.Tensor]:
+        """The model's parameters by HF name: weight sync receives large tensors straight into them
+        (the generation gate keeps generation out meanwhile)."""
+        return self.model.state_dict()
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """Copy full tensors into the model in place (tied embeddings stay tied: they share storage).
 

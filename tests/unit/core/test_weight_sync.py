@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -34,6 +35,16 @@ def test_buckets_close_before_overflow_and_big_tensors_travel_alone() -> None:
     assert plan_buckets(specs, 100) == [[0, 1], [2], [3]]
     assert plan_buckets(specs, 10_000) == [[0, 1, 2, 3]]
     assert plan_buckets(specs, 1) == [[0], [1], [2], [3]]
+
+
+def test_tensors_of_a_mebibyte_travel_alone_even_in_large_buckets() -> None:
+    specs = [
+        TensorSpec("norm", "float32", (10,)),
+        TensorSpec("proj", "float32", (1 << 18,)),  # exactly SOLO_BYTES
+        TensorSpec("bias", "float32", (10,)),
+        TensorSpec("bias2", "float32", (10,)),
+    ]
+    assert plan_buckets(specs, 64 << 20) == [[0], [1], [2, 3]]
 
 
 def _weights() -> list[tuple[str, torch.Tensor]]:
@@ -110,7 +121,10 @@ def _transfer(
     weights: list,
     bucket: int,
     checksums: bool,
+    **receive_options: Any,
 ) -> tuple[list[tuple[str, torch.Tensor]], dict[str, float], list[BaseException]]:
+    """Send `weights` from `sender` while a thread receives them on `receiver`: (what was yielded,
+    the receiver's stats with the sender's under "sent_<key>", errors raised on the receiving side)."""
     received: list[tuple[str, torch.Tensor]] = []
     stats: dict[str, float] = {}
     errors: list[BaseException] = []
@@ -118,7 +132,7 @@ def _transfer(
     def worker() -> None:
         try:
             for name, t in receive_weights(
-                receiver, specs, bucket, "cpu", stats, checksums=checksums, version=3
+                receiver, specs, bucket, "cpu", stats, checksums=checksums, version=3, **receive_options
             ):
                 received.append((name, t.clone()))
         except BaseException as e:
@@ -126,8 +140,9 @@ def _transfer(
 
     thread = threading.Thread(target=worker)
     thread.start()
-    send_weights(sender, specs, iter(weights), bucket, checksums=checksums)
+    sent = send_weights(sender, specs, iter(weights), bucket, checksums=checksums)
     thread.join(30)
+    stats.update({f"sent_{k}": v for k, v in sent.items()})
     return received, stats, errors
 
 
@@ -185,3 +200,48 @@ def test_a_stalled_receiver_becomes_an_error_within_the_group_timeout() -> None:
     with pytest.raises(RuntimeError, match=r"sending bucket 0 of \d+ \(\d+ bytes\) failed: .*[Tt]imed out"):
         send_weights(sender, specs, iter(weights), 1024)
     assert time.perf_counter() - start < 2.0 + 3.0
+
+
+@pytest.mark.timeout(60)
+def test_large_tensors_go_uncopied_from_the_senders_storage_into_the_engines_tensors() -> None:
+    sender, receiver = _pair("direct", 30.0)
+    bucket = 1024  # embed and head (2368 B each) travel alone
+    # The engine's own tensors: embed matches (received in place), head is bf16 (goes through the
+    # consumer, which converts), norm is small (packed, so always through the consumer).
+    targets = {
+        "embed.weight": torch.zeros(37, 16),
+        "head.weight": torch.zeros(16, 37, dtype=torch.bfloat16),
+        "norm.weight": torch.zeros(16, dtype=torch.bfloat16),
+    }
+    for version in (1, 2):  # the second sync reuses the staging buffers of the first
+        g = torch.Generator().manual_seed(version)
+        weights = [(n, (t + torch.randn(t.shape, generator=g)).to(t.dtype)) for n, t in _weights()]
+        weights[3] = ("head.weight", torch.randn(37, 16, generator=g).t())  # non-contiguous: packed
+        specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
+        received, stats, errors = _transfer(
+            sender, receiver, specs, weights, bucket, False, into=targets.get, reuse_buffers=True
+        )
+        assert not errors, errors
+        assert torch.equal(targets["embed.weight"], weights[0][1])  # written by the receive itself
+        assert [n for n, _ in received] == [n for n, _ in weights if n != "embed.weight"]
+        expected = dict(weights)
+        for name, t in received:
+            assert torch.equal(t, expected[name].contiguous()), name
+        # head was packed (not contiguous); step, alone in the last bucket, went from its storage
+        assert stats["sent_direct_bytes"] == weights[0][1].nbytes + weights[4][1].nbytes
+        assert stats["direct_bytes"] == weights[0][1].nbytes
+        assert stats["sent_num_bytes"] == stats["num_bytes"]
+
+
+@pytest.mark.timeout(60)
+def test_with_checksums_nothing_is_received_into_the_engines_tensors() -> None:
+    weights = _weights()
+    specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
+    sender, receiver = _pair("crc-direct", 30.0)
+    target = torch.zeros(37, 16)
+    received, stats, errors = _transfer(
+        sender, receiver, specs, weights, 1024, True, into={"embed.weight": target}.get
+    )
+    assert not errors, errors
+    assert [n for n, _ in received] == [n for n, _ in weights]  # everything staged and verified first
+    assert stats["direct_bytes"] == 0 and not target.any()
