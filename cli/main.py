@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -39,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlcore", description="RL post-training for language models: one config, one command."
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{launch,config,rollout,trainer}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{launch,config,rollout,trainer,bench}"
+    )
 
     launch = commands.add_parser("launch", help="validate the config, then run every stage")
     _add_config_args(launch)
@@ -95,7 +98,27 @@ def build_parser() -> argparse.ArgumentParser:
     tserve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     tserve.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: cores / ranks)")
     _add_server_args(tserve)
+    _add_bench_parser(commands)
     return parser
+
+
+def _add_bench_parser(commands: Any) -> None:
+    from ..benchmarks import BENCHMARKS
+
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark; results under benchmarks/results/ (`rlcore bench NAME --help` for its flags)",
+    )
+    bench.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    from ..benchmarks import BENCHMARKS
+
+    return int(importlib.import_module(BENCHMARKS[args.name]).main(list(args.args)))
 
 
 def _add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -169,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             from ..rollout.serve import serve_main
 
             return serve_main(args)
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "trainer":
             from ..core.trainer_serve import serve_main as trainer_serve_main
 

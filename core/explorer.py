@@ -73,6 +73,7 @@ class LocalRollout:
         )  # fmt: skip
         self._workflows: dict[str, SingleTurnWorkflow] = {}
         self.sleeps = rm.enable_sleep_mode
+        self.timing: dict[str, float] = {}  # the last batch's workflow timing
 
     def run(
         self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
@@ -86,6 +87,7 @@ class LocalRollout:
             )  # fmt: skip
         self._awake()
         experiences = self._workflows[key].run(tasks, sampling, self.engine.policy_version)
+        self.timing = dict(self._workflows[key].timing)
         if self.sleeps:  # the trainer gets the GPU until the next weight load
             self.engine.sleep()
         return experiences
@@ -232,6 +234,11 @@ class Explorer:
                     raise
                 log.warning("rollout batch failed (%s); retry %d/%d", e, attempt + 1, retries)
         raise AssertionError("unreachable")
+
+    def last_timing(self) -> dict[str, float]:
+        """Seconds the last rollout batch spent in the engine and in reward functions, when the
+        engine runs in this process (workers over gRPC report no split)."""
+        return dict(getattr(self.rollout, "timing", {}))
 
     def explore(self, tasks: list[Task], seed: int) -> list[Experience]:
         sampling = sampling_params(

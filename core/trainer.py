@@ -15,6 +15,8 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -189,6 +191,9 @@ class StageTrainer:
         t0 = time.perf_counter()
         exps = self.synchronizer.drop_stale(self._explore(tasks), self.state.global_step, metrics)
         t_gen = time.perf_counter() - t0
+        if self.rank == 0:
+            assert self.explorer is not None
+            metrics.update({f"perf/rollout_{k}": v for k, v in self.explorer.last_timing().items()})
         if exps:
             metrics.update(self.train_experiences(exps))
         metrics["perf/generate_s"] = t_gen
@@ -207,14 +212,17 @@ class StageTrainer:
         # Log-prob passes happen before any update, on this rank's share of every mini-batch.
         minis = self._minis(seqs)
         local = [self._micro(m) for m in minis]
+        timers: dict[str, float] = {}
         for mbs, _ in local:
             if self.needs_ref:
-                for mb, lp in zip(
-                    mbs, self.strategy.compute_logprobs(mbs, self.temperature, reference=True), strict=True
-                ):
+                with _timed(timers, "perf/ref_logprobs_s"):
+                    ref = self.strategy.compute_logprobs(mbs, self.temperature, reference=True)
+                for mb, lp in zip(mbs, ref, strict=True):
                     mb["ref_logprobs"] = lp
             if algo.do_old_log_prob_compute:
-                for mb, lp in zip(mbs, self.strategy.compute_logprobs(mbs, self.temperature), strict=True):
+                with _timed(timers, "perf/old_logprobs_s"):
+                    old = self.strategy.compute_logprobs(mbs, self.temperature)
+                for mb, lp in zip(mbs, old, strict=True):
                     mb["old_logprobs"] = lp
 
         metrics: dict[str, float] = {}
@@ -237,9 +245,12 @@ class StageTrainer:
                 mb["advantages"][: len(rows)] = mb["loss_mask"][: len(rows)] * adv[rows].unsqueeze(1)
 
         t1 = time.perf_counter()
-        updates = [self._train_on(mbs, mini) for (mbs, _), mini in zip(local, minis, strict=True)]
+        updates = [
+            self._train_on(mbs, mini, timers=timers) for (mbs, _), mini in zip(local, minis, strict=True)
+        ]
         metrics.update(_mean_dicts(updates))
         metrics.update(_rollout_metrics(exps))
+        metrics.update(timers)
         metrics["perf/train_s"] = time.perf_counter() - t1
         metrics["perf/tokens"] = float(sum(s.length for s in seqs))
         return metrics
@@ -270,15 +281,22 @@ class StageTrainer:
         return [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
 
     def _train_on(
-        self, mbs: list[Batch], mini: list[Sequence], temperature: float | None = None
+        self,
+        mbs: list[Batch],
+        mini: list[Sequence],
+        temperature: float | None = None,
+        timers: dict[str, float] | None = None,
     ) -> dict[str, float]:
+        timers = {} if timers is None else timers
         norm = LossNorm(
             num_tokens=float(sum(len(s.response_ids) for s in mini)), num_seqs=float(len(mini)),
             max_response_len=self.max_response_len,
         )  # fmt: skip
         loss_fn = build_loss(self.cfg.algorithm, norm)
-        metrics = self.strategy.forward_backward(mbs, loss_fn, temperature or self.temperature)
-        metrics["actor/grad_norm"] = self.strategy.optimizer_step()
+        with _timed(timers, "perf/forward_backward_s"):
+            metrics = self.strategy.forward_backward(mbs, loss_fn, temperature or self.temperature)
+        with _timed(timers, "perf/optimizer_s"):
+            metrics["actor/grad_norm"] = self.strategy.optimizer_step()
         metrics["actor/lr"] = self.strategy.current_lr()
         self.state.global_step += 1
         return metrics
@@ -407,3 +425,13 @@ def _rollout_metrics(exps: list[Experience]) -> dict[str, float]:
     for name in exps[0].reward_components:
         out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
     return out
+
+
+@contextmanager
+def _timed(timers: dict[str, float], key: str) -> Iterator[None]:
+    """Add the seconds spent in the block to timers[key]."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timers[key] = timers.get(key, 0.0) + time.perf_counter() - start

