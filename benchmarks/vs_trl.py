@@ -235,27 +235,22 @@ def trl_worker(spec_path: str, result_path: str) -> None:
         "optimizer_s": 0.0,
     }
 
+    def timed(method: str, key: str) -> Any:
+        """GRPOTrainer's `method`, adding its seconds to timing[key]."""
+
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return getattr(super(TimedGRPOTrainer, self), method)(*a, **k)
+            finally:
+                timing[key] += time.perf_counter() - start
+
+        return wrapper
+
     class TimedGRPOTrainer(GRPOTrainer):
-        def _generate_and_score_completions(self, *a: Any, **k: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return super()._generate_and_score_completions(*a, **k)
-            finally:
-                timing["generate_s"] += time.perf_counter() - start
-
-        def _generate(self, *a: Any, **k: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return super()._generate(*a, **k)
-            finally:
-                timing["generate_only_s"] += time.perf_counter() - start
-
-        def _calculate_rewards(self, *a: Any, **k: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return super()._calculate_rewards(*a, **k)
-            finally:
-                timing["reward_s"] += time.perf_counter() - start
+        _generate_and_score_completions = timed("_generate_and_score_completions", "generate_s")
+        _generate = timed("_generate", "generate_only_s")
+        _calculate_rewards = timed("_calculate_rewards", "reward_s")
 
     steps: list[dict[str, float]] = []
 
