@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rlcore.benchmarks.common import spread
 from rlcore.core.config.schema import ScratchModelConfig
 from rlcore.core.scratch_model import build_scratch_model
 from rlcore.core.types import Completion, SamplingParams
@@ -88,10 +89,6 @@ def timed(fn: Callable[[], list[list[Completion]]]) -> tuple[float, list[list[Co
     start = time.perf_counter()
     results = fn()
     return time.perf_counter() - start, results
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
@@ -164,10 +161,10 @@ def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "loadavg_at_end": list(os.getloadavg()),
         },
-        "tokens_per_s": {name: {"runs": v, **spread(v)} for name, v in tokens_per_s.items()},
+        "tokens_per_s": {name: spread(v) for name, v in tokens_per_s.items()},
         "tokens_per_run": tokens,
         "same_tokens_both_sides": same_tokens,
-        "ratio_grpc_over_in_process": {"runs": ratios, **spread(ratios)},
+        "ratio_grpc_over_in_process": spread(ratios),
         "target_ratio": 0.95,
         "call_latency_ms_1_prompt_1_token": {
             name: {"median": 1000 * statistics.median(v), "min": 1000 * min(v)}

@@ -38,6 +38,8 @@ import tempfile
 import time
 from typing import Any
 
+from rlcore.benchmarks.common import machine_info, spread
+
 COMPARISONS = {"same_engine": "hf", "best_engine": "vllm"}
 """Comparison -> rlcore's engine (TRL uses HF generate in both)."""
 TARGETS = {"same_engine": 0.8, "best_engine": 0.5}
@@ -312,10 +314,6 @@ def trl_worker(spec_path: str, result_path: str) -> None:
 # ---------------------------------------------------------------------------- summary
 
 
-def spread(values: list[float]) -> dict[str, Any]:
-    return {"runs": values, "min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
 def summarise(pairs: list[dict[str, dict]]) -> dict[str, Any]:
     """Per pair: each side's median step time and tokens/s over its measured steps; then ratios
     rlcore / TRL per pair, min / median / max over the pairs."""
@@ -343,12 +341,12 @@ def summarise(pairs: list[dict[str, dict]]) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    cfg = result["config"]
+    cfg, m = result["config"], result["machine"]
     lines = [
         f"GRPO on the same random-init Llama ({cfg['params'] / 1e6:.1f}M parameters, char tokenizer), "
         f"{cfg['prompts']} prompts x {cfg['group']} completions of at most {cfg['max_tokens']} tokens per "
         f"step, {cfg['steps']} measured optimizer steps per run after 1 warm-up, {cfg['repeats']} "
-        f"alternating pairs per comparison, rlcore strategy {cfg['strategy']}, CPU ({result['machine']}). "
+        f"alternating pairs per comparison, rlcore strategy {cfg['strategy']}, CPU ({m['cpus']} x {m['cpu']}, {m['mem_total_gib']} GiB). "
         "Per run the median over its steps; ratios per pair, min / median / max over the pairs.",
         "",
         "| comparison | rlcore engine | rlcore step s | TRL step s | **step time rlcore / TRL** | target | "
@@ -459,10 +457,7 @@ def main(argv: list[str] | None = None) -> int:
               "--comparisons same_engine)", file=sys.stderr)  # fmt: skip
         return 2
 
-    import platform
-
-    result: dict[str, Any] = {"benchmark": "vs_trl", "comparisons": {},
-                              "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, python {platform.python_version()}"}  # fmt: skip
+    result: dict[str, Any] = {"benchmark": "vs_trl", "comparisons": {}, "machine": machine_info()}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlcore-vs-trl-") as workdir:
         print("building the model and the taskset ...", flush=True)

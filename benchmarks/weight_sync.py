@@ -34,7 +34,6 @@ import gc
 import json
 import multiprocessing as mp
 import os
-import platform
 import queue
 import statistics
 import sys
@@ -46,6 +45,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from rlcore.benchmarks.common import machine_info, spread
 
 MAX_MODEL_LEN = 256
 GROUP_TIMEOUT_S = 1800.0
@@ -325,10 +326,6 @@ def run_size(size: str, model_dir: str, args: argparse.Namespace, kinds: list[st
 # ---------------------------------------------------------------------------- summary
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
 def summarise(report: dict[str, Any], kinds: list[str], model_bytes: int) -> dict[str, Any]:
     by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in SHOWN if k in kinds}
     for run in report["runs"]:
@@ -338,9 +335,9 @@ def summarise(report: dict[str, Any], kinds: list[str], model_bytes: int) -> dic
     ratios = {}
     for k in ("rlcore", "raw_packed", "checksums", "in_process"):
         if k in kinds:  # raw and k of the same repeat (neighbours, except for in_process)
-            ratios[f"{k}_over_raw"] = spread_runs([a / b for a, b in zip(gbps[k], gbps["raw"], strict=True)])
+            ratios[f"{k}_over_raw"] = spread([a / b for a, b in zip(gbps[k], gbps["raw"], strict=True)])
     if "raw_packed" in kinds:
-        ratios["rlcore_over_raw_packed"] = spread_runs(
+        ratios["rlcore_over_raw_packed"] = spread(
             [a / b for a, b in zip(gbps["rlcore"], gbps["raw_packed"], strict=True)]
         )
     skip = {"start", "end", "num_bytes", "direct_bytes", "verified_buckets"}
@@ -360,16 +357,12 @@ def summarise(report: dict[str, Any], kinds: list[str], model_bytes: int) -> dic
     }
     return {
         "uncopied_share": uncopied,
-        "seconds": {k: spread_runs(v) for k, v in seconds.items()},
-        "gb_per_s": {k: spread_runs(v) for k, v in gbps.items()},
+        "seconds": {k: spread(v) for k, v in seconds.items()},
+        "gb_per_s": {k: spread(v) for k, v in gbps.items()},
         "ratios": ratios,
         "breakdown_median_s": breakdown,
         "runs": report["runs"],
     }
-
-
-def spread_runs(values: list[float]) -> dict[str, Any]:
-    return {"runs": values, **spread(values)}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -464,19 +457,6 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------- main
-
-
-def machine_info() -> dict[str, Any]:
-    with open("/proc/meminfo") as f:
-        total_kb = int(f.readline().split()[1])
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
-        "mem_total_gib": round(total_kb / 1024**2, 1),
-        "loadavg_at_start": list(os.getloadavg()),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
