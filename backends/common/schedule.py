@@ -1,4 +1,4 @@
-"""Learning-rate schedules as LambdaLR multipliers."""
+"""The optimizer (torch AdamW) and its learning-rate schedule as a LambdaLR multiplier."""
 
 from __future__ import annotations
 
@@ -25,9 +25,21 @@ def lr_lambda(cfg: OptimizerConfig, total_steps: int):
     return fn
 
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+"""Devices with torch's fused AdamW kernel: one kernel over all parameters instead of a dozen ops per
+parameter. On DTensor parameters the per-op dispatch dominates small models (3.2M parameters on
+CPU: 5 ms per step fused against 18-30 ms with the default implementation)."""
+
+
 def build_optimizer(params, cfg: OptimizerConfig, total_steps: int):
+    params = list(params)
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+        params,
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        fused=all(p.device.type in FUSED_ADAMW_DEVICES for p in params),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps))
     return optimizer, scheduler
