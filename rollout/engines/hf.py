@@ -1,4 +1,6 @@
-"""The embedded engine: HF transformers `generate` in the calling process.
+"""The embedded engine: a HF transformers causal LM in the calling process, decoded by rlcore's loop
+over the model's forward and KV cache (hf_decode.py: one prefill per prompt, finished rows leave
+the batch).
 
 It is the default because it needs nothing beyond transformers, loads in a second and takes new
 weights by an in-place copy, which is what colocated and CPU runs want. Log-probs are computed
@@ -13,37 +15,18 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteriaList
-from transformers.generation.stopping_criteria import StoppingCriteria, StopStringCriteria
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core.types import Completion, SamplingParams
 from .base import RolloutEngine, copy_completion, stop_token_ids
+from .hf_decode import decode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class _ResponseStopStrings(StoppingCriteria):
-    """HF's stop-string matcher restricted to the response, recording where each row first stopped.
-
-    Restricting to the response keeps a prompt that ends like a stop string from ending generation
-    before it starts (vLLM also matches the output only). The recorded step is where the row's
-    response ends: after it HF fills the row with padding.
-    """
-
-    def __init__(self, matcher: StopStringCriteria, prompt_len: int, num_rows: int, device: torch.device):
-        self.matcher = matcher
-        self.prompt_len = prompt_len
-        self.first_stop = torch.full((num_rows,), -1, dtype=torch.long, device=device)
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
-        is_done = self.matcher(input_ids[:, self.prompt_len :], scores)
-        step = input_ids.shape[1] - self.prompt_len - 1
-        self.first_stop[is_done & (self.first_stop < 0)] = step
-        return is_done
-
-
 class HFEngine(RolloutEngine):
-    """A causal LM served by `model.generate` with KV cache, in batches of `max_batch_size` sequences."""
+    """A causal LM decoded with its KV cache, in batches of at most `max_batch_size` sequences."""
 
     def __init__(
         self,
@@ -68,7 +51,7 @@ class HFEngine(RolloutEngine):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = eos_ids[0] if pad is None else pad
         # Sampling comes from SamplingParams only: a blank config keeps the checkpoint's
-        # generation_config.json (top_k=20, temperature=0.6, ...) out of every generate call.
+        # generation_config.json (top_k=20, temperature=0.6, ...) out of any generate call.
         self.model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=self.pad_token_id)
         self.policy_version = 0
 
@@ -76,14 +59,17 @@ class HFEngine(RolloutEngine):
     # generation
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        if sampling.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1; got {sampling.max_tokens}")
         for i, ids in enumerate(prompt_token_ids):
+            if not ids:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
             if len(ids) + sampling.max_tokens > self.max_model_len:
                 raise ValueError(
                     f"prompt {i}: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed "
                     f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens"
                 )
-        # Greedy samples are all equal (and HF refuses num_return_sequences > 1 without sampling):
-        # decode once per prompt and copy.
+        # Greedy samples are all equal: decode once per prompt and copy.
         n = 1 if sampling.temperature == 0 else sampling.n
         matcher = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
         out: list[list[Completion]] = [[] for _ in prompt_token_ids]
@@ -128,77 +114,28 @@ class HFEngine(RolloutEngine):
         sampling: SamplingParams,
         matcher: StopStringCriteria | None,
     ) -> list[Completion]:
-        """Generate n completions for each prompt in one left-padded batch."""
-        prompt_len = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), prompt_len), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, prompt_len - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, prompt_len - len(ids) :] = 1
-        stop_criteria = StoppingCriteriaList()
-        if matcher is not None:
-            stop_criteria.append(_ResponseStopStrings(matcher, prompt_len, len(prompts) * n, self.device))
-        greedy = sampling.temperature == 0
-        gen = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            do_sample=not greedy,
-            # Greedy ignores the sampler knobs; None keeps HF from warning that they are set.
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else (0 if sampling.top_k == -1 else sampling.top_k),
-            min_p=None if greedy or sampling.min_p == 0 else sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty,
-            max_new_tokens=sampling.max_tokens,
-            min_new_tokens=None,
-            num_return_sequences=n,
-            num_beams=1,
-            eos_token_id=self.eos_token_ids,
+        """Generate n completions for each prompt in one batch."""
+        rows = decode(
+            self.model,
+            prompts,
+            n,
+            sampling,
+            eos_token_ids=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
-            stopping_criteria=stop_criteria,
-            use_cache=True,
-            output_logits=True,
-            return_dict_in_generate=True,
+            stop_matcher=matcher,
         )
-        new_tokens_RT = gen.sequences[:, prompt_len:]
-        # One step at a time: stacking the logits would hold rows x steps x vocab floats twice.
-        logprobs_RT = torch.stack(
-            [
-                self._token_logprobs(logits, new_tokens_RT[:, t], sampling.temperature)
-                for t, logits in enumerate(gen.logits)
-            ],
-            dim=1,
-        ).cpu()
-        new_tokens_RT = new_tokens_RT.cpu()
-        first_stop = stop_criteria[0].first_stop.cpu() if matcher is not None else None
-        completions = []
-        for row in range(new_tokens_RT.shape[0]):
-            prompt = prompts[row // n]
-            tokens = new_tokens_RT[row].tolist()
-            end, finish = len(tokens), "length"
-            for t, tok in enumerate(tokens):
-                if tok in self.eos_token_ids:
-                    end, finish = t + 1, "stop"
-                    break
-            if first_stop is not None and 0 <= int(first_stop[row]) < end:
-                end, finish = int(first_stop[row]) + 1, "stop"
-            completions.append(
-                Completion(
-                    prompt_token_ids=list(prompt),
-                    token_ids=tokens[:end],
-                    logprobs=logprobs_RT[row, :end].tolist(),
-                    finish_reason=finish,
-                    text=self._decode(tokens[:end], sampling.stop),
-                )
+        return [
+            Completion(
+                prompt_token_ids=list(prompts[row // n]),
+                token_ids=tokens,
+                logprobs=logprobs,
+                finish_reason=finish,
+                text=self._decode(tokens, sampling.stop),
             )
-        return completions
-
-    @staticmethod
-    def _token_logprobs(logits_RV: torch.Tensor, tokens_R: torch.Tensor, temperature: float) -> torch.Tensor:
-        logits_RV = logits_RV.float()
-        if temperature > 0:
-            logits_RV = logits_RV / temperature
-        return torch.log_softmax(logits_RV, dim=-1).gather(-1, tokens_R[:, None]).squeeze(-1)
+            for row, (tokens, logprobs, finish) in enumerate(
+                zip(rows.tokens, rows.logprobs, rows.finish_reasons, strict=True)
+            )
+        ]
 
     def _decode(self, token_ids: list[int], stop: list[str]) -> str:
         text = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))

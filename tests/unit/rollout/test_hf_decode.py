@@ -1,0 +1,104 @@
+"""The HF engine's own decode loop against transformers: the sampler's filters against transformers'
+logits processors, and greedy decoding against `model.generate` (left padding, shared prefill,
+finished rows leaving the batch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from rlcore.core.types import SamplingParams
+from rlcore.rollout.engines.hf import HFEngine
+from rlcore.rollout.engines.hf_decode import decode, filter_logits
+
+
+def hf_filtered(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """transformers' processors in the order generate applies them."""
+    scores = RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)(history, logits.clone())
+    scores = TemperatureLogitsWarper(sampling.temperature)(history, scores)
+    if sampling.top_k > 0:
+        scores = TopKLogitsWarper(sampling.top_k)(history, scores)
+    if sampling.top_p < 1.0:
+        scores = TopPLogitsWarper(sampling.top_p)(history, scores)
+    if sampling.min_p > 0:
+        scores = MinPLogitsWarper(sampling.min_p)(history, scores)
+    return scores
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.1),
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
+    ],
+    ids=["temperature", "top_k", "top_p", "min_p", "all"],
+)
+def test_filters_match_transformers_processors(sampling: SamplingParams) -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=gen) * 3
+    history = torch.randint(0, 50, (6, 7), generator=gen)
+    seen = torch.zeros(6, 50, dtype=torch.bool).scatter_(1, history, True)
+    ours = filter_logits(logits, sampling, seen)
+    theirs = hf_filtered(logits, history, sampling)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    kept = ~torch.isinf(ours)
+    assert torch.allclose(ours[kept], theirs[kept], atol=1e-6)
+    assert kept.sum(-1).min() >= 1  # every row keeps a token to sample
+
+
+@pytest.mark.parametrize("repetition_penalty", [1.0, 1.5])
+def test_greedy_equals_model_generate_while_rows_finish(
+    tiny_model_path: str, repetition_penalty: float
+) -> None:
+    """EOS is set to the tokens the model greedily emits most, so rows of different prompt lengths stop
+    at different steps and leave the batch; every row must still equal `generate`'s, which keeps
+    finished rows in its batch."""
+    engine = HFEngine(tiny_model_path, max_model_len=256)
+    tok = engine.tokenizer
+    texts = ["1+2=", "What is 12*3?", "7", "9-4=", "Compute 3+3 now", "x"]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    sampling = SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=repetition_penalty)
+    free_run = decode(engine.model, prompts, 1, sampling, eos_token_ids=[-1], pad_token_id=engine.pad_token_id,
+                      stop_matcher=None)  # fmt: skip
+    counts = torch.bincount(torch.tensor([t for row in free_run.tokens for t in row]))
+    eos_ids = counts.topk(2).indices.tolist()
+
+    rows = decode(engine.model, prompts, 1, sampling, eos_token_ids=eos_ids, pad_token_id=engine.pad_token_id,
+                  stop_matcher=None)  # fmt: skip
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[engine.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        reference = engine.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                          max_new_tokens=12, eos_token_id=eos_ids, pad_token_id=engine.pad_token_id,
+                                          repetition_penalty=repetition_penalty)  # fmt: skip
+    lengths = []
+    for row, (tokens, finish) in enumerate(zip(rows.tokens, rows.finish_reasons, strict=True)):
+        expected = reference[row, width:].tolist()
+        stop = next((t + 1 for t, tok_id in enumerate(expected) if tok_id in eos_ids), None)
+        assert tokens == expected[: stop or 12]
+        assert finish == ("stop" if stop else "length")
+        lengths.append(len(tokens))
+    assert len(set(lengths)) > 1, f"rows should finish at different steps; lengths {lengths}"
+
+
+def test_samples_share_a_prefill_yet_sample_independently(tiny_model_path: str) -> None:
+    engine = HFEngine(tiny_model_path, max_model_len=256)
+    prompts = [engine.tokenizer(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "What is 12*3?"]]
+    torch.manual_seed(0)
+    rows = decode(engine.model, prompts, 4, SamplingParams(temperature=1.0, max_tokens=10),
+                  eos_token_ids=[-1], pad_token_id=engine.pad_token_id, stop_matcher=None)  # fmt: skip
+    assert len(rows.tokens) == 8 and all(len(t) == 10 for t in rows.tokens)
+    for p in range(2):
+        samples = {tuple(t) for t in rows.tokens[p * 4 : (p + 1) * 4]}
+        assert len(samples) > 1, "the n samples of a prompt must not be copies of each other"
