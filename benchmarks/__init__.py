@@ -6,5 +6,6 @@ BENCHMARKS = {
     "weight-sync": "rlcore.benchmarks.weight_sync",
     "grpc": "rlcore.benchmarks.grpc_overhead",
     "growth": "rlcore.benchmarks.cost_growth",
+    "throughput": "rlcore.benchmarks.throughput",
 }
 """`rlcore bench` name -> module."""
