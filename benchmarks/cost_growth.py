@@ -18,9 +18,10 @@ a point's step time over the smallest point's step time in the same repeat.
 
 Memory: one run of `--memory-steps` steps (--prompts x --group, --max-tokens) logging trainer rank
 0's resident memory every step (`perf/rss_gib`; on CUDA also `perf/cuda_peak_gib`). Rank 0 holds
-the engine too. Reported: RSS at steps 10, 50 and the last, the max, the slope of a linear fit from
-step 10 to the end, and "flat" when RSS grew from step 10 to the last step by less than
-FLAT_MIB or FLAT_FRACTION of its step-10 value, whichever is larger.
+the engine too. Reported: RSS at steps 10, 50 and the last, the max, the peak (ru_maxrss), the slope
+of a linear fit from step 10 to the end, and "flat" when that fit rises from step 10 to the last
+step by less than FLAT_MIB or FLAT_FRACTION of the step-10 RSS, whichever is larger (the fit, not
+two single samples: RSS moves by tens of MiB from step to step as generation allocates and frees).
 
     rlcore bench growth                                         # 2 repeats, 100-step memory run
     rlcore bench growth --repeats 1 --steps 1 --batch-sizes 1,2,3,4 --lengths 2,4,6,8 --memory-steps 6
@@ -61,7 +62,7 @@ CURVES = {"batch": "prompts per step", "length": "response budget (max_tokens)"}
 """Curve -> what varies along it."""
 FLAT_MIB = 20.0
 FLAT_FRACTION = 0.02
-"""Memory is "flat" when it grew from step 10 to the end by less than the larger of these."""
+"""Memory is "flat" when its linear fit rises from step 10 to the end by less than the larger of these."""
 RSS_AT_STEPS = (10, 50)
 """Steps whose RSS the report names (and the last step)."""
 
@@ -155,7 +156,7 @@ def memory_profile(rows: list[dict[str, float]]) -> dict[str, Any]:
     first = steps.index(start)
     fit_steps, fit_rss = steps[first:], rss[first:]
     slope = statistics.linear_regression(fit_steps, fit_rss).slope if len(fit_steps) > 1 else 0.0
-    growth_mib = (at[last] - at[start]) * 1024
+    fitted_growth_mib = slope * (last - start) * 1024
     threshold_mib = max(FLAT_MIB, FLAT_FRACTION * at[start] * 1024)
     out: dict[str, Any] = {
         "steps": steps,
@@ -165,9 +166,10 @@ def memory_profile(rows: list[dict[str, float]]) -> dict[str, Any]:
         "peak_rss_gib": rows[-1]["perf/peak_rss_gib"],
         "slope_gib_per_100_steps": slope * 100,
         "from_step": start,
-        "growth_mib": growth_mib,
+        "growth_mib": (at[last] - at[start]) * 1024,
+        "fitted_growth_mib": fitted_growth_mib,
         "flat_threshold_mib": threshold_mib,
-        "verdict": "flat" if growth_mib < threshold_mib else "growing",
+        "verdict": "flat" if fitted_growth_mib < threshold_mib else "growing",
     }
     if "perf/cuda_peak_gib" in rows[-1]:
         out["cuda_peak_gib"] = rows[-1]["perf/cuda_peak_gib"]
@@ -223,15 +225,16 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "",
         f"**memory**: trainer rank 0 (it holds the engine too), {len(mem['steps'])} steps of "
-        f"{cfg['prompts']} prompts x {cfg['group']} x {cfg['max_tokens']} tokens. Flat = RSS grew from "
-        f"step {mem['from_step']} to the last step by less than max({FLAT_MIB:.0f} MiB, "
-        f"{FLAT_FRACTION:.0%}) = {mem['flat_threshold_mib']:.0f} MiB.",
+        f"{cfg['prompts']} prompts x {cfg['group']} x {cfg['max_tokens']} tokens. Flat = a linear fit of "
+        f"RSS from step {mem['from_step']} to the last step rises by less than max({FLAT_MIB:.0f} MiB, "
+        f"{FLAT_FRACTION:.0%} of the step-{mem['from_step']} RSS) = {mem['flat_threshold_mib']:.0f} MiB. "
+        "Peak = the process's ru_maxrss (within steps too).",
         "",
         "| " + " | ".join(f"RSS step {s} GiB" for s in mem["rss_at_step_gib"]) + " | max RSS GiB | "
-        "growth MiB | slope GiB / 100 steps | verdict |",
-        "|" + "---:|" * (len(mem["rss_at_step_gib"]) + 3) + "---|",
-        f"| {at} | {mem['max_rss_gib']:.3f} | {mem['growth_mib']:.1f} | "
-        f"{mem['slope_gib_per_100_steps']:.4f} | **{mem['verdict']}** |",
+        f"peak RSS GiB | step {mem['from_step']} to last MiB | fitted growth MiB | slope GiB / 100 steps | verdict |",
+        "|" + "---:|" * (len(mem["rss_at_step_gib"]) + 5) + "---|",
+        f"| {at} | {mem['max_rss_gib']:.3f} | {mem['peak_rss_gib']:.3f} | {mem['growth_mib']:.1f} | "
+        f"{mem['fitted_growth_mib']:.1f} | {mem['slope_gib_per_100_steps']:.4f} | **{mem['verdict']}** |",
     ]
     return "\n".join(lines)
 
@@ -264,7 +267,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     axes[2].set_xlabel("step")
     axes[2].set_ylabel("trainer rank 0 RSS (GiB)")
     axes[2].set_title(
-        f"RSS over {len(mem['steps'])} steps: {mem['verdict']} ({mem['growth_mib']:+.0f} MiB from step "
+        f"RSS over {len(mem['steps'])} steps: {mem['verdict']} (fit {mem['fitted_growth_mib']:+.0f} MiB from step "
         f"{mem['from_step']})"
     )
     fig.tight_layout()
