@@ -5,5 +5,7 @@ BENCHMARKS = {
     "trl": "rlcore.benchmarks.vs_trl",
     "weight-sync": "rlcore.benchmarks.weight_sync",
     "grpc": "rlcore.benchmarks.grpc_overhead",
+    "growth": "rlcore.benchmarks.cost_growth",
+    "throughput": "rlcore.benchmarks.throughput",
 }
 """`rlcore bench` name -> module."""

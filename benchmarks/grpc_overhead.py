@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rlcore.benchmarks.common import spread
+from rlcore.benchmarks.common import count_tokens, spread
 from rlcore.core.config.schema import ScratchModelConfig
 from rlcore.core.scratch_model import build_scratch_model
 from rlcore.core.types import Completion, SamplingParams
@@ -44,10 +44,6 @@ def make_prompts(tokenizer: Any, num: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     texts = [f"{rng.randint(0, 10 ** rng.randint(1, 6))}+{rng.randint(0, 999)}=" for _ in range(num)]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-
-
-def count_tokens(results: list[list[Completion]]) -> int:
-    return sum(len(c.token_ids) for samples in results for c in samples)
 
 
 def start_server(model: str, threads: int, token: str, workdir: str) -> tuple[subprocess.Popen, str]:

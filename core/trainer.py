@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import resource
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -143,6 +145,7 @@ class StageTrainer:
             self._maybe_sync(metrics)
             metrics["perf/step_time_s"] = time.perf_counter() - start
             metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens", 0.0) / metrics["perf/step_time_s"]
+            metrics.update(_memory_metrics(self.device))
             done = (
                 self.state.explore_step >= self.total_explore_steps
                 or self.state.global_step >= self.total_train_steps
@@ -425,6 +428,20 @@ def _rollout_metrics(exps: list[Experience]) -> dict[str, float]:
     for name in exps[0].reward_components:
         out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
     return out
+
+
+def _memory_metrics(device: str) -> dict[str, float]:
+    """This process's resident memory now and at its peak, and on CUDA the peak of allocated
+    device memory, in GiB (Linux: /proc and ru_maxrss in KiB)."""
+    with open("/proc/self/statm") as f:
+        resident_pages = int(f.read().split()[1])
+    metrics = {
+        "perf/rss_gib": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**30,
+        "perf/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+    if device == "cuda":
+        metrics["perf/cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return metrics
 
 
 @contextmanager

