@@ -4,7 +4,9 @@ model of every GRPO benchmark and the same arithmetic prompts.
 Rollout: each engine generates in a fresh process (this file's --rollout-worker mode) for
 `--prompts` prompts x `--n` samples of at most `--max-tokens` tokens at temperature 1, seeded (the
 same tokens on every call). vLLM runs in process (engine core and worker in the caller, as
-colocated GRPO runs use it), like the HF engine. After one warm-up call, `--calls` calls are timed;
+colocated GRPO runs use it), like the HF engine. `hf-generate` is no rlcore engine but the
+baseline of the HF engine's decode loop: transformers' `model.generate` on the same model, each
+prompt repeated n times (as TRL's GRPOTrainer calls it). After one warm-up call, `--calls` calls are timed;
 tokens/s = generated tokens / wall time, over all the timed calls. Engine start-up is reported
 apart.
 
@@ -57,7 +59,9 @@ from rlcore.benchmarks.common import (
 )
 
 RESULTS = "benchmarks/results/throughput.json"
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "hf-generate")
+"""rlcore's engines, and `hf-generate`: transformers' own `model.generate` on the HF engine's model
+(each prompt repeated n times, as TRL's GRPOTrainer calls it), the baseline for rlcore's decode loop."""
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
 REFERENCE = {"rollout": "hf", "train": "fsdp2"}
 """Each side's ratios are over this one, repeat by repeat."""
@@ -76,6 +80,38 @@ def task_prompts(tasks: str, tokenizer: Any, num: int) -> list[list[int]]:
     return [PromptFormat(MAX_PROMPT_TOKENS).encode_prompt(tokenizer, t) for t in texts]
 
 
+class GenerateBaseline:
+    """`model.generate` on the HF engine's model, with the engine's EOS and padding: what rlcore's
+    HF engine did before it had its own decode loop, and what TRL's GRPOTrainer does."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def generate(self, prompts: list[list[int]], sampling: Any) -> list[list[Any]]:
+        import torch
+
+        from rlcore.core.types import Completion
+
+        engine, n = self.engine, sampling.n
+        rows = [p for p in prompts for _ in range(n)]
+        width = max(len(p) for p in rows)
+        ids = torch.tensor([[engine.pad_token_id] * (width - len(p)) + p for p in rows])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+        with torch.random.fork_rng(), torch.inference_mode():
+            torch.manual_seed(sampling.seed)
+            out = engine.model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, temperature=sampling.temperature,
+                top_k=0, top_p=1.0, max_new_tokens=sampling.max_tokens,
+                eos_token_id=engine.eos_token_ids, pad_token_id=engine.pad_token_id,
+            )  # fmt: skip
+        completions = []
+        for row, tokens in enumerate(out[:, width:].tolist()):
+            end = next((t + 1 for t, tok in enumerate(tokens) if tok in engine.eos_token_ids), len(tokens))
+            finish = "stop" if end < len(tokens) or tokens[-1] in engine.eos_token_ids else "length"
+            completions.append(Completion(rows[row], tokens[:end], [0.0] * end, finish))
+        return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
 def rollout_worker(spec_path: str, result_path: str) -> None:
     """Runs in its own process: builds one engine, then one warm-up call and `calls` timed calls."""
     from transformers import AutoTokenizer
@@ -86,11 +122,13 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     start = time.perf_counter()
-    engine = build_engine(
-        spec["engine"], spec["model_dir"], device=spec["device"], dtype="float32",
+    engine: Any = build_engine(
+        spec["engine"].removesuffix("-generate"), spec["model_dir"], device=spec["device"], dtype="float32",
         max_model_len=model_len(spec["max_tokens"]), max_batch_size=spec["prompts"] * spec["n"],
         in_process=True, seed=SEED,
     )  # fmt: skip
+    if spec["engine"] == "hf-generate":
+        engine = GenerateBaseline(engine)
     start_s = time.perf_counter() - start
     prompts = task_prompts(spec["tasks"], AutoTokenizer.from_pretrained(spec["model_dir"]), spec["prompts"])
     sampling = SamplingParams(temperature=1.0, n=spec["n"], max_tokens=spec["max_tokens"], seed=SEED)

@@ -29,7 +29,7 @@ def test_bench_throughput_measures_every_engine_and_strategy(tmp_path) -> None:
     result = json.loads(out.read_text())
 
     rollout = result["rollout"]
-    assert list(rollout) == ["hf", "vllm"]
+    assert list(rollout) == ["hf", "vllm", "hf-generate"]  # hf-generate: model.generate, the baseline
     for row in rollout.values():
         assert row["start_s"]["median"] > 0 and row["call_s"]["median"] > 0
         assert 4 <= row["tokens_per_call"]["median"] <= 2 * 2 * 4  # prompts x n x at most 4 tokens
