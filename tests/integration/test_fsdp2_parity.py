@@ -92,6 +92,8 @@ def test_kl_in_reward_with_adaptive_controller(tmp_path):
     launch(cfg, root + ".yaml")
     steps = [m for m in read_metrics(os.path.join(root, "it", "run")) if "rollout/kl_penalty" in m]
     assert steps[0]["rollout/kl_penalty"] == 0.0  # the policy starts equal to the reference
-    assert steps[1]["rollout/kl_penalty"] > 0.0
+    # after one update the policy has moved; the penalty is a sampled k1 estimate, so its sign is
+    # the sample's (with this seed's rollouts it is negative)
+    assert steps[1]["rollout/kl_penalty"] != 0.0
     # KL below target_kl (0.1 per sequence at first) makes the adaptive coefficient shrink
     assert steps[2]["rollout/kl_coef"] < steps[1]["rollout/kl_coef"] < steps[0]["rollout/kl_coef"] == 0.1
