@@ -91,12 +91,12 @@ class GenerateBaseline:
         import torch
 
         from rlcore.core.types import Completion
+        from rlcore.rollout.engines.hf_decode import left_pad
 
         engine, n = self.engine, sampling.n
         rows = [p for p in prompts for _ in range(n)]
-        width = max(len(p) for p in rows)
-        ids = torch.tensor([[engine.pad_token_id] * (width - len(p)) + p for p in rows])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+        ids, mask = left_pad(rows, engine.pad_token_id)
+        width = ids.shape[1]
         with torch.random.fork_rng(), torch.inference_mode():
             torch.manual_seed(sampling.seed)
             out = engine.model.generate(
@@ -107,7 +107,7 @@ class GenerateBaseline:
         completions = []
         for row, tokens in enumerate(out[:, width:].tolist()):
             end = next((t + 1 for t, tok in enumerate(tokens) if tok in engine.eos_token_ids), len(tokens))
-            finish = "stop" if end < len(tokens) or tokens[-1] in engine.eos_token_ids else "length"
+            finish = "stop" if tokens[end - 1] in engine.eos_token_ids else "length"
             completions.append(Completion(rows[row], tokens[:end], [0.0] * end, finish))
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -123,7 +123,7 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
         spec = json.load(f)
     start = time.perf_counter()
     engine: Any = build_engine(
-        spec["engine"].removesuffix("-generate"), spec["model_dir"], device=spec["device"], dtype="float32",
+        "hf" if spec["engine"] == "hf-generate" else spec["engine"], spec["model_dir"], device=spec["device"], dtype="float32",
         max_model_len=model_len(spec["max_tokens"]), max_batch_size=spec["prompts"] * spec["n"],
         in_process=True, seed=SEED,
     )  # fmt: skip

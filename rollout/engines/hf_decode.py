@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
 
 
@@ -74,12 +75,23 @@ def pick_tokens(scores_RV: torch.Tensor, greedy: bool) -> torch.Tensor:
     return torch.multinomial(scores_RV.softmax(dim=-1), num_samples=1).squeeze(-1)
 
 
-def token_logprobs(logits_RV: torch.Tensor, tokens_R: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T) at each row's token (T = 0: the raw logits)."""
-    logits_RV = logits_RV.float()
+def sampled_logprobs(logits_RV: torch.Tensor, tokens_R: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) at each row's token (T = 0: the raw logits), computed by the function
+    the trainer scores responses with."""
     if temperature > 0:
-        logits_RV = logits_RV / temperature
-    return torch.log_softmax(logits_RV, dim=-1).gather(-1, tokens_R[:, None]).squeeze(-1)
+        logits_RV = logits_RV.float() / temperature
+    return token_logprobs(logits_RV[:, None], tokens_R[:, None])[:, 0]
+
+
+def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as one left-padded batch: input ids and attention mask, [P, longest prompt]."""
+    width = max(len(p) for p in prompts)
+    input_ids_PL = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask_PL = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids_PL[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        mask_PL[row, width - len(ids) :] = 1
+    return input_ids_PL, mask_PL
 
 
 @torch.inference_mode()
@@ -95,13 +107,7 @@ def decode(
 ) -> DecodedRows:
     """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped)."""
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    input_ids_PL = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    mask_PL = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids_PL[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        mask_PL[row, width - len(ids) :] = 1
-    input_ids_PL, mask_PL = input_ids_PL.to(device), mask_PL.to(device)
+    input_ids_PL, mask_PL = (x.to(device) for x in left_pad(prompts, pad_token_id))
     positions_PL = (mask_PL.cumsum(-1) - 1).clamp(min=0)
 
     cache = DynamicCache(config=model.config)
@@ -137,17 +143,17 @@ def decode(
     for t in range(steps):
         token_A = pick_tokens(filter_logits(logits_AV, sampling, seen_AV), greedy)
         tokens_RT[active, t] = token_A
-        logprobs_RT[active, t] = token_logprobs(logits_AV, token_A, sampling.temperature)
+        logprobs_RT[active, t] = sampled_logprobs(logits_AV, token_A, sampling.temperature)
         done_A = torch.isin(token_A, eos)
         if stop_matcher is not None:
             done_A |= stop_matcher(tokens_RT[active, : t + 1], logits_AV)
-        any_done = bool(done_A.any())
-        if any_done:
+        num_done = int(done_A.sum())  # the step's one host sync
+        if num_done:
             for row in active[done_A].tolist():
                 lengths[row], finish[row] = t + 1, "stop"
-        if t == steps - 1 or bool(done_A.all()):
+        if t == steps - 1 or num_done == len(done_A):
             break
-        if any_done:  # finished rows leave the batch, and their KV cache with them
+        if num_done:  # finished rows leave the batch, and their KV cache with them
             keep_A = ~done_A
             active, token_A = active[keep_A], token_A[keep_A]
             mask_AL, positions_A = mask_AL[keep_A], positions_A[keep_A]
