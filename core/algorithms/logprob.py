@@ -15,8 +15,11 @@ _CHUNK_ELEMENTS = 1 << 25
 
 
 def _chunks(logits_BTV: torch.Tensor) -> list[torch.Tensor]:
-    """Views of at most _CHUNK_ELEMENTS elements, in row-major order of (B, T). Split per sequence
-    rather than reshaping, which would copy logits that are a non-contiguous slice."""
+    """Views of at most _CHUNK_ELEMENTS elements, in row-major order of (B, T): the whole tensor when
+    it fits (one kernel call; decoding and small batches), else split per sequence rather than
+    reshaping, which would copy logits that are a non-contiguous slice."""
+    if logits_BTV.numel() <= _CHUNK_ELEMENTS:
+        return [logits_BTV]
     rows = max(1, _CHUNK_ELEMENTS // logits_BTV.shape[-1])
     return [chunk for seq_TV in logits_BTV for chunk in seq_TV.split(rows)]
 
