@@ -135,6 +135,21 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
         previous.update(accs)
 
 
+KEEP_FREED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+"""glibc malloc settings of `cluster.malloc_keep_freed`: never trim the heap; serve blocks up to 32 MiB
+(glibc's own ceiling for its adaptive threshold) from it, so a step's activations reuse the last
+step's memory instead of page-faulting fresh pages."""
+
+
+def process_env(cluster: Any, threads: int) -> dict[str, str]:
+    """The environment of the trainer ranks and rollout workers a launch starts."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    user_malloc = "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ)
+    if cluster.malloc_keep_freed and not user_malloc:
+        env.update(KEEP_FREED_MALLOC)
+    return env
+
+
 def ensure_token(token_env: str) -> None:
     """Processes of one run share a token; without one in the environment, make a random one that
     the processes this launch starts inherit."""
@@ -182,7 +197,7 @@ class RolloutWorkers:
                 "--index", str(i), "--token-env", control.token_env,
                 "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls),
             ]  # fmt: skip
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+            env = process_env(cfg.cluster, threads)
             with open(self.logs[i], "w") as log_file:
                 self.procs.append(
                     subprocess.Popen(
@@ -319,7 +334,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
             plan_path = os.path.join(launch_dir, "plan.json")
             with open(plan_path, "w") as f:
                 json.dump(plan, f, indent=2)
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+            env = process_env(base.cluster, threads)
             plane["run"].mark_running()
             if base.trainer.remote:
                 from .remote_loop import run_remote

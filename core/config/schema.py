@@ -144,6 +144,11 @@ class ClusterConfig:
     """host:port of the torchrun rendezvous for multi-node runs; empty: single node, standalone."""
     threads_per_rank: int = bounded(0, ge=0)
     """CPU threads per trainer process; 0: cores divided by ranks."""
+    malloc_keep_freed: bool = True
+    """glibc malloc in the processes a launch starts keeps freed memory for reuse (no trimming; only
+    blocks over 32 MiB are mmapped and returned) instead of handing it back to the OS and faulting it
+    in again on the next step, which costs CPU training up to a quarter of its forward/backward.
+    Off: glibc's defaults. MALLOC_* or GLIBC_TUNABLES already in the environment win either way."""
 
 
 # ----------------------------------------------------------------------------------------------
