@@ -307,23 +307,34 @@ def rlcore_phase(phase: str, row: dict[str, float]) -> float:
 # ---------------------------------------------------------------------------- helper processes
 
 
-def run_logged(cmd: list[str], log_path: str, what: str, timeout_s: float) -> None:
-    """Run `cmd` with its output in `log_path`; a failure says which log to read."""
+def run_logged(
+    cmd: list[str], log_path: str, what: str, timeout_s: float, env: dict[str, str] | None = None
+) -> None:
+    """Run `cmd` (this environment, plus `env`) with its output in `log_path`; a failure says which
+    log to read."""
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+        proc = subprocess.run(
+            cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, env={**os.environ, **(env or {})}
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}")
 
 
 def run_worker(
-    script: str, flag: str, spec: dict[str, Any], workdir: str, tag: str, timeout_s: float
+    script: str,
+    flag: str,
+    spec: dict[str, Any],
+    workdir: str,
+    tag: str,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """`python script flag SPEC RESULT` in a fresh process: the spec goes in as JSON, the worker
-    writes its result as JSON."""
+    """`python script flag SPEC RESULT` in a fresh process (this environment, plus `env`): the spec
+    goes in as JSON, the worker writes its result as JSON."""
     spec_path, result_path = (os.path.join(workdir, f"{tag}.{x}.json") for x in ("spec", "result"))
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     cmd = [sys.executable, os.path.abspath(script), flag, spec_path, result_path]
-    run_logged(cmd, os.path.join(workdir, f"{tag}.log"), f"{tag} ({flag})", timeout_s)
+    run_logged(cmd, os.path.join(workdir, f"{tag}.log"), f"{tag} ({flag})", timeout_s, env)
     with open(result_path) as f:
         return json.load(f)

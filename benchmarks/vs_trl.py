@@ -21,6 +21,10 @@ Step time is wall time per optimizer step, from each framework's own per-step ti
 
     python benchmarks/vs_trl.py                        # both comparisons, 3 pairs each
     rlcore bench trl --comparisons same_engine --repeats 2 --steps 3
+rlcore's launcher starts its processes with glibc malloc keeping freed memory
+(`cluster.malloc_keep_freed`, on by default); TRL runs as shipped unless `--trl-malloc keep-freed`
+gives its process the same settings, which shows how much of the gap is that one setting.
+
 Targets (issue 6): same engine <= 0.8x TRL's step time, best engine <= 0.5x, train tokens/s >= TRL's.
 """
 
@@ -55,6 +59,7 @@ from rlcore.benchmarks.common import (
     versions,
     write_outputs,
 )
+from rlcore.core.launcher import KEEP_FREED_MALLOC
 
 COMPARISONS = {"same_engine": "hf", "best_engine": "vllm"}
 """Comparison -> rlcore's engine (TRL uses HF generate in both)."""
@@ -79,7 +84,8 @@ def run_trl(model_dir: str, tasks: str, workdir: str, tag: str, args: argparse.N
     spec = {"model_dir": model_dir, "tasks": tasks, "out_dir": os.path.join(workdir, f"trl-{tag}"),
             "prompts": args.prompts, "group": args.group, "max_tokens": args.max_tokens,
             "steps": args.steps + 1}  # fmt: skip
-    result = run_worker(__file__, "--trl-worker", spec, workdir, f"trl-{tag}", args.run_timeout)
+    env = KEEP_FREED_MALLOC if args.trl_malloc == "keep-freed" else None
+    result = run_worker(__file__, "--trl-worker", spec, workdir, f"trl-{tag}", args.run_timeout, env)
     steps = result["steps"][1:]
     return {
         "step_s": [s["step_s"] for s in steps],
@@ -242,7 +248,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"{cfg['prompts']} prompts x {cfg['group']} completions of at most {cfg['max_tokens']} tokens per "
         f"step, {cfg['steps']} measured optimizer steps per run after 1 warm-up, {cfg['repeats']} "
         f"alternating pairs per comparison, rlcore strategy {cfg['strategy']}, CPU ({m['cpus']} x {m['cpu']}, {m['mem_total_gib']} GiB). "
-        "Per run the median over its steps; ratios per pair, min / median / max over the pairs.",
+        "Per run the median over its steps; ratios per pair, min / median / max over the pairs. "
+        "rlcore's processes: glibc malloc keeps freed memory (`cluster.malloc_keep_freed`, its "
+        "default); TRL's process: "
+        + (
+            "the same malloc settings."
+            if cfg.get("trl_malloc") == "keep-freed"
+            else "glibc's defaults, as shipped."
+        ),
         "",
         "| comparison | rlcore engine | rlcore step s | TRL step s | **step time rlcore / TRL** | target | "
         "tokens/s rlcore / TRL | train tokens/s rlcore / TRL | tokens per step rlcore / TRL |",
@@ -331,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=positive_int, default=32, help="generation length")
     parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"))
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
+    parser.add_argument(
+        "--trl-malloc", default="as-shipped", choices=("as-shipped", "keep-freed"),
+        help="TRL's process with glibc's malloc defaults, or with the settings rlcore's launcher uses",
+    )  # fmt: skip
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--trl-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
