@@ -432,12 +432,17 @@ def _rollout_metrics(exps: list[Experience]) -> dict[str, float]:
 
 def _memory_metrics(device: str) -> dict[str, float]:
     """This process's resident memory now and at its peak, and on CUDA the peak of allocated
-    device memory, in GiB (Linux: /proc and ru_maxrss in KiB)."""
+    device memory, in GiB (Linux: /proc and ru_maxrss in KiB).
+
+    The kernel's two counters are kept apart and approximately, so ru_maxrss can read a few hundred
+    KiB under statm's current RSS when the process sits at its peak (as it does once malloc keeps
+    freed memory); the peak reported is never below the current RSS."""
     with open("/proc/self/statm") as f:
         resident_pages = int(f.read().split()[1])
+    rss_gib = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**30
     metrics = {
-        "perf/rss_gib": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**30,
-        "perf/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "perf/rss_gib": rss_gib,
+        "perf/peak_rss_gib": max(rss_gib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20),
     }
     if device == "cuda":
         metrics["perf/cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

@@ -9,7 +9,7 @@ def test_rss_metrics_see_memory_the_process_touches() -> None:
     during = _memory_metrics("cpu")
     assert set(during) == {"perf/rss_gib", "perf/peak_rss_gib"}  # no CUDA figure on a CPU run
     assert during["perf/rss_gib"] - before["perf/rss_gib"] > 0.2
-    assert during["perf/peak_rss_gib"] >= during["perf/rss_gib"] - 1e-3
+    assert during["perf/peak_rss_gib"] >= during["perf/rss_gib"]
     del block
     after = _memory_metrics("cpu")
     assert after["perf/rss_gib"] < during["perf/rss_gib"] - 0.2  # freed: RSS falls back
