@@ -13,12 +13,13 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from .checkpoint import list_checkpoints
 from .config import ConfigError, Stage, inherits_previous_model, load_config, resolve_stages, to_yaml
+from .placement import GpuPlacement, place_gpus, visible_gpus
 from .worker import SUMMARY, stage_dir
 
 
@@ -32,6 +33,12 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return requested
+
+
+def local_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check_strategies(stages: list[Stage], device: str) -> None:
@@ -141,9 +148,12 @@ KEEP_FREED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_MMAP_THRESH
 step's memory instead of page-faulting fresh pages."""
 
 
-def process_env(cluster: Any, threads: int) -> dict[str, str]:
-    """The environment of the trainer ranks and rollout workers a launch starts."""
+def process_env(cluster: Any, threads: int, gpus: list[str] | None = None) -> dict[str, str]:
+    """The environment of the trainer ranks and rollout workers a launch starts; `gpus` (placed by
+    `gpu_placement`) replace CUDA_VISIBLE_DEVICES."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     user_malloc = "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ)
     if cluster.malloc_keep_freed and not user_malloc:
         env.update(KEEP_FREED_MALLOC)
@@ -176,11 +186,49 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
 
 
+def worker_stages(stages: list[Stage]) -> list[Any]:
+    """Configs of the stages that explore on rollout workers (mode both, or a remote trainer, which
+    cannot host an engine: every stage then explores and evaluates on workers)."""
+    return [s.config for s in stages if s.config.mode == "both" or s.config.trainer.remote]
+
+
+def workers_to_start(stages: list[Stage]) -> tuple[Any, int] | None:
+    """(config of the first stage that explores on workers, how many) when this launch must start
+    rollout workers itself; None when no stage needs them or endpoints name running ones."""
+    configs = worker_stages(stages)
+    if not configs or configs[0].explorer.rollout_model.endpoints:
+        return None
+    return configs[0], max(c.explorer.rollout_model.engine_num for c in configs)
+
+
+def gpu_placement(
+    stages: list[Stage], device: str, env: Mapping[str, str], device_count: int
+) -> GpuPlacement | None:
+    """The GPUs of the trainer ranks and the rollout workers this launch starts on this node; None on
+    CPU or when it starts no workers (the trainer ranks then see every GPU, as torchrun gives them)."""
+    started = workers_to_start(stages)
+    if device != "cuda" or started is None:
+        return None
+    first, count = started
+    base = stages[0].config
+    return place_gpus(
+        visible_gpus(env, device_count),
+        trainer_ranks=0 if base.trainer.remote else base.cluster.ranks_per_node,
+        engine_num=count,
+        gpus_per_engine=first.explorer.rollout_model.tensor_parallel_size,
+        may_share=all(c.synchronizer.sync_method == "checkpoint" for c in worker_stages(stages)),
+    )
+
+
 class RolloutWorkers:
     """Rollout workers this launch starts (`rlcore rollout serve`), one process each, logging to
-    <run>/launch/rollout_worker_<i>.log; they register with the run's RunService."""
+    <run>/launch/rollout_worker_<i>.log; they register with the run's RunService. On CUDA each one
+    sees only the GPUs `gpus[i]` names."""
 
-    def __init__(self, cfg: Any, model_path: str, count: int, device: str, run_address: str, log_dir: str):
+    def __init__(
+        self, cfg: Any, model_path: str, count: int, device: str, run_address: str, log_dir: str,
+        gpus: list[list[str]] | None = None,
+    ):  # fmt: skip
         self.procs: list[subprocess.Popen] = []
         self.logs = [os.path.join(log_dir, f"rollout_worker_{i}.log") for i in range(count)]
         threads = max(1, (os.cpu_count() or 1) // count)
@@ -197,7 +245,7 @@ class RolloutWorkers:
                 "--index", str(i), "--token-env", control.token_env,
                 "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls),
             ]  # fmt: skip
-            env = process_env(cfg.cluster, threads)
+            env = process_env(cfg.cluster, threads, None if gpus is None else gpus[i])
             with open(self.logs[i], "w") as log_file:
                 self.procs.append(
                     subprocess.Popen(
@@ -247,7 +295,9 @@ def check_endpoints(endpoints: list[str], control: Any) -> None:
 
 
 @contextmanager
-def control_plane(base: Any, stages: list[Stage], device: str, launch_dir: str) -> Iterator[dict[str, Any]]:
+def control_plane(
+    base: Any, stages: list[Stage], device: str, launch_dir: str, placement: GpuPlacement | None = None
+) -> Iterator[dict[str, Any]]:
     """Serve RunService for the run's lifetime and start (then stop) the rollout workers it needs.
     Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
     from .rpc.address import reachable_host
@@ -273,19 +323,24 @@ def control_plane(base: Any, stages: list[Stage], device: str, launch_dir: str) 
         "master_address": "127.0.0.1",
     }
     try:
-        # a remote trainer cannot host an engine: every stage explores and evaluates on workers
-        remote_stages = [s.config for s in stages if s.config.mode == "both" or s.config.trainer.remote]
-        if remote_stages:
-            first = remote_stages[0]
-            endpoints = list(first.explorer.rollout_model.endpoints)
-            if endpoints:
+        configs = worker_stages(stages)
+        started = workers_to_start(stages)
+        if configs:
+            endpoints = list(configs[0].explorer.rollout_model.endpoints)
+            if started is None:
                 check_endpoints(endpoints, control)
             else:
-                count = max(c.explorer.rollout_model.engine_num for c in remote_stages)
-                print(f"rlcore: starting {count} rollout worker(s) (logs in {launch_dir})", flush=True)
-                workers = RolloutWorkers(
-                    first, stages[0].config.model.model_path, count, device, run_address, launch_dir
+                first, count = started
+                where = (
+                    ""
+                    if placement is None
+                    else " on GPU(s) " + "; ".join(",".join(g) for g in placement.engines)
                 )
+                print(f"rlcore: starting {count} rollout worker(s){where} (logs in {launch_dir})", flush=True)
+                workers = RolloutWorkers(
+                    first, stages[0].config.model.model_path, count, device, run_address, launch_dir,
+                    gpus=None if placement is None else placement.engines,
+                )  # fmt: skip
                 endpoints = run.wait_for_workers("rollout", count, control.worker_start_timeout, workers.dead)
                 print(f"rlcore: rollout workers ready: {', '.join(endpoints)}", flush=True)
             info["rollout_endpoints"] = endpoints
@@ -304,6 +359,13 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     preflight(stages)
     device = resolve_device(base.cluster.device)
     check_strategies(stages, device)
+    placement = gpu_placement(stages, device, os.environ, local_device_count() if device == "cuda" else 0)
+    if placement is not None and placement.shared:
+        print(
+            "rlcore: rollout workers share GPUs with the trainer (synchronizer.sync_method checkpoint); "
+            "explorer.rollout_model.gpu_memory_utilization must leave room for the trainer",
+            flush=True,
+        )
     run_dir = os.path.abspath(os.path.join(base.checkpoint_root_dir, base.project, base.name))
     check_run_dir(run_dir, stages, base.continue_from_checkpoint)
     prepare_assets(stages)
@@ -320,7 +382,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     )
     start = time.time()
     try:
-        with control_plane(base, stages, device, launch_dir) as plane:
+        with control_plane(base, stages, device, launch_dir, placement) as plane:
             plan = {
                 "run_dir": run_dir,
                 "device": device,
@@ -334,7 +396,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
             plan_path = os.path.join(launch_dir, "plan.json")
             with open(plan_path, "w") as f:
                 json.dump(plan, f, indent=2)
-            env = process_env(base.cluster, threads)
+            env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
             plane["run"].mark_running()
             if base.trainer.remote:
                 from .remote_loop import run_remote
