@@ -20,6 +20,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core.types import Completion, SamplingParams
 from .base import RolloutEngine, copy_completion, stop_token_ids
+from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +47,7 @@ class HFEngine(RolloutEngine):
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
         self.model = model.to(self.device)
         self.model.eval()
+        use_grouped_sdpa(self.model)
         eos_ids = stop_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
         self.eos_token_ids = eos_ids
         pad = self.tokenizer.pad_token_id

@@ -102,3 +102,32 @@ def test_samples_share_a_prefill_yet_sample_independently(tiny_model_path: str) 
     for p in range(2):
         samples = {tuple(t) for t in rows.tokens[p * 4 : (p + 1) * 4]}
         assert len(samples) > 1, "the n samples of a prompt must not be copies of each other"
+
+
+def test_grouped_sdpa_on_cpu_equals_transformers_sdpa_under_padding_and_cache(tiny_model_path: str) -> None:
+    """The engine's CPU attention (KV heads grouped in the kernel, mask and all) against transformers'
+    own SDPA (KV heads copied per query head): the same greedy rows, the same log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    engine = HFEngine(tiny_model_path, max_model_len=256)
+    assert engine.model.config._attn_implementation == "rlcore_grouped_sdpa"
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    assert reference.config._attn_implementation == "sdpa"
+    assert reference.config.num_key_value_heads < reference.config.num_attention_heads  # grouped heads
+
+    prompts = [
+        engine.tokenizer(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "What is 12*3?", "7"]
+    ]
+    kwargs = dict(eos_token_ids=[-1], pad_token_id=engine.pad_token_id, stop_matcher=None)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    ours, theirs = (
+        decode(engine.model, prompts, 1, greedy, **kwargs),
+        decode(reference, prompts, 1, greedy, **kwargs),
+    )
+    assert ours.tokens == theirs.tokens
+    diffs = [
+        abs(a - b)
+        for x, y in zip(ours.logprobs, theirs.logprobs, strict=True)
+        for a, b in zip(x, y, strict=True)
+    ]
+    assert max(diffs) < 1e-5
