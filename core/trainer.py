@@ -2,8 +2,10 @@
 
     for each batch of tasks:
         experiences = explore(tasks)              rank 0's engine; broadcast to all ranks
+        (rollout_ahead: rank 0 starts the next batch's rollout on the workers here)
         ref / old log-probs, KL-in-reward, GRPO advantages
         for each mini-batch: forward_backward + optimizer_step
+        (rollout_ahead: wait for the next batch's rollout)
         sync weights to the engines (core/synchronizer.py), evaluate, checkpoint, log
 
 SFT stages skip exploration and train on the taskset's reference responses.
@@ -18,6 +20,7 @@ import resource
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -113,6 +116,14 @@ class StageTrainer:
             cfg, self.strategy, self.explorer, stage_dir, model_path, probe_prompt,
             self.tokenizer.pad_token_id, device,
         )  # fmt: skip
+        # synchronizer.rollout_ahead: rank 0's rollout of the next explore step, generated on the
+        # workers while this one trains (a thread: it only waits on gRPC)
+        self._ahead: tuple[int, Future] | None = None
+        self._ahead_pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="rlcore-rollout-ahead")
+            if cfg.synchronizer.rollout_ahead and self.explorer is not None
+            else None
+        )
         self._last_saved = 0  # global step of the newest checkpoint
         self.monitor = None
         self.reporter = None  # RunReporter on rank 0 when the run has a controller
@@ -192,13 +203,15 @@ class StageTrainer:
         if self.synchronizer.due_before_explore(self.state):
             metrics.update(self._sync())
         t0 = time.perf_counter()
-        exps = self.synchronizer.drop_stale(self._explore(tasks), self.state.global_step, metrics)
+        exps, timing, ahead = self._explore(tasks)
+        exps = self.synchronizer.drop_stale(exps, self.state.global_step, metrics)
         t_gen = time.perf_counter() - t0
-        if self.rank == 0:
-            assert self.explorer is not None
-            metrics.update({f"perf/rollout_{k}": v for k, v in self.explorer.last_timing().items()})
+        metrics.update({f"perf/rollout_{k}": v for k, v in timing.items()})
+        metrics["rollout/generated_ahead"] = float(ahead)
+        self._start_ahead(len(exps))
         if exps:
             metrics.update(self.train_experiences(exps))
+        metrics.update(self._finish_ahead())
         metrics["perf/generate_s"] = t_gen
         return metrics
 
@@ -260,13 +273,51 @@ class StageTrainer:
 
     # ------------------------------------------------------------------ pieces
 
-    def _explore(self, tasks: list[Task]) -> list[Experience]:
+    def _explore(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float], bool]:
+        """This step's experiences on every rank, rank 0's rollout timings, and whether they were
+        generated ahead (during the previous step's training)."""
         box: list = [None]
         if self.rank == 0:
-            assert self.explorer is not None
-            box[0] = self.explorer.explore(tasks, seed=self.cfg.seed * 100_003 + self.state.explore_step)
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None:
+                step, rollout = ahead
+                assert step == self.state.explore_step, (step, self.state.explore_step)
+                box[0] = (*rollout.result(), True)
+            else:
+                box[0] = (*self._rollout(tasks, self.state.explore_step), False)
         dist.broadcast_object_list(box, src=0)
-        return box[0]
+        exps, timing, ahead_flag = box[0]
+        return exps, (timing if self.rank == 0 else {}), ahead_flag
+
+    def _rollout(self, tasks: list[Task], explore_step: int) -> tuple[list[Experience], dict[str, float]]:
+        """Rank 0: the experiences of one explore step and the rollout's timings."""
+        assert self.explorer is not None
+        exps = self.explorer.explore(tasks, seed=self.cfg.seed * 100_003 + explore_step)
+        return exps, dict(self.explorer.last_timing())
+
+    def _start_ahead(self, num_experiences: int) -> None:
+        """Rank 0 (synchronizer.rollout_ahead): start the next explore step's rollout, unless this
+        step is the stage's last."""
+        if self._ahead_pool is None or self.stream is None:
+            return
+        following = self.state.explore_step + 1
+        train_steps = math.ceil(num_experiences / self.train_batch)
+        if (
+            following >= self.total_explore_steps
+            or self.state.global_step + train_steps >= self.total_train_steps
+        ):
+            return
+        tasks = self.stream.batch(following)
+        self._ahead = (following, self._ahead_pool.submit(self._rollout, tasks, following))
+
+    def _finish_ahead(self) -> dict[str, float]:
+        """Wait for the rollout started ahead, so the sync, evaluation and checkpoint after the step
+        find the engines idle; its result is the next step's experiences."""
+        if self._ahead is None:
+            return {}
+        start = time.perf_counter()
+        self._ahead[1].result()  # a failed rollout raises here, before anything else touches the engines
+        return {"perf/rollout_ahead_wait_s": time.perf_counter() - start}
 
     def _micro(self, mini: list[Sequence]) -> tuple[list[Batch], list[list[int]]]:
         """This rank's share of a mini-batch as micro-batches, with the same count on every rank.

@@ -338,6 +338,10 @@ class SynchronizerConfig:
     max_staleness: int | None = bounded(None, ge=0)
     """Train only on experiences at most this many policy versions older than the weights being
     trained; older ones are dropped and counted (rollout/stale_dropped). None: no bound."""
+    rollout_ahead: int = bounded(0, ge=0, le=1)
+    """1: the rollout workers generate the next step's experiences while the trainer trains on this
+    step's (one step off-policy: they are sync_interval versions old when trained on); the step then
+    takes about the longer of the two instead of their sum. 0: generate, then train. Mode both."""
     checksums: bool = False
     """Every bucket carries a CRC-32 that each engine checks before loading anything; a mismatch
     fails the sync and the engine keeps its last good version (nccl only)."""

@@ -225,6 +225,7 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
             ("max_staleness", sc.max_staleness is not None),
             ("probe", sc.probe),
             ("sync_method checkpoint", sc.sync_method == "checkpoint"),
+            ("rollout_ahead", sc.rollout_ahead > 0),
         ]
         unsupported = [name for name, used in extras if used]
         if unsupported:
@@ -237,11 +238,36 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
             f"synchronizer.sync_style trainer_driven syncs after every step; sync_interval {sc.sync_interval} "
             "applies to sync_style fixed only: drop it or use sync_style fixed"
         )
-    if sc.max_staleness is not None and sc.sync_style == "fixed" and sc.max_staleness < sc.sync_interval - 1:
+    if sc.rollout_ahead:
+        _check_rollout_ahead(cfg)
+    elif (
+        sc.max_staleness is not None and sc.sync_style == "fixed" and sc.max_staleness < sc.sync_interval - 1
+    ):
         raise ConfigError(
             f"synchronizer.max_staleness {sc.max_staleness} would drop every experience generated between "
             f"syncs: sync_interval {sc.sync_interval} makes them up to {sc.sync_interval - 1} versions old; "
             f"raise max_staleness to >= {sc.sync_interval - 1} or lower sync_interval"
+        )
+
+
+def _check_rollout_ahead(cfg: RLCoreConfig) -> None:
+    sc = cfg.synchronizer
+    if cfg.mode != "both":
+        raise ConfigError(
+            f"synchronizer.rollout_ahead overlaps rollout workers' generation with training (mode both); got "
+            f"mode {cfg.mode}: an engine in the trainer's process would compete with it for the same cores"
+        )
+    if sc.sync_style == "explorer_driven":
+        raise ConfigError(
+            "synchronizer.rollout_ahead starts the next rollout before this step's sync, which sync_style "
+            "explorer_driven decides just before a rollout: use sync_style fixed or trainer_driven"
+        )
+    interval = sc.sync_interval if sc.sync_style == "fixed" else 1
+    if sc.max_staleness is not None and sc.max_staleness < interval:
+        raise ConfigError(
+            f"synchronizer.max_staleness {sc.max_staleness} would drop experiences generated ahead: with "
+            f"rollout_ahead 1 and a sync every {interval} step(s) they are up to {interval} version(s) old; "
+            f"raise max_staleness to >= {interval} or set rollout_ahead=0"
         )
 
 
