@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import resource
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,6 +31,7 @@ from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_c
 from .config import RLCoreConfig, Stage
 from .data.taskset import TaskStream, load_tasks
 from .hf_export import export_hf
+from .step_metrics import mean_dicts, memory_metrics, rollout_metrics
 from .synchronizer import Synchronizer
 from .types import Experience, Task
 
@@ -156,7 +154,7 @@ class StageTrainer:
             self._maybe_sync(metrics)
             metrics["perf/step_time_s"] = time.perf_counter() - start
             metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens", 0.0) / metrics["perf/step_time_s"]
-            metrics.update(_memory_metrics(self.device))
+            metrics.update(memory_metrics(self.device))
             done = (
                 self.state.explore_step >= self.total_explore_steps
                 or self.state.global_step >= self.total_train_steps
@@ -192,7 +190,7 @@ class StageTrainer:
                 self.tokenizer, t.prompt, t.response
             )
             seqs.append(Sequence(prompt_ids, response_ids, index=len(seqs)))
-        metrics = _mean_dicts(
+        metrics = mean_dicts(
             [self._train_on(self._micro(m)[0], m, temperature=1.0) for m in self._minis(seqs)]
         )
         metrics["perf/tokens"] = float(sum(s.length for s in seqs))
@@ -264,8 +262,8 @@ class StageTrainer:
         updates = [
             self._train_on(mbs, mini, timers=timers) for (mbs, _), mini in zip(local, minis, strict=True)
         ]
-        metrics.update(_mean_dicts(updates))
-        metrics.update(_rollout_metrics(exps))
+        metrics.update(mean_dicts(updates))
+        metrics.update(rollout_metrics(exps))
         metrics.update(timers)
         metrics["perf/train_s"] = time.perf_counter() - t1
         metrics["perf/tokens"] = float(sum(s.length for s in seqs))
@@ -458,46 +456,6 @@ def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
     if cfg.trainer.total_steps is not None:
         train_steps = min(train_steps, cfg.trainer.total_steps)
     return train_batch, math.ceil(train_steps / updates_per_step), train_steps
-
-
-def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
-    sums: dict[str, float] = defaultdict(float)
-    for d in dicts:
-        for k, v in d.items():
-            sums[k] += v
-    return {k: v / len(dicts) for k, v in sums.items()}
-
-
-def _rollout_metrics(exps: list[Experience]) -> dict[str, float]:
-    rewards = torch.tensor([e.reward for e in exps], dtype=torch.float32)
-    out = {
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std()) if len(exps) > 1 else 0.0,
-        "rollout/response_len_mean": sum(len(e.response_token_ids) for e in exps) / len(exps),
-        "rollout/truncated_frac": sum(e.finish_reason == "length" for e in exps) / len(exps),
-    }
-    for name in exps[0].reward_components:
-        out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
-    return out
-
-
-def _memory_metrics(device: str) -> dict[str, float]:
-    """This process's resident memory now and at its peak, and on CUDA the peak of allocated
-    device memory, in GiB (Linux: /proc and ru_maxrss in KiB).
-
-    The kernel's two counters are kept apart and approximately, so ru_maxrss can read a few hundred
-    KiB under statm's current RSS when the process sits at its peak (as it does once malloc keeps
-    freed memory); the peak reported is never below the current RSS."""
-    with open("/proc/self/statm") as f:
-        resident_pages = int(f.read().split()[1])
-    rss_gib = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**30
-    metrics = {
-        "perf/rss_gib": rss_gib,
-        "perf/peak_rss_gib": max(rss_gib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20),
-    }
-    if device == "cuda":
-        metrics["perf/cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    return metrics
 
 
 @contextmanager

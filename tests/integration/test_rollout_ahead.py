@@ -34,7 +34,10 @@ def test_rollouts_generated_ahead_are_one_version_old_and_otherwise_identical(tm
     assert [m["rollout/generated_ahead"] for m in ahead] == [0.0, 1.0, 1.0]
     assert [m["rollout/staleness_mean"] for m in ahead] == [0.0, 1.0, 1.0]
     assert [m["rollout/stale_dropped"] for m in ahead] == [0.0, 0.0, 0.0]
-    assert all("perf/rollout_ahead_wait_s" in m for m in ahead[:2]) and "perf/rollout_ahead_wait_s" not in ahead[2]
+    assert (
+        all("perf/rollout_ahead_wait_s" in m for m in ahead[:2])
+        and "perf/rollout_ahead_wait_s" not in ahead[2]
+    )
     assert all(m["perf/sync_gb_per_s"] > 0 for m in ahead)  # a real sync after every step
     for key in ("rollout/reward_mean", "rollout/response_len_mean"):
         assert [m[key] for m in ahead[:2]] == [m[key] for m in frozen[:2]], key

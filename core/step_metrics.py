@@ -1,0 +1,52 @@
+"""What a training step reports besides the update's own numbers: rollout statistics, this
+process's memory, and the mean of per-mini-batch metrics."""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections import defaultdict
+
+import torch
+
+from .types import Experience
+
+
+def mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    sums: dict[str, float] = defaultdict(float)
+    for d in dicts:
+        for k, v in d.items():
+            sums[k] += v
+    return {k: v / len(dicts) for k, v in sums.items()}
+
+
+def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
+    rewards = torch.tensor([e.reward for e in exps], dtype=torch.float32)
+    out = {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()) if len(exps) > 1 else 0.0,
+        "rollout/response_len_mean": sum(len(e.response_token_ids) for e in exps) / len(exps),
+        "rollout/truncated_frac": sum(e.finish_reason == "length" for e in exps) / len(exps),
+    }
+    for name in exps[0].reward_components:
+        out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
+    return out
+
+
+def memory_metrics(device: str) -> dict[str, float]:
+    """This process's resident memory now and at its peak, and on CUDA the peak of allocated
+    device memory, in GiB (Linux: /proc and ru_maxrss in KiB).
+
+    The kernel's two counters are kept apart and approximately, so ru_maxrss can read a few hundred
+    KiB under statm's current RSS when the process sits at its peak (as it does once malloc keeps
+    freed memory); the peak reported is never below the current RSS."""
+    with open("/proc/self/statm") as f:
+        resident_pages = int(f.read().split()[1])
+    rss_gib = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+    metrics = {
+        "perf/rss_gib": rss_gib,
+        "perf/peak_rss_gib": max(rss_gib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20),
+    }
+    if device == "cuda":
+        metrics["perf/cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return metrics
