@@ -10,8 +10,8 @@
     probe                       after a sync, the engines' greedy log-probs on a fixed prompt must
                                 match the trainer's log-probs of the same tokens
 
-Every rank of the trainer world runs these methods (walking the weights is collective); only
-rank 0 holds the explorer. The experiences' policy versions are optimizer steps of the stage, so
+Every rank of the trainer world runs these methods (walking the weights is collective); rank 0
+holds the explorer (mode colocate with an engine in every rank: each rank loads and probes its own). The experiences' policy versions are optimizer steps of the stage, so
 staleness = the step being trained - the version that generated it.
 """
 
@@ -55,6 +55,7 @@ class Synchronizer:
         probe_prompt: list[int],
         pad_token_id: int,
         device: str,
+        engine_per_rank: bool = False,
     ):
         self.cfg, self.sc = cfg, cfg.synchronizer
         self.strategy, self.explorer = strategy, explorer
@@ -63,6 +64,7 @@ class Synchronizer:
         dtype = cfg.model.dtype
         self.dtype = dtype if dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
         self.rank = dist.get_rank()
+        self.engine_per_rank = engine_per_rank
         method = self.sc.sync_method
         self.method = ("memory" if cfg.mode == "colocate" else "nccl") if method == "auto" else method
         self.max_staleness = self.sc.max_staleness
@@ -150,12 +152,20 @@ class Synchronizer:
     def probe(self, version: int) -> dict[str, float]:
         """Greedy-decode the probe prompt on every engine, score the same tokens with the trainer
         and compare; raises WeightSyncError past the tolerance."""
-        box: list[Any] = [None]
-        if self.rank == 0:
+        answers: list[tuple[str, list[int], list[float]]]
+        if self.engine_per_rank:  # every rank's engine answers
             assert self.explorer is not None
-            box[0] = self.explorer.probe(self.probe_prompt, self.cfg.model.max_response_tokens)
-        dist.broadcast_object_list(box, src=0)
-        answers: list[tuple[str, list[int], list[float]]] = box[0]
+            mine = self.explorer.probe(self.probe_prompt, self.cfg.model.max_response_tokens)
+            parts: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, [(f"rank {self.rank}", tokens, lp) for _, tokens, lp in mine])
+            answers = [a for part in parts for a in part]
+        else:
+            box: list[Any] = [None]
+            if self.rank == 0:
+                assert self.explorer is not None
+                box[0] = self.explorer.probe(self.probe_prompt, self.cfg.model.max_response_tokens)
+            dist.broadcast_object_list(box, src=0)
+            answers = box[0]
         seqs = [Sequence(self.probe_prompt, tokens, index=i) for i, (_, tokens, _) in enumerate(answers)]
         mbs = micro_batches([seqs], self.pad_token_id, template=seqs[0])
         trainer_lp = self.strategy.compute_logprobs(mbs, temperature=1.0)[0].float()
@@ -173,4 +183,4 @@ class Synchronizer:
                     f"tokens; tolerance {tolerance:g} (synchronizer.probe_tolerance): the engine does not hold "
                     f"the trainer's weights"
                 )
-        return {"sync/probe_logprob_diff": worst}
+        return {"sync/probe_logprob_diff": worst, "sync/probe_engines": float(len(answers))}

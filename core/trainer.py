@@ -1,7 +1,8 @@
 """The training loop of one stage, run by every rank of the trainer world.
 
     for each batch of tasks:
-        experiences = explore(tasks)              rank 0's engine; broadcast to all ranks
+        experiences = explore(tasks)              rank 0's engine; broadcast to all ranks (an
+                                                  engine in every rank: each its share, gathered)
         (rollout_ahead: rank 0 starts the next batch's rollout on the workers here)
         ref / old log-probs, KL-in-reward, GRPO advantages
         for each mini-batch: forward_backward + optimizer_step
@@ -92,10 +93,13 @@ class StageTrainer:
             model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
             total_steps=self.total_train_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
+        # mode colocate with engine_num = the trainer's ranks: an engine in every rank, each
+        # generating its share of a batch (evaluation stays on rank 0's)
+        self.engine_per_rank = cfg.mode == "colocate" and cfg.explorer.rollout_model.engine_num > 1
         self.explorer = None
         if (
             with_explorer
-            and self.rank == 0
+            and (self.rank == 0 or self.engine_per_rank)
             and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench")
         ):
             from .explorer import Explorer
@@ -112,7 +116,7 @@ class StageTrainer:
         )
         self.synchronizer = Synchronizer(
             cfg, self.strategy, self.explorer, stage_dir, model_path, probe_prompt,
-            self.tokenizer.pad_token_id, device,
+            self.tokenizer.pad_token_id, device, engine_per_rank=self.engine_per_rank,
         )  # fmt: skip
         # synchronizer.rollout_ahead: rank 0's rollout of the next explore step, generated on the
         # workers while this one trains (a thread: it only waits on gRPC)
@@ -204,6 +208,7 @@ class StageTrainer:
         exps, timing, ahead = self._explore(tasks)
         exps = self.synchronizer.drop_stale(exps, self.state.global_step, metrics)
         t_gen = time.perf_counter() - t0
+        metrics["rollout/engines"] = timing.pop("engines", 1.0)
         metrics.update({f"perf/rollout_{k}": v for k, v in timing.items()})
         metrics["rollout/generated_ahead"] = float(ahead)
         self._start_ahead(len(exps))
@@ -274,6 +279,8 @@ class StageTrainer:
     def _explore(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float], bool]:
         """This step's experiences on every rank, rank 0's rollout timings, and whether they were
         generated ahead (during the previous step's training)."""
+        if self.engine_per_rank:
+            return self._explore_every_rank(tasks)
         box: list = [None]
         if self.rank == 0:
             ahead, self._ahead = self._ahead, None
@@ -287,10 +294,29 @@ class StageTrainer:
         exps, timing, ahead_flag = box[0]
         return exps, (timing if self.rank == 0 else {}), ahead_flag
 
-    def _rollout(self, tasks: list[Task], explore_step: int) -> tuple[list[Experience], dict[str, float]]:
-        """Rank 0: the experiences of one explore step and the rollout's timings."""
+    def _explore_every_rank(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float], bool]:
+        """An engine in every rank: each rank rolls out its contiguous share of the tasks (whole
+        groups), and every rank gets all experiences in task order; timings are the slowest rank's,
+        plus "engines", how many ranks generated."""
+        mine = shard(tasks, self.rank, self.world)
+        local: tuple[list[Experience], dict[str, float]] = ([], {})
+        if mine:
+            local = self._rollout(mine, self.state.explore_step, seed_offset=self.rank * 1_000_003)
+        parts: list = [None] * self.world
+        dist.all_gather_object(parts, local)
+        exps = [e for part, _ in parts for e in part]
+        timing: dict[str, float] = {"engines": float(sum(1 for part, _ in parts if part))}
+        for _, t in parts:
+            for key, seconds in t.items():
+                timing[key] = max(timing.get(key, 0.0), seconds)
+        return exps, timing, False
+
+    def _rollout(
+        self, tasks: list[Task], explore_step: int, seed_offset: int = 0
+    ) -> tuple[list[Experience], dict[str, float]]:
+        """The experiences of one explore step (rank 0, or each rank's share) and the rollout's timings."""
         assert self.explorer is not None
-        exps = self.explorer.explore(tasks, seed=self.cfg.seed * 100_003 + explore_step)
+        exps = self.explorer.explore(tasks, seed=self.cfg.seed * 100_003 + explore_step + seed_offset)
         return exps, dict(self.explorer.last_timing())
 
     def _start_ahead(self, num_experiences: int) -> None:

@@ -247,6 +247,8 @@ class RolloutModelConfig:
     engine_type: str = choice("hf", "rlcore.rollout.engines:ENGINES")
     """Inference engine."""
     engine_num: int = bounded(1, ge=1)
+    """Engines: rollout workers (mode both), or in mode colocate 1 (in trainer rank 0) or the trainer's
+    ranks (one in each, every rank generating its share of a batch)."""
     tensor_parallel_size: int = bounded(1, ge=1)
     """GPUs one vLLM engine splits its model over (vllm only)."""
     max_batch_size: int = bounded(256, ge=1)

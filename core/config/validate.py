@@ -164,10 +164,14 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
             )
     method = cfg.synchronizer.sync_method
     if cfg.mode == "colocate":
-        if rm.engine_num != 1 or rm.endpoints:
+        ranks = cfg.cluster.num_nodes * cfg.cluster.ranks_per_node
+        if rm.engine_num not in (1, ranks) or rm.endpoints:
+            allowed = "1 (in rank 0)" + (f" or {ranks} (one in each trainer rank)" if ranks > 1 else "")
             raise ConfigError(
-                "mode colocate runs one engine inside trainer rank 0: set explorer.rollout_model.engine_num=1 "
-                "and no endpoints, or use mode both for separate rollout workers"
+                "mode colocate runs its engines inside the trainer: explorer.rollout_model.engine_num must be "
+                f"{allowed} and endpoints empty; got engine_num {rm.engine_num}"
+                + (f" and {len(rm.endpoints)} endpoint(s)" if rm.endpoints else "")
+                + ": use mode both for separate rollout workers"
             )
         if method == "nccl":
             raise ConfigError(
@@ -195,14 +199,18 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
                     f"{rm.engine_type}: set explorer.rollout_model.engine_type=vllm or drop it"
                 )
     if cfg.mode == "colocate" and rm.engine_type == "vllm":
+        # vLLM in process builds its parallel groups over the trainer's default process group (every
+        # rank must build them together) and destroys that group when it shuts down.
         ranks = cfg.cluster.num_nodes * cfg.cluster.ranks_per_node
-        if ranks > 1 or len(cfg.stages) > 1:
-            # vLLM in process builds its parallel groups over the trainer's default process group
-            # and destroys that group when it shuts down.
+        if ranks > 1 and rm.engine_num != ranks:
             raise ConfigError(
-                "mode colocate with engine_type vllm runs vLLM inside a one-rank, one-stage trainer; got "
-                f"{ranks} trainer rank(s) and {max(1, len(cfg.stages))} stage(s): use mode both (vLLM in "
-                "rollout workers) or engine_type hf"
+                f"mode colocate with engine_type vllm and {ranks} trainer ranks runs one vLLM engine in every "
+                f"rank: set explorer.rollout_model.engine_num={ranks} (got {rm.engine_num})"
+            )
+        if len(cfg.stages) > 1:
+            raise ConfigError(
+                "mode colocate with engine_type vllm keeps its engines until the process exits, so it runs "
+                f"one stage; got {len(cfg.stages)}: use mode both (vLLM in rollout workers) or engine_type hf"
             )
     if rm.enable_sleep_mode and (cfg.mode != "colocate" or cfg.cluster.device == "cpu"):
         raise ConfigError(

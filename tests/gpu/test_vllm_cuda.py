@@ -118,3 +118,19 @@ def test_grpo_with_a_vllm_worker_sharing_the_trainers_gpu_by_checkpoint_sync(tmp
 
 def test_colocated_vllm_sleeps_while_the_trainer_works(tmp_path) -> None:
     _grpo_with_vllm(str(tmp_path), **{"mode": "colocate", "explorer.rollout_model.enable_sleep_mode": True})
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="a vLLM engine in each of 2 trainer ranks needs 2 GPUs"
+)
+def test_colocated_vllm_in_every_rank_sleeps_and_each_engine_passes_the_probe(tmp_path) -> None:
+    steps = _grpo_with_vllm(
+        str(tmp_path),
+        **{
+            "mode": "colocate",
+            "cluster.ranks_per_node": 2,
+            "explorer.rollout_model.engine_num": 2,
+            "explorer.rollout_model.enable_sleep_mode": True,
+        },
+    )
+    assert all(m["rollout/engines"] == 2.0 and m["sync/probe_engines"] == 2.0 for m in steps), steps

@@ -162,7 +162,53 @@ def test_colocated_vllm_engine_loads_in_process_and_passes_the_probe_every_step(
         root,
         **{"mode": "colocate", "explorer.rollout_model.engine_type": "vllm", "synchronizer.probe": True},
     )
-    launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=600)
+    proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=600)
     metrics = [m for m in read_metrics(os.path.join(root, "it", "run")) if "actor/loss" in m]
     assert len(metrics) == cfg["buffer"]["total_steps"]
     assert all(m["sync/probe_logprob_diff"] < 1e-3 for m in metrics), metrics
+    _assert_clean_exit(proc.stdout + proc.stderr)
+
+
+def _assert_clean_exit(output: str) -> None:
+    """The in-process engine must not tear down at exit (after the trainer's groups are gone), nor
+    leave frozen objects for extension modules to report."""
+    for bad in ("Traceback", "nanobind: leaked"):
+        assert bad not in output, output[-4000:]
+
+
+def test_colocated_vllm_in_every_rank_generates_a_share_and_each_engine_passes_the_probe(tmp_path) -> None:
+    """mode colocate, 2 trainer ranks, engine_num 2: a vLLM engine inside each rank (vLLM's external
+    launcher over the trainer's gloo world). Each rank generates its half of every batch, every
+    sync loads both engines, and both engines' greedy log-probs must match the trainer's."""
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{
+            "mode": "colocate",
+            "cluster.ranks_per_node": 2,
+            "explorer.rollout_model.engine_type": "vllm",
+            "explorer.rollout_model.engine_num": 2,
+            "synchronizer.probe": True,
+        },
+    )
+    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [
+        {
+            "name": "heldout",
+            "path": os.path.join(root, "test.jsonl"),
+            "generator": "arithmetic",
+            "generator_args": {"part": "test", "num_tasks": 6, "max_operand": 9},
+            "rollout_args": {"temperature": 0.0, "max_tokens": 8},
+        }
+    ]
+    proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=800)
+    _assert_clean_exit(proc.stdout + proc.stderr)
+    rows = read_metrics(os.path.join(root, "it", "run"))
+    steps = [m for m in rows if "actor/loss" in m]
+    assert len(steps) == cfg["buffer"]["total_steps"]
+    assert [m["rollout/engines"] for m in steps] == [2.0, 2.0]  # both ranks generated every step
+    assert all(m["sync/probe_engines"] == 2.0 for m in steps), steps
+    assert all(m["sync/probe_logprob_diff"] < 1e-3 for m in steps), [
+        m["sync/probe_logprob_diff"] for m in steps
+    ]
+    assert all(m["rollout/staleness_mean"] == 0.0 for m in steps)
+    assert any("eval/heldout/accuracy" in m for m in rows)  # rank 0's engine evaluates alone

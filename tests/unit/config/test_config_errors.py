@@ -138,7 +138,16 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
             "explorer.rollout_model.endpoints[0] must be host:port",
         ),
         (["trainer.remote=nohost"], "trainer.remote must be host:port"),
-        (["mode=colocate", "explorer.rollout_model.engine_num=2"], "mode colocate runs one engine"),
+        (
+            ["mode=colocate", "explorer.rollout_model.engine_num=2"],
+            "mode colocate runs its engines inside the trainer: explorer.rollout_model.engine_num must be 1 (in "
+            "rank 0) and endpoints empty; got engine_num 2: use mode both for separate rollout workers",
+        ),
+        (
+            ["mode=colocate", "cluster.ranks_per_node=2", "explorer.rollout_model.engine_num=3"],
+            "mode colocate runs its engines inside the trainer: explorer.rollout_model.engine_num must be 1 (in "
+            "rank 0) or 2 (one in each trainer rank) and endpoints empty; got engine_num 3",
+        ),
         (["mode=colocate", "synchronizer.sync_method=nccl"], "synchronizer.sync_method nccl sends weights"),
         (["synchronizer.sync_method=memory"], "synchronizer.sync_method memory needs the engine"),
         (["control.token_env=not a name"], "control.token_env must name an environment variable"),

@@ -22,7 +22,8 @@ def _check(tmp_path: Path, *overrides: str) -> None:
         (["explorer.rollout_model.tensor_parallel_size=2"],
          r"^explorer.rollout_model.tensor_parallel_size applies to engine_type vllm only; got engine_type hf"),
         (["mode=colocate", "explorer.rollout_model.engine_type=vllm", "cluster.ranks_per_node=2"],
-         r"^mode colocate with engine_type vllm runs vLLM inside a one-rank, one-stage trainer; got 2 trainer"),
+         r"^mode colocate with engine_type vllm and 2 trainer ranks runs one vLLM engine in every rank: set "
+         r"explorer.rollout_model.engine_num=2 \(got 1\)$"),
         (["explorer.rollout_model.engine_type=vllm", "explorer.rollout_model.enable_sleep_mode=true"],
          r"^explorer.rollout_model.enable_sleep_mode shares one GPU .* got mode both"),
         (["mode=colocate", "synchronizer.sync_method=checkpoint"],
@@ -61,3 +62,7 @@ def test_consistent_settings_load(tmp_path: Path) -> None:
         "synchronizer.probe=true", "synchronizer.sync_method=nccl",
     )  # fmt: skip
     _check(tmp_path, "mode=colocate", "explorer.rollout_model.engine_type=vllm", "synchronizer.probe=true")
+    _check(
+        tmp_path, "mode=colocate", "explorer.rollout_model.engine_type=vllm", "cluster.ranks_per_node=2",
+        "explorer.rollout_model.engine_num=2",
+    )  # fmt: skip
