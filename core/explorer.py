@@ -1,9 +1,10 @@
 """The explorer: turns tasks into scored experiences on inference engines, and evaluates.
 
-It lives on trainer rank 0 and runs tasks either on an engine in its own process (mode colocate,
-weights copied in memory) or on rollout workers over gRPC (mode both: workers spawned by
-`rlcore launch` or listed in explorer.rollout_model.endpoints, weights broadcast over a
-process group). The loop above it does not know which.
+It lives on trainer rank 0 (on every rank in mode colocate with engine_num = the trainer's ranks)
+and runs tasks either on an engine in its own process (mode colocate, weights copied in memory)
+or on rollout workers over gRPC (mode both: workers spawned by `rlcore launch` or listed in
+explorer.rollout_model.endpoints, weights broadcast over a process group). The loop above it
+does not know which.
 """
 
 from __future__ import annotations
