@@ -60,6 +60,17 @@ def tiny_grpo_config(root: str, **sections) -> dict:
     return cfg
 
 
+def heldout_taskset(root: str, num_tasks: int) -> dict:
+    """An arithmetic eval taskset ("heldout", greedy) generated into `root`."""
+    return {
+        "name": "heldout",
+        "path": os.path.join(root, "test.jsonl"),
+        "generator": "arithmetic",
+        "generator_args": {"part": "test", "num_tasks": num_tasks, "max_operand": 9},
+        "rollout_args": {"temperature": 0.0, "max_tokens": 8},
+    }
+
+
 def launch(cfg: dict, path: str, *overrides: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)

@@ -8,22 +8,14 @@ import sys
 import pytest
 import torch
 
-from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config
+from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo_config
 
 pytestmark = pytest.mark.integration
 
 
 def staged_config(root: str) -> dict:
     cfg = tiny_grpo_config(root)
-    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [
-        {
-            "name": "heldout",
-            "path": os.path.join(root, "test.jsonl"),
-            "generator": "arithmetic",
-            "generator_args": {"part": "test", "num_tasks": 12, "max_operand": 9},
-            "rollout_args": {"temperature": 0.0, "max_tokens": 8},
-        }
-    ]
+    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [heldout_taskset(root, num_tasks=12)]
     cfg["stages"] = [
         {
             "name": "warmup",

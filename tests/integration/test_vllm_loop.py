@@ -19,7 +19,7 @@ import pytest
 from rlcore.client import ClientOptions, RolloutClient
 from rlcore.core.types import SamplingParams
 
-from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config, wait_for_port_file
+from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo_config, wait_for_port_file
 from .vllm_support import require_vllm
 
 require_vllm()
@@ -191,15 +191,7 @@ def test_colocated_vllm_in_every_rank_generates_a_share_and_each_engine_passes_t
             "synchronizer.probe": True,
         },
     )
-    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [
-        {
-            "name": "heldout",
-            "path": os.path.join(root, "test.jsonl"),
-            "generator": "arithmetic",
-            "generator_args": {"part": "test", "num_tasks": 6, "max_operand": 9},
-            "rollout_args": {"temperature": 0.0, "max_tokens": 8},
-        }
-    ]
+    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [heldout_taskset(root, num_tasks=6)]
     proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=800)
     _assert_clean_exit(proc.stdout + proc.stderr)
     rows = read_metrics(os.path.join(root, "it", "run"))
