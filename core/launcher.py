@@ -374,7 +374,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     os.makedirs(launch_dir, exist_ok=True)
     cores = os.cpu_count() or 1
     threads = base.cluster.threads_per_rank or max(1, cores // base.cluster.ranks_per_node)
-    world = base.cluster.num_nodes * base.cluster.ranks_per_node
+    world = base.cluster.ranks
     print(
         f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], strategy {base.trainer.strategy}, "
         f"{world} trainer rank(s) on {device}; run folder {run_dir}",

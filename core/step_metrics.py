@@ -1,5 +1,5 @@
-"""What a training step reports besides the update's own numbers: rollout statistics, this
-process's memory, and the mean of per-mini-batch metrics."""
+"""What a training step reports besides the update's own numbers: rollout statistics and timings,
+this process's memory, and the mean of per-mini-batch metrics."""
 
 from __future__ import annotations
 
@@ -31,6 +31,16 @@ def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
     for name in exps[0].reward_components:
         out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
     return out
+
+
+def rollout_report(engines: int, timings: list[dict[str, float]]) -> dict[str, float]:
+    """A step's rollout metrics: how many engines generated, and each timing of the slowest one."""
+    report = {"rollout/engines": float(engines)}
+    for timing in timings:
+        for key, seconds in timing.items():
+            name = f"perf/rollout_{key}"
+            report[name] = max(report.get(name, 0.0), seconds)
+    return report
 
 
 def memory_metrics(device: str) -> dict[str, float]:

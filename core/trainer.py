@@ -32,7 +32,7 @@ from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_c
 from .config import RLCoreConfig, Stage
 from .data.taskset import TaskStream, load_tasks
 from .hf_export import export_hf
-from .step_metrics import mean_dicts, memory_metrics, rollout_metrics
+from .step_metrics import mean_dicts, memory_metrics, rollout_metrics, rollout_report
 from .synchronizer import Synchronizer
 from .types import Experience, Task
 
@@ -205,11 +205,10 @@ class StageTrainer:
         if self.synchronizer.due_before_explore(self.state):
             metrics.update(self._sync())
         t0 = time.perf_counter()
-        exps, timing, ahead = self._explore(tasks)
+        exps, rollout, ahead = self._explore(tasks)
         exps = self.synchronizer.drop_stale(exps, self.state.global_step, metrics)
         t_gen = time.perf_counter() - t0
-        metrics["rollout/engines"] = timing.pop("engines", 1.0)
-        metrics.update({f"perf/rollout_{k}": v for k, v in timing.items()})
+        metrics.update(rollout)
         metrics["rollout/generated_ahead"] = float(ahead)
         self._start_ahead(len(exps))
         if exps:
@@ -277,8 +276,9 @@ class StageTrainer:
     # ------------------------------------------------------------------ pieces
 
     def _explore(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float], bool]:
-        """This step's experiences on every rank, rank 0's rollout timings, and whether they were
-        generated ahead (during the previous step's training)."""
+        """This step's experiences on every rank, the rollout's metrics (on rank 0: how many engines
+        generated, and the engine/reward seconds), and whether the experiences were generated ahead
+        (during the previous step's training)."""
         if self.engine_per_rank:
             return self._explore_every_rank(tasks)
         box: list = [None]
@@ -292,12 +292,11 @@ class StageTrainer:
                 box[0] = (*self._rollout(tasks, self.state.explore_step), False)
         dist.broadcast_object_list(box, src=0)
         exps, timing, ahead_flag = box[0]
-        return exps, (timing if self.rank == 0 else {}), ahead_flag
+        return exps, rollout_report(1, [timing] if self.rank == 0 else []), ahead_flag
 
     def _explore_every_rank(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float], bool]:
         """An engine in every rank: each rank rolls out its contiguous share of the tasks (whole
-        groups), and every rank gets all experiences in task order; timings are the slowest rank's,
-        plus "engines", how many ranks generated."""
+        groups), and every rank gets all experiences in task order; timings are the slowest rank's."""
         mine = shard(tasks, self.rank, self.world)
         local: tuple[list[Experience], dict[str, float]] = ([], {})
         if mine:
@@ -305,11 +304,7 @@ class StageTrainer:
         parts: list = [None] * self.world
         dist.all_gather_object(parts, local)
         exps = [e for part, _ in parts for e in part]
-        timing: dict[str, float] = {"engines": float(sum(1 for part, _ in parts if part))}
-        for _, t in parts:
-            for key, seconds in t.items():
-                timing[key] = max(timing.get(key, 0.0), seconds)
-        return exps, timing, False
+        return exps, rollout_report(sum(1 for part, _ in parts if part), [t for _, t in parts]), False
 
     def _rollout(
         self, tasks: list[Task], explore_step: int, seed_offset: int = 0

@@ -150,6 +150,11 @@ class ClusterConfig:
     in again on the next step, which costs CPU training up to a quarter of its forward/backward.
     Off: glibc's defaults. MALLOC_* or GLIBC_TUNABLES already in the environment win either way."""
 
+    @property
+    def ranks(self) -> int:
+        """Trainer processes in all: num_nodes x ranks_per_node."""
+        return self.num_nodes * self.ranks_per_node
+
 
 # ----------------------------------------------------------------------------------------------
 # buffer

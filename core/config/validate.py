@@ -164,7 +164,7 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
             )
     method = cfg.synchronizer.sync_method
     if cfg.mode == "colocate":
-        ranks = cfg.cluster.num_nodes * cfg.cluster.ranks_per_node
+        ranks = cfg.cluster.ranks
         if rm.engine_num not in (1, ranks) or rm.endpoints:
             allowed = "1 (in rank 0)" + (f" or {ranks} (one in each trainer rank)" if ranks > 1 else "")
             raise ConfigError(
@@ -201,7 +201,7 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
     if cfg.mode == "colocate" and rm.engine_type == "vllm":
         # vLLM in process builds its parallel groups over the trainer's default process group (every
         # rank must build them together) and destroys that group when it shuts down.
-        ranks = cfg.cluster.num_nodes * cfg.cluster.ranks_per_node
+        ranks = cfg.cluster.ranks
         if ranks > 1 and rm.engine_num != ranks:
             raise ConfigError(
                 f"mode colocate with engine_type vllm and {ranks} trainer ranks runs one vLLM engine in every "
