@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..client.base import ClientOptions, RpcError
-from ..rollout.engines import build_engine
+from ..rollout.engines import in_process
 from ..rollout.rewards.compose import build_reward
 from ..rollout.workflows.single_turn import SingleTurnWorkflow
 from .config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
@@ -58,19 +58,33 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
     )
 
 
+def engine_in_every_rank(cfg: RLCoreConfig, world: int) -> bool:
+    """Whether every trainer rank holds an engine (evaluation stays on rank 0's): mode colocate with
+    engine_num = the ranks, each generating its share of a batch; and any in-process engine that
+    the ranks of a larger world must build together (vLLM, see rollout/engines/in_process.py)."""
+    if cfg.mode == "both":
+        return False
+    if cfg.mode == "colocate" and cfg.explorer.rollout_model.engine_num > 1:
+        return True
+    return world > 1 and cfg.explorer.rollout_model.engine_type in in_process.PROCESS_WIDE
+
+
 class LocalRollout:
-    """An engine in this process; weights arrive by an in-memory copy."""
+    """An engine in this process; weights arrive by an in-memory copy.
+
+    `reused`: an earlier stage of this launch built the engine (one that lives as long as the
+    process, see rollout/engines/in_process.py), so it holds that stage's weights until the first
+    sync."""
 
     def __init__(self, cfg: RLCoreConfig, model_path: str, device: str):
         rm = cfg.explorer.rollout_model
         dtype = (
             cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
         )
-        self.engine = build_engine(
+        self.engine, self.reused = in_process.acquire(
             rm.engine_type, model_path, device=device, dtype=dtype, max_model_len=cfg.model.max_model_len,
             max_batch_size=rm.max_batch_size, gpu_memory_utilization=rm.gpu_memory_utilization,
-            enforce_eager=rm.enforce_eager, enable_sleep_mode=rm.enable_sleep_mode, in_process=True,
-            seed=cfg.seed,
+            enforce_eager=rm.enforce_eager, enable_sleep_mode=rm.enable_sleep_mode, seed=cfg.seed,
         )  # fmt: skip
         self._workflows: dict[str, SingleTurnWorkflow] = {}
         self.sleeps = rm.enable_sleep_mode
@@ -115,7 +129,9 @@ class LocalRollout:
             self.engine.wake_up()
 
     def close(self) -> None:
-        self.engine.close()
+        if self.sleeps and not self.engine.sleeping:  # the GPU goes to whatever runs next
+            self.engine.sleep()
+        in_process.release(self.engine)
 
 
 class RemoteRollout:
@@ -210,6 +226,7 @@ class Explorer:
             if endpoints
             else LocalRollout(cfg, model_path, device)
         )
+        self.engine_reused = isinstance(self.rollout, LocalRollout) and self.rollout.reused
         self.train_set = cfg.buffer.explorer_input.taskset
         self.train_spec = workflow_spec(cfg, self.train_set)
         self.eval_sets = []

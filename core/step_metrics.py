@@ -1,5 +1,6 @@
 """What a training step reports besides the update's own numbers: rollout statistics and timings,
-this process's memory, and the mean of per-mini-batch metrics."""
+how far the engine's log-probs are from the trainer's, this process's memory, and the mean of
+per-mini-batch metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import resource
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 
 from .types import Experience
 
@@ -31,6 +33,37 @@ def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
     for name in exps[0].reward_components:
         out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
     return out
+
+
+class LogprobGap:
+    """How far the engine's log-probs of the sampled tokens are from the trainer's recomputation
+    over one step, per response token: `rollout/logprob_diff_mean` and `rollout/logprob_diff_max`.
+
+    Near 0 (numerics only) when the engine generated with the trainer's weights and sampling does
+    not reshape the distribution (top-k/top-p/min-p off). It grows when the engine holds other
+    weights (a stale or failed sync), or computes differently (another dtype or attention kernel)."""
+
+    def __init__(self) -> None:
+        self.sum, self.count, self.max = 0.0, 0.0, 0.0
+
+    def add(self, engine: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor) -> None:
+        diff = (engine.float() - trainer.float()).abs() * mask
+        self.sum += float(diff.sum())
+        self.count += float(mask.sum())
+        self.max = max(self.max, float(diff.max())) if diff.numel() else self.max
+
+    def metrics(self, group: dist.ProcessGroup | None) -> dict[str, float]:
+        """Over every data-parallel rank's tokens (a collective of `group`)."""
+        totals = torch.tensor([self.sum, self.count], dtype=torch.float64)
+        worst = torch.tensor([self.max], dtype=torch.float64)
+        dist.all_reduce(totals, group=group)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+        if totals[1] == 0:
+            return {}
+        return {
+            "rollout/logprob_diff_mean": float(totals[0] / totals[1]),
+            "rollout/logprob_diff_max": float(worst),
+        }
 
 
 def rollout_report(engines: int, timings: list[dict[str, float]]) -> dict[str, float]:

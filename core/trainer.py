@@ -31,8 +31,9 @@ from .batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches,
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RLCoreConfig, Stage
 from .data.taskset import TaskStream, load_tasks
+from .explorer import Explorer, engine_in_every_rank
 from .hf_export import export_hf
-from .step_metrics import mean_dicts, memory_metrics, rollout_metrics, rollout_report
+from .step_metrics import LogprobGap, mean_dicts, memory_metrics, rollout_metrics, rollout_report
 from .synchronizer import Synchronizer
 from .types import Experience, Task
 
@@ -93,21 +94,18 @@ class StageTrainer:
             model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
             total_steps=self.total_train_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
-        # mode colocate with engine_num = the trainer's ranks: an engine in every rank, each
-        # generating its share of a batch (evaluation stays on rank 0's)
-        self.engine_per_rank = cfg.mode == "colocate" and cfg.explorer.rollout_model.engine_num > 1
+        self.engine_per_rank = engine_in_every_rank(cfg, self.world)
         self.explorer = None
         if (
             with_explorer
             and (self.rank == 0 or self.engine_per_rank)
             and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench")
         ):
-            from .explorer import Explorer
-
             endpoints = rollout_endpoints if cfg.mode == "both" else None
             self.explorer = Explorer(cfg, model_path, device, endpoints, master_address)
-        # Separate rollout workers hold whatever weights they started with: push ours first.
-        self.sync_on_start = with_explorer and cfg.mode == "both"
+        # Separate rollout workers hold whatever weights they started with, and an in-process
+        # engine an earlier stage built holds that stage's: push ours first.
+        self.sync_on_start = with_explorer and (cfg.mode == "both" or self._engine_reused())
         self.state = TrainerState()
         probe_prompt = (
             self.prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
@@ -231,6 +229,7 @@ class StageTrainer:
         minis = self._minis(seqs)
         local = [self._micro(m) for m in minis]
         timers: dict[str, float] = {}
+        gap = LogprobGap()  # the engine's log-probs (in old_logprobs until recomputed) against ours
         for mbs, _ in local:
             if self.needs_ref:
                 with _timed(timers, "perf/ref_logprobs_s"):
@@ -241,9 +240,10 @@ class StageTrainer:
                 with _timed(timers, "perf/old_logprobs_s"):
                     old = self.strategy.compute_logprobs(mbs, self.temperature)
                 for mb, lp in zip(mbs, old, strict=True):
+                    gap.add(mb["old_logprobs"], lp, mb["loss_mask"])
                     mb["old_logprobs"] = lp
 
-        metrics: dict[str, float] = {}
+        metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
         rewards = scores
         if algo.use_kl_in_reward:
             seq_kl = torch.zeros(len(seqs), dtype=torch.float64)
@@ -274,6 +274,12 @@ class StageTrainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
+
+    def _engine_reused(self) -> bool:
+        """Whether this stage's in-process engine came from an earlier stage (rank 0's answer)."""
+        box = [self.explorer is not None and self.explorer.engine_reused]
+        dist.broadcast_object_list(box, src=0)
+        return bool(box[0])
 
     def _explore(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float], bool]:
         """This step's experiences on every rank, the rollout's metrics (on rank 0: how many engines

@@ -28,7 +28,7 @@ from omegaconf.errors import (
 )
 
 from .schema import STAGE_SECTIONS, RLCoreConfig
-from .validate import ConfigError, validate_config
+from .validate import ConfigError, check_stages, validate_config
 
 
 @dataclass
@@ -284,6 +284,7 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
         except ConfigError as e:
             raise ConfigError(f"{prefix}{e}") from None
         stages.append(Stage(i, name, obj))
+    check_stages([s.config for s in stages])
     return stages
 
 

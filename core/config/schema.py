@@ -253,7 +253,9 @@ class RolloutModelConfig:
     """Inference engine."""
     engine_num: int = bounded(1, ge=1)
     """Engines: rollout workers (mode both), or in mode colocate 1 (in trainer rank 0) or the trainer's
-    ranks (one in each, every rank generating its share of a batch)."""
+    ranks (one in each, every rank generating its share of a batch). An in-process vLLM engine is
+    in every rank whenever there are several (it joins the trainer's world), and serves every stage
+    of the launch."""
     tensor_parallel_size: int = bounded(1, ge=1)
     """GPUs one vLLM engine splits its model over (vllm only)."""
     max_batch_size: int = bounded(256, ge=1)

@@ -207,11 +207,6 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
                 f"mode colocate with engine_type vllm and {ranks} trainer ranks runs one vLLM engine in every "
                 f"rank: set explorer.rollout_model.engine_num={ranks} (got {rm.engine_num})"
             )
-        if len(cfg.stages) > 1:
-            raise ConfigError(
-                "mode colocate with engine_type vllm keeps its engines until the process exits, so it runs "
-                f"one stage; got {len(cfg.stages)}: use mode both (vLLM in rollout workers) or engine_type hf"
-            )
     if rm.enable_sleep_mode and (cfg.mode != "colocate" or cfg.cluster.device == "cpu"):
         raise ConfigError(
             "explorer.rollout_model.enable_sleep_mode shares one GPU between trainer and engine: it needs "
@@ -301,3 +296,48 @@ def _check_control(cfg: RLCoreConfig, check_paths: bool) -> None:
             path = getattr(tls, key)
             if path and not os.path.isfile(path):
                 raise ConfigError(f"control.tls.{key}: '{path}' is not a file (give a PEM file)")
+
+
+SHARED_ENGINE_KEYS = (
+    "model.dtype",
+    "model.max_model_len",
+    "explorer.rollout_model.max_batch_size",
+    "explorer.rollout_model.gpu_memory_utilization",
+    "explorer.rollout_model.enforce_eager",
+    "explorer.rollout_model.enable_sleep_mode",
+)
+"""Settings of the in-process vLLM engine that every stage running one shares."""
+
+
+def check_stages(stages: list[RLCoreConfig]) -> None:
+    """Checks across stages. The stages that run vLLM in the trainer's process (mode colocate, and
+    evaluation in modes train and bench) share one engine, built once per launch: vLLM cannot be
+    torn down while the trainer runs (rollout/engines/in_process.py). They must ask for the same one."""
+    first: tuple[int, RLCoreConfig] | None = None
+    for i, cfg in enumerate(stages):
+        if not _runs_vllm_in_process(cfg):
+            continue
+        if first is None:
+            first = (i, cfg)
+            continue
+        for key in SHARED_ENGINE_KEYS:
+            old, new = _lookup(first[1], key), _lookup(cfg, key)
+            if old != new:
+                raise ConfigError(
+                    f"stages[{i}].{key}: {new!r} differs from stage {first[0]}'s {old!r}; the stages that run "
+                    "vLLM in the trainer's process share one engine, built once per launch: give them the same "
+                    f"{key} (or run this stage as a separate launch)"
+                )
+
+
+def _runs_vllm_in_process(cfg: RLCoreConfig) -> bool:
+    if cfg.explorer.rollout_model.engine_type != "vllm" or cfg.trainer.remote is not None:
+        return False
+    evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
+    return cfg.mode in ("colocate", "bench") or (cfg.mode == "train" and evaluates)
+
+
+def _lookup(cfg: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg

@@ -9,7 +9,7 @@ two ways:
 - in process (colocated runs, `in_process=True`): the engine core and its single worker run in
   this process, so full tensors are handed over by reference. In a trainer of several ranks every
   rank holds such an engine (vLLM's external launcher: its groups are built over the trainer's
-  world, one replica per rank).
+  world, one replica per rank). It lives until the process exits and serves every stage.
 The prefix cache is reset after every load: cached KV blocks were computed by the old weights.
 
 Log-probs are vLLM's processed log-probs of the sampled token (after temperature, and after
@@ -20,6 +20,7 @@ Importing this module imports vllm: select it only through the ENGINES registry.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import os
@@ -136,6 +137,20 @@ class VLLMEngine(RolloutEngine):
         )
         self._sampling_params = vllm.SamplingParams
         self.policy_version = 0
+        if in_process:
+            self._live_until_exit()
+
+    def _live_until_exit(self) -> None:
+        """vLLM's in-process teardown destroys the caller's default process group (the trainer
+        world's), so this engine is never torn down: it serves every stage of the launch
+        (in_process.py) and goes with the process. Its exit-time teardown is cancelled, or it would
+        run after the trainer destroyed its groups and fail on them. What that teardown does
+        besides, undo the gc.freeze() of the engine's start, happens at exit instead: frozen
+        objects are never collected, and extension modules report them as leaks."""
+        finalizer = getattr(self.llm.llm_engine.engine_core, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
+        atexit.register(gc.unfreeze)
 
     # ------------------------------------------------------------------------------------------
     # generation
@@ -259,22 +274,9 @@ class VLLMEngine(RolloutEngine):
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
-        if llm is None:
+        if llm is None or self.in_process:  # in process: it lives until the process exits (__init__)
             return
         self.llm = None
-        if self.in_process:
-            # vLLM's in-process teardown destroys the caller's default process group (the trainer
-            # world's): the engine stays up until the process exits (colocate is one stage), and
-            # its exit-time teardown is cancelled, or it would run after the trainer destroyed its
-            # groups and fail on them. What that teardown does besides: undo the gc.freeze() of the
-            # engine's start (frozen objects are never collected, and extension modules report
-            # them as leaks at exit).
-            finalizer = getattr(llm.llm_engine.engine_core, "_finalizer", None)
-            if finalizer is not None:
-                finalizer.detach()
-            gc.unfreeze()
-            self._kept_alive = llm
-            return
         llm.llm_engine.engine_core.shutdown()
 
 

@@ -134,3 +134,40 @@ def test_colocated_vllm_in_every_rank_sleeps_and_each_engine_passes_the_probe(tm
         },
     )
     assert all(m["rollout/engines"] == 2.0 and m["sync/probe_engines"] == 2.0 for m in steps), steps
+
+
+def test_colocated_vllm_sleeps_through_an_sft_stage_and_serves_the_next_grpo_stage(tmp_path) -> None:
+    """GRPO, SFT, GRPO on one GPU with sleep mode: the engine is built once, sleeps while the SFT
+    stage trains, and the last stage pushes the SFT weights into it before its first rollout."""
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{
+            "mode": "colocate",
+            "cluster.device": "cuda",
+            "model.dtype": "bfloat16",
+            "explorer.rollout_model.engine_type": "vllm",
+            "explorer.rollout_model.gpu_memory_utilization": 0.3,
+            "explorer.rollout_model.enforce_eager": True,
+            "explorer.rollout_model.enable_sleep_mode": True,
+            "synchronizer.probe": True,
+        },
+    )
+    sft = {
+        "mode": "train",
+        "algorithm": {"algorithm_type": "sft"},
+        "buffer": {"batch_size": 8, "total_steps": 2},
+    }
+    cfg["stages"] = [
+        {"name": "rl1", "buffer": {"total_steps": 2}},
+        {"name": "sft", **sft},
+        {"name": "rl2", "buffer": {"total_steps": 2}},
+    ]
+    proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=800)
+    assert "reusing the in-process vllm engine an earlier stage built" in proc.stdout + proc.stderr
+    steps = [m for m in read_metrics(os.path.join(root, "it", "run", "stage2_rl2")) if "actor/loss" in m]
+    assert len(steps) == 2
+    assert all(m["sync/probe_logprob_diff"] < BF16_TOLERANCE for m in steps)
+    assert all(m["rollout/logprob_diff_mean"] < BF16_TOLERANCE for m in steps), [
+        m["rollout/logprob_diff_mean"] for m in steps
+    ]

@@ -66,3 +66,40 @@ def test_consistent_settings_load(tmp_path: Path) -> None:
         tmp_path, "mode=colocate", "explorer.rollout_model.engine_type=vllm", "cluster.ranks_per_node=2",
         "explorer.rollout_model.engine_num=2",
     )  # fmt: skip
+
+
+def _stages(tmp_path: Path, engine_type: str, first: dict, second: dict) -> list:
+    tasks = {"path": str(tmp_path / "tasks.jsonl")}
+    recipe = write_recipe(
+        tmp_path,
+        {
+            "mode": "colocate",
+            "explorer": {"rollout_model": {"engine_type": engine_type}},
+            "stages": [
+                {"name": "rl", **first},
+                {"name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft"},
+                 "buffer": {"explorer_input": {"eval_tasksets": [{"name": "held", **tasks}]}}, **second},
+            ],
+        },
+    )  # fmt: skip
+    return resolve_stages(load_config(recipe))
+
+
+def test_stages_that_run_vllm_in_process_must_ask_for_the_same_engine(tmp_path: Path) -> None:
+    """They share one engine, built once per launch: a setting that differs is refused at load
+    time, naming the later stage's key and the first stage's value."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^stages\[1\]\.explorer\.rollout_model\.max_batch_size: 64 differs from stage 0's 256; the "
+        r"stages that run vLLM in the trainer's process share one engine, built once per launch: give them "
+        r"the same explorer.rollout_model.max_batch_size \(or run this stage as a separate launch\)$",
+    ):
+        _stages(tmp_path, "vllm", {}, {"explorer": {"rollout_model": {"max_batch_size": 64}}})
+    with pytest.raises(ConfigError, match=r"^stages\[1\]\.model\.max_model_len: 2048 differs from stage 0's"):
+        _stages(tmp_path, "vllm", {}, {"model": {"max_model_len": 2048}})
+    # equal settings load; so do differing ones where no engine is shared: HF engines are built per
+    # stage, and an SFT stage without evaluation runs no engine
+    assert len(_stages(tmp_path, "vllm", {}, {"trainer": {"save_interval": 3}})) == 2
+    assert len(_stages(tmp_path, "hf", {}, {"explorer": {"rollout_model": {"max_batch_size": 64}}})) == 2
+    no_eval = {"buffer": {"explorer_input": {"eval_tasksets": []}}, "model": {"max_model_len": 2048}}
+    assert len(_stages(tmp_path, "vllm", {}, no_eval)) == 2
