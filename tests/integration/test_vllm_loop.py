@@ -176,11 +176,9 @@ def _assert_clean_exit(output: str) -> None:
         assert bad not in output, output[-4000:]
 
 
-def test_colocated_vllm_in_every_rank_generates_a_share_and_each_engine_passes_the_probe(tmp_path) -> None:
-    """mode colocate, 2 trainer ranks, engine_num 2: a vLLM engine inside each rank (vLLM's external
-    launcher over the trainer's gloo world). Each rank generates its half of every batch, every
-    sync loads both engines, and both engines' greedy log-probs must match the trainer's."""
-    root = str(tmp_path)
+def _two_ranks_with_vllm_inside(root: str) -> dict:
+    """mode colocate on 2 trainer ranks with a vLLM engine in each, the probe on, and a held-out
+    evaluation (rank 0's engine)."""
     cfg = tiny_grpo_config(
         root,
         **{
@@ -192,6 +190,15 @@ def test_colocated_vllm_in_every_rank_generates_a_share_and_each_engine_passes_t
         },
     )
     cfg["buffer"]["explorer_input"]["eval_tasksets"] = [heldout_taskset(root, num_tasks=6)]
+    return cfg
+
+
+def test_colocated_vllm_in_every_rank_generates_a_share_and_each_engine_passes_the_probe(tmp_path) -> None:
+    """mode colocate, 2 trainer ranks, engine_num 2: a vLLM engine inside each rank (vLLM's external
+    launcher over the trainer's gloo world). Each rank generates its half of every batch, every
+    sync loads both engines, and both engines' greedy log-probs must match the trainer's."""
+    root = str(tmp_path)
+    cfg = _two_ranks_with_vllm_inside(root)
     proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=800)
     _assert_clean_exit(proc.stdout + proc.stderr)
     rows = read_metrics(os.path.join(root, "it", "run"))
@@ -214,17 +221,7 @@ def test_colocated_vllm_engines_serve_every_stage_and_take_each_stages_weights_f
     equal the trainer's (with the previous GRPO stage's weights still loaded they differed by 0.14
     on average when measured)."""
     root = str(tmp_path)
-    cfg = tiny_grpo_config(
-        root,
-        **{
-            "mode": "colocate",
-            "cluster.ranks_per_node": 2,
-            "explorer.rollout_model.engine_type": "vllm",
-            "explorer.rollout_model.engine_num": 2,
-            "synchronizer.probe": True,
-        },
-    )
-    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [heldout_taskset(root, num_tasks=6)]
+    cfg = _two_ranks_with_vllm_inside(root)
     sft = {"mode": "train", "algorithm": {"algorithm_type": "sft"}}
     cfg["stages"] = [
         {"name": "sft_eval", **sft, "buffer": {"batch_size": 8, "total_steps": 2}},
