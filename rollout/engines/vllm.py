@@ -165,6 +165,9 @@ class VLLMEngine(RolloutEngine):
         assert not self.sleeping, "wake_up() the engine before generating"
         greedy = sampling.temperature == 0
         n = 1 if greedy else sampling.n  # greedy samples are all equal: decode once, copy
+        # vLLM detokenizes incrementally, every token of every step; without stop strings to watch
+        # for, the finished responses are decoded once here instead (as the HF engine decodes them)
+        detokenize = bool(sampling.stop)
         params = [
             self._sampling_params(
                 n=n,
@@ -179,6 +182,7 @@ class VLLMEngine(RolloutEngine):
                 # vLLM gives child sample j the seed + j: spacing prompts by n keeps them distinct.
                 seed=None if sampling.seed is None else sampling.seed + i * n,
                 logprobs=0,
+                detokenize=detokenize,
                 skip_special_tokens=True,
             )
             for i in range(len(prompt_token_ids))
@@ -187,14 +191,15 @@ class VLLMEngine(RolloutEngine):
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
         for ids, out in zip(prompt_token_ids, outputs, strict=True):
-            samples = [self._completion(ids, c) for c in sorted(out.outputs, key=lambda c: c.index)]
+            samples = [
+                self._completion(ids, c, detokenize) for c in sorted(out.outputs, key=lambda c: c.index)
+            ]
             if n != sampling.n:
                 samples = [samples[0]] + [copy_completion(samples[0]) for _ in range(sampling.n - 1)]
             results.append(samples)
         return results
 
-    @staticmethod
-    def _completion(prompt: list[int], c: Any) -> Completion:
+    def _completion(self, prompt: list[int], c: Any, detokenized: bool) -> Completion:
         tokens = list(c.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(c.logprobs, tokens, strict=True)]
         return Completion(
@@ -202,7 +207,7 @@ class VLLMEngine(RolloutEngine):
             token_ids=tokens,
             logprobs=logprobs,
             finish_reason="length" if c.finish_reason == "length" else "stop",
-            text=c.text,
+            text=c.text if detokenized else str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
         )
 
     # ------------------------------------------------------------------------------------------

@@ -65,6 +65,21 @@ def test_vllm_greedy_equals_hf_token_for_token(engines, prompts) -> None:
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
 
 
+def test_vllm_stops_on_stop_strings_like_hf(engines, prompts) -> None:
+    """With stop strings vLLM detokenizes as it goes (without, the text is decoded once at the
+    end): both engines stop on the token that completes the string and cut the text before it."""
+    vllm_engine, hf_engine = engines
+    full = _greedy(hf_engine, prompts[:4])
+    stops = [c.text[3:5] for c in full if len(c.text) >= 5]
+    assert stops, [c.text for c in full]
+    sampling = SamplingParams(temperature=0.0, max_tokens=16, stop=stops)
+    ours, theirs = vllm_engine.generate(prompts[:4], sampling), hf_engine.generate(prompts[:4], sampling)
+    for i, ((a,), (b,)) in enumerate(zip(ours, theirs, strict=True)):
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason), i
+    stopped_early = [len(c.token_ids) < len(f.token_ids) for (c,), f in zip(theirs, full, strict=True)]
+    assert any(stopped_early)  # the stop strings did cut some response
+
+
 def test_vllm_sampling_is_seeded_and_its_logprobs_are_the_tempered_policy(engines, prompts) -> None:
     vllm_engine, hf_engine = engines
     sampling = SamplingParams(temperature=0.8, n=3, max_tokens=10, seed=11)
