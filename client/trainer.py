@@ -2,7 +2,7 @@
 
 The remote training API: Configure once, then either ForwardBackward (+ OptimStep when a step's
 gradients are complete) with a loss of your own choosing, or TrainStep with scored experiences for
-one whole RL step. Every call has a deadline (ClientOptions.timeout unless `timeout` is given) and is
+one whole RL step; ComputeLogprobs scores sequences without updating anything. Every call has a deadline (ClientOptions.timeout unless `timeout` is given) and is
 retried on UNAVAILABLE with backoff; a failure raises RpcError with status and message.
 """
 
@@ -85,6 +85,25 @@ def forward_backward_request(
     )
 
 
+def compute_logprobs_request(
+    sequences: Sequence[TrainSequence], temperature: float, reference: bool
+) -> trainer_pb2.ComputeLogprobsRequest:
+    return trainer_pb2.ComputeLogprobsRequest(
+        sequences=[
+            trainer_pb2.TrainSequence(
+                prompt_token_ids=s.prompt_token_ids, response_token_ids=s.response_token_ids
+            )
+            for s in sequences
+        ],
+        temperature=temperature,
+        reference=reference,
+    )
+
+
+def _logprobs_result(msg: trainer_pb2.ComputeLogprobsResponse) -> list[list[float]]:
+    return [list(s.logprobs) for s in msg.sequences]
+
+
 def _fb_result(msg: trainer_pb2.ForwardBackwardResponse) -> ForwardBackwardResult:
     return ForwardBackwardResult(msg.loss, dict(msg.metrics), msg.num_tokens)
 
@@ -132,6 +151,19 @@ class TrainerClient(BlockingClient):
         step. `normalize_tokens` > 0 divides by that many tokens (a step spanning several calls)."""
         request = forward_backward_request(sequences, loss, temperature, normalize_tokens)
         return _fb_result(self._unary("ForwardBackward", request, timeout))
+
+    def compute_logprobs(
+        self,
+        sequences: Sequence[TrainSequence],
+        temperature: float = 1.0,
+        reference: bool = False,
+        timeout: float | None = None,
+    ) -> list[list[float]]:
+        """Per sequence, the log-prob of each response token under the current policy (the reference
+        model with `reference=True`), scaled by `temperature`; nothing is updated. Only the
+        sequences' token ids are used."""
+        request = compute_logprobs_request(sequences, temperature, reference)
+        return _logprobs_result(self._unary("ComputeLogprobs", request, timeout))
 
     def optim_step(self, timeout: float | None = None) -> OptimStepResult:
         return _optim_result(self._unary("OptimStep", trainer_pb2.OptimStepRequest(), timeout))
@@ -192,6 +224,16 @@ class AsyncTrainerClient(AsyncClient):
     ) -> ForwardBackwardResult:
         request = forward_backward_request(sequences, loss, temperature, normalize_tokens)
         return _fb_result(await self._unary("ForwardBackward", request, timeout))
+
+    async def compute_logprobs(
+        self,
+        sequences: Sequence[TrainSequence],
+        temperature: float = 1.0,
+        reference: bool = False,
+        timeout: float | None = None,
+    ) -> list[list[float]]:
+        request = compute_logprobs_request(sequences, temperature, reference)
+        return _logprobs_result(await self._unary("ComputeLogprobs", request, timeout))
 
     async def optim_step(self, timeout: float | None = None) -> OptimStepResult:
         return _optim_result(await self._unary("OptimStep", trainer_pb2.OptimStepRequest(), timeout))

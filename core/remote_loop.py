@@ -24,6 +24,7 @@ from ..rollout.workflows.prompts import PromptFormat
 from .config import Stage, inherits_previous_model, to_yaml
 from .data.taskset import TaskStream, load_tasks
 from .explorer import Explorer
+from .synchronizer import judge_probe, probe_tolerance
 from .trainer import plan_steps
 from .worker import SUMMARY, stage_dir
 
@@ -60,15 +61,27 @@ class RemoteStage:
             cfg.model.chat_template,
             ts.format.system_prompt,
         )
+        self.device = device
+        self.probe_prompt = self.prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
         client.configure(to_yaml(cfg), model_path, sdir, self.total_train_steps)
         self.explorer = Explorer(cfg, model_path, device, endpoints) if endpoints else None
         self.global_step = self.explore_step = 0
         self.synced_step = -1
 
-    def _sync(self) -> None:
-        if self.explorer is not None and self.synced_step != self.global_step:
-            self.client.sync_weights(self.endpoints)
-            self.synced_step = self.global_step
+    def _sync(self) -> dict[str, float]:
+        """Push the trainer's weights to the workers unless they hold them; with synchronizer.probe,
+        check each worker's greedy log-probs against the trainer's (ComputeLogprobs)."""
+        if self.explorer is None or self.synced_step == self.global_step:
+            return {}
+        self.client.sync_weights(self.endpoints)
+        self.synced_step = self.global_step
+        if not self.cfg.synchronizer.probe:
+            return {}
+        answers = self.explorer.probe(self.probe_prompt, self.cfg.model.max_response_tokens)
+        scored = [a for a in answers if a[1]]  # an empty response has nothing to score
+        seqs = [TrainSequence(self.probe_prompt, tokens) for _, tokens, _ in scored]
+        ours = self.client.compute_logprobs(seqs) if seqs else []
+        return judge_probe(scored, ours, self.global_step, probe_tolerance(self.cfg, self.device))
 
     def _evaluate(self) -> dict[str, float]:
         if self.explorer is None or not self.cfg.buffer.explorer_input.eval_tasksets:
@@ -127,7 +140,7 @@ class RemoteStage:
                 and self.global_step - max(self.synced_step, 0) >= sc.sync_interval
             ):
                 sync_start = time.perf_counter()
-                self._sync()
+                metrics.update(self._sync())
                 metrics["perf/sync_s"] = time.perf_counter() - sync_start
             interval = cfg.explorer.eval_interval
             if cfg.buffer.explorer_input.eval_tasksets and (

@@ -45,6 +45,36 @@ PROBE_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
 """Mean |engine - trainer| greedy log-prob accepted by the probe when probe_tolerance is 0."""
 
 
+def judge_probe(
+    answers: list[tuple[str, list[int], list[float]]],
+    trainer: list[list[float]],
+    version: int,
+    tolerance: float,
+) -> dict[str, float]:
+    """Compare each engine's greedy log-probs (engine name, tokens, log-probs) with the trainer's
+    log-probs of the same tokens; raises WeightSyncError when an engine's mean difference exceeds
+    `tolerance`, else returns the probe's metrics."""
+    worst = 0.0
+    for (engine, tokens, engine_lp), ours in zip(answers, trainer, strict=True):
+        diff = (torch.tensor(ours) - torch.tensor(engine_lp)).abs()
+        mean = float(diff.mean()) if len(tokens) else 0.0
+        worst = max(worst, mean)
+        if mean > tolerance:
+            raise WeightSyncError(
+                f"probe after the sync of version {version}: engine {engine}'s greedy log-probs differ from "
+                f"the trainer's by {mean:.3g} on average (max {float(diff.max()):.3g}) over {len(tokens)} "
+                f"tokens; tolerance {tolerance:g} (synchronizer.probe_tolerance): the engine does not hold "
+                f"the trainer's weights"
+            )
+    return {"sync/probe_logprob_diff": worst, "sync/probe_engines": float(len(answers))}
+
+
+def probe_tolerance(cfg: RLCoreConfig, device: str) -> float:
+    """synchronizer.probe_tolerance, or the default for the trainer's dtype (PROBE_TOLERANCE)."""
+    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    return cfg.synchronizer.probe_tolerance or PROBE_TOLERANCE[dtype]
+
+
 class Synchronizer:
     def __init__(
         self,
@@ -62,8 +92,7 @@ class Synchronizer:
         self.strategy, self.explorer = strategy, explorer
         self.stage_dir, self.model_path = stage_dir, model_path
         self.probe_prompt, self.pad_token_id = probe_prompt, pad_token_id
-        dtype = cfg.model.dtype
-        self.dtype = dtype if dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+        self.tolerance = probe_tolerance(cfg, device)
         self.rank = dist.get_rank()
         self.engine_per_rank = engine_per_rank
         method = self.sc.sync_method
@@ -170,18 +199,9 @@ class Synchronizer:
         seqs = [Sequence(self.probe_prompt, tokens, index=i) for i, (_, tokens, _) in enumerate(answers)]
         mbs = micro_batches([seqs], self.pad_token_id, template=seqs[0])
         trainer_lp = self.strategy.compute_logprobs(mbs, temperature=1.0)[0].float()
-        tolerance = self.sc.probe_tolerance or PROBE_TOLERANCE[self.dtype]
-        worst = 0.0
-        for row, (engine, tokens, engine_lp) in enumerate(answers):
-            start = len(self.probe_prompt)  # log-probs sit at the response's columns of the packed row
-            diff = (trainer_lp[row, start : start + len(tokens)] - torch.tensor(engine_lp)).abs()
-            mean = float(diff.mean()) if len(tokens) else 0.0
-            worst = max(worst, mean)
-            if mean > tolerance:
-                raise WeightSyncError(
-                    f"probe after the sync of version {version}: engine {engine}'s greedy log-probs differ from "
-                    f"the trainer's by {mean:.3g} on average (max {float(diff.max()):.3g}) over {len(tokens)} "
-                    f"tokens; tolerance {tolerance:g} (synchronizer.probe_tolerance): the engine does not hold "
-                    f"the trainer's weights"
-                )
-        return {"sync/probe_logprob_diff": worst, "sync/probe_engines": float(len(answers))}
+        start = len(self.probe_prompt)  # log-probs sit at the response's columns of the packed row
+        ours = [
+            trainer_lp[row, start : start + len(tokens)].tolist()
+            for row, (_, tokens, _) in enumerate(answers)
+        ]
+        return judge_probe(answers, ours, version, self.tolerance)

@@ -20,7 +20,7 @@ from .config.validate import validate_config
 from .rpc.address import is_host_port
 from .rpc.convert import experience_from_proto
 from .rpc.errors import FailedPrecondition, InvalidArgument, Unavailable, require
-from .trainer_world import ConfigureCall, ForwardBackwardCall, SequenceSpec, TrainerWorld
+from .trainer_world import ConfigureCall, ForwardBackwardCall, LogprobsCall, SequenceSpec, TrainerWorld
 from .types import Experience
 
 if TYPE_CHECKING:
@@ -84,8 +84,7 @@ def validate_forward_backward(
 ) -> ForwardBackwardCall:
     require(request.loss in LOSSES, "loss", f"must be one of {', '.join(LOSSES)}; got '{request.loss}'")
     require(len(request.sequences) > 0, "sequences", "must be non-empty")
-    temperature = request.temperature or 1.0
-    require(math.isfinite(temperature) and temperature > 0, "temperature", f"must be > 0; got {temperature}")
+    temperature = _temperature(request.temperature)
     norm = request.normalize_tokens
     require(math.isfinite(norm) and norm >= 0, "normalize_tokens", f"must be >= 0; got {norm}")
     seqs = [
@@ -94,6 +93,33 @@ def validate_forward_backward(
     ]
     require(any(sum(s.loss_mask) > 0 for s in seqs), "sequences", "no response token has loss_mask > 0")
     return ForwardBackwardCall(seqs, request.loss, temperature, norm)
+
+
+def validate_compute_logprobs(
+    request: trainer_pb2.ComputeLogprobsRequest, vocab_size: int, max_model_len: int, has_reference: bool
+) -> LogprobsCall:
+    require(len(request.sequences) > 0, "sequences", "must be non-empty")
+    temperature = _temperature(request.temperature)
+    seqs = []
+    for i, s in enumerate(request.sequences):
+        require(
+            len(s.prompt_token_ids) > 0,
+            f"sequences[{i}].prompt_token_ids",
+            "must be non-empty: a response token is scored given the tokens before it",
+        )
+        seqs.append(validate_sequence(s, f"sequences[{i}]", "cross_entropy", vocab_size, max_model_len))
+    if request.reference and not has_reference:
+        raise FailedPrecondition(
+            "reference=true scores with the reference model, which the configured stage does not build: "
+            "configure one with a KL term (algorithm.kl_loss_coef > 0, or use_kl_in_reward)"
+        )
+    return LogprobsCall(seqs, temperature, request.reference)
+
+
+def _temperature(value: float) -> float:
+    temperature = value or 1.0
+    require(math.isfinite(temperature) and temperature > 0, "temperature", f"must be > 0; got {temperature}")
+    return temperature
 
 
 def validate_configure(request: trainer_pb2.ConfigureRequest) -> ConfigureCall:
@@ -195,6 +221,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             call = validate_forward_backward(request, self.world.vocab_size, t.cfg.model.max_model_len)
             out = self._run("forward_backward", call)
         return trainer_pb2.ForwardBackwardResponse(**out)
+
+    def ComputeLogprobs(self, request, context):
+        with self._lock:
+            t = self._configured()
+            call = validate_compute_logprobs(
+                request, self.world.vocab_size, t.cfg.model.max_model_len, t.needs_ref
+            )
+            out = self._run("compute_logprobs", call)
+        return trainer_pb2.ComputeLogprobsResponse(
+            sequences=[trainer_pb2.ResponseLogprobs(logprobs=lps) for lps in out]
+        )
 
     def OptimStep(self, request, context):
         with self._lock:

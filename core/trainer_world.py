@@ -58,6 +58,13 @@ class ForwardBackwardCall:
     normalize_tokens: float
 
 
+@dataclass
+class LogprobsCall:
+    sequences: list[SequenceSpec]
+    temperature: float
+    reference: bool
+
+
 class TrainerWorld:
     """The training side as every rank holds it; rank 0's servicer and the other ranks' command
     loop call the same methods with the same arguments in the same order."""
@@ -128,6 +135,26 @@ class TrainerWorld:
         metrics = t.strategy.forward_backward(mbs, loss_fn, call.temperature)
         loss = metrics["sft/loss"] if call.loss == "cross_entropy" else metrics["actor/loss"]
         return {"loss": loss, "metrics": metrics, "num_tokens": int(round(num_tokens))}
+
+    def compute_logprobs(self, call: LogprobsCall) -> list[list[float]]:
+        """Each rank scores its data-parallel share; every rank returns all sequences' response
+        log-probs, in request order."""
+        from .batch import Sequence
+
+        t = self._t()
+        seqs = [Sequence(s.prompt, s.response, None, index=i) for i, s in enumerate(call.sequences)]
+        mbs, rows = t._micro(seqs)
+        mine: dict[int, list[float]] = {}
+        for lp, idx in zip(
+            t.strategy.compute_logprobs(mbs, call.temperature, call.reference), rows, strict=True
+        ):
+            for r, i in enumerate(idx):  # the response sits at columns [p, p + n) of its row
+                p, n = len(call.sequences[i].prompt), len(call.sequences[i].response)
+                mine[i] = lp[r, p : p + n].float().tolist()
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)  # ranks of one model replica hold the same share
+        merged = {i: lps for part in parts for i, lps in part.items()}
+        return [merged[i] for i in range(len(call.sequences))]
 
     def optim_step(self, _: None) -> dict[str, Any]:
         t = self._t()

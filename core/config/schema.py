@@ -355,7 +355,8 @@ class SynchronizerConfig:
     """Every bucket carries a CRC-32 that each engine checks before loading anything; a mismatch
     fails the sync and the engine keeps its last good version (nccl only)."""
     probe: bool = False
-    """After each sync, compare the engine's greedy log-probs on a fixed prompt with the trainer's."""
+    """After each sync, compare the engine's greedy log-probs on a fixed prompt with the trainer's
+    (with trainer.remote, the trainer's come from its ComputeLogprobs)."""
     probe_tolerance: float = bounded(0.0, ge=0.0)
     """Largest mean |log-prob difference| the probe accepts; 0: by dtype (1e-3 float32, 5e-2
     bfloat16/float16)."""

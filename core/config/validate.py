@@ -226,7 +226,6 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
         extras = [
             ("sync_style", sc.sync_style != "fixed"),
             ("max_staleness", sc.max_staleness is not None),
-            ("probe", sc.probe),
             ("sync_method checkpoint", sc.sync_method == "checkpoint"),
             ("rollout_ahead", sc.rollout_ahead > 0),
         ]

@@ -110,7 +110,8 @@ def test_run_service_streams_metrics_and_stops_the_run(tmp_path) -> None:
 
 def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> None:
     """trainer.remote: the loop runs in the launch process; a trainer world started by hand with
-    `rlcore trainer serve` does every update; rollout workers get weights from it."""
+    `rlcore trainer serve` does every update; rollout workers get weights from it, and after each
+    sync the probe compares the worker's greedy log-probs with the trainer's (ComputeLogprobs)."""
     root = str(tmp_path)
     port_file = os.path.join(root, "trainer.port")
     server = subprocess.Popen(
@@ -120,12 +121,16 @@ def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> No
     )  # fmt: skip
     try:
         address = wait_for_port_file(port_file, server, "trainer")
-        cfg = tiny_grpo_config(root, **{"buffer.total_steps": 3, "trainer.remote": address})
+        cfg = tiny_grpo_config(
+            root, **{"buffer.total_steps": 3, "trainer.remote": address, "synchronizer.probe": True}
+        )
         monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
         proc = launch(cfg, os.path.join(root, "cfg.yaml"))
         rows = read_metrics(os.path.join(root, "it", "run"))
         assert len(_keys(rows, "rollout/reward_mean")) == 3
         assert all(abs(x) < 1e3 for x in _keys(rows, "actor/pg_loss"))
+        assert _keys(rows, "sync/probe_engines") == [1.0, 1.0, 1.0]
+        assert all(x < 1e-3 for x in _keys(rows, "sync/probe_logprob_diff")), rows
         assert "after stage 0 main (step 3)" in proc.stdout
     finally:
         server.terminate()

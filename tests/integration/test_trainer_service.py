@@ -67,8 +67,11 @@ def _batch(seed: int, n: int, prompt_len: int, response_len: int) -> list[TrainS
     ]
 
 
-def _response_logprobs(model_path: str, seqs: list[TrainSequence]) -> list[list[float]]:
-    """log p(response token | everything before it) under the HF model, computed here by hand."""
+def _response_logprobs(
+    model_path: str, seqs: list[TrainSequence], temperature: float = 1.0
+) -> list[list[float]]:
+    """log p(response token | everything before it) under the HF model (logits / temperature),
+    computed here by hand."""
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
@@ -77,7 +80,7 @@ def _response_logprobs(model_path: str, seqs: list[TrainSequence]) -> list[list[
     with torch.no_grad():
         for s in seqs:
             ids = torch.tensor([s.prompt_token_ids + s.response_token_ids])
-            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double() / temperature, dim=-1)
             p = len(s.prompt_token_ids)
             # the token at position t is predicted by the logits at t - 1
             out.append([float(logp[t - 1, ids[0, t]]) for t in range(p, ids.shape[1])])
@@ -156,6 +159,36 @@ def test_train_step_runs_one_rl_step_on_experiences(configured):
     assert result.metrics["rollout/reward_mean"] == pytest.approx(sum(rewards) / 8)  # 3.75 / 8
     assert "actor/pg_loss" in result.metrics and result.metrics["actor/grad_norm"] > 0
     assert c.get_state().global_step == start + 1
+
+
+def test_compute_logprobs_scores_with_the_trained_policy_or_the_reference(configured, tiny_model_path):
+    """5 sequences of different lengths over 2 data-parallel ranks (uneven shares), answered in
+    request order: against the trained weights (through an HF export) and the reference model (the
+    initial weights), at temperature 0.7."""
+    c = configured
+    start = c.get_state().global_step
+    c.forward_backward(_batch(9, 4, 5, 5), "cross_entropy")
+    c.optim_step()  # the policy now differs from the reference
+    seqs = [_batch(10 + i, 1, 2 + i, 6 - i)[0] for i in range(5)]
+    _, hf = c.save_checkpoint(export_hf=True)
+    policy = c.compute_logprobs(seqs, temperature=0.7)
+    reference = c.compute_logprobs(seqs, temperature=0.7, reference=True)
+    assert c.get_state().global_step == start + 1  # scoring updates nothing
+    for got, expected in ((policy, _response_logprobs(hf, seqs, 0.7)),
+                          (reference, _response_logprobs(tiny_model_path, seqs, 0.7))):  # fmt: skip
+        assert [len(lp) for lp in got] == [len(s.response_token_ids) for s in seqs]
+        worst = max(abs(a - b) for g, e in zip(got, expected, strict=True) for a, b in zip(g, e, strict=True))
+        assert worst < 1e-4, worst
+    assert (
+        max(abs(a - b) for p, r in zip(policy, reference, strict=True) for a, b in zip(p, r, strict=True))
+        > 1e-3
+    )
+
+    for bad, field in (([TrainSequence([], [5, 6])], "sequences[0].prompt_token_ids"),
+                       ([TrainSequence([5], [6, 99])], "sequences[0].response_token_ids")):  # fmt: skip
+        with pytest.raises(RpcError) as e:
+            c.compute_logprobs(bad)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.details.startswith(f"{field}: ")
 
 
 def test_checkpoint_exports_a_loadable_model_with_the_trained_weights(configured):

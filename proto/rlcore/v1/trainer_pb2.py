@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as rlcore_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlcore/v1/trainer.proto\x12\trlcore.v1\x1a\x16rlcore/v1/common.proto\"h\n\x10\x43onfigureRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x03 \x01(\t\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\"Q\n\x11\x43onfigureResponse\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x16\n\x0enum_parameters\x18\x03 \x01(\x03\"\x82\x01\n\rTrainSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x02 \x03(\x05\x12\x11\n\tloss_mask\x18\x03 \x03(\x02\x12\x12\n\nadvantages\x18\x04 \x03(\x02\x12\x14\n\x0cold_logprobs\x18\x05 \x03(\x02\"\x82\x01\n\x16\x46orwardBackwardRequest\x12+\n\tsequences\x18\x01 \x03(\x0b\x32\x18.rlcore.v1.TrainSequence\x12\x0c\n\x04loss\x18\x02 \x01(\t\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x18\n\x10normalize_tokens\x18\x04 \x01(\x01\"\xad\x01\n\x17\x46orwardBackwardResponse\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12@\n\x07metrics\x18\x02 \x03(\x0b\x32/.rlcore.v1.ForwardBackwardResponse.MetricsEntry\x12\x12\n\nnum_tokens\x18\x03 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x12\n\x10OptimStepRequest\"G\n\x11OptimStepResponse\x12\x11\n\tgrad_norm\x18\x01 \x01(\x01\x12\n\n\x02lr\x18\x02 \x01(\x01\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\">\n\x10TrainStepRequest\x12*\n\x0b\x65xperiences\x18\x01 \x03(\x0b\x32\x15.rlcore.v1.Experience\"\x94\x01\n\x11TrainStepResponse\x12:\n\x07metrics\x18\x01 \x03(\x0b\x32).rlcore.v1.TrainStepResponse.MetricsEntry\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"@\n\x15SaveCheckpointRequest\x12\x11\n\texport_hf\x18\x01 \x01(\x08\x12\x14\n\x0c\x65xplore_step\x18\x02 \x01(\x03\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07hf_path\x18\x02 \x01(\t\"%\n\x15LoadCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"Q\n\x16LoadCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x14\n\x0c\x65xplore_step\x18\x03 \x01(\x03\"\x11\n\x0fGetStateRequest\"\x8d\x01\n\x10GetStateResponse\x12\x12\n\nconfigured\x18\x01 \x01(\x08\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x10\n\x08strategy\x18\x04 \x01(\t\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x12\n\nmodel_path\x18\x06 \x01(\t\"\'\n\x12SyncWeightsRequest\x12\x11\n\tendpoints\x18\x01 \x03(\t\"Q\n\x13SyncWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\x83\x05\n\x0eTrainerService\x12\x46\n\tConfigure\x12\x1b.rlcore.v1.ConfigureRequest\x1a\x1c.rlcore.v1.ConfigureResponse\x12X\n\x0f\x46orwardBackward\x12!.rlcore.v1.ForwardBackwardRequest\x1a\".rlcore.v1.ForwardBackwardResponse\x12\x46\n\tOptimStep\x12\x1b.rlcore.v1.OptimStepRequest\x1a\x1c.rlcore.v1.OptimStepResponse\x12\x46\n\tTrainStep\x12\x1b.rlcore.v1.TrainStepRequest\x1a\x1c.rlcore.v1.TrainStepResponse\x12U\n\x0eSaveCheckpoint\x12 .rlcore.v1.SaveCheckpointRequest\x1a!.rlcore.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .rlcore.v1.LoadCheckpointRequest\x1a!.rlcore.v1.LoadCheckpointResponse\x12\x43\n\x08GetState\x12\x1a.rlcore.v1.GetStateRequest\x1a\x1b.rlcore.v1.GetStateResponse\x12L\n\x0bSyncWeights\x12\x1d.rlcore.v1.SyncWeightsRequest\x1a\x1e.rlcore.v1.SyncWeightsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlcore/v1/trainer.proto\x12\trlcore.v1\x1a\x16rlcore/v1/common.proto\"h\n\x10\x43onfigureRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x03 \x01(\t\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\"Q\n\x11\x43onfigureResponse\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x16\n\x0enum_parameters\x18\x03 \x01(\x03\"\x82\x01\n\rTrainSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x02 \x03(\x05\x12\x11\n\tloss_mask\x18\x03 \x03(\x02\x12\x12\n\nadvantages\x18\x04 \x03(\x02\x12\x14\n\x0cold_logprobs\x18\x05 \x03(\x02\"\x82\x01\n\x16\x46orwardBackwardRequest\x12+\n\tsequences\x18\x01 \x03(\x0b\x32\x18.rlcore.v1.TrainSequence\x12\x0c\n\x04loss\x18\x02 \x01(\t\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x18\n\x10normalize_tokens\x18\x04 \x01(\x01\"\xad\x01\n\x17\x46orwardBackwardResponse\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12@\n\x07metrics\x18\x02 \x03(\x0b\x32/.rlcore.v1.ForwardBackwardResponse.MetricsEntry\x12\x12\n\nnum_tokens\x18\x03 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"m\n\x16\x43omputeLogprobsRequest\x12+\n\tsequences\x18\x01 \x03(\x0b\x32\x18.rlcore.v1.TrainSequence\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x11\n\treference\x18\x03 \x01(\x08\"$\n\x10ResponseLogprobs\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\"I\n\x17\x43omputeLogprobsResponse\x12.\n\tsequences\x18\x01 \x03(\x0b\x32\x1b.rlcore.v1.ResponseLogprobs\"\x12\n\x10OptimStepRequest\"G\n\x11OptimStepResponse\x12\x11\n\tgrad_norm\x18\x01 \x01(\x01\x12\n\n\x02lr\x18\x02 \x01(\x01\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\">\n\x10TrainStepRequest\x12*\n\x0b\x65xperiences\x18\x01 \x03(\x0b\x32\x15.rlcore.v1.Experience\"\x94\x01\n\x11TrainStepResponse\x12:\n\x07metrics\x18\x01 \x03(\x0b\x32).rlcore.v1.TrainStepResponse.MetricsEntry\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"@\n\x15SaveCheckpointRequest\x12\x11\n\texport_hf\x18\x01 \x01(\x08\x12\x14\n\x0c\x65xplore_step\x18\x02 \x01(\x03\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07hf_path\x18\x02 \x01(\t\"%\n\x15LoadCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"Q\n\x16LoadCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x14\n\x0c\x65xplore_step\x18\x03 \x01(\x03\"\x11\n\x0fGetStateRequest\"\x8d\x01\n\x10GetStateResponse\x12\x12\n\nconfigured\x18\x01 \x01(\x08\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x10\n\x08strategy\x18\x04 \x01(\t\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x12\n\nmodel_path\x18\x06 \x01(\t\"\'\n\x12SyncWeightsRequest\x12\x11\n\tendpoints\x18\x01 \x03(\t\"Q\n\x13SyncWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\xdd\x05\n\x0eTrainerService\x12\x46\n\tConfigure\x12\x1b.rlcore.v1.ConfigureRequest\x1a\x1c.rlcore.v1.ConfigureResponse\x12X\n\x0f\x46orwardBackward\x12!.rlcore.v1.ForwardBackwardRequest\x1a\".rlcore.v1.ForwardBackwardResponse\x12X\n\x0f\x43omputeLogprobs\x12!.rlcore.v1.ComputeLogprobsRequest\x1a\".rlcore.v1.ComputeLogprobsResponse\x12\x46\n\tOptimStep\x12\x1b.rlcore.v1.OptimStepRequest\x1a\x1c.rlcore.v1.OptimStepResponse\x12\x46\n\tTrainStep\x12\x1b.rlcore.v1.TrainStepRequest\x1a\x1c.rlcore.v1.TrainStepResponse\x12U\n\x0eSaveCheckpoint\x12 .rlcore.v1.SaveCheckpointRequest\x1a!.rlcore.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .rlcore.v1.LoadCheckpointRequest\x1a!.rlcore.v1.LoadCheckpointResponse\x12\x43\n\x08GetState\x12\x1a.rlcore.v1.GetStateRequest\x1a\x1b.rlcore.v1.GetStateResponse\x12L\n\x0bSyncWeights\x12\x1d.rlcore.v1.SyncWeightsRequest\x1a\x1e.rlcore.v1.SyncWeightsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,32 +48,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FORWARDBACKWARDRESPONSE']._serialized_end=691
   _globals['_FORWARDBACKWARDRESPONSE_METRICSENTRY']._serialized_start=645
   _globals['_FORWARDBACKWARDRESPONSE_METRICSENTRY']._serialized_end=691
-  _globals['_OPTIMSTEPREQUEST']._serialized_start=693
-  _globals['_OPTIMSTEPREQUEST']._serialized_end=711
-  _globals['_OPTIMSTEPRESPONSE']._serialized_start=713
-  _globals['_OPTIMSTEPRESPONSE']._serialized_end=784
-  _globals['_TRAINSTEPREQUEST']._serialized_start=786
-  _globals['_TRAINSTEPREQUEST']._serialized_end=848
-  _globals['_TRAINSTEPRESPONSE']._serialized_start=851
-  _globals['_TRAINSTEPRESPONSE']._serialized_end=999
+  _globals['_COMPUTELOGPROBSREQUEST']._serialized_start=693
+  _globals['_COMPUTELOGPROBSREQUEST']._serialized_end=802
+  _globals['_RESPONSELOGPROBS']._serialized_start=804
+  _globals['_RESPONSELOGPROBS']._serialized_end=840
+  _globals['_COMPUTELOGPROBSRESPONSE']._serialized_start=842
+  _globals['_COMPUTELOGPROBSRESPONSE']._serialized_end=915
+  _globals['_OPTIMSTEPREQUEST']._serialized_start=917
+  _globals['_OPTIMSTEPREQUEST']._serialized_end=935
+  _globals['_OPTIMSTEPRESPONSE']._serialized_start=937
+  _globals['_OPTIMSTEPRESPONSE']._serialized_end=1008
+  _globals['_TRAINSTEPREQUEST']._serialized_start=1010
+  _globals['_TRAINSTEPREQUEST']._serialized_end=1072
+  _globals['_TRAINSTEPRESPONSE']._serialized_start=1075
+  _globals['_TRAINSTEPRESPONSE']._serialized_end=1223
   _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_start=645
   _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_end=691
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1001
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1065
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1067
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1122
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1124
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1161
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=1163
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1244
-  _globals['_GETSTATEREQUEST']._serialized_start=1246
-  _globals['_GETSTATEREQUEST']._serialized_end=1263
-  _globals['_GETSTATERESPONSE']._serialized_start=1266
-  _globals['_GETSTATERESPONSE']._serialized_end=1407
-  _globals['_SYNCWEIGHTSREQUEST']._serialized_start=1409
-  _globals['_SYNCWEIGHTSREQUEST']._serialized_end=1448
-  _globals['_SYNCWEIGHTSRESPONSE']._serialized_start=1450
-  _globals['_SYNCWEIGHTSRESPONSE']._serialized_end=1531
-  _globals['_TRAINERSERVICE']._serialized_start=1534
-  _globals['_TRAINERSERVICE']._serialized_end=2177
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1225
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1289
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1291
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1346
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1348
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1385
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=1387
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1468
+  _globals['_GETSTATEREQUEST']._serialized_start=1470
+  _globals['_GETSTATEREQUEST']._serialized_end=1487
+  _globals['_GETSTATERESPONSE']._serialized_start=1490
+  _globals['_GETSTATERESPONSE']._serialized_end=1631
+  _globals['_SYNCWEIGHTSREQUEST']._serialized_start=1633
+  _globals['_SYNCWEIGHTSREQUEST']._serialized_end=1672
+  _globals['_SYNCWEIGHTSRESPONSE']._serialized_start=1674
+  _globals['_SYNCWEIGHTSRESPONSE']._serialized_end=1755
+  _globals['_TRAINERSERVICE']._serialized_start=1758
+  _globals['_TRAINERSERVICE']._serialized_end=2491
 # @@protoc_insertion_point(module_scope)

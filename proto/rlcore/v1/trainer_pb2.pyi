@@ -72,6 +72,28 @@ class ForwardBackwardResponse(_message.Message):
     num_tokens: int
     def __init__(self, loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
+class ComputeLogprobsRequest(_message.Message):
+    __slots__ = ("sequences", "temperature", "reference")
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    sequences: _containers.RepeatedCompositeFieldContainer[TrainSequence]
+    temperature: float
+    reference: bool
+    def __init__(self, sequences: _Optional[_Iterable[_Union[TrainSequence, _Mapping]]] = ..., temperature: _Optional[float] = ..., reference: _Optional[bool] = ...) -> None: ...
+
+class ResponseLogprobs(_message.Message):
+    __slots__ = ("logprobs",)
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ComputeLogprobsResponse(_message.Message):
+    __slots__ = ("sequences",)
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    sequences: _containers.RepeatedCompositeFieldContainer[ResponseLogprobs]
+    def __init__(self, sequences: _Optional[_Iterable[_Union[ResponseLogprobs, _Mapping]]] = ...) -> None: ...
+
 class OptimStepRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

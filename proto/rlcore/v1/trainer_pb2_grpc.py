@@ -44,6 +44,11 @@ class TrainerServiceStub:
                 request_serializer=rlcore_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.SerializeToString,
                 response_deserializer=rlcore_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.FromString,
                 _registered_method=True)
+        self.ComputeLogprobs = channel.unary_unary(
+                '/rlcore.v1.TrainerService/ComputeLogprobs',
+                request_serializer=rlcore_dot_v1_dot_trainer__pb2.ComputeLogprobsRequest.SerializeToString,
+                response_deserializer=rlcore_dot_v1_dot_trainer__pb2.ComputeLogprobsResponse.FromString,
+                _registered_method=True)
         self.OptimStep = channel.unary_unary(
                 '/rlcore.v1.TrainerService/OptimStep',
                 request_serializer=rlcore_dot_v1_dot_trainer__pb2.OptimStepRequest.SerializeToString,
@@ -88,6 +93,14 @@ class TrainerServiceServicer:
 
     def ForwardBackward(self, request, context):
         """Accumulate gradients of a loss over a batch of sequences (no optimizer step).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ComputeLogprobs(self, request, context):
+        """Log-probs of each sequence's response tokens under the current policy (or the reference
+        model); nothing is updated. E.g. to score sequences, or to check an engine's log-probs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +161,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.ForwardBackward,
                     request_deserializer=rlcore_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.FromString,
                     response_serializer=rlcore_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.SerializeToString,
+            ),
+            'ComputeLogprobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ComputeLogprobs,
+                    request_deserializer=rlcore_dot_v1_dot_trainer__pb2.ComputeLogprobsRequest.FromString,
+                    response_serializer=rlcore_dot_v1_dot_trainer__pb2.ComputeLogprobsResponse.SerializeToString,
             ),
             'OptimStep': grpc.unary_unary_rpc_method_handler(
                     servicer.OptimStep,
@@ -234,6 +252,33 @@ class TrainerService:
             '/rlcore.v1.TrainerService/ForwardBackward',
             rlcore_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.SerializeToString,
             rlcore_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ComputeLogprobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlcore.v1.TrainerService/ComputeLogprobs',
+            rlcore_dot_v1_dot_trainer__pb2.ComputeLogprobsRequest.SerializeToString,
+            rlcore_dot_v1_dot_trainer__pb2.ComputeLogprobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

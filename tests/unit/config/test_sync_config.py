@@ -46,8 +46,8 @@ def _check(tmp_path: Path, *overrides: str) -> None:
          r"^synchronizer.rollout_ahead must be <= 1"),
         (["trainer.remote=127.0.0.1:1", "synchronizer.rollout_ahead=1"],
          r"^synchronizer rollout_ahead run in rlcore's own training loop; with trainer.remote"),
-        (["trainer.remote=127.0.0.1:1", "synchronizer.probe=true"],
-         r"^synchronizer probe run in rlcore's own training loop; with trainer.remote"),
+        (["trainer.remote=127.0.0.1:1", "synchronizer.max_staleness=1"],
+         r"^synchronizer max_staleness run in rlcore's own training loop; with trainer.remote"),
     ],
 )  # fmt: skip
 def test_conflicting_engine_and_sync_settings_are_refused(tmp_path: Path, overrides, pattern) -> None:
@@ -62,6 +62,7 @@ def test_consistent_settings_load(tmp_path: Path) -> None:
         "synchronizer.probe=true", "synchronizer.sync_method=nccl",
     )  # fmt: skip
     _check(tmp_path, "mode=colocate", "explorer.rollout_model.engine_type=vllm", "synchronizer.probe=true")
+    _check(tmp_path, "trainer.remote=127.0.0.1:1", "synchronizer.probe=true")  # ComputeLogprobs scores it
     _check(
         tmp_path, "mode=colocate", "explorer.rollout_model.engine_type=vllm", "cluster.ranks_per_node=2",
         "explorer.rollout_model.engine_num=2",
