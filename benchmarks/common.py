@@ -44,7 +44,8 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    """Python, torch, CPUs, memory and load at the start: these machines drift, say where it ran."""
+    """Python, torch, CPU model and vector extensions, GPU, memory and load at the start: these
+    machines drift, and which host a VM lands on changes which side of a comparison is faster."""
     import torch
 
     with open("/proc/meminfo") as f:
@@ -53,10 +54,31 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "mem_total_gib": round(total_kb / 1024**2, 1),
         "loadavg_at_start": list(os.getloadavg()),
     }
+
+
+def cpu_name() -> str:
+    """'<model name> (<arch>; <vector extensions>)' from /proc/cpuinfo, e.g. 'AMD EPYC (x86_64; avx512)'."""
+    arch = platform.machine()
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        return arch
+    extensions = [
+        name for name, flag in (("avx2", "avx2"), ("avx512", "avx512f"), ("amx", "amx_tile")) if flag in flags
+    ]
+    return f"{model or 'unknown CPU'} ({arch}{'; ' + ', '.join(extensions) if extensions else ''})"
 
 
 def versions() -> dict[str, str]:
