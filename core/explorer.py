@@ -1,10 +1,11 @@
 """The explorer: turns tasks into scored experiences on inference engines, and evaluates.
 
-It lives on trainer rank 0 (on every rank in mode colocate with engine_num = the trainer's ranks)
-and runs tasks either on an engine in its own process (mode colocate, weights copied in memory)
-or on rollout workers over gRPC (mode both: workers spawned by `rlcore launch` or listed in
-explorer.rollout_model.endpoints, weights broadcast over a process group). The loop above it
-does not know which.
+It lives on trainer rank 0, or on every rank (engine_in_every_rank: mode colocate with
+engine_num = the trainer's ranks, or an in-process vLLM engine in a trainer of several ranks), and
+runs tasks either on an engine in its own process (mode colocate, and evaluation in modes train and
+bench; weights copied in memory) or on rollout workers over gRPC (mode both: workers spawned by
+`rlcore launch` or listed in explorer.rollout_model.endpoints, weights broadcast over a process
+group). The loop above it does not know which.
 """
 
 from __future__ import annotations

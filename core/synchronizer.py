@@ -11,8 +11,8 @@
                                 match the trainer's log-probs of the same tokens
 
 Every rank of the trainer world runs these methods (walking the weights is collective); rank 0
-holds the explorer (mode colocate with an engine in every rank: each rank loads and probes its
-own). The experiences' policy versions are optimizer steps of the stage, so staleness = the step
+holds the explorer (with an engine in every rank, explorer.engine_in_every_rank: each rank loads
+and probes its own). The experiences' policy versions are optimizer steps of the stage, so staleness = the step
 being trained - the version that generated it.
 """
 
