@@ -48,6 +48,9 @@ class HFEngine(RolloutEngine):
         self.model = model.to(self.device)
         self.model.eval()
         use_grouped_sdpa(self.model)
+        # Weights change in place only (load_weights copies into them), so this name -> tensor map,
+        # taken once, stays valid; a state_dict() walk per sync cost more than small models' copies.
+        self._weights: dict[str, torch.Tensor] = self.model.state_dict()
         eos_ids = stop_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
         self.eos_token_ids = eos_ids
         pad = self.tokenizer.pad_token_id
@@ -150,7 +153,7 @@ class HFEngine(RolloutEngine):
     def weight_destinations(self) -> dict[str, torch.Tensor]:
         """The model's parameters by HF name: weight sync receives large tensors straight into them
         (the generation gate keeps generation out meanwhile)."""
-        return self.model.state_dict()
+        return self._weights
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """Copy full tensors into the model in place (tied embeddings stay tied: they share storage).
@@ -158,7 +161,7 @@ class HFEngine(RolloutEngine):
         Tensors are copied as they arrive, so a bad entry leaves earlier ones loaded; the caller
         treats the error as fatal for this sync and the version is not advanced.
         """
-        state = self.model.state_dict()
+        state = self._weights
         with torch.no_grad():
             for name, tensor in weights:
                 if name not in state:
