@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from .batch import Sequence, micro_batches
 from .config import RLCoreConfig
+from .config.schema import SynchronizerConfig
 from .hf_export import export_hf
 from .types import Experience
 from .watchdog import deadline
@@ -36,7 +37,6 @@ from .weight_sync import WeightSyncError, spec_of
 
 if TYPE_CHECKING:
     from ..backends.base import TrainingStrategy
-    from .checkpoint import TrainerState
     from .explorer import Explorer
 
 log = logging.getLogger("rlcore.synchronizer")
@@ -75,6 +75,49 @@ def probe_tolerance(cfg: RLCoreConfig, device: str) -> float:
     return cfg.synchronizer.probe_tolerance or PROBE_TOLERANCE[dtype]
 
 
+class SyncSchedule:
+    """When the engines get new weights, and which experiences are too stale to train on: bookkeeping
+    over the stage's optimizer step and the step whose weights the engines serve (their policy
+    version), shared by the in-process loop and the remote one (core/remote_loop.py)."""
+
+    def __init__(self, sc: SynchronizerConfig, rank: int = 0):
+        self.sc, self.rank = sc, rank
+        self.max_staleness = sc.max_staleness
+
+    def due_after_step(self, step: int, version: int) -> bool:
+        """Sync now that an optimizer step finished? (fixed and trainer_driven styles)"""
+        if step < self.sc.sync_offset or step == version:
+            return False
+        if self.sc.sync_style == "fixed":
+            return step - version >= self.sc.sync_interval
+        return self.sc.sync_style == "trainer_driven"
+
+    def due_before_explore(self, step: int, version: int) -> bool:
+        """Sync before generating? (explorer_driven: only when the engines are too stale)"""
+        if self.sc.sync_style != "explorer_driven":
+            return False
+        return step >= self.sc.sync_offset and step - version > (self.max_staleness or 0)
+
+    def drop_stale(
+        self, exps: list[Experience], versions: list[int], step: int, metrics: dict[str, float]
+    ) -> list[Experience]:
+        """Experiences whose generating version (`versions`, one each) is within max_staleness of
+        `step`, the step about to be trained; counts the rest in metrics."""
+        staleness = [step - v for v in versions]
+        if exps:
+            metrics["rollout/staleness_mean"] = sum(staleness) / len(exps)
+        if self.max_staleness is None:
+            return exps
+        kept = [e for e, s in zip(exps, staleness, strict=True) if s <= self.max_staleness]
+        metrics["rollout/stale_dropped"] = float(len(exps) - len(kept))
+        if len(kept) < len(exps) and self.rank == 0:
+            log.warning(
+                "dropped %d of %d experiences older than %d version(s) (synchronizer.max_staleness) at step %d",
+                len(exps) - len(kept), len(exps), self.max_staleness, step,
+            )  # fmt: skip
+        return kept
+
+
 class Synchronizer:
     def __init__(
         self,
@@ -97,43 +140,7 @@ class Synchronizer:
         self.engine_per_rank = engine_per_rank
         method = self.sc.sync_method
         self.method = ("memory" if cfg.mode == "colocate" else "nccl") if method == "auto" else method
-        self.max_staleness = self.sc.max_staleness
-
-    # ------------------------------------------------------------------ when
-
-    def due_after_step(self, state: TrainerState) -> bool:
-        """Sync now that an optimizer step finished? (fixed and trainer_driven styles)"""
-        step, version = state.global_step, state.policy_version
-        if step < self.sc.sync_offset or step == version:
-            return False
-        if self.sc.sync_style == "fixed":
-            return step - version >= self.sc.sync_interval
-        return self.sc.sync_style == "trainer_driven"
-
-    def due_before_explore(self, state: TrainerState) -> bool:
-        """Sync before generating? (explorer_driven: only when the engines are too stale)"""
-        if self.sc.sync_style != "explorer_driven":
-            return False
-        step, version = state.global_step, state.policy_version
-        return step >= self.sc.sync_offset and step - version > (self.max_staleness or 0)
-
-    # ------------------------------------------------------------------ staleness
-
-    def drop_stale(self, exps: list[Experience], step: int, metrics: dict[str, float]) -> list[Experience]:
-        """Experiences within max_staleness of `step`, the step about to be trained; counts the rest."""
-        staleness = [step - e.policy_version for e in exps]
-        if exps:
-            metrics["rollout/staleness_mean"] = sum(staleness) / len(exps)
-        if self.max_staleness is None:
-            return exps
-        kept = [e for e, s in zip(exps, staleness, strict=True) if s <= self.max_staleness]
-        metrics["rollout/stale_dropped"] = float(len(exps) - len(kept))
-        if len(kept) < len(exps) and self.rank == 0:
-            log.warning(
-                "dropped %d of %d experiences older than %d version(s) (synchronizer.max_staleness) at step %d",
-                len(exps) - len(kept), len(exps), self.max_staleness, step,
-            )  # fmt: skip
-        return kept
+        self.schedule = SyncSchedule(self.sc, self.rank)
 
     # ------------------------------------------------------------------ how
 
@@ -160,8 +167,17 @@ class Synchronizer:
         return metrics
 
     def _sync_checkpoint(self, version: int) -> dict[str, float]:
-        root = os.path.join(self.stage_dir, "weight_sync")
-        path = os.path.join(root, f"version_{version}")
+        path = self.export_for_workers(version)
+        stats: dict[str, float] = {}
+        if self.explorer is not None:
+            stats = self.explorer.load_checkpoint(path, version)
+            self.prune_exports(keep=path)  # the workers hold this version now: older folders can go
+        return stats
+
+    def export_for_workers(self, version: int) -> str:
+        """Write the current weights as an HF folder for rollout workers to load (sync_method
+        checkpoint); collective, rank 0 writes. Returns the folder."""
+        path = os.path.join(self.stage_dir, "weight_sync", f"version_{version}")
         if self.rank == 0:
             os.makedirs(path, exist_ok=True)
         export_hf(
@@ -169,13 +185,14 @@ class Synchronizer:
             write=self.rank == 0,
         )  # fmt: skip
         dist.barrier()
-        stats: dict[str, float] = {}
-        if self.explorer is not None:
-            stats = self.explorer.load_checkpoint(path, version)
-            for name in os.listdir(root):  # the workers hold this version now: older folders can go
-                if name != f"version_{version}":
-                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        return stats
+        return path
+
+    def prune_exports(self, keep: str) -> None:
+        """Remove every exported version but `keep` (one the workers have loaded)."""
+        root = os.path.dirname(keep)
+        for name in os.listdir(root):
+            if name != os.path.basename(keep):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
     # ------------------------------------------------------------------ verification
 

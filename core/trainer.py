@@ -200,11 +200,12 @@ class StageTrainer:
 
     def rl_step(self, tasks: list[Task]) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        if self.synchronizer.due_before_explore(self.state):
+        schedule, state = self.synchronizer.schedule, self.state
+        if schedule.due_before_explore(state.global_step, state.policy_version):
             metrics.update(self._sync())
         t0 = time.perf_counter()
         exps, rollout, ahead = self._explore(tasks)
-        exps = self.synchronizer.drop_stale(exps, self.state.global_step, metrics)
+        exps = schedule.drop_stale(exps, [e.policy_version for e in exps], state.global_step, metrics)
         t_gen = time.perf_counter() - t0
         metrics.update(rollout)
         metrics["rollout/generated_ahead"] = float(ahead)
@@ -388,7 +389,7 @@ class StageTrainer:
     def _maybe_sync(self, metrics: dict[str, float]) -> None:
         if self.is_sft:  # the engine only serves evaluation, which syncs on demand
             return
-        if self.synchronizer.due_after_step(self.state):
+        if self.synchronizer.schedule.due_after_step(self.state.global_step, self.state.policy_version):
             metrics.update(self._sync())
 
     def explorer_due_eval(self, done: bool) -> bool:

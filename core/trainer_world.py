@@ -194,18 +194,22 @@ class TrainerWorld:
         return t.state
 
     def sync_weights(self, endpoints: list[str]) -> dict[str, Any]:
-        """Rank 0 sends over a weight-sync group with the workers; the other ranks only take part in
-        the strategy's gathers. Workers accept only increasing versions, so the version announced is
-        the global step, or one past what they serve when that is not newer (a step-0 sync, a resync)."""
+        """Rank 0 sends over a weight-sync group with the workers, or with synchronizer.sync_method
+        checkpoint has them load an HF folder every rank helped write; the other ranks only take
+        part in the strategy's gathers. Workers accept only increasing versions, so the version
+        announced is the global step, or one past what they serve when that is not newer (a step-0
+        sync, a resync)."""
         from .weight_sync import spec_of
 
         t = self._t()
-        weights = t.strategy.iter_full_weights()
+        start = time.perf_counter()
+        by_checkpoint = t.synchronizer.method == "checkpoint"
+        folder = t.synchronizer.export_for_workers(t.state.global_step) if by_checkpoint else ""
+        weights = iter(()) if by_checkpoint else t.strategy.iter_full_weights()
         if self._make_sender is None:  # ranks > 0; rank 0 keeps the version (it writes trainer state)
             for _ in weights:  # collective: every rank walks the iterator
                 pass
             return {}
-        start = time.perf_counter()
         key = tuple(endpoints)
         try:
             if key not in self._senders:
@@ -213,8 +217,15 @@ class TrainerWorld:
             sender = self._senders[key]
             served = max(c.get_info().policy_version for c in sender.clients)
             version = max(t.state.global_step, served + 1)
-            specs = [spec_of(*s) for s in t.strategy.weight_specs()]
-            stats = sender.send(specs, weights, version)
+            if by_checkpoint:
+                sender.send_checkpoint(folder, version)
+                t.synchronizer.prune_exports(keep=folder)
+                num_bytes = sum(
+                    e.stat().st_size for e in os.scandir(folder) if e.name.endswith(".safetensors")
+                )
+            else:
+                specs = [spec_of(*s) for s in t.strategy.weight_specs()]
+                num_bytes = int(sender.send(specs, weights, version)["num_bytes"])
         except Exception:
             sender = self._senders.pop(key, None)
             if sender is not None:  # its group may be broken; the next call forms a new one
@@ -224,11 +235,7 @@ class TrainerWorld:
             for _ in weights:  # collective: the other ranks walk it to the end whatever happened here
                 pass
         t.state.policy_version = version
-        return {
-            "policy_version": version,
-            "num_bytes": int(stats["num_bytes"]),
-            "seconds": time.perf_counter() - start,
-        }
+        return {"policy_version": version, "num_bytes": num_bytes, "seconds": time.perf_counter() - start}
 
 
 def _num_parameters(strategy: Any) -> int:

@@ -137,6 +137,50 @@ def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> No
         assert server.wait(timeout=60) == 0
 
 
+def test_remote_trainer_serves_a_later_stage_with_explorer_driven_checkpoint_syncs(
+    tmp_path, monkeypatch
+) -> None:
+    """trainer.remote across stages: SFT (no workers involved), then GRPO that syncs by HF folder
+    (sync_method checkpoint) only when the workers would lag more than max_staleness 1. The GRPO
+    stage pushes its weights before the first rollout: the workers still hold the initial model
+    (the SFT stage never synced them), and the log-prob gap of the first step would show it."""
+    root = str(tmp_path)
+    port_file = os.path.join(root, "trainer.port")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "2", "--port", "0",
+         "--port-file", port_file, "--threads", "1"],
+        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        address = wait_for_port_file(port_file, server, "trainer")
+        cfg = tiny_grpo_config(root, **{"trainer.remote": address})
+        cfg["stages"] = [
+            {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
+             "buffer": {"batch_size": 8, "total_steps": 4}},
+            {"name": "rl", "mode": "both", "buffer": {"total_steps": 4},
+             "synchronizer": {"sync_style": "explorer_driven", "max_staleness": 1, "sync_method": "checkpoint",
+                              "probe": True}},
+        ]  # fmt: skip
+        monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
+        launch(cfg, os.path.join(root, "cfg.yaml"))
+        rl_dir = os.path.join(root, "it", "run", "stage1_rl")
+        rows = [r for r in read_metrics(rl_dir) if "rollout/reward_mean" in r]
+        assert [r["step"] for r in rows] == [1, 2, 3, 4]
+        # synced at the start (step 0) and before the third rollout (the workers would lag 2 > 1)
+        assert _keys(rows, "rollout/staleness_mean") == [0.0, 1.0, 0.0, 1.0]
+        assert [("perf/sync_s" in r) for r in rows] == [False, False, True, False]
+        assert _keys(rows, "sync/probe_engines") == [1.0]
+        # the engine's log-probs equal the trainer's where the workers were synced for the rollout,
+        # and lag one optimizer step behind where they were not
+        gap = _keys(rows, "rollout/logprob_diff_mean")
+        assert gap[0] < 1e-4 and gap[2] < 1e-4 and gap[1] > 1e-3 and gap[3] > 1e-3, gap
+        # the workers loaded HF folders from the trainer; only the newest is kept
+        assert os.listdir(os.path.join(rl_dir, "weight_sync")) == ["version_2"]
+    finally:
+        server.terminate()
+        assert server.wait(timeout=60) == 0
+
+
 def test_launch_uses_endpoints_listed_in_the_config(tmp_path, monkeypatch, tiny_model_path) -> None:
     """explorer.rollout_model.endpoints: a worker started by hand is used instead of spawning one
     (the run's scratch model has the tiny model's architecture, so the first sync overwrites it)."""

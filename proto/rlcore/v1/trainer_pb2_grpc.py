@@ -143,7 +143,9 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SyncWeights(self, request, context):
-        """Push the current weights to rollout workers (over a weight-sync process group).
+        """Push the current weights to rollout workers: over a weight-sync process group, or with the
+        configured synchronizer.sync_method checkpoint as an HF folder under checkpoint_dir that the
+        workers load (their file system must see it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
