@@ -113,10 +113,10 @@ def mem_available() -> int:
 def memory_needed(model_bytes: int, bucket_bytes: int, checksums: bool) -> int:
     """Peak resident bytes of one size's run: the strategy's float32 copy and the in-process
     target in the sender, the engine in the receiver (plus every received bucket when checksums
-    hold the whole model back until verified), four buckets per side (raw's two, rlcore's two),
+    hold the whole model back until verified), five buckets per side (raw's two, rlcore's three),
     ~0.6 GiB per process."""
     copies = 3 + (1 if checksums else 0)
-    return copies * model_bytes + 8 * bucket_bytes + int(1.8 * GIB)
+    return copies * model_bytes + 10 * bucket_bytes + int(1.8 * GIB)
 
 
 # ---------------------------------------------------------------------------- the two processes

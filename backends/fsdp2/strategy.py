@@ -81,7 +81,9 @@ class FSDP2Strategy(NativeStrategy):
             # Every local shard is the whole tensor: views of the parameters, taken without autograd
             # (weight sync at 10M parameters spent more time here than on the wire).
             with torch.no_grad():
-                views = [(name, _full(t).detach()) for name, t in self.model.state_dict(keep_vars=True).items()]
+                views = [
+                    (name, _full(t).detach()) for name, t in self.model.state_dict(keep_vars=True).items()
+                ]
             yield from views
             return
         for name, tensor in self.model.state_dict().items():

@@ -64,8 +64,8 @@ class RolloutEngine(ABC):
         on_phase: Callable[[str], None] = lambda phase: None,
     ) -> None:
         """Receive one version's buckets from the group and load them: large tensors straight into
-        `weight_destinations()`, the rest through `load_weights` (which copies each tensor, so two
-        staging buffers are reused across buckets and syncs). With checksums nothing is loaded
+        `weight_destinations()`, the rest through `load_weights` (which copies each tensor, so the
+        group's staging buffers are reused across buckets and syncs). With checksums nothing is loaded
         unless every bucket checks out (WeightCorruption otherwise)."""
         from ...core.weight_sync import receive_weights
 

@@ -234,6 +234,38 @@ def test_large_tensors_go_uncopied_from_the_senders_storage_into_the_engines_ten
 
 
 @pytest.mark.timeout(60)
+def test_staging_buffers_rotate_under_a_slow_loader_without_overwriting_a_bucket_in_use() -> None:
+    """Many packed buckets through the reused staging buffers on both sides, while the consumer
+    takes its time over each tensor: the broadcasts posted ahead must land in other buffers than
+    the bucket being loaded."""
+    sender, receiver = _pair("rotate", 30.0)
+    g = torch.Generator().manual_seed(0)
+    weights = [(f"w{i}", torch.randn(30, generator=g)) for i in range(24)]  # 120 B each
+    specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
+    bucket = 256  # two tensors per bucket: 12 buckets, 4 times the staging buffers
+    assert len(plan_buckets(specs, bucket)) == 12
+    received: list[tuple[str, torch.Tensor]] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for name, t in receive_weights(receiver, specs, bucket, "cpu", {}, reuse_buffers=True):
+                time.sleep(0.01)  # a slow load: the sender's next buckets arrive meanwhile
+                received.append((name, t.clone()))
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    send_weights(sender, specs, iter(weights), bucket)
+    thread.join(30)
+    assert not errors, errors
+    assert [n for n, _ in received] == [n for n, _ in weights]
+    for (_, a), (_, b) in zip(received, weights, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.timeout(60)
 def test_with_checksums_nothing_is_received_into_the_engines_tensors() -> None:
     weights = _weights()
     specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
