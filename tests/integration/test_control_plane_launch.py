@@ -3,10 +3,12 @@ in the launch process, and the loop driving a separately started trainer (traine
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -108,11 +110,9 @@ def test_run_service_streams_metrics_and_stops_the_run(tmp_path) -> None:
     )
 
 
-def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> None:
-    """trainer.remote: the loop runs in the launch process; a trainer world started by hand with
-    `rlcore trainer serve` does every update; rollout workers get weights from it, and after each
-    sync the probe compares the worker's greedy log-probs with the trainer's (ComputeLogprobs)."""
-    root = str(tmp_path)
+@contextlib.contextmanager
+def _trainer_server(root: str) -> Iterator[str]:
+    """`rlcore trainer serve` with 2 ranks, started by hand; yields its address, stops it cleanly."""
     port_file = os.path.join(root, "trainer.port")
     server = subprocess.Popen(
         [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "2", "--port", "0",
@@ -120,7 +120,18 @@ def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> No
         cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        address = wait_for_port_file(port_file, server, "trainer")
+        yield wait_for_port_file(port_file, server, "trainer")
+    finally:
+        server.terminate()
+        assert server.wait(timeout=60) == 0
+
+
+def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> None:
+    """trainer.remote: the loop runs in the launch process; a trainer world started by hand with
+    `rlcore trainer serve` does every update; rollout workers get weights from it, and after each
+    sync the probe compares the worker's greedy log-probs with the trainer's (ComputeLogprobs)."""
+    root = str(tmp_path)
+    with _trainer_server(root) as address:
         cfg = tiny_grpo_config(
             root, **{"buffer.total_steps": 3, "trainer.remote": address, "synchronizer.probe": True}
         )
@@ -132,9 +143,6 @@ def test_launch_drives_a_separately_started_trainer(tmp_path, monkeypatch) -> No
         assert _keys(rows, "sync/probe_engines") == [1.0, 1.0, 1.0]
         assert all(x < 1e-3 for x in _keys(rows, "sync/probe_logprob_diff")), rows
         assert "after stage 0 main (step 3)" in proc.stdout
-    finally:
-        server.terminate()
-        assert server.wait(timeout=60) == 0
 
 
 def test_remote_trainer_serves_a_later_stage_with_explorer_driven_checkpoint_syncs(
@@ -145,14 +153,7 @@ def test_remote_trainer_serves_a_later_stage_with_explorer_driven_checkpoint_syn
     stage pushes its weights before the first rollout: the workers still hold the initial model
     (the SFT stage never synced them), and the log-prob gap of the first step would show it."""
     root = str(tmp_path)
-    port_file = os.path.join(root, "trainer.port")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "2", "--port", "0",
-         "--port-file", port_file, "--threads", "1"],
-        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        address = wait_for_port_file(port_file, server, "trainer")
+    with _trainer_server(root) as address:
         cfg = tiny_grpo_config(root, **{"trainer.remote": address})
         cfg["stages"] = [
             {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
@@ -176,9 +177,6 @@ def test_remote_trainer_serves_a_later_stage_with_explorer_driven_checkpoint_syn
         assert gap[0] < 1e-4 and gap[2] < 1e-4 and gap[1] > 1e-3 and gap[3] > 1e-3, gap
         # the workers loaded HF folders from the trainer; only the newest is kept
         assert os.listdir(os.path.join(rl_dir, "weight_sync")) == ["version_2"]
-    finally:
-        server.terminate()
-        assert server.wait(timeout=60) == 0
 
 
 def test_launch_uses_endpoints_listed_in_the_config(tmp_path, monkeypatch, tiny_model_path) -> None:
