@@ -12,8 +12,9 @@
 
 Every rank of the trainer world runs these methods (walking the weights is collective); rank 0
 holds the explorer (with an engine in every rank, explorer.engine_in_every_rank: each rank loads
-and probes its own). The experiences' policy versions are optimizer steps of the stage, so staleness = the step
-being trained - the version that generated it.
+and probes its own). The experiences' policy versions are optimizer steps of the stage, so
+staleness = the step being trained - the version that generated it. SyncSchedule (when, and what
+is too stale) is shared with the trainer.remote loop (core/remote_loop.py).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ bucket instead of one per tensor. A tensor of at least SOLO_BYTES (or a whole bu
 travels alone and without copies: broadcast from its own storage, and received straight into the
 engine's parameter when the engine offers one of the same dtype and shape (`into`; the HF engine
 does, vLLM's fused parameters do not). IN_FLIGHT (2) buckets are on the wire at once while the
-next one is gathered and packed, or the last one received is loaded. With checksums every bucket is packed and
-staged, so nothing is written into the engine before all of them check out. The gRPC calls around
-the bytes are in weight_sender.py.
+next one is gathered and packed, or the last one received is loaded. With checksums every bucket
+is packed and staged, so nothing is written into the engine before all of them check out. The gRPC
+calls around the bytes are in weight_sender.py.
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ DTYPES = {
 }
 _ALIGN = 16  # every tensor starts at a multiple of this in its bucket, so byte views can be retyped
 SOLO_BYTES = 1 << 20
+"""Tensors this large travel alone, unpacked: a copy costs more than a collective's fixed overhead."""
 IN_FLIGHT = 2
 """Broadcasts posted at once: the next one's start overlaps the current one's transfer (on gloo, a
 collective's fixed cost is about that of 1 MB on the wire). At 10M parameters on a 2-core CPU
 machine one in flight reached 0.70-1.00 of the raw broadcast (median 0.80 over 4 runs), two 0.87-0.93."""
 STAGING = IN_FLIGHT + 1
 """Staging buffers: one being packed (or loaded) while IN_FLIGHT are on the wire."""
-"""Tensors this large travel alone, unpacked: a copy costs more than a collective's fixed overhead."""
 
 
 @dataclass(frozen=True)
@@ -285,9 +285,9 @@ def receive_weights(
     """Receive every bucket from rank 0 and yield (name, tensor) views into it.
 
     Without checksums each bucket is yielded as it arrives, while the next one is already being
-    received (IN_FLIGHT buckets posted at once). A lone tensor for which `into(name)` returns a tensor of the
-    same dtype and shape (contiguous, on the group's device) is received straight into that tensor
-    and not yielded. `reuse_buffers`: receive into the group's STAGING buffers instead of fresh
+    received (IN_FLIGHT buckets posted at once). A lone tensor for which `into(name)` returns a
+    tensor of the same dtype and shape (contiguous, on the group's device) is received straight into
+    that tensor and not yielded. `reuse_buffers`: receive into the group's STAGING buffers instead of fresh
     memory per bucket; only for a consumer that copies each tensor before asking for the next
     bucket (not vLLM's layerwise reload, which holds a layer's tensors until the layer is complete).
 
@@ -376,7 +376,8 @@ def send_weights(
     packed = [size for bucket, (_, size) in zip(plan, layouts, strict=True) if len(bucket) > 1 or checksums]
     group.staging_buffers(max(packed, default=0))  # allocated once, not grown bucket by bucket
     it = iter(weights)
-    in_flight: deque[tuple[int, torch.Tensor, Any, int]] = deque()
+    in_flight: deque[tuple[int, torch.Tensor, Any]] = deque()
+    packed_count = 0
 
     def next_tensor(i: int) -> torch.Tensor:
         start = time.perf_counter()
@@ -391,8 +392,8 @@ def send_weights(
             )
         return tensor.detach()
 
-    def finish(flight: tuple[int, torch.Tensor, Any, int]) -> None:
-        b, buf, work, _ = flight
+    def finish(flight: tuple[int, torch.Tensor, Any]) -> None:
+        b, buf, work = flight
         start = time.perf_counter()
         try:
             work.wait()
@@ -401,7 +402,6 @@ def send_weights(
         stats["send_s"] += time.perf_counter() - start
         stats["num_bytes"] += buf.numel()
 
-    slot = 0
     for b, (bucket, (offsets, size)) in enumerate(zip(plan, layouts, strict=True)):
         tensors = [next_tensor(i) for i in bucket]
         start = time.perf_counter()
@@ -413,12 +413,11 @@ def send_weights(
         ):
             buf = _as_bytes(tensors[0])  # in_flight keeps it alive until its broadcast is done
             stats["direct_bytes"] += size
-            used = -1
         else:
-            used, slot = slot, (slot + 1) % STAGING
-            while any(f[3] == used for f in in_flight):  # the slot's last bucket must be sent
-                finish(in_flight.popleft())
-            buf = group.staging_buffers(size)[used][:size]
+            # The buffer's last user was packed STAGING packed buckets ago; at most IN_FLIGHT
+            # (< STAGING) broadcasts are pending now, so its broadcast is done.
+            buf = group.staging_buffers(size)[packed_count % STAGING][:size]
+            packed_count += 1
             for tensor, off in zip(tensors, offsets, strict=True):
                 buf[off : off + tensor.nbytes].copy_(_as_bytes(tensor.contiguous()))
             if checksums:
@@ -426,7 +425,7 @@ def send_weights(
         stats["pack_s"] += time.perf_counter() - start
         if len(in_flight) == IN_FLIGHT:
             finish(in_flight.popleft())
-        in_flight.append((b, buf, group.broadcast_async(buf), used))
+        in_flight.append((b, buf, group.broadcast_async(buf)))
     while in_flight:
         finish(in_flight.popleft())
     leftover = next(it, None)
