@@ -222,11 +222,6 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
             "synchronizer.checksums guard weights sent over a process group (mode both, sync_method "
             f"nccl or auto); got mode {cfg.mode}, sync_method {sc.sync_method}"
         )
-    if cfg.trainer.remote is not None and sc.rollout_ahead > 0:
-        raise ConfigError(
-            f"synchronizer.rollout_ahead {sc.rollout_ahead} runs in rlcore's own training loop only; with "
-            "trainer.remote the run explores and trains one step after the other: set rollout_ahead=0"
-        )
     if sc.sync_style == "trainer_driven" and sc.sync_interval != 1:
         raise ConfigError(
             f"synchronizer.sync_style trainer_driven syncs after every step; sync_interval {sc.sync_interval} "

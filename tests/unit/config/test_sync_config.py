@@ -44,8 +44,6 @@ def _check(tmp_path: Path, *overrides: str) -> None:
          r"^synchronizer.max_staleness 1 would drop experiences generated ahead.*raise max_staleness to >= 2"),
         (["synchronizer.rollout_ahead=2"],
          r"^synchronizer.rollout_ahead must be <= 1"),
-        (["trainer.remote=127.0.0.1:1", "synchronizer.rollout_ahead=1"],
-         r"^synchronizer.rollout_ahead 1 runs in rlcore's own training loop only; .* set rollout_ahead=0$"),
     ],
 )  # fmt: skip
 def test_conflicting_engine_and_sync_settings_are_refused(tmp_path: Path, overrides, pattern) -> None:
@@ -60,6 +58,9 @@ def test_consistent_settings_load(tmp_path: Path) -> None:
         "synchronizer.probe=true", "synchronizer.sync_method=nccl",
     )  # fmt: skip
     _check(tmp_path, "mode=colocate", "explorer.rollout_model.engine_type=vllm", "synchronizer.probe=true")
+    _check(
+        tmp_path, "trainer.remote=127.0.0.1:1", "synchronizer.rollout_ahead=1", "synchronizer.max_staleness=1"
+    )
     _check(tmp_path, "trainer.remote=127.0.0.1:1", "synchronizer.probe=true")  # ComputeLogprobs scores it
     _check(
         tmp_path, "trainer.remote=127.0.0.1:1", "synchronizer.sync_style=explorer_driven",
