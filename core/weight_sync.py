@@ -18,7 +18,8 @@ bucket instead of one per tensor. A tensor of at least SOLO_BYTES (or a whole bu
 travels alone and without copies: broadcast from its own storage, and received straight into the
 engine's parameter when the engine offers one of the same dtype and shape (`into`; the HF engine
 does, vLLM's fused parameters do not). IN_FLIGHT (2) buckets are on the wire at once while the
-next one is gathered and packed, or the last one received is loaded. With checksums every bucket
+next one is gathered and packed, or the last one received is loaded; on CPU the receiving side
+reuses its buffers once the engine holds no tensor from them. With checksums every bucket
 is packed and staged, so nothing is written into the engine before all of them check out. The gRPC
 calls around the bytes are in weight_sender.py.
 """
@@ -57,7 +58,11 @@ IN_FLIGHT = 2
 collective's fixed cost is about that of 1 MB on the wire). At 10M parameters on a 2-core CPU
 machine one in flight reached 0.70-1.00 of the raw broadcast (median 0.80 over 4 runs), two 0.87-0.93."""
 STAGING = IN_FLIGHT + 1
-"""Staging buffers: one being packed (or loaded) while IN_FLIGHT are on the wire."""
+"""The sender's staging buffers: one being packed while IN_FLIGHT are on the wire."""
+RECEIVE_POOL = 8
+"""Receive buffers a CPU group keeps between buckets and syncs (SyncGroup.receive_buffer): IN_FLIGHT
+posted, plus what the engine still holds (vLLM's reload keeps a layer's tensors until the layer is
+complete)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,16 @@ class WeightSyncError(RuntimeError):
     """A weight sync failed or missed its deadline; the message names the worker and the phase."""
 
 
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _unviewed(buf: torch.Tensor) -> bool:
+    """Whether no tensor but `buf` refers to its memory: `buf` and its storage's Python object hold
+    one reference each, every view one more."""
+    assert _STORAGE_USE_COUNT is not None
+    return int(_STORAGE_USE_COUNT(buf.untyped_storage()._cdata)) <= 2
+
+
 class SyncGroup:
     """A standalone process group for weight broadcast (rank 0 sends)."""
 
@@ -185,17 +200,37 @@ class SyncGroup:
             torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         )
         self._staging: list[torch.Tensor] = []
+        self._pool: list[torch.Tensor] = []
 
     def staging_buffers(self, nbytes: int) -> list[torch.Tensor]:
-        """STAGING bucket buffers of at least `nbytes` each (the sender packs into them, a receiver
-        whose engine copies what it is given receives into them), kept from one sync to the next:
-        fresh memory would cost a page fault per 4 KiB on every sync."""
+        """STAGING bucket buffers of at least `nbytes` each for the sender to pack into, kept from
+        one sync to the next: fresh memory would cost a page fault per 4 KiB on every sync."""
         if not self._staging or self._staging[0].numel() < nbytes:
             self._staging = []  # free the old set before allocating the new one
             self._staging = [
                 torch.empty(nbytes, dtype=torch.uint8, device=self.device) for _ in range(STAGING)
             ]
         return self._staging
+
+    def receive_buffer(self, nbytes: int) -> torch.Tensor:
+        """A buffer of `nbytes` to receive a bucket into; it stays taken for as long as any view
+        into it lives (the caller's, the engine's). On CPU it comes from a pool of RECEIVE_POOL
+        buffers reused once no view into them is left: fresh memory costs a page fault per 4 KiB,
+        about 0.4 s per GB on the 2-core CI machine (five times the copy itself). On CUDA the caching
+        allocator already hands freed blocks back, and a pool would hold GPU memory between syncs."""
+        if self.device.type != "cpu" or _STORAGE_USE_COUNT is None:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        free = [b for b in self._pool if b.numel() >= nbytes and _unviewed(b)]
+        if free:
+            return min(free, key=lambda b: b.numel())[:nbytes]
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        if len(self._pool) >= RECEIVE_POOL:  # make room by dropping the smallest idle buffer
+            idle = [i for i, b in enumerate(self._pool) if _unviewed(b)]
+            if not idle:
+                return buf[:nbytes]  # every kept buffer is taken: this one is not kept
+            del self._pool[min(idle, key=lambda i: self._pool[i].numel())]
+        self._pool.append(buf)
+        return buf[:nbytes]  # a view: while the caller holds it, the pool sees the buffer taken
 
     def broadcast_async(self, buf: torch.Tensor) -> Any:
         """Start broadcasting `buf` from rank 0; returns the work to wait() on."""
@@ -280,20 +315,19 @@ def receive_weights(
     checksums: bool = False,
     version: int = 0,
     into: Callable[[str], torch.Tensor | None] | None = None,
-    reuse_buffers: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Receive every bucket from rank 0 and yield (name, tensor) views into it.
 
     Without checksums each bucket is yielded as it arrives, while the next one is already being
     received (IN_FLIGHT buckets posted at once). A lone tensor for which `into(name)` returns a
     tensor of the same dtype and shape (contiguous, on the group's device) is received straight into
-    that tensor and not yielded. `reuse_buffers`: receive into the group's STAGING buffers instead of fresh
-    memory per bucket; only for a consumer that copies each tensor before asking for the next
-    bucket (not vLLM's layerwise reload, which holds a layer's tensors until the layer is complete).
+    that tensor and not yielded. The rest lands in `group.receive_buffer`s, which are reused only
+    once the consumer has let go of every tensor yielded from them: a consumer may keep tensors
+    across buckets (vLLM's layerwise reload holds a layer's until the layer is complete).
 
-    With checksums every bucket is received into fresh memory and checked before the first tensor
-    is yielded, so a corrupted transfer raises WeightCorruption with nothing loaded (at the cost of
-    holding the whole model in received buckets); `into` and `reuse_buffers` are ignored.
+    With checksums every bucket is received (each into a buffer of its own) and checked before the
+    first tensor is yielded, so a corrupted transfer raises WeightCorruption with nothing loaded (at the cost of
+    holding the whole model in received buckets); `into` is ignored.
     Fills stats: num_bytes, direct_bytes (received in place), receive_s (time blocked in the
     group), verified_buckets.
     """
@@ -302,17 +336,12 @@ def receive_weights(
     plan = plan_buckets(specs, bucket_bytes)
     layouts = [bucket_layout(specs, bucket, checksums) for bucket in plan]
     if checksums:
-        into, reuse_buffers = None, False
+        into = None
 
     def post(b: int) -> tuple[torch.Tensor, Any, bool]:
         size = layouts[b][1]
         target = _direct_target(specs[plan[b][0]], into, group.device) if len(plan[b]) == 1 else None
-        if target is not None:
-            buf = _as_bytes(target)
-        elif reuse_buffers:  # the slot's last user, bucket b - STAGING, was consumed before this post
-            buf = group.staging_buffers(size)[b % STAGING][:size]
-        else:
-            buf = torch.empty(size, dtype=torch.uint8, device=group.device)
+        buf = _as_bytes(target) if target is not None else group.receive_buffer(size)
         return buf, group.broadcast_async(buf), target is not None
 
     def wait(b: int, pending: tuple[torch.Tensor, Any, bool]) -> torch.Tensor:

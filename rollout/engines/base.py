@@ -64,8 +64,7 @@ class RolloutEngine(ABC):
         on_phase: Callable[[str], None] = lambda phase: None,
     ) -> None:
         """Receive one version's buckets from the group and load them: large tensors straight into
-        `weight_destinations()`, the rest through `load_weights` (which copies each tensor, so the
-        group's staging buffers are reused across buckets and syncs). With checksums nothing is loaded
+        `weight_destinations()`, the rest through `load_weights`. With checksums nothing is loaded
         unless every bucket checks out (WeightCorruption otherwise)."""
         from ...core.weight_sync import receive_weights
 
@@ -73,7 +72,6 @@ class RolloutEngine(ABC):
         weights = receive_weights(
             self._sync_group, specs, bucket_bytes, str(getattr(self, "device", "cpu")), stats,
             checksums=checksums, version=policy_version, into=self.weight_destinations().get,
-            reuse_buffers=True,
         )  # fmt: skip
         self.load_weights(_tracked(weights, on_phase), policy_version)
 

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 
 from rlcore.core.weight_sync import (
+    IN_FLIGHT,
+    RECEIVE_POOL,
     SyncGroup,
     TensorSpec,
     WeightCorruption,
@@ -216,14 +218,12 @@ def test_large_tensors_go_uncopied_from_the_senders_storage_into_the_engines_ten
         "head.weight": torch.zeros(16, 37, dtype=torch.bfloat16),
         "norm.weight": torch.zeros(16, dtype=torch.bfloat16),
     }
-    for version in (1, 2):  # the second sync reuses the staging buffers of the first
+    for version in (1, 2):  # the second sync reuses the buffers of the first
         g = torch.Generator().manual_seed(version)
         weights = [(n, (t + torch.randn(t.shape, generator=g)).to(t.dtype)) for n, t in _weights()]
         weights[3] = ("head.weight", torch.randn(37, 16, generator=g).t())  # non-contiguous: packed
         specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
-        received, stats, errors = _transfer(
-            sender, receiver, specs, weights, bucket, False, into=targets.get, reuse_buffers=True
-        )
+        received, stats, errors = _transfer(sender, receiver, specs, weights, bucket, False, into=targets.get)
         assert not errors, errors
         assert torch.equal(targets["embed.weight"], weights[0][1])  # written by the receive itself
         assert [n for n, _ in received] == [n for n, _ in weights if n != "embed.weight"]
@@ -236,25 +236,25 @@ def test_large_tensors_go_uncopied_from_the_senders_storage_into_the_engines_ten
         assert stats["sent_num_bytes"] == stats["num_bytes"]
 
 
-@pytest.mark.timeout(60)
-def test_staging_buffers_rotate_under_a_slow_loader_without_overwriting_a_bucket_in_use() -> None:
-    """Many packed buckets through the reused staging buffers on both sides, while the consumer
-    takes its time over each tensor: the broadcasts posted ahead must land in other buffers than
-    the bucket being loaded."""
-    sender, receiver = _pair("rotate", 30.0)
+def _many_buckets() -> tuple[list[tuple[str, torch.Tensor]], list[TensorSpec], int]:
+    """24 tensors of 120 B in buckets of 256 B: 12 buckets, more than RECEIVE_POOL and STAGING."""
     g = torch.Generator().manual_seed(0)
-    weights = [(f"w{i}", torch.randn(30, generator=g)) for i in range(24)]  # 120 B each
+    weights = [(f"w{i}", torch.randn(30, generator=g)) for i in range(24)]
     specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
-    bucket = 256  # two tensors per bucket: 12 buckets, 4 times the staging buffers
-    assert len(plan_buckets(specs, bucket)) == 12
-    received: list[tuple[str, torch.Tensor]] = []
+    assert len(plan_buckets(specs, 256)) == 12 > RECEIVE_POOL
+    return weights, specs, 256
+
+
+def _sync_to(
+    consumer: Any, sender: SyncGroup, receiver: SyncGroup, weights: list, specs: list, bucket: int
+) -> None:
+    """One sync: the receiver's tensors go to `consumer(name, tensor)` in a thread."""
     errors: list[BaseException] = []
 
     def worker() -> None:
         try:
-            for name, t in receive_weights(receiver, specs, bucket, "cpu", {}, reuse_buffers=True):
-                time.sleep(0.01)  # a slow load: the sender's next buckets arrive meanwhile
-                received.append((name, t.clone()))
+            for name, t in receive_weights(receiver, specs, bucket, "cpu", {}):
+                consumer(name, t)
         except BaseException as e:
             errors.append(e)
 
@@ -263,9 +263,71 @@ def test_staging_buffers_rotate_under_a_slow_loader_without_overwriting_a_bucket
     send_weights(sender, specs, iter(weights), bucket)
     thread.join(30)
     assert not errors, errors
-    assert [n for n, _ in received] == [n for n, _ in weights]
-    for (_, a), (_, b) in zip(received, weights, strict=True):
-        assert torch.equal(a, b)
+
+
+def test_the_receive_pool_hands_out_only_buffers_nobody_views_and_keeps_at_most_its_size() -> None:
+    group = SyncGroup(None, None, 1, 2, "gloo", 1.0)  # the pool needs no process group
+
+    def base(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr()
+
+    held = [group.receive_buffer(100) for _ in range(RECEIVE_POOL)]
+    kept = {base(t) for t in held}
+    assert len(kept) == RECEIVE_POOL  # each one stays taken while a view into it lives
+    assert base(group.receive_buffer(100)) not in kept  # all taken: a fresh buffer, not kept
+    released = base(held.pop())
+    assert base(group.receive_buffer(50)) == released  # a smaller request fits in a free buffer
+    bigger = group.receive_buffer(200)  # nothing free fits: the free 100-byte buffer makes room
+    big = base(bigger)
+    assert big not in kept
+    del bigger
+    assert base(group.receive_buffer(150)) == big  # the 200-byte buffer was kept, and is reused
+    assert base(group.receive_buffer(100)) != released  # the dropped one is gone from the pool
+
+
+@pytest.mark.timeout(60)
+def test_tensors_the_engine_still_holds_are_never_overwritten_by_later_buckets() -> None:
+    """vLLM's layerwise reload keeps a layer's tensors (views into the received buckets) until the
+    layer is complete. Here the consumer keeps every tensor, uncopied, and takes its time, while
+    the sender's next buckets arrive: a buffer still viewed must not receive another bucket."""
+    sender, receiver = _pair("hold", 30.0)
+    weights, specs, bucket = _many_buckets()
+    held: list[tuple[str, torch.Tensor]] = []
+
+    def keep(name: str, t: torch.Tensor) -> None:
+        time.sleep(0.01)  # a slow load: the sender's next buckets arrive meanwhile
+        held.append((name, t))
+
+    _sync_to(keep, sender, receiver, weights, specs, bucket)
+    assert [n for n, _ in held] == [n for n, _ in weights]
+    for (name, a), (_, b) in zip(held, weights, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.timeout(60)
+def test_receive_buffers_are_reused_once_the_engine_lets_go_of_their_tensors() -> None:
+    """A consumer that copies each tensor (the HF engine's load_weights): the receiver cycles
+    through a few buffers within a sync, and the next sync receives into the same ones."""
+    sender, receiver = _pair("reuse", 30.0)
+    weights, specs, bucket = _many_buckets()
+    for version in (1, 2):
+        got: list[tuple[str, torch.Tensor]] = []
+        buffers: set[int] = set()
+
+        def copy(name: str, t: torch.Tensor, got: list = got, buffers: set = buffers) -> None:
+            buffers.add(t.untyped_storage().data_ptr())
+            got.append((name, t.clone()))
+
+        _sync_to(copy, sender, receiver, [(n, t * version) for n, t in weights], specs, bucket)
+        assert [n for n, _ in got] == [n for n, _ in weights]
+        for (name, a), (_, b) in zip(got, weights, strict=True):
+            assert torch.equal(a, b * version), name
+        # posted ahead, being yielded, and the consumer's last tensor: a handful, not one per bucket
+        assert len(buffers) <= IN_FLIGHT + 2, len(buffers)
+        if version == 1:
+            first = buffers
+        else:
+            assert buffers <= first  # nothing fresh: the first sync's buffers served the second
 
 
 @pytest.mark.timeout(60)
