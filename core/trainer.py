@@ -18,7 +18,6 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -33,6 +32,7 @@ from .config import RLCoreConfig, Stage
 from .data.taskset import TaskStream, load_tasks
 from .explorer import Explorer, engine_in_every_rank
 from .hf_export import export_hf
+from .rollout_ahead import RolloutAhead
 from .step_metrics import LogprobGap, mean_dicts, memory_metrics, rollout_metrics, rollout_report
 from .synchronizer import Synchronizer
 from .types import Experience, Task
@@ -116,14 +116,8 @@ class StageTrainer:
             cfg, self.strategy, self.explorer, stage_dir, model_path, probe_prompt,
             self.tokenizer.pad_token_id, device, engine_per_rank=self.engine_per_rank,
         )  # fmt: skip
-        # synchronizer.rollout_ahead: rank 0's rollout of the next explore step, generated on the
-        # workers while this one trains (a thread: it only waits on gRPC)
-        self._ahead: tuple[int, Future] | None = None
-        self._ahead_pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="rlcore-rollout-ahead")
-            if cfg.synchronizer.rollout_ahead and self.explorer is not None
-            else None
-        )
+        # synchronizer.rollout_ahead: rank 0's rollout of the next explore step
+        self.ahead = RolloutAhead(bool(cfg.synchronizer.rollout_ahead) and self.explorer is not None)
         self._last_saved = 0  # global step of the newest checkpoint
         self.monitor = None
         self.reporter = None  # RunReporter on rank 0 when the run has a controller
@@ -212,7 +206,7 @@ class StageTrainer:
         self._start_ahead(len(exps))
         if exps:
             metrics.update(self.train_experiences(exps))
-        metrics.update(self._finish_ahead())
+        metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
         metrics["perf/generate_s"] = t_gen
         return metrics
 
@@ -290,11 +284,9 @@ class StageTrainer:
             return self._explore_every_rank(tasks)
         box: list = [None]
         if self.rank == 0:
-            ahead, self._ahead = self._ahead, None
-            if ahead is not None:
-                step, rollout = ahead
-                assert step == self.state.explore_step, (step, self.state.explore_step)
-                box[0] = (*rollout.result(), True)
+            taken = self.ahead.take(self.state.explore_step)
+            if taken is not None:
+                box[0] = (*taken[0], True)
             else:
                 box[0] = (*self._rollout(tasks, self.state.explore_step), False)
         dist.broadcast_object_list(box, src=0)
@@ -324,7 +316,7 @@ class StageTrainer:
     def _start_ahead(self, num_experiences: int) -> None:
         """Rank 0 (synchronizer.rollout_ahead): start the next explore step's rollout, unless this
         step is the stage's last."""
-        if self._ahead_pool is None or self.stream is None:
+        if not self.ahead.enabled or self.stream is None:
             return
         following = self.state.explore_step + 1
         train_steps = math.ceil(num_experiences / self.train_batch)
@@ -334,16 +326,7 @@ class StageTrainer:
         ):
             return
         tasks = self.stream.batch(following)
-        self._ahead = (following, self._ahead_pool.submit(self._rollout, tasks, following))
-
-    def _finish_ahead(self) -> dict[str, float]:
-        """Wait for the rollout started ahead, so the sync, evaluation and checkpoint after the step
-        find the engines idle; its result is the next step's experiences."""
-        if self._ahead is None:
-            return {}
-        start = time.perf_counter()
-        self._ahead[1].result()  # a failed rollout raises here, before anything else touches the engines
-        return {"perf/rollout_ahead_wait_s": time.perf_counter() - start}
+        self.ahead.start(following, lambda: self._rollout(tasks, following))
 
     def _micro(self, mini: list[Sequence]) -> tuple[list[Batch], list[list[int]]]:
         """This rank's share of a mini-batch as micro-batches, with the same count on every rank.
