@@ -216,7 +216,7 @@ class SyncGroup:
         """A buffer of `nbytes` to receive a bucket into; it stays taken for as long as any view
         into it lives (the caller's, the engine's). On CPU it comes from a pool of RECEIVE_POOL
         buffers reused once no view into them is left: fresh memory costs a page fault per 4 KiB,
-        about 0.4 s per GB on the 2-core CI machine (five times the copy itself). On CUDA the caching
+        about 0.4 s per GB on a 2-core AMD EPYC VM (five times the copy itself). On CUDA the caching
         allocator already hands freed blocks back, and a pool would hold GPU memory between syncs."""
         if self.device.type != "cpu" or _STORAGE_USE_COUNT is None:
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -326,8 +326,8 @@ def receive_weights(
     across buckets (vLLM's layerwise reload holds a layer's until the layer is complete).
 
     With checksums every bucket is received (each into a buffer of its own) and checked before the
-    first tensor is yielded, so a corrupted transfer raises WeightCorruption with nothing loaded (at the cost of
-    holding the whole model in received buckets); `into` is ignored.
+    first tensor is yielded, so a corrupted transfer raises WeightCorruption with nothing loaded
+    (at the cost of holding the whole model in received buckets); `into` is ignored.
     Fills stats: num_bytes, direct_bytes (received in place), receive_s (time blocked in the
     group), verified_buckets.
     """
