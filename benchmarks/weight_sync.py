@@ -68,7 +68,7 @@ is the receiver's engine loading the whole model from memory (no wire): raw + re
 sync would take with the wire and the load one after the other."""
 GIB = 1024**3
 VLLM_PROCESS_BYTES = int(1.5 * GIB)
-"""vLLM's engine-core process besides the model: imports, KV cache, buffers (measured ~1.2 GiB)."""
+"""vLLM's engine-core and worker processes besides the model (RSS 0.65 and 0.95 GB at 10m)."""
 
 # Llama shapes (the char tokenizer's 87-token vocabulary makes embeddings negligible):
 # per layer 4*h^2 (attention, full KV heads) + 3*h*i (MLP).
@@ -126,11 +126,15 @@ def mem_available() -> int:
 def memory_needed(model_bytes: int, bucket_bytes: int, checksums: bool, engine: str) -> int:
     """Peak resident bytes of one size's run: the strategy's float32 copy and the in-process
     target in the sender, the engine and reload's copy in the receiver (plus every received bucket
-    when checksums hold the whole model back until verified), five buckets per side (raw's two, rlcore's three),
-    ~0.6 GiB per process, and for vLLM its engine-core process."""
+    when checksums hold the whole model back until verified); buckets: the sender's STAGING and
+    raw's two, the receiver's RECEIVE_POOL and raw's two; ~0.6 GiB per process, and for vLLM its
+    own two processes."""
+    from rlcore.core.weight_sync import RECEIVE_POOL, STAGING
+
     copies = 4 + (1 if checksums else 0)
+    buckets = STAGING + 2 + RECEIVE_POOL + 2
     extra = VLLM_PROCESS_BYTES if engine == "vllm" else 0
-    return copies * model_bytes + 10 * bucket_bytes + int(1.8 * GIB) + extra
+    return copies * model_bytes + buckets * bucket_bytes + int(1.8 * GIB) + extra
 
 
 # ---------------------------------------------------------------------------- the two processes
