@@ -228,7 +228,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{cfg['prompts']} prompts x {cfg['group']} x {cfg['max_tokens']} tokens. Flat = a linear fit of "
         f"RSS from step {mem['from_step']} to the last step rises by less than max({FLAT_MIB:.0f} MiB, "
         f"{FLAT_FRACTION:.0%} of the step-{mem['from_step']} RSS) = {mem['flat_threshold_mib']:.0f} MiB. "
-        "Peak = the process's ru_maxrss (within steps too).",
+        "Peak = the process's ru_maxrss (within steps too), never below an RSS logged before.",
         "",
         "| " + " | ".join(f"RSS step {s} GiB" for s in mem["rss_at_step_gib"]) + " | max RSS GiB | "
         f"peak RSS GiB | step {mem['from_step']} to last MiB | fitted growth MiB | slope GiB / 100 steps | verdict |",

@@ -76,20 +76,24 @@ def rollout_report(engines: int, timings: list[dict[str, float]]) -> dict[str, f
     return report
 
 
+_peak_rss_gib = 0.0
+"""The highest RSS memory_metrics has seen in this process (statm or ru_maxrss)."""
+
+
 def memory_metrics(device: str) -> dict[str, float]:
     """This process's resident memory now and at its peak, and on CUDA the peak of allocated
     device memory, in GiB (Linux: /proc and ru_maxrss in KiB).
 
     The kernel's two counters are kept apart and approximately, so ru_maxrss can read a few hundred
     KiB under statm's current RSS when the process sits at its peak (as it does once malloc keeps
-    freed memory); the peak reported is never below the current RSS."""
+    freed memory); the peak reported is never below an RSS this process reported before."""
+    global _peak_rss_gib
     with open("/proc/self/statm") as f:
         resident_pages = int(f.read().split()[1])
     rss_gib = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**30
-    metrics = {
-        "perf/rss_gib": rss_gib,
-        "perf/peak_rss_gib": max(rss_gib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20),
-    }
+    max_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    _peak_rss_gib = max(_peak_rss_gib, rss_gib, max_rss_gib)
+    metrics = {"perf/rss_gib": rss_gib, "perf/peak_rss_gib": _peak_rss_gib}
     if device == "cuda":
         metrics["perf/cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return metrics
