@@ -7,5 +7,6 @@ BENCHMARKS = {
     "grpc": "rlcore.benchmarks.grpc_overhead",
     "growth": "rlcore.benchmarks.cost_growth",
     "throughput": "rlcore.benchmarks.throughput",
+    "rollout-ahead": "rlcore.benchmarks.rollout_ahead",
 }
 """`rlcore bench` name -> module."""

@@ -285,13 +285,16 @@ def launch_rlcore(
     config = rlcore_config(model_dir, tasks, run_root, run)
     cmd = [sys.executable, "-m", "rlcore.cli", "launch", "--strategy", run.strategy, config]
     run_logged(cmd, os.path.join(workdir, f"rlcore-{tag}.log"), f"rlcore run {tag}", timeout_s)
+    return step_rows(run_root, run.steps + 1, f"rlcore run {tag}")
+
+
+def step_rows(run_root: str, expected: int, what: str) -> list[dict[str, float]]:
+    """The per-step metric rows of the one metrics.jsonl under `run_root`; `expected` of them."""
     (metrics_path,) = glob.glob(os.path.join(run_root, "**", "metrics.jsonl"), recursive=True)
     with open(metrics_path) as f:
         rows = [r for r in map(json.loads, f) if "perf/step_time_s" in r]
-    if len(rows) != run.steps + 1:  # e.g. the taskset ran out: the run trained fewer steps
-        raise RuntimeError(
-            f"rlcore run {tag} logged {len(rows)} steps, not {run.steps + 1}; see {metrics_path}"
-        )
+    if len(rows) != expected:  # e.g. the taskset ran out: the run trained fewer steps
+        raise RuntimeError(f"{what} logged {len(rows)} steps, not {expected}; see {metrics_path}")
     return rows
 
 
@@ -330,16 +333,29 @@ def rlcore_phase(phase: str, row: dict[str, float]) -> float:
 
 
 def run_logged(
-    cmd: list[str], log_path: str, what: str, timeout_s: float, env: dict[str, str] | None = None
+    cmd: list[str],
+    log_path: str,
+    what: str,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cpus: set[int] | None = None,
 ) -> None:
-    """Run `cmd` (this environment, plus `env`) with its output in `log_path`; a failure says which
-    log to read."""
+    """Run `cmd` (this environment, plus `env`; on `cpus` only, when given) with its output in
+    `log_path`; a failure says which log to read."""
     with open(log_path, "w") as log:
         proc = subprocess.run(
-            cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, env={**os.environ, **(env or {})}
-        )
+            cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, env={**os.environ, **(env or {})},
+            preexec_fn=pinned(cpus),
+        )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}")
+
+
+def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A child's preexec_fn that confines it (and all it starts) to `cpus`; None for no pinning."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def run_worker(
