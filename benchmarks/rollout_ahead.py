@@ -63,21 +63,20 @@ def cpu_list(text: str) -> list[int]:
 
 def start_trainer(root: str, cpus: set[int], env: dict[str, str], timeout_s: float) -> tuple[Any, str]:
     """`rlcore trainer serve` (1 rank, 1 thread) on `cpus`; the process and its address."""
-    port_file = os.path.join(root, "trainer.port")
-    log = open(os.path.join(root, "trainer.log"), "w")  # noqa: SIM115 (the server outlives this call)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "1", "--threads", "1",
-         "--port", "0", "--port-file", port_file],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, preexec_fn=pinned(cpus),
-    )  # fmt: skip
+    port_file, log_path = os.path.join(root, "trainer.port"), os.path.join(root, "trainer.log")
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "1", "--threads", "1",
+             "--port", "0", "--port-file", port_file],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, preexec_fn=pinned(cpus),
+        )  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(port_file):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"rlcore trainer serve did not start; see {log.name}")
+            raise RuntimeError(f"rlcore trainer serve did not start; see {log_path}")
         time.sleep(0.2)
-    time.sleep(0.1)  # the file is written whole, but give the writer a moment to close it
-    with open(port_file) as f:
+    with open(port_file) as f:  # written atomically: it exists only once whole
         return proc, f.read().strip()
 
 
