@@ -122,6 +122,13 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: str) -> None:
+    """Lay out `fig`, write it to `path` (PNG) and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+
+
 def alternating(items: Sequence[T], repeats: int) -> Iterator[tuple[int, list[T]]]:
     """(repeat, order) for each repeat: `items` forward, then reversed, and so on, so that the
     machine's drift over a run does not always favour the same side."""
@@ -142,12 +149,21 @@ def positive_int(text: str) -> int:
 
 def int_list(text: str) -> list[int]:
     """argparse type: comma-separated different integers >= 1, e.g. 2,4,8,16."""
+    return _distinct_ints(text, 1, "integers")
+
+
+def cpu_list(text: str) -> list[int]:
+    """argparse type: comma-separated different CPU ids (>= 0), e.g. 0 or 2,3."""
+    return _distinct_ints(text, 0, "CPU ids")
+
+
+def _distinct_ints(text: str, minimum: int, what: str) -> list[int]:
     try:
         values = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers; got '{text}'") from None
-    if not values or min(values) < 1 or len(set(values)) < len(values):
-        raise argparse.ArgumentTypeError(f"must list different integers >= 1; got '{text}'")
+        raise argparse.ArgumentTypeError(f"must be comma-separated {what}; got '{text}'") from None
+    if not values or min(values) < minimum or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"must list different {what} >= {minimum}; got '{text}'")
     return values
 
 

@@ -52,6 +52,7 @@ from rlcore.benchmarks.common import (
     positive_int,
     prepare,
     pyplot,
+    save_figure,
     spread,
     versions,
     write_outputs,
@@ -270,9 +271,7 @@ def plot(result: dict[str, Any], path: str) -> None:
         f"RSS over {len(mem['steps'])} steps: {mem['verdict']} (fit {mem['fitted_growth_mib']:+.0f} MiB from step "
         f"{mem['from_step']})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------- main

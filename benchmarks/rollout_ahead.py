@@ -30,6 +30,7 @@ from typing import Any
 from rlcore.benchmarks.common import (
     GRPORun,
     alternating,
+    cpu_list,
     machine_info,
     pinned,
     positive_int,
@@ -37,6 +38,7 @@ from rlcore.benchmarks.common import (
     pyplot,
     rlcore_config,
     run_logged,
+    save_figure,
     spread,
     step_rows,
     versions,
@@ -48,17 +50,6 @@ WARM_STEPS = 2
 """Steps left out of each run's median at its start: the first warms up, the second is the first
 one ahead. The last step is left out too: it writes the stage's checkpoint."""
 TOKEN_ENV = "RLCORE_TOKEN"
-
-
-def cpu_list(text: str) -> list[int]:
-    """argparse type: comma-separated different CPU ids (>= 0), e.g. 0 or 2,3."""
-    try:
-        cpus = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated CPU ids; got '{text}'") from None
-    if not cpus or min(cpus) < 0 or len(set(cpus)) < len(cpus):
-        raise argparse.ArgumentTypeError(f"must list different CPU ids >= 0; got '{text}'")
-    return cpus
 
 
 def start_trainer(root: str, cpus: set[int], env: dict[str, str], timeout_s: float) -> tuple[Any, str]:
@@ -184,9 +175,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     ax.set_ylabel("step time, s (median per run)")
     ax.set_title(f"rollout_ahead: {result['ratio_ahead_over_on_policy']['median']:.2f}x the on-policy step")
     ax.set_ylim(bottom=0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

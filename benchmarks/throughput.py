@@ -53,6 +53,7 @@ from rlcore.benchmarks.common import (
     prepare,
     pyplot,
     run_worker,
+    save_figure,
     spread,
     versions,
     write_outputs,
@@ -301,9 +302,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     skipped = ", ".join(result.get("not_measured", {}))
     if skipped:
         fig.text(0.99, 0.01, f"not measured here: {skipped}", ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------- main

@@ -55,6 +55,7 @@ from rlcore.benchmarks.common import (
     prepare,
     pyplot,
     run_worker,
+    save_figure,
     spread,
     versions,
     write_outputs,
@@ -320,9 +321,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     ax2.set_title("Where the step goes (median; left rlcore, right TRL hatched)")
     ax1.legend()
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------- main
