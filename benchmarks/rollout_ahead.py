@@ -9,9 +9,9 @@ devices: without that, the two sides contend for the same cores and the overlap 
 
 Reported: the median step time of each run over the steps after the first two (step 1 warms up;
 step 2 is the first whose rollout ran ahead) and before the last (it writes the stage's
-checkpoint), its generate / train / wait split, and per pair the
-step-time ratio ahead / on-policy, min / median / max. The ideal ratio is
-max(generate, train) / (generate + train).
+checkpoint), its generate / train / sync / wait split, and per pair the step-time ratio
+ahead / on-policy, min / median / max. The ideal ratio is max(generate, train + sync) over the
+on-policy step.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ from rlcore.benchmarks.common import (
     versions,
     write_outputs,
 )
+from rlcore.core.config.schema import ControlConfig
 
 SIDES = ("on_policy", "ahead")
 WARM_STEPS = 2
 """Steps left out of each run's median at its start: the first warms up, the second is the first
 one ahead. The last step is left out too: it writes the stage's checkpoint."""
-TOKEN_ENV = "RLCORE_TOKEN"
+TOKEN_ENV = ControlConfig.token_env
+"""The variable the trainer and the launch read their shared control-plane token from."""
 
 
 def start_trainer(root: str, cpus: set[int], env: dict[str, str], timeout_s: float) -> tuple[Any, str]:

@@ -229,7 +229,7 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
         if kind in ("raw", "raw_packed"):
             broadcast_all(group, sizes if kind == "raw" else packed, raw_bufs)
         elif kind == "reload":
-            pass  # the receiver alone: vLLM reloads weights it holds in memory
+            pass  # the receiver alone: its engine reloads weights it holds in memory
         elif kind in ("rlcore", "checksums"):
             stats = send_weights(
                 group, specs, strategy.iter_full_weights(), bucket_bytes, checksums=kind == "checksums"
