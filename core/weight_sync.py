@@ -62,7 +62,8 @@ STAGING = IN_FLIGHT + 1
 RECEIVE_POOL = 8
 """Receive buffers a CPU group keeps between buckets and syncs (SyncGroup.receive_buffer): IN_FLIGHT
 posted, plus what the engine still holds (vLLM's reload keeps a layer's tensors until the layer is
-complete)."""
+complete), plus one whose finished broadcast gloo's worker thread has not let go of yet (it drops its
+reference a moment after wait() returns, later on a loaded machine)."""
 
 
 @dataclass(frozen=True)

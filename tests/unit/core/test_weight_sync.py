@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 from rlcore.core.weight_sync import (
-    IN_FLIGHT,
     RECEIVE_POOL,
     SyncGroup,
     TensorSpec,
@@ -306,10 +305,19 @@ def test_tensors_the_engine_still_holds_are_never_overwritten_by_later_buckets()
 
 @pytest.mark.timeout(60)
 def test_receive_buffers_are_reused_once_the_engine_lets_go_of_their_tensors() -> None:
-    """A consumer that copies each tensor (the HF engine's load_weights): the receiver cycles
-    through a few buffers within a sync, and the next sync receives into the same ones."""
+    """A consumer that copies each tensor (the HF engine's load_weights): every bucket of both syncs
+    lands in a buffer the receiver keeps, and 24 buckets in at most RECEIVE_POOL buffers is reuse.
+
+    How many buffers a sync needs is not fixed: IN_FLIGHT posted, the one being yielded and the
+    consumer's last tensor, plus, on a loaded machine, one whose broadcast gloo's worker thread has
+    not let go of yet (it drops its reference a moment after wait() returns; seen in CI)."""
     sender, receiver = _pair("reuse", 30.0)
     weights, specs, bucket = _many_buckets()
+
+    def kept() -> set[int]:
+        return {b.untyped_storage().data_ptr() for b in receiver._pool}
+
+    kept_before: set[int] = set()
     for version in (1, 2):
         got: list[tuple[str, torch.Tensor]] = []
         buffers: set[int] = set()
@@ -322,12 +330,10 @@ def test_receive_buffers_are_reused_once_the_engine_lets_go_of_their_tensors() -
         assert [n for n, _ in got] == [n for n, _ in weights]
         for (name, a), (_, b) in zip(got, weights, strict=True):
             assert torch.equal(a, b * version), name
-        # posted ahead, being yielded, and the consumer's last tensor: a handful, not one per bucket
-        assert len(buffers) <= IN_FLIGHT + 2, len(buffers)
-        if version == 1:
-            first = buffers
-        else:
-            assert buffers <= first  # nothing fresh: the first sync's buffers served the second
+        assert buffers <= kept(), "a bucket was received into a buffer the pool does not keep"
+        assert kept_before <= kept(), "a buffer was dropped from a pool that was not full"
+        kept_before = kept()
+    assert len(kept_before) <= RECEIVE_POOL < 2 * len(plan_buckets(specs, bucket))
 
 
 @pytest.mark.timeout(60)
