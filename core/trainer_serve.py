@@ -30,7 +30,7 @@ from .rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
 from .rpc.security import TLSFiles, read_token
 from .rpc.server import MiB, RpcServer, ServerOptions, Service
 from .trainer_service import SERVICE_NAME, TrainerServicer
-from .trainer_world import TrainerWorld
+from .trainer_world import TrainerWorld, init_world
 
 log = logging.getLogger("rlcore.trainer_serve")
 
@@ -145,9 +145,7 @@ def rank_main(options_path: str) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
     torch.set_num_threads(opts["threads"])
-    if opts["device"] == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend="nccl" if opts["device"] == "cuda" else "gloo")
+    init_world(opts["device"])
     commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     try:
         if rank == 0:

@@ -27,6 +27,20 @@ if TYPE_CHECKING:
     from .trainer import StageTrainer
 
 
+def world_backend(device: str) -> str:
+    """The trainer world's default-group backend. On CUDA it runs NCCL for CUDA tensors and gloo for
+    CPU ones: the loop all-reduces small CPU tensors (micro-batch counts, log-prob gap metrics),
+    which an NCCL-only group refuses ("No backend type associated with device type cpu")."""
+    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+
+
+def init_world(device: str) -> None:
+    """Join the torchrun world this process was started in (on CUDA, on its LOCAL_RANK's GPU)."""
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend=world_backend(device))
+
+
 # ---------------------------------------------------------------------------------------------- calls
 # What rank 0 broadcasts: validated, plain Python (pickled by broadcast_object_list).
 

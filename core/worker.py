@@ -18,6 +18,7 @@ import torch.distributed as dist
 from .checkpoint import latest_checkpoint
 from .config import from_yaml, inherits_previous_model
 from .config.loader import Stage
+from .trainer_world import init_world
 
 SUMMARY = "stage_summary.json"
 
@@ -106,9 +107,7 @@ def main(plan_path: str) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if plan.get("threads_per_rank"):
         torch.set_num_threads(plan["threads_per_rank"])
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    init_world(device)
     reporter = None
     try:
         stages = [Stage(s["index"], s["name"], from_yaml(s["config"])) for s in plan["stages"]]

@@ -266,7 +266,8 @@ class RolloutModelConfig:
     """Run vLLM without CUDA graphs / torch.compile: slower decoding, faster start (always on CPU)."""
     enable_sleep_mode: bool = False
     """Mode colocate on one GPU: vLLM frees its KV cache and offloads its weights while the trainer
-    works, then wakes for the weight load and the next rollout (vllm on GPU)."""
+    works, then wakes for the weight load and the next rollout (vllm on GPU). Also allowed in mode
+    train, whose in-process engine only evaluates: it sleeps between evaluations."""
     endpoints: list[str] = field(default_factory=list)
     """Rollout workers already running (host:port each, e.g. started with `rlcore rollout serve`);
     empty: `rlcore launch` starts `engine_num` workers on this machine. Mode both only."""

@@ -207,10 +207,13 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
                 f"mode colocate with engine_type vllm and {ranks} trainer ranks runs one vLLM engine in every "
                 f"rank: set explorer.rollout_model.engine_num={ranks} (got {rm.engine_num})"
             )
-    if rm.enable_sleep_mode and (cfg.mode != "colocate" or cfg.cluster.device == "cpu"):
+    # an engine in the trainer's process: colocate, or train (evaluation; in a multi-stage launch
+    # the engine a colocate stage built sleeps through it, which needs the same settings)
+    if rm.enable_sleep_mode and (cfg.mode not in ("colocate", "train") or cfg.cluster.device == "cpu"):
         raise ConfigError(
             "explorer.rollout_model.enable_sleep_mode shares one GPU between trainer and engine: it needs "
-            f"mode colocate and cluster.device=cuda; got mode {cfg.mode}, cluster.device={cfg.cluster.device}"
+            f"mode colocate (or train) and cluster.device=cuda; got mode {cfg.mode}, "
+            f"cluster.device={cfg.cluster.device}"
         )
     if sc.sync_method == "checkpoint" and cfg.mode != "both":
         raise ConfigError(

@@ -14,9 +14,18 @@ pytestmark = [
 
 
 def test_grpo_trains_on_cuda_with_bf16(tmp_path):
+    """The rollout worker gets a GPU of its own and NCCL weight sync where there are two; on one GPU
+    it shares the trainer's and loads the weights from a checkpoint (NCCL cannot share a device)."""
     root = str(tmp_path)
+    sync = "nccl" if torch.cuda.device_count() >= 2 else "checkpoint"
     cfg = tiny_grpo_config(
-        root, **{"cluster.device": "cuda", "model.dtype": "bfloat16", "buffer.total_steps": 3}
+        root,
+        **{
+            "cluster.device": "cuda",
+            "model.dtype": "bfloat16",
+            "buffer.total_steps": 3,
+            "synchronizer.sync_method": sync,
+        },
     )
     launch(cfg, os.path.join(root, "cfg.yaml"))
     steps = [m for m in read_metrics(os.path.join(root, "it", "run")) if "actor/loss" in m]

@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from rlcore.backends import STRATEGIES
     from rlcore.core.hf_export import export_hf
+    from rlcore.core.trainer_world import init_world
 
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    init_world(args.device)  # on CUDA: this rank's GPU, gloo beside NCCL for the CPU count below
     torch.set_num_threads(1)
     rank = dist.get_rank()
     trainer_cfg = trainer_config(args.set)

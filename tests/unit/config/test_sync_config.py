@@ -72,13 +72,14 @@ def test_consistent_settings_load(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
-def _stages(tmp_path: Path, engine_type: str, first: dict, second: dict) -> list:
+def _stages(tmp_path: Path, engine_type: str, first: dict, second: dict, **engine: object) -> list:
     tasks = {"path": str(tmp_path / "tasks.jsonl")}
     recipe = write_recipe(
         tmp_path,
         {
             "mode": "colocate",
-            "explorer": {"rollout_model": {"engine_type": engine_type}},
+            "cluster": {"device": "cuda" if engine.get("enable_sleep_mode") else "cpu"},
+            "explorer": {"rollout_model": {"engine_type": engine_type, **engine}},
             "stages": [
                 {"name": "rl", **first},
                 {"name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft"},
@@ -107,3 +108,5 @@ def test_stages_that_run_vllm_in_process_must_ask_for_the_same_engine(tmp_path: 
     assert len(_stages(tmp_path, "hf", {}, {"explorer": {"rollout_model": {"max_batch_size": 64}}})) == 2
     no_eval = {"buffer": {"explorer_input": {"eval_tasksets": []}}, "model": {"max_model_len": 2048}}
     assert len(_stages(tmp_path, "vllm", {}, no_eval)) == 2
+    # sleep mode on one GPU: the SFT stage shares the engine, which sleeps through its training
+    assert len(_stages(tmp_path, "vllm", {}, {}, enable_sleep_mode=True)) == 2
