@@ -330,7 +330,9 @@ def receive_weights(
     first tensor is yielded, so a corrupted transfer raises WeightCorruption with nothing loaded
     (at the cost of holding the whole model in received buckets); `into` is ignored.
     Fills stats: num_bytes, direct_bytes (received in place), receive_s (time blocked in the
-    group), verified_buckets.
+    group), verified_buckets. On NCCL, wait() only makes the current stream wait for the transfer
+    and returns at once, so receive_s is host time and the transfer shows in what the caller times
+    next (its load).
     """
     for key in ("num_bytes", "direct_bytes", "receive_s", "verified_buckets"):
         stats[key] = 0.0
@@ -399,7 +401,8 @@ def send_weights(
     that is contiguous and on the group's device is sent from its own storage, uncopied (the
     strategy must not overwrite a yielded tensor before the iterator is exhausted). Returns
     num_bytes, direct_bytes (sent uncopied), gather_s (waiting for the next tensor: the strategy's
-    all-gather), pack_s (copying into buckets and checksums), send_s (blocked in the group)."""
+    all-gather), pack_s (copying into buckets and checksums), send_s (blocked in the group; on NCCL
+    only host time, as in receive_weights)."""
     stats = {"num_bytes": 0.0, "direct_bytes": 0.0, "gather_s": 0.0, "pack_s": 0.0, "send_s": 0.0}
     plan = plan_buckets(specs, bucket_bytes)
     layouts = [bucket_layout(specs, bucket, checksums) for bucket in plan]
