@@ -65,8 +65,8 @@ def _rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.random.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():  # this rank's GPU only: a resume may see another set of GPUs
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -75,7 +75,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     torch.random.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])  # the current device, which init_world chose
 
 
 def save_checkpoint(

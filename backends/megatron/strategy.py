@@ -55,6 +55,10 @@ from .model import (
     transformer_config,
 )
 
+FP16_INITIAL_LOSS_SCALE = 2.0**16
+"""float16's first dynamic loss scale (torch.amp.GradScaler's default; megatron-core's 2**32 overflows
+the first steps of a small model, each one skipped while the scale halves)."""
+
 
 class MegatronStrategy(TrainingStrategy):
     def __init__(
@@ -102,7 +106,7 @@ class MegatronStrategy(TrainingStrategy):
             recompute=trainer_cfg.gradient_checkpointing,
         )  # fmt: skip
         hf = HFWeights(model_path)
-        module = build_gpt(self.config, self.dims)
+        module = self._on_device(build_gpt(self.config, self.dims))
         load_hf_weights(module, hf, self.dims)
         freeze_padding_embedding(module, self._hf_config.pad_token_id)
         ddp_config = DistributedDataParallelConfig(
@@ -123,19 +127,31 @@ class MegatronStrategy(TrainingStrategy):
                 use_distributed_optimizer=mcfg.use_distributed_optimizer,
                 bf16=self.dtype == torch.bfloat16,
                 fp16=self.dtype == torch.float16,
+                initial_loss_scale=FP16_INITIAL_LOSS_SCALE,
                 params_dtype=self.dtype,
             ),
             [self.model],
             config_overrides={},  # weight decay on every parameter, as the other strategies do
         )
+        # float16: the schedule scales each micro-batch's loss by the optimizer's dynamic loss scale,
+        # which prepare_grads() divides back out (without this it divided unscaled gradients)
+        self.config.grad_scale_func = self.optimizer.scale_loss
         self._lr_multiplier = lr_lambda(optimizer_cfg, total_steps)
         self.step = 0  # optimizer steps taken: the lr schedule's position
         self._set_lr()
         self.reference = None
         if with_reference:
-            self.reference = build_gpt(self.config, self.dims)
+            self.reference = self._on_device(build_gpt(self.config, self.dims))
             load_hf_weights(self.reference, hf, self.dims)
             self.reference.requires_grad_(False)
+
+    def _on_device(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The whole module on this rank's device in the compute dtype. megatron-core builds its
+        linear layers there (config.params_dtype) but its torch norms on the CPU in float32
+        (WrappedTorchNorm passes neither); Megatron-LM's training loop fixes that with .cuda() and
+        Float16Module, which rlcore does not use. Left alone the norms would meet CUDA inputs, and
+        the weight sync would find float32 tensors where it announced the compute dtype."""
+        return module.to(device=self.device, dtype=self.dtype)
 
     # ------------------------------------------------------------------ layout
 
@@ -171,14 +187,14 @@ class MegatronStrategy(TrainingStrategy):
 
     def optimizer_step(self) -> float:
         self._set_lr()
-        self.optimizer.prepare_grads()
+        overflow = self.optimizer.prepare_grads()  # float16: unscaled; an overflow lowers the scale
         # the pre-clip norm either way; an inf/nan norm clips nothing and the step is skipped
         # (a bad batch must not poison the weights), as on the other strategies
         if self.grad_clip > 0:
             grad_norm = float(self.optimizer.clip_grad_norm(self.grad_clip))
         else:
             grad_norm = float(self.optimizer.get_grad_norm())
-        if math.isfinite(grad_norm):
+        if not overflow and math.isfinite(grad_norm):
             self.optimizer.step_with_ready_grads()
         self.step += 1
         return grad_norm
@@ -326,7 +342,8 @@ class MegatronStrategy(TrainingStrategy):
     def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.model.ddp_config.use_distributed_optimizer:
             self._gather_grad_shards()
-        return self._iter_full(lambda p: p.main_grad, torch.float32)  # type: ignore[attr-defined]  # DDP-owned, fp32
+        scale = float(self.optimizer.get_loss_scale())  # float16's loss scale, 1 otherwise
+        return self._iter_full(lambda p: p.main_grad / scale, torch.float32)  # type: ignore[attr-defined]  # DDP-owned, fp32
 
     def _gather_grad_shards(self) -> None:
         """After the reduce-scatter each DP rank holds only its slice of the summed gradients;

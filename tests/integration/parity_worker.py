@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-at", type=int, default=None, help="save a checkpoint after this step")
     p.add_argument("--resume-from", default=None, help="checkpoint folder to load before the first step")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     return p.parse_args(argv)
 
 

@@ -11,6 +11,7 @@ give the same losses and final weights (1e-6) as the uninterrupted run's steps 1
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -139,6 +140,26 @@ def test_loss_curve(case_id, case_run, reference):
     diffs = [abs(a - b) for a, b in zip(result["losses"], ref_losses, strict=True)]
     step = max(range(STEPS), key=lambda i: diffs[i])
     assert diffs[step] <= 1e-3, f"step {step + 1}: loss {result['losses'][step]} vs {ref_losses[step]}"
+
+
+@pytest.mark.timeout(600)
+def test_megatron_in_float16_scales_its_loss_and_learns_like_float32(reference, tiny_model_path, tmp_path):
+    """float16 keeps a dynamic loss scale: the schedule multiplies each micro-batch's loss by it and
+    prepare_grads() divides it back out. Unscaled, the gradients came out 2**-32 too small and no
+    step moved the weights; megatron-core's first scale, 2**32, overflows and skips every step.
+    (Two steps: the third overflows at 2**16 here, as a dynamic scale may; that step is skipped.)"""
+    steps = 2
+    run = run_worker(
+        tiny_model_path, "megatron", 1, [], str(tmp_path),
+        "--steps", str(steps), "--total-steps", str(STEPS), "--dtype", "float16",
+    )  # fmt: skip
+    ref_losses, ref_grads, _ = reference
+    worst, rel = _worst_relative(run.grads, ref_grads)
+    assert rel <= 2e-2, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
+    assert all(math.isfinite(g) for g in run.result["grad_norms"]), run.result["grad_norms"]
+    # the reference's loss falls by about 0.6 a step here: a skipped step cannot pass
+    diffs = [abs(a - b) for a, b in zip(run.result["losses"], ref_losses[:steps], strict=True)]
+    assert max(diffs) <= 5e-2, diffs
 
 
 @pytest.mark.timeout(900)
