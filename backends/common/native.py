@@ -1,8 +1,9 @@
 """What the PyTorch-native strategies (FSDP1, FSDP2) share once their model is wrapped.
 
 Both hold an HF module (`model`, and a frozen `reference` for KL), a torch AdamW with a LambdaLR
-schedule, and DCP checkpoints; they differ only in how gradients synchronise across micro-batches,
-how the global gradient norm is taken, and how full tensors are gathered.
+schedule, in float16 a dynamic loss scale, and DCP checkpoints; they differ only in how gradients
+synchronise across micro-batches, how the global gradient norm is taken, and how full tensors are
+gathered.
 """
 
 from __future__ import annotations
@@ -12,11 +13,22 @@ from collections import defaultdict
 from contextlib import AbstractContextManager
 
 import torch
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ..base import Batch, LossFn, TrainingStrategy
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs
+from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import load_sharded, save_sharded
+
+
+def float16_scaler(compute_dtype: torch.dtype, device: torch.device) -> ShardedGradScaler | None:
+    """A dynamic loss scale for float16 compute, whose backward flushes small gradients to zero
+    (bfloat16 has float32's range and needs none). An overflow on any rank skips the step on every
+    rank and halves the scale."""
+    if compute_dtype != torch.float16:
+        return None
+    return ShardedGradScaler(device=device.type, init_scale=FP16_INITIAL_LOSS_SCALE)
 
 
 class NativeStrategy(TrainingStrategy):
@@ -27,6 +39,8 @@ class NativeStrategy(TrainingStrategy):
     device: torch.device
     world_size: int
     grad_clip: float
+    scaler: ShardedGradScaler | None = None
+    """float16 only (float16_scaler): gradients stay multiplied by its scale until optimizer_step."""
 
     @abstractmethod
     def _gradient_sync(self, last: bool) -> AbstractContextManager:
@@ -51,17 +65,23 @@ class NativeStrategy(TrainingStrategy):
                 loss, metrics = loss_fn(logprobs, entropy, mb)
                 # FSDP averages gradients over ranks while the loss is already this rank's share of
                 # the global mean: scaling by the world size turns the average back into the sum
-                (loss * self.world_size).backward()
+                loss = loss * self.world_size
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             for k, v in metrics.items():
                 totals[k] += v
         return all_reduce_sum(dict(totals), self.device)
 
     def optimizer_step(self) -> float:
         """Clip, then step unless the norm is inf/nan (a bad batch must not poison the weights); zero
-        the gradients and advance the lr schedule either way."""
+        the gradients and advance the lr schedule either way. float16 first divides the loss scale
+        out and afterwards updates it (halved after an overflow)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         norm = self._clip_grad_norm(self.grad_clip if self.grad_clip > 0 else float("inf"))
-        if torch.isfinite(norm):
-            self.optimizer.step()
+        if torch.isfinite(norm):  # a float16 overflow shows here too: the norm is global
+            self.optimizer.step()  # (not scaler.step: on CPU it breaks the fused AdamW)
+        if self.scaler is not None:
+            self.scaler.update()  # the overflow unscale_ found on any rank halves the scale
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return float(norm)
@@ -81,8 +101,12 @@ class NativeStrategy(TrainingStrategy):
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
+    def _loss_scale(self) -> float:
+        """What the gradients are multiplied by between forward_backward and optimizer_step."""
+        return float(self.scaler.get_scale()) if self.scaler is not None else 1.0
+
     def save_checkpoint(self, path: str) -> None:
-        save_sharded(path, self.model, self.optimizer, self.scheduler)
+        save_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler)
 
     def load_checkpoint(self, path: str) -> None:
-        load_sharded(path, self.model, self.optimizer, self.scheduler)
+        load_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler)

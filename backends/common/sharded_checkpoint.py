@@ -1,6 +1,6 @@
 """Sharded checkpoints through torch.distributed.checkpoint (DCP), for FSDP1 and FSDP2 alike:
 every rank writes only its shards of the model and optimizer state, so no rank ever holds the full
-optimizer state; rank 0 adds the lr schedule as `scheduler.pt`."""
+optimizer state; rank 0 adds the lr schedule (and float16's loss scale) as `scheduler.pt`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 
 def save_sharded(
@@ -18,12 +19,16 @@ def save_sharded(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: ShardedGradScaler | None = None,
 ) -> None:
-    """Collective: write model, optimizer and scheduler state under `path`."""
+    """Collective: write model, optimizer, scheduler (and loss scaler) state under `path`."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
     if dist.get_rank() == 0:
-        torch.save({"scheduler": scheduler.state_dict()}, os.path.join(path, "scheduler.pt"))
+        extra = {"scheduler": scheduler.state_dict()}
+        if scaler is not None:
+            extra["scaler"] = scaler.state_dict()
+        torch.save(extra, os.path.join(path, "scheduler.pt"))
     dist.barrier()
 
 
@@ -32,11 +37,14 @@ def load_sharded(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: ShardedGradScaler | None = None,
 ) -> None:
-    """Collective: restore what `save_sharded` wrote."""
+    """Collective: restore what `save_sharded` wrote (a loss scaler only if one was saved)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     extra = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)
     scheduler.load_state_dict(extra["scheduler"])
+    if scaler is not None and "scaler" in extra:
+        scaler.load_state_dict(extra["scaler"])

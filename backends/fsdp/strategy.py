@@ -23,7 +23,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from ...core.config.schema import OptimizerConfig, TrainerConfig
 from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
-from ..common.native import NativeStrategy
+from ..common.native import NativeStrategy, float16_scaler
 from ..common.schedule import build_optimizer
 from .units import UnitLayout
 
@@ -58,6 +58,7 @@ class FSDP1Strategy(NativeStrategy):
         self.model = self._wrap(model)
         self._runs = self.layout.runs(self.model)
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), optimizer_cfg, total_steps)
+        self.scaler = float16_scaler(compute_dtype, self.device)
         self.reference = None
         if with_reference:
             ref = load_causal_lm(model_path)
@@ -95,6 +96,7 @@ class FSDP1Strategy(NativeStrategy):
     def _iter_full(self, with_grads: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """Gather one FSDP unit at a time (recurse=False: only its own parameters) and yield copies of
         its entries in state-dict order; the unit is resharded before the next one is gathered."""
+        scale = self._loss_scale()
         for unit, entries in self._runs:
             with FSDP.summon_full_params(unit, recurse=False, writeback=False, with_grads=with_grads):
                 for e in entries:
@@ -104,7 +106,7 @@ class FSDP1Strategy(NativeStrategy):
                     elif e.is_param:
                         grad = tensor.grad
                         # None: the loss does not reach it (the same on every rank)
-                        yield e.name, torch.zeros_like(tensor) if grad is None else grad.detach().clone()
+                        yield e.name, torch.zeros_like(tensor) if grad is None else grad.detach() / scale
 
     def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         # recorded before wrapping: the sharded parameters no longer show the full shapes

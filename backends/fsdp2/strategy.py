@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from ...core.config.schema import OptimizerConfig, TrainerConfig
 from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
-from ..common.native import NativeStrategy
+from ..common.native import NativeStrategy, float16_scaler
 from ..common.schedule import build_optimizer
 
 
@@ -51,6 +51,7 @@ class FSDP2Strategy(NativeStrategy):
         torch.manual_seed(seed)
         self.model = self._shard(load_causal_lm(model_path, trainer_cfg.gradient_checkpointing))
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), optimizer_cfg, total_steps)
+        self.scaler = float16_scaler(compute_dtype, self.device)
         self.reference = None
         if with_reference:
             ref = load_causal_lm(model_path)
@@ -92,6 +93,7 @@ class FSDP2Strategy(NativeStrategy):
     def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         # state_dict() order; remove_duplicate=False keeps a tied lm_head.weight, as state_dict() does
         params = dict(self.model.named_parameters(remove_duplicate=False))
+        scale = self._loss_scale()
         for name in self.model.state_dict():
             if name not in params:  # a buffer: nothing to differentiate
                 continue
@@ -99,7 +101,8 @@ class FSDP2Strategy(NativeStrategy):
             if grad is None:  # the loss does not reach it (the same on every rank)
                 yield name, torch.zeros(param.shape, dtype=param.dtype, device=self.device)
             else:
-                yield name, _full(grad).detach()
+                full = _full(grad).detach()
+                yield name, full / scale if scale != 1.0 else full
 
     def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         # a DTensor reports its global shape: nothing is gathered here

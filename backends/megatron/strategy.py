@@ -33,7 +33,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from ...core.config.schema import OptimizerConfig, TrainerConfig
 from ..base import Batch, LossFn, TrainingStrategy
 from ..common.hf_model import resolve_dtype
-from ..common.schedule import lr_lambda
+from ..common.schedule import FP16_INITIAL_LOSS_SCALE, lr_lambda
 from .logprobs import token_logprobs_and_entropy
 from .mapping import (
     ModelDims,
@@ -54,10 +54,6 @@ from .model import (
     load_hf_weights,
     transformer_config,
 )
-
-FP16_INITIAL_LOSS_SCALE = 2.0**16
-"""float16's first dynamic loss scale (torch.amp.GradScaler's default; megatron-core's 2**32 overflows
-the first steps of a small model, each one skipped while the scale halves)."""
 
 
 class MegatronStrategy(TrainingStrategy):
