@@ -95,12 +95,12 @@ class StageTrainer:
             total_steps=self.total_train_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
         self.engine_per_rank = engine_in_every_rank(cfg, self.world)
+        # an SFT stage runs an engine only to evaluate; the same answer on every rank
+        self.has_engine = with_explorer and bool(
+            not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench"
+        )
         self.explorer = None
-        if (
-            with_explorer
-            and (self.rank == 0 or self.engine_per_rank)
-            and (not self.is_sft or cfg.buffer.explorer_input.eval_tasksets or cfg.mode == "bench")
-        ):
+        if self.has_engine and (self.rank == 0 or self.engine_per_rank):
             endpoints = rollout_endpoints if cfg.mode == "both" else None
             self.explorer = Explorer(cfg, model_path, device, endpoints, master_address)
         # Separate rollout workers hold whatever weights they started with, and an in-process
@@ -430,7 +430,8 @@ class StageTrainer:
         self._last_saved = self.state.global_step
         if self.rank == 0:
             log.info("resumed %s from %s (step %d)", self.stage.name, path, self.state.global_step)
-        self._sync()
+        if self.has_engine:  # with none, nothing holds weights to replace (and nothing to probe)
+            self._sync()
         return True
 
     def _run_wants_stop(self) -> bool:

@@ -73,3 +73,18 @@ def test_existing_run_is_not_overwritten_and_runtime_errors_are_one_line(tmp_pat
     )  # fmt: skip
     assert bad.returncode != 0
     assert "has no attribute 'no_such_fn'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_sft_run_without_an_engine_resumes_with_the_probe_on(tmp_path):
+    """An SFT stage with no evaluation runs no engine, so a resume has no weights to push and
+    nothing to probe; it used to sync anyway, and rank 0 died on the probe's missing engine."""
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root, **{"mode": "train", "algorithm.algorithm_type": "sft", "buffer.batch_size": 8,
+                 "buffer.total_steps": 2, "synchronizer.probe": True},
+    )  # fmt: skip
+    path = os.path.join(root, "cfg.yaml")
+    launch(cfg, path)
+    launch(cfg, path, "buffer.total_steps=3", "continue_from_checkpoint=true")
+    steps = [m["step"] for m in read_metrics(os.path.join(root, "it", "run")) if "sft/loss" in m]
+    assert steps == [1, 2, 3], steps
