@@ -2,7 +2,8 @@
 
 Rank 0's servicer (trainer_service.py) and the other ranks' command loop (trainer_serve.py) call
 the same TrainerWorld methods with the same validated arguments in the same order, so the
-strategy's collectives line up.
+strategy's collectives line up. `init_world` is how every trainer rank joins its torchrun world,
+here and under `rlcore launch` (worker.py).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ...core.config.schema import OptimizerConfig, TrainerConfig
 from ..base import Batch, LossFn, TrainingStrategy
+from ..common.dist_utils import rank_device
 from ..common.hf_model import resolve_dtype
 from ..common.schedule import FP16_INITIAL_LOSS_SCALE, lr_lambda
 from .logprobs import token_logprobs_and_entropy
@@ -83,11 +84,7 @@ class MegatronStrategy(TrainingStrategy):
         self.dims = ModelDims.from_hf_config(self._hf_config)
         check_layout(self.dims, tp, pp)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
-        if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-        )
+        self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
         if parallel_state.model_parallel_is_initialized():  # an earlier stage's strategy
