@@ -30,7 +30,7 @@ from .rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
 from .rpc.security import TLSFiles, read_token
 from .rpc.server import MiB, RpcServer, ServerOptions, Service
 from .trainer_service import SERVICE_NAME, TrainerServicer
-from .trainer_world import TrainerWorld, init_world
+from .trainer_world import TrainerWorld, exit_world, init_world
 
 log = logging.getLogger("rlcore.trainer_serve")
 
@@ -234,4 +234,4 @@ def _stop_world(proc: subprocess.Popen, pid_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(rank_main(sys.argv[1]))
+    exit_world(rank_main(sys.argv[1]))

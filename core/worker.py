@@ -18,7 +18,7 @@ import torch.distributed as dist
 from .checkpoint import latest_checkpoint
 from .config import from_yaml, inherits_previous_model
 from .config.loader import Stage
-from .trainer_world import init_world
+from .trainer_world import exit_world, init_world
 
 SUMMARY = "stage_summary.json"
 
@@ -149,4 +149,4 @@ def main(plan_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    exit_world(main(sys.argv[1]))

@@ -12,6 +12,7 @@ if __name__ == "__main__":
     from tests.megatron_cpu_shim import install
 
     install()
+    from rlcore.core.trainer_world import exit_world
     from rlcore.core.worker import main
 
-    sys.exit(main(sys.argv[1]))
+    exit_world(main(sys.argv[1]))

@@ -64,11 +64,17 @@ def main(argv: list[str] | None = None) -> None:
 
         install()
 
-    from rlcore.backends import STRATEGIES
-    from rlcore.core.hf_export import export_hf
-    from rlcore.core.trainer_world import init_world
+    from rlcore.core.trainer_world import exit_world, init_world
 
     init_world(args.device)  # on CUDA: this rank's GPU, gloo beside NCCL for the CPU count below
+    run(args)
+    exit_world(0)  # as a launch rank leaves (a plain return could abort after the results are written)
+
+
+def run(args: argparse.Namespace) -> None:
+    from rlcore.backends import STRATEGIES
+    from rlcore.core.hf_export import export_hf
+
     torch.set_num_threads(1)
     rank = dist.get_rank()
     trainer_cfg = trainer_config(args.set)
@@ -131,7 +137,6 @@ def main(argv: list[str] | None = None) -> None:
         torch.save(grads, os.path.join(args.out, "grads.pt"))
         torch.save(weights, os.path.join(args.out, "weights.pt"))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
