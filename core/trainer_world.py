@@ -8,9 +8,9 @@ here and under `rlcore launch` (worker.py), and `exit_world` how it leaves.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
-import logging
 import math
 import os
 import sys
@@ -45,8 +45,9 @@ def init_world(device: str) -> None:
 
 
 def exit_world(code: int) -> NoReturn:
-    """End a rank whose work is done and written: destroy its process groups, flush, and exit with
-    `code` without Python's interpreter finalization.
+    """End a rank whose work is done and written: destroy its process groups, run the atexit
+    handlers (multiprocessing reaps its children there, e.g. the manager process megatron-core's
+    checkpoint writer spawns), flush, and exit with `code` without the interpreter's finalization.
 
     Why not a plain return: destroy_process_group does not free a gloo group that anything still
     references (importing torch._dynamo, as transformers and FSDP do, takes ten references to the
@@ -59,7 +60,7 @@ def exit_world(code: int) -> NoReturn:
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
-    logging.shutdown()
+    atexit._run_exitfuncs()  # what a normal exit runs before finalization (logging's shutdown too)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
