@@ -9,6 +9,7 @@ here and under `rlcore launch` (worker.py), and `exit_world` how it leaves.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import dataclasses
 import gc
 import math
@@ -47,7 +48,8 @@ def init_world(device: str) -> None:
 def exit_world(code: int) -> NoReturn:
     """End a rank whose work is done and written: destroy its process groups, run the atexit
     handlers (multiprocessing reaps its children there, e.g. the manager process megatron-core's
-    checkpoint writer spawns), flush, and exit with `code` without the interpreter's finalization.
+    checkpoint writer spawns), flush Python's and C's output buffers, and exit with `code` without the
+    interpreter's finalization.
 
     Why not a plain return: destroy_process_group does not free a gloo group that anything still
     references (importing torch._dynamo, as transformers and FSDP do, takes ten references to the
@@ -63,6 +65,7 @@ def exit_world(code: int) -> NoReturn:
     atexit._run_exitfuncs()  # what a normal exit runs before finalization (logging's shutdown too)
     sys.stdout.flush()
     sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)  # C and C++ libraries' stdio buffers (os._exit skips exit())
     os._exit(code)
 
 

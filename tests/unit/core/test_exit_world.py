@@ -11,7 +11,7 @@ import textwrap
 
 RANK = textwrap.dedent(
     """
-    import logging, logging.handlers, multiprocessing, sys
+    import ctypes, logging, logging.handlers, multiprocessing, sys
     import torch, torch.distributed as dist
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     import torch._dynamo  # after the group exists: it keeps the group alive past destroy
@@ -26,6 +26,7 @@ RANK = textwrap.dedent(
     logging.getLogger("rank").addHandler(logging.handlers.MemoryHandler(100, target=target))
     logging.getLogger("rank").warning("logged")
     sys.stdout.write("written")  # a pipe: block-buffered, lost by os._exit unless flushed
+    ctypes.CDLL(None).printf(b" by C")  # C's own stdout buffer, flushed by exit() and not os._exit
     exit_world(3)
     """
 )
@@ -39,5 +40,5 @@ def test_exit_world_reaps_children_flushes_and_exits_with_the_code(tmp_path) -> 
         [sys.executable, "-c", RANK, str(log)], capture_output=True, text=True, timeout=120, env=env
     )
     assert proc.returncode == 3, proc.stderr[-3000:]
-    assert proc.stdout == "written", proc.stdout
+    assert proc.stdout == "written by C", proc.stdout
     assert "logged" in log.read_text()
