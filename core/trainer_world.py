@@ -59,8 +59,7 @@ def exit_world(code: int) -> NoReturn:
     finalization has begun, Python 3.11 ends the thread mid-C++ and the process aborts ("terminate
     called without an active exception", SIGABRT) with every result already on disk. Seen in 5 of
     270 two-rank float16 FSDP parity runs on two busy cores, and once in CI."""
-    gc.collect()
-    if dist.is_initialized():
+    if dist.is_initialized():  # worker.py and trainer_serve.py have destroyed theirs already
         dist.destroy_process_group()
     atexit._run_exitfuncs()  # what a normal exit runs before finalization (logging's shutdown too)
     sys.stdout.flush()
