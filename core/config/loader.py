@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import functools
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -169,34 +170,92 @@ def _read_yaml(path: str) -> DictConfig:
         raise _explain(e) from None
 
 
-def _parse_overrides(overrides: list[str]) -> DictConfig:
+def _parse_overrides(overrides: list[str]) -> list[dict[str, Any]]:
+    """One layer per `key.path=value` override, in order, parsed by OmegaConf's dotlist grammar."""
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' must be written key.path=value")
-    layer = OmegaConf.create()
+    layers = []
     for item in overrides:
         try:
-            layer.merge_with_dotlist([item])
+            layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
         except (OmegaConfBaseException, yaml.YAMLError) as e:
             lines = str(e).splitlines()
             first = lines[0] if isinstance(e, OmegaConfBaseException) else " ".join(" ".join(lines).split())
             raise ConfigError(f"override '{item}': cannot parse the value ({first})") from None
-    return layer
+        assert isinstance(layer, dict)
+        layers.append(layer)
+    return layers
 
 
-def _merge(schema: DictConfig, *layers: DictConfig, prefix: str = "") -> DictConfig:
-    merged = schema
-    for layer in layers:
-        data = OmegaConf.to_container(layer, resolve=False)
-        assert isinstance(data, dict)
-        _check_layer(RLCoreConfig, data, prefix)
-        _open_free_dicts(merged)
-        try:
-            out = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as e:
-            raise _explain(e, prefix) from None
-        assert isinstance(out, DictConfig)
-        merged = out
+def _reach_into_lists(update: Any, current: Any, path: str, root: Any, inherited: Any = None) -> Any:
+    """Let an override layer reach into lists: `stages.1.mode=train`, `...eval_tasksets.0.split=test`.
+
+    OmegaConf.from_dotlist reads those keys as {"stages": {"1": {...}}}, a mapping, which merge
+    refuses for a list. Where the config so far (`current`, plain containers) holds a list, the
+    mapping of indices becomes a copy of that list with those elements updated: merging it replaces
+    the list, and the layer check then sees every element under its full path. (OmegaConf.update on
+    the merged config takes list indices too, but accepts -1, raises a bare TypeError for a
+    non-integer, and calls an index past the end of a list of sections a type error.)
+
+    A stage starts from the global config (`root`), so a list it does not set is `inherited` from
+    there: `stages.1.buffer.explorer_input.eval_tasksets.0.split=test` copies the global list.
+    """
+    if not isinstance(update, dict):
+        return update
+    if current is None:
+        current = inherited
+    if isinstance(current, list):
+        items = list(current)
+        for key, value in update.items():
+            i = _list_index(key, len(items), path)
+            stage_base = root if path == "stages" else None
+            items[i] = _deep_merge(
+                items[i], _reach_into_lists(value, items[i], f"{path}[{i}]", root, stage_base)
+            )
+        return items
+    if isinstance(current, dict):
+        below = inherited if isinstance(inherited, dict) else {}
+        return {
+            k: _reach_into_lists(v, current.get(k), f"{path}.{k}" if path else k, root, below.get(k))
+            for k, v in update.items()
+        }
+    return update
+
+
+def _list_index(key: str, size: int, path: str) -> int:
+    """`key` of an override as an index into the list at `path`, which has `size` elements."""
+    if size == 0:
+        elements = f"{path} is empty; set the whole list: {path}=[...]"
+    elif size == 1:
+        elements = f"{path} has 1 element: 0"
+    else:
+        elements = f"{path} has {size} elements: 0 to {size - 1}"
+    if re.fullmatch(r"-?[0-9]+", key) is None:
+        raise ConfigError(f"{path}.{key}: expected a list index, got '{key}' ({elements})")
+    if not 0 <= int(key) < size:
+        raise ConfigError(f"{path}[{key}]: index out of range ({elements})")
+    return int(key)
+
+
+def _deep_merge(base: Any, update: Any) -> Any:
+    """Mappings merge key by key; anything else (lists included) is replaced, as in OmegaConf.merge."""
+    if isinstance(base, dict) and isinstance(update, dict):
+        return {**base, **{k: _deep_merge(base.get(k), v) for k, v in update.items()}}
+    return update
+
+
+def _merge(base: DictConfig, layer: DictConfig | dict[str, Any], prefix: str = "") -> DictConfig:
+    """`layer` over `base`, checked against the schema first; errors name keys after `prefix`."""
+    data = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else layer
+    assert isinstance(data, dict)
+    _check_layer(RLCoreConfig, data, prefix)
+    _open_free_dicts(base)
+    try:
+        merged = OmegaConf.merge(base, data)
+    except OmegaConfBaseException as e:
+        raise _explain(e, prefix) from None
+    assert isinstance(merged, DictConfig)
     return merged
 
 
@@ -228,14 +287,20 @@ def _to_object(cfg: DictConfig, prefix: str = "") -> RLCoreConfig:
 def load_config(path: str, overrides: list[str] | None = None, strategy: str | None = None) -> DictConfig:
     """Read `path`, apply `key=value` overrides and `--strategy`; return the merged, typed DictConfig.
 
+    An override's key may index into lists, stages included: `stages.1.algorithm.optimizer.lr=1e-5`
+    (or `stages[1]...`) changes stage 1 only.
+
     The result is in struct mode and checked against the schema (unknown keys, types). Call
     `resolve_stages` for fully validated dataclass configs.
     """
-    schema = OmegaConf.structured(RLCoreConfig)
-    layers = [_read_yaml(path), _parse_overrides(overrides or [])]
+    recipe = _read_yaml(path)
+    override_layers = _parse_overrides(overrides or [])
+    cfg = _merge(OmegaConf.structured(RLCoreConfig), recipe)
+    for layer in override_layers:  # in order: a later override wins
+        current = OmegaConf.to_container(cfg, resolve=False)
+        cfg = _merge(cfg, _reach_into_lists(layer, current, "", root=current))
     if strategy is not None:
-        layers.append(OmegaConf.create({"trainer": {"strategy": strategy}}))
-    cfg = _merge(schema, *layers)
+        cfg = _merge(cfg, {"trainer": {"strategy": strategy}})
     OmegaConf.set_struct(cfg, True)
     return cfg
 
@@ -272,7 +337,7 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
         for key in raw:
             if key not in STAGE_SECTIONS:
                 raise ConfigError(f"{prefix}{key}: a stage may override only {', '.join(STAGE_SECTIONS)}")
-        stage_cfg = _merge(base, OmegaConf.create(raw), prefix=prefix)  # checks the sections' shapes
+        stage_cfg = _merge(base, raw, prefix=prefix)  # checks the sections' shapes
         inherits_model = i > 0 and "model_path" not in (raw.get("model") or {})
         if inherits_model:
             with _unlocked(stage_cfg):

@@ -64,8 +64,6 @@ class AlgorithmConfig:
     repeat_times: int = bounded(8, ge=1)
     """Responses sampled per task (the GRPO group size)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    advantage_fn: str = choice("grpo", ("grpo",))
-    """Advantage estimator."""
     advantage_std_normalize: bool = True
     """GRPO: divide the group-centred reward by the group's standard deviation (False: Dr. GRPO)."""
     kl_loss_fn: str = choice("k3", ("none", "k1", "abs", "k2", "mse", "k3", "low_var_kl"))
@@ -216,20 +214,6 @@ class ExplorerInput:
 
 
 @dataclass
-class ExperienceBufferConfig:
-    name: str = "experiences"
-    storage_type: str = choice("queue", ("queue", "jsonl"))
-    """queue: in memory, explorer -> trainer; jsonl: appended to / read from `path`."""
-    path: str | None = None
-    """jsonl file for storage_type jsonl (mode explore writes it, mode train reads it)."""
-
-
-@dataclass
-class TrainerInput:
-    experience_buffer: ExperienceBufferConfig = field(default_factory=ExperienceBufferConfig)
-
-
-@dataclass
 class BufferConfig:
     batch_size: int = bounded(16, ge=1)
     """Tasks per explore step."""
@@ -240,7 +224,6 @@ class BufferConfig:
     total_steps: int | None = bounded(None, ge=1)
     """Stop after this many explore steps (null: when the epochs are done)."""
     explorer_input: ExplorerInput = field(default_factory=ExplorerInput)
-    trainer_input: TrainerInput = field(default_factory=TrainerInput)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -397,8 +380,6 @@ class ControlConfig:
     """Interface servers bind (127.0.0.1: this machine only; 0.0.0.0: every interface)."""
     run_port: int = bounded(0, ge=0, le=65535)
     """Port of the launch process's RunService (0: any free port)."""
-    trainer_port: int = bounded(0, ge=0, le=65535)
-    """Port of trainer rank 0's TrainerService (0: any free port)."""
     token_env: str = "RLCORE_TOKEN"
     """Environment variable holding the shared token every RPC (but health) must carry; when it is
     unset, `rlcore launch` makes a random one for the processes it starts."""
