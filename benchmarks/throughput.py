@@ -74,7 +74,7 @@ SEED = 0
 
 def task_prompts(tasks: str, tokenizer: Any, num: int) -> list[list[int]]:
     """The first `num` prompts of the taskset, tokenized as the GRPO runs tokenize them."""
-    from rlcore.rollout.workflows.prompts import PromptFormat
+    from rlcore.core.data.prompts import PromptFormat
 
     with open(tasks) as f:
         texts = [json.loads(line)["prompt"] for line, _ in zip(f, range(num), strict=False)]

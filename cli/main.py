@@ -174,7 +174,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     _load(args)
-    from ..core.launcher import launch  # heavy: torch, the strategy, the engines
+    from ..runtime.launcher import launch  # heavy: torch, the strategy, the engines
 
     try:
         return launch(args.config, list(args.overrides), args.strategy)
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return _bench(args)
         if args.command == "trainer":
-            from ..core.trainer_serve import serve_main as trainer_serve_main
+            from ..runtime.trainer_serve import serve_main as trainer_serve_main
 
             return trainer_serve_main(args)
         if args.config_command == "show":

@@ -28,19 +28,18 @@ from ..core.rpc.convert import (
 )
 from ..core.rpc.errors import DeadlineExceeded, InvalidArgument, require
 from ..core.rpc.server import RpcServer, ServerOptions, Service
-from ..core.types import SamplingParams, Task
+from ..core.types import SamplingParams, Task, WorkflowSpec
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from .engines.base import RolloutEngine
 from .gate import GenerationGate
-from .rewards.compose import build_reward, resolve_reward
+from .rewards.compose import resolve_reward
 from .weight_receiver import WeightReceiver
-from .workflows.single_turn import SingleTurnWorkflow
+from .workflows import WORKFLOWS, build_workflow
+from .workflows.base import Workflow
 
 log = logging.getLogger("rlcore.rollout.server")
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
-WORKFLOWS = {"single_turn": SingleTurnWorkflow}
-"""Workflows a RunTasks request may name."""
 MAX_CACHED_WORKFLOWS = 32
 """Built workflows kept by spec (each holds resolved reward functions); the oldest goes first."""
 POLL_S = 0.5
@@ -84,7 +83,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.max_batch_size: int = attrs.max_batch_size
         self._engine_lock = threading.Lock()
         self.gate = GenerationGate()
-        self._workflows: OrderedDict[tuple, SingleTurnWorkflow] = OrderedDict()
+        self._workflows: OrderedDict[tuple, Workflow] = OrderedDict()
         self._workflows_lock = threading.Lock()
         self.weights = WeightReceiver(engine, self._engine_lock, self.gate)
 
@@ -185,7 +184,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             kind = p.WhichOneof("input")
             if kind == "text":
                 require(bool(p.text), f"prompts[{i}].text", "must be non-empty")
-                # As rollout/workflows/prompts.py encodes task prompts: no special tokens added.
+                # As core/data/prompts.py encodes task prompts: no special tokens added.
                 ids = list(self.tokenizer(p.text, add_special_tokens=False)["input_ids"])
                 require(bool(ids), f"prompts[{i}].text", "tokenises to no tokens")
             elif kind == "token_ids":
@@ -203,7 +202,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             out.append(ids)
         return out
 
-    def _workflow(self, spec: rollout_pb2.WorkflowSpec) -> SingleTurnWorkflow:
+    def _workflow(self, spec: rollout_pb2.WorkflowSpec) -> Workflow:
         """The workflow a spec names, built once per distinct spec."""
         require(
             spec.name in WORKFLOWS,
@@ -238,9 +237,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             "workflow.max_prompt_tokens",
             f"must be >= 1; got {spec.max_prompt_tokens}",
         )
-        workflow = WORKFLOWS[spec.name](
-            self.engine, self.tokenizer, build_reward(names, weights), max_prompt_tokens=spec.max_prompt_tokens,
-            apply_chat_template=spec.apply_chat_template, chat_template=chat_template, system_prompt=system_prompt,
+        workflow = build_workflow(
+            WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
+                         system_prompt, spec.name),
+            self.engine, self.tokenizer,
         )  # fmt: skip
         with self._workflows_lock:
             self._workflows[key] = workflow
@@ -248,7 +248,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 self._workflows.popitem(last=False)
         return workflow
 
-    def _tasks(self, msgs: Any, workflow: SingleTurnWorkflow, sampling: SamplingParams) -> list[Task]:
+    def _tasks(self, msgs: Any, workflow: Workflow, sampling: SamplingParams) -> list[Task]:
         require(len(msgs) > 0, "tasks", "must list at least one task")
         tasks = []
         for i, msg in enumerate(msgs):

@@ -1,1 +1,28 @@
-"""Workflows turn tasks into scored experiences using an engine and reward functions."""
+"""Workflows behind the Workflow interface (workflows/base.py): RunTasks on a rollout worker and an
+engine in the trainer's process build them the same way, by `build_workflow`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...core.registry import Registry
+
+if TYPE_CHECKING:
+    from ...core.types import WorkflowSpec
+    from ..engines.base import RolloutEngine
+    from .base import Workflow
+
+WORKFLOWS = Registry("workflow.name", {"single_turn": "rlcore.rollout.workflows.single_turn:SingleTurnWorkflow"})
+
+
+def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) -> Workflow:
+    """The workflow `spec` names, on `engine`, with its reward functions resolved (ValueError for an
+    unknown workflow or reward function)."""
+    from ..rewards.compose import build_reward
+
+    cls = WORKFLOWS.resolve(spec.name)
+    return cls(  # type: ignore[no-any-return]
+        engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None),
+        max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
+        chat_template=spec.chat_template, system_prompt=spec.system_prompt,
+    )  # fmt: skip

@@ -3,39 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ...core.types import Experience, SamplingParams, Task
-from ..engines.base import RolloutEngine
-from ..rewards.compose import RewardComposer
-from .prompts import PromptFormat
+from .base import Workflow
 
 
-class SingleTurnWorkflow:
+class SingleTurnWorkflow(Workflow):
     """Encode each task's prompt, sample `sampling.n` responses in one engine call and score them."""
-
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        tokenizer: Any,
-        reward: RewardComposer,
-        *,
-        max_prompt_tokens: int,
-        apply_chat_template: bool = False,
-        chat_template: str | None = None,
-        system_prompt: str | None = None,
-    ):
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.reward = reward
-        self.prompt_format = PromptFormat(
-            max_prompt_tokens, apply_chat_template, chat_template, system_prompt
-        )
-        self.timing: dict[str, float] = {}
-        """Seconds the last batch spent in the engine (engine_s) and in reward functions (reward_s)."""
-
-    def encode_prompt(self, task: Task) -> list[int]:
-        return self.prompt_format.encode_prompt(self.tokenizer, task.prompt)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
         """Experiences task by task, then sample by sample; a task's samples share its task_id as group."""

@@ -1,5 +1,5 @@
 """Test-only trainer-rank entry: install the CPU shim for megatron-core, then run rlcore's own rank
-entry point (`rlcore.core.worker`) on a plan written by `rlcore launch`. This is how the CPU tests
+entry point (`rlcore.runtime.trainer_rank`) on a plan written by `rlcore launch`. This is how the CPU tests
 run the real training loop on the megatron strategy: `rlcore launch` itself refuses megatron
 without CUDA, as it must for users.
 
@@ -12,7 +12,7 @@ if __name__ == "__main__":
     from tests.megatron_cpu_shim import install
 
     install()
-    from rlcore.core.trainer_world import exit_world
-    from rlcore.core.worker import main
+    from rlcore.runtime.trainer_world import exit_world
+    from rlcore.runtime.trainer_rank import main
 
     exit_world(main(sys.argv[1]))

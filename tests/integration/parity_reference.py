@@ -103,7 +103,7 @@ def parity_loss(seqs: list[Sequence]) -> PolicyLoss | SFTLoss:
 def rank_micro_batches(
     seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int, count: int
 ) -> list[Batch]:
-    """This rank's share packed into `count` micro-batches (StageTrainer._micro with the count
+    """This rank's share packed into `count` micro-batches (StageTraining.micro with the count
     already agreed on by all ranks)."""
     groups = equalize(plan_micro_batches(shard(seqs, dp_rank, dp_size), max_tokens), count)
     return micro_batches(groups, PAD_ID, template=seqs[0])

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
 
         install()
 
-    from rlcore.core.trainer_world import exit_world, init_world
+    from rlcore.runtime.trainer_world import exit_world, init_world
 
     init_world(args.device)  # on CUDA: this rank's GPU, gloo beside NCCL for the CPU count below
     run(args)

@@ -29,7 +29,8 @@ def test_an_engine_in_every_rank_generates_its_share_with_its_seed_and_each_pass
 ) -> None:
     from rlcore.core.config import load_config, resolve_stages
     from rlcore.core.data.taskset import TaskStream, load_tasks
-    from rlcore.core.explorer import Explorer
+    from rlcore.rollout.explorer import Explorer
+    from rlcore.rollout.local import LocalRollout
 
     root = str(tmp_path)
     cfg = tiny_grpo_config(
@@ -59,14 +60,15 @@ def test_an_engine_in_every_rank_generates_its_share_with_its_seed_and_each_pass
     tasks = TaskStream(load_tasks(ts, "taskset"), run_cfg.buffer.batch_size, run_cfg.seed, ts.shuffle).batch(
         0
     )
-    explorer = Explorer(run_cfg, run_cfg.model.model_path, "cpu")
+    engine = LocalRollout(run_cfg, run_cfg.model.model_path, "cpu")
+    explorer = Explorer(run_cfg, engine)
     base_seed = run_cfg.seed * 100_003
     shares = [
         explorer.explore(tasks[:3], seed=base_seed),
         explorer.explore(tasks[3:], seed=base_seed + 1_000_003),
     ]
     one_batch = explorer.explore(tasks, seed=base_seed)
-    explorer.close()
+    engine.close()
 
     logged = (steps[0]["rollout/reward_mean"], steps[0]["rollout/response_len_mean"])
     assert _stats(shares[0] + shares[1]) == pytest.approx(logged, abs=1e-9)

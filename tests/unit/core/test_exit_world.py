@@ -15,7 +15,7 @@ RANK = textwrap.dedent(
     import torch, torch.distributed as dist
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     import torch._dynamo  # after the group exists: it keeps the group alive past destroy
-    from rlcore.core.trainer_world import exit_world
+    from rlcore.runtime.trainer_world import exit_world
 
     dist.all_reduce(torch.ones(4))
     # as megatron-core's checkpoint writer does: a spawned manager process, which holds this

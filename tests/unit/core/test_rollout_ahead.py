@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rlcore.core.rollout_ahead import RolloutAhead
+from rlcore.runtime.rollout_ahead import RolloutAhead
 
 
 def test_the_rollout_runs_while_the_caller_works_and_is_taken_by_its_step() -> None:

@@ -13,7 +13,7 @@ import pytest
 from rlcore.client.base import ClientOptions, RpcError
 from rlcore.client.run import AsyncRunClient, MetricsRecord, RunClient
 from rlcore.core.rpc.server import RpcServer, ServerOptions
-from rlcore.core.run_service import RunServicer, start_run_server
+from rlcore.runtime.run_service import RunServicer, start_run_server
 from rlcore.proto.v1 import run_pb2
 
 TOKEN = "run-service-test-token"

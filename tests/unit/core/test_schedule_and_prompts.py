@@ -2,8 +2,8 @@ import math
 
 from rlcore.backends.common.schedule import lr_lambda
 from rlcore.core.config.schema import OptimizerConfig
+from rlcore.core.data.prompts import PromptFormat
 from rlcore.core.scratch_model import build_char_tokenizer
-from rlcore.rollout.workflows.prompts import PromptFormat
 
 
 def test_warmup_then_constant():

@@ -4,7 +4,7 @@ The in-process loop and the trainer.remote loop both follow it."""
 from __future__ import annotations
 
 from rlcore.core.config.schema import SynchronizerConfig
-from rlcore.core.synchronizer import SyncSchedule
+from rlcore.core.sync_schedule import SyncSchedule
 from rlcore.core.types import Experience
 
 

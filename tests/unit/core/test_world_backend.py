@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.distributed_c10d import Backend, BackendConfig
 
-from rlcore.core.trainer_world import world_backend
+from rlcore.runtime.trainer_world import world_backend
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

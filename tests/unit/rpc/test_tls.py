@@ -13,7 +13,7 @@ import pytest
 from rlcore.client import ClientOptions, RpcError, RunClient
 from rlcore.core.rpc.security import TLSFiles
 from rlcore.core.rpc.server import RpcServer, ServerOptions
-from rlcore.core.run_service import start_run_server
+from rlcore.runtime.run_service import start_run_server
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

@@ -2,13 +2,12 @@
 other ranks run the commands rank 0 broadcasts, until shutdown.
 
     python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N \\
-        -m rlcore.core.trainer_serve <options.json>
+        -m rlcore.runtime.trainer_serve <options.json>
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import os
@@ -23,21 +22,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..core.config import RLCoreConfig
+from ..core.rpc.address import reachable_host
+from ..core.rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
+from ..core.rpc.security import TLSFiles, read_token
+from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
 from ..proto.v1 import trainer_pb2_grpc
-from .config import RLCoreConfig
-from .rpc.address import reachable_host
-from .rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
-from .rpc.security import TLSFiles, read_token
-from .rpc.server import MiB, RpcServer, ServerOptions, Service
 from .trainer_service import SERVICE_NAME, TrainerServicer
-from .trainer_world import TrainerWorld, exit_world, init_world
+from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
 
 log = logging.getLogger("rlcore.trainer_serve")
 
-# Ranks > 0 wait for the next command in a broadcast for as long as no client calls: that group's
-# timeout has to outlast idle time. It is a gloo group, so idle ranks block on the CPU (never in a
-# spinning NCCL kernel), and the default group keeps its usual timeout for the work itself.
-IDLE_TIMEOUT = datetime.timedelta(days=7)
 _EXIT_INTERRUPTED = 130
 _STOP_GRACE_S = 30.0
 
@@ -49,23 +44,13 @@ def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, de
 
     def make(endpoints: list[str], cfg: RLCoreConfig) -> Any:
         from ..client.base import ClientOptions
-        from ..client.rollout import RolloutClient
-        from .weight_sender import WeightSender
+        from ..rollout.weight_sender import connect
 
         sc = cfg.synchronizer
         options = ClientOptions(
             token=token, timeout=sc.sync_timeout, max_message_bytes=max_message_bytes, tls=tls
         )
-        clients = [RolloutClient(e, options) for e in endpoints]
-        return WeightSender(
-            clients,
-            backend="nccl" if device == "cuda" else "gloo",
-            timeout_s=sc.sync_timeout,
-            bucket_bytes=sc.bucket_mb * MiB,
-            master_address=master_address,
-            ranks=[max(1, c.get_info().weight_sync_ranks) for c in clients],
-            checksums=sc.checksums,
-        )
+        return connect(endpoints, sc, options, device, master_address)
 
     return make
 
@@ -80,7 +65,7 @@ def _serve_rank0(opts: dict[str, Any], commands: Any, stop: threading.Event) -> 
     )
     max_bytes = opts["max_message_mb"] * MiB
     world = TrainerWorld(opts["device"], _sender_factory(token, tls, max_bytes, opts["device"], opts["host"]))
-    servicer = TrainerServicer(world, commands)
+    servicer = TrainerServicer(Commander(world, commands))
     try:
         options = ServerOptions(
             token=token, host=opts["host"], port=opts["port"], max_message_bytes=max_bytes, tls=tls
@@ -111,20 +96,6 @@ def _serve_rank0(opts: dict[str, Any], commands: Any, stop: threading.Event) -> 
     return 0
 
 
-def _command_loop(world: TrainerWorld, commands: Any) -> None:
-    """Ranks > 0: run what rank 0 broadcasts until it says shutdown."""
-    while True:
-        box: list[Any] = [None, None]
-        dist.broadcast_object_list(box, src=0, group=commands)
-        command, payload = box
-        if command == "shutdown":
-            return
-        try:
-            getattr(world, command)(payload)
-        except Exception:  # rank 0 fails the same way and answers the client; keep serving
-            log.exception("%s failed", command)
-
-
 def rank_main(options_path: str) -> int:
     with open(options_path) as f:
         opts = json.load(f)
@@ -146,11 +117,11 @@ def rank_main(options_path: str) -> int:
             signal.signal(sig, signal.SIG_IGN)
     torch.set_num_threads(opts["threads"])
     init_world(opts["device"])
-    commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    commands = command_group()
     try:
         if rank == 0:
             return _serve_rank0(opts, commands, stop)
-        _command_loop(TrainerWorld(opts["device"]), commands)
+        follow(TrainerWorld(opts["device"]), commands, keep_serving=True)
         return 0
     finally:
         dist.destroy_process_group()
@@ -191,7 +162,7 @@ def serve_main(args: argparse.Namespace) -> int:
         json.dump(options, f)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", str(args.ranks), "-m", "rlcore.core.trainer_serve", options_path,
+        "--nproc-per-node", str(args.ranks), "-m", "rlcore.runtime.trainer_serve", options_path,
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen(cmd, env=env)

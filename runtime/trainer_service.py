@@ -1,6 +1,7 @@
 """TrainerService (proto/rlcore/v1/trainer.proto) on rank 0 of a trainer world: validate each
 request completely (a bad request never reaches the other ranks), broadcast the command, run it on
-this rank too, answer. `rlcore trainer serve` (trainer_serve.py) starts the world.
+this rank too, answer. `rlcore trainer serve` (trainer_serve.py) starts the world; the Commander runs each command on
+every rank (trainer_world.py).
 """
 
 from __future__ import annotations
@@ -8,23 +9,21 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
 from ..backends import check_strategy_runs
+from ..core.checkpoint import TRAINER_STATE, latest_checkpoint
+from ..core.config import ConfigError, from_yaml
+from ..core.config.validate import validate_config
+from ..core.rpc.address import is_host_port
+from ..core.rpc.convert import experience_from_proto
+from ..core.rpc.errors import FailedPrecondition, InvalidArgument, Unavailable, require
+from ..core.types import Experience
 from ..proto.v1 import trainer_pb2, trainer_pb2_grpc
-from .checkpoint import TRAINER_STATE, latest_checkpoint
-from .config import ConfigError, from_yaml
-from .config.validate import validate_config
-from .rpc.address import is_host_port
-from .rpc.convert import experience_from_proto
-from .rpc.errors import FailedPrecondition, InvalidArgument, Unavailable, require
-from .trainer_world import ConfigureCall, ForwardBackwardCall, LogprobsCall, SequenceSpec, TrainerWorld
-from .types import Experience
-
-if TYPE_CHECKING:
-    from .trainer import StageTrainer
+from .trainer_world import Commander, ConfigureCall, ForwardBackwardCall, LogprobsCall
+from .training import SequenceSpec, StageTraining
 
 LOSSES = ("grpo", "ppo", "cross_entropy")
 POLICY_LOSSES = ("grpo", "ppo")
@@ -180,9 +179,9 @@ def _check_checkpoint(path: str, world_size: int) -> None:
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     """TrainerService on rank 0: validate, broadcast the command, run it here, answer."""
 
-    def __init__(self, world: TrainerWorld, commands: Any):
-        self.world = world
-        self._commands = commands  # the gloo group commands travel on
+    def __init__(self, command: Commander):
+        self.command = command
+        self.world = command.world
         self._lock = threading.Lock()
         self._closed = False
 
@@ -190,20 +189,19 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         """Run `command` on every rank; the caller holds the lock and has validated `payload`."""
         if self._closed:
             raise Unavailable("the trainer is shutting down")
-        dist.broadcast_object_list([command, payload], src=0, group=self._commands)
-        return getattr(self.world, command)(payload)
+        return self.command(command, payload)
 
-    def _configured(self) -> StageTrainer:
-        if self.world.trainer is None:
+    def _configured(self) -> StageTraining:
+        if self.world.training is None:
             raise FailedPrecondition("call Configure first")
-        return self.world.trainer
+        return self.world.training
 
     def shutdown(self) -> None:
         """Release the other ranks from their command loop (once)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
-                dist.broadcast_object_list(["shutdown", None], src=0, group=self._commands)
+                self.command.shutdown()
 
     def Configure(self, request, context):
         call = validate_configure(request)
@@ -264,19 +262,19 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             path = os.path.abspath(request.path) if request.path else latest_checkpoint(t.stage_dir)
             if path is None:
                 return trainer_pb2.LoadCheckpointResponse()
-            _check_checkpoint(path, t.world)
+            _check_checkpoint(path, dist.get_world_size())
             state = self._run("load_checkpoint", path)
         return trainer_pb2.LoadCheckpointResponse(
             path=path, global_step=state.global_step, explore_step=state.explore_step
         )
 
     def GetState(self, request, context):
-        t = self.world.trainer  # read without the lock: a long TrainStep must not block status calls
+        t = self.world.training  # read without the lock: a long TrainStep must not block status calls
         if t is None:
             return trainer_pb2.GetStateResponse(configured=False, world_size=dist.get_world_size())
         return trainer_pb2.GetStateResponse(
             configured=True, global_step=t.state.global_step, policy_version=t.state.policy_version,
-            strategy=t.cfg.trainer.strategy, world_size=t.world, model_path=self.world.model_path,
+            strategy=t.cfg.trainer.strategy, world_size=dist.get_world_size(), model_path=self.world.model_path,
         )  # fmt: skip
 
     def SyncWeights(self, request, context):

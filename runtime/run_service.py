@@ -19,10 +19,10 @@ from functools import partial
 
 import grpc
 
+from ..core.rpc.address import is_host_port
+from ..core.rpc.errors import FailedPrecondition, InvalidArgument, require
+from ..core.rpc.server import RpcServer, ServerOptions, Service
 from ..proto.v1 import run_pb2, run_pb2_grpc
-from .rpc.address import is_host_port
-from .rpc.errors import FailedPrecondition, InvalidArgument, require
-from .rpc.server import RpcServer, ServerOptions, Service
 
 MAX_HISTORY = 100_000
 """Metrics records kept for StreamMetrics(include_history); older ones are dropped."""

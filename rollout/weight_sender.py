@@ -1,4 +1,5 @@
-"""Trainer rank 0's side of weight sync: the gRPC calls around the bytes (core/weight_sync.py).
+"""Trainer rank 0's side of weight sync to rollout workers: the gRPC calls around the bytes
+(core/weight_sync.py).
 
     InitWeightSync (once)  ->  BeginWeightUpdate  ->  send_weights over the group  ->  FinishWeightUpdate
 
@@ -18,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .weight_sync import SyncGroup, TensorSpec, WeightSyncError, init_group, plan_buckets, send_weights
+from ..core.weight_sync import SyncGroup, TensorSpec, WeightSyncError, init_group, plan_buckets, send_weights
 
 if TYPE_CHECKING:
+    from ..client.base import ClientOptions
     from ..client.rollout import RolloutClient
+    from ..core.config.schema import SynchronizerConfig
 
 log = logging.getLogger("rlcore.weight_sync")
 
@@ -181,3 +184,22 @@ class WeightSender:
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self.group = None
+
+
+def connect(
+    endpoints: list[str], sc: SynchronizerConfig, options: ClientOptions, device: str, master_address: str
+) -> WeightSender:
+    """A sender to the rollout workers at `endpoints` with the stage's synchronizer settings; they
+    join its group at `master_address` (an address of this host they can reach)."""
+    from ..client.rollout import RolloutClient
+
+    clients = [RolloutClient(e, options) for e in endpoints]
+    return WeightSender(
+        clients,
+        backend="nccl" if device == "cuda" else "gloo",
+        timeout_s=sc.sync_timeout,
+        bucket_bytes=sc.bucket_mb << 20,
+        master_address=master_address,
+        ranks=[max(1, c.get_info().weight_sync_ranks) for c in clients],
+        checksums=sc.checksums,
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .config import ConfigError
+from ..core.config import ConfigError
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from .checkpoint import list_checkpoints
-from .config import ConfigError, Stage, inherits_previous_model, load_config, resolve_stages, to_yaml
+from ..core.checkpoint import list_checkpoints
+from ..core.config import ConfigError, Stage, inherits_previous_model, load_config, resolve_stages, to_yaml
+from .loop import SUMMARY, explores_on_workers, stage_dir
 from .placement import GpuPlacement, place_gpus, visible_gpus
-from .worker import SUMMARY, stage_dir
 
 
 def resolve_device(requested: str) -> str:
@@ -57,8 +57,8 @@ def check_strategies(stages: list[Stage], device: str) -> None:
 def prepare_assets(stages: list[Stage]) -> None:
     """Generate missing synthetic tasksets and build a missing scratch model (deterministic, so
     doing it once here, before any rank starts, is enough)."""
-    from .data.taskset import ensure_taskset
-    from .scratch_model import ensure_model
+    from ..core.data.taskset import ensure_taskset
+    from ..core.scratch_model import ensure_model
 
     for stage in stages:
         cfg = stage.config
@@ -74,8 +74,8 @@ def prepare_assets(stages: list[Stage]) -> None:
 def preflight(stages: list[Stage]) -> None:
     """Resolve everything a rank would otherwise discover minutes later: reward functions (user
     import paths included), monitor packages and the model folder."""
+    from ..core.monitor import check_monitor_dependencies
     from ..rollout.rewards.compose import build_reward
-    from .monitor import check_monitor_dependencies
 
     for s in stages:
         cfg = s.config
@@ -118,7 +118,7 @@ def torchrun_command(plan_path: str, cluster, project: str, name: str) -> list[s
     else:
         cmd += ["--nnodes", str(cluster.num_nodes), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", cluster.rdzv_endpoint, "--rdzv-id", f"{project}-{name}"]  # fmt: skip
-    return cmd + ["-m", "rlcore.core.worker", plan_path]
+    return cmd + ["-m", "rlcore.runtime.trainer_rank", plan_path]
 
 
 def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
@@ -189,7 +189,7 @@ def _tail(path: str, lines: int = 15) -> str:
 def worker_stages(stages: list[Stage]) -> list[Any]:
     """Configs of the stages that explore on rollout workers (mode both, or a remote trainer, which
     cannot host an engine: every stage then explores and evaluates on workers)."""
-    return [s.config for s in stages if s.config.mode == "both" or s.config.trainer.remote]
+    return [s.config for s in stages if explores_on_workers(s.config)]
 
 
 def workers_to_start(stages: list[Stage]) -> tuple[Any, int] | None:
@@ -300,9 +300,9 @@ def control_plane(
 ) -> Iterator[dict[str, Any]]:
     """Serve RunService for the run's lifetime and start (then stop) the rollout workers it needs.
     Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
-    from .rpc.address import reachable_host
-    from .rpc.security import read_token
-    from .rpc.server import ServerOptions
+    from ..core.rpc.address import reachable_host
+    from ..core.rpc.security import read_token
+    from ..core.rpc.server import ServerOptions
     from .run_service import start_run_server
 
     control = base.control
@@ -352,6 +352,29 @@ def control_plane(
         server.stop(grace=1.0)
 
 
+def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
+    """trainer.remote: run the loop in this process against the TrainerService there."""
+    from ..client.base import ClientOptions
+    from ..client.trainer import TrainerClient
+    from .handles import RemoteTrainer
+    from .loop import RunContext, run_stages
+    from .run_reporter import RunReporter
+
+    base = stages[0].config
+    assert base.trainer.remote is not None
+    options = ClientOptions.from_control(base.control)
+    reporter = RunReporter(plan["run_address"], options)
+    try:
+        with TrainerClient(base.trainer.remote, options) as client:
+            world_size = client.get_state(timeout=30).world_size
+            print(f"rlcore: remote trainer {base.trainer.remote}: {world_size} rank(s)", flush=True)
+            run = RunContext(plan["run_dir"], plan["device"], plan["rollout_endpoints"], world_size, reporter)
+            run_stages(stages, RemoteTrainer(client), run)
+    finally:
+        reporter.close()
+    return 0
+
+
 def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     cfg = load_config(config_path, overrides, strategy)
     stages = resolve_stages(cfg)
@@ -399,9 +422,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
             env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
             plane["run"].mark_running()
             if base.trainer.remote:
-                from .remote_loop import run_remote
-
-                rc = run_remote(stages, run_dir, plan, device)
+                rc = drive_remote(stages, plan)
             else:
                 rc = subprocess.call(
                     torchrun_command(plan_path, base.cluster, base.project, base.name), env=env

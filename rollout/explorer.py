@@ -1,0 +1,144 @@
+"""The explorer: turns tasks into scored experiences on inference engines, and evaluates.
+
+It runs on whatever `Rollout` the roof hands it: an engine in this process (local.py), rollout
+workers over gRPC (remote.py), or an engine in every trainer rank (rlcore.runtime.colocated). The
+loop above it does not know which.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from ..client.base import RpcError
+from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
+from ..core.data.taskset import load_tasks
+from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
+from ..core.watchdog import deadline
+from .engines import in_process
+from .rewards.compose import build_reward
+
+log = logging.getLogger("rlcore.explorer")
+
+
+class Rollout(Protocol):
+    """Where an explorer's tasks run."""
+
+    def run(
+        self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
+    ) -> list[Experience]: ...
+
+    def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
+        """Each engine's greedy tokens and their log-probs for `prompt`: (engine name, tokens, log-probs)."""
+        ...
+
+    def report(self) -> dict[str, float]:
+        """The last batch's rollout metrics (core.step_metrics.rollout_report)."""
+        ...
+
+
+def rollout_seed(seed: int, explore_step: int) -> int:
+    """The sampling seed of an explore step's rollout (engines derive theirs from it)."""
+    return seed * 100_003 + explore_step
+
+
+def sampling_params(args: RolloutArgs, n: int, default_max_tokens: int, seed: int | None) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        n=n,
+        max_tokens=args.max_tokens or default_max_tokens,
+        stop=list(args.stop),
+        seed=seed,
+    )
+
+
+def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
+    return WorkflowSpec(
+        reward_fn=list(ts.reward_fn),
+        reward_weights=list(ts.reward_weights),
+        max_prompt_tokens=cfg.model.max_prompt_tokens,
+        apply_chat_template=cfg.model.apply_chat_template,
+        chat_template=cfg.model.chat_template,
+        system_prompt=ts.format.system_prompt,
+    )
+
+
+def engine_in_every_rank(cfg: RLCoreConfig, world: int) -> bool:
+    """Whether every trainer rank holds an engine (evaluation stays on rank 0's): mode colocate with
+    engine_num = the ranks, each generating its share of a batch; and any in-process engine that
+    the ranks of a larger world must build together (vLLM, see rollout/engines/in_process.py)."""
+    if cfg.mode == "both":
+        return False
+    if cfg.mode == "colocate" and cfg.explorer.rollout_model.engine_num > 1:
+        return True
+    return world > 1 and cfg.explorer.rollout_model.engine_type in in_process.PROCESS_WIDE
+
+
+class Explorer:
+    def __init__(self, cfg: RLCoreConfig, rollout: Rollout, eval_rollout: Rollout | None = None):
+        """`eval_rollout`: where evaluation runs, when not on `rollout` (an engine in every rank
+        evaluates on rank 0's alone)."""
+        self.cfg = cfg
+        self.rollout = rollout
+        self.eval_rollout = eval_rollout or rollout
+        self.train_set = cfg.buffer.explorer_input.taskset
+        self.train_spec = workflow_spec(cfg, self.train_set)
+        self.eval_sets = []
+        for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets):
+            spec = workflow_spec(cfg, ts)
+            correctness = build_reward(spec.reward_fn, spec.reward_weights or None).correctness_names
+            self.eval_sets.append(
+                (ts, load_tasks(ts, f"buffer.explorer_input.eval_tasksets[{i}]"), spec, correctness)
+            )
+
+    def _run(
+        self, rollout: Rollout, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec
+    ) -> list[Experience]:
+        retries, timeout = self.cfg.explorer.max_retry_times, self.cfg.explorer.max_timeout
+        for attempt in range(retries + 1):
+            try:
+                with deadline(timeout, "a rollout batch", "explorer.max_timeout"):
+                    return rollout.run(tasks, sampling, spec, timeout)
+            except (RuntimeError, OSError, RpcError) as e:  # engine/worker failures; bad input is not retried
+                if attempt == retries or (isinstance(e, RpcError) and e.code.name == "INVALID_ARGUMENT"):
+                    raise
+                log.warning("rollout batch failed (%s); retry %d/%d", e, attempt + 1, retries)
+        raise AssertionError("unreachable")
+
+    def report(self) -> dict[str, float]:
+        """The last training rollout's metrics: engines that generated, the slowest one's timings."""
+        return self.rollout.report()
+
+    def explore(self, tasks: list[Task], seed: int) -> list[Experience]:
+        sampling = sampling_params(
+            self.train_set.rollout_args,
+            self.cfg.algorithm.repeat_times,
+            self.cfg.model.max_response_tokens,
+            seed,
+        )
+        return self._run(self.rollout, tasks, sampling, self.train_spec)
+
+    def evaluate(self, seed: int) -> dict[str, float]:
+        """Mean reward, accuracy (mean of correctness rewards) and response length per eval taskset."""
+        metrics: dict[str, float] = {}
+        for ts, tasks, spec, names in self.eval_sets:
+            start = time.perf_counter()
+            sampling = sampling_params(ts.rollout_args, 1, self.cfg.model.max_response_tokens, seed)
+            exps = self._run(self.eval_rollout, tasks, sampling, spec)
+            prefix = f"eval/{ts.name}/"
+            metrics[prefix + "reward_mean"] = sum(e.reward for e in exps) / len(exps)
+            if names:
+                correct = [sum(e.reward_components[n] for n in names) / len(names) for e in exps]
+                metrics[prefix + "accuracy"] = sum(correct) / len(correct)
+            metrics[prefix + "response_len_mean"] = sum(len(e.response_token_ids) for e in exps) / len(exps)
+            metrics[prefix + "time_s"] = time.perf_counter() - start
+        return metrics
+
+    def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
+        """Each engine's greedy tokens and log-probs for `prompt` (the sync probe)."""
+        return self.rollout.probe(prompt, max_tokens)

@@ -1,0 +1,43 @@
+"""The Workflow interface: a batch of tasks + an engine -> scored experiences."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from ...core.data.prompts import PromptFormat
+from ...core.types import Experience, SamplingParams, Task
+from ..engines.base import RolloutEngine
+from ..rewards.compose import RewardComposer
+
+
+class Workflow(ABC):
+    """Built once per distinct WorkflowSpec on an engine (rollout workers cache them), then run on
+    batch after batch. Construction: `Workflow(engine, tokenizer, reward, *, max_prompt_tokens,
+    apply_chat_template, chat_template, system_prompt)`."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        reward: RewardComposer,
+        *,
+        max_prompt_tokens: int,
+        apply_chat_template: bool = False,
+        chat_template: str | None = None,
+        system_prompt: str | None = None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.reward = reward
+        self.prompt_format = PromptFormat(max_prompt_tokens, apply_chat_template, chat_template, system_prompt)
+        self.timing: dict[str, float] = {}
+        """Seconds the last batch spent in the engine (engine_s) and in reward functions (reward_s)."""
+
+    def encode_prompt(self, task: Task) -> list[int]:
+        """The token ids the engine is given for `task` (raises on a prompt the template refuses)."""
+        return self.prompt_format.encode_prompt(self.tokenizer, task.prompt)
+
+    @abstractmethod
+    def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
+        """Experiences task by task (`sampling.n` each, in order), tagged with `policy_version`."""

@@ -1,0 +1,371 @@
+"""The RL loop: one schedule for every run, in-process (`rlcore launch`) or against a remote trainer
+(trainer.remote). It drives a TrainerHandle (handles.py) and an Explorer, and reads top to bottom:
+
+    per stage:  configure the trainer, resume, sync the engines if they may hold other weights
+    per step:   [sync if the engines are too stale]  explore (or take the rollout started ahead)
+                -> [start the next rollout ahead]  train (the algorithm step)  -> sync
+                -> evaluate -> checkpoint -> log -> heartbeat (pause / stop)
+
+SFT stages train on the taskset's reference responses instead of exploring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..client.trainer import TrainSequence
+from ..core.config import RLCoreConfig, Stage, inherits_previous_model
+from ..core.data.prompts import PromptFormat
+from ..core.data.taskset import TaskStream, load_tasks
+from ..core.step_metrics import mean_dicts, memory_metrics
+from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
+from ..core.types import Experience, Task
+from ..rollout.explorer import Explorer, engine_in_every_rank, rollout_seed
+from .handles import TrainerHandle
+from .rollout_ahead import RolloutAhead
+from .trainer_world import ENGINES_EVERY_RANK, ENGINES_NONE, ENGINES_RANK0
+from .training import plan_steps
+
+log = logging.getLogger("rlcore.loop")
+
+SUMMARY = "stage_summary.json"
+
+
+@dataclass
+class RunContext:
+    """What every stage of a run shares."""
+
+    run_dir: str
+    device: str
+    endpoints: list[str]
+    """Rollout workers (mode both, or a remote trainer); empty: engines in the trainer's process."""
+    world_size: int
+    reporter: Any = None
+    """RunReporter: the link to the run's controller (None without one)."""
+
+
+def explores_on_workers(cfg: RLCoreConfig) -> bool:
+    """Whether a stage runs its rollouts and evaluation on rollout workers: mode both, and every
+    stage of a remote trainer (which hosts no engine)."""
+    return cfg.mode == "both" or cfg.trainer.remote is not None
+
+
+def stage_dir(run_dir: str, stage: Stage, num_stages: int) -> str:
+    return run_dir if num_stages == 1 else os.path.join(run_dir, f"stage{stage.index}_{stage.name}")
+
+
+def planned_steps(stage: Stage) -> int:
+    tasks = load_tasks(stage.config.buffer.explorer_input.taskset, "buffer.explorer_input.taskset")
+    return plan_steps(stage.config, len(tasks))[2]
+
+
+def run_stages(stages: list[Stage], handle: TrainerHandle, run: RunContext) -> None:
+    """Every stage in order; a stage an earlier launch finished is skipped (its export feeds the
+    next), and a stage stopped on the run's request ends the run."""
+    previous_model = None
+    for stage in stages:
+        sdir = stage_dir(run.run_dir, stage, len(stages))
+        os.makedirs(sdir, exist_ok=True)
+        summary_file = os.path.join(sdir, SUMMARY)
+        if os.path.isfile(summary_file):  # finished in an earlier run that we are resuming?
+            with open(summary_file) as f:
+                done = json.load(f)
+            if done["global_step"] >= planned_steps(stage):
+                previous_model = done["final_model"]
+                continue
+        model_path = stage.config.model.model_path
+        if inherits_previous_model(stage.config):
+            if not previous_model:
+                raise ValueError(f"stage {stage.name} inherits weights but the previous stage exported none")
+            model_path = previous_model
+        summary = StageLoop(stage, sdir, model_path, handle, run, is_last=stage is stages[-1]).run()
+        previous_model = summary["final_model"]
+        if summary["stopped"]:
+            break
+
+
+class StageLoop:
+    def __init__(
+        self, stage: Stage, sdir: str, model_path: str, handle: TrainerHandle, run: RunContext, is_last: bool
+    ):
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg = stage.config
+        self.stage, self.sdir, self.handle, self.run_ctx, self.is_last = stage, sdir, handle, run, is_last
+        self.is_sft = cfg.algorithm.algorithm_type == "sft"
+        ts = cfg.buffer.explorer_input.taskset
+        self.stream = TaskStream(
+            load_tasks(ts, "buffer.explorer_input.taskset"), cfg.buffer.batch_size, cfg.seed, ts.shuffle
+        )
+        self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
+            cfg, len(self.stream.tasks)
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.prompt_format = PromptFormat(
+            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, cfg.model.chat_template,
+            ts.format.system_prompt,
+        )  # fmt: skip
+        # an SFT stage runs an engine only to evaluate
+        has_engine = not self.is_sft or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
+        self.endpoints = run.endpoints if has_engine and explores_on_workers(cfg) else []
+        engines = ENGINES_NONE
+        if has_engine and not self.endpoints:
+            engines = ENGINES_EVERY_RANK if engine_in_every_rank(cfg, run.world_size) else ENGINES_RANK0
+        handle.configure(cfg, model_path, sdir, self.total_train_steps, engines)
+
+        self.explorer: Explorer | None = None
+        self._owned_rollout: Any = None  # rollout workers' clients, closed with the stage
+        if self.endpoints:
+            from ..rollout.remote import RemoteRollout
+
+            self._owned_rollout = RemoteRollout(cfg, self.endpoints)
+            self.explorer = Explorer(cfg, self._owned_rollout)
+        elif has_engine:
+            rollouts = handle.engines()
+            assert rollouts is not None, "the trainer was configured with engines"
+            self.explorer = Explorer(cfg, *rollouts)
+        # Rollout workers hold whatever weights they served before, and an in-process engine an
+        # earlier stage built holds that stage's: push ours first.
+        self.sync_on_start = bool(self.endpoints) or handle.engine_reused
+        self.schedule = SyncSchedule(cfg.synchronizer)
+        self.probe_prompt = self.prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
+        self.ahead = RolloutAhead(bool(cfg.synchronizer.rollout_ahead) and self.explorer is not None)
+        self.global_step = self.explore_step = 0
+        self.synced_step = 0
+        """The step whose weights the engines serve (rollouts run only between syncs, so every
+        experience of a rollout was generated by the weights of one step)."""
+        self.last_saved = 0
+        self.final_checkpoint: str | None = None
+        self.final_model: str | None = None
+        self.monitor: Any = None
+        self.progress: Any = None
+
+    # ------------------------------------------------------------------ the schedule
+
+    def run(self) -> dict[str, Any]:
+        from ..core.monitor import build_monitors
+        from ..core.monitor.progress import StepProgress
+
+        cfg = self.cfg
+        self.monitor = build_monitors(
+            list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}",
+            dataclasses.asdict(cfg),
+        )
+        self.progress = StepProgress(self.total_train_steps, desc=self.stage.name)
+        try:
+            last_eval, stopped = self._steps()
+            self._heartbeat(wait=False)  # flush the last records
+        finally:
+            self.progress.close()
+            self.monitor.close()
+            self.ahead.close()
+            if self._owned_rollout is not None:
+                self._owned_rollout.close()
+        return self._summary(last_eval, stopped)
+
+    def _steps(self) -> tuple[dict[str, float], bool]:
+        cfg = self.cfg
+        if not self._resume() and self.sync_on_start:
+            self._sync()
+        if cfg.mode == "bench":
+            result = self.evaluate()
+            self._log(result)
+            return result, False
+        if cfg.explorer.eval_on_startup and self.global_step == 0:
+            self._log(self.evaluate())
+        last_eval: dict[str, float] = {}
+        while not self._done():
+            start = time.perf_counter()
+            tasks = self.stream.batch(self.explore_step)
+            metrics = self.sft_step(tasks) if self.is_sft else self.rl_step(tasks)
+            self.explore_step += 1
+            if not self.is_sft and self.schedule.due_after_step(self.global_step, self.synced_step):
+                metrics.update(self._sync())
+            metrics["perf/step_time_s"] = time.perf_counter() - start
+            metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens", 0.0) / metrics["perf/step_time_s"]
+            metrics.update(memory_metrics(self.run_ctx.device))
+            done = self._done()
+            if self._eval_due(done):
+                last_eval = self.evaluate()
+                metrics.update(last_eval)
+            self._checkpoint(final=done)
+            self._log(metrics)
+            if not done and self._heartbeat(wait=True) == "stop":
+                if self.last_saved != self.global_step:
+                    self._checkpoint(final=True)
+                log.info("stopped at step %d on the run's request", self.global_step)
+                return last_eval, True
+        if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
+            last_eval = self.evaluate()
+            self._log(last_eval)
+        return last_eval, False
+
+    def _done(self) -> bool:
+        return self.explore_step >= self.total_explore_steps or self.global_step >= self.total_train_steps
+
+    # ------------------------------------------------------------------ steps
+
+    def sft_step(self, tasks: list[Task]) -> dict[str, float]:
+        seqs = []
+        for t in tasks:
+            if t.response is None:
+                raise ValueError(
+                    f"SFT needs a reference response: task {t.task_id} has no column "
+                    f"'{self.cfg.buffer.explorer_input.taskset.format.response_key}'"
+                )
+            prompt_ids, response_ids = self.prompt_format.encode_sft_example(self.tokenizer, t.prompt, t.response)
+            seqs.append(TrainSequence(prompt_ids, response_ids))
+        updates = []
+        for i in range(0, len(seqs), self.train_batch):
+            result = self.handle.forward_backward(seqs[i : i + self.train_batch], "cross_entropy")
+            step = self.handle.optim_step()
+            updates.append({**result.metrics, "actor/grad_norm": step.grad_norm, "actor/lr": step.lr})
+            self.global_step = step.global_step
+        metrics = mean_dicts(updates)
+        metrics["perf/tokens"] = float(sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in seqs))
+        return metrics
+
+    def rl_step(self, tasks: list[Task]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.schedule.due_before_explore(self.global_step, self.synced_step):
+            metrics.update(self._sync())
+        start = time.perf_counter()
+        taken = self.ahead.take(self.explore_step)  # generated during the previous step, by older weights
+        (exps, report), version = taken or (self._rollout(tasks), self.synced_step)
+        exps = self.schedule.drop_stale(exps, [version] * len(exps), self.global_step, metrics)
+        metrics["perf/generate_s"] = time.perf_counter() - start
+        metrics.update(report)
+        metrics["rollout/generated_ahead"] = float(taken is not None)
+        self._start_ahead(len(exps))
+        if exps:
+            train_metrics, self.global_step = self.handle.train_step(exps)
+            metrics.update(train_metrics)
+        metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
+        return metrics
+
+    def _rollout(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float]]:
+        """An explore step's experiences, tagged with the version of the weights that generated
+        them, and the rollout's metrics."""
+        assert self.explorer is not None
+        version = self.synced_step
+        exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, self.explore_step))
+        for e in exps:
+            e.policy_version = version
+        return exps, self.explorer.report()
+
+    def _start_ahead(self, num_experiences: int) -> None:
+        """synchronizer.rollout_ahead: start the next explore step's rollout, unless this step is the
+        stage's last."""
+        following = self.explore_step + 1
+        train_steps = -(-num_experiences // self.train_batch)
+        if (
+            not self.ahead.enabled
+            or following >= self.total_explore_steps
+            or self.global_step + train_steps >= self.total_train_steps
+        ):
+            return
+        tasks = self.stream.batch(following)
+
+        def rollout() -> tuple[list[Experience], dict[str, float]]:
+            assert self.explorer is not None
+            exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, following))
+            for e in exps:
+                e.policy_version = version
+            return exps, self.explorer.report()
+
+        version = self.synced_step
+        self.ahead.start(following, rollout, version=version)
+
+    # ------------------------------------------------------------------ sync, evaluation, checkpoints
+
+    def _sync(self) -> dict[str, float]:
+        """Push the trainer's weights to the engines; with synchronizer.probe, check each engine's
+        greedy log-probs against the trainer's."""
+        start = time.perf_counter()
+        synced = self.handle.sync_weights(self.endpoints)
+        self.synced_step = self.global_step
+        metrics = {"perf/sync_s": time.perf_counter() - start}
+        if synced.num_bytes:
+            metrics["perf/sync_gb_per_s"] = synced.num_bytes / 1e9 / max(synced.seconds, 1e-9)
+        if self.cfg.synchronizer.probe and self.explorer is not None:
+            answers = self.explorer.probe(self.probe_prompt, self.cfg.model.max_response_tokens)
+            scored = [a for a in answers if a[1]]  # an empty response has nothing to score
+            ours = self.handle.compute_logprobs([TrainSequence(self.probe_prompt, t) for _, t, _ in scored])
+            tolerance = probe_tolerance(self.cfg, self.run_ctx.device)
+            metrics.update(judge_probe(scored, ours, self.global_step, tolerance))
+        return metrics
+
+    def _eval_due(self, done: bool) -> bool:
+        if not self.cfg.buffer.explorer_input.eval_tasksets:
+            return False
+        interval = self.cfg.explorer.eval_interval
+        return done or (interval > 0 and self.explore_step % interval == 0)
+
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate on the engines, after making sure they hold the current weights."""
+        if self.explorer is None or not self.cfg.buffer.explorer_input.eval_tasksets:
+            return {}
+        if self.synced_step != self.global_step:
+            self._sync()
+        return self.explorer.evaluate(seed=self.cfg.seed)
+
+    def _checkpoint(self, final: bool) -> None:
+        interval = self.cfg.trainer.save_interval
+        periodic = interval > 0 and self.global_step // interval > self.last_saved // interval
+        if not (final or periodic):
+            return
+        mode = self.cfg.trainer.save_hf_checkpoint
+        with_hf = mode == "always" or (final and (mode == "last" or not self.is_last))
+        self.final_checkpoint, hf = self.handle.save_checkpoint(with_hf, self.explore_step)
+        self.final_model = hf or None
+        self.last_saved = self.global_step
+
+    def _resume(self) -> bool:
+        if not self.cfg.continue_from_checkpoint:
+            return False
+        restored = self.handle.load_checkpoint()
+        if restored is None:
+            return False
+        self.global_step, self.explore_step = restored.global_step, restored.explore_step
+        self.last_saved = self.global_step
+        self.final_checkpoint = restored.path
+        hf = os.path.join(restored.path, "hf")
+        self.final_model = hf if os.path.isdir(hf) else None
+        log.info("resumed %s from %s (step %d)", self.stage.name, restored.path, self.global_step)
+        if self.explorer is not None:  # with none, nothing holds weights to replace
+            self._sync()
+        return True
+
+    # ------------------------------------------------------------------ reporting
+
+    def _heartbeat(self, wait: bool) -> str:
+        """Report the step to the run's controller; 'stop' when the run asks to stop."""
+        reporter = self.run_ctx.reporter
+        if reporter is None:
+            return "go"
+        return reporter.heartbeat(  # type: ignore[no-any-return]
+            self.stage.name, self.global_step, self.total_train_steps, self.synced_step, wait=wait
+        )
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        if not metrics:
+            return
+        if self.run_ctx.reporter is not None:
+            self.run_ctx.reporter.record(self.stage.name, self.global_step, metrics)
+        self.monitor.log(metrics, self.global_step)
+        self.progress.update(self.global_step, metrics)
+
+    def _summary(self, last_eval: dict[str, float], stopped: bool) -> dict[str, Any]:
+        summary = {
+            "stage": self.stage.name, "global_step": self.global_step, "stopped": stopped,
+            "eval": last_eval, "final_checkpoint": self.final_checkpoint, "final_model": self.final_model,
+        }  # fmt: skip
+        with open(os.path.join(self.sdir, SUMMARY), "w") as f:
+            json.dump(summary, f, indent=2)
+        return summary

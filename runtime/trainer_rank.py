@@ -1,0 +1,95 @@
+"""Entry point of every trainer rank under `rlcore launch` (started by torch.distributed.run):
+rank 0 runs the loop (loop.py), commanding the other ranks, which follow its commands.
+
+python -m torch.distributed.run ... -m rlcore.runtime.trainer_rank <run_dir>/launch/plan.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import torch
+
+from ..core.config import from_yaml
+from ..core.config.loader import Stage
+from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
+
+
+def _sender_factory(plan: dict[str, Any]) -> Any:
+    """Rank 0's way to reach the run's rollout workers (they join the sync group at the address
+    the launch chose)."""
+    from ..client.base import ClientOptions
+    from ..rollout.weight_sender import connect
+
+    def make(endpoints: list[str], cfg: Any) -> Any:
+        options = ClientOptions.from_control(cfg.control, timeout=cfg.synchronizer.sync_timeout)
+        return connect(endpoints, cfg.synchronizer, options, plan["device"], plan["master_address"])
+
+    return make
+
+
+def main(plan_path: str) -> int:
+    with open(plan_path) as f:
+        plan = json.load(f)
+    device = plan["device"]
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(
+        level=plan["log_level"] if rank == 0 else logging.WARNING,
+        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for name in ("transformers", "datasets", "httpx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if plan.get("threads_per_rank"):
+        torch.set_num_threads(plan["threads_per_rank"])
+    init_world(device)
+    commands = command_group()
+    try:
+        if rank == 0:
+            return _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands)
+        try:
+            follow(TrainerWorld(device), commands, keep_serving=False)
+        except ValueError:  # rank 0 met the same and says it in one line
+            return 2
+        return 0
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
+    """Rank 0: run every stage through the loop, then release the other ranks."""
+    from .handles import LocalTrainer
+    from .loop import RunContext, run_stages
+
+    reporter = None
+    command = Commander(world, commands)
+    try:
+        stages = [Stage(s["index"], s["name"], from_yaml(s["config"])) for s in plan["stages"]]
+        if plan.get("run_address"):
+            from ..client.base import ClientOptions
+            from .run_reporter import RunReporter
+
+            reporter = RunReporter(plan["run_address"], ClientOptions.from_control(stages[0].config.control))
+        run = RunContext(
+            plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [],
+            torch.distributed.get_world_size(), reporter,
+        )  # fmt: skip
+        run_stages(stages, LocalTrainer(command), run)
+    except ValueError as e:  # user-facing problems found at run time: one line, no traceback
+        print(f"rlcore: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        if reporter is not None:
+            reporter.close()
+    world.close_stage()
+    command.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_world(main(sys.argv[1]))

@@ -1,0 +1,318 @@
+"""A trainer world as every rank holds it: the commands rank 0 gives and every rank runs.
+
+Rank 0 (the loop's LocalTrainer under `rlcore launch`, or TrainerService under `rlcore trainer
+serve`) broadcasts each command with a `Commander`; the other ranks run them in `follow`. So every
+rank calls the same TrainerWorld methods with the same arguments in the same order, and the
+strategy's collectives line up. `init_world` is how every trainer rank joins its torchrun world,
+and `exit_world` how it leaves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import datetime
+import gc
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from ..core.batch import shard
+from ..core.checkpoint import TrainerState
+from ..core.config import RLCoreConfig
+from ..core.step_metrics import rollout_report
+from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
+from ..core.watchdog import deadline
+from .training import SequenceSpec, StageTraining
+
+if TYPE_CHECKING:
+    from ..rollout.local import LocalRollout
+    from ..rollout.transports.base import WeightTransport
+    from ..rollout.weight_sender import WeightSender
+
+log = logging.getLogger("rlcore.trainer_world")
+
+IDLE_TIMEOUT = datetime.timedelta(days=7)
+"""Timeout of the group commands travel on. Ranks > 0 wait there for the next command for as long
+as rank 0 explores, evaluates or (serving) no client calls, so it has to outlast idle time. It is
+a gloo group: idle ranks block on the CPU, never in a spinning NCCL kernel; the default group
+keeps its usual timeout for the work itself."""
+
+
+def world_backend(device: str) -> str:
+    """The trainer world's default-group backend. On CUDA it runs NCCL for CUDA tensors and gloo for
+    CPU ones: the loop all-reduces small CPU tensors (micro-batch counts, log-prob gap metrics),
+    which an NCCL-only group refuses ("No backend type associated with device type cpu")."""
+    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+
+
+def init_world(device: str) -> None:
+    """Join the torchrun world this process was started in (on CUDA, on its LOCAL_RANK's GPU)."""
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend=world_backend(device))
+
+
+def exit_world(code: int) -> NoReturn:
+    """End a rank whose work is done and written: destroy its process groups, run the atexit
+    handlers (multiprocessing reaps its children there, e.g. the manager process megatron-core's
+    checkpoint writer spawns), flush Python's and C's output buffers, and exit with `code` without the
+    interpreter's finalization.
+
+    Why not a plain return: destroy_process_group does not free a gloo group that anything still
+    references (importing torch._dynamo, as transformers and FSDP do, takes ten references to the
+    default group; building an FSDP strategy leaves one or two more after it is freed), so the
+    group's worker threads live on into finalization. The last of them to run a collective releases
+    its tensors a moment after the collective returns; when that release needs the GIL after
+    finalization has begun, Python 3.11 ends the thread mid-C++ and the process aborts ("terminate
+    called without an active exception", SIGABRT) with every result already on disk. Seen in 5 of
+    270 two-rank float16 FSDP parity runs on two busy cores, and once in CI."""
+    if dist.is_initialized():  # trainer_rank.py and trainer_serve.py have destroyed theirs already
+        dist.destroy_process_group()
+    atexit._run_exitfuncs()  # what a normal exit runs before finalization (logging's shutdown too)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)  # C and C++ libraries' stdio buffers (os._exit skips exit())
+    os._exit(code)
+
+
+# ---------------------------------------------------------------------------------------------- calls
+# What rank 0 broadcasts: validated, plain Python (pickled by broadcast_object_list).
+
+ENGINES_NONE, ENGINES_RANK0, ENGINES_EVERY_RANK = "none", "rank0", "every_rank"
+"""Where a stage's in-process engines live (ConfigureCall.engines): none (rollout workers, or a
+stage without rollouts), in rank 0, or one in every rank."""
+
+
+@dataclass
+class ConfigureCall:
+    cfg: RLCoreConfig
+    model_path: str
+    checkpoint_dir: str
+    total_steps: int
+    engines: str = ENGINES_NONE
+
+
+@dataclass
+class ForwardBackwardCall:
+    sequences: list[SequenceSpec]
+    loss: str
+    temperature: float
+    normalize_tokens: float
+
+
+@dataclass
+class LogprobsCall:
+    sequences: list[SequenceSpec]
+    temperature: float
+    reference: bool
+
+
+@dataclass
+class RolloutCall:
+    """A batch for the engines in every rank: each rank generates its contiguous share."""
+
+    tasks: list[Task]
+    sampling: SamplingParams
+    spec: WorkflowSpec
+    timeout: float
+
+
+SenderFactory = Callable[[list[str], RLCoreConfig], "WeightSender"]
+"""Rank 0's way to reach rollout workers: endpoints and the stage config -> a WeightSender."""
+
+
+class TrainerWorld:
+    """The training side as every rank holds it, plus this rank's in-process engine (if the stage
+    has one) and the weight transports of the stage."""
+
+    def __init__(self, device: str, make_sender: SenderFactory | None = None):
+        self.device = device
+        self.training: StageTraining | None = None
+        self.engine: LocalRollout | None = None
+        self.engine_reused = False
+        self.model_path = ""
+        self.vocab_size = 0
+        self._make_sender = make_sender  # rank 0 only
+        self._transports: dict[tuple[str, ...], WeightTransport] = {}
+
+    def _t(self) -> StageTraining:
+        assert self.training is not None, "rank 0 checks Configure before broadcasting"
+        return self.training
+
+    def configure(self, call: ConfigureCall) -> dict[str, Any]:
+        self.close_stage()
+        self.training = None  # free the previous model and optimizer before building the next
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.training = StageTraining(
+            call.cfg, call.checkpoint_dir, call.model_path, self.device, call.total_steps
+        )
+        if call.engines == ENGINES_EVERY_RANK or (call.engines == ENGINES_RANK0 and dist.get_rank() == 0):
+            from ..rollout.local import LocalRollout
+
+            self.engine = LocalRollout(call.cfg, call.model_path, self.device)
+        # whether rank 0's engine came from an earlier stage (and so holds that stage's weights)
+        box = [self.engine is not None and self.engine.reused]
+        dist.broadcast_object_list(box, src=0)
+        self.engine_reused = bool(box[0])
+        self.model_path = call.model_path
+        self.vocab_size = int(self.training.strategy.hf_config().vocab_size)
+        return {
+            "strategy": call.cfg.trainer.strategy,
+            "world_size": dist.get_world_size(),
+            "num_parameters": _num_parameters(self.training.strategy),
+        }
+
+    def forward_backward(self, call: ForwardBackwardCall) -> dict[str, Any]:
+        return self._t().train_sequences(call.sequences, call.loss, call.temperature, call.normalize_tokens)
+
+    def compute_logprobs(self, call: LogprobsCall) -> list[list[float]]:
+        return self._t().logprobs(call.sequences, call.temperature, call.reference)
+
+    def optim_step(self, _: None) -> dict[str, Any]:
+        t = self._t()
+        grad_norm, lr = t.optimizer_step()
+        return {"grad_norm": grad_norm, "lr": lr, "global_step": t.state.global_step}
+
+    def train_step(self, exps: list[Experience]) -> dict[str, Any]:
+        t = self._t()
+        metrics = t.train_experiences(exps)
+        return {"metrics": metrics, "global_step": t.state.global_step}
+
+    def save_checkpoint(self, call: tuple[bool, int]) -> dict[str, str]:
+        with_hf, explore_step = call
+        path = self._t().save(with_hf, explore_step)
+        return {"path": path, "hf_path": os.path.join(path, "hf") if with_hf else ""}
+
+    def load_checkpoint(self, path: str) -> TrainerState:
+        return self._t().load(path)
+
+    def sync_weights(self, endpoints: list[str]) -> dict[str, Any]:
+        """Push the current weights to the engines: the rollout workers at `endpoints` (rank 0
+        sends), or with none this stage's in-process engines. Every rank walks the weights."""
+        t = self._t()
+        start = time.perf_counter()
+        transport = self._transport(endpoints)
+        try:
+            with deadline(t.cfg.synchronizer.sync_timeout, "a weight sync", "synchronizer.sync_timeout"):
+                stats = transport.push(t.strategy, t.state.global_step)
+        except Exception:
+            transport.close()  # its group may be broken; the next call forms a new one
+            del self._transports[tuple(endpoints)]
+            raise
+        t.state.policy_version = t.state.global_step
+        seconds = time.perf_counter() - start
+        return {
+            "policy_version": transport.served,
+            "num_bytes": int(stats.get("num_bytes", 0)),
+            "seconds": stats.get("total_s", seconds),
+        }
+
+    def _transport(self, endpoints: list[str]) -> WeightTransport:
+        from ..rollout.transports import build_transport
+
+        key = tuple(endpoints)
+        if key not in self._transports:
+            t = self._t()
+            sender = self._make_sender(endpoints, t.cfg) if endpoints and self._make_sender else None
+            self._transports[key] = build_transport(
+                t.cfg.synchronizer.sync_method, engine=self.engine, sender=sender,
+                workers=bool(endpoints), folder=os.path.join(t.stage_dir, "weight_sync"),
+                tokenizer_dir=self.model_path,
+            )  # fmt: skip
+        return self._transports[key]
+
+    def rollout(self, call: RolloutCall) -> tuple[list[Experience], dict[str, float]]:
+        """The engines in every rank: each rank generates its contiguous share (whole groups) with
+        its own seed; every rank returns all experiences in task order and the rollout's metrics
+        (engines that generated, the slowest rank's timings)."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        assert self.engine is not None, "configured with engines in every rank"
+        mine = shard(call.tasks, rank, world)
+        local: tuple[list[Experience], dict[str, float]] = ([], {})
+        if mine:
+            sampling = call.sampling
+            if sampling.seed is not None:
+                sampling = replace(sampling, seed=sampling.seed + rank * 1_000_003)
+            local = (self.engine.run(mine, sampling, call.spec, call.timeout), dict(self.engine.timing))
+        parts: list[Any] = [None] * world
+        dist.all_gather_object(parts, local)
+        exps = [e for part, _ in parts for e in part]
+        return exps, rollout_report(sum(1 for part, _ in parts if part), [t for _, t in parts])
+
+    def probe(self, call: tuple[list[int], int]) -> list[tuple[str, list[int], list[float]]]:
+        """Every rank's engine greedy-decodes the probe prompt; all answers on every rank."""
+        assert self.engine is not None, "configured with engines in every rank"
+        mine = [(f"rank {dist.get_rank()}", tokens, lp) for _, tokens, lp in self.engine.probe(*call)]
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+        return [a for part in parts for a in part]
+
+    def close_stage(self, _: None = None) -> None:
+        """Release the stage's transports and engine (before the next stage, and at the end)."""
+        for transport in self._transports.values():
+            transport.close()
+        self._transports = {}
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+class Commander:
+    """Rank 0's side of the command channel: run a TrainerWorld method on every rank."""
+
+    def __init__(self, world: TrainerWorld, group: Any):
+        self.world, self.group = world, group
+
+    def __call__(self, command: str, payload: Any = None) -> Any:
+        dist.broadcast_object_list([command, payload], src=0, group=self.group)
+        return getattr(self.world, command)(payload)
+
+    def shutdown(self) -> None:
+        """Release the other ranks from `follow`."""
+        dist.broadcast_object_list(["shutdown", None], src=0, group=self.group)
+
+
+def command_group() -> Any:
+    """The gloo group commands travel on (every rank creates it, right after init_world)."""
+    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+
+
+def follow(world: TrainerWorld, group: Any, keep_serving: bool) -> None:
+    """Ranks > 0: run what rank 0 broadcasts until it says shutdown. `keep_serving`: a failed
+    command is logged and the next awaited (rank 0 fails the same way and answers its client);
+    otherwise it ends the rank."""
+    while True:
+        box: list[Any] = [None, None]
+        dist.broadcast_object_list(box, src=0, group=group)
+        command, payload = box
+        if command == "shutdown":
+            world.close_stage()
+            return
+        try:
+            getattr(world, command)(payload)
+        except Exception:
+            if not keep_serving:
+                raise
+            log.exception("%s failed", command)
+
+
+def _num_parameters(strategy: Any) -> int:
+    """From the announced full shapes (sharded strategies hold only slices); a tied LM head is the
+    embedding, not a second matrix."""
+    tied = bool(getattr(strategy.hf_config(), "tie_word_embeddings", False))
+    return sum(
+        math.prod(shape)
+        for name, _, shape in strategy.weight_specs()
+        if not (tied and name == "lm_head.weight")
+    )

@@ -1,0 +1,259 @@
+"""The training side of one stage, as every trainer rank holds it: the strategy, the optimizer
+state and counters, and the algorithm step on scored experiences.
+
+    train_experiences(exps)   reference / old log-probs, KL-in-reward, GRPO advantages, then one
+                              optimizer step per mini-batch (the algorithm-specific part)
+    train_sequences(seqs)     gradients of a loss over given sequences (ForwardBackward)
+    logprobs(seqs)            response log-probs of given sequences (ComputeLogprobs, the probe)
+
+Every method is collective: all ranks call it with the same arguments (trainer_world.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..backends import STRATEGIES
+from ..core.algorithms import LossNorm, build_kl_controller, build_loss, grpo_advantages, kl_estimate
+from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
+from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from ..core.config import RLCoreConfig
+from ..core.hf_export import export_hf
+from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
+from ..core.types import Experience
+
+
+@dataclass
+class SequenceSpec:
+    """One training sequence; per-token lists have the response's length."""
+
+    prompt: list[int]
+    response: list[int]
+    loss_mask: list[float]
+    advantages: list[float]
+    old_logprobs: list[float] | None
+
+
+def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
+    """(experiences per optimizer step, explore steps, optimizer steps) of a stage."""
+    is_sft = cfg.algorithm.algorithm_type == "sft"
+    per_step = cfg.buffer.batch_size * (1 if is_sft else cfg.algorithm.repeat_times)
+    train_batch = cfg.buffer.train_batch_size or per_step
+    updates_per_step = per_step // train_batch
+    explore_steps = (num_tasks // cfg.buffer.batch_size) * cfg.buffer.total_epochs
+    if cfg.buffer.total_steps is not None:
+        explore_steps = min(explore_steps, cfg.buffer.total_steps)
+    train_steps = explore_steps * updates_per_step
+    if cfg.trainer.total_steps is not None:
+        train_steps = min(train_steps, cfg.trainer.total_steps)
+    return train_batch, math.ceil(train_steps / updates_per_step), train_steps
+
+
+class StageTraining:
+    def __init__(self, cfg: RLCoreConfig, stage_dir: str, model_path: str, device: str, total_steps: int):
+        """`total_steps`: optimizer steps the lr schedule spans."""
+        from transformers import AutoTokenizer
+
+        self.cfg, self.stage_dir, self.model_path, self.device = cfg, stage_dir, model_path, device
+        algo = cfg.algorithm
+        self.is_sft = algo.algorithm_type == "sft"
+        self.pad_token_id = AutoTokenizer.from_pretrained(model_path).pad_token_id
+        ts = cfg.buffer.explorer_input.taskset
+        self.temperature = ts.rollout_args.temperature or 1.0
+        self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
+        self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
+        self.kl_in_loss = not self.is_sft and algo.kl_loss_fn != "none" and algo.kl_loss_coef > 0
+        self.needs_ref = self.kl_in_loss or (not self.is_sft and algo.use_kl_in_reward)
+        self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
+        self.strategy = STRATEGIES.resolve(cfg.trainer.strategy)(
+            model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
+            total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
+        )  # fmt: skip
+        self.state = TrainerState()
+
+    # ------------------------------------------------------------------ the algorithm step
+
+    def train_experiences(self, exps: list[Experience]) -> dict[str, float]:
+        """One RL step on scored experiences: old and reference log-probs, KL-in-reward, GRPO
+        advantages, then one optimizer step per mini-batch."""
+        algo = self.cfg.algorithm
+        seqs = [
+            Sequence(e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i)
+            for i, e in enumerate(exps)
+        ]
+        scores = torch.tensor([e.reward for e in exps], dtype=torch.float32)
+
+        # Log-prob passes happen before any update, on this rank's share of every mini-batch.
+        minis = [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
+        local = [self.micro(m) for m in minis]
+        timers: dict[str, float] = {}
+        gap = LogprobGap()  # the engine's log-probs (in old_logprobs until recomputed) against ours
+        for mbs, _ in local:
+            if self.needs_ref:
+                with _timed(timers, "perf/ref_logprobs_s"):
+                    ref = self.strategy.compute_logprobs(mbs, self.temperature, reference=True)
+                for mb, lp in zip(mbs, ref, strict=True):
+                    mb["ref_logprobs"] = lp
+            if algo.do_old_log_prob_compute:
+                with _timed(timers, "perf/old_logprobs_s"):
+                    old = self.strategy.compute_logprobs(mbs, self.temperature)
+                for mb, lp in zip(mbs, old, strict=True):
+                    gap.add(mb["old_logprobs"], lp, mb["loss_mask"])
+                    mb["old_logprobs"] = lp
+
+        metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
+        rewards = scores
+        if algo.use_kl_in_reward:
+            seq_kl = torch.zeros(len(seqs), dtype=torch.float64)
+            for mbs, idx in local:
+                for mb, rows in zip(mbs, idx, strict=True):
+                    n = len(rows)
+                    kl = kl_estimate(mb["old_logprobs"][:n], mb["ref_logprobs"][:n], algo.kl_penalty_fn)
+                    seq_kl[rows] = (kl * mb["loss_mask"][:n]).sum(dim=1).double()
+            dist.all_reduce(seq_kl, group=self.strategy.dp_group)  # each DP rank filled its own rows
+            rewards = scores - self.kl_ctrl.value * seq_kl.float()
+            metrics["rollout/kl_penalty"] = float(seq_kl.mean())
+            metrics["rollout/kl_coef"] = self.kl_ctrl.value
+            self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
+        adv = grpo_advantages(rewards, [e.group_id for e in exps], algo.advantage_std_normalize)
+        for mbs, idx in local:
+            for mb, rows in zip(mbs, idx, strict=True):
+                mb["advantages"][: len(rows)] = mb["loss_mask"][: len(rows)] * adv[rows].unsqueeze(1)
+
+        t1 = time.perf_counter()
+        updates = [
+            self._update(mbs, mini, timers) for (mbs, _), mini in zip(local, minis, strict=True)
+        ]
+        metrics.update(mean_dicts(updates))
+        metrics.update(rollout_metrics(exps))
+        metrics.update(timers)
+        metrics["perf/train_s"] = time.perf_counter() - t1
+        metrics["perf/tokens"] = float(sum(s.length for s in seqs))
+        return metrics
+
+    def _update(self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float]) -> dict[str, float]:
+        """Forward/backward of the policy loss over one mini-batch, then an optimizer step."""
+        norm = LossNorm(
+            num_tokens=float(sum(len(s.response_ids) for s in mini)), num_seqs=float(len(mini)),
+            max_response_len=self.max_response_len,
+        )  # fmt: skip
+        loss_fn = build_loss(self.cfg.algorithm, norm)
+        with _timed(timers, "perf/forward_backward_s"):
+            metrics = self.strategy.forward_backward(mbs, loss_fn, self.temperature)
+        with _timed(timers, "perf/optimizer_s"):
+            grad_norm, lr = self.optimizer_step()
+        metrics["actor/grad_norm"], metrics["actor/lr"] = grad_norm, lr
+        return metrics
+
+    # ------------------------------------------------------------------ building blocks
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Clip, step and zero; returns the gradient norm and the learning rate the step used."""
+        lr = self.strategy.current_lr()  # the scheduler moves on inside optimizer_step
+        grad_norm = self.strategy.optimizer_step()
+        self.state.global_step += 1
+        return grad_norm, lr
+
+    def train_sequences(
+        self, specs: list[SequenceSpec], loss: str, temperature: float, normalize_tokens: float
+    ) -> dict[str, Any]:
+        """Accumulate the gradients of `loss` (cross_entropy, or the configured policy loss) over
+        `specs`; no optimizer step."""
+        seqs = [Sequence(s.prompt, s.response, s.old_logprobs, index=i) for i, s in enumerate(specs)]
+        mbs, rows = self.micro(seqs)
+        for mb, idx in zip(mbs, rows, strict=True):
+            for r, i in enumerate(idx):  # the batch's right-padded layout: response at [p, p + n)
+                s = specs[i]
+                p, n = len(s.prompt), len(s.response)
+                mask = torch.tensor(s.loss_mask, dtype=torch.float32)
+                mb["loss_mask"][r, p : p + n] = mask
+                mb["advantages"][r, p : p + n] = mask * torch.tensor(s.advantages, dtype=torch.float32)
+        algo = self.cfg.algorithm
+        if loss == "cross_entropy":
+            algo = dataclasses.replace(algo, algorithm_type="sft")
+        else:  # the KL term needs the reference model, which only an RL config builds
+            algo = dataclasses.replace(
+                algo, algorithm_type="grpo", kl_loss_fn=algo.kl_loss_fn if self.needs_ref else "none"
+            )
+        num_tokens = sum(sum(s.loss_mask) for s in specs)
+        norm = LossNorm(
+            num_tokens=normalize_tokens or num_tokens,
+            num_seqs=float(sum(1 for s in specs if sum(s.loss_mask) > 0)),
+            max_response_len=self.max_response_len,
+        )
+        loss_fn = build_loss(algo, norm)
+        if loss_fn.needs_reference:
+            ref = self.strategy.compute_logprobs(mbs, temperature, reference=True)
+            for mb, lp in zip(mbs, ref, strict=True):
+                mb["ref_logprobs"] = lp
+        metrics = self.strategy.forward_backward(mbs, loss_fn, temperature)
+        value = metrics["sft/loss"] if loss == "cross_entropy" else metrics["actor/loss"]
+        return {"loss": value, "metrics": metrics, "num_tokens": int(round(num_tokens))}
+
+    def logprobs(self, specs: list[SequenceSpec], temperature: float, reference: bool) -> list[list[float]]:
+        """Each rank scores its data-parallel share; every rank returns all sequences' response
+        log-probs, in order."""
+        seqs = [Sequence(s.prompt, s.response, None, index=i) for i, s in enumerate(specs)]
+        mbs, rows = self.micro(seqs)
+        mine: dict[int, list[float]] = {}
+        for lp, idx in zip(self.strategy.compute_logprobs(mbs, temperature, reference), rows, strict=True):
+            for r, i in enumerate(idx):  # the response sits at columns [p, p + n) of its row
+                p, n = len(specs[i].prompt), len(specs[i].response)
+                mine[i] = lp[r, p : p + n].float().tolist()
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)  # ranks of one model replica hold the same share
+        merged = {i: lps for part in parts for i, lps in part.items()}
+        return [merged[i] for i in range(len(specs))]
+
+    def micro(self, mini: list[Sequence]) -> tuple[list[Batch], list[list[int]]]:
+        """This rank's share of a mini-batch as micro-batches, with the same count on every rank.
+        Ranks that hold parts of one model replica (tensor/pipeline parallel) share one share."""
+        mine = shard(mini, self.strategy.dp_rank, self.strategy.dp_size)
+        groups = plan_micro_batches(mine, self.cfg.trainer.max_token_len_per_gpu)
+        count = torch.tensor([len(groups)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        groups = equalize(groups, int(count))
+        mbs = micro_batches(groups, self.pad_token_id, template=mini[0])
+        return mbs, [[s.index for s in g] for g in groups]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, export: bool, explore_step: int) -> str:
+        """A checkpoint of this stage (with an HF export in its hf/ folder when `export`)."""
+        self.state.explore_step = explore_step
+        self.state.kl_ctrl = self.kl_ctrl.state_dict()
+
+        def write_hf(path: str) -> None:
+            export_hf(
+                self.strategy.iter_full_weights(), path, self.strategy.hf_config(), self.model_path,
+                write=dist.get_rank() == 0,
+            )  # fmt: skip
+
+        return save_checkpoint(
+            self.stage_dir, self.strategy, self.state, self.cfg.trainer.max_checkpoints_to_keep,
+            write_hf if export else None,
+        )  # fmt: skip
+
+    def load(self, path: str) -> TrainerState:
+        self.state = load_checkpoint(path, self.strategy)
+        self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
+        return self.state
+
+
+@contextmanager
+def _timed(timers: dict[str, float], key: str) -> Iterator[None]:
+    """Add the seconds spent in the block to timers[key]."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timers[key] = timers.get(key, 0.0) + time.perf_counter() - start
