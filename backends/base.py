@@ -102,11 +102,3 @@ class TrainingStrategy(ABC):
     @abstractmethod
     def hf_config(self) -> Any:
         """The model's transformers config (for HF export)."""
-
-    def offload(self) -> None:
-        """Move state off the accelerator while engines use it (colocation). Default: no-op."""
-        return None
-
-    def onload(self) -> None:
-        """Undo `offload`."""
-        return None

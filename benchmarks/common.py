@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-MODEL = {"hidden_size": 256, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+MODEL: dict[str, Any] = {"hidden_size": 256, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 768}  # fmt: skip
 """The scratch Llama every GRPO benchmark trains (3.2M parameters with the char tokenizer)."""
 MAX_PROMPT_TOKENS = 16
@@ -64,7 +64,7 @@ def machine_info() -> dict[str, Any]:
 def cpu_name() -> str:
     """'<model name> (<arch>; <vector extensions>)' from /proc/cpuinfo, e.g. 'AMD EPYC (x86_64; avx512)'."""
     arch = platform.machine()
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

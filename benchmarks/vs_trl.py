@@ -129,7 +129,7 @@ def trl_worker(spec_path: str, result_path: str) -> None:
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
     composer = build_reward(["exact_match", "format"], [1.0, 0.1])
 
-    def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float | None]:
         return [composer(c, Task("t", p, a))[0] for p, c, a in zip(prompts, completions, answer, strict=True)]
 
     timing: dict[str, float] = {
@@ -173,7 +173,7 @@ def trl_worker(spec_path: str, result_path: str) -> None:
         def on_step_end(self, *_: Any, **__: Any) -> None:
             steps.append({"step_s": time.perf_counter() - self.start, **timing})
 
-        def on_log(self, _args: Any, state: Any, _control: Any, logs: Any = None, **__: Any) -> None:
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             if logs and "num_tokens" in logs and steps:  # cumulative prompt + completion tokens
                 steps[-1]["num_tokens"] = float(logs["num_tokens"])
 

@@ -178,7 +178,7 @@ def _cpu_jiffies() -> tuple[int, int]:
 
 def _schedule(repeats: int, kinds: list[str]) -> list[tuple[int, str]]:
     """Repeat 0 is an unrecorded warm-up; later repeats alternate the order of the kinds."""
-    plan = []
+    plan: list[tuple[int, str]] = []
     for rep in range(repeats + 1):
         order = kinds if rep % 2 == 0 else kinds[::-1]
         plan.extend((rep, kind) for kind in order)

@@ -34,7 +34,7 @@ def state_crc(named: Iterable[tuple[str, torch.Tensor]]) -> int:
     that skipped or mangled a tensor shows as a different value."""
     crc = 0
     for _, t in named:
-        crc = zlib.crc32(memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy()), crc)
+        crc = zlib.crc32(t.detach().contiguous().view(-1).view(torch.uint8).numpy().data, crc)
     return crc
 
 

@@ -36,6 +36,7 @@ def serve_main(args: argparse.Namespace) -> int:
         tls = tls_from_args(args)
     except ValueError as e:
         return usage_error(str(e))
+    assert token is not None  # required
     for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size"):
         if getattr(args, name) < 1:
             return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")

@@ -1,7 +1,7 @@
 """synchronizer.rollout_ahead: the next explore step's rollout, generated on the rollout workers
 while this step trains.
 
-Both loops use it (core/trainer.py on rank 0, core/remote_loop.py in the launch process):
+The loop (runtime/loop.py) uses it:
 
     after the step's rollout   start(next explore step, rollout)   a thread: it only waits on gRPC
     train                      (the workers generate meanwhile)

@@ -42,7 +42,7 @@ def state_name(state: int) -> str:
 @dataclass
 class Worker:
     worker_id: str
-    role: int
+    role: run_pb2.WorkerRole
     """run_pb2.WorkerRole value."""
     address: str
     index: int
@@ -60,7 +60,7 @@ class RunState:
 
     run_name: str
     started: float = field(default_factory=time.monotonic)
-    state: int = run_pb2.RUN_STATE_STARTING
+    state: run_pb2.RunState = run_pb2.RUN_STATE_STARTING
     stage: str = ""
     step: int = 0
     total_steps: int = 0
@@ -71,7 +71,7 @@ class RunState:
     records_seen: int = 0
     """Records ever appended: history[i] is record number records_seen - len(history) + i."""
 
-    def workers_of(self, role: int) -> list[Worker]:
+    def workers_of(self, role: run_pb2.WorkerRole) -> list[Worker]:
         """Workers of `role` in index order, self-joined ones last in registration order."""
         found = [w for w in self.workers.values() if w.role == role]
         return sorted(found, key=lambda w: (w.index < 0, w.index, w.order))
@@ -218,7 +218,9 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 self._changed.notify_all()
             return run_pb2.HeartbeatResponse(state=run.state)
 
-    def _transition(self, target: int, allowed: tuple[int, ...], verb: str) -> run_pb2.RunControlResponse:
+    def _transition(
+        self, target: run_pb2.RunState, allowed: tuple[run_pb2.RunState, ...], verb: str
+    ) -> run_pb2.RunControlResponse:
         with self._changed:
             if self._run.state not in allowed:
                 raise FailedPrecondition(
@@ -281,16 +283,16 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             with self._changed:
                 self._changed.wait_for(enough, min(left, POLL_S))
 
-    def _has_workers(self, role: int, count: int) -> bool:
+    def _has_workers(self, role: run_pb2.WorkerRole, count: int) -> bool:
         return len(self._run.workers_of(role)) >= count
 
-    def _set_from(self, current: int, target: int) -> None:
+    def _set_from(self, current: run_pb2.RunState, target: run_pb2.RunState) -> None:
         with self._changed:
             if self._run.state == current:
                 self._run.state = target
                 self._changed.notify_all()
 
-    def _end(self, state: int, error: str) -> None:
+    def _end(self, state: run_pb2.RunState, error: str) -> None:
         with self._changed:
             assert self._run.state not in _TERMINAL, f"run already ended ({state_name(self._run.state)})"
             self._run.state, self._run.error = state, error

@@ -210,7 +210,7 @@ class TrainerWorld:
             transport.close()  # its group may be broken; the next call forms a new one
             del self._transports[tuple(endpoints)]
             raise
-        t.state.policy_version = t.state.global_step
+        t.state.policy_version = transport.served
         seconds = time.perf_counter() - start
         return {
             "policy_version": transport.served,

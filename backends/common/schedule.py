@@ -41,7 +41,7 @@ def build_optimizer(params, cfg: OptimizerConfig, total_steps: int):
     optimizer = torch.optim.AdamW(
         params,
         lr=cfg.lr,
-        betas=tuple(cfg.betas),
+        betas=(cfg.betas[0], cfg.betas[1]),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
         fused=all(p.device.type in FUSED_ADAMW_DEVICES for p in params),

@@ -175,7 +175,7 @@ def _parse_overrides(overrides: list[str]) -> list[dict[str, Any]]:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' must be written key.path=value")
-    layers = []
+    layers: list[dict[str, Any]] = []
     for item in overrides:
         try:
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
@@ -184,7 +184,7 @@ def _parse_overrides(overrides: list[str]) -> list[dict[str, Any]]:
             first = lines[0] if isinstance(e, OmegaConfBaseException) else " ".join(" ".join(lines).split())
             raise ConfigError(f"override '{item}': cannot parse the value ({first})") from None
         assert isinstance(layer, dict)
-        layers.append(layer)
+        layers.append({str(k): v for k, v in layer.items()})
     return layers
 
 

@@ -57,8 +57,8 @@ def _walk(obj: Any, prefix: str) -> None:
 
 
 def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool) -> None:
-    from ...rollout.rewards import REWARDS  # registry of names only; no heavy imports
-
+    # the reward registry, named as schema choices name theirs (names only; no heavy imports)
+    REWARDS = _choices("rlcore.rollout.rewards:REWARDS")
     if not ts.reward_fn:
         raise ConfigError(f"{path}.reward_fn: give at least one reward function ({', '.join(REWARDS)})")
     for i, name in enumerate(ts.reward_fn):

@@ -10,7 +10,7 @@ from ..types import Completion, Experience, SamplingParams, Task
 from .errors import require
 
 _FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
-_FINISH_NAME = {v: k for k, v in _FINISH.items()}
+_FINISH_NAME: dict[int, str] = {v: k for k, v in _FINISH.items()}
 
 
 def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:

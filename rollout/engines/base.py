@@ -30,6 +30,10 @@ class RolloutEngine(ABC):
     """Version of the weights loaded now (the trainer step that produced them)."""
     weight_sync_ranks: int = 1
     """Ranks this engine takes in a weight-sync group (one per process that receives)."""
+    tokenizer: Any
+    """The served model's HF tokenizer (workflows encode prompts and decode with it)."""
+    sleeping: bool = False
+    """Whether `sleep` has released the engine's memory."""
     _sync_group: SyncGroup | None = None
 
     @abstractmethod
@@ -96,6 +100,15 @@ class RolloutEngine(ABC):
     def resume(self) -> None:
         """Accept work again."""
         return None
+
+    def sleep(self) -> None:
+        """Release the KV cache and offload the weights while the trainer has the GPU (colocated,
+        explorer.rollout_model.enable_sleep_mode; validation allows it for engines that have it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate what `sleep` released: `tags` among "weights" and "kv_cache" (all when None)."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode")
 
     def close(self) -> None:
         """Release the engine's resources."""

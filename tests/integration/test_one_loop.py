@@ -1,0 +1,74 @@
+"""One schedule for every run: the same plan run in-process (`rlcore launch` starts the trainer
+world) and through trainer.remote (a world started by hand with `rlcore trainer serve`) is the same
+run: the same checkpoints, rewards, losses and logged metric keys.
+
+The plan is the one the two former loops disagreed on: an SFT stage, then GRPO with two optimizer
+steps per explore step (buffer.train_batch_size half the step's experiences) and save_interval 3,
+which must save when a multiple of 3 is reached or passed: at steps 4, 6, 10 and 12 of 12.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.integration.launch_utils import launch, read_metrics, tiny_grpo_config
+from tests.integration.test_control_plane_launch import TOKEN, _trainer_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+def _plan(root: str, rollout_ahead: bool, **extra) -> dict:
+    sync = {"rollout_ahead": 1, "max_staleness": 1} if rollout_ahead else {}
+    cfg = tiny_grpo_config(root, **{"cluster.ranks_per_node": 2, "trainer.save_interval": 3, **extra})
+    cfg["stages"] = [
+        {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
+         "buffer": {"batch_size": 8, "train_batch_size": 4, "total_steps": 2}},
+        {"name": "rl", "mode": "both", "buffer": {"total_steps": 6, "train_batch_size": 8},
+         "synchronizer": sync},
+    ]  # fmt: skip
+    return cfg
+
+
+def _run(root: str) -> dict[str, tuple[list[int], list[dict]]]:
+    """Per stage: the checkpoint steps on disk and the logged rows."""
+    out = {}
+    for stage in ("stage0_warmup", "stage1_rl"):
+        sdir = os.path.join(root, "it", "run", stage)
+        steps = sorted(
+            int(n.removeprefix("global_step_")) for n in os.listdir(sdir) if n.startswith("global_step_")
+        )
+        out[stage] = (steps, read_metrics(sdir))
+    return out
+
+
+@pytest.mark.parametrize("rollout_ahead", [False, True], ids=["on_policy", "rollout_ahead"])
+def test_one_plan_in_process_and_through_a_remote_trainer_is_one_run(
+    tmp_path, monkeypatch, rollout_ahead
+) -> None:
+    monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
+    local_root, remote_root = str(tmp_path / "local"), str(tmp_path / "remote")
+    os.makedirs(local_root), os.makedirs(remote_root)
+    launch(_plan(local_root, rollout_ahead), os.path.join(local_root, "cfg.yaml"))
+    with _trainer_server(remote_root) as address:
+        launch(
+            _plan(remote_root, rollout_ahead, **{"trainer.remote": address}),
+            os.path.join(remote_root, "cfg.yaml"),
+        )
+    local, remote = _run(local_root), _run(remote_root)
+
+    assert local["stage0_warmup"][0] == remote["stage0_warmup"][0] == [4]
+    assert local["stage1_rl"][0] == remote["stage1_rl"][0] == [4, 6, 10, 12]
+    for stage in local:
+        rows, other = local[stage][1], remote[stage][1]
+        assert [r["step"] for r in rows] == [r["step"] for r in other], stage
+        assert [sorted(r) for r in rows] == [sorted(r) for r in other], stage
+        for a, b in zip(rows, other, strict=True):
+            for key in ("rollout/reward_mean", "rollout/response_len_mean", "rollout/staleness_mean"):
+                assert a.get(key) == b.get(key), (stage, a["step"], key)
+            for key in ("sft/loss", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+                if key in a:
+                    assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), (stage, a["step"], key)
+    rl = local["stage1_rl"][1]
+    assert [r["rollout/generated_ahead"] for r in rl] == ([0.0] + [1.0] * 5 if rollout_ahead else [0.0] * 6)
