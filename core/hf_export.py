@@ -41,16 +41,22 @@ def export_hf(
         files.append((name, list(shard)))
         shard, shard_size = {}, 0
 
-    if write:
-        os.makedirs(out_dir, exist_ok=True)
-    for name, tensor in weights:
-        if not write or (tied and name == "lm_head.weight"):
-            continue
-        t = tensor.detach().to("cpu", copy=True).contiguous()
-        if shard and shard_size + t.numel() * t.element_size() > shard_bytes:
-            flush()
-        shard[name] = t
-        shard_size += t.numel() * t.element_size()
+    iterator = iter(weights)
+    try:
+        if write:
+            os.makedirs(out_dir, exist_ok=True)
+        for name, tensor in iterator:
+            if not write or (tied and name == "lm_head.weight"):
+                continue
+            t = tensor.detach().to("cpu", copy=True).contiguous()
+            if shard and shard_size + t.numel() * t.element_size() > shard_bytes:
+                flush()
+            shard[name] = t
+            shard_size += t.numel() * t.element_size()
+    except OSError:
+        for _ in iterator:  # a failed write (a full disk): the other ranks still gather every tensor
+            pass
+        raise
     if not write:
         return
     if shard or not files:
