@@ -64,8 +64,8 @@ class SyncSchedule:
     over the stage's optimizer step and the step whose weights the engines serve (their policy
     version)."""
 
-    def __init__(self, sc: SynchronizerConfig, rank: int = 0):
-        self.sc, self.rank = sc, rank
+    def __init__(self, sc: SynchronizerConfig):
+        self.sc = sc
         self.max_staleness = sc.max_staleness
 
     def due_after_step(self, step: int, version: int) -> bool:
@@ -94,7 +94,7 @@ class SyncSchedule:
             return exps
         kept = [e for e, s in zip(exps, staleness, strict=True) if s <= self.max_staleness]
         metrics["rollout/stale_dropped"] = float(len(exps) - len(kept))
-        if len(kept) < len(exps) and self.rank == 0:
+        if len(kept) < len(exps):
             log.warning(
                 "dropped %d of %d experiences older than %d version(s) (synchronizer.max_staleness) at step %d",
                 len(exps) - len(kept), len(exps), self.max_staleness, step,

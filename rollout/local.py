@@ -12,7 +12,6 @@ import torch
 from ..core.config.schema import RLCoreConfig
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
-from ..core.weight_sync import TensorSpec
 from .engines import in_process
 from .workflows import build_workflow
 from .workflows.base import Workflow
@@ -53,9 +52,7 @@ class LocalRollout:
             self.engine.sleep()
         return experiences
 
-    def load_weights(
-        self, specs: list[TensorSpec], weights: Iterable[tuple[str, torch.Tensor]], version: int
-    ) -> dict[str, float]:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.engine.pause()
         if self.sleeps:  # the weights come back first, the KV cache once they are loaded
             self.engine.wake_up(["weights"])
@@ -63,7 +60,6 @@ class LocalRollout:
         if self.sleeps:
             self.engine.wake_up(["kv_cache"])
         self.engine.resume()
-        return {}
 
     def report(self) -> dict[str, float]:
         return rollout_report(1, [self.timing])

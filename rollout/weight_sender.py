@@ -47,7 +47,9 @@ class WeightSender:
         master_address: str = "127.0.0.1",
         ranks: list[int] | None = None,
         checksums: bool = False,
+        owns_clients: bool = False,
     ):
+        """`owns_clients`: close the clients with the sender."""
         assert clients, "no rollout workers to sync"
         self.clients = clients
         self.backend, self.timeout_s, self.bucket_bytes = backend, timeout_s, bucket_bytes
@@ -55,6 +57,7 @@ class WeightSender:
         self.ranks = ranks or [1] * len(clients)
         assert len(self.ranks) == len(clients) and all(r >= 1 for r in self.ranks)
         self.checksums = checksums
+        self.owns_clients = owns_clients
         self.group: SyncGroup | None = None
         self._pool = ThreadPoolExecutor(max_workers=len(clients))
 
@@ -181,9 +184,16 @@ class WeightSender:
             load_s = max(load_s, answer.load_s)
         return {"load_s": load_s}
 
+    def served(self) -> int:
+        """The newest version any of the workers serves now."""
+        return max(c.get_info().policy_version for c in self.clients)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self.group = None
+        if self.owns_clients:
+            for c in self.clients:
+                c.close()
 
 
 def connect(
@@ -194,12 +204,19 @@ def connect(
     from ..client.rollout import RolloutClient
 
     clients = [RolloutClient(e, options) for e in endpoints]
+    try:
+        ranks = [max(1, c.get_info().weight_sync_ranks) for c in clients]
+    except BaseException:
+        for c in clients:
+            c.close()
+        raise
     return WeightSender(
         clients,
         backend="nccl" if device == "cuda" else "gloo",
         timeout_s=sc.sync_timeout,
         bucket_bytes=sc.bucket_mb << 20,
         master_address=master_address,
-        ranks=[max(1, c.get_info().weight_sync_ranks) for c in clients],
+        ranks=ranks,
         checksums=sc.checksums,
+        owns_clients=True,
     )

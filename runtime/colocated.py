@@ -16,7 +16,10 @@ class WorldRollout:
     def run(
         self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
     ) -> list[Experience]:
-        exps, self._report = self.command("rollout", RolloutCall(tasks, sampling, spec, timeout))
+        exps, self._report, failed = self.command("rollout", RolloutCall(tasks, sampling, spec, timeout))
+        if failed is not None:  # every rank has finished the command: raising here keeps them in step
+            kind, _, message = failed.partition(":")
+            raise (ValueError if kind == "ValueError" else RuntimeError)(message)
         return exps  # type: ignore[no-any-return]
 
     def report(self) -> dict[str, float]:
@@ -24,6 +27,3 @@ class WorldRollout:
 
     def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
         return self.command("probe", (prompt, max_tokens))  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        return None  # the engines belong to the ranks' worlds

@@ -13,20 +13,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import torch
+
 from ..client.trainer import ForwardBackwardResult, OptimStepResult, TrainerClient, TrainSequence
 from ..core.config import RLCoreConfig, to_yaml
 from ..core.types import Experience
-from ..rollout.explorer import Rollout
+from ..rollout.explorer import Rollout, engine_in_every_rank
 from .colocated import WorldRollout
-from .trainer_world import (
-    ENGINES_EVERY_RANK,
-    ENGINES_NONE,
-    Commander,
-    ConfigureCall,
-    ForwardBackwardCall,
-    LogprobsCall,
-)
-from .training import SequenceSpec
+from .trainer_world import Commander, ConfigureCall, ForwardBackwardCall, LogprobsCall
+from .training import SequenceSpec, sequence_spec
 
 
 @dataclass
@@ -39,9 +34,17 @@ class Restored:
 
 
 @dataclass
+class Engines:
+    """A stage's in-process engines, as the explorer uses them."""
+
+    rollout: Rollout
+    evaluation: Rollout
+    reused: bool
+    """Rank 0's engine came from an earlier stage (it holds that stage's weights until a sync)."""
+
+
+@dataclass
 class Synced:
-    policy_version: int
-    """The version the engines were told (grows over their lifetime)."""
     num_bytes: int
     """Bytes sent (0 where the transport does not count them)."""
     seconds: float
@@ -49,11 +52,8 @@ class Synced:
 
 class TrainerHandle(ABC):
     @abstractmethod
-    def configure(
-        self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int, engines: str
-    ) -> None:
-        """Build the model, optimizer and lr schedule of a stage (and, locally, its in-process
-        engines: `engines` is one of trainer_world's ENGINES_*)."""
+    def configure(self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int) -> None:
+        """Build the model, optimizer and lr schedule of a stage."""
 
     @abstractmethod
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
@@ -82,26 +82,18 @@ class TrainerHandle(ABC):
     def sync_weights(self, endpoints: list[str]) -> Synced:
         """Push the weights to the rollout workers at `endpoints` (none: the in-process engines)."""
 
-    def engines(self) -> tuple[Rollout, Rollout] | None:
-        """(rollout, evaluation rollout) on the stage's in-process engines; None without any."""
-        return None
-
-    @property
-    def engine_reused(self) -> bool:
-        """Whether the in-process engine came from an earlier stage (holding that stage's weights)."""
-        return False
+    def start_engines(self) -> Engines:
+        """Start the configured stage's engines inside the trainer (mode colocate, and evaluation
+        in modes train and bench)."""
+        raise ValueError("a remote trainer hosts no engine: its runs explore and evaluate on rollout workers")
 
 
 class LocalTrainer(TrainerHandle):
     def __init__(self, command: Commander):
         self.command = command
-        self._engines = ENGINES_NONE
 
-    def configure(
-        self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int, engines: str
-    ) -> None:
-        self._engines = engines
-        self.command("configure", ConfigureCall(cfg, model_path, stage_dir, total_steps, engines))
+    def configure(self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int) -> None:
+        self.command("configure", ConfigureCall(cfg, model_path, stage_dir, total_steps))
 
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
         out = self.command("train_step", experiences)
@@ -135,29 +127,23 @@ class LocalTrainer(TrainerHandle):
 
     def sync_weights(self, endpoints: list[str]) -> Synced:
         out = self.command("sync_weights", endpoints)
-        return Synced(out["policy_version"], out["num_bytes"], out["seconds"])
+        return Synced(out["num_bytes"], out["seconds"])
 
-    def engines(self) -> tuple[Rollout, Rollout] | None:
-        engine = self.command.world.engine
-        if engine is None:
-            return None
-        if self._engines == ENGINES_EVERY_RANK:
-            return WorldRollout(self.command), engine
-        return engine, engine
-
-    @property
-    def engine_reused(self) -> bool:
-        return self.command.world.engine_reused
+    def start_engines(self) -> Engines:
+        """In rank 0, or in every rank (each generating its share; evaluation on rank 0's)."""
+        world = self.command.world
+        assert world.training is not None, "configure first"
+        every_rank = engine_in_every_rank(world.training.cfg, torch.distributed.get_world_size())
+        reused = self.command("start_engines", every_rank)
+        assert world.engine is not None
+        return Engines(WorldRollout(self.command) if every_rank else world.engine, world.engine, reused)
 
 
 class RemoteTrainer(TrainerHandle):
     def __init__(self, client: TrainerClient):
         self.client = client
 
-    def configure(
-        self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int, engines: str
-    ) -> None:
-        assert engines == ENGINES_NONE, "a remote trainer hosts no engine: it explores on rollout workers"
+    def configure(self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int) -> None:
         self.client.configure(to_yaml(cfg), model_path, stage_dir, total_steps)
 
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
@@ -182,25 +168,18 @@ class RemoteTrainer(TrainerHandle):
 
     def sync_weights(self, endpoints: list[str]) -> Synced:
         msg = self.client.sync_weights(endpoints)
-        return Synced(msg.policy_version, msg.num_bytes, msg.seconds)
+        return Synced(msg.num_bytes, msg.seconds)
 
 
 def _specs(sequences: list[TrainSequence]) -> list[SequenceSpec]:
-    """Sequences the loop built (valid by construction) as the world takes them: an empty loss
-    mask trains on every response token; nothing predicts a first token without a prompt."""
-    specs = []
-    for s in sequences:
-        n = len(s.response_token_ids)
-        mask = list(s.loss_mask) or [1.0] * n
-        if not s.prompt_token_ids:
-            mask[0] = 0.0
-        advantages = list(s.advantages) or [0.0] * n
-        if len(advantages) == 1:
-            advantages = advantages * n
-        specs.append(
-            SequenceSpec(
-                list(s.prompt_token_ids), list(s.response_token_ids), mask, advantages,
-                list(s.old_logprobs) or None,
-            )  # fmt: skip
-        )
-    return specs
+    """Sequences the loop built (valid by construction) as the world takes them."""
+    return [
+        sequence_spec(
+            list(s.prompt_token_ids),
+            list(s.response_token_ids),
+            list(s.loss_mask),
+            list(s.advantages),
+            list(s.old_logprobs) or None,
+        )  # fmt: skip
+        for s in sequences
+    ]

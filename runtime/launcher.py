@@ -368,7 +368,7 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
         with TrainerClient(base.trainer.remote, options) as client:
             world_size = client.get_state(timeout=30).world_size
             print(f"rlcore: remote trainer {base.trainer.remote}: {world_size} rank(s)", flush=True)
-            run = RunContext(plan["run_dir"], plan["device"], plan["rollout_endpoints"], world_size, reporter)
+            run = RunContext(plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter)
             run_stages(stages, RemoteTrainer(client), run)
     finally:
         reporter.close()

@@ -26,10 +26,10 @@ from ..core.data.taskset import TaskStream, load_tasks
 from ..core.step_metrics import mean_dicts, memory_metrics
 from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
 from ..core.types import Experience, Task
-from ..rollout.explorer import Explorer, engine_in_every_rank, rollout_seed
+from ..rollout.explorer import Explorer, rollout_seed
+from ..rollout.remote import RemoteRollout
 from .handles import TrainerHandle
 from .rollout_ahead import RolloutAhead
-from .trainer_world import ENGINES_EVERY_RANK, ENGINES_NONE, ENGINES_RANK0
 from .training import plan_steps
 
 log = logging.getLogger("rlcore.loop")
@@ -45,7 +45,6 @@ class RunContext:
     device: str
     endpoints: list[str]
     """Rollout workers (mode both, or a remote trainer); empty: engines in the trainer's process."""
-    world_size: int
     reporter: Any = None
     """RunReporter: the link to the run's controller (None without one)."""
 
@@ -114,25 +113,20 @@ class StageLoop:
         # an SFT stage runs an engine only to evaluate
         has_engine = not self.is_sft or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
         self.endpoints = run.endpoints if has_engine and explores_on_workers(cfg) else []
-        engines = ENGINES_NONE
-        if has_engine and not self.endpoints:
-            engines = ENGINES_EVERY_RANK if engine_in_every_rank(cfg, run.world_size) else ENGINES_RANK0
-        handle.configure(cfg, model_path, sdir, self.total_train_steps, engines)
+        handle.configure(cfg, model_path, sdir, self.total_train_steps)
 
         self.explorer: Explorer | None = None
-        self._owned_rollout: Any = None  # rollout workers' clients, closed with the stage
-        if self.endpoints:
-            from ..rollout.remote import RemoteRollout
-
-            self._owned_rollout = RemoteRollout(cfg, self.endpoints)
-            self.explorer = Explorer(cfg, self._owned_rollout)
-        elif has_engine:
-            rollouts = handle.engines()
-            assert rollouts is not None, "the trainer was configured with engines"
-            self.explorer = Explorer(cfg, *rollouts)
+        self.workers: RemoteRollout | None = None  # their clients close with the stage
         # Rollout workers hold whatever weights they served before, and an in-process engine an
         # earlier stage built holds that stage's: push ours first.
-        self.sync_on_start = bool(self.endpoints) or handle.engine_reused
+        self.sync_on_start = bool(self.endpoints)
+        if self.endpoints:
+            self.workers = RemoteRollout(cfg, self.endpoints)
+            self.explorer = Explorer(cfg, self.workers)
+        elif has_engine:
+            engines = handle.start_engines()
+            self.explorer = Explorer(cfg, engines.rollout, engines.evaluation)
+            self.sync_on_start = engines.reused
         self.schedule = SyncSchedule(cfg.synchronizer)
         self.probe_prompt = self.prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
         self.ahead = RolloutAhead(bool(cfg.synchronizer.rollout_ahead) and self.explorer is not None)
@@ -154,7 +148,10 @@ class StageLoop:
 
         cfg = self.cfg
         self.monitor = build_monitors(
-            list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}",
+            list(cfg.monitor.monitor_type),
+            self.sdir,
+            cfg.project,
+            f"{cfg.name}/{self.stage.name}",
             dataclasses.asdict(cfg),
         )
         self.progress = StepProgress(self.total_train_steps, desc=self.stage.name)
@@ -165,8 +162,8 @@ class StageLoop:
             self.progress.close()
             self.monitor.close()
             self.ahead.close()
-            if self._owned_rollout is not None:
-                self._owned_rollout.close()
+            if self.workers is not None:
+                self.workers.close()
         return self._summary(last_eval, stopped)
 
     def _steps(self) -> tuple[dict[str, float], bool]:
@@ -219,7 +216,9 @@ class StageLoop:
                     f"SFT needs a reference response: task {t.task_id} has no column "
                     f"'{self.cfg.buffer.explorer_input.taskset.format.response_key}'"
                 )
-            prompt_ids, response_ids = self.prompt_format.encode_sft_example(self.tokenizer, t.prompt, t.response)
+            prompt_ids, response_ids = self.prompt_format.encode_sft_example(
+                self.tokenizer, t.prompt, t.response
+            )
             seqs.append(TrainSequence(prompt_ids, response_ids))
         updates = []
         for i in range(0, len(seqs), self.train_batch):
@@ -237,7 +236,7 @@ class StageLoop:
             metrics.update(self._sync())
         start = time.perf_counter()
         taken = self.ahead.take(self.explore_step)  # generated during the previous step, by older weights
-        (exps, report), version = taken or (self._rollout(tasks), self.synced_step)
+        (exps, report), version = taken or (self._explore(tasks, self.explore_step), self.synced_step)
         exps = self.schedule.drop_stale(exps, [version] * len(exps), self.global_step, metrics)
         metrics["perf/generate_s"] = time.perf_counter() - start
         metrics.update(report)
@@ -249,12 +248,12 @@ class StageLoop:
         metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
         return metrics
 
-    def _rollout(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float]]:
-        """An explore step's experiences, tagged with the version of the weights that generated
-        them, and the rollout's metrics."""
+    def _explore(self, tasks: list[Task], explore_step: int) -> tuple[list[Experience], dict[str, float]]:
+        """An explore step's experiences, tagged with the version of the weights that generate
+        them (rollouts run only between syncs), and the rollout's metrics."""
         assert self.explorer is not None
         version = self.synced_step
-        exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, self.explore_step))
+        exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, explore_step))
         for e in exps:
             e.policy_version = version
         return exps, self.explorer.report()
@@ -271,16 +270,7 @@ class StageLoop:
         ):
             return
         tasks = self.stream.batch(following)
-
-        def rollout() -> tuple[list[Experience], dict[str, float]]:
-            assert self.explorer is not None
-            exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, following))
-            for e in exps:
-                e.policy_version = version
-            return exps, self.explorer.report()
-
-        version = self.synced_step
-        self.ahead.start(following, rollout, version=version)
+        self.ahead.start(following, lambda: self._explore(tasks, following), version=self.synced_step)
 
     # ------------------------------------------------------------------ sync, evaluation, checkpoints
 
@@ -295,10 +285,15 @@ class StageLoop:
             metrics["perf/sync_gb_per_s"] = synced.num_bytes / 1e9 / max(synced.seconds, 1e-9)
         if self.cfg.synchronizer.probe and self.explorer is not None:
             answers = self.explorer.probe(self.probe_prompt, self.cfg.model.max_response_tokens)
-            scored = [a for a in answers if a[1]]  # an empty response has nothing to score
-            ours = self.handle.compute_logprobs([TrainSequence(self.probe_prompt, t) for _, t, _ in scored])
+            scored = [tokens for _, tokens, _ in answers if tokens]  # an empty response has nothing to score
+            ours = iter(
+                self.handle.compute_logprobs([TrainSequence(self.probe_prompt, t) for t in scored])
+                if scored
+                else []
+            )
+            trainer = [next(ours) if tokens else [] for _, tokens, _ in answers]
             tolerance = probe_tolerance(self.cfg, self.run_ctx.device)
-            metrics.update(judge_probe(scored, ours, self.global_step, tolerance))
+            metrics.update(judge_probe(answers, trainer, self.global_step, tolerance))
         return metrics
 
     def _eval_due(self, done: bool) -> bool:

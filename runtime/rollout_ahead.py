@@ -52,5 +52,6 @@ class RolloutAhead:
         return rollout.result(), version
 
     def close(self) -> None:
+        """Release the thread; a rollout still running (the step failed) is not waited for."""
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(wait=False, cancel_futures=True)

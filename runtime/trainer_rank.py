@@ -52,10 +52,13 @@ def main(plan_path: str) -> int:
     try:
         if rank == 0:
             return _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands)
+        world = TrainerWorld(device)
         try:
-            follow(TrainerWorld(device), commands, keep_serving=False)
-        except ValueError:  # rank 0 met the same and says it in one line
+            follow(world, commands, keep_serving=False)
+        except ValueError:  # a command failed on every rank alike: rank 0 says it in one line
             return 2
+        finally:
+            world.close_stage()
         return 0
     finally:
         torch.distributed.destroy_process_group()
@@ -75,20 +78,18 @@ def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
             from .run_reporter import RunReporter
 
             reporter = RunReporter(plan["run_address"], ClientOptions.from_control(stages[0].config.control))
-        run = RunContext(
-            plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [],
-            torch.distributed.get_world_size(), reporter,
-        )  # fmt: skip
+        run = RunContext(plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [], reporter)
         run_stages(stages, LocalTrainer(command), run)
+        return 0
     except ValueError as e:  # user-facing problems found at run time: one line, no traceback
         print(f"rlcore: error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
         if reporter is not None:
             reporter.close()
-    world.close_stage()
-    command.shutdown()
-    return 0
+        world.close_stage()
+        if not command.interrupted:  # the other ranks wait for a command: release them
+            command.shutdown()
 
 
 if __name__ == "__main__":

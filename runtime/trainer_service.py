@@ -23,7 +23,7 @@ from ..core.rpc.errors import FailedPrecondition, InvalidArgument, Unavailable, 
 from ..core.types import Experience
 from ..proto.v1 import trainer_pb2, trainer_pb2_grpc
 from .trainer_world import Commander, ConfigureCall, ForwardBackwardCall, LogprobsCall
-from .training import SequenceSpec, StageTraining
+from .training import SequenceSpec, StageTraining, sequence_spec
 
 LOSSES = ("grpo", "ppo", "cross_entropy")
 POLICY_LOSSES = ("grpo", "ppo")
@@ -59,8 +59,6 @@ def validate_sequence(
     mask = list(msg.loss_mask) or [1.0] * n
     require(len(mask) == n, f"{field}.loss_mask", f"has {len(mask)} values for {n} response tokens")
     require(all(0.0 <= v <= 1.0 for v in mask), f"{field}.loss_mask", "values must be in [0, 1]")
-    if not prompt:
-        mask[0] = 0.0  # nothing precedes the first token, so nothing predicts it
     advantages, old = list(msg.advantages), list(msg.old_logprobs)
     policy = loss in POLICY_LOSSES
     if advantages or policy:
@@ -73,9 +71,7 @@ def validate_sequence(
     if old or policy:
         require(len(old) == n, f"{field}.old_logprobs", f"has {len(old)} values for {n} response tokens")
         _check_finite(old, f"{field}.old_logprobs")
-    if len(advantages) == 1:
-        advantages = advantages * n
-    return SequenceSpec(prompt, response, mask, advantages or [0.0] * n, old if policy else None)
+    return sequence_spec(prompt, response, mask, advantages, old if policy else None)
 
 
 def validate_forward_backward(

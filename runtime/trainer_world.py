@@ -87,10 +87,6 @@ def exit_world(code: int) -> NoReturn:
 # ---------------------------------------------------------------------------------------------- calls
 # What rank 0 broadcasts: validated, plain Python (pickled by broadcast_object_list).
 
-ENGINES_NONE, ENGINES_RANK0, ENGINES_EVERY_RANK = "none", "rank0", "every_rank"
-"""Where a stage's in-process engines live (ConfigureCall.engines): none (rollout workers, or a
-stage without rollouts), in rank 0, or one in every rank."""
-
 
 @dataclass
 class ConfigureCall:
@@ -98,7 +94,6 @@ class ConfigureCall:
     model_path: str
     checkpoint_dir: str
     total_steps: int
-    engines: str = ENGINES_NONE
 
 
 @dataclass
@@ -132,7 +127,7 @@ SenderFactory = Callable[[list[str], RLCoreConfig], "WeightSender"]
 
 class TrainerWorld:
     """The training side as every rank holds it, plus this rank's in-process engine (if the stage
-    has one) and the weight transports of the stage."""
+    runs one: `start_engines`) and the stage's weight transports."""
 
     def __init__(self, device: str, make_sender: SenderFactory | None = None):
         self.device = device
@@ -157,14 +152,6 @@ class TrainerWorld:
         self.training = StageTraining(
             call.cfg, call.checkpoint_dir, call.model_path, self.device, call.total_steps
         )
-        if call.engines == ENGINES_EVERY_RANK or (call.engines == ENGINES_RANK0 and dist.get_rank() == 0):
-            from ..rollout.local import LocalRollout
-
-            self.engine = LocalRollout(call.cfg, call.model_path, self.device)
-        # whether rank 0's engine came from an earlier stage (and so holds that stage's weights)
-        box = [self.engine is not None and self.engine.reused]
-        dist.broadcast_object_list(box, src=0)
-        self.engine_reused = bool(box[0])
         self.model_path = call.model_path
         self.vocab_size = int(self.training.strategy.hf_config().vocab_size)
         return {
@@ -172,6 +159,19 @@ class TrainerWorld:
             "world_size": dist.get_world_size(),
             "num_parameters": _num_parameters(self.training.strategy),
         }
+
+    def start_engines(self, every_rank: bool) -> bool:
+        """Build the stage's in-process engine in rank 0, or in every rank; returns whether rank 0's
+        came from an earlier stage (and so holds that stage's weights until the first sync)."""
+        t = self._t()
+        if every_rank or dist.get_rank() == 0:
+            from ..rollout.local import LocalRollout
+
+            self.engine = LocalRollout(t.cfg, self.model_path, self.device)
+        box = [self.engine is not None and self.engine.reused]
+        dist.broadcast_object_list(box, src=0)
+        self.engine_reused = bool(box[0])
+        return self.engine_reused
 
     def forward_backward(self, call: ForwardBackwardCall) -> dict[str, Any]:
         return self._t().train_sequences(call.sequences, call.loss, call.temperature, call.normalize_tokens)
@@ -199,66 +199,81 @@ class TrainerWorld:
 
     def sync_weights(self, endpoints: list[str]) -> dict[str, Any]:
         """Push the current weights to the engines: the rollout workers at `endpoints` (rank 0
-        sends), or with none this stage's in-process engines. Every rank walks the weights."""
+        sends), or with none this stage's in-process engines. Every rank walks the weights, also
+        when rank 0 cannot reach the workers (it raises afterwards), so the ranks stay in step."""
+        from ..rollout.transports import build_transport
+        from ..rollout.transports.base import Endpoints
+
         t = self._t()
         start = time.perf_counter()
-        transport = self._transport(endpoints)
+        key = tuple(endpoints)
+        failure: Exception | None = None
+        transport = self._transports.get(key)
+        if transport is None:
+            sender = None
+            if endpoints and self._make_sender is not None:  # rank 0
+                try:
+                    sender = self._make_sender(endpoints, t.cfg)
+                except Exception as e:
+                    failure = e
+            where = Endpoints(self.engine, sender, os.path.join(t.stage_dir, "weight_sync"), self.model_path)
+            transport = build_transport(t.cfg.synchronizer.sync_method, bool(endpoints), where)
         try:
             with deadline(t.cfg.synchronizer.sync_timeout, "a weight sync", "synchronizer.sync_timeout"):
                 stats = transport.push(t.strategy, t.state.global_step)
+            if failure is not None:
+                raise failure
         except Exception:
             transport.close()  # its group may be broken; the next call forms a new one
-            del self._transports[tuple(endpoints)]
+            self._transports.pop(key, None)
             raise
-        t.state.policy_version = transport.served
-        seconds = time.perf_counter() - start
+        self._transports[key] = transport
+        t.state.policy_version = transport.version
         return {
-            "policy_version": transport.served,
+            "policy_version": transport.version,
             "num_bytes": int(stats.get("num_bytes", 0)),
-            "seconds": stats.get("total_s", seconds),
+            "seconds": stats.get("total_s", time.perf_counter() - start),
         }
 
-    def _transport(self, endpoints: list[str]) -> WeightTransport:
-        from ..rollout.transports import build_transport
-
-        key = tuple(endpoints)
-        if key not in self._transports:
-            t = self._t()
-            sender = self._make_sender(endpoints, t.cfg) if endpoints and self._make_sender else None
-            self._transports[key] = build_transport(
-                t.cfg.synchronizer.sync_method, engine=self.engine, sender=sender,
-                workers=bool(endpoints), folder=os.path.join(t.stage_dir, "weight_sync"),
-                tokenizer_dir=self.model_path,
-            )  # fmt: skip
-        return self._transports[key]
-
-    def rollout(self, call: RolloutCall) -> tuple[list[Experience], dict[str, float]]:
+    def rollout(self, call: RolloutCall) -> tuple[list[Experience], dict[str, float], str | None] | None:
         """The engines in every rank: each rank generates its contiguous share (whole groups) with
-        its own seed; every rank returns all experiences in task order and the rollout's metrics
-        (engines that generated, the slowest rank's timings)."""
+        its own seed, within explorer.max_timeout. Rank 0 gets all experiences in task order, the
+        rollout's metrics (engines that generated, the slowest rank's timings) and the first
+        failure of any rank ("Kind:message", for rank 0 to raise outside the command: every rank
+        has finished it)."""
         rank, world = dist.get_rank(), dist.get_world_size()
-        assert self.engine is not None, "configured with engines in every rank"
+        assert self.engine is not None, "engines started in every rank"
         mine = shard(call.tasks, rank, world)
-        local: tuple[list[Experience], dict[str, float]] = ([], {})
+        local: tuple[list[Experience], dict[str, float], str | None] = ([], {}, None)
         if mine:
             sampling = call.sampling
             if sampling.seed is not None:
                 sampling = replace(sampling, seed=sampling.seed + rank * 1_000_003)
-            local = (self.engine.run(mine, sampling, call.spec, call.timeout), dict(self.engine.timing))
+            try:
+                with deadline(call.timeout, "a rollout batch", "explorer.max_timeout"):
+                    exps = self.engine.run(mine, sampling, call.spec, call.timeout)
+                local = (exps, dict(self.engine.timing), None)
+            except ValueError as e:  # bad input: not retried
+                local = ([], {}, f"ValueError:{e}")
+            except Exception as e:  # an engine failure: the explorer may retry the whole batch
+                local = ([], {}, f"RuntimeError:rank {rank}: {type(e).__name__}: {e}")
         parts: list[Any] = [None] * world
         dist.all_gather_object(parts, local)
-        exps = [e for part, _ in parts for e in part]
-        return exps, rollout_report(sum(1 for part, _ in parts if part), [t for _, t in parts])
+        if rank != 0:
+            return None
+        failed = next((err for _, _, err in parts if err), None)
+        exps = [e for part, _, _ in parts for e in part]
+        return exps, rollout_report(sum(1 for part, _, _ in parts if part), [t for _, t, _ in parts]), failed
 
     def probe(self, call: tuple[list[int], int]) -> list[tuple[str, list[int], list[float]]]:
         """Every rank's engine greedy-decodes the probe prompt; all answers on every rank."""
-        assert self.engine is not None, "configured with engines in every rank"
+        assert self.engine is not None, "engines started in every rank"
         mine = [(f"rank {dist.get_rank()}", tokens, lp) for _, tokens, lp in self.engine.probe(*call)]
         parts: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(parts, mine)
         return [a for part in parts for a in part]
 
-    def close_stage(self, _: None = None) -> None:
+    def close_stage(self) -> None:
         """Release the stage's transports and engine (before the next stage, and at the end)."""
         for transport in self._transports.values():
             transport.close()
@@ -273,10 +288,16 @@ class Commander:
 
     def __init__(self, world: TrainerWorld, group: Any):
         self.world, self.group = world, group
+        self.interrupted = False
+        """A command raised here: the other ranks may be inside it still (or gone)."""
 
     def __call__(self, command: str, payload: Any = None) -> Any:
         dist.broadcast_object_list([command, payload], src=0, group=self.group)
-        return getattr(self.world, command)(payload)
+        try:
+            return getattr(self.world, command)(payload)
+        except BaseException:
+            self.interrupted = True
+            raise
 
     def shutdown(self) -> None:
         """Release the other ranks from `follow`."""

@@ -43,6 +43,21 @@ class SequenceSpec:
     old_logprobs: list[float] | None
 
 
+def sequence_spec(
+    prompt: list[int], response: list[int], loss_mask: list[float], advantages: list[float],
+    old_logprobs: list[float] | None,
+) -> SequenceSpec:  # fmt: skip
+    """A checked sequence in the form the world trains on: an empty loss mask trains every response
+    token, but nothing predicts a first token without a prompt; one advantage stands for all."""
+    n = len(response)
+    mask = list(loss_mask) or [1.0] * n
+    if not prompt:
+        mask[0] = 0.0
+    if len(advantages) == 1:
+        advantages = advantages * n
+    return SequenceSpec(prompt, response, mask, list(advantages) or [0.0] * n, old_logprobs)
+
+
 def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
     """(experiences per optimizer step, explore steps, optimizer steps) of a stage."""
     is_sft = cfg.algorithm.algorithm_type == "sft"

@@ -1,18 +1,23 @@
 """The WeightTransport interface: how one version of the trainer's full weights reaches the engines.
 
 Every trainer rank calls `push` with the same step (walking the weights is collective on sharded
-strategies); only the ranks that hold an engine, or talk to rollout workers, deliver. Every
-transport follows one policy-version rule (`announce`): the engines receive versions that only
-grow, the stage's optimizer step when it is newer than what they serve, else one past it.
+strategies); only the rank that holds an engine, or talks to rollout workers, delivers, and a
+delivering rank that fails still walks the weights with the others before it raises, so the ranks
+stay in step. Every transport follows one policy-version rule (`announce`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from ..local import LocalRollout
+    from ..weight_sender import WeightSender
 
 
 class WeightSource(Protocol):
@@ -25,14 +30,31 @@ class WeightSource(Protocol):
     def hf_config(self) -> Any: ...
 
 
-class WeightTransport(ABC):
-    served: int = -1
-    """The version the engines hold (-1: unknown, nothing announced yet)."""
+@dataclass
+class Endpoints:
+    """What this rank's transport reaches for a stage."""
 
-    def announce(self, step: int) -> int:
-        """The version to send for optimizer step `step`: the one policy-version rule."""
-        self.served = max(step, self.served + 1)
-        return self.served
+    engine: LocalRollout | None = None
+    """This rank's in-process engine (transport memory)."""
+    sender: WeightSender | None = None
+    """Trainer rank 0's link to the rollout workers (transports nccl and checkpoint); None elsewhere."""
+    folder: str = ""
+    """Where the checkpoint transport writes its `version_N` folders."""
+    tokenizer_dir: str = ""
+    """The model folder whose tokenizer files go with each export."""
+
+
+def announce(step: int, served: int) -> int:
+    """The one policy-version rule: engines accept only growing versions, so the version sent for
+    optimizer step `step` is the step when it is newer than what they serve, else one past it."""
+    return max(step, served + 1)
+
+
+class WeightTransport(ABC):
+    def __init__(self, endpoints: Endpoints):
+        self.endpoints = endpoints
+        self.version = -1
+        """The version the last push announced."""
 
     @abstractmethod
     def push(self, source: WeightSource, step: int) -> dict[str, float]:
@@ -40,8 +62,8 @@ class WeightTransport(ABC):
         (`num_bytes`, `total_s` where the transport knows them)."""
 
     def close(self) -> None:
-        """Release groups and connections."""
-        return None
+        if self.endpoints.sender is not None:
+            self.endpoints.sender.close()
 
 
 def drain(weights: Iterator[Any]) -> None:

@@ -5,46 +5,44 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING
+import time
 
 import torch.distributed as dist
 
 from ...core.hf_export import export_hf
-from .base import WeightSource, WeightTransport
-
-if TYPE_CHECKING:
-    from ..weight_sender import WeightSender
+from .base import WeightSource, WeightTransport, announce
 
 
 class CheckpointTransport(WeightTransport):
-    def __init__(self, sender: WeightSender | None, folder: str, tokenizer_dir: str):
-        """`folder`: where version folders are written (`<folder>/version_N`); `tokenizer_dir`: the
-        model folder whose tokenizer files go with each export; `sender`: rank 0's link to the
-        workers, None on the other ranks."""
-        self.sender, self.folder, self.tokenizer_dir = sender, folder, tokenizer_dir
-        if sender is not None:
-            self.served = max(c.get_info().policy_version for c in sender.clients)
-
     def push(self, source: WeightSource, step: int) -> dict[str, float]:
-        box = [self.announce(step) if self.sender is not None else -1]
-        dist.broadcast_object_list(box, src=0)  # every rank writes into rank 0's version folder
-        path = os.path.join(self.folder, f"version_{box[0]}")
-        writer = self.sender is not None
-        if writer:
-            os.makedirs(path, exist_ok=True)
-        export_hf(source.iter_full_weights(), path, source.hf_config(), self.tokenizer_dir, write=writer)
-        dist.barrier()
-        if self.sender is None:
+        start = time.perf_counter()
+        sender = self.endpoints.sender
+        failure: Exception | None = None
+        box = [-1]  # the version, decided by rank 0; -1: nothing to deliver (every rank skips)
+        if sender is not None:
+            try:
+                box[0] = announce(step, sender.served())
+            except Exception as e:  # the workers do not answer: every rank must still agree
+                failure = e
+        dist.broadcast_object_list(box, src=0)
+        if box[0] < 0:
+            if failure is not None:
+                raise failure
             return {}
-        stats = self.sender.send_checkpoint(os.path.abspath(path), box[0])
-        for name in os.listdir(self.folder):  # the workers hold this version now: older ones can go
+        self.version = box[0]
+        path = os.path.join(self.endpoints.folder, f"version_{self.version}")
+        if sender is not None:
+            os.makedirs(path, exist_ok=True)
+        export_hf(
+            source.iter_full_weights(), path, source.hf_config(), self.endpoints.tokenizer_dir,
+            write=sender is not None,
+        )  # fmt: skip
+        dist.barrier()
+        if sender is None:
+            return {}
+        sender.send_checkpoint(os.path.abspath(path), self.version)
+        for name in os.listdir(self.endpoints.folder):  # the workers hold this version: older ones can go
             if name != os.path.basename(path):
-                shutil.rmtree(os.path.join(self.folder, name), ignore_errors=True)
-        stats["num_bytes"] = float(
-            sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".safetensors"))
-        )
-        return stats
-
-    def close(self) -> None:
-        if self.sender is not None:
-            self.sender.close()
+                shutil.rmtree(os.path.join(self.endpoints.folder, name), ignore_errors=True)
+        exported = sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".safetensors"))
+        return {"num_bytes": float(exported), "total_s": time.perf_counter() - start}

@@ -3,32 +3,19 @@ of their own (NCCL on GPU, gloo on CPU); names, dtypes and shapes travel over gR
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ...core.weight_sync import spec_of
-from .base import WeightSource, WeightTransport, drain
-
-if TYPE_CHECKING:
-    from ..weight_sender import WeightSender
+from .base import WeightSource, WeightTransport, announce, drain
 
 
 class GroupTransport(WeightTransport):
-    def __init__(self, sender: WeightSender | None):
-        """`sender`: trainer rank 0's link to the workers; None on the other ranks."""
-        self.sender = sender
-        if sender is not None:
-            self.served = max(c.get_info().policy_version for c in sender.clients)
-
     def push(self, source: WeightSource, step: int) -> dict[str, float]:
         weights = source.iter_full_weights()
+        sender = self.endpoints.sender
         try:
-            if self.sender is None:
+            if sender is None:
                 return {}
+            self.version = announce(step, sender.served())
             specs = [spec_of(*s) for s in source.weight_specs()]
-            return self.sender.send(specs, weights, self.announce(step))
+            return sender.send(specs, weights, self.version)
         finally:
             drain(weights)  # the other ranks walk to the end whatever happened here
-
-    def close(self) -> None:
-        if self.sender is not None:
-            self.sender.close()

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ...core.weight_sync import spec_of
-from .base import WeightSource, WeightTransport, drain
-
-if TYPE_CHECKING:
-    from ..local import LocalRollout
+from .base import WeightSource, WeightTransport, announce, drain
 
 
 class MemoryTransport(WeightTransport):
-    def __init__(self, engine: LocalRollout | None):
-        """`engine`: this rank's in-process engine, or None on a rank without one."""
-        self.engine = engine
-        if engine is not None:
-            self.served = engine.engine.policy_version
-
     def push(self, source: WeightSource, step: int) -> dict[str, float]:
         weights = source.iter_full_weights()
-        if self.engine is None:
-            drain(weights)
-            return {}
-        specs = [spec_of(*s) for s in source.weight_specs()]
-        return self.engine.load_weights(specs, weights, self.announce(step))
+        engine = self.endpoints.engine
+        try:
+            if engine is not None:
+                self.version = announce(step, engine.engine.policy_version)
+                engine.load_weights(weights, self.version)
+        finally:
+            drain(weights)  # the other ranks walk to the end whatever happened here
+        return {}

@@ -12,7 +12,7 @@ if __name__ == "__main__":
     from tests.megatron_cpu_shim import install
 
     install()
-    from rlcore.runtime.trainer_world import exit_world
     from rlcore.runtime.trainer_rank import main
+    from rlcore.runtime.trainer_world import exit_world
 
     exit_world(main(sys.argv[1]))

@@ -13,8 +13,8 @@ import pytest
 from rlcore.client.base import ClientOptions, RpcError
 from rlcore.client.run import AsyncRunClient, MetricsRecord, RunClient
 from rlcore.core.rpc.server import RpcServer, ServerOptions
-from rlcore.runtime.run_service import RunServicer, start_run_server
 from rlcore.proto.v1 import run_pb2
+from rlcore.runtime.run_service import RunServicer, start_run_server
 
 TOKEN = "run-service-test-token"
 pytestmark = pytest.mark.timeout(60)
