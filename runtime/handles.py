@@ -76,7 +76,8 @@ class TrainerHandle(ABC):
 
     @abstractmethod
     def load_checkpoint(self) -> Restored | None:
-        """Restore the stage's newest checkpoint; None when it has none."""
+        """Restore the stage's newest checkpoint that verifies (trainer.resume_fallback); None when
+        it has none."""
 
     @abstractmethod
     def sync_weights(self, endpoints: list[str]) -> Synced:
@@ -115,11 +116,11 @@ class LocalTrainer(TrainerHandle):
         return out["path"], out["hf_path"]
 
     def load_checkpoint(self) -> Restored | None:
-        from ..core.checkpoint import latest_checkpoint
+        from ..core.checkpoint import resumable_checkpoint
 
         training = self.command.world.training
         assert training is not None, "configure first"
-        path = latest_checkpoint(training.stage_dir)
+        path = resumable_checkpoint(training.stage_dir, training.cfg.trainer.resume_fallback)
         if path is None:
             return None
         state = self.command("load_checkpoint", path)

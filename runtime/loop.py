@@ -23,6 +23,7 @@ from ..client.trainer import TrainSequence
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat
 from ..core.data.taskset import TaskStream, load_tasks
+from ..core.monitor.jsonl import drop_after
 from ..core.step_metrics import mean_dicts, memory_metrics
 from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
 from ..core.types import Experience, Task
@@ -147,28 +148,28 @@ class StageLoop:
         from ..core.monitor.progress import StepProgress
 
         cfg = self.cfg
-        self.monitor = build_monitors(
-            list(cfg.monitor.monitor_type),
-            self.sdir,
-            cfg.project,
-            f"{cfg.name}/{self.stage.name}",
-            dataclasses.asdict(cfg),
-        )
-        self.progress = StepProgress(self.total_train_steps, desc=self.stage.name)
         try:
-            last_eval, stopped = self._steps()
+            resumed = self._resume()  # before the monitors open metrics.jsonl, which it rewinds
+            self.monitor = build_monitors(
+                list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}",
+                dataclasses.asdict(cfg),
+            )  # fmt: skip
+            self.progress = StepProgress(self.total_train_steps, desc=self.stage.name)
+            last_eval, stopped = self._steps(resumed)
             self._heartbeat(wait=False)  # flush the last records
         finally:
-            self.progress.close()
-            self.monitor.close()
+            if self.progress is not None:
+                self.progress.close()
+            if self.monitor is not None:
+                self.monitor.close()
             self.ahead.close()
             if self.workers is not None:
                 self.workers.close()
         return self._summary(last_eval, stopped)
 
-    def _steps(self) -> tuple[dict[str, float], bool]:
+    def _steps(self, resumed: bool) -> tuple[dict[str, float], bool]:
         cfg = self.cfg
-        if not self._resume() and self.sync_on_start:
+        if not resumed and self.sync_on_start:
             self._sync()
         if cfg.mode == "bench":
             result = self.evaluate()
@@ -332,7 +333,11 @@ class StageLoop:
         self.final_checkpoint = restored.path
         hf = os.path.join(restored.path, "hf")
         self.final_model = hf if os.path.isdir(hf) else None
-        log.info("resumed %s from %s (step %d)", self.stage.name, restored.path, self.global_step)
+        dropped = drop_after(self.sdir, self.global_step)
+        log.info(
+            "resumed %s from %s (step %d)%s", self.stage.name, restored.path, self.global_step,
+            f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",
+        )  # fmt: skip
         if self.explorer is not None:  # with none, nothing holds weights to replace
             self._sync()
         return True

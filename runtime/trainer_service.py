@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..backends import check_strategy_runs
-from ..core.checkpoint import TRAINER_STATE, latest_checkpoint
+from ..core.checkpoint import TRAINER_STATE, CheckpointError, resumable_checkpoint, verify_checkpoint
 from ..core.config import ConfigError, from_yaml
 from ..core.config.validate import validate_config
 from ..core.rpc.address import is_host_port
@@ -255,10 +255,21 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     def LoadCheckpoint(self, request, context):
         with self._lock:
             t = self._configured()
-            path = os.path.abspath(request.path) if request.path else latest_checkpoint(t.stage_dir)
+            try:
+                path = (
+                    os.path.abspath(request.path)
+                    if request.path
+                    else resumable_checkpoint(t.stage_dir, t.cfg.trainer.resume_fallback)
+                )
+            except CheckpointError as e:
+                raise FailedPrecondition(str(e)) from None
             if path is None:
                 return trainer_pb2.LoadCheckpointResponse()
             _check_checkpoint(path, dist.get_world_size())
+            try:
+                verify_checkpoint(path)
+            except CheckpointError as e:
+                raise InvalidArgument("path", str(e)) from None
             state = self._run("load_checkpoint", path)
         return trainer_pb2.LoadCheckpointResponse(
             path=path, global_step=state.global_step, explore_step=state.explore_step

@@ -292,6 +292,10 @@ class TrainerConfig:
     """Checkpoint every N optimizer steps (0: only at the end of the stage)."""
     max_checkpoints_to_keep: int | None = bounded(None, ge=1)
     """Delete older checkpoints beyond this many (null: keep all)."""
+    resume_fallback: bool = True
+    """On resume, a newest checkpoint that fails verification (a file missing, truncated or
+    changed since it was written) is named in a warning and the previous good one is used; false:
+    stop with that error instead."""
     save_hf_checkpoint: str = choice("last", ("last", "always", "never"))
     """Also export HF format (loadable by from_pretrained): with the last checkpoint, every one, or never."""
     grad_clip: float = bounded(1.0, ge=0.0)
@@ -393,6 +397,9 @@ class ControlConfig:
     """First wait between attempts in seconds; doubles each time, at most 5 s."""
     worker_start_timeout: float = bounded(300.0, gt=0.0)
     """Seconds rollout workers may take to start and register before the launch fails."""
+    stop_grace_s: float = bounded(60.0, gt=0.0)
+    """SIGINT or SIGTERM to `rlcore launch`: how long the run may take to finish its current step and
+    write a checkpoint before its processes are ended (a second signal ends them at once)."""
     heartbeat_interval: float = bounded(5.0, gt=0.0)
     """Seconds between a rollout worker's heartbeats to the run."""
     tls: TLSConfig = field(default_factory=TLSConfig)

@@ -29,3 +29,26 @@ class JsonlMonitor(Monitor):
 
     def close(self) -> None:
         self._file.close()
+
+
+def drop_after(run_dir: str, step: int) -> int:
+    """Remove the records of steps after `step` from `<run_dir>/metrics.jsonl`, and a last line a
+    crash cut short: a run resumed from step `step`'s checkpoint logs those steps again. Returns
+    how many lines went."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        lines = f.read().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    if len(kept) < len(lines):
+        with open(path + ".tmp", "w") as f:
+            f.write("".join(line + "\n" for line in kept))
+        os.replace(path + ".tmp", path)
+    return len(lines) - len(kept)
