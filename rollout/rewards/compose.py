@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 
 from ...core.registry import import_path
@@ -27,9 +29,16 @@ class RewardComposer:
         scores: dict[str, float] = {}
         for name, fn in zip(self.names, self.fns, strict=True):
             try:
-                scores[name] = float(fn(response, task))
+                value = fn(response, task)
             except Exception as e:
                 raise ValueError(f"reward_fn '{name}' failed on task {task.task_id}: {e}") from e
+            # a number, not something float() happens to accept ("1.0", a tensor): a bug would pass
+            if not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(
+                    f"reward_fn '{name}' returned {value!r} ({type(value).__name__}) on task {task.task_id}: "
+                    "a reward function must return a finite real number (bool, int, float)"
+                )
+            scores[name] = float(value)
         total = sum(w * scores[name] for name, w in zip(self.names, self.weights, strict=True))
         return total, scores
 

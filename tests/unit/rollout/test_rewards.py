@@ -188,3 +188,30 @@ def test_failing_reward_names_itself_and_the_task() -> None:
     reward = build_reward(["format", f"{__name__}:broken"], None)
     with pytest.raises(ValueError, match=rf"reward_fn '{__name__}:broken' failed on task t7: boom"):
         reward("<answer>1</answer>", task())
+
+
+def text_score(response: str, task: Task) -> str:
+    return "1.0"
+
+
+def nan_score(response: str, task: Task) -> float:
+    return float("nan")
+
+
+def numpy_score(response: str, task: Task):
+    import numpy as np
+
+    return np.float32(0.5)
+
+
+@pytest.mark.parametrize(("fn", "shown"), [("text_score", "'1.0' (str)"), ("nan_score", "nan (float)")])
+def test_a_reward_that_is_not_a_finite_number_names_the_function_and_the_task(fn: str, shown: str) -> None:
+    reward = build_reward(["format", f"{__name__}:{fn}"], None)
+    with pytest.raises(ValueError) as e:
+        reward("<answer>1</answer>", task())
+    assert str(e.value).startswith(f"reward_fn '{__name__}:{fn}' returned {shown} on task t7: ")
+
+
+def test_a_numpy_scalar_reward_is_a_number() -> None:
+    total, scores = build_reward([f"{__name__}:numpy_score"], None)("x", task())
+    assert total == scores[f"{__name__}:numpy_score"] == 0.5
