@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -19,8 +20,10 @@ from typing import Any
 
 from ..core.checkpoint import list_checkpoints
 from ..core.config import ConfigError, Stage, inherits_previous_model, load_config, resolve_stages, to_yaml
-from .loop import SUMMARY, explores_on_workers, stage_dir
+from .lifecycle import StopSignals, child_of_this_process, end_process
+from .loop import SUMMARY, explores_on_workers, planned_steps, stage_dir
 from .placement import GpuPlacement, place_gpus, visible_gpus
+from .run_lock import RunLock
 
 
 def resolve_device(requested: str) -> str:
@@ -122,14 +125,26 @@ def torchrun_command(plan_path: str, cluster, project: str, name: str) -> list[s
 
 
 def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
-    print(f"\nrlcore: finished in {elapsed_s / 60:.1f} min; run folder {run_dir}")
-    previous: dict[str, float] = {}
+    summaries = {}
     for s in stages:
         path = os.path.join(stage_dir(run_dir, s, len(stages)), SUMMARY)
-        if not os.path.isfile(path):
+        if os.path.isfile(path):
+            with open(path) as f:
+                summaries[s.index] = json.load(f)
+    stopped = next((s for s in stages if summaries.get(s.index, {}).get("stopped")), None)
+    if stopped is None:
+        print(f"\nrlcore: finished in {elapsed_s / 60:.1f} min; run folder {run_dir}")
+    else:
+        print(
+            f"\nrlcore: stopped at step {summaries[stopped.index]['global_step']} of {planned_steps(stopped)} "
+            f"(stage {stopped.index} {stopped.name}) after {elapsed_s / 60:.1f} min, with a checkpoint; resume "
+            f"with continue_from_checkpoint=true; run folder {run_dir}"
+        )
+    previous: dict[str, float] = {}
+    for s in stages:
+        if s.index not in summaries:
             continue
-        with open(path) as f:
-            summary = json.load(f)
+        summary = summaries[s.index]
         accs = {k: v for k, v in summary["eval"].items() if k.endswith("/accuracy")}
         parts = []
         for k, v in accs.items():
@@ -227,8 +242,9 @@ class RolloutWorkers:
 
     def __init__(
         self, cfg: Any, model_path: str, count: int, device: str, run_address: str, log_dir: str,
-        gpus: list[list[str]] | None = None,
+        gpus: list[list[str]] | None = None, keep_fds: tuple[int, ...] = (),
     ):  # fmt: skip
+        """`keep_fds`: descriptors the workers inherit (the run lock: a live worker keeps the run live)."""
         self.procs: list[subprocess.Popen] = []
         self.logs = [os.path.join(log_dir, f"rollout_worker_{i}.log") for i in range(count)]
         threads = max(1, (os.cpu_count() or 1) // count)
@@ -249,8 +265,14 @@ class RolloutWorkers:
             with open(self.logs[i], "w") as log_file:
                 self.procs.append(
                     subprocess.Popen(
-                        cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                    )
+                        cmd,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                        preexec_fn=child_of_this_process(),
+                        pass_fds=keep_fds,
+                    )  # fmt: skip
                 )
 
     def dead(self) -> str | None:
@@ -296,8 +318,9 @@ def check_endpoints(endpoints: list[str], control: Any) -> None:
 
 @contextmanager
 def control_plane(
-    base: Any, stages: list[Stage], device: str, launch_dir: str, placement: GpuPlacement | None = None
-) -> Iterator[dict[str, Any]]:
+    base: Any, stages: list[Stage], device: str, launch_dir: str, placement: GpuPlacement | None = None,
+    keep_fds: tuple[int, ...] = (),
+) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Serve RunService for the run's lifetime and start (then stop) the rollout workers it needs.
     Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
     from ..core.rpc.address import reachable_host
@@ -339,7 +362,7 @@ def control_plane(
                 print(f"rlcore: starting {count} rollout worker(s){where} (logs in {launch_dir})", flush=True)
                 workers = RolloutWorkers(
                     first, stages[0].config.model.model_path, count, device, run_address, launch_dir,
-                    gpus=None if placement is None else placement.engines,
+                    gpus=None if placement is None else placement.engines, keep_fds=keep_fds,
                 )  # fmt: skip
                 endpoints = run.wait_for_workers("rollout", count, control.worker_start_timeout, workers.dead)
                 print(f"rlcore: rollout workers ready: {', '.join(endpoints)}", flush=True)
@@ -363,7 +386,7 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
     base = stages[0].config
     assert base.trainer.remote is not None
     options = ClientOptions.from_control(base.control)
-    reporter = RunReporter(plan["run_address"], options)
+    reporter = RunReporter(plan["run_address"], options, base.control.heartbeat_interval)
     try:
         with TrainerClient(base.trainer.remote, options) as client:
             world_size = client.get_state(timeout=30).world_size
@@ -390,49 +413,66 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
             flush=True,
         )
     run_dir = os.path.abspath(os.path.join(base.checkpoint_root_dir, base.project, base.name))
-    check_run_dir(run_dir, stages, base.continue_from_checkpoint)
-    prepare_assets(stages)
+    lock = RunLock(run_dir)
+    took_over = lock.acquire()
+    if took_over:
+        print(f"rlcore: warning: {took_over}", file=sys.stderr, flush=True)
+    try:
+        check_run_dir(run_dir, stages, base.continue_from_checkpoint)
+        prepare_assets(stages)
+        assert lock.fd is not None
+        return run(stages, device, placement, run_dir, lock.fd)
+    finally:
+        lock.release()
 
+
+def run(stages: list[Stage], device: str, placement: GpuPlacement | None, run_dir: str, lock_fd: int) -> int:
+    """Serve the control plane, start the workers and the trainer world (or drive a remote one) and
+    wait; SIGINT/SIGTERM stop the run after its current step (lifecycle.StopSignals)."""
+    base = stages[0].config
     launch_dir = os.path.join(run_dir, "launch")
-    os.makedirs(launch_dir, exist_ok=True)
-    cores = os.cpu_count() or 1
-    threads = base.cluster.threads_per_rank or max(1, cores // base.cluster.ranks_per_node)
-    world = base.cluster.ranks
+    threads = base.cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // base.cluster.ranks_per_node)
     print(
         f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], strategy {base.trainer.strategy}, "
-        f"{world} trainer rank(s) on {device}; run folder {run_dir}",
+        f"{base.cluster.ranks} trainer rank(s) on {device}; run folder {run_dir}",
         flush=True,
     )
     start = time.time()
     try:
-        with control_plane(base, stages, device, launch_dir, placement) as plane:
+        with control_plane(base, stages, device, launch_dir, placement, keep_fds=(lock_fd,)) as plane:
+            controller = plane["run"]
             plan = {
-                "run_dir": run_dir,
-                "device": device,
-                "log_level": base.log.level,
-                "threads_per_rank": threads,
-                "run_address": plane["run_address"],
-                "rollout_endpoints": plane["rollout_endpoints"],
+                "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
+                "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
                 "master_address": plane["master_address"],
                 "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
-            }
+            }  # fmt: skip
             plan_path = os.path.join(launch_dir, "plan.json")
             with open(plan_path, "w") as f:
                 json.dump(plan, f, indent=2)
             env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
-            plane["run"].mark_running()
-            if base.trainer.remote:
-                rc = drive_remote(stages, plan)
-            else:
-                rc = subprocess.call(
-                    torchrun_command(plan_path, base.cluster, base.project, base.name), env=env
-                )
+            controller.mark_running()
+            with StopSignals(controller.request_stop, base.control.stop_grace_s) as stops:
+                try:
+                    if base.trainer.remote:
+                        rc = drive_remote(stages, plan)
+                    else:
+                        command = torchrun_command(plan_path, base.cluster, base.project, base.name)
+                        rc = run_trainer_world(command, env, lock_fd)
+                except KeyboardInterrupt:  # a second signal, or the stop grace ran out
+                    stage, step, total = controller.progress()
+                    print(
+                        f"rlcore: stopped at step {step} of {total} ({stage or 'before training'}) without a "
+                        "final checkpoint; resume from the last one with continue_from_checkpoint=true",
+                        file=sys.stderr,
+                    )
+                    return 130 if stops.received in (None, signal.SIGINT) else stops.exit_code
             if rc == 0:
-                plane["run"].mark_finished()
+                controller.mark_finished()
             else:
-                plane["run"].mark_failed(f"the trainer world exited with code {rc}")
-    except KeyboardInterrupt:
-        print("rlcore: interrupted; resume later with continue_from_checkpoint=true", file=sys.stderr)
+                controller.mark_failed(f"the trainer world exited with code {rc}")
+    except KeyboardInterrupt:  # Ctrl-C while the workers were starting
+        print("rlcore: interrupted before training started", file=sys.stderr)
         return 130
     except (TimeoutError, RuntimeError) as e:  # rollout workers that did not start
         raise ConfigError(str(e)) from None
@@ -443,4 +483,17 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
         )
         return rc
     print_summary(run_dir, stages, time.time() - start)
-    return 0
+    return 0 if stops.received is None else stops.exit_code
+
+
+def run_trainer_world(command: list[str], env: dict[str, str], lock_fd: int) -> int:
+    """torchrun in a session of its own (a terminal's Ctrl-C reaches only the launcher, which stops
+    the run in order), dying with the launcher; its exit code. Interrupted, it ends the world."""
+    proc = subprocess.Popen(
+        command, env=env, start_new_session=True, preexec_fn=child_of_this_process(), pass_fds=(lock_fd,)
+    )
+    try:
+        return proc.wait()
+    except BaseException:
+        end_process(proc)
+        raise

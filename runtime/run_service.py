@@ -246,6 +246,18 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         """The run ended with an error; GetStatus reports `reason`."""
         self._end(run_pb2.RUN_STATE_FAILED, reason)
 
+    def request_stop(self) -> None:
+        """Ask the run to stop after its current step (as the Stop call does); nothing once it ended."""
+        with self._changed:
+            if self._run.state not in _TERMINAL:
+                self._run.state = run_pb2.RUN_STATE_STOPPING
+                self._changed.notify_all()
+
+    def progress(self) -> tuple[str, int, int]:
+        """(stage, step, total steps) as the trainer last reported them."""
+        with self._changed:
+            return self._run.stage, self._run.step, self._run.total_steps
+
     def requested_state(self) -> str:
         """What clients want now: "RUNNING", "PAUSED", "STOPPING" (or STARTING/FINISHED/FAILED)."""
         with self._changed:

@@ -16,6 +16,7 @@ import torch
 
 from ..core.config import from_yaml
 from ..core.config.loader import Stage
+from .lifecycle import die_with_parent
 from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
 
 
@@ -47,6 +48,7 @@ def main(plan_path: str) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if plan.get("threads_per_rank"):
         torch.set_num_threads(plan["threads_per_rank"])
+    die_with_parent()  # torchrun's agent: a rank never outlives it
     init_world(device)
     commands = command_group()
     try:
@@ -77,7 +79,8 @@ def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
             from ..client.base import ClientOptions
             from .run_reporter import RunReporter
 
-            reporter = RunReporter(plan["run_address"], ClientOptions.from_control(stages[0].config.control))
+            control = stages[0].config.control
+            reporter = RunReporter(plan["run_address"], ClientOptions.from_control(control), control.heartbeat_interval)
         run = RunContext(plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [], reporter)
         run_stages(stages, LocalTrainer(command), run)
         return 0

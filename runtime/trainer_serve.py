@@ -28,6 +28,7 @@ from ..core.rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import TLSFiles, read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
 from ..proto.v1 import trainer_pb2_grpc
+from .lifecycle import die_with_parent
 from .trainer_service import SERVICE_NAME, TrainerServicer
 from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
 
@@ -116,6 +117,8 @@ def rank_main(options_path: str) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
     torch.set_num_threads(opts["threads"])
+    # torchrun's agent: a rank never outlives it (ranks > 0 ignore SIGTERM, rank 0 stops on it)
+    die_with_parent(signal.SIGTERM if rank == 0 else signal.SIGKILL)
     init_world(opts["device"])
     commands = command_group()
     try:
