@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def _plan(root: str, rollout_ahead: bool, **extra) -> dict:
-    sync = {"rollout_ahead": 1, "max_staleness": 1} if rollout_ahead else {}
+    # two optimizer steps per explore step: a rollout started ahead is two versions old when trained on
+    sync = {"rollout_ahead": 1, "max_staleness": 2} if rollout_ahead else {}
     cfg = tiny_grpo_config(root, **{"cluster.ranks_per_node": 2, "trainer.save_interval": 3, **extra})
     cfg["stages"] = [
         {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
@@ -72,3 +73,4 @@ def test_one_plan_in_process_and_through_a_remote_trainer_is_one_run(
                     assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), (stage, a["step"], key)
     rl = local["stage1_rl"][1]
     assert [r["rollout/generated_ahead"] for r in rl] == ([0.0] + [1.0] * 5 if rollout_ahead else [0.0] * 6)
+    assert [r["rollout/staleness_mean"] for r in rl] == ([0.0] + [2.0] * 5 if rollout_ahead else [0.0] * 6)
