@@ -4,7 +4,8 @@ run: the same checkpoints, rewards, losses and logged metric keys.
 
 The plan is the one the two former loops disagreed on: an SFT stage, then GRPO with two optimizer
 steps per explore step (buffer.train_batch_size half the step's experiences) and save_interval 3,
-which must save when a multiple of 3 is reached or passed: at steps 4, 6, 10 and 12 of 12.
+which must save when a multiple of 3 is reached or passed: at steps 4 and 6 of 6 (the former remote
+loop saved only at 6; seen failing on the code before the one loop).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _plan(root: str, rollout_ahead: bool, **extra) -> dict:
     cfg["stages"] = [
         {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
          "buffer": {"batch_size": 8, "train_batch_size": 4, "total_steps": 2}},
-        {"name": "rl", "mode": "both", "buffer": {"total_steps": 6, "train_batch_size": 8},
+        {"name": "rl", "mode": "both", "buffer": {"total_steps": 3, "train_batch_size": 8},
          "synchronizer": sync},
     ]  # fmt: skip
     return cfg
@@ -60,7 +61,7 @@ def test_one_plan_in_process_and_through_a_remote_trainer_is_one_run(
     local, remote = _run(local_root), _run(remote_root)
 
     assert local["stage0_warmup"][0] == remote["stage0_warmup"][0] == [4]
-    assert local["stage1_rl"][0] == remote["stage1_rl"][0] == [4, 6, 10, 12]
+    assert local["stage1_rl"][0] == remote["stage1_rl"][0] == [4, 6]
     for stage in local:
         rows, other = local[stage][1], remote[stage][1]
         assert [r["step"] for r in rows] == [r["step"] for r in other], stage
@@ -72,5 +73,5 @@ def test_one_plan_in_process_and_through_a_remote_trainer_is_one_run(
                 if key in a:
                     assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), (stage, a["step"], key)
     rl = local["stage1_rl"][1]
-    assert [r["rollout/generated_ahead"] for r in rl] == ([0.0] + [1.0] * 5 if rollout_ahead else [0.0] * 6)
-    assert [r["rollout/staleness_mean"] for r in rl] == ([0.0] + [2.0] * 5 if rollout_ahead else [0.0] * 6)
+    assert [r["rollout/generated_ahead"] for r in rl] == ([0.0, 1.0, 1.0] if rollout_ahead else [0.0] * 3)
+    assert [r["rollout/staleness_mean"] for r in rl] == ([0.0, 2.0, 2.0] if rollout_ahead else [0.0] * 3)
