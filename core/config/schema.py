@@ -115,6 +115,9 @@ class ModelConfig:
     """Longest prompt + response the engines and trainer accept, in tokens."""
     max_prompt_tokens: int = bounded(512, gt=0)
     """Prompts longer than this are truncated from the left."""
+    enable_prompt_truncation: bool = True
+    """Whether over-long prompts may be truncated: `rlcore launch` counts them per taskset and warns;
+    false makes it refuse to start, naming the first one."""
     max_response_tokens: int = bounded(512, gt=0)
     """Default generation budget per response."""
     dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))

@@ -56,7 +56,7 @@ def _walk(obj: Any, prefix: str) -> None:
                     _walk(item, f"{path}[{i}].")
 
 
-def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool) -> None:
+def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool, sft: bool = False) -> None:
     # the reward registry, named as schema choices name theirs (names only; no heavy imports)
     REWARDS = _choices("rlcore.rollout.rewards:REWARDS")
     if not ts.reward_fn:
@@ -83,6 +83,14 @@ def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool) -> None:
         raise ConfigError(
             f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet file or set a generator)"
         )
+    if check_paths and os.path.isfile(ts.path):  # a generator writes a missing one at launch
+        from ..data.taskset_check import TasksetError, check_taskset
+
+        correctness = import_path("rlcore.rollout.rewards.compose:CORRECTNESS_REWARDS", what="registry")
+        try:
+            check_taskset(ts, path, needs_answer=any(n in correctness for n in ts.reward_fn), needs_response=sft)
+        except TasksetError as e:
+            raise ConfigError(str(e)) from None
 
 
 def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
@@ -127,7 +135,10 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             f"buffer.train_batch_size ({buf.train_batch_size}) must divide buffer.batch_size * "
             f"algorithm.repeat_times ({group}), or be 0"
         )
-    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths)
+    _check_taskset(
+        buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths,
+        sft=cfg.algorithm.algorithm_type == "sft",
+    )  # fmt: skip
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
 

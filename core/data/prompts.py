@@ -15,6 +15,10 @@ class PromptFormat:
 
     def encode_prompt(self, tokenizer: Any, prompt: str) -> list[int]:
         """Token ids of the prompt, truncated from the left so the question's end survives."""
+        return self.encode_whole_prompt(tokenizer, prompt)[-self.max_prompt_tokens :]
+
+    def encode_whole_prompt(self, tokenizer: Any, prompt: str) -> list[int]:
+        """Token ids of the prompt before any truncation."""
         text = prompt
         if self.apply_chat_template:
             messages = [{"role": "user", "content": prompt}]
@@ -24,8 +28,7 @@ class PromptFormat:
             text = tokenizer.apply_chat_template(
                 messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
             )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids[-self.max_prompt_tokens :]
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode_sft_example(self, tokenizer: Any, prompt: str, response: str) -> tuple[list[int], list[int]]:
         """(prompt ids, response ids ending with EOS): the response is what the model should generate."""

@@ -54,6 +54,8 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
     for i, row in enumerate(ds):
         answer = row.get(fmt.answer_key)
         response = row.get(fmt.response_key)
+        if row[fmt.prompt_key] is None:
+            raise ValueError(f"{key_path}: {path} row {i + 1}: the prompt ('{fmt.prompt_key}') is null")
         tasks.append(
             Task(
                 task_id=f"{cfg.name}-{i}",

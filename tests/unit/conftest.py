@@ -8,9 +8,10 @@ import yaml
 
 @pytest.fixture()
 def recipe(tmp_path: Path) -> str:
-    """A minimal valid recipe: an (empty) model folder and a one-row taskset."""
+    """A minimal valid recipe: an (empty) model folder and a one-row taskset (with a reference
+    response, so SFT stages may use it too)."""
     (tmp_path / "model").mkdir()
-    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2", "response": "2"}\n')
     path = tmp_path / "recipe.yaml"
     path.write_text(
         yaml.safe_dump(

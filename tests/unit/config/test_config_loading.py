@@ -14,7 +14,7 @@ from rlcore.core.config import ConfigError, inherits_previous_model, load_config
 def write_recipe(tmp_path: Path, extra: dict | None = None) -> str:
     """A minimal recipe: only the two required paths, plus `extra` sections merged in."""
     (tmp_path / "model").mkdir(exist_ok=True)
-    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2", "response": "2"}\n')
     recipe = {
         "model": {"model_path": str(tmp_path / "model")},
         "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "tasks.jsonl")}}},

@@ -1,0 +1,102 @@
+"""Tasksets checked before anything starts (`rlcore config validate`, and again by `rlcore launch`):
+every row is read, so an unreadable file, a malformed row or a missing or null column is a one-line
+error naming the file and the row, not a crash minutes into a run.
+
+Files only (jsonl, json, csv, parquet); an HF dataset folder is read by `datasets` when the run
+loads it (load_tasks checks its rows the same way). Reads with the standard library and pyarrow:
+no torch, no `datasets`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from ..config.schema import TasksetConfig
+
+
+class TasksetError(ValueError):
+    """A taskset that cannot be used; str(e) is one line naming the file and the row."""
+
+
+def check_taskset(ts: TasksetConfig, key: str, needs_answer: bool, needs_response: bool) -> int:
+    """Read every row of the taskset file `ts.path`; returns how many rows it has. `key` is the
+    config path of the taskset (for messages); `needs_answer` / `needs_response`: the rewards
+    compare with an answer / the stage trains on reference responses (SFT)."""
+    path, fmt = ts.path, ts.format
+    required = [("prompt", fmt.prompt_key)]
+    required += [("answer", fmt.answer_key)] if needs_answer else []
+    required += [("response", fmt.response_key)] if needs_response else []
+    count = 0
+    for number, row in _rows(path, key):
+        if not isinstance(row, dict):
+            raise TasksetError(
+                f"{key}: {path} row {number} is a {type(row).__name__}, not an object with columns"
+            )
+        for what, column in required:
+            value = row.get(column)
+            if column not in row:
+                raise TasksetError(
+                    f"{key}: {path} row {number} has no '{column}' column (the {what}; "
+                    f"{key}.format.{what}_key names it); columns: {', '.join(map(str, row)) or 'none'}"
+                )
+            if value is None or (what == "prompt" and str(value).strip() == ""):
+                raise TasksetError(
+                    f"{key}: {path} row {number}: the {what} ('{column}') is {'null' if value is None else 'empty'}"
+                )
+        count += 1
+    if count == 0:
+        raise TasksetError(f"{key}.path: {path} has no rows")
+    return count
+
+
+def _rows(path: str, key: str) -> Iterator[tuple[int, Any]]:
+    """(row number from 1, row) of a taskset file."""
+    ext = os.path.splitext(path)[1].lower()
+    try:
+        if ext == ".parquet":
+            import pyarrow.parquet as pq
+
+            yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+        elif ext == ".csv":
+            with open(path, newline="") as f:
+                for i, row in enumerate(csv.DictReader(f), start=1):
+                    yield i, {k: (None if v == "" else v) for k, v in row.items()}
+        elif ext in (".jsonl", ".json"):
+            yield from _json_rows(path, key, array_allowed=ext == ".json")
+        else:
+            raise TasksetError(
+                f"{key}.path: unsupported file type '{ext}' ({path}); use .jsonl, .json, .parquet or .csv"
+            )
+    except OSError as e:
+        raise TasksetError(f"{key}.path: cannot read {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise TasksetError(f"{key}.path: cannot read {path}: {e}") from None
+    except Exception as e:  # pyarrow's ArrowInvalid for a file that is not parquet
+        if isinstance(e, TasksetError):
+            raise
+        raise TasksetError(f"{key}.path: cannot read {path}: {type(e).__name__}: {e}") from None
+
+
+def _json_rows(path: str, key: str, array_allowed: bool) -> Iterator[tuple[int, Any]]:
+    """JSON lines (blank lines skipped; row numbers are line numbers), or in a .json file also a
+    JSON array of objects."""
+    with open(path) as f:
+        head = f.read(1 << 16).lstrip()
+        f.seek(0)
+        if array_allowed and head.startswith("["):
+            try:
+                yield from enumerate(json.load(f), start=1)
+            except json.JSONDecodeError as e:
+                raise TasksetError(f"{key}: {path} is not valid JSON (line {e.lineno}: {e.msg})") from None
+            return
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TasksetError(f"{key}: {path} row {number} is not valid JSON ({e.msg})") from None
