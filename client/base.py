@@ -21,9 +21,10 @@ MAX_BACKOFF_S = 5.0
 class RpcError(Exception):
     """A call failed: `code` is the grpc.StatusCode, `details` the server's (or gRPC's) message."""
 
-    def __init__(self, method: str, code: grpc.StatusCode, details: str):
-        super().__init__(f"{method}: {code.name}: {details}")
-        self.method, self.code, self.details = method, code, details
+    def __init__(self, method: str, code: grpc.StatusCode, details: str, peer: str = ""):
+        """`peer`: who was called, e.g. 'rollout worker 10.0.0.5:50051' (the message starts with it)."""
+        super().__init__(f"{peer + ': ' if peer else ''}{method}: {code.name}: {details}")
+        self.method, self.code, self.details, self.peer = method, code, details, peer
 
 
 @dataclass
@@ -81,9 +82,12 @@ class BlockingClient:
     """Base of the blocking clients: `stub_class` is the generated stub of the service."""
 
     stub_class: Any = None
+    role = "server"
+    """What the service is to the run (it names the peer in errors: `<role> <address>`)."""
 
     def __init__(self, address: str, options: ClientOptions | None = None):
         self.address = address
+        self.peer = f"{self.role} {address}"
         self.options = options or ClientOptions()
         self.channel = make_channel(address, self.options)
         self.stub = self.stub_class(self.channel)
@@ -108,7 +112,7 @@ class BlockingClient:
                 wait = _backoff(self.options, attempt)
                 last = attempt == self.options.retry_attempts - 1
                 if e.code() != grpc.StatusCode.UNAVAILABLE or last or time.monotonic() + wait >= deadline:
-                    raise RpcError(method, e.code(), e.details() or "") from None
+                    raise RpcError(method, e.code(), e.details() or "", self.peer) from None
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -134,7 +138,7 @@ class BlockingClient:
                     or last
                     or time.monotonic() + wait >= deadline
                 ):
-                    raise RpcError(method, e.code(), e.details() or "") from None
+                    raise RpcError(method, e.code(), e.details() or "", self.peer) from None
                 time.sleep(wait)
 
 
@@ -142,9 +146,12 @@ class AsyncClient:
     """Base of the asyncio clients (grpc.aio); same deadlines, retries and errors as BlockingClient."""
 
     stub_class: Any = None
+    role = "server"
+    """What the service is to the run (it names the peer in errors: `<role> <address>`)."""
 
     def __init__(self, address: str, options: ClientOptions | None = None):
         self.address = address
+        self.peer = f"{self.role} {address}"
         self.options = options or ClientOptions()
         self.channel = make_aio_channel(address, self.options)
         self.stub = self.stub_class(self.channel)
@@ -172,7 +179,7 @@ class AsyncClient:
                 wait = _backoff(self.options, attempt)
                 last = attempt == self.options.retry_attempts - 1
                 if code != grpc.StatusCode.UNAVAILABLE or last or time.monotonic() + wait >= deadline:
-                    raise RpcError(method, code, e.details() or "") from None
+                    raise RpcError(method, code, e.details() or "", self.peer) from None
                 await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -198,5 +205,5 @@ class AsyncClient:
                     or last
                     or time.monotonic() + wait >= deadline
                 ):
-                    raise RpcError(method, code, e.details() or "") from None
+                    raise RpcError(method, code, e.details() or "", self.peer) from None
                 await asyncio.sleep(wait)

@@ -129,6 +129,7 @@ def begin_weight_update_request(
 class RolloutClient(BlockingClient):
     """Blocking client of one rollout worker."""
 
+    role = "rollout worker"
     stub_class = rollout_pb2_grpc.RolloutServiceStub
 
     def generate(
@@ -210,6 +211,7 @@ class RolloutClient(BlockingClient):
 class AsyncRolloutClient(AsyncClient):
     """asyncio client of one rollout worker; the same calls as RolloutClient."""
 
+    role = "rollout worker"
     stub_class = rollout_pb2_grpc.RolloutServiceStub
 
     async def generate(

@@ -100,6 +100,7 @@ def _heartbeat_request(
 class RunClient(BlockingClient):
     """Blocking client of RunService. Every call has a deadline (options.timeout unless given)."""
 
+    role = "run controller"
     stub_class = run_pb2_grpc.RunServiceStub
 
     def get_status(self, timeout: float | None = None) -> RunStatus:
@@ -148,6 +149,7 @@ class RunClient(BlockingClient):
 class AsyncRunClient(AsyncClient):
     """asyncio client of RunService; the same calls as RunClient."""
 
+    role = "run controller"
     stub_class = run_pb2_grpc.RunServiceStub
 
     async def get_status(self, timeout: float | None = None) -> RunStatus:

@@ -123,6 +123,7 @@ def _train_result(msg: trainer_pb2.TrainStepResponse) -> TrainStepResult:
 class TrainerClient(BlockingClient):
     """Blocking client of a trainer world (its rank 0)."""
 
+    role = "trainer"
     stub_class = trainer_pb2_grpc.TrainerServiceStub
 
     def configure(
@@ -201,6 +202,7 @@ class TrainerClient(BlockingClient):
 class AsyncTrainerClient(AsyncClient):
     """asyncio client of a trainer world; the same calls as TrainerClient."""
 
+    role = "trainer"
     stub_class = trainer_pb2_grpc.TrainerServiceStub
 
     async def configure(

@@ -20,7 +20,9 @@ from typing import Any
 
 from ..core.checkpoint import list_checkpoints
 from ..core.config import ConfigError, Stage, inherits_previous_model, load_config, resolve_stages, to_yaml
-from .lifecycle import StopSignals, child_of_this_process, end_process
+from . import failure
+from .child import wrap
+from .lifecycle import StopSignals, end_process
 from .loop import SUMMARY, explores_on_workers, planned_steps, stage_dir
 from .placement import GpuPlacement, place_gpus, visible_gpus
 from .run_lock import RunLock
@@ -158,13 +160,14 @@ def check_run_dir(run_dir: str, stages: list[Stage], resume: bool) -> None:
 
 
 def torchrun_command(plan_path: str, cluster, project: str, name: str) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cluster.ranks_per_node)]
+    """torchrun starting the trainer ranks, as a child that dies with this process (child.py)."""
+    args = ["--nproc-per-node", str(cluster.ranks_per_node)]
     if cluster.num_nodes == 1 and not cluster.rdzv_endpoint:
-        cmd += ["--standalone", "--nnodes", "1"]
+        args += ["--standalone", "--nnodes", "1"]
     else:
-        cmd += ["--nnodes", str(cluster.num_nodes), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", cluster.rdzv_endpoint, "--rdzv-id", f"{project}-{name}"]  # fmt: skip
-    return cmd + ["-m", "rlcore.runtime.trainer_rank", plan_path]
+        args += ["--nnodes", str(cluster.num_nodes), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", cluster.rdzv_endpoint, "--rdzv-id", f"{project}-{name}"]  # fmt: skip
+    return wrap(os.getpid(), "torch.distributed.run", *args, "-m", "rlcore.runtime.trainer_rank", plan_path)
 
 
 def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
@@ -294,7 +297,7 @@ class RolloutWorkers:
         rm, control = cfg.explorer.rollout_model, cfg.control
         for i in range(count):
             cmd = [
-                sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", model_path,
+                *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", model_path,
                 "--engine", rm.engine_type, "--device", device, "--dtype", cfg.model.dtype,
                 "--max-model-len", str(cfg.model.max_model_len), "--max-batch-size", str(rm.max_batch_size),
                 "--tensor-parallel-size", str(rm.tensor_parallel_size),
@@ -313,7 +316,6 @@ class RolloutWorkers:
                         stderr=subprocess.STDOUT,
                         env=env,
                         start_new_session=True,
-                        preexec_fn=child_of_this_process(),
                         pass_fds=keep_fds,
                     )  # fmt: skip
                 )
@@ -442,6 +444,11 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
 
 
 def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
+    # stderr is for what goes wrong: no progress bars of the libraries preparing small assets here
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
     cfg = load_config(config_path, overrides, strategy)
     stages = resolve_stages(cfg)
     base = stages[0].config
@@ -460,12 +467,19 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     took_over = lock.acquire()
     if took_over:
         print(f"rlcore: warning: {took_over}", file=sys.stderr, flush=True)
+    launch_dir = os.path.join(run_dir, "launch")
+    failure.clear(launch_dir)
     try:
         check_run_dir(run_dir, stages, base.continue_from_checkpoint)
         prepare_assets(stages)
         check_prompt_lengths(stages)
         assert lock.fd is not None
         return run(stages, device, placement, run_dir, lock.fd)
+    except ValueError:  # the user's to fix: the command line says it in one line
+        raise
+    except Exception as e:  # anything else, in this process (e.g. the loop driving a remote trainer)
+        print(f"rlcore: error: {failure.report(launch_dir, 'launcher', e)}", file=sys.stderr)
+        return 1
     finally:
         lock.release()
 
@@ -502,7 +516,7 @@ def run(stages: list[Stage], device: str, placement: GpuPlacement | None, run_di
                         rc = drive_remote(stages, plan)
                     else:
                         command = torchrun_command(plan_path, base.cluster, base.project, base.name)
-                        rc = run_trainer_world(command, env, lock_fd)
+                        rc = run_trainer_world(command, env, lock_fd, launch_dir)
                 except KeyboardInterrupt:  # a second signal, or the stop grace ran out
                     stage, step, total = controller.progress()
                     print(
@@ -521,21 +535,25 @@ def run(stages: list[Stage], device: str, placement: GpuPlacement | None, run_di
     except (TimeoutError, RuntimeError) as e:  # rollout workers that did not start
         raise ConfigError(str(e)) from None
     if rc != 0:
-        print(
-            f"rlcore: error: the trainer world exited with code {rc} (see the messages above)",
-            file=sys.stderr,
+        line = failure.first_failure(launch_dir) or (
+            f"the trainer world exited with code {rc} without saying why (killed, or out of memory?); "
+            f"its output is in {os.path.join(launch_dir, failure.TRAINER_LOG)}"
         )
+        print(f"rlcore: error: {line}", file=sys.stderr)
         return rc
     print_summary(run_dir, stages, time.time() - start)
     return 0 if stops.received is None else stops.exit_code
 
 
-def run_trainer_world(command: list[str], env: dict[str, str], lock_fd: int) -> int:
+def run_trainer_world(command: list[str], env: dict[str, str], lock_fd: int, launch_dir: str) -> int:
     """torchrun in a session of its own (a terminal's Ctrl-C reaches only the launcher, which stops
-    the run in order), dying with the launcher; its exit code. Interrupted, it ends the world."""
-    proc = subprocess.Popen(
-        command, env=env, start_new_session=True, preexec_fn=child_of_this_process(), pass_fds=(lock_fd,)
-    )
+    the run in order), dying with the launcher, its stderr and the ranks' (tracebacks, torchrun's
+    failure report) in <run>/launch/trainer.log; its exit code. Interrupted, it ends the world."""
+    with open(os.path.join(launch_dir, failure.TRAINER_LOG), "a") as log:
+        proc = subprocess.Popen(
+            command, env=env, stderr=log, start_new_session=True,
+            pass_fds=(lock_fd,),
+        )  # fmt: skip
     try:
         return proc.wait()
     except BaseException:

@@ -33,12 +33,6 @@ def die_with_parent(sig: int = signal.SIGTERM, parent_pid: int | None = None) ->
         os._exit(1)
 
 
-def child_of_this_process() -> Callable[[], None]:
-    """A Popen preexec_fn: the child dies with this process (the setting survives exec)."""
-    parent = os.getpid()
-    return lambda: die_with_parent(signal.SIGTERM, parent)
-
-
 class StopSignals:
     """Handles SIGINT and SIGTERM in the launcher while the run is on (a context manager)."""
 

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -154,7 +155,8 @@ class StageLoop:
                 list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}",
                 dataclasses.asdict(cfg),
             )  # fmt: skip
-            self.progress = StepProgress(self.total_train_steps, desc=self.stage.name)
+            # stdout: a run's stderr is for what went wrong (trainer ranks send it to a log file)
+            self.progress = StepProgress(self.total_train_steps, desc=self.stage.name, file=sys.stdout)
             last_eval, stopped = self._steps(resumed)
             self._heartbeat(wait=False)  # flush the last records
         finally:

@@ -1,5 +1,7 @@
 """Entry point of every trainer rank under `rlcore launch` (started by torch.distributed.run):
-rank 0 runs the loop (loop.py), commanding the other ranks, which follow its commands.
+rank 0 runs the loop (loop.py), commanding the other ranks, which follow its commands. Logs and
+the progress bar go to stdout; a failure is written for the launcher to report in one line
+(failure.py), its stderr (tracebacks) to the run's trainer log.
 
 python -m torch.distributed.run ... -m rlcore.runtime.trainer_rank <run_dir>/launch/plan.json
 """
@@ -16,6 +18,7 @@ import torch
 
 from ..core.config import from_yaml
 from ..core.config.loader import Stage
+from . import failure
 from .lifecycle import die_with_parent
 from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
 
@@ -39,6 +42,7 @@ def main(plan_path: str) -> int:
     device = plan["device"]
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(
+        stream=sys.stdout,
         level=plan["log_level"] if rank == 0 else logging.WARNING,
         format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
@@ -49,21 +53,24 @@ def main(plan_path: str) -> int:
     if plan.get("threads_per_rank"):
         torch.set_num_threads(plan["threads_per_rank"])
     die_with_parent()  # torchrun's agent: a rank never outlives it
-    init_world(device)
-    commands = command_group()
+    launch_dir = os.path.join(plan["run_dir"], "launch")
     try:
-        if rank == 0:
-            return _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands)
-        world = TrainerWorld(device)
+        init_world(device)
+        commands = command_group()
         try:
-            follow(world, commands, keep_serving=False)
-        except ValueError:  # a command failed on every rank alike: rank 0 says it in one line
-            return 2
+            if rank == 0:
+                return _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands)
+            world = TrainerWorld(device)
+            try:
+                follow(world, commands, keep_serving=False)
+            finally:
+                world.close_stage()
+            return 0
         finally:
-            world.close_stage()
-        return 0
-    finally:
-        torch.distributed.destroy_process_group()
+            torch.distributed.destroy_process_group()
+    except Exception as e:  # for the launcher to say in one line; the traceback goes to a file
+        failure.report(launch_dir, f"rank{rank}", e)
+        return 2 if isinstance(e, ValueError) else 1
 
 
 def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
@@ -80,13 +87,12 @@ def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
             from .run_reporter import RunReporter
 
             control = stages[0].config.control
-            reporter = RunReporter(plan["run_address"], ClientOptions.from_control(control), control.heartbeat_interval)
+            reporter = RunReporter(
+                plan["run_address"], ClientOptions.from_control(control), control.heartbeat_interval
+            )
         run = RunContext(plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [], reporter)
         run_stages(stages, LocalTrainer(command), run)
         return 0
-    except ValueError as e:  # user-facing problems found at run time: one line, no traceback
-        print(f"rlcore: error: {e}", file=sys.stderr, flush=True)
-        return 2
     finally:
         if reporter is not None:
             reporter.close()

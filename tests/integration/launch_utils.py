@@ -76,8 +76,15 @@ def launch(cfg: dict, path: str, *overrides: str, timeout_s: float = 600) -> sub
         yaml.safe_dump(cfg, f)
     cmd = [sys.executable, "-m", "rlcore.cli", "launch", path, *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    # the trainer ranks' stderr (warnings, tracebacks) goes to the run's trainer log, not the terminal
+    run_dir = os.path.join(
+        cfg.get("checkpoint_root_dir", "."), cfg.get("project", "rlcore"), cfg.get("name", "run")
+    )
+    log = os.path.join(REPO, run_dir, "launch", "trainer.log")
+    proc.trainer_log = open(log).read() if os.path.isfile(log) else ""  # type: ignore[attr-defined]
     assert proc.returncode == 0, (
-        f"launch failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        f"launch failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n"
+        f"trainer log:\n{proc.trainer_log[-6000:]}"  # type: ignore[attr-defined]
     )
     return proc
 

@@ -35,9 +35,10 @@ def test_a_bit_flipped_checkpoint_is_named_and_the_run_resumes_from_the_previous
     victim = _flip_a_byte(os.path.join(run_dir, "global_step_3"))
 
     proc = launch(cfg, damaged + ".yaml", "buffer.total_steps=4", "continue_from_checkpoint=true")
-    warnings = [line for line in proc.stderr.splitlines() if victim in line]
-    assert len(warnings) == 1 and "differs from its checksum" in warnings[0], proc.stderr[-3000:]
-    assert f"resuming from {os.path.join(run_dir, 'global_step_2')}" in proc.stderr
+    output = proc.stdout + proc.stderr  # the ranks log to stdout
+    warnings = [line for line in output.splitlines() if victim in line]
+    assert len(warnings) == 1 and "differs from its checksum" in warnings[0], output[-3000:]
+    assert f"resuming from {os.path.join(run_dir, 'global_step_2')}" in output
 
     rows = [m for m in read_metrics(run_dir) if "actor/loss" in m]
     reference = [m for m in read_metrics(os.path.join(straight, "it", "run")) if "actor/loss" in m]

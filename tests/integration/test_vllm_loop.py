@@ -166,7 +166,7 @@ def test_colocated_vllm_engine_loads_in_process_and_passes_the_probe_every_step(
     metrics = [m for m in read_metrics(os.path.join(root, "it", "run")) if "actor/loss" in m]
     assert len(metrics) == cfg["buffer"]["total_steps"]
     assert all(m["sync/probe_logprob_diff"] < 1e-3 for m in metrics), metrics
-    _assert_clean_exit(proc.stdout + proc.stderr)
+    _assert_clean_exit(proc.stdout + proc.stderr + proc.trainer_log)
 
 
 def _assert_clean_exit(output: str) -> None:
@@ -200,7 +200,7 @@ def test_colocated_vllm_in_every_rank_generates_a_share_and_each_engine_passes_t
     root = str(tmp_path)
     cfg = _two_ranks_with_vllm_inside(root)
     proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=800)
-    _assert_clean_exit(proc.stdout + proc.stderr)
+    _assert_clean_exit(proc.stdout + proc.stderr + proc.trainer_log)
     rows = read_metrics(os.path.join(root, "it", "run"))
     steps = [m for m in rows if "actor/loss" in m]
     assert len(steps) == cfg["buffer"]["total_steps"]
@@ -234,7 +234,7 @@ def test_colocated_vllm_engines_serve_every_stage_and_take_each_stages_weights_f
         {"name": "rl2", "buffer": {"total_steps": 2}},
     ]
     proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=800)
-    output = proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr + proc.trainer_log
     _assert_clean_exit(output)
     # rank 0 logs it (rank 1 logs warnings only): rl1 and rl2 took over the engine sft_eval built
     assert output.count("reusing the in-process vllm engine an earlier stage built") == 2, output[-4000:]
