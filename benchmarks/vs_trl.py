@@ -60,7 +60,7 @@ from rlcore.benchmarks.common import (
     versions,
     write_outputs,
 )
-from rlcore.runtime.launcher import KEEP_FREED_MALLOC
+from rlcore.runtime.child import KEEP_FREED_MALLOC
 
 COMPARISONS = {"same_engine": "hf", "best_engine": "vllm"}
 """Comparison -> rlcore's engine (TRL uses HF generate in both)."""

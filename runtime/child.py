@@ -1,15 +1,36 @@
-"""`python -m rlcore.runtime.child PARENT_PID -m MODULE ARGS...`: run MODULE as `python -m` would, in a
+"""How the launcher starts its children (torchrun, rollout workers): with their environment
+(`process_env`), and as children that die with it.
+
+`python -m rlcore.runtime.child PARENT_PID -m MODULE ARGS...` runs MODULE as `python -m` would, in a
 process that gets SIGTERM when PARENT_PID dies (kill -9 included), and ends at once when it is
-gone already. The launcher starts torchrun and the rollout workers this way: no preexec_fn, whose
-fork() in a process with gRPC threads running is unsafe."""
+gone already: no preexec_fn, whose fork() in a process with gRPC threads running is unsafe."""
 
 from __future__ import annotations
 
+import os
 import runpy
 import signal
 import sys
+from typing import Any
 
 from .lifecycle import die_with_parent
+
+KEEP_FREED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+"""glibc malloc settings of `cluster.malloc_keep_freed`: never trim the heap; serve blocks up to 32 MiB
+(glibc's own ceiling for its adaptive threshold) from it, so a step's activations reuse the last
+step's memory instead of page-faulting fresh pages."""
+
+
+def process_env(cluster: Any, threads: int, gpus: list[str] | None = None) -> dict[str, str]:
+    """The environment of the trainer ranks and rollout workers a launch starts; `gpus` (placed by
+    `gpu_placement`) replace CUDA_VISIBLE_DEVICES."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    user_malloc = "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ)
+    if cluster.malloc_keep_freed and not user_malloc:
+        env.update(KEEP_FREED_MALLOC)
+    return env
 
 
 def wrap(parent_pid: int, module: str, *args: str) -> list[str]:

@@ -3,7 +3,7 @@
 import os
 
 from rlcore.core.config.schema import ClusterConfig
-from rlcore.runtime.launcher import KEEP_FREED_MALLOC, process_env
+from rlcore.runtime.child import KEEP_FREED_MALLOC, process_env
 
 
 def _clear_malloc_env(monkeypatch):

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from rlcore.core.config import ConfigError, load_config, resolve_stages
-from rlcore.runtime.launcher import gpu_placement, process_env
+from rlcore.runtime.child import process_env
 from rlcore.runtime.placement import GpuPlacement, place_gpus, visible_gpus
+from rlcore.runtime.workers import gpu_placement
 
 from ..config.test_config_loading import write_recipe
 

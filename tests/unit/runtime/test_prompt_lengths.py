@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rlcore.core.config import ConfigError, load_config, resolve_stages
-from rlcore.runtime.launcher import check_prompt_lengths
+from rlcore.runtime.preflight import check_prompt_lengths
 
 
 def _stages(tmp_path, tiny_model_path, *overrides: str):

@@ -1,0 +1,144 @@
+"""What `rlcore launch` checks and prepares before it starts any process: the device and strategy,
+reward functions and monitor packages, the model folder, the assets it may build (scratch model,
+synthetic tasksets), prompt lengths, and whether the run folder already holds a run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from ..core.checkpoint import list_checkpoints
+from ..core.config import ConfigError, Stage, inherits_previous_model
+from .loop import SUMMARY, stage_dir
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "cluster.device is cuda but no CUDA device is visible; use cluster.device=cpu (or auto)"
+        )
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def local_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_strategies(stages: list[Stage], device: str) -> None:
+    """A strategy this machine cannot run (megatron without CUDA) is a one-line error up front."""
+    from ..backends import check_strategy_runs
+
+    for s in stages:
+        if s.config.trainer.remote:
+            continue  # the remote trainer's own machine decides
+        try:
+            check_strategy_runs(s.config.trainer.strategy, device)
+        except RuntimeError as e:
+            raise ConfigError(str(e)) from None
+
+
+def prepare_assets(stages: list[Stage]) -> None:
+    """Generate missing synthetic tasksets and build a missing scratch model (deterministic, so
+    doing it once here, before any rank starts, is enough)."""
+    from ..core.data.taskset import ensure_taskset
+    from ..core.scratch_model import ensure_model
+
+    for stage in stages:
+        cfg = stage.config
+        ensure_taskset(cfg.buffer.explorer_input.taskset, "buffer.explorer_input.taskset")
+        for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets):
+            ensure_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]")
+        if inherits_previous_model(cfg):
+            continue
+        if ensure_model(cfg.model.model_path, cfg.model.scratch, cfg.model.max_model_len, cfg.seed):
+            print(f"rlcore: built a scratch model in {cfg.model.model_path}", flush=True)
+
+
+def preflight(stages: list[Stage]) -> None:
+    """Resolve everything a rank would otherwise discover minutes later: reward functions (user
+    import paths included), monitor packages and the model folder."""
+    from ..core.monitor import check_monitor_dependencies
+    from ..rollout.rewards.compose import build_reward
+
+    for s in stages:
+        cfg = s.config
+        check_monitor_dependencies(list(cfg.monitor.monitor_type))
+        for key, ts in _tasksets(cfg):
+            try:
+                build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
+            except ValueError as e:
+                raise ConfigError(f"{key}.reward_fn: {e}") from None
+        model = cfg.model
+        if not inherits_previous_model(cfg) and not model.scratch.enabled:
+            if not os.path.isfile(os.path.join(model.model_path, "config.json")):
+                raise ConfigError(
+                    f"model.model_path: '{model.model_path}' has no config.json (is it an HF model folder?)"
+                )
+
+
+def check_prompt_lengths(stages: list[Stage]) -> None:
+    """Count each taskset's prompts longer than model.max_prompt_tokens (truncated from the left at
+    run time) and warn; with model.enable_prompt_truncation false, refuse the first one. Needs the
+    model's tokenizer: runs once the assets exist."""
+    from transformers import AutoTokenizer
+
+    from ..core.data.prompts import PromptFormat
+    from ..core.data.taskset import load_tasks
+
+    tokenizer_dir = stages[0].config.model.model_path  # a stage that inherits weights keeps the tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    for s in stages:
+        cfg, prefix = s.config, ("" if len(stages) == 1 else f"stages[{s.index}].")
+        if not inherits_previous_model(cfg) and cfg.model.model_path != tokenizer_dir:
+            tokenizer_dir = cfg.model.model_path
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        limit = cfg.model.max_prompt_tokens
+        for key, ts in _tasksets(cfg):
+            fmt = PromptFormat(
+                limit, cfg.model.apply_chat_template, cfg.model.chat_template, ts.format.system_prompt
+            )
+            tasks = load_tasks(ts, key)
+            lengths = [len(fmt.encode_whole_prompt(tokenizer, t.prompt)) for t in tasks]
+            long = [i for i, n in enumerate(lengths) if n > limit]
+            if not long:
+                continue
+            if not cfg.model.enable_prompt_truncation:
+                raise ConfigError(
+                    f"{prefix}{key}: {ts.path} row {long[0] + 1}'s prompt is {lengths[long[0]]} tokens, more than "
+                    f"model.max_prompt_tokens ({limit}), and model.enable_prompt_truncation is false: raise the "
+                    f"limit, shorten the prompt, or allow truncation ({len(long)} of {len(tasks)} prompts are longer)"
+                )
+            print(
+                f"rlcore: warning: {len(long)} of {len(tasks)} prompts of {prefix}{key} ({ts.path}) are longer than "
+                f"model.max_prompt_tokens ({limit}, the longest {max(lengths)}): their beginnings are cut off",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+
+
+def _tasksets(cfg: Any) -> list[tuple[str, Any]]:
+    """(config key, taskset) of a stage's training and evaluation tasksets."""
+    out = [("buffer.explorer_input.taskset", cfg.buffer.explorer_input.taskset)]
+    return out + [
+        (f"buffer.explorer_input.eval_tasksets[{i}]", t)
+        for i, t in enumerate(cfg.buffer.explorer_input.eval_tasksets)
+    ]
+
+
+def check_run_dir(run_dir: str, stages: list[Stage], resume: bool) -> None:
+    had_run = any(
+        list_checkpoints(stage_dir(run_dir, s, len(stages)))
+        or os.path.isfile(os.path.join(stage_dir(run_dir, s, len(stages)), SUMMARY))
+        for s in stages
+    )
+    if had_run and not resume:
+        raise ConfigError(
+            f"{run_dir} already holds a run: resume it with continue_from_checkpoint=true, "
+            f"or start a new one with name=<new name> (or delete the folder)"
+        )

@@ -1,0 +1,148 @@
+"""The rollout workers a launch starts (`rlcore rollout serve`, one process each) or finds at the
+configured endpoints, and which stages explore on them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.config import ConfigError, Stage
+from .child import process_env, wrap
+from .loop import explores_on_workers
+from .placement import GpuPlacement, place_gpus, visible_gpus
+
+
+def _tls_flags(tls: Any) -> list[str]:
+    if not tls.enabled:
+        return []
+    flags = ["--tls-cert", tls.cert_file, "--tls-key", tls.key_file]
+    if tls.ca_file:
+        flags += ["--tls-ca", tls.ca_file]
+    if tls.require_client_cert:
+        flags.append("--tls-require-client-cert")
+    return flags
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def worker_stages(stages: list[Stage]) -> list[Any]:
+    """Configs of the stages that explore on rollout workers (mode both, or a remote trainer, which
+    cannot host an engine: every stage then explores and evaluates on workers)."""
+    return [s.config for s in stages if explores_on_workers(s.config)]
+
+
+def workers_to_start(stages: list[Stage]) -> tuple[Any, int] | None:
+    """(config of the first stage that explores on workers, how many) when this launch must start
+    rollout workers itself; None when no stage needs them or endpoints name running ones."""
+    configs = worker_stages(stages)
+    if not configs or configs[0].explorer.rollout_model.endpoints:
+        return None
+    return configs[0], max(c.explorer.rollout_model.engine_num for c in configs)
+
+
+def gpu_placement(
+    stages: list[Stage], device: str, env: Mapping[str, str], device_count: int
+) -> GpuPlacement | None:
+    """The GPUs of the trainer ranks and the rollout workers this launch starts on this node; None on
+    CPU or when it starts no workers (the trainer ranks then see every GPU, as torchrun gives them)."""
+    started = workers_to_start(stages)
+    if device != "cuda" or started is None:
+        return None
+    first, count = started
+    base = stages[0].config
+    return place_gpus(
+        visible_gpus(env, device_count),
+        trainer_ranks=0 if base.trainer.remote else base.cluster.ranks_per_node,
+        engine_num=count,
+        gpus_per_engine=first.explorer.rollout_model.tensor_parallel_size,
+        may_share=all(c.synchronizer.sync_method == "checkpoint" for c in worker_stages(stages)),
+    )
+
+
+class RolloutWorkers:
+    """Rollout workers this launch starts (`rlcore rollout serve`), one process each, logging to
+    <run>/launch/rollout_worker_<i>.log; they register with the run's RunService. On CUDA each one
+    sees only the GPUs `gpus[i]` names."""
+
+    def __init__(
+        self, cfg: Any, model_path: str, count: int, device: str, run_address: str, log_dir: str,
+        gpus: list[list[str]] | None = None, keep_fds: tuple[int, ...] = (),
+    ):  # fmt: skip
+        """`keep_fds`: descriptors the workers inherit (the run lock: a live worker keeps the run live)."""
+        self.procs: list[subprocess.Popen] = []
+        self.logs = [os.path.join(log_dir, f"rollout_worker_{i}.log") for i in range(count)]
+        threads = max(1, (os.cpu_count() or 1) // count)
+        rm, control = cfg.explorer.rollout_model, cfg.control
+        for i in range(count):
+            cmd = [
+                *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", model_path,
+                "--engine", rm.engine_type, "--device", device, "--dtype", cfg.model.dtype,
+                "--max-model-len", str(cfg.model.max_model_len), "--max-batch-size", str(rm.max_batch_size),
+                "--tensor-parallel-size", str(rm.tensor_parallel_size),
+                "--gpu-memory-utilization", str(rm.gpu_memory_utilization),
+                *(["--enforce-eager"] if rm.enforce_eager else []), "--seed", str(cfg.seed + i),
+                "--threads", str(threads), "--host", control.host, "--port", "0", "--register", run_address,
+                "--index", str(i), "--token-env", control.token_env,
+                "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls),
+            ]  # fmt: skip
+            env = process_env(cfg.cluster, threads, None if gpus is None else gpus[i])
+            with open(self.logs[i], "w") as log_file:
+                self.procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                        pass_fds=keep_fds,
+                    )  # fmt: skip
+                )
+
+    def dead(self) -> str | None:
+        """A message about the first worker that exited, with its log's tail; None if all run."""
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                return (
+                    f"rollout worker {i} exited with code {p.returncode}; last lines of {self.logs[i]}:\n"
+                    + _tail(self.logs[i])
+                )
+        return None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        end = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def check_endpoints(endpoints: list[str], control: Any) -> None:
+    """Configured rollout workers must answer before any trainer rank starts."""
+    from ..client.base import ClientOptions, RpcError
+    from ..client.rollout import RolloutClient
+
+    options = ClientOptions.from_control(control, timeout=10.0)
+    options.retry_attempts = 3
+    for i, address in enumerate(endpoints):
+        with RolloutClient(address, options) as client:
+            try:
+                client.get_info()
+            except RpcError as e:
+                raise ConfigError(
+                    f"explorer.rollout_model.endpoints[{i}]: {address} does not answer ({e.code.name}: "
+                    f"{e.details}); start it with `rlcore rollout serve --model ... --port ...` and the run's token"
+                ) from None
