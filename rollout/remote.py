@@ -8,7 +8,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from ..client.base import ClientOptions
+from ..client.base import ClientOptions, RpcError
 from ..client.rollout import RolloutClient
 from ..core.config.schema import RLCoreConfig
 from ..core.step_metrics import rollout_report
@@ -16,42 +16,83 @@ from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 
 log = logging.getLogger("rlcore.explorer")
 
+_GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+"""Status codes of a worker that is not there (as opposed to one that answered with an error)."""
+
 
 class RemoteRollout:
-    def __init__(self, cfg: RLCoreConfig, endpoints: list[str]):
+    def __init__(self, cfg: RLCoreConfig, endpoints: list[str], skip_unreachable: bool = False):
+        """`skip_unreachable`: leave out (in `lost`) the workers that do not answer, instead of failing."""
         options = ClientOptions.from_control(cfg.control, timeout=cfg.explorer.max_timeout)
-        self.clients = [RolloutClient(address, options) for address in endpoints]
-        for address, info in zip(endpoints, [c.get_info() for c in self.clients], strict=True):
+        self.clients: list[RolloutClient] = []
+        self.lost: list[str] = []
+        """Addresses of workers that stopped answering, in the order they did."""
+        for address in endpoints:
+            client = RolloutClient(address, options)
+            try:
+                info = client.get_info(timeout=30)
+            except RpcError as e:
+                client.close()
+                if not skip_unreachable or e.code.name not in _GONE:
+                    raise
+                log.warning("%s; left out", e)
+                self.lost.append(address)
+                continue
             if info.max_model_len < cfg.model.max_model_len:
                 raise ValueError(
                     f"rollout worker {address} serves max_model_len {info.max_model_len} but "
                     f"model.max_model_len is {cfg.model.max_model_len}: start it with --max-model-len "
                     f"{cfg.model.max_model_len}"
                 )
-        self._pool = ThreadPoolExecutor(max_workers=len(self.clients))
-        log.info("exploring on %d rollout worker(s): %s", len(endpoints), ", ".join(endpoints))
+            self.clients.append(client)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.clients)))
+        log.info(
+            "exploring on %d rollout worker(s): %s",
+            len(self.clients),
+            ", ".join(c.address for c in self.clients),
+        )
 
     def run(
         self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
     ) -> list[Experience]:
+        """Contiguous, balanced shares, one per worker, each with a seed of its own. A worker that
+        stops answering is dropped (`lost`) and its share runs on a worker still answering, with
+        the share's seed: the batch comes out as if nothing had happened."""
         n = len(self.clients)
-        bounds = [len(tasks) * i // n for i in range(n + 1)]  # contiguous, balanced shares
+        bounds = [len(tasks) * i // n for i in range(n + 1)]
+        shares: list[list[list[Experience]] | None] = [None] * n
 
-        def share(i: int) -> list[list[Experience]]:
+        def share(i: int, client: RolloutClient) -> None:
             chunk = tasks[bounds[i] : bounds[i + 1]]
             out: list[list[Experience]] = [[] for _ in chunk]
-            if not chunk:
-                return out
-            seeded = (
-                sampling
-                if sampling.seed is None
-                else SamplingParams(**{**asdict(sampling), "seed": sampling.seed + 7919 * i})
-            )
-            for index, exps in self.clients[i].run_tasks(chunk, seeded, spec, timeout=timeout):
-                out[index] = exps
-            return out
+            if chunk:
+                seeded = (
+                    sampling
+                    if sampling.seed is None
+                    else SamplingParams(**{**asdict(sampling), "seed": sampling.seed + 7919 * i})
+                )
+                for index, exps in client.run_tasks(chunk, seeded, spec, timeout=timeout):
+                    out[index] = exps
+            shares[i] = out
 
-        return [e for part in self._pool.map(share, range(n)) for exps in part for e in exps]
+        todo = [(i, self.clients[i]) for i in range(n)]
+        while todo:
+            failed = []
+            for (i, client), future in [(t, self._pool.submit(share, *t)) for t in todo]:
+                try:
+                    future.result()
+                except RpcError as e:
+                    if e.code.name not in _GONE:
+                        raise  # the worker answered: bad input, a failing reward
+                    log.warning("%s; its tasks go to the other rollout workers", e)
+                    if client in self.clients:
+                        self.clients.remove(client)
+                        self.lost.append(client.address)
+                    failed.append(i)
+            if failed and not self.clients:
+                raise RuntimeError(f"no rollout worker answers: {', '.join(self.lost)} stopped")
+            todo = [(i, self.clients[k % len(self.clients)]) for k, i in enumerate(failed)]
+        return [e for part in shares if part is not None for exps in part for e in exps]
 
     def report(self) -> dict[str, float]:
         return rollout_report(1, [])  # the workers report no engine/reward split

@@ -128,6 +128,8 @@ class LocalTrainer(TrainerHandle):
 
     def sync_weights(self, endpoints: list[str]) -> Synced:
         out = self.command("sync_weights", endpoints)
+        if "failed" in out:  # raised here, outside the command every rank has finished
+            raise RuntimeError(out["failed"])
         return Synced(out["num_bytes"], out["seconds"])
 
     def start_engines(self) -> Engines:

@@ -115,6 +115,7 @@ def control_plane(
     info: dict[str, Any] = {
         "run_address": run_address,
         "rollout_endpoints": [],
+        "workers_managed": False,
         "master_address": "127.0.0.1",
     }
     try:
@@ -138,6 +139,8 @@ def control_plane(
                 )  # fmt: skip
                 endpoints = run.wait_for_workers("rollout", count, control.worker_start_timeout, workers.dead)
                 print(f"rlcore: rollout workers ready: {', '.join(endpoints)}", flush=True)
+                workers.keep(run)
+                info["workers_managed"] = True
             info["rollout_endpoints"] = endpoints
             info["master_address"] = reachable_host(control.host)
         yield {**info, "run": run}
@@ -163,7 +166,10 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
         with TrainerClient(base.trainer.remote, options) as client:
             world_size = client.get_state(timeout=30).world_size
             print(f"rlcore: remote trainer {base.trainer.remote}: {world_size} rank(s)", flush=True)
-            run = RunContext(plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter)
+            run = RunContext(
+                plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter,
+                workers=reporter.rollout_workers if plan["workers_managed"] else None,
+            )  # fmt: skip
             run_stages(stages, RemoteTrainer(client), run)
     finally:
         reporter.close()
@@ -229,6 +235,7 @@ def run(stages: list[Stage], device: str, placement: GpuPlacement | None, run_di
             plan = {
                 "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
                 "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
+                "workers_managed": plane["workers_managed"],
                 "master_address": plane["master_address"],
                 "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
             }  # fmt: skip

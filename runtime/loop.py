@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,9 @@ class RunContext:
     endpoints: list[str]
     """Rollout workers (mode both, or a remote trainer); empty: engines in the trainer's process."""
     reporter: Any = None
+    workers: Callable[[], list[str]] | None = None
+    """The addresses of the rollout workers the launch keeps alive (it restarts those that exit),
+    asked before each step; None: the workers are the fixed `endpoints`."""
     """RunReporter: the link to the run's controller (None without one)."""
 
 
@@ -234,7 +238,7 @@ class StageLoop:
         return metrics
 
     def rl_step(self, tasks: list[Task]) -> dict[str, float]:
-        metrics: dict[str, float] = {}
+        metrics = self._follow_workers()
         if self.schedule.due_before_explore(self.global_step, self.synced_step):
             metrics.update(self._sync())
         start = time.perf_counter()
@@ -277,11 +281,43 @@ class StageLoop:
 
     # ------------------------------------------------------------------ sync, evaluation, checkpoints
 
-    def _sync(self) -> dict[str, float]:
+    def _follow_workers(self, retry: bool = True, force: bool = False) -> dict[str, float]:
+        """Take the launch's rollout workers as they are now: without the ones that stopped
+        answering, with the restarted ones, which get the current weights before they serve."""
+        if self.workers is None or self.run_ctx.workers is None:
+            return {}
+        addresses = [a for a in self.run_ctx.workers() if a not in self.workers.lost]
+        if addresses == self.endpoints and not force:
+            return {}
+        log.info("rollout workers now: %s (were: %s)", ", ".join(addresses), ", ".join(self.endpoints))
+        self.workers.close()
+        self.workers = RemoteRollout(self.cfg, addresses, skip_unreachable=True)
+        if not self.workers.clients:
+            raise RuntimeError(
+                f"no rollout worker answers: {', '.join(self.endpoints)} stopped, and "
+                + (
+                    f"{', '.join(addresses)} do(es) not answer"
+                    if addresses
+                    else "none is registered with the run"
+                )
+            )
+        assert self.explorer is not None
+        self.explorer.rollout = self.explorer.eval_rollout = self.workers
+        self.endpoints = [c.address for c in self.workers.clients]
+        return self._sync(retry=retry)
+
+    def _sync(self, retry: bool = True) -> dict[str, float]:
         """Push the trainer's weights to the engines; with synchronizer.probe, check each engine's
-        greedy log-probs against the trainer's."""
+        greedy log-probs against the trainer's. A launch's worker lost meanwhile is left out."""
         start = time.perf_counter()
-        synced = self.handle.sync_weights(self.endpoints)
+        try:
+            synced = self.handle.sync_weights(self.endpoints)
+        except Exception as e:
+            if not retry or self.workers is None or self.run_ctx.workers is None:
+                raise
+            log.warning("weight sync failed (%s); again with the rollout workers that answer", e)
+            time.sleep(1.0)  # the launch notices a worker that exited within a second
+            return self._follow_workers(retry=False, force=True)
         self.synced_step = self.global_step
         metrics = {"perf/sync_s": time.perf_counter() - start}
         if synced.num_bytes:
@@ -309,6 +345,7 @@ class StageLoop:
         """Evaluate on the engines, after making sure they hold the current weights."""
         if self.explorer is None or not self.cfg.buffer.explorer_input.eval_tasksets:
             return {}
+        self._follow_workers()
         if self.synced_step != self.global_step:
             self._sync()
         return self.explorer.evaluate(seed=self.cfg.seed)

@@ -65,5 +65,10 @@ class RunReporter:
                 return "go"
             time.sleep(PAUSE_POLL_S)
 
+    def rollout_workers(self) -> list[str]:
+        """Addresses of the rollout workers registered with the run now, in index order."""
+        status = self.client.get_status()
+        return [w.address for w in status.workers if w.role == "rollout"]
+
     def close(self) -> None:
         self.client.close()

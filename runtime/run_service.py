@@ -253,6 +253,12 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 self._run.state = run_pb2.RUN_STATE_STOPPING
                 self._changed.notify_all()
 
+    def remove_worker(self, role: str, index: int) -> None:
+        """The launcher's worker `index` of `role` is gone (its process exited)."""
+        with self._changed:
+            self._run.workers.pop(f"{role}-{index}", None)
+            self._changed.notify_all()
+
     def progress(self) -> tuple[str, int, int]:
         """(stage, step, total steps) as the trainer last reported them."""
         with self._changed:

@@ -90,7 +90,10 @@ def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
             reporter = RunReporter(
                 plan["run_address"], ClientOptions.from_control(control), control.heartbeat_interval
             )
-        run = RunContext(plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [], reporter)
+        run = RunContext(
+            plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [], reporter,
+            workers=reporter.rollout_workers if reporter is not None and plan.get("workers_managed") else None,
+        )  # fmt: skip
         run_stages(stages, LocalTrainer(command), run)
         return 0
     finally:

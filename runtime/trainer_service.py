@@ -293,4 +293,6 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         with self._lock:
             self._configured()
             out = self._run("sync_weights", endpoints)
+        if "failed" in out:
+            raise FailedPrecondition(f"the weight sync failed: {out['failed']}")
         return trainer_pb2.SyncWeightsResponse(**out)

@@ -31,6 +31,7 @@ from ..core.config import RLCoreConfig
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline
+from .failure import one_line
 from .training import SequenceSpec, StageTraining
 
 if TYPE_CHECKING:
@@ -200,7 +201,8 @@ class TrainerWorld:
     def sync_weights(self, endpoints: list[str]) -> dict[str, Any]:
         """Push the current weights to the engines: the rollout workers at `endpoints` (rank 0
         sends), or with none this stage's in-process engines. Every rank walks the weights, also
-        when rank 0 cannot reach the workers (it raises afterwards), so the ranks stay in step."""
+        when rank 0 cannot reach the workers, so the ranks stay in step: rank 0 then answers
+        {"failed": one line} instead of raising, every rank having finished the command."""
         from ..rollout.transports import build_transport
         from ..rollout.transports.base import Endpoints
 
@@ -223,10 +225,10 @@ class TrainerWorld:
                 stats = transport.push(t.strategy, t.state.global_step)
             if failure is not None:
                 raise failure
-        except Exception:
+        except Exception as e:
             transport.close()  # its group may be broken; the next call forms a new one
             self._transports.pop(key, None)
-            raise
+            return {"failed": one_line(e)}
         self._transports[key] = transport
         t.state.policy_version = transport.version
         return {

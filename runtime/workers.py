@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -70,18 +71,25 @@ def gpu_placement(
 
 class RolloutWorkers:
     """Rollout workers this launch starts (`rlcore rollout serve`), one process each, logging to
-    <run>/launch/rollout_worker_<i>.log; they register with the run's RunService. On CUDA each one
-    sees only the GPUs `gpus[i]` names."""
+    <run>/launch/rollout_worker_<i>.log; they register with the run's RunService under their index.
+    On CUDA each one sees only the GPUs `gpus[i]` names. Once `keep` is called, a worker that exits
+    is removed from the run and restarted (backoff 1, 2, 4, ... s; at most `max_restarts` times);
+    the restarted worker registers under the same index."""
 
     def __init__(
         self, cfg: Any, model_path: str, count: int, device: str, run_address: str, log_dir: str,
         gpus: list[list[str]] | None = None, keep_fds: tuple[int, ...] = (),
     ):  # fmt: skip
         """`keep_fds`: descriptors the workers inherit (the run lock: a live worker keeps the run live)."""
-        self.procs: list[subprocess.Popen] = []
         self.logs = [os.path.join(log_dir, f"rollout_worker_{i}.log") for i in range(count)]
         threads = max(1, (os.cpu_count() or 1) // count)
         rm, control = cfg.explorer.rollout_model, cfg.control
+        self.max_restarts = rm.max_restarts
+        self.restarts = [0] * count
+        self._keep_fds = keep_fds
+        self._stopping = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self._commands: list[tuple[list[str], dict[str, str]]] = []
         for i in range(count):
             cmd = [
                 *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", model_path,
@@ -94,18 +102,16 @@ class RolloutWorkers:
                 "--index", str(i), "--token-env", control.token_env,
                 "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls),
             ]  # fmt: skip
-            env = process_env(cfg.cluster, threads, None if gpus is None else gpus[i])
-            with open(self.logs[i], "w") as log_file:
-                self.procs.append(
-                    subprocess.Popen(
-                        cmd,
-                        stdout=log_file,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        start_new_session=True,
-                        pass_fds=keep_fds,
-                    )  # fmt: skip
-                )
+            self._commands.append((cmd, process_env(cfg.cluster, threads, None if gpus is None else gpus[i])))
+        self.procs = [self._start(i, "w") for i in range(count)]
+
+    def _start(self, i: int, mode: str) -> subprocess.Popen:
+        cmd, env = self._commands[i]
+        with open(self.logs[i], mode) as log_file:
+            return subprocess.Popen(
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                pass_fds=self._keep_fds,
+            )  # fmt: skip
 
     def dead(self) -> str | None:
         """A message about the first worker that exited, with its log's tail; None if all run."""
@@ -117,7 +123,43 @@ class RolloutWorkers:
                 )
         return None
 
+    def keep(self, run: Any, poll_s: float = 0.5) -> None:
+        """From now on, restart workers that exit; `run` (RunServicer) forgets them meanwhile."""
+        self._keeper = threading.Thread(
+            target=self._keep, args=(run, poll_s), name="rlcore-workers", daemon=True
+        )
+        self._keeper.start()
+
+    def _keep(self, run: Any, poll_s: float) -> None:
+        while not self._stopping.wait(poll_s):
+            for i, p in enumerate(self.procs):
+                if p.poll() is None or self.restarts[i] > self.max_restarts:
+                    continue
+                run.remove_worker("rollout", i)
+                if self.restarts[i] == self.max_restarts:
+                    print(
+                        f"rlcore: rollout worker {i} exited with code {p.returncode} and was restarted "
+                        f"{self.max_restarts} time(s) already (explorer.rollout_model.max_restarts): the run goes "
+                        f"on without it; its log: {self.logs[i]}",
+                        flush=True,
+                    )
+                    self.restarts[i] += 1
+                    continue
+                wait_s = 2.0 ** self.restarts[i]
+                self.restarts[i] += 1
+                print(
+                    f"rlcore: rollout worker {i} exited with code {p.returncode}; restarting it in {wait_s:g} s "
+                    f"({self.restarts[i]} of {self.max_restarts}); its log: {self.logs[i]}",
+                    flush=True,
+                )
+                if self._stopping.wait(wait_s):
+                    return
+                self.procs[i] = self._start(i, "a")
+
     def stop(self, grace_s: float = 10.0) -> None:
+        self._stopping.set()
+        if self._keeper is not None:
+            self._keeper.join()
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()

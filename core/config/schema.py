@@ -254,6 +254,10 @@ class RolloutModelConfig:
     """Mode colocate on one GPU: vLLM frees its KV cache and offloads its weights while the trainer
     works, then wakes for the weight load and the next rollout (vllm on GPU). Also allowed in mode
     train, whose in-process engine only evaluates: it sleeps between evaluations."""
+    max_restarts: int = bounded(3, ge=0)
+    """How often `rlcore launch` restarts each rollout worker it started that exits unexpectedly
+    (after 1, 2, 4, ... s); meanwhile its tasks go to the other workers, and it gets the current
+    weights before it serves again. 0: never."""
     endpoints: list[str] = field(default_factory=list)
     """Rollout workers already running (host:port each, e.g. started with `rlcore rollout serve`);
     empty: `rlcore launch` starts `engine_num` workers on this machine. Mode both only."""
