@@ -72,11 +72,6 @@ def list_checkpoints(stage_dir: str) -> list[int]:
     return sorted(steps)
 
 
-def latest_checkpoint(stage_dir: str) -> str | None:
-    steps = list_checkpoints(stage_dir)
-    return step_dir(stage_dir, steps[-1]) if steps else None
-
-
 def resumable_checkpoint(stage_dir: str, fallback: bool = True) -> str | None:
     """The newest checkpoint that verifies; a damaged newer one is named in a warning (`fallback`)
     or raised (CheckpointError). None when the stage has no checkpoint; an error when it has some

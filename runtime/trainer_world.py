@@ -134,7 +134,6 @@ class TrainerWorld:
         self.device = device
         self.training: StageTraining | None = None
         self.engine: LocalRollout | None = None
-        self.engine_reused = False
         self.model_path = ""
         self.vocab_size = 0
         self._make_sender = make_sender  # rank 0 only
@@ -171,8 +170,7 @@ class TrainerWorld:
             self.engine = LocalRollout(t.cfg, self.model_path, self.device)
         box = [self.engine is not None and self.engine.reused]
         dist.broadcast_object_list(box, src=0)
-        self.engine_reused = bool(box[0])
-        return self.engine_reused
+        return bool(box[0])
 
     def forward_backward(self, call: ForwardBackwardCall) -> dict[str, Any]:
         return self._t().train_sequences(call.sequences, call.loss, call.temperature, call.normalize_tokens)
