@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from ..backends import STRATEGIES
 from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
+from ..core.data.prompt_lengths import check_prompt_lengths, has_tokenizer
 from ..core.monitor import check_monitor_dependencies
 from ..rollout.engines import ENGINES
 
@@ -168,7 +169,11 @@ def _show(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     _, stages = _load(args)
     names = ", ".join(stage.name for stage in stages)
-    print(f"OK: {args.config} ({len(stages)} stage(s): {names})")
+    lengths = ""
+    if any(has_tokenizer(s.config.model.model_path) for s in stages):  # else no heavy import at all
+        if not check_prompt_lengths(stages, only_on_disk=True):
+            lengths = "; prompt lengths of stages whose model is not on disk yet are checked at launch"
+    print(f"OK: {args.config} ({len(stages)} stage(s): {names}){lengths}")
     return 0
 
 

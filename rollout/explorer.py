@@ -25,6 +25,11 @@ log = logging.getLogger("rlcore.explorer")
 class Rollout(Protocol):
     """Where an explorer's tasks run."""
 
+    bounded: bool
+    """Whether `run` ends by itself within `timeout` (RPC deadlines, each rank's own watchdog), so
+    a stalled engine is an error the rollout can handle (fail over); otherwise the explorer's
+    watchdog ends the process when a batch overruns."""
+
     def run(
         self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
     ) -> list[Experience]: ...
@@ -102,6 +107,8 @@ class Explorer:
         retries, timeout = self.cfg.explorer.max_retry_times, self.cfg.explorer.max_timeout
         for attempt in range(retries + 1):
             try:
+                if rollout.bounded:
+                    return rollout.run(tasks, sampling, spec, timeout)
                 with deadline(timeout, "a rollout batch", "explorer.max_timeout"):
                     return rollout.run(tasks, sampling, spec, timeout)
             except (RuntimeError, OSError, RpcError) as e:  # engine/worker failures; bad input is not retried

@@ -27,6 +27,8 @@ class LocalRollout:
     process, see rollout/engines/in_process.py), so it holds that stage's weights until the first
     sync."""
 
+    bounded = False  # a generate in this process cannot be interrupted: the explorer's watchdog bounds it
+
     def __init__(self, cfg: RLCoreConfig, model_path: str, device: str):
         rm = cfg.explorer.rollout_model
         self.engine, self.reused = in_process.acquire(

@@ -21,6 +21,8 @@ _GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 
 
 class RemoteRollout:
+    bounded = True  # every call has an RPC deadline: a stalled worker fails over instead of ending the run
+
     def __init__(self, cfg: RLCoreConfig, endpoints: list[str], skip_unreachable: bool = False):
         """`skip_unreachable`: leave out (in `lost`) the workers that do not answer, instead of failing."""
         options = ClientOptions.from_control(cfg.control, timeout=cfg.explorer.max_timeout)
@@ -30,7 +32,7 @@ class RemoteRollout:
         for address in endpoints:
             client = RolloutClient(address, options)
             try:
-                info = client.get_info(timeout=30)
+                info = client.get_info(timeout=min(30.0, cfg.explorer.max_timeout))
             except RpcError as e:
                 client.close()
                 if not skip_unreachable or e.code.name not in _GONE:

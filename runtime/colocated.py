@@ -9,6 +9,8 @@ from .trainer_world import Commander, RolloutCall
 
 
 class WorldRollout:
+    bounded = True  # each rank's share runs under its own watchdog (TrainerWorld.rollout)
+
     def __init__(self, command: Commander):
         self.command = command
         self._report: dict[str, float] = {}

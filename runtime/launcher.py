@@ -19,13 +19,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
+from ..core.data.prompt_lengths import check_prompt_lengths
 from . import failure
 from .child import process_env, wrap
 from .lifecycle import StopSignals, end_process
 from .loop import SUMMARY, planned_steps, stage_dir
 from .placement import GpuPlacement
 from .preflight import (
-    check_prompt_lengths,
     check_run_dir,
     check_strategies,
     local_device_count,

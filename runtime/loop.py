@@ -49,10 +49,11 @@ class RunContext:
     endpoints: list[str]
     """Rollout workers (mode both, or a remote trainer); empty: engines in the trainer's process."""
     reporter: Any = None
-    workers: Callable[[], list[str]] | None = None
-    """The addresses of the rollout workers the launch keeps alive (it restarts those that exit),
-    asked before each step; None: the workers are the fixed `endpoints`."""
     """RunReporter: the link to the run's controller (None without one)."""
+    workers: Callable[[], list[str] | None] | None = None
+    """The addresses of the rollout workers the launch keeps alive (it restarts those that exit),
+    asked before each step (None back: unknown now, keep the current ones); None: the workers
+    are the fixed `endpoints`."""
 
 
 def explores_on_workers(cfg: RLCoreConfig) -> bool:
@@ -286,10 +287,12 @@ class StageLoop:
         answering, with the restarted ones, which get the current weights before they serve."""
         if self.workers is None or self.run_ctx.workers is None:
             return {}
-        addresses = [a for a in self.run_ctx.workers() if a not in self.workers.lost]
+        registered = self.run_ctx.workers()
+        if registered is None:  # the controller does not answer: the workers we have, less the lost
+            registered = self.endpoints
+        addresses = [a for a in registered if a not in self.workers.lost]
         if addresses == self.endpoints and not force:
             return {}
-        log.info("rollout workers now: %s (were: %s)", ", ".join(addresses), ", ".join(self.endpoints))
         self.workers.close()
         self.workers = RemoteRollout(self.cfg, addresses, skip_unreachable=True)
         if not self.workers.clients:
@@ -303,7 +306,8 @@ class StageLoop:
             )
         assert self.explorer is not None
         self.explorer.rollout = self.explorer.eval_rollout = self.workers
-        self.endpoints = [c.address for c in self.workers.clients]
+        were, self.endpoints = self.endpoints, [c.address for c in self.workers.clients]
+        log.info("rollout workers now: %s (were: %s)", ", ".join(self.endpoints), ", ".join(were))
         return self._sync(retry=retry)
 
     def _sync(self, retry: bool = True) -> dict[str, float]:

@@ -1,15 +1,14 @@
 """What `rlcore launch` checks and prepares before it starts any process: the device and strategy,
 reward functions and monitor packages, the model folder, the assets it may build (scratch model,
-synthetic tasksets), prompt lengths, and whether the run folder already holds a run."""
+synthetic tasksets), and whether the run folder already holds a run."""
 
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any
 
 from ..core.checkpoint import list_checkpoints
 from ..core.config import ConfigError, Stage, inherits_previous_model
+from ..core.data.taskset import tasksets_of
 from .loop import SUMMARY, stage_dir
 
 
@@ -70,7 +69,7 @@ def preflight(stages: list[Stage]) -> None:
     for s in stages:
         cfg = s.config
         check_monitor_dependencies(list(cfg.monitor.monitor_type))
-        for key, ts in _tasksets(cfg):
+        for key, ts in tasksets_of(cfg):
             try:
                 build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
             except ValueError as e:
@@ -81,54 +80,6 @@ def preflight(stages: list[Stage]) -> None:
                 raise ConfigError(
                     f"model.model_path: '{model.model_path}' has no config.json (is it an HF model folder?)"
                 )
-
-
-def check_prompt_lengths(stages: list[Stage]) -> None:
-    """Count each taskset's prompts longer than model.max_prompt_tokens (truncated from the left at
-    run time) and warn; with model.enable_prompt_truncation false, refuse the first one. Needs the
-    model's tokenizer: runs once the assets exist."""
-    from transformers import AutoTokenizer
-
-    from ..core.data.prompts import PromptFormat
-    from ..core.data.taskset import load_tasks
-
-    tokenizer_dir = stages[0].config.model.model_path  # a stage that inherits weights keeps the tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    for s in stages:
-        cfg, prefix = s.config, ("" if len(stages) == 1 else f"stages[{s.index}].")
-        if not inherits_previous_model(cfg) and cfg.model.model_path != tokenizer_dir:
-            tokenizer_dir = cfg.model.model_path
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        limit = cfg.model.max_prompt_tokens
-        for key, ts in _tasksets(cfg):
-            fmt = PromptFormat(
-                limit, cfg.model.apply_chat_template, cfg.model.chat_template, ts.format.system_prompt
-            )
-            tasks = load_tasks(ts, key)
-            lengths = [len(fmt.encode_whole_prompt(tokenizer, t.prompt)) for t in tasks]
-            long = [i for i, n in enumerate(lengths) if n > limit]
-            if not long:
-                continue
-            if not cfg.model.enable_prompt_truncation:
-                raise ConfigError(
-                    f"{prefix}{key}: {ts.path} row {long[0] + 1}'s prompt is {lengths[long[0]]} tokens, more than "
-                    f"model.max_prompt_tokens ({limit}), and model.enable_prompt_truncation is false: raise the "
-                    f"limit, shorten the prompt, or allow truncation ({len(long)} of {len(tasks)} prompts are longer)"
-                )
-            print(
-                f"rlcore: warning: {len(long)} of {len(tasks)} prompts of {prefix}{key} ({ts.path}) are longer than "
-                f"model.max_prompt_tokens ({limit}, the longest {max(lengths)}): their beginnings are cut off",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
-
-
-def _tasksets(cfg: Any) -> list[tuple[str, Any]]:
-    """(config key, taskset) of a stage's training and evaluation tasksets."""
-    out = [("buffer.explorer_input.taskset", cfg.buffer.explorer_input.taskset)]
-    return out + [
-        (f"buffer.explorer_input.eval_tasksets[{i}]", t)
-        for i, t in enumerate(cfg.buffer.explorer_input.eval_tasksets)
-    ]
 
 
 def check_run_dir(run_dir: str, stages: list[Stage], resume: bool) -> None:

@@ -18,9 +18,14 @@ MAX_PENDING = 10_000
 """Records kept for a controller that does not answer (the oldest go first)."""
 
 
+QUIET_MAX_FACTOR = 12
+"""After failures in a row, the pause between attempts doubles from bound_s up to this many times it."""
+
+
 class RunReporter:
-    """A heartbeat costs training at most `bound_s`: one attempt with that timeout, and after a
-    failure none for `bound_s` (the records wait for the next one that gets through)."""
+    """A call to the controller costs training at most `bound_s`: one attempt with that timeout,
+    and after a failure none for `bound_s`, doubling with each failure in a row up to
+    QUIET_MAX_FACTOR * bound_s (the records wait for the next heartbeat that gets through)."""
 
     def __init__(self, address: str, options: ClientOptions, bound_s: float):
         from dataclasses import replace
@@ -33,6 +38,12 @@ class RunReporter:
         self.client = RunClient(address, replace(options, timeout=bound_s, retry_attempts=1))
         self._pending: list = []
         self._quiet_until = 0.0
+        self._quiet_s = bound_s
+
+    def _unreachable(self, error: RpcError) -> None:
+        log.warning("run controller unreachable (%s); carrying on, next try in %g s", error, self._quiet_s)
+        self._quiet_until = time.monotonic() + self._quiet_s
+        self._quiet_s = min(2 * self._quiet_s, QUIET_MAX_FACTOR * self.bound_s)
 
     def record(self, stage: str, step: int, metrics: dict[str, float]) -> None:
         from ..client.run import MetricsRecord
@@ -55,19 +66,25 @@ class RunReporter:
                     policy_version=policy_version, records=self._pending,
                 )  # fmt: skip
             except RpcError as e:
-                log.warning("run controller unreachable (%s); carrying on, next try in %g s", e, self.bound_s)
-                self._quiet_until = time.monotonic() + self.bound_s
+                self._unreachable(e)
                 return "go"
-            self._pending = []
+            self._pending, self._quiet_s = [], self.bound_s
             if state == "STOPPING":
                 return "stop"
             if state != "PAUSED" or not wait:
                 return "go"
             time.sleep(PAUSE_POLL_S)
 
-    def rollout_workers(self) -> list[str]:
-        """Addresses of the rollout workers registered with the run now, in index order."""
-        status = self.client.get_status()
+    def rollout_workers(self) -> list[str] | None:
+        """Addresses of the rollout workers registered with the run now, in index order; None
+        while the controller does not answer (within the same bound as a heartbeat)."""
+        if time.monotonic() < self._quiet_until:
+            return None
+        try:
+            status = self.client.get_status()
+        except RpcError as e:
+            self._unreachable(e)
+            return None
         return [w.address for w in status.workers if w.role == "rollout"]
 
     def close(self) -> None:

@@ -219,7 +219,10 @@ class TrainerWorld:
             where = Endpoints(self.engine, sender, os.path.join(t.stage_dir, "weight_sync"), self.model_path)
             transport = build_transport(t.cfg.synchronizer.sync_method, bool(endpoints), where)
         try:
-            with deadline(t.cfg.synchronizer.sync_timeout, "a weight sync", "synchronizer.sync_timeout"):
+            # a backstop: each phase of the push has sync_timeout of its own, and a worker that misses
+            # one is an error the loop handles (it syncs again with the workers that answer)
+            backstop = 2 * t.cfg.synchronizer.sync_timeout + 30
+            with deadline(backstop, "a weight sync", "synchronizer.sync_timeout"):
                 stats = transport.push(t.strategy, t.state.global_step)
             if failure is not None:
                 raise failure

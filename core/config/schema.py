@@ -408,7 +408,9 @@ class ControlConfig:
     """SIGINT or SIGTERM to `rlcore launch`: how long the run may take to finish its current step and
     write a checkpoint before its processes are ended (a second signal ends them at once)."""
     heartbeat_interval: float = bounded(5.0, gt=0.0)
-    """Seconds between a rollout worker's heartbeats to the run."""
+    """Seconds between a rollout worker's heartbeats to the run; also the most a call from the trainer
+    to a run controller that does not answer may cost a training step (after a failure it waits
+    this long, doubling up to 12 times, before it tries again)."""
     tls: TLSConfig = field(default_factory=TLSConfig)
 
 

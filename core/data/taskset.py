@@ -5,11 +5,19 @@ from __future__ import annotations
 import os
 import random
 
-from ..config.schema import TasksetConfig
+from ..config.schema import RLCoreConfig, TasksetConfig
 from ..registry import import_path
 from ..types import Task
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def tasksets_of(cfg: RLCoreConfig) -> list[tuple[str, TasksetConfig]]:
+    """(config key, taskset) of a stage's training and evaluation tasksets."""
+    ins = cfg.buffer.explorer_input
+    return [("buffer.explorer_input.taskset", ins.taskset)] + [
+        (f"buffer.explorer_input.eval_tasksets[{i}]", t) for i, t in enumerate(ins.eval_tasksets)
+    ]
 
 
 def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:

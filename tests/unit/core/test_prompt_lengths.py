@@ -1,14 +1,15 @@
-"""`rlcore launch` counts the prompts longer than model.max_prompt_tokens before anything starts: it
-warns (they will be cut from the left), or with model.enable_prompt_truncation false refuses,
-naming the first one."""
+"""`rlcore launch`, and `rlcore config validate` when the tokenizer is on disk, count the prompts
+longer than model.max_prompt_tokens before anything starts: they warn (those prompts will be cut
+from the left), or with model.enable_prompt_truncation false refuse, naming the first one."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
+from rlcore.cli.main import main
 from rlcore.core.config import ConfigError, load_config, resolve_stages
-from rlcore.runtime.preflight import check_prompt_lengths
+from rlcore.core.data.prompt_lengths import check_prompt_lengths
 
 
 def _stages(tmp_path, tiny_model_path, *overrides: str):
@@ -43,3 +44,13 @@ def test_without_truncation_the_first_over_long_prompt_is_refused(tmp_path, tiny
 def test_prompts_within_the_limit_pass_silently(tmp_path, tiny_model_path, capsys) -> None:
     check_prompt_lengths(_stages(tmp_path, tiny_model_path, "model.max_prompt_tokens=64"))
     assert "rlcore:" not in capsys.readouterr().err
+
+
+def test_config_validate_counts_them_when_the_tokenizer_is_on_disk(tmp_path, tiny_model_path, capsys) -> None:
+    _stages(tmp_path, tiny_model_path)  # writes cfg.yaml
+    assert main(["config", "validate", str(tmp_path / "cfg.yaml")]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"OK: {tmp_path / 'cfg.yaml'} (1 stage(s): main)\n"
+    assert "2 of 3 prompts of buffer.explorer_input.taskset" in err
+    assert main(["config", "validate", str(tmp_path / "cfg.yaml"), "model.enable_prompt_truncation=false"]) == 2
+    assert "row 2's prompt is 12 tokens" in capsys.readouterr().err

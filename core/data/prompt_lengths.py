@@ -1,0 +1,62 @@
+"""Prompts longer than model.max_prompt_tokens, counted before anything starts: they are cut from
+the left at run time, so a launch (and `rlcore config validate`, when the tokenizer is on disk)
+warns with their number, or refuses the first one when model.enable_prompt_truncation is false."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..config import ConfigError, Stage, inherits_previous_model
+from .prompts import PromptFormat
+from .taskset import load_tasks, tasksets_of
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def has_tokenizer(model_path: str) -> bool:
+    return any(os.path.isfile(os.path.join(model_path, f)) for f in TOKENIZER_FILES)
+
+
+def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> bool:
+    """Count each taskset's over-long prompts and warn on stderr; with enable_prompt_truncation
+    false, raise ConfigError naming the first (file and row). `only_on_disk`: skip the stages
+    whose tokenizer is not on disk yet (a launch downloads or builds it). Whether every stage
+    was checked."""
+    from transformers import AutoTokenizer  # heavy: only once a tokenizer is there to load
+
+    checked_all, tokenizer_dir, tokenizer = True, None, None
+    for s in stages:
+        cfg, prefix = s.config, ("" if len(stages) == 1 else f"stages[{s.index}].")
+        if tokenizer_dir is None or not inherits_previous_model(
+            cfg
+        ):  # an inherited model keeps its tokenizer
+            if cfg.model.model_path != tokenizer_dir:
+                tokenizer_dir, tokenizer = cfg.model.model_path, None
+                if not only_on_disk or has_tokenizer(tokenizer_dir):
+                    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        if tokenizer is None:
+            checked_all = False
+            continue
+        limit = cfg.model.max_prompt_tokens
+        for key, ts in tasksets_of(cfg):
+            fmt = PromptFormat(
+                limit, cfg.model.apply_chat_template, cfg.model.chat_template, ts.format.system_prompt
+            )
+            tasks = load_tasks(ts, key)
+            lengths = [len(fmt.encode_whole_prompt(tokenizer, t.prompt)) for t in tasks]
+            long = [i for i, n in enumerate(lengths) if n > limit]
+            if not long:
+                continue
+            if not cfg.model.enable_prompt_truncation:
+                raise ConfigError(
+                    f"{prefix}{key}: {ts.path} row {long[0] + 1}'s prompt is {lengths[long[0]]} tokens, more than "
+                    f"model.max_prompt_tokens ({limit}), and model.enable_prompt_truncation is false: raise the "
+                    f"limit, shorten the prompt, or allow truncation ({len(long)} of {len(tasks)} prompts are longer)"
+                )
+            print(
+                f"rlcore: warning: {len(long)} of {len(tasks)} prompts of {prefix}{key} ({ts.path}) are longer than "
+                f"model.max_prompt_tokens ({limit}, the longest {max(lengths)}): their beginnings are cut off",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+    return checked_all
