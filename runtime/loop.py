@@ -119,7 +119,9 @@ class StageLoop:
         )  # fmt: skip
         # an SFT stage runs an engine only to evaluate
         has_engine = not self.is_sft or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
-        self.endpoints = run.endpoints if has_engine and explores_on_workers(cfg) else []
+        self.endpoints = (
+            (self._registered() or run.endpoints) if has_engine and explores_on_workers(cfg) else []
+        )
         handle.configure(cfg, model_path, sdir, self.total_train_steps)
 
         self.explorer: Explorer | None = None
@@ -282,12 +284,18 @@ class StageLoop:
 
     # ------------------------------------------------------------------ sync, evaluation, checkpoints
 
+    def _registered(self) -> list[str] | None:
+        """The workers the launch keeps alive, as the run controller lists them now (None: it does
+        not answer), else the configured ones (explorer.rollout_model.endpoints: not restarted, but
+        one that stops answering is left out all the same)."""
+        return self.run_ctx.endpoints if self.run_ctx.workers is None else self.run_ctx.workers()
+
     def _follow_workers(self, retry: bool = True, force: bool = False) -> dict[str, float]:
         """Take the launch's rollout workers as they are now: without the ones that stopped
         answering, with the restarted ones, which get the current weights before they serve."""
-        if self.workers is None or self.run_ctx.workers is None:
+        if self.workers is None:
             return {}
-        registered = self.run_ctx.workers()
+        registered = self._registered()
         if registered is None:  # the controller does not answer: the workers we have, less the lost
             registered = self.endpoints
         addresses = [a for a in registered if a not in self.workers.lost]
@@ -317,7 +325,7 @@ class StageLoop:
         try:
             synced = self.handle.sync_weights(self.endpoints)
         except Exception as e:
-            if not retry or self.workers is None or self.run_ctx.workers is None:
+            if not retry or self.workers is None:
                 raise
             log.warning("weight sync failed (%s); again with the rollout workers that answer", e)
             time.sleep(1.0)  # the launch notices a worker that exited within a second

@@ -1,7 +1,9 @@
 """Rollout workers fail over: with explorer.rollout_model.engine_num 2, a worker killed in the middle
 of a run does not stop it. Its share of the batch goes to the other worker, the launch restarts it,
 and the loop takes it back after syncing the current weights to it. The run trains every step.
-A worker that hangs (SIGSTOP: alive, silent) is left out once its call's deadline passes.
+A worker that hangs (SIGSTOP: alive, silent) is left out once its call's deadline passes, and so
+is a dead worker the config lists in explorer.rollout_model.endpoints (the launch did not start it,
+so it does not restart it).
 
 The run is paused through RunService while the worker is killed and restarted, so the test does
 not race the restart against the end of a short run."""
@@ -20,7 +22,7 @@ import pytest
 import yaml
 
 from rlcore.client import ClientOptions, RunClient
-from tests.integration.launch_utils import REPO, read_metrics, tiny_grpo_config
+from tests.integration.launch_utils import REPO, read_metrics, tiny_grpo_config, wait_for_port_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -153,3 +155,58 @@ def test_a_hung_rollout_worker_is_left_out_once_its_deadline_passes(tmp_path) ->
     assert [m["step"] for m in _rows(run_dir)] == list(range(1, steps + 1))
     sets = _worker_sets(out)
     assert sets and len(sets[-1].split(", ")) == 1, (sets, text[-6000:])
+
+
+def test_a_dead_configured_worker_is_left_out(tmp_path, tiny_model_path) -> None:
+    root, steps = str(tmp_path), 12
+    procs, addresses = [], []
+    env = dict(os.environ, RLCORE_TOKEN=TOKEN)
+    try:
+        for i in range(2):
+            port_file = os.path.join(root, f"worker{i}.address")
+            serve = ["rollout", "serve", "--model", tiny_model_path, "--port", "0", "--port-file", port_file,
+                     "--threads", "1", "--max-model-len", "256", "--seed", str(i)]  # fmt: skip
+            out_to = subprocess.DEVNULL
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "rlcore.cli", *serve],
+                    cwd=REPO,
+                    env=env,
+                    stdout=out_to,
+                    stderr=out_to,
+                )
+            )
+            addresses.append(wait_for_port_file(port_file, procs[-1], f"rollout worker {i}"))
+        cfg = tiny_grpo_config(
+            root,
+            **{
+                "buffer.total_epochs": 3,
+                "buffer.total_steps": steps,
+                "explorer.rollout_model.endpoints": addresses,
+            },
+        )
+        cfg["model"] = {"model_path": tiny_model_path, "max_model_len": 48, "max_prompt_tokens": 16,
+                        "max_response_tokens": 8}  # fmt: skip
+        path = os.path.join(root, "cfg.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        (out, errs), readers = _read(proc)
+        run_dir = os.path.join(root, "it", "run")
+        _until(lambda: len(_rows(run_dir)) >= 2, "two trained steps", proc)
+        procs[1].kill()
+        proc.wait(timeout=300)
+        for r in readers:
+            r.join(timeout=10)
+        text, err = "".join(out), "".join(errs)
+        assert proc.returncode == 0, (text[-3000:], err[-3000:])
+        assert [m["step"] for m in _rows(run_dir)] == list(range(1, steps + 1))
+        assert _worker_sets(out)[-1] == addresses[0], (_worker_sets(out), text[-6000:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
