@@ -23,7 +23,10 @@ import torch
 import torch.distributed as dist
 
 from ..backends import STRATEGIES
-from ..core.algorithms import LossNorm, build_kl_controller, build_loss, grpo_advantages, kl_estimate
+from ..core.algorithms import ADVANTAGE_FNS, with_preset
+from ..core.algorithms.aggregation import LossNorm
+from ..core.algorithms.kl import build_kl_controller, kl_estimate
+from ..core.algorithms.losses import build_loss
 from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from ..core.config import RLCoreConfig
@@ -139,15 +142,14 @@ class StageTraining:
             metrics["rollout/kl_penalty"] = float(seq_kl.mean())
             metrics["rollout/kl_coef"] = self.kl_ctrl.value
             self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
-        adv = grpo_advantages(rewards, [e.group_id for e in exps], algo.advantage_std_normalize)
+        advantage_fn = ADVANTAGE_FNS.resolve(with_preset(algo).advantage_fn)
+        adv = advantage_fn(rewards, [e.group_id for e in exps])
         for mbs, idx in local:
             for mb, rows in zip(mbs, idx, strict=True):
                 mb["advantages"][: len(rows)] = mb["loss_mask"][: len(rows)] * adv[rows].unsqueeze(1)
 
         t1 = time.perf_counter()
-        updates = [
-            self._update(mbs, mini, timers) for (mbs, _), mini in zip(local, minis, strict=True)
-        ]
+        updates = [self._update(mbs, mini, timers) for (mbs, _), mini in zip(local, minis, strict=True)]
         metrics.update(mean_dicts(updates))
         metrics.update(rollout_metrics(exps))
         metrics.update(timers)
@@ -197,7 +199,10 @@ class StageTraining:
             algo = dataclasses.replace(algo, algorithm_type="sft")
         else:  # the KL term needs the reference model, which only an RL config builds
             algo = dataclasses.replace(
-                algo, algorithm_type="grpo", kl_loss_fn=algo.kl_loss_fn if self.needs_ref else "none"
+                algo,
+                algorithm_type="grpo",
+                policy_loss_fn="ppo_clip",
+                kl_loss_fn=algo.kl_loss_fn if self.needs_ref else "none",
             )
         num_tokens = sum(sum(s.loss_mask) for s in specs)
         norm = LossNorm(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..config.schema import AlgorithmConfig
+from . import POLICY_LOSS_FNS, with_preset
 from .aggregation import LossNorm, aggregate, check_loss_agg_mode
 from .kl import kl_estimate
 
@@ -19,14 +20,29 @@ def _to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(metrics, values, strict=True))
 
 
+def ppo_clip_terms(
+    logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token (Schulman et al. 2017, arXiv:1707.06347), with an
+    asymmetric clip range (DAPO's clip-higher): max(-A r, -A clip(r, 1 - low, 1 + high)), r = pi / pi_old.
+    Per-token loss and clipped indicator, [B, T] each."""
+    ratio = torch.exp(logprobs - old)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - low, 1.0 + high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
 class PolicyLoss:
-    """PPO clipped surrogate (asymmetric clip range, as in DAPO's clip-higher) plus an optional KL
-    loss against the reference model and an optional entropy bonus."""
+    """The algorithm's policy-gradient terms (algorithm.policy_loss_fn: ppo_clip, gspo) plus an
+    optional KL loss against the reference model and an optional entropy bonus."""
 
     def __init__(self, cfg: AlgorithmConfig, norm: LossNorm):
+        cfg = with_preset(cfg)
+        assert cfg.loss_agg_mode is not None and cfg.policy_loss_fn is not None, "with_preset fills them"
         check_loss_agg_mode(cfg.loss_agg_mode)
-        self.cfg = cfg
+        self.cfg, self.mode = cfg, cfg.loss_agg_mode
         self.norm = norm
+        self.terms = POLICY_LOSS_FNS.resolve(cfg.policy_loss_fn)
         self.needs_entropy = cfg.entropy_coef > 0
 
     @property
@@ -36,17 +52,15 @@ class PolicyLoss:
     def __call__(
         self, logprobs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg, norm, mode = self.cfg, self.norm, self.cfg.loss_agg_mode
+        cfg, norm, mode = self.cfg, self.norm, self.mode
         mask, adv, old = batch["loss_mask"], batch["advantages"], batch["old_logprobs"]
 
-        ratio = torch.exp(logprobs - old)
-        pg_unclipped = -adv * ratio
-        pg_clipped = -adv * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
-        pg_loss = aggregate(torch.maximum(pg_unclipped, pg_clipped), mask, mode, norm)
+        pg, clipped = self.terms(logprobs, old, adv, mask, cfg.clip_ratio_low, cfg.clip_ratio_high)
+        pg_loss = aggregate(pg, mask, mode, norm)
         loss = pg_loss
         metrics = {
             "actor/pg_loss": pg_loss,
-            "actor/pg_clipfrac": aggregate((pg_clipped > pg_unclipped).float(), mask, "token-mean", norm),
+            "actor/pg_clipfrac": aggregate(clipped, mask, "token-mean", norm),
             "actor/ppo_kl": aggregate(old - logprobs, mask, "token-mean", norm),
         }
         if self.needs_reference:
@@ -84,5 +98,5 @@ class SFTLoss:
 
 def build_loss(cfg: AlgorithmConfig, norm: LossNorm) -> PolicyLoss | SFTLoss:
     if cfg.algorithm_type == "sft":
-        return SFTLoss(norm, cfg.loss_agg_mode)
+        return SFTLoss(norm, with_preset(cfg).loss_agg_mode)
     return PolicyLoss(cfg, norm)

@@ -58,14 +58,17 @@ class KLControllerConfig:
 
 @dataclass
 class AlgorithmConfig:
-    algorithm_type: str = choice("grpo", ("grpo", "sft"))
-    """grpo: group-relative policy optimisation with a PPO-clipped surrogate; sft: cross-entropy on
-    the taskset's responses."""
+    algorithm_type: str = choice("grpo", "rlcore.core.algorithms:ALGORITHM_NAMES")
+    """The algorithm's preset (core/algorithms/__init__.py): grpo, dr_grpo, rloo,
+    reinforce_plus_plus_baseline and gspo (policy gradient with a group baseline), or sft
+    (cross-entropy on the taskset's responses)."""
+    advantage_fn: str | None = choice(None, "rlcore.core.algorithms:ADVANTAGE_FNS")
+    """Replaces the preset's advantage function: grpo, dr_grpo, rloo, reinforce_plus_plus_baseline."""
+    policy_loss_fn: str | None = choice(None, "rlcore.core.algorithms:POLICY_LOSS_FNS")
+    """Replaces the preset's policy loss: ppo_clip (token ratios) or gspo (sequence ratios)."""
     repeat_times: int = bounded(8, ge=1)
     """Responses sampled per task (the GRPO group size)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    advantage_std_normalize: bool = True
-    """GRPO: divide the group-centred reward by the group's standard deviation (False: Dr. GRPO)."""
     kl_loss_fn: str = choice("k3", ("none", "k1", "abs", "k2", "mse", "k3", "low_var_kl"))
     """KL estimator used as a loss term against the reference model ('none' disables it)."""
     kl_loss_coef: float = bounded(0.001, ge=0.0)
@@ -77,14 +80,15 @@ class AlgorithmConfig:
     kl_ctrl: KLControllerConfig = field(default_factory=KLControllerConfig)
     entropy_coef: float = bounded(0.0, ge=0.0)
     """Weight of the entropy bonus (subtracted from the loss)."""
-    clip_ratio_low: float = bounded(0.2, ge=0.0, lt=1.0)
-    """PPO clip: ratio is clipped below at 1 - clip_ratio_low."""
-    clip_ratio_high: float = bounded(0.2, ge=0.0)
-    """PPO clip: ratio is clipped above at 1 + clip_ratio_high."""
-    loss_agg_mode: str = choice(
-        "token-mean", ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    clip_ratio_low: float | None = bounded(None, ge=0.0, lt=1.0)
+    """The ratio is clipped below at 1 - clip_ratio_low (unset: the preset's, 0.2; gspo 3e-4)."""
+    clip_ratio_high: float | None = bounded(None, ge=0.0)
+    """The ratio is clipped above at 1 + clip_ratio_high (unset: the preset's, 0.2; gspo 4e-4)."""
+    loss_agg_mode: str | None = choice(
+        None, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
     )
-    """How per-token losses become one scalar (over the whole train batch, across ranks)."""
+    """How per-token losses become one scalar (over the whole train batch, across ranks); unset: the
+    preset's (token-mean; dr_grpo seq-mean-token-sum-norm; gspo seq-mean-token-mean)."""
     do_old_log_prob_compute: bool = True
     """Recompute old log-probs with the trainer before the update (True) or use the engine's (False)."""
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from ..registry import Registry, import_path
+from ..registry import import_path
 from ..rpc.address import is_host_port
 from .schema import MONITOR_TYPES, RLCoreConfig, TasksetConfig
 
@@ -20,7 +21,7 @@ class ConfigError(ValueError):
 def _choices(spec: tuple[str, ...] | str) -> tuple[str, ...]:
     if isinstance(spec, str):  # "module:REGISTRY": a lazy registry, imported without heavy deps
         registry = import_path(spec, what="registry")
-        assert isinstance(registry, Registry)
+        assert isinstance(registry, Mapping)
         return tuple(registry)
     return spec
 
@@ -145,14 +146,34 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     _check_rollout_and_sync(cfg)
     _check_control(cfg, check_paths)
     algo = cfg.algorithm.algorithm_type
+    _check_algorithm(cfg)
     if cfg.mode in ("both", "colocate") and algo == "sft":
-        raise ConfigError(f"mode '{cfg.mode}' needs algorithm.algorithm_type grpo; SFT runs with mode train")
+        raise ConfigError(
+            f"mode '{cfg.mode}' needs an RL algorithm.algorithm_type (grpo, rloo, ...); SFT runs with mode train"
+        )
     if cfg.mode == "train" and algo != "sft":
         raise ConfigError(
             f"mode train runs algorithm.algorithm_type sft; '{algo}' needs mode both or colocate"
         )
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
+
+
+def _check_algorithm(cfg: RLCoreConfig) -> None:
+    """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
+    from ..algorithms import ALGORITHMS, GROUP_BASELINES, with_preset
+
+    cfg.algorithm = with_preset(cfg.algorithm)
+    a = cfg.algorithm
+    if a.algorithm_type == "sft":
+        return
+    if a.advantage_fn is None or a.policy_loss_fn is None:
+        raise ConfigError(f"algorithm.algorithm_type {a.algorithm_type} needs algorithm.advantage_fn and policy_loss_fn")
+    if a.repeat_times < 2 and (ALGORITHMS[a.algorithm_type].group_baseline or a.advantage_fn in GROUP_BASELINES):
+        raise ConfigError(
+            f"algorithm.repeat_times is 1, but {a.algorithm_type} (advantage_fn {a.advantage_fn}) compares each "
+            "response with the other responses to its task: set algorithm.repeat_times to 2 or more"
+        )
 
 
 def check_address(value: str, path: str) -> None:

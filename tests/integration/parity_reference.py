@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 
 from rlcore.backends.common.hf_model import forward_logprobs, load_causal_lm
 from rlcore.backends.common.schedule import build_optimizer
-from rlcore.core.algorithms import LossNorm, build_loss, grpo_advantages
-from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss
+from rlcore.core.algorithms.aggregation import LossNorm
+from rlcore.core.algorithms.grpo import grpo_advantages
+from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
 from rlcore.core.batch import Batch, Sequence, equalize, micro_batches, pack, plan_micro_batches, shard
 from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rlcore.core.algorithms import grpo_advantages
+from rlcore.core.algorithms.grpo import grpo_advantages
 
 # Groups interleaved on purpose: a = [1, 2, 3], b = [0, 4], c = [5].
 IDS = ["a", "b", "a", "c", "b", "a"]

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rlcore.core.algorithms import LOSS_AGG_MODES, LossNorm, aggregate
+from rlcore.core.algorithms.aggregation import LOSS_AGG_MODES, LossNorm, aggregate
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])

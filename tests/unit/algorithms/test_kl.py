@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rlcore.core.algorithms import (
+from rlcore.core.algorithms.kl import (
     AdaptiveKLController,
     FixedKLController,
     build_kl_controller,

@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from rlcore.core.algorithms import entropy_from_logits, token_logprobs
 from rlcore.core.algorithms import logprob as logprob_module
+from rlcore.core.algorithms.logprob import entropy_from_logits, token_logprobs
 
 
 def test_hand_computed():

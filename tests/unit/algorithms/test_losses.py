@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from rlcore.core.algorithms import LossNorm, PolicyLoss, SFTLoss, build_loss
+from rlcore.core.algorithms.aggregation import LossNorm
+from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
 from rlcore.core.config.schema import AlgorithmConfig
 
 

@@ -1,0 +1,116 @@
+"""The algorithm menu: presets by name, advantages and the GSPO loss against values worked out by
+hand, and the one-line errors for names and combinations that cannot train."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from rlcore.core.algorithms import ALGORITHMS, with_preset
+from rlcore.core.algorithms.aggregation import LossNorm
+from rlcore.core.algorithms.grpo import dr_grpo_advantages
+from rlcore.core.algorithms.gspo import gspo_terms
+from rlcore.core.algorithms.losses import PolicyLoss
+from rlcore.core.algorithms.reinforce import reinforce_plus_plus_baseline_advantages
+from rlcore.core.algorithms.rloo import rloo_advantages
+from rlcore.core.config import ConfigError, load_config, resolve_stages
+from rlcore.core.config.schema import AlgorithmConfig
+
+GROUPS = ["a", "a", "a", "b", "b", "c"]
+REWARDS = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 0.7])
+
+
+def test_dr_grpo_centres_without_dividing() -> None:
+    # group a: mean 0.5 -> 0.5, -0.5, 0; group b all equal -> 0; group c of one -> 0
+    assert dr_grpo_advantages(REWARDS, GROUPS).tolist() == [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_rloo_subtracts_the_mean_of_the_others() -> None:
+    # r_0 = 1 against (0 + 0.5)/2 = 0.25 -> 0.75; r_1 = 0 against 0.75 -> -0.75; r_2 = 0.5 against 0.5 -> 0
+    got = rloo_advantages(REWARDS, GROUPS).tolist()
+    assert got == pytest.approx([0.75, -0.75, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_reinforce_plus_plus_baseline_normalises_over_the_batch() -> None:
+    centred = [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]  # group mean subtracted (dr_grpo's values)
+    mean = sum(centred) / 6
+    std = math.sqrt(sum((c - mean) ** 2 for c in centred) / 5)  # unbiased, as torch.std
+    expected = [(c - mean) / (std + 1e-6) for c in centred]
+    assert reinforce_plus_plus_baseline_advantages(REWARDS, GROUPS).tolist() == pytest.approx(expected)
+    assert reinforce_plus_plus_baseline_advantages(torch.tensor([1.0, 1.0]), ["a", "a"]).tolist() == [
+        0.0,
+        0.0,
+    ]
+
+
+def test_gspo_clips_whole_sequences_by_their_length_normalised_ratio() -> None:
+    # row 0: log-ratios 0.1, 0.3 over 2 tokens -> s = exp(0.2); row 1: one token, log-ratio -0.05 (the rest masked)
+    old = torch.zeros(2, 3)
+    logprobs = torch.tensor([[0.1, 0.3, 0.0], [-0.05, 0.0, 9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-2.0, 0.0, 0.0]])
+    loss, clipped = gspo_terms(logprobs, old, adv, mask, low=0.1, high=0.1)
+    s0, s1 = math.exp(0.2), math.exp(-0.05)
+    # row 0: A > 0, s0 = 1.22 > 1.1 -> clipped at 1.1; row 1: A < 0, s1 = 0.95 inside [0.9, 1.1] -> 2 s1
+    assert loss[0, :2].tolist() == pytest.approx([-1.1, -1.1])
+    assert loss[1, 0].item() == pytest.approx(2 * s1)
+    assert clipped[0, :2].tolist() == [1.0, 1.0] and clipped[1, 0].item() == 0.0
+    (loss * mask).sum().backward()
+    # the clipped row has no gradient; the other's is A * s (its ratio) on its one token
+    assert logprobs.grad is not None
+    assert logprobs.grad[0].tolist() == [0.0, 0.0, 0.0]
+    assert logprobs.grad[1, 0].item() == pytest.approx(2 * s1)
+    assert s0 > 1.1
+
+
+def test_gspo_preset_and_loss() -> None:
+    cfg = with_preset(AlgorithmConfig(algorithm_type="gspo", kl_loss_fn="none"))
+    assert (cfg.advantage_fn, cfg.policy_loss_fn, cfg.loss_agg_mode) == (
+        "grpo",
+        "gspo",
+        "seq-mean-token-mean",
+    )
+    assert (cfg.clip_ratio_low, cfg.clip_ratio_high) == (3e-4, 4e-4)
+    mask = torch.ones(1, 2)
+    batch = {"loss_mask": mask, "advantages": torch.ones(1, 2), "old_logprobs": torch.zeros(1, 2)}
+    loss, metrics = PolicyLoss(cfg, LossNorm.local(mask, 2))(torch.zeros(1, 2), None, batch)
+    assert loss.item() == pytest.approx(-1.0) and metrics["actor/pg_clipfrac"] == 0.0
+    # a knob the config sets wins over the preset's
+    assert with_preset(AlgorithmConfig(algorithm_type="gspo", clip_ratio_low=0.1)).clip_ratio_low == 0.1
+
+
+def test_every_preset_names_registered_parts() -> None:
+    from rlcore.core.algorithms import ADVANTAGE_FNS, POLICY_LOSS_FNS
+
+    for name, spec in ALGORITHMS.items():
+        if spec.advantage_fn is not None:
+            assert callable(ADVANTAGE_FNS.resolve(spec.advantage_fn)), name
+        if spec.policy_loss_fn is not None:
+            assert callable(POLICY_LOSS_FNS.resolve(spec.policy_loss_fn)), name
+
+
+def _validate(tmp_path, **algorithm) -> None:
+    (tmp_path / "m").mkdir(exist_ok=True)
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    path = tmp_path / "c.yaml"
+    cfg = {"model": {"model_path": str(tmp_path / "m")}, "algorithm": algorithm,
+           "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}}}  # fmt: skip
+    path.write_text(yaml.safe_dump(cfg))
+    resolve_stages(load_config(str(path), []))
+
+
+def test_bad_names_and_combinations_are_one_line_errors(tmp_path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.algorithm_type must be one of grpo, dr_grpo, rloo, .*; got 'ppo2'"
+    ):
+        _validate(tmp_path, algorithm_type="ppo2")
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage_fn must be one of grpo, .*; got 'gae'"):
+        _validate(tmp_path, advantage_fn="gae")
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.repeat_times is 1, but rloo .*set algorithm\.repeat_times to 2"
+    ):
+        _validate(tmp_path, algorithm_type="rloo", repeat_times=1)
+    _validate(tmp_path, algorithm_type="rloo", repeat_times=2)
