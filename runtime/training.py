@@ -92,6 +92,8 @@ class StageTraining:
         self.kl_in_loss = not self.is_sft and algo.kl_loss_fn != "none" and algo.kl_loss_coef > 0
         self.needs_ref = self.kl_in_loss or (not self.is_sft and algo.use_kl_in_reward)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
+        preset = with_preset(algo)
+        self.advantage_fn = None if preset.advantage_fn is None else ADVANTAGE_FNS.resolve(preset.advantage_fn)
         self.strategy = STRATEGIES.resolve(cfg.trainer.strategy)(
             model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
             total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
@@ -142,8 +144,8 @@ class StageTraining:
             metrics["rollout/kl_penalty"] = float(seq_kl.mean())
             metrics["rollout/kl_coef"] = self.kl_ctrl.value
             self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
-        advantage_fn = ADVANTAGE_FNS.resolve(with_preset(algo).advantage_fn)
-        adv = advantage_fn(rewards, [e.group_id for e in exps])
+        assert self.advantage_fn is not None, "an RL algorithm has an advantage function"
+        adv = self.advantage_fn(rewards, [e.group_id for e in exps])
         for mbs, idx in local:
             for mb, rows in zip(mbs, idx, strict=True):
                 mb["advantages"][: len(rows)] = mb["loss_mask"][: len(rows)] * adv[rows].unsqueeze(1)

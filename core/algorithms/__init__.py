@@ -1,7 +1,7 @@
 """The algorithm menu: what each RL algorithm computes, by name, without importing torch.
 
-An algorithm is a preset (`AlgorithmSpec`): the advantage function, the policy loss, whether it
-needs a group of responses per task, and the knobs it sets when the config leaves them unset
+An algorithm is a preset (`AlgorithmSpec`): the advantage function, the policy loss, and the
+knobs it sets when the config leaves them unset
 (None). `algorithm.algorithm_type` picks a preset; `algorithm.advantage_fn` and
 `algorithm.policy_loss_fn` replace its parts. The math lives in one file per family, each naming
 its formula and paper: grpo.py (grpo, dr_grpo), rloo.py, reinforce.py (reinforce_plus_plus_baseline),
@@ -51,8 +51,6 @@ class AlgorithmSpec:
     """A name in ADVANTAGE_FNS (None: no advantages, e.g. SFT)."""
     policy_loss_fn: str | None
     """A name in POLICY_LOSS_FNS (None: not a policy-gradient algorithm)."""
-    group_baseline: bool = False
-    """Its baseline comes from the other responses to the same task: algorithm.repeat_times >= 2."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Values of algorithm.* knobs the config leaves unset (None)."""
 
@@ -60,24 +58,21 @@ class AlgorithmSpec:
 _PPO_CLIP = {"loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "grpo": AlgorithmSpec("grpo", "ppo_clip", group_baseline=True, defaults=_PPO_CLIP),
+    "grpo": AlgorithmSpec("grpo", "ppo_clip", defaults=_PPO_CLIP),
     "dr_grpo": AlgorithmSpec(
-        "dr_grpo", "ppo_clip", group_baseline=True, defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-sum-norm"}
+        "dr_grpo", "ppo_clip", defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-sum-norm"}
     ),
-    "rloo": AlgorithmSpec("rloo", "ppo_clip", group_baseline=True, defaults=_PPO_CLIP),
+    "rloo": AlgorithmSpec("rloo", "ppo_clip", defaults=_PPO_CLIP),
     "reinforce_plus_plus_baseline": AlgorithmSpec(
-        "reinforce_plus_plus_baseline", "ppo_clip", group_baseline=True, defaults=_PPO_CLIP
+        "reinforce_plus_plus_baseline", "ppo_clip", defaults=_PPO_CLIP
     ),
     # GSPO's paper clips the sequence ratio at 1 -/+ (3e-4, 4e-4) and averages tokens per sequence
     "gspo": AlgorithmSpec(
-        "grpo", "gspo", group_baseline=True,
+        "grpo", "gspo",
         defaults={"loss_agg_mode": "seq-mean-token-mean", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
     ),  # fmt: skip
     "sft": AlgorithmSpec(None, None, defaults={"loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}),
 }
-
-ALGORITHM_NAMES = Registry("algorithm.algorithm_type", {name: f"{__name__}:ALGORITHMS" for name in ALGORITHMS})
-"""The names algorithm.algorithm_type accepts (schema choices read a Registry)."""
 
 
 def with_preset(cfg: Any) -> Any:

@@ -25,12 +25,10 @@ def grpo_advantages(
     """
     assert rewards.dim() == 1 and len(group_ids) == rewards.shape[0], "one group id per reward"
     # sums of many rewards: accumulate in float64, return in the input dtype
-    adv, count_N = group_centred(rewards, group_ids)  # exactly 0 for a group of one
+    adv, count_N, group_N = group_centred(rewards, group_ids)  # exactly 0 for a group of one
     if std_normalize:
-        group_N, num_groups = group_index(group_ids, rewards.device)
-        zeros_G = torch.zeros(num_groups, dtype=adv.dtype, device=adv.device)
-        var_G = zeros_G.index_add(0, group_N, adv.square())[group_N] / (count_N - 1).clamp(min=1)
-        adv = adv / (var_G.sqrt() + eps)
+        var_N = group_sum(adv.square(), group_N) / (count_N - 1).clamp(min=1)
+        adv = adv / (var_N.sqrt() + eps)
     return adv.to(rewards.dtype)
 
 
@@ -39,17 +37,17 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[str]) -> torch
     return grpo_advantages(rewards, group_ids, std_normalize=False)
 
 
-def group_index(group_ids: Sequence[str], device: torch.device) -> tuple[torch.Tensor, int]:
-    """Each response's group as an index 0..G-1 (in order of first appearance), and G."""
+def group_sum(values: torch.Tensor, group_N: torch.Tensor) -> torch.Tensor:
+    """For each response, the sum of `values` over its group (`group_N`: group indices 0..G-1)."""
+    return values.new_zeros(int(group_N.max()) + 1).index_add(0, group_N, values)[group_N]
+
+
+def group_centred(
+    rewards: torch.Tensor, group_ids: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(r - group mean, group size, group index 0..G-1) of each response, in float64."""
     index_of = {g: i for i, g in enumerate(dict.fromkeys(group_ids))}
-    return torch.tensor([index_of[g] for g in group_ids], device=device), len(index_of)
-
-
-def group_centred(rewards: torch.Tensor, group_ids: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(r - group mean, group size of each response), in float64."""
-    group_N, num_groups = group_index(group_ids, rewards.device)
+    group_N = torch.tensor([index_of[g] for g in group_ids], device=rewards.device)
     r = rewards.double()
-    zeros_G = torch.zeros(num_groups, dtype=r.dtype, device=r.device)
-    count_G = zeros_G.index_add(0, group_N, torch.ones_like(r))
-    mean_G = zeros_G.index_add(0, group_N, r) / count_G
-    return r - mean_G[group_N], count_G[group_N]
+    count_N = group_sum(torch.ones_like(r), group_N)
+    return r - group_sum(r, group_N) / count_N, count_N, group_N

@@ -22,7 +22,7 @@ def reinforce_plus_plus_baseline_advantages(
     rewards: torch.Tensor, group_ids: Sequence[str], eps: float = 1e-6
 ) -> torch.Tensor:
     assert rewards.dim() == 1 and len(group_ids) == rewards.shape[0], "one group id per reward"
-    centred, _ = group_centred(rewards, group_ids)
+    centred, _, _ = group_centred(rewards, group_ids)
     if centred.numel() < 2:
         return torch.zeros_like(rewards)
     return ((centred - centred.mean()) / (centred.std() + eps)).to(rewards.dtype)

@@ -17,5 +17,5 @@ from .grpo import group_centred
 
 def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence[str]) -> torch.Tensor:
     assert rewards.dim() == 1 and len(group_ids) == rewards.shape[0], "one group id per reward"
-    centred, n = group_centred(rewards, group_ids)
+    centred, n, _ = group_centred(rewards, group_ids)
     return (centred * n / (n - 1).clamp(min=1)).to(rewards.dtype)

@@ -58,7 +58,7 @@ class KLControllerConfig:
 
 @dataclass
 class AlgorithmConfig:
-    algorithm_type: str = choice("grpo", "rlcore.core.algorithms:ALGORITHM_NAMES")
+    algorithm_type: str = choice("grpo", "rlcore.core.algorithms:ALGORITHMS")
     """The algorithm's preset (core/algorithms/__init__.py): grpo, dr_grpo, rloo,
     reinforce_plus_plus_baseline and gspo (policy gradient with a group baseline), or sft
     (cross-entropy on the taskset's responses)."""

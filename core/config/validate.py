@@ -161,15 +161,11 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
-    from ..algorithms import ALGORITHMS, GROUP_BASELINES, with_preset
+    from ..algorithms import GROUP_BASELINES, with_preset
 
     cfg.algorithm = with_preset(cfg.algorithm)
     a = cfg.algorithm
-    if a.algorithm_type == "sft":
-        return
-    if a.advantage_fn is None or a.policy_loss_fn is None:
-        raise ConfigError(f"algorithm.algorithm_type {a.algorithm_type} needs algorithm.advantage_fn and policy_loss_fn")
-    if a.repeat_times < 2 and (ALGORITHMS[a.algorithm_type].group_baseline or a.advantage_fn in GROUP_BASELINES):
+    if a.repeat_times < 2 and a.advantage_fn in GROUP_BASELINES:
         raise ConfigError(
             f"algorithm.repeat_times is 1, but {a.algorithm_type} (advantage_fn {a.advantage_fn}) compares each "
             "response with the other responses to its task: set algorithm.repeat_times to 2 or more"

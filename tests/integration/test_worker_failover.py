@@ -57,6 +57,37 @@ def _read(proc: subprocess.Popen) -> tuple[tuple[list[str], list[str]], list[thr
     return out, readers
 
 
+def _launch(
+    root: str, cfg: dict, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, tuple[list[str], list[str]], list[threading.Thread]]:
+    """`rlcore launch` of `cfg` (written to root/cfg.yaml), its output read as it comes."""
+    path = os.path.join(root, "cfg.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return (proc, *_read(proc))
+
+
+def _trained_every_step(
+    proc: subprocess.Popen,
+    readers: list[threading.Thread],
+    out: list[str],
+    errs: list[str],
+    run_dir: str,
+    steps: int,
+) -> str:
+    """The ended launch's stdout, once it is seen to exit 0 with every step trained."""
+    for r in readers:
+        r.join(timeout=10)
+    text, err = "".join(out), "".join(errs)
+    assert proc.returncode == 0, (text[-3000:], err[-3000:])
+    assert [m["step"] for m in _rows(run_dir)] == list(range(1, steps + 1))
+    return text
+
+
 def _until(condition, what: str, proc: subprocess.Popen, timeout_s: float = 240) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -72,14 +103,7 @@ def test_a_killed_rollout_worker_is_replaced_and_the_run_trains_every_step(tmp_p
         root,
         **{"buffer.total_epochs": 3, "buffer.total_steps": steps, "explorer.rollout_model.engine_num": 2},
     )
-    path = os.path.join(root, "cfg.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO, env=dict(os.environ, RLCORE_TOKEN=TOKEN),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    (out, errs), readers = _read(proc)
+    proc, (out, errs), readers = _launch(root, cfg, dict(os.environ, RLCORE_TOKEN=TOKEN))
     run_dir = os.path.join(root, "it", "run")
     _until(lambda: len(_rows(run_dir)) >= 2, "two trained steps", proc)
     address = next(line.split(" on ")[1].strip() for line in out if "run controller (RunService) on" in line)
@@ -103,11 +127,7 @@ def test_a_killed_rollout_worker_is_replaced_and_the_run_trains_every_step(tmp_p
         _until(replaced, "the restarted worker to register", proc)
         run.resume()
     proc.wait(timeout=300)
-    for r in readers:
-        r.join(timeout=10)
-    text, err = "".join(out), "".join(errs)
-    assert proc.returncode == 0, (text[-3000:], err[-3000:])
-    assert [m["step"] for m in _rows(run_dir)] == list(range(1, steps + 1))
+    text = _trained_every_step(proc, readers, out, errs, run_dir, steps)
     assert "rlcore: rollout worker 1 exited" in text and "restarting it" in text, text[-3000:]
     # the loop dropped the dead worker, then took the restarted one back (after syncing it)
     sets = _worker_sets(out)
@@ -131,14 +151,7 @@ def test_a_hung_rollout_worker_is_left_out_once_its_deadline_passes(tmp_path) ->
             "explorer.max_timeout": 8, "synchronizer.sync_timeout": 8,
         },
     )  # fmt: skip
-    path = os.path.join(root, "cfg.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    (out, errs), readers = _read(proc)
+    proc, (out, errs), readers = _launch(root, cfg)
     run_dir = os.path.join(root, "it", "run")
     _until(lambda: len(_rows(run_dir)) >= 2, "two trained steps", proc)
     hung = _worker(root, 1)
@@ -148,11 +161,7 @@ def test_a_hung_rollout_worker_is_left_out_once_its_deadline_passes(tmp_path) ->
     finally:
         if hung.is_running():
             hung.kill()
-    for r in readers:
-        r.join(timeout=10)
-    text, err = "".join(out), "".join(errs)
-    assert proc.returncode == 0, (text[-3000:], err[-3000:])
-    assert [m["step"] for m in _rows(run_dir)] == list(range(1, steps + 1))
+    text = _trained_every_step(proc, readers, out, errs, run_dir, steps)
     sets = _worker_sets(out)
     assert sets and len(sets[-1].split(", ")) == 1, (sets, text[-6000:])
 
@@ -187,23 +196,12 @@ def test_a_dead_configured_worker_is_left_out(tmp_path, tiny_model_path) -> None
         )
         cfg["model"] = {"model_path": tiny_model_path, "max_model_len": 48, "max_prompt_tokens": 16,
                         "max_response_tokens": 8}  # fmt: skip
-        path = os.path.join(root, "cfg.yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(cfg, f)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rlcore.cli", "launch", path], cwd=REPO, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        (out, errs), readers = _read(proc)
+        proc, (out, errs), readers = _launch(root, cfg, env)
         run_dir = os.path.join(root, "it", "run")
         _until(lambda: len(_rows(run_dir)) >= 2, "two trained steps", proc)
         procs[1].kill()
         proc.wait(timeout=300)
-        for r in readers:
-            r.join(timeout=10)
-        text, err = "".join(out), "".join(errs)
-        assert proc.returncode == 0, (text[-3000:], err[-3000:])
-        assert [m["step"] for m in _rows(run_dir)] == list(range(1, steps + 1))
+        text = _trained_every_step(proc, readers, out, errs, run_dir, steps)
         assert _worker_sets(out)[-1] == addresses[0], (_worker_sets(out), text[-6000:])
     finally:
         for p in procs:
