@@ -8,5 +8,6 @@ REWARDS = Registry(
         "exact_match": "rlcore.rollout.rewards.answer:exact_match",
         "numeric": "rlcore.rollout.rewards.answer:numeric_match",
         "format": "rlcore.rollout.rewards.answer:format_reward",
+        "math": "rlcore.rollout.rewards.latex_math:math_verify",
     },
 )

@@ -12,7 +12,7 @@ from . import REWARDS
 
 RewardFn = Callable[[str, Task], float]
 
-CORRECTNESS_REWARDS = ("exact_match", "numeric")
+CORRECTNESS_REWARDS = ("exact_match", "numeric", "math")
 """Registered rewards that say whether the answer is right; evaluation reports them as accuracy."""
 
 

@@ -171,7 +171,7 @@ def test_composer_default_weights_are_one() -> None:
 @pytest.mark.parametrize(
     "names, weights, message",
     [
-        (["nope"], None, "reward_fn must be one of exact_match, numeric, format; got 'nope'"),
+        (["nope"], None, "reward_fn must be one of exact_match, numeric, format, math; got 'nope'"),
         ([f"{__name__}:missing"], None, "has no attribute 'missing'"),
         ([f"{__name__}:NOT_A_FUNCTION"], None, r"is not callable \(got int\)"),
         (["format", "exact_match"], [1.0], "reward_weights has 1 entries but reward_fn has 2"),
@@ -215,3 +215,36 @@ def test_a_reward_that_is_not_a_finite_number_names_the_function_and_the_task(fn
 def test_a_numpy_scalar_reward_is_a_number() -> None:
     total, scores = build_reward([f"{__name__}:numpy_score"], None)("x", task())
     assert total == scores[f"{__name__}:numpy_score"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "response, answer, expected",
+    [
+        ("<answer>0.5</answer>", "\\frac{1}{2}", 1.0),  # a decimal equals the LaTeX fraction
+        ("so the answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0),  # no tag: the boxed answer
+        ("<answer>1/2</answer>", "0.5", 1.0),
+        ("<answer>2\\sqrt{2}</answer>", "\\sqrt{8}", 1.0),  # equal after simplification
+        ("\\boxed{\\{2,1\\}}", "\\{1,2\\}", 1.0),  # sets compare unordered
+        ("The answer is $x = 3$", "3", 1.0),
+        ("<answer>4</answer>", "3", 0.0),
+        ("<answer>abc</answer>", "12", 0.0),  # nothing mathematical to compare
+        ("I do not know", "3", 0.0),
+    ],
+)
+def test_math_reward_accepts_equivalent_forms(response: str, answer: str, expected: float) -> None:
+    assert REWARDS.resolve("math")(response, task(answer)) == expected
+
+
+def test_math_reward_runs_off_the_main_thread_and_needs_an_answer() -> None:
+    import threading
+
+    out: list[float] = []
+    worker = threading.Thread(
+        target=lambda: out.append(REWARDS.resolve("math")("<answer>0.5</answer>", task("1/2")))
+    )
+    worker.start()
+    worker.join()
+    assert out == [1.0]  # math-verify's SIGALRM bound is main-thread only: off it, it runs without
+    with pytest.raises(ValueError, match="math needs task.answer"):
+        REWARDS.resolve("math")("<answer>1</answer>", task(None))
+    assert build_reward(["math", "format"]).correctness_names == ["math"]
