@@ -43,9 +43,10 @@ class Rollout(Protocol):
         ...
 
 
-def rollout_seed(seed: int, explore_step: int) -> int:
-    """The sampling seed of an explore step's rollout (engines derive theirs from it)."""
-    return seed * 100_003 + explore_step
+def rollout_seed(seed: int, explore_step: int, round_: int = 0) -> int:
+    """The sampling seed of an explore step's rollout (engines derive theirs from it); rounds 1, 2,
+    ... are the step's extra rounds (dynamic sampling)."""
+    return seed * 100_003 + explore_step + round_ * 1_000_000_007
 
 
 def sampling_params(args: RolloutArgs, n: int, default_max_tokens: int, seed: int | None) -> SamplingParams:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client.trainer import TrainSequence
+from ..core.algorithms.dapo import informative_groups
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat
 from ..core.data.taskset import TaskStream, load_tasks
@@ -248,6 +249,8 @@ class StageLoop:
         taken = self.ahead.take(self.explore_step)  # generated during the previous step, by older weights
         (exps, report), version = taken or (self._explore(tasks, self.explore_step), self.synced_step)
         exps = self.schedule.drop_stale(exps, [version] * len(exps), self.global_step, metrics)
+        if self.cfg.algorithm.dynamic_sampling:
+            exps = self._dynamic_sampling(exps, metrics)
         metrics["perf/generate_s"] = time.perf_counter() - start
         metrics.update(report)
         metrics["rollout/generated_ahead"] = float(taken is not None)
@@ -258,12 +261,41 @@ class StageLoop:
         metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
         return metrics
 
-    def _explore(self, tasks: list[Task], explore_step: int) -> tuple[list[Experience], dict[str, float]]:
+    def _dynamic_sampling(self, exps: list[Experience], metrics: dict[str, float]) -> list[Experience]:
+        """DAPO's dynamic sampling: keep the groups whose rewards differ, and explore extra rounds of
+        tasks until buffer.batch_size groups are kept or algorithm.dynamic_sampling_max_rounds ran."""
+        want, algo = self.cfg.buffer.batch_size, self.cfg.algorithm
+        keep = set(informative_groups([e.reward for e in exps], [e.group_id for e in exps]))
+        kept = [e for e in exps if e.group_id in keep]
+        rounds, explored = 0, len(dict.fromkeys(e.group_id for e in exps))
+        while len(keep) < want and rounds < algo.dynamic_sampling_max_rounds:
+            rounds += 1
+            more, _ = self._explore(self.stream.extra(self.explore_step, rounds), self.explore_step, rounds)
+            for e in more:  # a task may come back in another round: each round's groups are its own
+                e.group_id = f"{e.group_id}@{rounds}"
+            explored += len(dict.fromkeys(e.group_id for e in more))
+            new = informative_groups([e.reward for e in more], [e.group_id for e in more])
+            keep.update(new[: want - len(keep)])
+            kept += [e for e in more if e.group_id in keep]
+        metrics["rollout/dynamic_sampling_rounds"] = float(rounds)
+        metrics["rollout/groups_kept"] = float(len(keep))
+        metrics["rollout/groups_dropped"] = float(explored - len(keep))
+        if len(keep) < want:
+            log.info(
+                "dynamic sampling: %d of %d groups after %d extra round(s) (the rest got equal rewards)",
+                len(keep), want, rounds,
+            )  # fmt: skip
+        return kept
+
+    def _explore(
+        self, tasks: list[Task], explore_step: int, round_: int = 0
+    ) -> tuple[list[Experience], dict[str, float]]:
         """An explore step's experiences, tagged with the version of the weights that generate
-        them (rollouts run only between syncs), and the rollout's metrics."""
+        them (rollouts run only between syncs), and the rollout's metrics. Round 1, 2, ... are
+        dynamic sampling's extra rounds of the step, sampled with seeds of their own."""
         assert self.explorer is not None
         version = self.synced_step
-        exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, explore_step))
+        exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, explore_step, round_))
         for e in exps:
             e.policy_version = version
         return exps, self.explorer.report()

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from ..backends import STRATEGIES
-from ..core.algorithms import ADVANTAGE_FNS, with_preset
+from ..core.algorithms import ADVANTAGE_FNS, ALGORITHMS, with_preset
 from ..core.algorithms.aggregation import LossNorm
-from ..core.algorithms.kl import build_kl_controller, kl_estimate
+from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
 from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
@@ -33,6 +33,7 @@ from ..core.config import RLCoreConfig
 from ..core.hf_export import export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
+from . import scoring
 
 
 @dataclass
@@ -89,11 +90,16 @@ class StageTraining:
         self.temperature = ts.rollout_args.temperature or 1.0
         self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
+        self.algo = with_preset(algo)
         self.kl_in_loss = not self.is_sft and algo.kl_loss_fn != "none" and algo.kl_loss_coef > 0
-        self.needs_ref = self.kl_in_loss or (not self.is_sft and algo.use_kl_in_reward)
+        spec = ALGORITHMS[algo.algorithm_type]
+        self.ref_in_advantage = spec.reference_in_advantage and algo.kl_loss_coef > 0
+        self.needs_ref = not self.is_sft and (
+            self.kl_in_loss or self.algo.use_kl_in_reward or self.ref_in_advantage
+        )
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
-        preset = with_preset(algo)
-        self.advantage_fn = None if preset.advantage_fn is None else ADVANTAGE_FNS.resolve(preset.advantage_fn)
+        fn = self.algo.advantage_fn
+        self.advantage_fn = None if fn is None else ADVANTAGE_FNS.resolve(fn)
         self.strategy = STRATEGIES.resolve(cfg.trainer.strategy)(
             model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
             total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
@@ -103,18 +109,19 @@ class StageTraining:
     # ------------------------------------------------------------------ the algorithm step
 
     def train_experiences(self, exps: list[Experience]) -> dict[str, float]:
-        """One RL step on scored experiences: old and reference log-probs, KL-in-reward, GRPO
-        advantages, then one optimizer step per mini-batch."""
-        algo = self.cfg.algorithm
+        """One RL step on scored experiences: old and reference log-probs, the rewards the algorithm
+        sees, its advantages, then one optimizer step per mini-batch."""
+        algo = self.algo
         seqs = [
             Sequence(e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i)
             for i, e in enumerate(exps)
         ]
-        scores = torch.tensor([e.reward for e in exps], dtype=torch.float32)
+        keep = scoring.trained(exps, algo.overlong_filter)
 
         # Log-prob passes happen before any update, on this rank's share of every mini-batch.
         minis = [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
         local = [self.micro(m) for m in minis]
+        scoring.mask_rows(local, keep)
         timers: dict[str, float] = {}
         gap = LogprobGap()  # the engine's log-probs (in old_logprobs until recomputed) against ours
         for mbs, _ in local:
@@ -131,27 +138,24 @@ class StageTraining:
                     mb["old_logprobs"] = lp
 
         metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
-        rewards = scores
-        if algo.use_kl_in_reward:
-            seq_kl = torch.zeros(len(seqs), dtype=torch.float64)
-            for mbs, idx in local:
-                for mb, rows in zip(mbs, idx, strict=True):
-                    n = len(rows)
-                    kl = kl_estimate(mb["old_logprobs"][:n], mb["ref_logprobs"][:n], algo.kl_penalty_fn)
-                    seq_kl[rows] = (kl * mb["loss_mask"][:n]).sum(dim=1).double()
-            dist.all_reduce(seq_kl, group=self.strategy.dp_group)  # each DP rank filled its own rows
-            rewards = scores - self.kl_ctrl.value * seq_kl.float()
+        scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
+        batch, seq_kl = scoring.build_scored(
+            exps, seqs, local, algo, self.kl_ctrl.value, self.strategy.dp_group, scores, keep, self.ref_in_advantage
+        )  # fmt: skip
+        if seq_kl is not None:
             metrics["rollout/kl_penalty"] = float(seq_kl.mean())
             metrics["rollout/kl_coef"] = self.kl_ctrl.value
             self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
+        if algo.overlong_filter:
+            metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
         assert self.advantage_fn is not None, "an RL algorithm has an advantage function"
-        adv = self.advantage_fn(rewards, [e.group_id for e in exps])
-        for mbs, idx in local:
-            for mb, rows in zip(mbs, idx, strict=True):
-                mb["advantages"][: len(rows)] = mb["loss_mask"][: len(rows)] * adv[rows].unsqueeze(1)
+        scoring.place_advantages(local, seqs, self.advantage_fn(batch))
 
         t1 = time.perf_counter()
-        updates = [self._update(mbs, mini, timers) for (mbs, _), mini in zip(local, minis, strict=True)]
+        updates = [
+            self._update(mbs, [s for s in mini if keep[s.index]], timers)
+            for (mbs, _), mini in zip(local, minis, strict=True)
+        ]
         metrics.update(mean_dicts(updates))
         metrics.update(rollout_metrics(exps))
         metrics.update(timers)
@@ -161,11 +165,11 @@ class StageTraining:
 
     def _update(self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float]) -> dict[str, float]:
         """Forward/backward of the policy loss over one mini-batch, then an optimizer step."""
-        norm = LossNorm(
-            num_tokens=float(sum(len(s.response_ids) for s in mini)), num_seqs=float(len(mini)),
+        norm = LossNorm(  # over the sequences that train (a mini-batch may have none left)
+            num_tokens=float(sum(len(s.response_ids) for s in mini)) or 1.0, num_seqs=float(len(mini)) or 1.0,
             max_response_len=self.max_response_len,
         )  # fmt: skip
-        loss_fn = build_loss(self.cfg.algorithm, norm)
+        loss_fn = build_loss(self.algo, norm)
         with _timed(timers, "perf/forward_backward_s"):
             metrics = self.strategy.forward_backward(mbs, loss_fn, self.temperature)
         with _timed(timers, "perf/optimizer_s"):

@@ -1,15 +1,17 @@
 """The algorithm menu: what each RL algorithm computes, by name, without importing torch.
 
-An algorithm is a preset (`AlgorithmSpec`): the advantage function, the policy loss, and the
-knobs it sets when the config leaves them unset
-(None). `algorithm.algorithm_type` picks a preset; `algorithm.advantage_fn` and
-`algorithm.policy_loss_fn` replace its parts. The math lives in one file per family, each naming
-its formula and paper: grpo.py (grpo, dr_grpo), rloo.py, reinforce.py (reinforce_plus_plus_baseline),
-gspo.py; losses.py applies the policy loss, aggregation.py turns per-token values into one scalar,
-kl.py holds the KL estimators and controllers, logprob.py the log-prob and entropy kernels.
+An algorithm is a preset (`AlgorithmSpec`): the advantage function, the policy loss, the passes it
+needs beyond the policy's, and the knobs it sets when the config leaves them unset (None).
+`algorithm.algorithm_type` picks a preset; `algorithm.advantage_fn` and `algorithm.policy_loss_fn`
+replace its parts. The math lives in one file per family, each naming its formula and paper:
+grpo.py (grpo, dr_grpo), rloo.py, reinforce.py (reinforce_plus_plus and its group-baseline form),
+gspo.py, opmd.py, maxent.py (maxent_grpo); losses.py applies the policy loss (PPO's clip, dual-clip),
+aggregation.py turns per-token values into one scalar, kl.py holds the KL estimators and
+controllers, logprob.py the log-prob and entropy kernels, scored.py what an advantage function sees.
+DAPO is GRPO's advantage with clip-higher, token-level loss, overlong filtering and soft overlong
+punishment (runtime/scoring.py) and dynamic sampling (runtime/loop.py).
 
-Not on the menu yet (open issue): PPO with a critic and GAE, token-level REINFORCE++, DAPO's
-dynamic sampling and overlong shaping, OPMD, mix, DPO, MaxEnt-GRPO.
+Not on the menu yet (open issue): PPO with a critic and GAE, mix, DPO.
 """
 
 from __future__ import annotations
@@ -26,12 +28,17 @@ ADVANTAGE_FNS = Registry(
         "grpo": "rlcore.core.algorithms.grpo:grpo_advantages",
         "dr_grpo": "rlcore.core.algorithms.grpo:dr_grpo_advantages",
         "rloo": "rlcore.core.algorithms.rloo:rloo_advantages",
+        "reinforce_plus_plus": "rlcore.core.algorithms.reinforce:reinforce_plus_plus_advantages",
         "reinforce_plus_plus_baseline": "rlcore.core.algorithms.reinforce:reinforce_plus_plus_baseline_advantages",
+        "opmd": "rlcore.core.algorithms.opmd:opmd_advantages",
+        "maxent_grpo": "rlcore.core.algorithms.maxent:maxent_advantages",
     },
 )
-"""Sequence-level advantage functions: (rewards [N], group ids) -> advantages [N]."""
+"""fn(batch: scored.ScoredBatch) -> advantages, [N] (one per response) or [N, T] (one per token)."""
 
-GROUP_BASELINES = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"})
+GROUP_BASELINES = frozenset(
+    {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opmd", "maxent_grpo"}
+)
 """Advantage functions whose baseline is the other responses to the same task (repeat_times >= 2)."""
 
 POLICY_LOSS_FNS = Registry(
@@ -39,9 +46,11 @@ POLICY_LOSS_FNS = Registry(
     {
         "ppo_clip": "rlcore.core.algorithms.losses:ppo_clip_terms",
         "gspo": "rlcore.core.algorithms.gspo:gspo_terms",
+        "opmd": "rlcore.core.algorithms.opmd:opmd_terms",
+        "weighted_likelihood": "rlcore.core.algorithms.maxent:weighted_likelihood_terms",
     },
 )
-"""Policy-gradient terms: (logprobs, old logprobs, advantages, mask, clip low, clip high) ->
+"""Policy-gradient terms: (logprobs, old logprobs, advantages, mask, algorithm config) ->
 (per-token loss, per-token clipped indicator), aggregated by algorithm.loss_agg_mode."""
 
 
@@ -53,9 +62,13 @@ class AlgorithmSpec:
     """A name in POLICY_LOSS_FNS (None: not a policy-gradient algorithm)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Values of algorithm.* knobs the config leaves unset (None)."""
+    reference_in_advantage: bool = False
+    """Whether the advantage reads the reference model's log-probs (when kl_loss_coef > 0); the
+    KL loss and KL-in-reward ask for that pass by themselves."""
 
 
-_PPO_CLIP = {"loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
+_OFF = {"use_kl_in_reward": False, "overlong_filter": False, "dynamic_sampling": False}
+_PPO_CLIP = {**_OFF, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "grpo": AlgorithmSpec("grpo", "ppo_clip", defaults=_PPO_CLIP),
@@ -63,15 +76,40 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "dr_grpo", "ppo_clip", defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-sum-norm"}
     ),
     "rloo": AlgorithmSpec("rloo", "ppo_clip", defaults=_PPO_CLIP),
+    # REINFORCE++: the KL to the reference model is part of each token's reward
+    "reinforce_plus_plus": AlgorithmSpec(
+        "reinforce_plus_plus", "ppo_clip", defaults={**_PPO_CLIP, "use_kl_in_reward": True}
+    ),
     "reinforce_plus_plus_baseline": AlgorithmSpec(
         "reinforce_plus_plus_baseline", "ppo_clip", defaults=_PPO_CLIP
     ),
     # GSPO's paper clips the sequence ratio at 1 -/+ (3e-4, 4e-4) and averages tokens per sequence
     "gspo": AlgorithmSpec(
-        "grpo", "gspo",
-        defaults={"loss_agg_mode": "seq-mean-token-mean", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
+        "grpo",
+        "gspo",
+        defaults={
+            **_OFF,
+            "loss_agg_mode": "seq-mean-token-mean",
+            "clip_ratio_low": 3e-4,
+            "clip_ratio_high": 4e-4,
+        },
     ),  # fmt: skip
-    "sft": AlgorithmSpec(None, None, defaults={"loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}),
+    # DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (0.2, 0.28), token-level loss, truncated
+    # responses out of the loss, groups that teach nothing replaced by fresh ones
+    "dapo": AlgorithmSpec(
+        "grpo",
+        "ppo_clip",
+        defaults={**_PPO_CLIP, "clip_ratio_high": 0.28, "overlong_filter": True, "dynamic_sampling": True},
+    ),  # fmt: skip
+    "opmd": AlgorithmSpec("opmd", "opmd", defaults={**_PPO_CLIP}),
+    # the repository's weighted likelihood is length-normalised per response, then summed per group
+    "maxent_grpo": AlgorithmSpec(
+        "maxent_grpo",
+        "weighted_likelihood",
+        defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-mean"},
+        reference_in_advantage=True,
+    ),  # fmt: skip
+    "sft": AlgorithmSpec(None, None, defaults=_PPO_CLIP),
 }
 
 

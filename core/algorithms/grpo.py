@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import torch
 
+from .scored import ScoredBatch
 
-def grpo_advantages(
-    rewards: torch.Tensor, group_ids: Sequence[str], std_normalize: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
+
+def grpo_advantages(batch: ScoredBatch, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """Group-relative advantages: (r - group mean) / (group std + eps), or r - group mean.
 
     Responses to the same task share a group id; the group mean is the baseline, so no value model is
@@ -23,23 +23,31 @@ def grpo_advantages(
     division because it up-weights groups whose rewards barely differ. A group of one has no baseline
     and gets advantage 0.
     """
-    assert rewards.dim() == 1 and len(group_ids) == rewards.shape[0], "one group id per reward"
+    rewards = batch.rewards
     # sums of many rewards: accumulate in float64, return in the input dtype
-    adv, count_N, group_N = group_centred(rewards, group_ids)  # exactly 0 for a group of one
+    adv, count_N, group_N = group_centred(rewards, batch.group_ids)  # exactly 0 for a group of one
     if std_normalize:
         var_N = group_sum(adv.square(), group_N) / (count_N - 1).clamp(min=1)
         adv = adv / (var_N.sqrt() + eps)
     return adv.to(rewards.dtype)
 
 
-def dr_grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[str]) -> torch.Tensor:
+def dr_grpo_advantages(batch: ScoredBatch) -> torch.Tensor:
     """Dr. GRPO: the group-centred reward, without the division by the group's std."""
-    return grpo_advantages(rewards, group_ids, std_normalize=False)
+    return grpo_advantages(batch, std_normalize=False)
 
 
 def group_sum(values: torch.Tensor, group_N: torch.Tensor) -> torch.Tensor:
     """For each response, the sum of `values` over its group (`group_N`: group indices 0..G-1)."""
     return values.new_zeros(int(group_N.max()) + 1).index_add(0, group_N, values)[group_N]
+
+
+def group_max(values: torch.Tensor, group_N: torch.Tensor) -> torch.Tensor:
+    """For each response, the largest of `values` in its group."""
+    peak = values.new_zeros(int(group_N.max()) + 1).scatter_reduce(
+        0, group_N, values, "amax", include_self=False
+    )
+    return peak[group_N]
 
 
 def group_centred(

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import torch
 
+from ..config.schema import AlgorithmConfig
+
 
 def gspo_terms(
-    logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float
+    logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss and clipped indicator, [B, T] each (see the module docstring)."""
+    low, high = cfg.clip_ratio_low, cfg.clip_ratio_high
+    assert low is not None and high is not None, "with_preset fills them"
     lengths = mask.sum(-1).clamp(min=1)
     seq_log_ratio = ((logprobs - old) * mask).sum(-1) / lengths  # [B]
-    ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())  # value s_i per token
+    ratio = torch.exp(
+        seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()
+    )  # value s_i per token
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - low, 1.0 + high)
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()

@@ -21,15 +21,24 @@ def _to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def ppo_clip_terms(
-    logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float
+    logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token (Schulman et al. 2017, arXiv:1707.06347), with an
     asymmetric clip range (DAPO's clip-higher): max(-A r, -A clip(r, 1 - low, 1 + high)), r = pi / pi_old.
-    Per-token loss and clipped indicator, [B, T] each."""
+    With clip_ratio_c (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729) a token whose advantage is
+    negative loses at most -A c however large r grows. Per-token loss and clipped indicator, [B, T] each."""
+    assert cfg.clip_ratio_low is not None and cfg.clip_ratio_high is not None, "with_preset fills them"
     ratio = torch.exp(logprobs - old)
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - low, 1.0 + high)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+    clipped = -adv * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    if cfg.clip_ratio_c is not None:
+        cap = -adv * cfg.clip_ratio_c
+        dual = (adv < 0) & (loss > cap)
+        loss = torch.where(dual, cap, loss)
+        was_clipped = was_clipped | dual
+    return loss, was_clipped.float()
 
 
 class PolicyLoss:
@@ -55,7 +64,7 @@ class PolicyLoss:
         cfg, norm, mode = self.cfg, self.norm, self.mode
         mask, adv, old = batch["loss_mask"], batch["advantages"], batch["old_logprobs"]
 
-        pg, clipped = self.terms(logprobs, old, adv, mask, cfg.clip_ratio_low, cfg.clip_ratio_high)
+        pg, clipped = self.terms(logprobs, old, adv, mask, cfg)
         pg_loss = aggregate(pg, mask, mode, norm)
         loss = pg_loss
         metrics = {

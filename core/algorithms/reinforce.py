@@ -1,28 +1,51 @@
-"""REINFORCE++ with a group baseline (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for
-Aligning Large Language Models", arXiv:2501.03262): the group mean is subtracted from each reward,
-then the advantages are normalised over the whole batch,
+"""REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+Models", arXiv:2501.03262): no critic and no group baseline; the advantage of a token is its
+discounted return, normalised over every trained token of the batch,
+
+    r_t = -beta * KL_t (+ the task reward on the last token),  G_t = sum_{k>=t} gamma^(k-t) r_k,
+    A_t = (G_t - mean(G)) / (std(G) + eps)   over the batch's trained tokens,
+
+with the KL to the reference model inside the reward (use_kl_in_reward; beta = kl_ctrl.kl_coef).
+
+Its group-baseline form (`reinforce_plus_plus_baseline`, for reasoning tasks with several samples
+per prompt) subtracts the group mean from each reward, then normalises over the whole batch,
 
     a_i = r_i - mean(r_group),   A_i = (a_i - mean(a)) / (std(a) + eps),
 
 so the advantage scale does not depend on how spread one group's rewards are (GRPO's per-group std
-does). Normalised over responses, each response counting once (verl normalises over tokens, which
-weighs long responses more). The token-level REINFORCE++ (KL in the reward, discounted returns) is
-not built yet."""
+does). That form normalises over responses, each counting once (verl normalises over tokens, which
+weighs long responses more)."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
 from .grpo import group_centred
+from .scored import ScoredBatch
 
 
-def reinforce_plus_plus_baseline_advantages(
-    rewards: torch.Tensor, group_ids: Sequence[str], eps: float = 1e-6
-) -> torch.Tensor:
-    assert rewards.dim() == 1 and len(group_ids) == rewards.shape[0], "one group id per reward"
-    centred, _, _ = group_centred(rewards, group_ids)
+def reinforce_plus_plus_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:
+    """[N, T] whitened discounted returns of the token rewards (module docstring)."""
+    mask = batch.need("response_mask", "reinforce_plus_plus")
+    gamma = 1.0 if batch.cfg is None else batch.cfg.gamma
+    rewards = batch.token_rewards().double()
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    m = mask.double()
+    count = m.sum()
+    if count < 2:
+        return torch.zeros_like(mask)
+    mean = (returns * m).sum() / count
+    std = (((returns - mean) * m).square().sum() / (count - 1)).sqrt()
+    return ((returns - mean) / (std + eps) * m).to(mask.dtype)
+
+
+def reinforce_plus_plus_baseline_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:
+    rewards = batch.rewards
+    centred, _, _ = group_centred(rewards, batch.group_ids)
     if centred.numel() < 2:
         return torch.zeros_like(rewards)
     return ((centred - centred.mean()) / (centred.std() + eps)).to(rewards.dtype)

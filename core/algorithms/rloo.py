@@ -8,14 +8,12 @@ an unbiased baseline (it does not depend on r_i). A group of one has no other re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from .grpo import group_centred
+from .scored import ScoredBatch
 
 
-def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence[str]) -> torch.Tensor:
-    assert rewards.dim() == 1 and len(group_ids) == rewards.shape[0], "one group id per reward"
-    centred, n, _ = group_centred(rewards, group_ids)
-    return (centred * n / (n - 1).clamp(min=1)).to(rewards.dtype)
+def rloo_advantages(batch: ScoredBatch) -> torch.Tensor:
+    centred, n, _ = group_centred(batch.rewards, batch.group_ids)
+    return (centred * n / (n - 1).clamp(min=1)).to(batch.rewards.dtype)

@@ -73,8 +73,11 @@ class AlgorithmConfig:
     """KL estimator used as a loss term against the reference model ('none' disables it)."""
     kl_loss_coef: float = bounded(0.001, ge=0.0)
     """Weight of the KL loss term."""
-    use_kl_in_reward: bool = False
-    """Subtract `kl_ctrl.kl_coef * KL` (estimator `kl_penalty_fn`) from the token-level reward."""
+    use_kl_in_reward: bool | None = None
+    """Subtract `kl_ctrl.kl_coef * KL` (estimator `kl_penalty_fn`) from the token-level reward;
+    unset: the preset's (reinforce_plus_plus: true, the others false)."""
+    gamma: float = bounded(1.0, ge=0.0, le=1.0)
+    """Discount of later token rewards in a token's return (reinforce_plus_plus; 1.0: none)."""
     kl_penalty_fn: str = choice("k1", ("k1", "abs", "k2", "mse", "k3", "low_var_kl"))
     """KL estimator used for the reward penalty."""
     kl_ctrl: KLControllerConfig = field(default_factory=KLControllerConfig)
@@ -84,6 +87,9 @@ class AlgorithmConfig:
     """The ratio is clipped below at 1 - clip_ratio_low (unset: the preset's, 0.2; gspo 3e-4)."""
     clip_ratio_high: float | None = bounded(None, ge=0.0)
     """The ratio is clipped above at 1 + clip_ratio_high (unset: the preset's, 0.2; gspo 4e-4)."""
+    clip_ratio_c: float | None = bounded(None, gt=1.0)
+    """Dual-clip PPO (Ye et al. 2020): a token with a negative advantage loses at most
+    clip_ratio_c * |A| however large its ratio grows (unset: no second clip; 3.0 is usual)."""
     loss_agg_mode: str | None = choice(
         None, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
     )
@@ -91,6 +97,34 @@ class AlgorithmConfig:
     preset's (token-mean; dr_grpo seq-mean-token-sum-norm; gspo seq-mean-token-mean)."""
     do_old_log_prob_compute: bool = True
     """Recompute old log-probs with the trainer before the update (True) or use the engine's (False)."""
+    opmd_tau: float = bounded(1.0, gt=0.0)
+    """OPMD's regulariser strength: the loss is scaled by 1/(1 + tau), and the logavgexp baseline
+    is tau * log(mean exp(r / tau))."""
+    opmd_baseline: str = choice("mean", ("mean", "logavgexp"))
+    """OPMD's group baseline: the mean reward, or the tau-softened maximum (logavgexp)."""
+    maxent_tau: float = bounded(0.3, gt=0.0)
+    """MaxEnt-GRPO's entropy temperature: the group's target is q^(1/(tau+beta)) pi_ref^(beta/(tau+beta)),
+    beta = kl_loss_coef; a smaller tau puts more weight on the best responses."""
+    maxent_q_temperature: float = bounded(2.0, gt=0.0)
+    """MaxEnt-GRPO: q = softmax(reward / maxent_q_temperature) over the group."""
+    maxent_q_epsilon: float = bounded(1e-6, ge=0.0, lt=1.0)
+    """MaxEnt-GRPO: q is mixed with this much of the uniform distribution (no candidate gets 0)."""
+    maxent_length_normalize_ref: bool = True
+    """MaxEnt-GRPO: the reference log-prob of a response is its per-token mean (false: its sum)."""
+    overlong_filter: bool | None = None
+    """Leave responses the token budget cut off (finish reason 'length') out of the loss (DAPO);
+    unset: the preset's (dapo: true, the others false)."""
+    overlong_buffer_len: int = bounded(0, ge=0)
+    """DAPO's soft overlong punishment: a response longer than max_tokens - overlong_buffer_len
+    loses overlong_penalty_factor * (its excess / overlong_buffer_len) of reward (0: off)."""
+    overlong_penalty_factor: float = bounded(1.0, ge=0.0)
+    """The reward a response at the full token budget loses to the soft overlong punishment."""
+    dynamic_sampling: bool | None = None
+    """DAPO's dynamic sampling: groups whose responses all got the same reward teach nothing and
+    are dropped; more tasks are explored until the step has buffer.batch_size groups again (or
+    dynamic_sampling_max_rounds extra rounds ran). Unset: the preset's (dapo: true)."""
+    dynamic_sampling_max_rounds: int = bounded(4, ge=1)
+    """Extra explore rounds one step may run to refill its dropped groups."""
 
 
 # ----------------------------------------------------------------------------------------------

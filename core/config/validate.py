@@ -89,7 +89,9 @@ def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool, sft: bool = 
 
         correctness = import_path("rlcore.rollout.rewards.compose:CORRECTNESS_REWARDS", what="registry")
         try:
-            check_taskset(ts, path, needs_answer=any(n in correctness for n in ts.reward_fn), needs_response=sft)
+            check_taskset(
+                ts, path, needs_answer=any(n in correctness for n in ts.reward_fn), needs_response=sft
+            )
         except TasksetError as e:
             raise ConfigError(str(e)) from None
 
@@ -169,6 +171,19 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
         raise ConfigError(
             f"algorithm.repeat_times is 1, but {a.algorithm_type} (advantage_fn {a.advantage_fn}) compares each "
             "response with the other responses to its task: set algorithm.repeat_times to 2 or more"
+        )
+    if a.dynamic_sampling and a.repeat_times < 2:
+        raise ConfigError(
+            "algorithm.dynamic_sampling drops the groups whose responses all got the same reward, and with "
+            "algorithm.repeat_times 1 that is every group: set repeat_times to 2 or more, or dynamic_sampling false"
+        )
+    ts = cfg.buffer.explorer_input.taskset
+    budget = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
+    if a.overlong_buffer_len >= budget:
+        raise ConfigError(
+            f"algorithm.overlong_buffer_len is {a.overlong_buffer_len}, but responses may have only {budget} tokens "
+            "(the taskset's rollout_args.max_tokens, else model.max_response_tokens): the buffer is the end part of "
+            "that budget, so give fewer tokens (0 turns the punishment off)"
         )
 
 

@@ -107,3 +107,9 @@ class TaskStream:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         picked = order[i * self.batch_size : (i + 1) * self.batch_size]
         return [self.tasks[j] for j in picked]
+
+    def extra(self, index: int, round_: int) -> list[Task]:
+        """Round `round_` (1, 2, ...) of extra tasks for batch `index` (dynamic sampling): batch_size
+        distinct tasks drawn from the whole taskset, the same ones whenever asked again."""
+        rng = random.Random((self.seed * 1_000_003 + index) * 1_009 + round_)
+        return [self.tasks[j] for j in rng.sample(range(len(self.tasks)), self.batch_size)]

@@ -19,6 +19,7 @@ from rlcore.backends.common.schedule import build_optimizer
 from rlcore.core.algorithms.aggregation import LossNorm
 from rlcore.core.algorithms.grpo import grpo_advantages
 from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
+from rlcore.core.algorithms.scored import ScoredBatch
 from rlcore.core.batch import Batch, Sequence, equalize, micro_batches, pack, plan_micro_batches, shard
 from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
 
@@ -80,7 +81,7 @@ def parity_sequences(model_path: str) -> list[Sequence]:
     seqs = [Sequence(x[:p], x[p:], index=i) for i, (x, (p, _)) in enumerate(zip(ids, shapes, strict=True))]
     rewards = torch.rand(NUM_SEQS, generator=gen)
     groups = [str(i // GROUP_SIZE) for i in range(NUM_SEQS)]
-    adv = grpo_advantages(rewards, groups)
+    adv = grpo_advantages(ScoredBatch(rewards, groups))
     assert (adv > 0).any() and (adv < 0).any(), "advantages of one sign only"
     logprobs, _ = forward_logprobs(model, pack(seqs, PAD_ID), TEMPERATURE, with_entropy=False)
     for s, a, lp in zip(seqs, adv.tolist(), logprobs, strict=True):

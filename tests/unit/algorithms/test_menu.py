@@ -16,6 +16,7 @@ from rlcore.core.algorithms.gspo import gspo_terms
 from rlcore.core.algorithms.losses import PolicyLoss
 from rlcore.core.algorithms.reinforce import reinforce_plus_plus_baseline_advantages
 from rlcore.core.algorithms.rloo import rloo_advantages
+from rlcore.core.algorithms.scored import ScoredBatch
 from rlcore.core.config import ConfigError, load_config, resolve_stages
 from rlcore.core.config.schema import AlgorithmConfig
 
@@ -25,12 +26,12 @@ REWARDS = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 0.7])
 
 def test_dr_grpo_centres_without_dividing() -> None:
     # group a: mean 0.5 -> 0.5, -0.5, 0; group b all equal -> 0; group c of one -> 0
-    assert dr_grpo_advantages(REWARDS, GROUPS).tolist() == [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    assert dr_grpo_advantages(ScoredBatch(REWARDS, GROUPS)).tolist() == [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
 
 
 def test_rloo_subtracts_the_mean_of_the_others() -> None:
     # r_0 = 1 against (0 + 0.5)/2 = 0.25 -> 0.75; r_1 = 0 against 0.75 -> -0.75; r_2 = 0.5 against 0.5 -> 0
-    got = rloo_advantages(REWARDS, GROUPS).tolist()
+    got = rloo_advantages(ScoredBatch(REWARDS, GROUPS)).tolist()
     assert got == pytest.approx([0.75, -0.75, 0.0, 0.0, 0.0, 0.0])
 
 
@@ -39,8 +40,12 @@ def test_reinforce_plus_plus_baseline_normalises_over_the_batch() -> None:
     mean = sum(centred) / 6
     std = math.sqrt(sum((c - mean) ** 2 for c in centred) / 5)  # unbiased, as torch.std
     expected = [(c - mean) / (std + 1e-6) for c in centred]
-    assert reinforce_plus_plus_baseline_advantages(REWARDS, GROUPS).tolist() == pytest.approx(expected)
-    assert reinforce_plus_plus_baseline_advantages(torch.tensor([1.0, 1.0]), ["a", "a"]).tolist() == [
+    assert reinforce_plus_plus_baseline_advantages(ScoredBatch(REWARDS, GROUPS)).tolist() == pytest.approx(
+        expected
+    )
+    assert reinforce_plus_plus_baseline_advantages(
+        ScoredBatch(torch.tensor([1.0, 1.0]), ["a", "a"])
+    ).tolist() == [
         0.0,
         0.0,
     ]
@@ -52,7 +57,9 @@ def test_gspo_clips_whole_sequences_by_their_length_normalised_ratio() -> None:
     logprobs = torch.tensor([[0.1, 0.3, 0.0], [-0.05, 0.0, 9.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     adv = torch.tensor([[1.0, 1.0, 0.0], [-2.0, 0.0, 0.0]])
-    loss, clipped = gspo_terms(logprobs, old, adv, mask, low=0.1, high=0.1)
+    loss, clipped = gspo_terms(
+        logprobs, old, adv, mask, AlgorithmConfig(clip_ratio_low=0.1, clip_ratio_high=0.1)
+    )
     s0, s1 = math.exp(0.2), math.exp(-0.05)
     # row 0: A > 0, s0 = 1.22 > 1.1 -> clipped at 1.1; row 1: A < 0, s1 = 0.95 inside [0.9, 1.1] -> 2 s1
     assert loss[0, :2].tolist() == pytest.approx([-1.1, -1.1])
@@ -114,3 +121,11 @@ def test_bad_names_and_combinations_are_one_line_errors(tmp_path) -> None:
     ):
         _validate(tmp_path, algorithm_type="rloo", repeat_times=1)
     _validate(tmp_path, algorithm_type="rloo", repeat_times=2)
+    with pytest.raises(ConfigError, match=r"algorithm\.dynamic_sampling .* set repeat_times to 2 or more"):
+        _validate(tmp_path, algorithm_type="reinforce_plus_plus", repeat_times=1, dynamic_sampling=True)
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.overlong_buffer_len is 512, but responses may have only 512"
+    ):
+        _validate(tmp_path, algorithm_type="dapo", overlong_buffer_len=512)
+    for name in ("reinforce_plus_plus", "dapo", "opmd", "maxent_grpo"):
+        _validate(tmp_path, algorithm_type=name)
