@@ -152,8 +152,21 @@ def _check_item(cls: type, item: Any, path: str) -> None:
 
 
 def _read_yaml(path: str) -> DictConfig:
+    data = _recipe(path, [])
+    try:
+        return OmegaConf.create(data)
+    except OmegaConfBaseException as e:  # e.g. a malformed ${...} interpolation
+        raise _explain(e) from None
+
+
+def _recipe(path: str, chain: list[str]) -> dict[str, Any]:
+    """The recipe at `path` as a mapping, on top of its `base:` recipe when it names one (a path
+    relative to the recipe's folder): sections merge key by key, stages by name (a stage of the
+    same name merges into the base's, a new name is appended), other lists are replaced."""
     if not os.path.isfile(path):
-        raise ConfigError(f"config file '{path}' not found")
+        raise ConfigError(
+            f"config file '{path}' not found" + (f" (the base of {chain[-1]})" if chain else "")
+        )
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
@@ -164,10 +177,42 @@ def _read_yaml(path: str) -> DictConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return OmegaConf.create(data)
-    except OmegaConfBaseException as e:  # e.g. a malformed ${...} interpolation
-        raise _explain(e) from None
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be the path of another recipe, got {base!r}")
+    base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
+    if os.path.abspath(base_path) in [os.path.abspath(p) for p in chain + [path]]:
+        raise ConfigError(
+            f"{path}: base '{base}' leads back to itself ({' -> '.join(chain + [path, base_path])})"
+        )
+    return _over(_recipe(base_path, chain + [path]), data)
+
+
+def _over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if key == "stages" and isinstance(value, list) and isinstance(base.get(key), list):
+            out[key] = _stages_over(base[key], value)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _over(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _stages_over(base: list[Any], top: list[Any]) -> list[Any]:
+    merged = list(base)
+    names = [s.get("name") if isinstance(s, dict) else None for s in base]
+    for stage in top:
+        name = stage.get("name") if isinstance(stage, dict) else None
+        if name is not None and name in names:
+            i = names.index(name)
+            merged[i] = _over(merged[i], stage)
+        else:
+            merged.append(stage)
+    return merged
 
 
 def _parse_overrides(overrides: list[str]) -> list[dict[str, Any]]:

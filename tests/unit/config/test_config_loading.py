@@ -199,3 +199,36 @@ def test_errors_inside_list_elements_keep_the_full_path(tmp_path: Path) -> None:
     for override, pattern in cases.items():
         with pytest.raises(ConfigError, match=pattern):
             resolve_stages(load_config(path, [override]))
+
+
+def test_a_recipe_builds_on_its_base(tmp_path) -> None:
+    """`base:` merges sections key by key and stages by name; a loop of bases is a one-line error."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2", "response": "2"}\n')
+    base = {
+        "model": {"model_path": str(tmp_path / "m"), "max_model_len": 64, "max_response_tokens": 8},
+        "buffer": {"batch_size": 1, "explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}},
+        "stages": [
+            {"name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft"}},
+            {"name": "rl", "algorithm": {"algorithm_type": "grpo", "repeat_times": 4}},
+        ],
+    }
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "sub").mkdir()
+    top = {"base": "../base.yaml", "name": "other", "model": {"max_prompt_tokens": 16},
+           "stages": [{"name": "rl", "algorithm": {"algorithm_type": "rloo"}}, {"name": "more"}]}  # fmt: skip
+    (tmp_path / "sub" / "top.yaml").write_text(yaml.safe_dump(top))
+    sft, rl, more = resolve_stages(load_config(str(tmp_path / "sub" / "top.yaml")))
+    assert (
+        rl.config.name == "other"
+        and rl.config.model.max_model_len == 64
+        and rl.config.model.max_prompt_tokens == 16
+    )
+    assert (rl.config.algorithm.algorithm_type, rl.config.algorithm.repeat_times) == ("rloo", 4)
+    assert (sft.name, sft.config.algorithm.algorithm_type, more.name) == ("sft", "sft", "more")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**base, "base": "sub/top.yaml"}))
+    with pytest.raises(ConfigError, match=r"base 'sub/top.yaml' leads back to itself"):
+        load_config(str(tmp_path / "sub" / "top.yaml"))
+    with pytest.raises(ConfigError, match=r"config file '.*nowhere.yaml' not found \(the base of"):
+        (tmp_path / "x.yaml").write_text("base: nowhere.yaml\n")
+        load_config(str(tmp_path / "x.yaml"))
