@@ -42,6 +42,23 @@ class TrainingStrategy(ABC):
     model parallelism keep the defaults (every rank is its own data-parallel rank).
     """
 
+    reference_in_checkpoint: bool = False
+    """Whether checkpoints hold the reference model too (the loop sets it when the reference moves:
+    algorithm.sync_ref_model); otherwise the reference is the stage's initial weights."""
+
+    def policy_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """The policy and reference modules, built and sharded alike (parameters in the same order,
+        each rank holding the same part of both)."""
+        raise NotImplementedError(f"{type(self).__name__} has no reference model to move")
+
+    @torch.no_grad()
+    def sync_reference(self, alpha: float) -> None:
+        """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref (TR-DPO's soft update, Gorbatovski et
+        al. 2024, arXiv:2404.09656): each rank blends its own part; no communication."""
+        policy, reference = self.policy_and_reference()
+        for p, r in zip(policy.parameters(), reference.parameters(), strict=True):
+            r.lerp_(p.detach().to(r.dtype), alpha)
+
     @property
     def dp_rank(self) -> int:
         """This rank's index among the data-parallel ranks (which share of the batch it trains on)."""

@@ -104,6 +104,7 @@ class StageTraining:
             model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
             total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
+        self.strategy.reference_in_checkpoint = self.needs_ref and algo.sync_ref_model
         self.state = TrainerState()
 
     # ------------------------------------------------------------------ the algorithm step
@@ -175,6 +176,12 @@ class StageTraining:
         with _timed(timers, "perf/optimizer_s"):
             grad_norm, lr = self.optimizer_step()
         metrics["actor/grad_norm"], metrics["actor/lr"] = grad_norm, lr
+        if (
+            self.strategy.reference_in_checkpoint
+            and self.state.global_step % self.algo.ref_model_sync_steps == 0
+        ):
+            self.strategy.sync_reference(self.algo.ref_model_mixup_alpha)
+            metrics["actor/ref_synced"] = 1.0
         return metrics
 
     # ------------------------------------------------------------------ building blocks

@@ -8,6 +8,7 @@ gathered.
 
 from __future__ import annotations
 
+import os
 from abc import abstractmethod
 from collections import defaultdict
 from contextlib import AbstractContextManager
@@ -19,7 +20,7 @@ from ..base import Batch, LossFn, TrainingStrategy
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs
 from .schedule import FP16_INITIAL_LOSS_SCALE
-from .sharded_checkpoint import load_sharded, save_sharded
+from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
 
 
 def float16_scaler(compute_dtype: torch.dtype, device: torch.device) -> ShardedGradScaler | None:
@@ -105,8 +106,16 @@ class NativeStrategy(TrainingStrategy):
         """What the gradients are multiplied by between forward_backward and optimizer_step."""
         return float(self.scaler.get_scale()) if self.scaler is not None else 1.0
 
+    def policy_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        assert self.reference is not None, "no reference model was built (nothing reads one)"
+        return self.model, self.reference
+
     def save_checkpoint(self, path: str) -> None:
         save_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler)
+        if self.reference_in_checkpoint:
+            save_module(os.path.join(path, REFERENCE_DIR), self.policy_and_reference()[1])
 
     def load_checkpoint(self, path: str) -> None:
         load_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler)
+        if self.reference_in_checkpoint:
+            load_module(os.path.join(path, REFERENCE_DIR), self.policy_and_reference()[1])

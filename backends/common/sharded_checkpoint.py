@@ -10,8 +10,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+REFERENCE_DIR = "reference"
+"""A checkpoint's sub-folder for the reference model, when it moves (algorithm.sync_ref_model)."""
 
 
 def save_sharded(
@@ -48,3 +56,15 @@ def load_sharded(
     scheduler.load_state_dict(extra["scheduler"])
     if scaler is not None and "scaler" in extra:
         scaler.load_state_dict(extra["scaler"])
+
+
+def save_module(path: str, module: torch.nn.Module) -> None:
+    """Collective: a module's weights alone (the reference model), each rank writing its shards."""
+    dcp.save({"model": get_model_state_dict(module)}, checkpoint_id=path)
+
+
+def load_module(path: str, module: torch.nn.Module) -> None:
+    """Collective: restore what `save_module` wrote."""
+    state = {"model": get_model_state_dict(module)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(module, state["model"])

@@ -75,6 +75,14 @@ class FSDP2Strategy(NativeStrategy):
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         return _full(norm)
 
+    def policy_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """Both sharded: FSDP2 leaves the root's parameters whole after a forward without backward
+        (the reference's log-probs), and a blend must meet shard with shard."""
+        policy, reference = super().policy_and_reference()
+        for module in (policy, reference):
+            cast(FSDPModule, module).reshard()
+        return policy, reference
+
     # ------------------------------------------------------------------ full tensors
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -35,6 +35,7 @@ from ..base import Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import resolve_dtype
 from ..common.schedule import FP16_INITIAL_LOSS_SCALE, lr_lambda
+from ..common.sharded_checkpoint import REFERENCE_DIR
 from .logprobs import token_logprobs_and_entropy
 from .mapping import (
     ModelDims,
@@ -365,10 +366,20 @@ class MegatronStrategy(TrainingStrategy):
         )
         return {"model": model_sd, "optimizer": optim_sd}
 
+    def policy_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        assert self.reference is not None, "no reference model was built (nothing reads one)"
+        return self.model.module, self.reference
+
     def save_checkpoint(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
         dist.barrier()
         dist_checkpointing.save(self._sharded_state(is_loading=False), path)
+        if self.reference_in_checkpoint:
+            ref_dir = os.path.join(path, REFERENCE_DIR)
+            os.makedirs(ref_dir, exist_ok=True)
+            dist.barrier()
+            reference: Any = self.policy_and_reference()[1]  # a GPTModel
+            dist_checkpointing.save({"model": reference.sharded_state_dict()}, ref_dir)
         if dist.get_rank() == 0:
             torch.save({"step": self.step}, os.path.join(path, "scheduler.pt"))
         dist.barrier()
@@ -380,6 +391,13 @@ class MegatronStrategy(TrainingStrategy):
             self.model.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self._restore_adam_steps()
+        if self.reference_in_checkpoint:
+            reference: Any = self.policy_and_reference()[1]  # a GPTModel
+            ref_state = dist_checkpointing.load(
+                {"model": reference.sharded_state_dict()}, os.path.join(path, REFERENCE_DIR)
+            )
+            with torch.no_grad():
+                reference.load_state_dict(ref_state["model"])
         self.step = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)["step"]
         self._set_lr()
 

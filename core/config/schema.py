@@ -97,6 +97,13 @@ class AlgorithmConfig:
     preset's (token-mean; dr_grpo seq-mean-token-sum-norm; gspo seq-mean-token-mean)."""
     do_old_log_prob_compute: bool = True
     """Recompute old log-probs with the trainer before the update (True) or use the engine's (False)."""
+    sync_ref_model: bool = False
+    """Move the reference model towards the policy every ref_model_sync_steps optimizer steps:
+    pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref (the reference then lives in checkpoints)."""
+    ref_model_mixup_alpha: float = bounded(0.6, gt=0.0, le=1.0)
+    """The policy's share alpha in the reference after a sync (1.0: the reference becomes the policy)."""
+    ref_model_sync_steps: int = bounded(512, ge=1)
+    """Optimizer steps between reference syncs."""
     opmd_tau: float = bounded(1.0, gt=0.0)
     """OPMD's regulariser strength: the loss is scaled by 1/(1 + tau), and the logavgexp baseline
     is tau * log(mean exp(r / tau))."""

@@ -163,7 +163,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
-    from ..algorithms import GROUP_BASELINES, with_preset
+    from ..algorithms import ALGORITHMS, GROUP_BASELINES, with_preset
 
     cfg.algorithm = with_preset(cfg.algorithm)
     a = cfg.algorithm
@@ -176,6 +176,16 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
         raise ConfigError(
             "algorithm.dynamic_sampling drops the groups whose responses all got the same reward, and with "
             "algorithm.repeat_times 1 that is every group: set repeat_times to 2 or more, or dynamic_sampling false"
+        )
+    reads_reference = (
+        (a.kl_loss_fn != "none" and a.kl_loss_coef > 0)
+        or a.use_kl_in_reward
+        or (ALGORITHMS[a.algorithm_type].reference_in_advantage and a.kl_loss_coef > 0)
+    )
+    if a.sync_ref_model and not reads_reference:
+        raise ConfigError(
+            f"algorithm.sync_ref_model moves the reference model, but {a.algorithm_type} as configured reads none: "
+            "set algorithm.kl_loss_coef > 0 (with a kl_loss_fn) or use_kl_in_reward true, or sync_ref_model false"
         )
     ts = cfg.buffer.explorer_input.taskset
     budget = ts.rollout_args.max_tokens or cfg.model.max_response_tokens

@@ -11,3 +11,10 @@ def distinct_chars(response: str, task: Task) -> float:
 def fails(response: str, task: Task) -> float:
     """A reward function with a bug: it raises on every response."""
     raise KeyError("no_such_column")
+
+
+def half_constant(response: str, task: Task) -> float:
+    """The same reward for every response to an even-numbered task (a group that teaches nothing),
+    distinct_chars for the others: dynamic sampling has groups to drop and groups to keep."""
+    digits = "".join(c for c in task.task_id if c.isdigit())
+    return 1.0 if digits and int(digits) % 2 == 0 else distinct_chars(response, task)

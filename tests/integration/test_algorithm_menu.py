@@ -1,0 +1,66 @@
+"""The algorithm menu inside real launches: DAPO's dynamic sampling refills dropped groups, and the
+reference model moves with the policy (sync_ref_model) on every FSDP strategy, through checkpoints."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from safetensors.torch import load_file
+
+from .launch_utils import launch, read_metrics, tiny_grpo_config
+
+pytestmark = pytest.mark.integration
+
+
+def _train_steps(root: str) -> list[dict]:
+    return [m for m in read_metrics(os.path.join(root, "it", "run")) if "actor/loss" in m]
+
+
+def test_dynamic_sampling_replaces_groups_that_teach_nothing(tmp_path):
+    root = str(tmp_path / "dapo")
+    reward = {"buffer.explorer_input.taskset.reward_fn": ["tests.integration.rewards:half_constant"]}
+    cfg = tiny_grpo_config(root, **{"algorithm.algorithm_type": "dapo", "buffer.total_steps": 2, **reward})
+    launch(cfg, root + ".yaml")
+    steps = _train_steps(root)
+    assert len(steps) == 2
+    # even-numbered tasks' groups all score 1.0 and are dropped; extra rounds refill the batch
+    assert sum(m["rollout/groups_dropped"] for m in steps) > 0
+    assert max(m["rollout/dynamic_sampling_rounds"] for m in steps) >= 1
+    assert [m["rollout/groups_kept"] for m in steps] == [4, 4]
+    assert all(0.0 <= m["rollout/overlong_filtered"] <= 1.0 for m in steps)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_reference_follows_the_policy_and_resumes(tmp_path, strategy):
+    kl = {"trainer.strategy": strategy, "algorithm.kl_loss_coef": 0.1, "algorithm.kl_loss_fn": "k3"}
+    sync = {**kl, "algorithm.sync_ref_model": True, "algorithm.ref_model_sync_steps": 1}
+    # alpha 1: after every step the reference is the policy, so the next step's KL is exactly 0
+    full = str(tmp_path / "full")
+    launch(tiny_grpo_config(full, **{**sync, "algorithm.ref_model_mixup_alpha": 1.0, "buffer.total_steps": 3}),
+           full + ".yaml")  # fmt: skip
+    kls = [m["actor/kl_loss"] for m in _train_steps(full)]
+    assert kls[0] == 0.0 and kls[1:] == [0.0, 0.0]
+    frozen = str(tmp_path / "frozen")
+    launch(tiny_grpo_config(frozen, **{**kl, "buffer.total_steps": 2}), frozen + ".yaml")
+    assert _train_steps(frozen)[1]["actor/kl_loss"] > 0  # without the sync the policy drifts away
+
+    # alpha 0.5 through a checkpoint: the resumed run restores the moved reference
+    half = {**sync, "algorithm.ref_model_mixup_alpha": 0.5}
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    launch(tiny_grpo_config(straight, **{**half, "buffer.total_steps": 4}), straight + ".yaml")
+    cfg = tiny_grpo_config(resumed, **{**half, "buffer.total_steps": 2})
+    launch(cfg, resumed + ".yaml")
+    assert os.path.isdir(os.path.join(resumed, "it", "run", "global_step_2", "model", "reference"))
+    launch(cfg, resumed + ".yaml", "buffer.total_steps=4", "continue_from_checkpoint=true")
+    a, b = _train_steps(straight), _train_steps(resumed)
+    assert [m["step"] for m in a] == [m["step"] for m in b]
+    for x, y in zip(a, b, strict=True):
+        assert abs(x["actor/kl_loss"] - y["actor/kl_loss"]) < 1e-6, (
+            x["step"],
+            x["actor/kl_loss"],
+            y["actor/kl_loss"],
+        )
+    wa = load_file(os.path.join(straight, "it", "run", "global_step_4", "hf", "model.safetensors"))
+    wb = load_file(os.path.join(resumed, "it", "run", "global_step_4", "hf", "model.safetensors"))
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
