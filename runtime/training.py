@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..backends import STRATEGIES
-from ..core.algorithms import ADVANTAGE_FNS, ALGORITHMS, with_preset
+from ..core.algorithms import ADVANTAGE_FNS, reads_reference, reference_in_advantage, with_preset
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
@@ -91,12 +91,9 @@ class StageTraining:
         self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.algo = with_preset(algo)
-        self.kl_in_loss = not self.is_sft and algo.kl_loss_fn != "none" and algo.kl_loss_coef > 0
-        spec = ALGORITHMS[algo.algorithm_type]
-        self.ref_in_advantage = spec.reference_in_advantage and algo.kl_loss_coef > 0
-        self.needs_ref = not self.is_sft and (
-            self.kl_in_loss or self.algo.use_kl_in_reward or self.ref_in_advantage
-        )
+        self.ref_in_advantage = reference_in_advantage(self.algo)
+        self.needs_ref = reads_reference(self.algo)
+        self.syncs_ref = self.needs_ref and algo.sync_ref_model
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
         fn = self.algo.advantage_fn
         self.advantage_fn = None if fn is None else ADVANTAGE_FNS.resolve(fn)
@@ -104,7 +101,7 @@ class StageTraining:
             model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
             total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
-        self.strategy.reference_in_checkpoint = self.needs_ref and algo.sync_ref_model
+        self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
         self.state = TrainerState()
 
     # ------------------------------------------------------------------ the algorithm step
@@ -176,10 +173,7 @@ class StageTraining:
         with _timed(timers, "perf/optimizer_s"):
             grad_norm, lr = self.optimizer_step()
         metrics["actor/grad_norm"], metrics["actor/lr"] = grad_norm, lr
-        if (
-            self.strategy.reference_in_checkpoint
-            and self.state.global_step % self.algo.ref_model_sync_steps == 0
-        ):
+        if self.syncs_ref and self.state.global_step % self.algo.ref_model_sync_steps == 0:
             self.strategy.sync_reference(self.algo.ref_model_mixup_alpha)
             metrics["actor/ref_synced"] = 1.0
         return metrics

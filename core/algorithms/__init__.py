@@ -123,3 +123,21 @@ def with_preset(cfg: Any) -> Any:
     if cfg.policy_loss_fn is None:
         filled["policy_loss_fn"] = spec.policy_loss_fn
     return dataclasses.replace(cfg, **filled)
+
+
+def kl_in_loss(cfg: Any) -> bool:
+    """Whether the policy loss has a KL term against the reference model."""
+    return cfg.algorithm_type != "sft" and cfg.kl_loss_fn != "none" and cfg.kl_loss_coef > 0
+
+
+def reference_in_advantage(cfg: Any) -> bool:
+    """Whether the advantage reads the reference model's log-probs (maxent_grpo with beta > 0)."""
+    return ALGORITHMS[cfg.algorithm_type].reference_in_advantage and cfg.kl_loss_coef > 0
+
+
+def reads_reference(cfg: Any) -> bool:
+    """Whether anything reads the reference model: the KL loss, the KL in the reward, or the
+    advantage (`cfg` preset filled, see with_preset)."""
+    return cfg.algorithm_type != "sft" and (
+        kl_in_loss(cfg) or bool(cfg.use_kl_in_reward) or reference_in_advantage(cfg)
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..config.schema import AlgorithmConfig
-from . import POLICY_LOSS_FNS, with_preset
+from . import POLICY_LOSS_FNS, kl_in_loss, with_preset
 from .aggregation import LossNorm, aggregate, check_loss_agg_mode
 from .kl import kl_estimate
 
@@ -56,7 +56,7 @@ class PolicyLoss:
 
     @property
     def needs_reference(self) -> bool:
-        return self.cfg.kl_loss_fn != "none" and self.cfg.kl_loss_coef > 0
+        return kl_in_loss(self.cfg)
 
     def __call__(
         self, logprobs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch

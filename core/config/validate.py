@@ -163,7 +163,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
-    from ..algorithms import ALGORITHMS, GROUP_BASELINES, with_preset
+    from ..algorithms import GROUP_BASELINES, reads_reference, with_preset
 
     cfg.algorithm = with_preset(cfg.algorithm)
     a = cfg.algorithm
@@ -177,12 +177,7 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             "algorithm.dynamic_sampling drops the groups whose responses all got the same reward, and with "
             "algorithm.repeat_times 1 that is every group: set repeat_times to 2 or more, or dynamic_sampling false"
         )
-    reads_reference = (
-        (a.kl_loss_fn != "none" and a.kl_loss_coef > 0)
-        or a.use_kl_in_reward
-        or (ALGORITHMS[a.algorithm_type].reference_in_advantage and a.kl_loss_coef > 0)
-    )
-    if a.sync_ref_model and not reads_reference:
+    if a.sync_ref_model and not reads_reference(a):
         raise ConfigError(
             f"algorithm.sync_ref_model moves the reference model, but {a.algorithm_type} as configured reads none: "
             "set algorithm.kl_loss_coef > 0 (with a kl_loss_fn) or use_kl_in_reward true, or sync_ref_model false"
