@@ -17,7 +17,8 @@ Batch = dict[str, torch.Tensor]
 
 
 class LossFn(Protocol):
-    """Maps the policy's per-token log-probs/entropy on one micro-batch to a loss.
+    """Maps the policy's per-token log-probs/entropy on one micro-batch to a loss (a critic's
+    per-token values, entropy None, with `value_head`).
 
     The returned loss and metrics are this micro-batch's contribution to the whole train batch
     (normalised by global token/sequence counts), so summing over micro-batches and ranks gives
@@ -35,7 +36,10 @@ class TrainingStrategy(ABC):
     """One training backend across all ranks of the trainer world.
 
     Construction: `Strategy(model_path, trainer_cfg, optimizer_cfg, *, device, dtype, total_steps,
-    with_reference, seed)`; every rank builds it, collectives happen inside.
+    with_reference, seed, value_head=False)`; every rank builds it, collectives happen inside.
+    `value_head=True` builds a critic (the model's trunk with a scalar head, backends/common/
+    hf_model.load_value_model): loss functions then get per-token values in place of log-probs,
+    and `compute_values` replaces `compute_logprobs`.
 
     Data parallelism: the loop gives each data-parallel rank its own share of a batch; ranks that
     split one model replica (tensor or pipeline parallel) get the same share. Strategies without
@@ -89,6 +93,11 @@ class TrainingStrategy(ABC):
         self, micro_batches: list[Batch], temperature: float, reference: bool = False
     ) -> list[torch.Tensor]:
         """Per-token log-probs [B, T] of each micro-batch under the policy (or the frozen reference)."""
+
+    def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
+        """A critic's per-token values [B, T] of each micro-batch (position t: the value of the state
+        before input_ids[t]; position 0 is 0)."""
+        raise NotImplementedError(f"{type(self).__name__} builds no critic")
 
     @abstractmethod
     def current_lr(self) -> float: ...

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client.trainer import TrainSequence
+from ..core.algorithms import trains_on
 from ..core.algorithms.dapo import informative_groups
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat
-from ..core.data.taskset import TaskStream, load_tasks
+from ..core.data.taskset import TaskStream, load_tasks, preference_pair
 from ..core.monitor.jsonl import drop_after
 from ..core.step_metrics import mean_dicts, memory_metrics
 from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
@@ -105,7 +106,8 @@ class StageLoop:
 
         cfg = self.cfg = stage.config
         self.stage, self.sdir, self.handle, self.run_ctx, self.is_last = stage, sdir, handle, run, is_last
-        self.is_sft = cfg.algorithm.algorithm_type == "sft"
+        self.trains_on = trains_on(cfg.algorithm)  # rollouts, or the taskset's responses or pairs
+        self.explores = self.trains_on == "rollouts"
         ts = cfg.buffer.explorer_input.taskset
         self.stream = TaskStream(
             load_tasks(ts, "buffer.explorer_input.taskset"), cfg.buffer.batch_size, cfg.seed, ts.shuffle
@@ -118,8 +120,8 @@ class StageLoop:
             cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, cfg.model.chat_template,
             ts.format.system_prompt,
         )  # fmt: skip
-        # an SFT stage runs an engine only to evaluate
-        has_engine = not self.is_sft or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
+        # an SFT or DPO stage runs an engine only to evaluate
+        has_engine = self.explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
         self.endpoints = (
             (self._registered() or run.endpoints) if has_engine and explores_on_workers(cfg) else []
         )
@@ -191,9 +193,9 @@ class StageLoop:
         while not self._done():
             start = time.perf_counter()
             tasks = self.stream.batch(self.explore_step)
-            metrics = self.sft_step(tasks) if self.is_sft else self.rl_step(tasks)
+            metrics = self.rl_step(tasks) if self.explores else self.offline_step(tasks)
             self.explore_step += 1
-            if not self.is_sft and self.schedule.due_after_step(self.global_step, self.synced_step):
+            if self.explores and self.schedule.due_after_step(self.global_step, self.synced_step):
                 metrics.update(self._sync())
             metrics["perf/step_time_s"] = time.perf_counter() - start
             metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens", 0.0) / metrics["perf/step_time_s"]
@@ -219,21 +221,32 @@ class StageLoop:
 
     # ------------------------------------------------------------------ steps
 
-    def sft_step(self, tasks: list[Task]) -> dict[str, float]:
+    def offline_step(self, tasks: list[Task]) -> dict[str, float]:
+        """SFT on the tasks' reference responses, or DPO on their (chosen, rejected) pairs: one
+        optimizer step per train batch of tasks."""
+        fmt = self.cfg.buffer.explorer_input.taskset.format
+        pairs = self.trains_on == "pairs"
         seqs = []
         for t in tasks:
-            if t.response is None:
+            if pairs:
+                responses = list(preference_pair(t, fmt, "buffer.explorer_input.taskset"))
+            elif t.response is None:
                 raise ValueError(
-                    f"SFT needs a reference response: task {t.task_id} has no column "
-                    f"'{self.cfg.buffer.explorer_input.taskset.format.response_key}'"
+                    f"SFT needs a reference response: task {t.task_id} has no column '{fmt.response_key}'"
                 )
-            prompt_ids, response_ids = self.prompt_format.encode_sft_example(
-                self.tokenizer, t.prompt, t.response
-            )
-            seqs.append(TrainSequence(prompt_ids, response_ids))
+            else:
+                responses = [t.response]
+            for response in responses:
+                prompt_ids, response_ids = self.prompt_format.encode_sft_example(
+                    self.tokenizer, t.prompt, response
+                )
+                seqs.append(TrainSequence(prompt_ids, response_ids))
+        per_update = self.train_batch * (2 if pairs else 1)  # a pair's two sequences stay together
         updates = []
-        for i in range(0, len(seqs), self.train_batch):
-            result = self.handle.forward_backward(seqs[i : i + self.train_batch], "cross_entropy")
+        for i in range(0, len(seqs), per_update):
+            result = self.handle.forward_backward(
+                seqs[i : i + per_update], "dpo" if pairs else "cross_entropy"
+            )
             step = self.handle.optim_step()
             updates.append({**result.metrics, "actor/grad_norm": step.grad_norm, "actor/lr": step.lr})
             self.global_step = step.global_step

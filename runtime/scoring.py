@@ -68,18 +68,20 @@ def aligned(
     return out
 
 
-def place_advantages(local: Local, seqs: list[Sequence], adv: torch.Tensor) -> None:
+def place_advantages(local: Local, seqs: list[Sequence], adv: torch.Tensor, key: str = "advantages") -> None:
     """Write advantages ([N] per response, or [N, T] response-aligned per token) into the micro-
-    batches, on the tokens that train."""
+    batches' `key` field (created if missing: a critic's returns), on the tokens that train."""
     for mbs, idx in local:
         for mb, rows in zip(mbs, idx, strict=True):
+            if key not in mb:
+                mb[key] = torch.zeros_like(mb["loss_mask"])
             n_rows = len(rows)
             if adv.dim() == 1:
-                mb["advantages"][:n_rows] = mb["loss_mask"][:n_rows] * adv[rows].unsqueeze(1)
+                mb[key][:n_rows] = mb["loss_mask"][:n_rows] * adv[rows].unsqueeze(1)
                 continue
             for r, i in enumerate(rows):
                 p, n = len(seqs[i].prompt_ids), len(seqs[i].response_ids)
-                mb["advantages"][r, p : p + n] = mb["loss_mask"][r, p : p + n] * adv[i, :n]
+                mb[key][r, p : p + n] = mb["loss_mask"][r, p : p + n] * adv[i, :n]
 
 
 def shaped_scores(

@@ -25,7 +25,7 @@ from ..proto.v1 import trainer_pb2, trainer_pb2_grpc
 from .trainer_world import Commander, ConfigureCall, ForwardBackwardCall, LogprobsCall
 from .training import SequenceSpec, StageTraining, sequence_spec
 
-LOSSES = ("grpo", "ppo", "cross_entropy")
+LOSSES = ("grpo", "ppo", "cross_entropy", "dpo")
 POLICY_LOSSES = ("grpo", "ppo")
 SERVICE_NAME = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
 
@@ -87,6 +87,10 @@ def validate_forward_backward(
         for i, s in enumerate(request.sequences)
     ]
     require(any(sum(s.loss_mask) > 0 for s in seqs), "sequences", "no response token has loss_mask > 0")
+    require(
+        request.loss != "dpo" or len(seqs) % 2 == 0, "sequences",
+        f"loss dpo takes (chosen, rejected) pairs, pair k at 2k and 2k+1; got an odd count ({len(seqs)})",
+    )  # fmt: skip
     return ForwardBackwardCall(seqs, request.loss, temperature, norm)
 
 
@@ -213,6 +217,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         with self._lock:
             t = self._configured()
             call = validate_forward_backward(request, self.world.vocab_size, t.cfg.model.max_model_len)
+            if call.loss == "dpo" and not t.needs_ref:
+                raise FailedPrecondition(
+                    "loss dpo compares the policy with the reference model, which the configured stage does "
+                    "not build: Configure with algorithm.algorithm_type dpo"
+                )
             out = self._run("forward_backward", call)
         return trainer_pb2.ForwardBackwardResponse(**out)
 
@@ -236,7 +245,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     def TrainStep(self, request, context):
         with self._lock:
             t = self._configured()
-            if t.is_sft:
+            if not t.explores:
                 raise FailedPrecondition(
                     "TrainStep runs an RL step; Configure with algorithm.algorithm_type grpo "
                     "(or train SFT with ForwardBackward(loss=cross_entropy) + OptimStep)"

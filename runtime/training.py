@@ -1,8 +1,8 @@
 """The training side of one stage, as every trainer rank holds it: the strategy, the optimizer
 state and counters, and the algorithm step on scored experiences.
 
-    train_experiences(exps)   reference / old log-probs, KL-in-reward, GRPO advantages, then one
-                              optimizer step per mini-batch (the algorithm-specific part)
+    train_experiences(exps)   reference / old log-probs (and a critic's values), the algorithm's
+                              rewards and advantages, then one optimizer step per mini-batch
     train_sequences(seqs)     gradients of a loss over given sequences (ForwardBackward)
     logprobs(seqs)            response log-probs of given sequences (ComputeLogprobs, the probe)
 
@@ -23,10 +23,20 @@ import torch
 import torch.distributed as dist
 
 from ..backends import STRATEGIES
-from ..core.algorithms import ADVANTAGE_FNS, reads_reference, reference_in_advantage, with_preset
+from ..backends.base import TrainingStrategy
+from ..core.algorithms import (
+    ADVANTAGE_FNS,
+    reads_reference,
+    reference_in_advantage,
+    trains_critic,
+    trains_on,
+    with_preset,
+)
 from ..core.algorithms.aggregation import LossNorm
+from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
+from ..core.algorithms.ppo import value_targets
 from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from ..core.config import RLCoreConfig
@@ -34,6 +44,7 @@ from ..core.hf_export import export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
 from . import scoring
+from .critic import Critic, WithCritic
 
 
 @dataclass
@@ -64,8 +75,8 @@ def sequence_spec(
 
 def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
     """(experiences per optimizer step, explore steps, optimizer steps) of a stage."""
-    is_sft = cfg.algorithm.algorithm_type == "sft"
-    per_step = cfg.buffer.batch_size * (1 if is_sft else cfg.algorithm.repeat_times)
+    explores = trains_on(cfg.algorithm) == "rollouts"  # else a step trains on batch_size taskset rows
+    per_step = cfg.buffer.batch_size * (cfg.algorithm.repeat_times if explores else 1)
     train_batch = cfg.buffer.train_batch_size or per_step
     updates_per_step = per_step // train_batch
     explore_steps = (num_tasks // cfg.buffer.batch_size) * cfg.buffer.total_epochs
@@ -84,7 +95,7 @@ class StageTraining:
 
         self.cfg, self.stage_dir, self.model_path, self.device = cfg, stage_dir, model_path, device
         algo = cfg.algorithm
-        self.is_sft = algo.algorithm_type == "sft"
+        self.explores = trains_on(algo) == "rollouts"
         self.pad_token_id = AutoTokenizer.from_pretrained(model_path).pad_token_id
         ts = cfg.buffer.explorer_input.taskset
         self.temperature = ts.rollout_args.temperature or 1.0
@@ -102,6 +113,8 @@ class StageTraining:
             total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
         )  # fmt: skip
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
+        self.critic = Critic(cfg, model_path, device, total_steps) if trains_critic(self.algo) else None
+        self.critic_warmup = cfg.critic.critic_warmup if self.critic is not None else 0
         self.state = TrainerState()
 
     # ------------------------------------------------------------------ the algorithm step
@@ -134,6 +147,9 @@ class StageTraining:
                 for mb, lp in zip(mbs, old, strict=True):
                     gap.add(mb["old_logprobs"], lp, mb["loss_mask"])
                     mb["old_logprobs"] = lp
+            if self.critic is not None:
+                with _timed(timers, "perf/values_s"):
+                    self.critic.score(mbs)
 
         metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
         scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
@@ -146,8 +162,18 @@ class StageTraining:
             self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
         if algo.overlong_filter:
             metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
+        if self.critic is not None:
+            width = batch.need("response_mask", "ppo").shape[1]
+            values = [mb["values"] for mbs, _ in local for mb in mbs]
+            batch.values = scoring.aligned(local, seqs, values, width, self.strategy.dp_group)
         assert self.advantage_fn is not None, "an RL algorithm has an advantage function"
         scoring.place_advantages(local, seqs, self.advantage_fn(batch))
+        if self.critic is not None:
+            returns = value_targets(batch)
+            scoring.place_advantages(local, seqs, returns, key="returns")
+            metrics["critic/returns_mean"] = float(
+                returns.sum() / batch.need("response_mask", "ppo").sum().clamp(min=1)
+            )
 
         t1 = time.perf_counter()
         updates = [
@@ -162,14 +188,22 @@ class StageTraining:
         return metrics
 
     def _update(self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float]) -> dict[str, float]:
-        """Forward/backward of the policy loss over one mini-batch, then an optimizer step."""
+        """Forward/backward of the policy loss over one mini-batch, then an optimizer step (a critic
+        first takes its own; during critic.critic_warmup only the critic does)."""
         norm = LossNorm(  # over the sequences that train (a mini-batch may have none left)
             num_tokens=float(sum(len(s.response_ids) for s in mini)) or 1.0, num_seqs=float(len(mini)) or 1.0,
             max_response_len=self.max_response_len,
         )  # fmt: skip
+        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            with _timed(timers, "perf/critic_update_s"):
+                metrics.update(self.critic.update(mbs, norm))
+        if self.state.global_step < self.critic_warmup:
+            self.state.global_step += 1  # the policy waits for the critic's values to mean something
+            return metrics
         loss_fn = build_loss(self.algo, norm)
         with _timed(timers, "perf/forward_backward_s"):
-            metrics = self.strategy.forward_backward(mbs, loss_fn, self.temperature)
+            metrics.update(self.strategy.forward_backward(mbs, loss_fn, self.temperature))
         with _timed(timers, "perf/optimizer_s"):
             grad_norm, lr = self.optimizer_step()
         metrics["actor/grad_norm"], metrics["actor/lr"] = grad_norm, lr
@@ -190,17 +224,11 @@ class StageTraining:
     def train_sequences(
         self, specs: list[SequenceSpec], loss: str, temperature: float, normalize_tokens: float
     ) -> dict[str, Any]:
-        """Accumulate the gradients of `loss` (cross_entropy, or the configured policy loss) over
+        """Accumulate the gradients of `loss` (cross_entropy, dpo, or the configured policy loss) over
         `specs`; no optimizer step."""
-        seqs = [Sequence(s.prompt, s.response, s.old_logprobs, index=i) for i, s in enumerate(specs)]
-        mbs, rows = self.micro(seqs)
-        for mb, idx in zip(mbs, rows, strict=True):
-            for r, i in enumerate(idx):  # the batch's right-padded layout: response at [p, p + n)
-                s = specs[i]
-                p, n = len(s.prompt), len(s.response)
-                mask = torch.tensor(s.loss_mask, dtype=torch.float32)
-                mb["loss_mask"][r, p : p + n] = mask
-                mb["advantages"][r, p : p + n] = mask * torch.tensor(s.advantages, dtype=torch.float32)
+        if loss == "dpo":
+            return self._dpo(specs, temperature)
+        mbs = self._spec_batches(specs)
         algo = self.cfg.algorithm
         if loss == "cross_entropy":
             algo = dataclasses.replace(algo, algorithm_type="sft")
@@ -225,6 +253,48 @@ class StageTraining:
         metrics = self.strategy.forward_backward(mbs, loss_fn, temperature)
         value = metrics["sft/loss"] if loss == "cross_entropy" else metrics["actor/loss"]
         return {"loss": value, "metrics": metrics, "num_tokens": int(round(num_tokens))}
+
+    def _spec_batches(self, specs: list[SequenceSpec]) -> list[Batch]:
+        """This rank's micro-batches of `specs`, with their loss masks and advantages."""
+        seqs = [Sequence(s.prompt, s.response, s.old_logprobs, index=i) for i, s in enumerate(specs)]
+        mbs, rows = self.micro(seqs)
+        for mb, idx in zip(mbs, rows, strict=True):
+            for r, i in enumerate(idx):  # the batch's right-padded layout: response at [p, p + n)
+                s = specs[i]
+                p, n = len(s.prompt), len(s.response)
+                mask = torch.tensor(s.loss_mask, dtype=torch.float32)
+                mb["loss_mask"][r, p : p + n] = mask
+                mb["advantages"][r, p : p + n] = mask * torch.tensor(s.advantages, dtype=torch.float32)
+        return mbs
+
+    def _dpo(self, specs: list[SequenceSpec], temperature: float) -> dict[str, Any]:
+        """DPO's gradients over (chosen, rejected) pairs, pair k at 2k and 2k + 1: both responses
+        scored by the policy and the reference, then the surrogate of core/algorithms/dpo.py."""
+        assert len(specs) % 2 == 0, "dpo takes (chosen, rejected) pairs"
+
+        def summed(lps: list[list[float]]) -> torch.Tensor:
+            return torch.tensor(
+                [sum(lp * m for lp, m in zip(lps_i, s.loss_mask, strict=True)) for lps_i, s in zip(lps, specs, strict=True)],
+                dtype=torch.float64,
+            )  # fmt: skip
+
+        policy = summed(self.logprobs(specs, temperature, reference=False))
+        reference = summed(self.logprobs(specs, temperature, reference=True))
+        algo = self.algo
+        chosen_tokens = sum(sum(s.loss_mask) for s in specs[0::2])
+        pairs = dpo_pairs(
+            policy, reference, algo.dpo_beta, algo.dpo_label_smoothing, algo.dpo_nll_coef, max(chosen_tokens, 1.0)
+        )  # fmt: skip
+        weighted = [
+            dataclasses.replace(s, advantages=[w] * len(s.response))
+            for s, w in zip(specs, pairs.weights.tolist(), strict=True)
+        ]
+        metrics = self.strategy.forward_backward(
+            self._spec_batches(weighted), SequenceSurrogate(), temperature
+        )
+        metrics.update(pairs.metrics)
+        num_tokens = sum(sum(s.loss_mask) for s in specs)
+        return {"loss": pairs.loss, "metrics": metrics, "num_tokens": int(round(num_tokens))}
 
     def logprobs(self, specs: list[SequenceSpec], temperature: float, reference: bool) -> list[list[float]]:
         """Each rank scores its data-parallel share; every rank returns all sequences' response
@@ -254,6 +324,11 @@ class StageTraining:
 
     # ------------------------------------------------------------------ checkpoints
 
+    @property
+    def checkpointed(self) -> TrainingStrategy | WithCritic:
+        """What a checkpoint's model/ folder holds: the policy (and the critic, with one)."""
+        return self.strategy if self.critic is None else WithCritic(self.strategy, self.critic)
+
     def save(self, export: bool, explore_step: int) -> str:
         """A checkpoint of this stage (with an HF export in its hf/ folder when `export`)."""
         self.state.explore_step = explore_step
@@ -266,12 +341,12 @@ class StageTraining:
             )  # fmt: skip
 
         return save_checkpoint(
-            self.stage_dir, self.strategy, self.state, self.cfg.trainer.max_checkpoints_to_keep,
+            self.stage_dir, self.checkpointed, self.state, self.cfg.trainer.max_checkpoints_to_keep,
             write_hf if export else None,
         )  # fmt: skip
 
     def load(self, path: str) -> TrainerState:
-        self.state = load_checkpoint(path, self.strategy)
+        self.state = load_checkpoint(path, self.checkpointed)
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
         return self.state
 

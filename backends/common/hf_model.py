@@ -1,4 +1,5 @@
-"""Loading HF causal LMs for training and computing per-token log-probs from them."""
+"""Loading HF models for training (causal LMs for the policy, the same trunk with a scalar head for a
+critic) and computing per-token log-probs or values from them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,51 @@ def load_causal_lm(model_path: str, gradient_checkpointing: bool = False) -> tor
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+VALUE_HEAD = "score"
+"""The critic's head as AutoModelForTokenClassification names it: `score.weight` [1, H], `score.bias` [1]."""
+
+
+def value_head_init(hidden: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight [1, H], bias [1]) of a fresh value head, the same on every rank and strategy: normal
+    with std 1/sqrt(H + 1) from a generator seeded by `seed`, bias 0 (outputs start near 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(1, hidden, generator=gen) / (hidden + 1) ** 0.5, torch.zeros(1)
+
+
+def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """A critic: the model's trunk with a scalar head per position (AutoModelForTokenClassification,
+    one label), float32 on CPU. A folder without a value head (a causal LM) gets `value_head_init`'s;
+    the head's dropout is off, so the values are a deterministic function of the weights."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    config = AutoConfig.from_pretrained(model_path, num_labels=1)
+    config.classifier_dropout = 0.0  # (a from_pretrained keyword the config class may not know is dropped)
+    model, info = AutoModelForTokenClassification.from_pretrained(
+        model_path, config=config, dtype=torch.float32, output_loading_info=True
+    )
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout)), (
+        "a critic without dropout"
+    )
+    head = getattr(model, VALUE_HEAD)
+    if any(k.startswith(VALUE_HEAD + ".") for k in info["missing_keys"]):
+        weight, bias = value_head_init(head.in_features, seed)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+            head.bias.copy_(bias)
+    model.config.use_cache = False
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def forward_values(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token values [B, T] in the layout of `forward_logprobs`: position t holds the value of the
+    state before input_ids[t] (the head's output at t - 1); position 0 is 0. Causal attention without
+    a mask, as there (padding only ever comes after the real tokens)."""
+    out = model(input_ids=batch["input_ids"], use_cache=False).logits[:, :-1, 0].float()
+    return torch.cat([out.new_zeros((out.shape[0], 1)), out], dim=1)
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -1,6 +1,7 @@
 """What the PyTorch-native strategies (FSDP1, FSDP2) share once their model is wrapped.
 
-Both hold an HF module (`model`, and a frozen `reference` for KL), a torch AdamW with a LambdaLR
+Both hold an HF module (`model`: a causal LM, or with `value_head` a critic; and a frozen
+`reference` for KL), a torch AdamW with a LambdaLR
 schedule, in float16 a dynamic loss scale, and DCP checkpoints; they differ only in how gradients
 synchronise across micro-batches, how the global gradient norm is taken, and how full tensors are
 gathered.
@@ -18,7 +19,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ..base import Batch, LossFn, TrainingStrategy
 from .dist_utils import all_reduce_sum
-from .hf_model import forward_logprobs
+from .hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
 
@@ -42,6 +43,20 @@ class NativeStrategy(TrainingStrategy):
     grad_clip: float
     scaler: ShardedGradScaler | None = None
     """float16 only (float16_scaler): gradients stay multiplied by its scale until optimizer_step."""
+    value_head: bool = False
+    """A critic: the loss functions get per-token values where a policy's get log-probs."""
+
+    def _load(self, model_path: str, seed: int, gradient_checkpointing: bool) -> torch.nn.Module:
+        if self.value_head:
+            return load_value_model(model_path, seed, gradient_checkpointing)
+        return load_causal_lm(model_path, gradient_checkpointing)
+
+    def _outputs(
+        self, model: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.value_head:
+            return forward_values(model, mb), None
+        return forward_logprobs(model, mb, temperature, with_entropy)
 
     @abstractmethod
     def _gradient_sync(self, last: bool) -> AbstractContextManager:
@@ -62,7 +77,7 @@ class NativeStrategy(TrainingStrategy):
         for i, mb in enumerate(micro_batches):
             mb = self._to_device(mb)
             with self._gradient_sync(i == len(micro_batches) - 1):
-                logprobs, entropy = forward_logprobs(self.model, mb, temperature, loss_fn.needs_entropy)
+                logprobs, entropy = self._outputs(self.model, mb, temperature, loss_fn.needs_entropy)
                 loss, metrics = loss_fn(logprobs, entropy, mb)
                 # FSDP averages gradients over ranks while the loss is already this rank's share of
                 # the global mean: scaling by the world size turns the average back into the sum
@@ -98,6 +113,11 @@ class NativeStrategy(TrainingStrategy):
             logprobs, _ = forward_logprobs(model, self._to_device(mb), temperature, with_entropy=False)
             out.append(logprobs.float().cpu())
         return out
+
+    @torch.no_grad()
+    def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
+        assert self.value_head, "compute_values on a policy (build the strategy with value_head=True)"
+        return [forward_values(self.model, self._to_device(mb)).cpu() for mb in micro_batches]
 
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])

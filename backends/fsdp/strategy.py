@@ -40,8 +40,10 @@ class FSDP1Strategy(NativeStrategy):
         total_steps: int,
         with_reference: bool,
         seed: int,
+        value_head: bool = False,
     ):
-        self.grad_clip = trainer_cfg.grad_clip
+        assert not (value_head and with_reference), "a critic has no reference model"
+        self.grad_clip, self.value_head = trainer_cfg.grad_clip, value_head
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()
         compute_dtype = resolve_dtype(dtype, self.device.type)
@@ -52,7 +54,7 @@ class FSDP1Strategy(NativeStrategy):
             else None
         )
         torch.manual_seed(seed)
-        model = load_causal_lm(model_path, trainer_cfg.gradient_checkpointing)
+        model = self._load(model_path, seed, trainer_cfg.gradient_checkpointing)
         self._config = model.config
         self.layout = UnitLayout(model, transformer_blocks(model))
         self.model = self._wrap(model)

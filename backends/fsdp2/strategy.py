@@ -37,8 +37,10 @@ class FSDP2Strategy(NativeStrategy):
         total_steps: int,
         with_reference: bool,
         seed: int,
+        value_head: bool = False,
     ):
-        self.grad_clip = trainer_cfg.grad_clip
+        assert not (value_head and with_reference), "a critic has no reference model"
+        self.grad_clip, self.value_head = trainer_cfg.grad_clip, value_head
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -49,7 +51,7 @@ class FSDP2Strategy(NativeStrategy):
             else MixedPrecisionPolicy()
         )
         torch.manual_seed(seed)
-        self.model = self._shard(load_causal_lm(model_path, trainer_cfg.gradient_checkpointing))
+        self.model = self._shard(self._load(model_path, seed, trainer_cfg.gradient_checkpointing))
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), optimizer_cfg, total_steps)
         self.scaler = float16_scaler(compute_dtype, self.device)
         self.reference = None

@@ -70,8 +70,14 @@ class MegatronStrategy(TrainingStrategy):
         total_steps: int,
         with_reference: bool,
         seed: int,
+        value_head: bool = False,
     ):
         from transformers import AutoConfig
+
+        if value_head:  # config validation refuses it first (core/config/validate.py)
+            raise ValueError(
+                "trainer.strategy: megatron builds no critic yet; PPO's critic runs on fsdp or fsdp2"
+            )
 
         mcfg = trainer_cfg.megatron
         tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size

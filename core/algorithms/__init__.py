@@ -5,13 +5,13 @@ needs beyond the policy's, and the knobs it sets when the config leaves them uns
 `algorithm.algorithm_type` picks a preset; `algorithm.advantage_fn` and `algorithm.policy_loss_fn`
 replace its parts. The math lives in one file per family, each naming its formula and paper:
 grpo.py (grpo, dr_grpo), rloo.py, reinforce.py (reinforce_plus_plus and its group-baseline form),
-gspo.py, opmd.py, maxent.py (maxent_grpo); losses.py applies the policy loss (PPO's clip, dual-clip),
+gspo.py, opmd.py, maxent.py (maxent_grpo), ppo.py (GAE and the critic's value loss), dpo.py; losses.py applies the policy loss (PPO's clip, dual-clip),
 aggregation.py turns per-token values into one scalar, kl.py holds the KL estimators and
 controllers, logprob.py the log-prob and entropy kernels, scored.py what an advantage function sees.
 DAPO is GRPO's advantage with clip-higher, token-level loss, overlong filtering and soft overlong
 punishment (runtime/scoring.py) and dynamic sampling (runtime/loop.py).
 
-Not on the menu yet (open issue): PPO with a critic and GAE, mix, DPO.
+Not on the menu yet (open issue): mix.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ ADVANTAGE_FNS = Registry(
         "reinforce_plus_plus_baseline": "rlcore.core.algorithms.reinforce:reinforce_plus_plus_baseline_advantages",
         "opmd": "rlcore.core.algorithms.opmd:opmd_advantages",
         "maxent_grpo": "rlcore.core.algorithms.maxent:maxent_advantages",
+        "gae": "rlcore.core.algorithms.ppo:gae_advantages",
     },
 )
 """fn(batch: scored.ScoredBatch) -> advantages, [N] (one per response) or [N, T] (one per token)."""
@@ -65,6 +66,11 @@ class AlgorithmSpec:
     reference_in_advantage: bool = False
     """Whether the advantage reads the reference model's log-probs (when kl_loss_coef > 0); the
     KL loss and KL-in-reward ask for that pass by themselves."""
+    critic: bool = False
+    """Whether the algorithm trains a value model (config section `critic`) beside the policy."""
+    data: str = "rollouts"
+    """What a step trains on: rollouts (explored and scored, mode both or colocate), or the
+    taskset's own rows in mode train: responses (SFT) or preference pairs (DPO)."""
 
 
 _OFF = {"use_kl_in_reward": False, "overlong_filter": False, "dynamic_sampling": False}
@@ -76,6 +82,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "dr_grpo", "ppo_clip", defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-sum-norm"}
     ),
     "rloo": AlgorithmSpec("rloo", "ppo_clip", defaults=_PPO_CLIP),
+    # PPO as RLHF runs it (Ouyang et al. 2022): a critic's values, GAE, the KL in the token reward
+    "ppo": AlgorithmSpec("gae", "ppo_clip", defaults={**_PPO_CLIP, "use_kl_in_reward": True}, critic=True),
     # REINFORCE++: the KL to the reference model is part of each token's reward
     "reinforce_plus_plus": AlgorithmSpec(
         "reinforce_plus_plus", "ppo_clip", defaults={**_PPO_CLIP, "use_kl_in_reward": True}
@@ -109,7 +117,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-mean"},
         reference_in_advantage=True,
     ),  # fmt: skip
-    "sft": AlgorithmSpec(None, None, defaults=_PPO_CLIP),
+    "sft": AlgorithmSpec(None, None, defaults=_PPO_CLIP, data="responses"),
+    # DPO reads the reference model by definition (dpo.py), whatever kl_loss_coef says
+    "dpo": AlgorithmSpec(None, None, defaults=_PPO_CLIP, data="pairs"),
 }
 
 
@@ -127,7 +137,12 @@ def with_preset(cfg: Any) -> Any:
 
 def kl_in_loss(cfg: Any) -> bool:
     """Whether the policy loss has a KL term against the reference model."""
-    return cfg.algorithm_type != "sft" and cfg.kl_loss_fn != "none" and cfg.kl_loss_coef > 0
+    return trains_on(cfg) == "rollouts" and cfg.kl_loss_fn != "none" and cfg.kl_loss_coef > 0
+
+
+def trains_on(cfg: Any) -> str:
+    """rollouts, responses or pairs (AlgorithmSpec.data)."""
+    return ALGORITHMS[cfg.algorithm_type].data
 
 
 def reference_in_advantage(cfg: Any) -> bool:
@@ -135,9 +150,15 @@ def reference_in_advantage(cfg: Any) -> bool:
     return ALGORITHMS[cfg.algorithm_type].reference_in_advantage and cfg.kl_loss_coef > 0
 
 
+def trains_critic(cfg: Any) -> bool:
+    """Whether the stage trains a value model beside the policy."""
+    return ALGORITHMS[cfg.algorithm_type].critic
+
+
 def reads_reference(cfg: Any) -> bool:
-    """Whether anything reads the reference model: the KL loss, the KL in the reward, or the
+    """Whether anything reads the reference model: DPO, the KL loss, the KL in the reward, or the
     advantage (`cfg` preset filled, see with_preset)."""
-    return cfg.algorithm_type != "sft" and (
-        kl_in_loss(cfg) or bool(cfg.use_kl_in_reward) or reference_in_advantage(cfg)
+    data = trains_on(cfg)
+    return data == "pairs" or (
+        data == "rollouts" and (kl_in_loss(cfg) or bool(cfg.use_kl_in_reward) or reference_in_advantage(cfg))
     )

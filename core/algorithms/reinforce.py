@@ -34,13 +34,20 @@ def reinforce_plus_plus_advantages(batch: ScoredBatch, eps: float = 1e-6) -> tor
     for t in reversed(range(rewards.shape[1])):
         running = rewards[:, t] + gamma * running
         returns[:, t] = running
+    return whiten_tokens(returns, mask, eps).to(mask.dtype)
+
+
+def whiten_tokens(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(values - mean) / (std + eps) over the tokens where `mask` is 1 (unbiased std, in float64),
+    0 elsewhere; all 0 with fewer than two such tokens."""
     m = mask.double()
     count = m.sum()
     if count < 2:
-        return torch.zeros_like(mask)
-    mean = (returns * m).sum() / count
-    std = (((returns - mean) * m).square().sum() / (count - 1)).sqrt()
-    return ((returns - mean) / (std + eps) * m).to(mask.dtype)
+        return torch.zeros_like(m)
+    values = values.double()
+    mean = (values * m).sum() / count
+    std = (((values - mean) * m).square().sum() / (count - 1)).sqrt()
+    return (values - mean) / (std + eps) * m
 
 
 def reinforce_plus_plus_baseline_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:

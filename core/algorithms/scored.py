@@ -29,6 +29,8 @@ class ScoredBatch:
     """[N, T] kl_coef * KL of each response token (use_kl_in_reward), else None."""
     ref_logprobs: torch.Tensor | None = None
     """[N, T] log-probs of the response tokens under the reference model (presets that need them)."""
+    values: torch.Tensor | None = None
+    """[N, T] the critic's value of the state before each response token (ppo), else None."""
     cfg: Any = None
     """The stage's AlgorithmConfig, preset filled (gamma, maxent knobs, ...)."""
 

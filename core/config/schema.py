@@ -77,7 +77,9 @@ class AlgorithmConfig:
     """Subtract `kl_ctrl.kl_coef * KL` (estimator `kl_penalty_fn`) from the token-level reward;
     unset: the preset's (reinforce_plus_plus: true, the others false)."""
     gamma: float = bounded(1.0, ge=0.0, le=1.0)
-    """Discount of later token rewards in a token's return (reinforce_plus_plus; 1.0: none)."""
+    """Discount of later token rewards in a token's return (reinforce_plus_plus, ppo's GAE; 1.0: none)."""
+    lam: float = bounded(1.0, ge=0.0, le=1.0)
+    """GAE's lambda (ppo): 1.0 takes the whole discounted return less the value, 0.0 one TD step."""
     kl_penalty_fn: str = choice("k1", ("k1", "abs", "k2", "mse", "k3", "low_var_kl"))
     """KL estimator used for the reward penalty."""
     kl_ctrl: KLControllerConfig = field(default_factory=KLControllerConfig)
@@ -118,6 +120,12 @@ class AlgorithmConfig:
     """MaxEnt-GRPO: q is mixed with this much of the uniform distribution (no candidate gets 0)."""
     maxent_length_normalize_ref: bool = True
     """MaxEnt-GRPO: the reference log-prob of a response is its per-token mean (false: its sum)."""
+    dpo_beta: float = bounded(0.1, gt=0.0)
+    """DPO's beta: how far from the reference the implicit reward lets the policy move (larger: less)."""
+    dpo_label_smoothing: float = bounded(0.0, ge=0.0, lt=0.5)
+    """Conservative DPO: the probability that a pair's preference label is flipped (0: plain DPO)."""
+    dpo_nll_coef: float = bounded(0.0, ge=0.0)
+    """Weight of the chosen responses' per-token NLL added to DPO's loss (RPO; 0: plain DPO)."""
     overlong_filter: bool | None = None
     """Leave responses the token budget cut off (finish reason 'length') out of the loss (DAPO);
     unset: the preset's (dapo: true, the others false)."""
@@ -172,6 +180,23 @@ class ModelConfig:
     chat_template: str | None = None
     """A Jinja chat template that replaces the tokenizer's own."""
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
+    critic_model_path: str | None = None
+    """HF model folder the critic (algorithm_type ppo) starts from: its trunk, with a value head
+    read from the folder when it has one (`score.*`, as AutoModelForTokenClassification saves it) or
+    else initialised from the seed; unset: `model_path`."""
+
+
+@dataclass
+class CriticConfig:
+    """The value model of algorithm_type ppo: the policy's architecture with a scalar head."""
+
+    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-5))
+    """The critic's own optimizer and lr schedule."""
+    cliprange_value: float = bounded(0.5, gt=0.0)
+    """PPO's value clipping: a new value counts at most this far from the value it had when the
+    batch was scored (the loss takes the worse of clipped and unclipped)."""
+    critic_warmup: int = bounded(0, ge=0)
+    """Optimizer steps in which only the critic trains (the policy waits for useful values)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,6 +239,10 @@ class FormatConfig:
     """Column holding the reference response (SFT target)."""
     answer_key: str = "answer"
     """Column holding the ground-truth answer for reward functions."""
+    chosen_key: str = "chosen"
+    """DPO: the column of the preferred response (text, or chat messages whose assistant turns are it)."""
+    rejected_key: str = "rejected"
+    """DPO: the column of the dispreferred response (text or messages, as chosen_key)."""
     system_prompt: str | None = None
     """System message prepended when model.apply_chat_template is on."""
 
@@ -487,6 +516,7 @@ class RLCoreConfig:
     buffer: BufferConfig = field(default_factory=BufferConfig)
     explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
@@ -496,4 +526,6 @@ class RLCoreConfig:
 
 
 # sections a stage may override (everything but the run identity and the stage list itself)
-STAGE_SECTIONS = ("mode", "algorithm", "model", "buffer", "explorer", "trainer", "synchronizer", "monitor")
+STAGE_SECTIONS = (
+    "mode", "algorithm", "model", "buffer", "explorer", "trainer", "critic", "synchronizer", "monitor"
+)  # fmt: skip

@@ -57,7 +57,7 @@ def _walk(obj: Any, prefix: str) -> None:
                     _walk(item, f"{path}[{i}].")
 
 
-def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool, sft: bool = False) -> None:
+def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts") -> None:
     # the reward registry, named as schema choices name theirs (names only; no heavy imports)
     REWARDS = _choices("rlcore.rollout.rewards:REWARDS")
     if not ts.reward_fn:
@@ -90,8 +90,9 @@ def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool, sft: bool = 
         correctness = import_path("rlcore.rollout.rewards.compose:CORRECTNESS_REWARDS", what="registry")
         try:
             check_taskset(
-                ts, path, needs_answer=any(n in correctness for n in ts.reward_fn), needs_response=sft
-            )
+                ts, path, needs_answer=any(n in correctness for n in ts.reward_fn),
+                needs_response=trains_on == "responses", needs_pair=trains_on == "pairs",
+            )  # fmt: skip
         except TasksetError as e:
             raise ConfigError(str(e)) from None
 
@@ -138,10 +139,10 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             f"buffer.train_batch_size ({buf.train_batch_size}) must divide buffer.batch_size * "
             f"algorithm.repeat_times ({group}), or be 0"
         )
-    _check_taskset(
-        buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths,
-        sft=cfg.algorithm.algorithm_type == "sft",
-    )  # fmt: skip
+    from ..algorithms import trains_on
+
+    data = trains_on(cfg.algorithm)
+    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, data)
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
 
@@ -149,13 +150,15 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     _check_control(cfg, check_paths)
     algo = cfg.algorithm.algorithm_type
     _check_algorithm(cfg)
-    if cfg.mode in ("both", "colocate") and algo == "sft":
+    if cfg.mode in ("both", "colocate") and data != "rollouts":
         raise ConfigError(
-            f"mode '{cfg.mode}' needs an RL algorithm.algorithm_type (grpo, rloo, ...); SFT runs with mode train"
+            f"mode '{cfg.mode}' explores, and algorithm.algorithm_type {algo} trains on the taskset's own "
+            f"{data} instead: set mode train (or an RL algorithm_type: grpo, ppo, rloo, ...)"
         )
-    if cfg.mode == "train" and algo != "sft":
+    if cfg.mode == "train" and data == "rollouts":
         raise ConfigError(
-            f"mode train runs algorithm.algorithm_type sft; '{algo}' needs mode both or colocate"
+            f"mode train runs algorithm.algorithm_type sft or dpo on the taskset's rows; '{algo}' explores: "
+            "set mode both or colocate"
         )
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
@@ -163,7 +166,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
-    from ..algorithms import GROUP_BASELINES, reads_reference, with_preset
+    from ..algorithms import GROUP_BASELINES, reads_reference, trains_critic, with_preset
 
     cfg.algorithm = with_preset(cfg.algorithm)
     a = cfg.algorithm
@@ -176,6 +179,16 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
         raise ConfigError(
             "algorithm.dynamic_sampling drops the groups whose responses all got the same reward, and with "
             "algorithm.repeat_times 1 that is every group: set repeat_times to 2 or more, or dynamic_sampling false"
+        )
+    if a.advantage_fn == "gae" and not trains_critic(a):
+        raise ConfigError(
+            f"algorithm.advantage_fn: gae needs a critic's values, and {a.algorithm_type} trains none: "
+            "set algorithm_type ppo (which trains one, see the critic section) or another advantage_fn"
+        )
+    if trains_critic(a) and cfg.trainer.strategy == "megatron":
+        raise ConfigError(
+            f"trainer.strategy: megatron has no value head yet, and {a.algorithm_type} trains a critic: "
+            "use trainer.strategy fsdp or fsdp2 for it"
         )
     if a.sync_ref_model and not reads_reference(a):
         raise ConfigError(

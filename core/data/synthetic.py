@@ -18,6 +18,7 @@ def write_arithmetic_taskset(
     seed: int = 0,
     copies: int = 1,
     wrong_fraction: float = 0.0,
+    preference_pairs: bool = False,
 ) -> None:
     """Write `num_tasks` rows like {"prompt": "37+48=", "response": "<answer>85</answer>", "answer": "85"}.
 
@@ -29,6 +30,9 @@ def write_arithmetic_taskset(
     probability `wrong_fraction`, a response that forgets the carry (27+15 -> 32), like a student
     who has not learnt carrying. The `answer` column always holds the true value, so a verifiable
     reward can teach past the demonstrations (this is what the quickstart's GRPO stage shows).
+
+    `preference_pairs` adds DPO's columns: `chosen` the right response, `rejected` a sloppy one (the
+    carry forgotten; where there is no carry to forget, the last digit off by one).
     """
     if part not in ("train", "test"):
         raise ValueError(f"part must be train or test; got '{part}'")
@@ -60,6 +64,11 @@ def write_arithmetic_taskset(
                     "response": f"<answer>{shown}</answer>",
                     "answer": str(value),
                 }
+                if preference_pairs:
+                    sloppy = _sum_without_carry(a, b) if op == "+" else value
+                    if sloppy == value:
+                        sloppy = value + (1 if value % 10 != 9 else -1)
+                    row["chosen"], row["rejected"] = f"<answer>{value}</answer>", f"<answer>{sloppy}</answer>"
                 f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
 

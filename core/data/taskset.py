@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import random
 
-from ..config.schema import RLCoreConfig, TasksetConfig
+from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
 from ..registry import import_path
 from ..types import Task
+from .taskset_check import response_text
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -80,6 +81,20 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
     if not tasks:
         raise ValueError(f"{key_path}.path: '{path}' has no rows")
     return tasks
+
+
+def preference_pair(task: Task, fmt: FormatConfig, key_path: str) -> tuple[str, str]:
+    """(chosen, rejected) response texts of a DPO row (text, or chat messages' assistant turns)."""
+    texts = []
+    for what, column in (("chosen", fmt.chosen_key), ("rejected", fmt.rejected_key)):
+        text = response_text(task.metadata.get(column))
+        if text is None:
+            raise ValueError(
+                f"{key_path}.format.{what}_key: task {task.task_id} has no {what} response in column '{column}' "
+                "(DPO trains on a chosen and a rejected response per row, text or chat messages)"
+            )
+        texts.append(text)
+    return texts[0], texts[1]
 
 
 class TaskStream:

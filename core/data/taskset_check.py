@@ -22,14 +22,30 @@ class TasksetError(ValueError):
     """A taskset that cannot be used; str(e) is one line naming the file and the row."""
 
 
-def check_taskset(ts: TasksetConfig, key: str, needs_answer: bool, needs_response: bool) -> int:
+def response_text(value: Any) -> str | None:
+    """A response column's text: a string as it is, or chat messages' assistant turns joined (a
+    conversation's reply); None when it is neither."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        turns = [m.get("content") for m in value if m.get("role") == "assistant"]
+        if turns and all(isinstance(t, str) for t in turns):
+            return "".join(turns)
+    return None
+
+
+def check_taskset(
+    ts: TasksetConfig, key: str, needs_answer: bool, needs_response: bool, needs_pair: bool = False
+) -> int:
     """Read every row of the taskset file `ts.path`; returns how many rows it has. `key` is the
-    config path of the taskset (for messages); `needs_answer` / `needs_response`: the rewards
-    compare with an answer / the stage trains on reference responses (SFT)."""
+    config path of the taskset (for messages); `needs_answer` / `needs_response` / `needs_pair`: the
+    rewards compare with an answer / the stage trains on reference responses (SFT) / on preference
+    pairs (DPO: chosen and rejected, text or chat messages)."""
     path, fmt = ts.path, ts.format
     required = [("prompt", fmt.prompt_key)]
     required += [("answer", fmt.answer_key)] if needs_answer else []
     required += [("response", fmt.response_key)] if needs_response else []
+    required += [("chosen", fmt.chosen_key), ("rejected", fmt.rejected_key)] if needs_pair else []
     count = 0
     for number, row in _rows(path, key):
         if not isinstance(row, dict):
@@ -46,6 +62,11 @@ def check_taskset(ts: TasksetConfig, key: str, needs_answer: bool, needs_respons
             if value is None or (what == "prompt" and str(value).strip() == ""):
                 raise TasksetError(
                     f"{key}: {path} row {number}: the {what} ('{column}') is {'null' if value is None else 'empty'}"
+                )
+            if what in ("chosen", "rejected") and response_text(value) is None:
+                raise TasksetError(
+                    f"{key}: {path} row {number}: the {what} ('{column}') is a {type(value).__name__}, neither "
+                    'text nor chat messages with an assistant turn ([{"role": "assistant", "content": ...}])'
                 )
         count += 1
     if count == 0:

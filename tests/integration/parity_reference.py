@@ -7,6 +7,15 @@ the initial model, so the first step is on-policy (ratio 1) and later steps re-u
 PPO epochs (ratios move away from 1, the loss moves, clipping engages). The loss is core's own
 (`build_loss` with `LossNorm` of the whole batch) with an entropy bonus, so `needs_entropy` is True.
 Each data-parallel rank trains on `shard(...)` of the batch in a fixed number of micro-batches.
+
+The DPO run (`dpo_reference_run`, the worker's --dpo) reads the batch as 4 (chosen, rejected)
+pairs, sequences 2k and 2k + 1, scored at temperature 1 against a reference model that starts as
+the policy, so the first step's loss is log 2 and the later ones move; the workers train through
+the trainer's own path (StageTraining.train_sequences with loss dpo).
+
+The critic's run (`critic=True`) trains a value model (the same trunk, a seeded scalar head) on the
+same batches with PPO's clipped value loss: the old values are what the untrained critic itself
+scores (`compute_values`), the targets are the batch's per-token advantages.
 """
 
 from __future__ import annotations
@@ -14,11 +23,12 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 
-from rlcore.backends.common.hf_model import forward_logprobs, load_causal_lm
+from rlcore.backends.common.hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
 from rlcore.backends.common.schedule import build_optimizer
 from rlcore.core.algorithms.aggregation import LossNorm
 from rlcore.core.algorithms.grpo import grpo_advantages
 from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
+from rlcore.core.algorithms.ppo import ValueLoss
 from rlcore.core.algorithms.scored import ScoredBatch
 from rlcore.core.batch import Batch, Sequence, equalize, micro_batches, pack, plan_micro_batches, shard
 from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
@@ -32,6 +42,9 @@ MICRO_BATCHES = 2
 """Micro-batches per rank (per step): gradient accumulation is always exercised."""
 TEMPERATURE = 0.8
 """Not 1, so a strategy that forgets to scale the logits fails the check."""
+CLIPRANGE_VALUE = 0.5
+"""The critic's values leave this range around the old ones within a few steps: the clip engages
+(the value loss then levels off near 0.79, from 1.26)."""
 
 
 def algorithm_config() -> AlgorithmConfig:
@@ -90,16 +103,33 @@ def parity_sequences(model_path: str) -> list[Sequence]:
     return seqs
 
 
-def parity_loss(seqs: list[Sequence]) -> PolicyLoss | SFTLoss:
-    """core's loss for the whole batch: every micro-batch's loss is its share of the batch loss."""
-    norm = LossNorm(
+def _norm(seqs: list[Sequence]) -> LossNorm:
+    return LossNorm(
         num_tokens=float(sum(len(s.response_ids) for s in seqs)),
         num_seqs=float(len(seqs)),
         max_response_len=max(len(s.response_ids) for s in seqs),
     )
-    loss = build_loss(algorithm_config(), norm)
+
+
+def parity_loss(seqs: list[Sequence], critic: bool = False) -> PolicyLoss | SFTLoss | ValueLoss:
+    """core's loss for the whole batch: every micro-batch's loss is its share of the batch loss."""
+    if critic:
+        return ValueLoss(CLIPRANGE_VALUE, _norm(seqs))
+    loss = build_loss(algorithm_config(), _norm(seqs))
     assert loss.needs_entropy
     return loss
+
+
+DPO_BETA = 0.5
+
+LOSS_METRIC = {False: "actor/loss", True: "critic/vf_loss"}
+"""The metric holding each run's loss (by `critic`)."""
+
+
+def with_value_targets(mbs: list[Batch], values: list[torch.Tensor]) -> None:
+    """The critic's batch: its own untrained `values` as the old ones, the advantages as targets."""
+    for mb, v in zip(mbs, values, strict=True):
+        mb["values"], mb["returns"] = v.float().cpu(), mb["advantages"].clone()
 
 
 def rank_micro_batches(
@@ -128,28 +158,34 @@ def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def reference_run(
-    model_path: str, steps: int, total_steps: int
+    model_path: str, steps: int, total_steps: int, critic: bool = False
 ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(loss per step, gradients of the first step by HF name, final weights by HF name) of a plain
-    HF model trained on the whole batch in this process: the ground truth."""
+    HF model (a value model with `critic`) trained on the whole batch in this process: the ground truth."""
     torch.manual_seed(SEED)
     trainer_cfg = trainer_config([])
-    model = load_causal_lm(model_path)
+    model = load_value_model(model_path, SEED) if critic else load_causal_lm(model_path)
     optimizer, scheduler = build_optimizer(model.parameters(), algorithm_config().optimizer, total_steps)
     seqs = parity_sequences(model_path)
-    loss_fn = parity_loss(seqs)
+    loss_fn = parity_loss(seqs, critic)
     count = micro_batch_count(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu)
     mbs = rank_micro_batches(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu, count)
+    if critic:
+        with torch.no_grad():
+            with_value_targets(mbs, [forward_values(model, mb) for mb in mbs])
     losses: list[float] = []
     first_grads: dict[str, torch.Tensor] = {}
     model.train()
     for step in range(steps):
         total = 0.0
         for mb in mbs:
-            logprobs, entropy = forward_logprobs(model, mb, TEMPERATURE, loss_fn.needs_entropy)
-            loss, metrics = loss_fn(logprobs, entropy, mb)
+            if critic:
+                outputs, entropy = forward_values(model, mb), None
+            else:
+                outputs, entropy = forward_logprobs(model, mb, TEMPERATURE, loss_fn.needs_entropy)
+            loss, metrics = loss_fn(outputs, entropy, mb)
             loss.backward()
-            total += metrics["actor/loss"]
+            total += metrics[LOSS_METRIC[critic]]
         if step == 0:
             first_grads = param_grads(model)
         torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip)
@@ -159,3 +195,48 @@ def reference_run(
         losses.append(total)
     weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
     return losses, first_grads, weights
+
+
+def dpo_algorithm_config() -> AlgorithmConfig:
+    import dataclasses
+
+    return dataclasses.replace(algorithm_config(), algorithm_type="dpo", dpo_beta=DPO_BETA)
+
+
+def dpo_reference_run(
+    model_path: str, steps: int, total_steps: int
+) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(DPO loss per step, first-step gradients, final weights) of a plain HF policy and reference
+    in this process, the pair loss differentiated by autograd: the ground truth of --dpo."""
+    torch.manual_seed(SEED)
+    trainer_cfg = trainer_config([])
+    model, reference = load_causal_lm(model_path), load_causal_lm(model_path)
+    optimizer, scheduler = build_optimizer(model.parameters(), algorithm_config().optimizer, total_steps)
+    seqs = parity_sequences(model_path)
+    batch = pack(seqs, PAD_ID)
+    with torch.no_grad():
+        ref_sums = _response_sums(reference, batch, seqs)
+    losses: list[float] = []
+    first_grads: dict[str, torch.Tensor] = {}
+    model.train()
+    for step in range(steps):
+        sums = _response_sums(model, batch, seqs)
+        delta = sums - ref_sums
+        z = DPO_BETA * (delta[0::2] - delta[1::2])
+        loss = -torch.nn.functional.logsigmoid(z).mean()
+        loss.backward()
+        if step == 0:
+            first_grads = param_grads(model)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        losses.append(float(loss))
+    weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    return losses, first_grads, weights
+
+
+def _response_sums(model: torch.nn.Module, batch: Batch, seqs: list[Sequence]) -> torch.Tensor:
+    """[N] each sequence's summed response log-probs at temperature 1 (float64)."""
+    logprobs, _ = forward_logprobs(model, batch, 1.0, with_entropy=False)
+    return torch.stack([logprobs[i, len(s.prompt_ids) : s.length].double().sum() for i, s in enumerate(seqs)])

@@ -2,13 +2,15 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m tests.integration.parity_worker \
         --model PATH --strategy NAME --steps S --total-steps T --out DIR \
-        [--set dotted.key=value ...] [--save-at K] [--resume-from CKPT_DIR]
+        [--set dotted.key=value ...] [--save-at K] [--resume-from CKPT_DIR] [--critic]
 
 Rank 0 writes DIR/result.json ({"losses", "grad_norms", "lrs"} per step; "logprob_diffs": per
 micro-batch, the largest |compute_logprobs - old_logprobs| before training), DIR/grads.pt (HF name ->
 gradient of this run's first step, before clipping) and DIR/weights.pt (HF name -> final weight).
 `--save-at K` writes a checkpoint to DIR/ckpt after step K and goes on; `--resume-from` loads one
 before the first step. `--set` overrides TrainerConfig fields (e.g. megatron.tensor_model_parallel_size=2).
+`--critic` trains the strategy's value model on the value loss instead; `--dpo` trains DPO on the
+batch's pairs through the trainer's own path (StageTraining), no checkpoint (parity_reference.py).
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ import torch
 import torch.distributed as dist
 
 from tests.integration.parity_reference import (
+    LOSS_METRIC,
     SEED,
     TEMPERATURE,
     algorithm_config,
+    dpo_algorithm_config,
     micro_batch_count,
     parity_loss,
     parity_sequences,
     rank_micro_batches,
     trainer_config,
+    with_value_targets,
 )
 
 
@@ -45,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume-from", default=None, help="checkpoint folder to load before the first step")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--critic", action="store_true", help="train a value model on the value loss")
+    p.add_argument("--dpo", action="store_true", help="train DPO on the batch's pairs (StageTraining)")
     return p.parse_args(argv)
 
 
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     from rlcore.runtime.trainer_world import exit_world, init_world
 
     init_world(args.device)  # on CUDA: this rank's GPU, gloo beside NCCL for the CPU count below
-    run(args)
+    run_dpo(args) if args.dpo else run(args)
     exit_world(0)  # as a launch rank leaves (a plain return could abort after the results are written)
 
 
@@ -80,20 +87,24 @@ def run(args: argparse.Namespace) -> None:
     trainer_cfg = trainer_config(args.set)
     strategy = STRATEGIES.resolve(args.strategy)(
         args.model, trainer_cfg, algorithm_config().optimizer, device=args.device,
-        dtype=args.dtype, total_steps=args.total_steps, with_reference=False, seed=SEED,
+        dtype=args.dtype, total_steps=args.total_steps, with_reference=False, seed=SEED, value_head=args.critic,
     )  # fmt: skip
     max_tokens = trainer_cfg.max_token_len_per_gpu
 
     seqs = parity_sequences(args.model)
-    loss_fn = parity_loss(seqs)
+    loss_fn = parity_loss(seqs, args.critic)
     count = torch.tensor([micro_batch_count(seqs, strategy.dp_rank, strategy.dp_size, max_tokens)])
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     mbs = rank_micro_batches(seqs, strategy.dp_rank, strategy.dp_size, max_tokens, int(count))
 
     result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": [], "logprob_diffs": []}
+    if args.critic:  # the untrained critic's values (a resumed run still needs the same ones)
+        with_value_targets(mbs, strategy.compute_values(mbs))
     if args.resume_from:
         strategy.load_checkpoint(args.resume_from)
-    else:  # the untrained policy must score the batch as the HF model did when it built old_logprobs
+    elif (
+        not args.critic
+    ):  # the untrained policy must score the batch as the HF model did when it built old_logprobs
         for mb, lp in zip(mbs, strategy.compute_logprobs(mbs, TEMPERATURE), strict=True):
             result["logprob_diffs"].append(
                 float(((lp.float().cpu() - mb["old_logprobs"]).abs() * mb["loss_mask"]).max())
@@ -104,7 +115,7 @@ def run(args: argparse.Namespace) -> None:
         if step == 1:
             grads = collect(strategy.iter_full_grads(), keep=rank == 0)
         result["grad_norms"].append(strategy.optimizer_step())
-        result["losses"].append(metrics["actor/loss"])
+        result["losses"].append(metrics[LOSS_METRIC[args.critic]])
         result["lrs"].append(strategy.current_lr())
         if step == args.save_at:
             strategy.save_checkpoint(os.path.join(args.out, "ckpt"))
@@ -130,6 +141,40 @@ def run(args: argparse.Namespace) -> None:
         rank == 0,
     )
 
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "result.json"), "w") as f:
+            json.dump(result, f)
+        torch.save(grads, os.path.join(args.out, "grads.pt"))
+        torch.save(weights, os.path.join(args.out, "weights.pt"))
+    dist.barrier()
+
+
+def run_dpo(args: argparse.Namespace) -> None:
+    """DPO through StageTraining.train_sequences(loss="dpo") on the parity batch's pairs."""
+    from rlcore.core.config.schema import RLCoreConfig
+    from rlcore.runtime.training import StageTraining, sequence_spec
+
+    torch.set_num_threads(1)
+    cfg = RLCoreConfig(seed=SEED, algorithm=dpo_algorithm_config(), trainer=trainer_config(args.set))
+    cfg.trainer.strategy = args.strategy
+    cfg.model.model_path, cfg.model.dtype = args.model, args.dtype
+    training = StageTraining(cfg, os.path.join(args.out, "stage"), args.model, args.device, args.total_steps)
+    specs = [
+        sequence_spec(s.prompt_ids, s.response_ids, [], [0.0], None) for s in parity_sequences(args.model)
+    ]
+    result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": []}
+    grads: dict[str, torch.Tensor] = {}
+    rank = dist.get_rank()
+    for step in range(1, args.steps + 1):
+        out = training.train_sequences(specs, "dpo", 1.0, 0.0)
+        if step == 1:
+            grads = collect(training.strategy.iter_full_grads(), keep=rank == 0)
+        grad_norm, lr = training.optimizer_step()
+        result["losses"].append(out["loss"])
+        result["grad_norms"].append(grad_norm)
+        result["lrs"].append(lr)
+    weights = collect(training.strategy.iter_full_weights(), keep=rank == 0)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "result.json"), "w") as f:

@@ -64,3 +64,49 @@ def test_reference_follows_the_policy_and_resumes(tmp_path, strategy):
     wa = load_file(os.path.join(straight, "it", "run", "global_step_4", "hf", "model.safetensors"))
     wb = load_file(os.path.join(resumed, "it", "run", "global_step_4", "hf", "model.safetensors"))
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+
+
+def test_ppo_trains_its_critic_and_resumes_it(tmp_path):
+    """PPO's critic in a real launch: during critic_warmup only the critic steps; through a
+    checkpoint the critic's weights and optimizer come back (value losses and the policy's final
+    weights equal the straight run's)."""
+    ppo = {"algorithm.algorithm_type": "ppo", "algorithm.repeat_times": 2, "algorithm.lam": 0.9,
+           "critic.critic_warmup": 1, "critic.optim.lr": 1e-3}  # fmt: skip
+
+    def steps(root: str) -> list[dict]:
+        return [m for m in read_metrics(os.path.join(root, "it", "run")) if "critic/vf_loss" in m]
+
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    launch(tiny_grpo_config(straight, **{**ppo, "buffer.total_steps": 4}), straight + ".yaml")
+    a = steps(straight)
+    assert [m["step"] for m in a] == [1, 2, 3, 4]
+    assert "actor/loss" not in a[0] and all("actor/loss" in m for m in a[1:])  # the warm-up step
+    cfg = tiny_grpo_config(resumed, **{**ppo, "buffer.total_steps": 2})
+    launch(cfg, resumed + ".yaml")
+    assert os.path.isdir(os.path.join(resumed, "it", "run", "global_step_2", "model", "critic"))
+    launch(cfg, resumed + ".yaml", "buffer.total_steps=4", "continue_from_checkpoint=true")
+    b = steps(resumed)
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b, strict=True):
+        for key in ("critic/vf_loss", "critic/vpred_mean", "critic/returns_mean"):
+            assert abs(x[key] - y[key]) < 1e-6, (x["step"], key, x[key], y[key])
+    wa = load_file(os.path.join(straight, "it", "run", "global_step_4", "hf", "model.safetensors"))
+    wb = load_file(os.path.join(resumed, "it", "run", "global_step_4", "hf", "model.safetensors"))
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+
+
+def test_dpo_stage_trains_on_generated_preference_pairs(tmp_path):
+    """DPO in mode train: no rollouts, the pairs from the taskset; the policy learns to prefer the
+    chosen responses (the implicit reward margin grows, the pair loss falls from log 2)."""
+    root = str(tmp_path / "dpo")
+    pairs = {"generator": "arithmetic", "path": os.path.join(root, "pairs.jsonl"),
+             "generator_args": {"num_tasks": 64, "max_operand": 9, "preference_pairs": True}}  # fmt: skip
+    cfg = tiny_grpo_config(
+        root, **{"mode": "train", "algorithm.algorithm_type": "dpo", "algorithm.dpo_beta": 0.5,
+                 "buffer.total_steps": 6, "buffer.explorer_input.taskset": pairs},
+    )  # fmt: skip
+    launch(cfg, root + ".yaml")
+    steps = [m for m in read_metrics(os.path.join(root, "it", "run")) if "dpo/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
+    assert abs(steps[0]["dpo/loss"] - 0.693147) < 1e-4  # the reference is the starting policy
+    assert steps[-1]["dpo/loss"] < steps[0]["dpo/loss"] and steps[-1]["dpo/margin"] > 0

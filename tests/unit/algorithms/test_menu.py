@@ -99,12 +99,15 @@ def test_every_preset_names_registered_parts() -> None:
             assert callable(POLICY_LOSS_FNS.resolve(spec.policy_loss_fn)), name
 
 
-def _validate(tmp_path, **algorithm) -> None:
+def _validate(
+    tmp_path, trainer: dict | None = None, mode: str = "both", keep_taskset: bool = False, **algorithm
+) -> None:
     (tmp_path / "m").mkdir(exist_ok=True)
-    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    if not keep_taskset:
+        (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     path = tmp_path / "c.yaml"
-    cfg = {"model": {"model_path": str(tmp_path / "m")}, "algorithm": algorithm,
-           "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}}}  # fmt: skip
+    cfg = {"model": {"model_path": str(tmp_path / "m")}, "algorithm": algorithm, "trainer": trainer or {},
+           "mode": mode, "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}}}  # fmt: skip
     path.write_text(yaml.safe_dump(cfg))
     resolve_stages(load_config(str(path), []))
 
@@ -114,8 +117,15 @@ def test_bad_names_and_combinations_are_one_line_errors(tmp_path) -> None:
         ConfigError, match=r"algorithm\.algorithm_type must be one of grpo, dr_grpo, rloo, .*; got 'ppo2'"
     ):
         _validate(tmp_path, algorithm_type="ppo2")
-    with pytest.raises(ConfigError, match=r"algorithm\.advantage_fn must be one of grpo, .*; got 'gae'"):
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage_fn must be one of grpo, .*; got 'gea'"):
+        _validate(tmp_path, advantage_fn="gea")
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.advantage_fn: gae needs a critic's values, and grpo trains none"
+    ):
         _validate(tmp_path, advantage_fn="gae")
+    with pytest.raises(ConfigError, match=r"trainer\.strategy: megatron has no value head yet"):
+        _validate(tmp_path, algorithm_type="ppo", trainer={"strategy": "megatron"})
+    _validate(tmp_path, algorithm_type="ppo", repeat_times=1)
     with pytest.raises(
         ConfigError, match=r"algorithm\.repeat_times is 1, but rloo .*set algorithm\.repeat_times to 2"
     ):
@@ -129,3 +139,33 @@ def test_bad_names_and_combinations_are_one_line_errors(tmp_path) -> None:
         _validate(tmp_path, algorithm_type="dapo", overlong_buffer_len=512)
     for name in ("reinforce_plus_plus", "dapo", "opmd", "maxent_grpo"):
         _validate(tmp_path, algorithm_type=name)
+
+
+def test_dpo_runs_in_mode_train_on_pairs_only(tmp_path) -> None:
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2", "chosen": "2", "rejected": "3"}\n')
+    with pytest.raises(
+        ConfigError,
+        match=r"mode 'both' explores, and algorithm\.algorithm_type dpo trains on the taskset's own pairs",
+    ):
+        _validate(tmp_path, algorithm_type="dpo", keep_taskset=True)
+    with pytest.raises(
+        ConfigError, match=r"mode train runs algorithm\.algorithm_type sft or dpo .*'grpo' explores"
+    ):
+        _validate(tmp_path, mode="train", keep_taskset=True)
+    # the taskset has no chosen/rejected columns
+    with pytest.raises(
+        ConfigError,
+        match=r"row 1 has no 'chosen' column \(the chosen; buffer\.explorer_input\.taskset\.format\.chosen_key",
+    ):
+        _validate(tmp_path, mode="train", algorithm_type="dpo")
+    (tmp_path / "t.jsonl").write_text(
+        '{"prompt": "1+1=", "answer": "2", "chosen": "2", "rejected": [{"role": "user", "content": "x"}]}\n'
+    )
+    with pytest.raises(
+        ConfigError, match=r"the rejected \('rejected'\) is a list, neither text nor chat messages"
+    ):
+        _validate(tmp_path, mode="train", algorithm_type="dpo", keep_taskset=True)
+    (tmp_path / "t.jsonl").write_text(
+        '{"prompt": "1+1=", "answer": "2", "chosen": "2", "rejected": [{"role": "assistant", "content": "3"}]}\n'
+    )
+    _validate(tmp_path, mode="train", algorithm_type="dpo", keep_taskset=True)

@@ -1,0 +1,83 @@
+"""DPO (Rafailov et al. 2023, "Direct Preference Optimization", arXiv:2305.18290), with the label
+smoothing of conservative DPO (Mitchell 2023): for a prompt x with a chosen response y_w and a
+rejected one y_l,
+
+    z = beta * [(log pi(y_w|x) - log pi_ref(y_w|x)) - (log pi(y_l|x) - log pi_ref(y_l|x))]
+    L = -(1 - eps) * log sigmoid(z) - eps * log sigmoid(-z),    averaged over the P pairs,
+
+log pi(y|x) being the sum of the response's token log-probs (algorithm.dpo_beta, dpo_label_smoothing).
+With algorithm.dpo_nll_coef = alpha > 0 the chosen responses' negative log-likelihood (per token,
+over the batch's chosen tokens) is added, as in RPO (Pang et al. 2024, "Iterative Reasoning
+Preference Optimization", arXiv:2404.19733): plain DPO can lower the chosen responses' likelihood
+along with the rejected ones' (the margin grows while both fall), and the NLL term holds it up.
+
+How rlcore trains it: pairs need not share a micro-batch or a rank. A first pass (no gradients)
+scores every response under the policy and the reference and gives each pair its dL/dz; then
+gradients come from the surrogate  S = sum_y w_y * log pi(y|x)  with  w_{y_w} = dL/dz * beta / P and
+w_{y_l} = -w_{y_w}, whose gradient at these weights is exactly DPO's (S's value is not the loss:
+the loss is reported from the first pass). That is a per-token loss like every other, so every
+strategy, micro-batching and data-parallel split trains DPO unchanged, for one extra forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DPOPairs:
+    loss: float
+    """The batch's DPO loss (mean over pairs)."""
+    weights: torch.Tensor
+    """[2P] the surrogate's weight of each response, chosen and rejected alternating."""
+    metrics: dict[str, float]
+
+
+def dpo_pairs(
+    policy: torch.Tensor,
+    reference: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+    nll_coef: float = 0.0,
+    chosen_tokens: float = 1.0,
+) -> DPOPairs:
+    """`policy`, `reference`: [2P] summed response log-probs, (chosen, rejected) alternating;
+    `chosen_tokens`: how many tokens the chosen responses have together (the NLL term's mean)."""
+    assert policy.shape == reference.shape and policy.numel() % 2 == 0, "pairs: chosen, rejected, ..."
+    delta = (policy - reference).double()
+    chosen, rejected = delta[0::2], delta[1::2]
+    z = beta * (chosen - rejected)
+    eps = label_smoothing
+    losses = -(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)
+    dl_dz = -(1 - eps) * torch.sigmoid(-z) + eps * torch.sigmoid(z)
+    pairs = z.numel()
+    w = dl_dz * beta / pairs
+    nll = -policy[0::2].double().sum() / chosen_tokens
+    weights = torch.stack([w - nll_coef / chosen_tokens, -w], dim=1).reshape(-1).float()
+    metrics = {
+        "dpo/loss": float(losses.mean() + nll_coef * nll),
+        "dpo/pair_loss": float(losses.mean()),
+        "dpo/chosen_nll": float(nll),
+        "dpo/accuracy": float((z > 0).double().mean()),
+        "dpo/margin": float((z / beta).mean()),
+        "dpo/chosen_reward": float(beta * chosen.mean()),
+        "dpo/rejected_reward": float(beta * rejected.mean()),
+    }
+    return DPOPairs(metrics["dpo/loss"], weights, metrics)
+
+
+class SequenceSurrogate:
+    """The `LossFn` (backends/base.py) of the surrogate: sum over tokens of weight * log-prob, the
+    weight of each response's tokens standing in `advantages`."""
+
+    needs_entropy = False
+    needs_reference = False
+
+    def __call__(
+        self, logprobs: torch.Tensor, entropy: torch.Tensor | None, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        surrogate = (batch["advantages"] * logprobs * batch["loss_mask"]).sum()
+        return surrogate, {"dpo/surrogate": float(surrogate.detach())}

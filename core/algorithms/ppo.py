@@ -1,0 +1,92 @@
+"""PPO with a learned critic (Schulman et al. 2017, arXiv:1707.06347), advantages by GAE
+(Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
+Estimation", arXiv:1506.02438).
+
+The critic V is the policy's architecture with a scalar head; V_t is its value of the state before
+response token t (the prompt and the response's first t tokens). With the token rewards r_t (the
+task reward on the last token, less the KL penalty with use_kl_in_reward),
+
+    delta_t = r_t + gamma * V_{t+1} - V_t          (V past the last token is 0)
+    A_t = delta_t + gamma * lam * A_{t+1},         R_t = A_t + V_t,
+
+the policy trains on A whitened over the batch's trained tokens (PPO's clipped surrogate, losses.py)
+and the critic regresses onto the returns R with PPO's clipped value loss
+
+    L_V = 1/2 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)    (c: critic.cliprange_value)
+
+averaged over the trained tokens, V_old being the critic's values when the batch was scored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregation import LossNorm, aggregate
+from .reinforce import whiten_tokens
+from .scored import ScoredBatch
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), both [N, T], of response-aligned token rewards and values (zero past
+    each response's end, so the recursion starts from V = 0 there)."""
+    rewards, values = rewards.double(), values.double()
+    adv = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    next_value = torch.zeros_like(running)
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        adv[:, t] = running
+        next_value = values[:, t]
+    return adv, adv + values
+
+
+def _gae_of(batch: ScoredBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = batch.need("response_mask", "gae")
+    values = batch.need("values", "gae") * mask
+    cfg = batch.cfg
+    gamma, lam = (1.0, 1.0) if cfg is None else (cfg.gamma, cfg.lam)
+    return gae(batch.token_rewards(), values, gamma, lam)
+
+
+def gae_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:
+    """[N, T] GAE advantages whitened over the batch's trained tokens (module docstring)."""
+    mask = batch.need("response_mask", "gae")
+    adv, _ = _gae_of(batch)
+    return whiten_tokens(adv, mask, eps).to(mask.dtype)
+
+
+def value_targets(batch: ScoredBatch) -> torch.Tensor:
+    """[N, T] the returns R = A + V the critic regresses onto (before A is whitened)."""
+    mask = batch.need("response_mask", "gae")
+    _, returns = _gae_of(batch)
+    return (returns * mask).to(mask.dtype)
+
+
+class ValueLoss:
+    """The critic's clipped value loss on one micro-batch (the `LossFn` protocol of backends/base.py,
+    fed the critic's values where a policy's loss is fed log-probs)."""
+
+    needs_entropy = False
+    needs_reference = False
+
+    def __init__(self, cliprange_value: float, norm: LossNorm):
+        self.clip, self.norm = cliprange_value, norm
+
+    def __call__(
+        self, values: torch.Tensor, entropy: torch.Tensor | None, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask, old, returns = batch["loss_mask"], batch["values"], batch["returns"]
+        clipped = old + (values - old).clamp(-self.clip, self.clip)
+        unclipped_err, clipped_err = (values - returns).square(), (clipped - returns).square()
+        loss = 0.5 * aggregate(torch.maximum(unclipped_err, clipped_err), mask, "token-mean", self.norm)
+        metrics = torch.stack([
+            loss.detach(),
+            aggregate((clipped_err > unclipped_err).float(), mask, "token-mean", self.norm),
+            aggregate(values.detach(), mask, "token-mean", self.norm),
+        ]).tolist()  # fmt: skip
+        return loss, dict(
+            zip(("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"), metrics, strict=True)
+        )
