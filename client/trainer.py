@@ -148,8 +148,10 @@ class TrainerClient(BlockingClient):
         normalize_tokens: float = 0.0,
         timeout: float | None = None,
     ) -> ForwardBackwardResult:
-        """Accumulate gradients of `loss` (grpo, ppo or cross_entropy) over `sequences`; no optimizer
-        step. `normalize_tokens` > 0 divides by that many tokens (a step spanning several calls)."""
+        """Accumulate gradients of `loss` (grpo, ppo, cross_entropy, or dpo: `sequences` are (chosen,
+        rejected) pairs, pair k at 2k and 2k + 1, on a stage with a reference model) over `sequences`;
+        no optimizer step. `normalize_tokens` > 0 divides by that many tokens (a step spanning several
+        calls)."""
         request = forward_backward_request(sequences, loss, temperature, normalize_tokens)
         return _fb_result(self._unary("ForwardBackward", request, timeout))
 

@@ -20,6 +20,8 @@ scores (`compute_values`), the targets are the batch's per-token advantages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from omegaconf import OmegaConf
 
@@ -165,7 +167,6 @@ def reference_run(
     torch.manual_seed(SEED)
     trainer_cfg = trainer_config([])
     model = load_value_model(model_path, SEED) if critic else load_causal_lm(model_path)
-    optimizer, scheduler = build_optimizer(model.parameters(), algorithm_config().optimizer, total_steps)
     seqs = parity_sequences(model_path)
     loss_fn = parity_loss(seqs, critic)
     count = micro_batch_count(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu)
@@ -173,10 +174,8 @@ def reference_run(
     if critic:
         with torch.no_grad():
             with_value_targets(mbs, [forward_values(model, mb) for mb in mbs])
-    losses: list[float] = []
-    first_grads: dict[str, torch.Tensor] = {}
-    model.train()
-    for step in range(steps):
+
+    def backward() -> float:
         total = 0.0
         for mb in mbs:
             if critic:
@@ -186,13 +185,29 @@ def reference_run(
             loss, metrics = loss_fn(outputs, entropy, mb)
             loss.backward()
             total += metrics[LOSS_METRIC[critic]]
+        return total
+
+    return _train(model, backward, steps, total_steps)
+
+
+def _train(
+    model: torch.nn.Module, backward: Callable[[], float], steps: int, total_steps: int
+) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`steps` optimizer steps of `model` on the gradients `backward()` accumulates (it returns
+    the step's loss): (losses, first-step gradients, final weights)."""
+    optimizer, scheduler = build_optimizer(model.parameters(), algorithm_config().optimizer, total_steps)
+    grad_clip = trainer_config([]).grad_clip
+    losses: list[float] = []
+    first_grads: dict[str, torch.Tensor] = {}
+    model.train()
+    for step in range(steps):
+        losses.append(backward())
         if step == 0:
             first_grads = param_grads(model)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        losses.append(total)
     weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
     return losses, first_grads, weights
 
@@ -209,31 +224,20 @@ def dpo_reference_run(
     """(DPO loss per step, first-step gradients, final weights) of a plain HF policy and reference
     in this process, the pair loss differentiated by autograd: the ground truth of --dpo."""
     torch.manual_seed(SEED)
-    trainer_cfg = trainer_config([])
     model, reference = load_causal_lm(model_path), load_causal_lm(model_path)
-    optimizer, scheduler = build_optimizer(model.parameters(), algorithm_config().optimizer, total_steps)
     seqs = parity_sequences(model_path)
     batch = pack(seqs, PAD_ID)
     with torch.no_grad():
         ref_sums = _response_sums(reference, batch, seqs)
-    losses: list[float] = []
-    first_grads: dict[str, torch.Tensor] = {}
-    model.train()
-    for step in range(steps):
-        sums = _response_sums(model, batch, seqs)
-        delta = sums - ref_sums
+
+    def backward() -> float:
+        delta = _response_sums(model, batch, seqs) - ref_sums
         z = DPO_BETA * (delta[0::2] - delta[1::2])
         loss = -torch.nn.functional.logsigmoid(z).mean()
         loss.backward()
-        if step == 0:
-            first_grads = param_grads(model)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        losses.append(float(loss))
-    weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
-    return losses, first_grads, weights
+        return float(loss)
+
+    return _train(model, backward, steps, total_steps)
 
 
 def _response_sums(model: torch.nn.Module, batch: Batch, seqs: list[Sequence]) -> torch.Tensor:

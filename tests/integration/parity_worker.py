@@ -141,12 +141,19 @@ def run(args: argparse.Namespace) -> None:
         rank == 0,
     )
 
-    if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "result.json"), "w") as f:
+    write_results(args.out, result, grads, weights)
+
+
+def write_results(
+    out: str, result: dict, grads: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]
+) -> None:
+    """Rank 0 writes result.json, grads.pt and weights.pt into `out` (collective: all ranks wait)."""
+    if dist.get_rank() == 0:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
-        torch.save(grads, os.path.join(args.out, "grads.pt"))
-        torch.save(weights, os.path.join(args.out, "weights.pt"))
+        torch.save(grads, os.path.join(out, "grads.pt"))
+        torch.save(weights, os.path.join(out, "weights.pt"))
     dist.barrier()
 
 
@@ -174,14 +181,7 @@ def run_dpo(args: argparse.Namespace) -> None:
         result["losses"].append(out["loss"])
         result["grad_norms"].append(grad_norm)
         result["lrs"].append(lr)
-    weights = collect(training.strategy.iter_full_weights(), keep=rank == 0)
-    if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "result.json"), "w") as f:
-            json.dump(result, f)
-        torch.save(grads, os.path.join(args.out, "grads.pt"))
-        torch.save(weights, os.path.join(args.out, "weights.pt"))
-    dist.barrier()
+    write_results(args.out, result, grads, collect(training.strategy.iter_full_weights(), keep=rank == 0))
 
 
 if __name__ == "__main__":

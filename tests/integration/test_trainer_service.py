@@ -209,7 +209,8 @@ def test_checkpoint_exports_a_loadable_model_with_the_trained_weights(configured
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"sequences": [TrainSequence([5, 6], [7, 8])], "loss": "dpo"}, "loss"),
+        ({"sequences": [TrainSequence([5, 6], [7, 8])], "loss": "kto"}, "loss"),
+        ({"sequences": [TrainSequence([5, 6], [7, 8])], "loss": "dpo"}, "sequences"),  # not a pair
         ({"sequences": [], "loss": "cross_entropy"}, "sequences"),
         (
             {
