@@ -51,9 +51,8 @@ def prepare_assets(stages: list[Stage]) -> None:
 
     for stage in stages:
         cfg = stage.config
-        ensure_taskset(cfg.buffer.explorer_input.taskset, "buffer.explorer_input.taskset")
-        for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets):
-            ensure_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]")
+        for key, ts in tasksets_of(cfg):
+            ensure_taskset(ts, key)
         if inherits_previous_model(cfg):
             continue
         if ensure_model(cfg.model.model_path, cfg.model.scratch, cfg.model.max_model_len, cfg.seed):

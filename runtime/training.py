@@ -30,12 +30,14 @@ from ..core.algorithms import (
     reference_in_advantage,
     trains_critic,
     trains_on,
+    trains_on_experts,
     with_preset,
 )
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.kl import build_kl_controller
-from ..core.algorithms.losses import build_loss
+from ..core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
+from ..core.algorithms.mix import EXPERT, MixLoss
 from ..core.algorithms.ppo import value_targets
 from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
@@ -45,6 +47,7 @@ from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
 from . import scoring
 from .critic import Critic, WithCritic
+from .expert_rows import ExpertRows
 
 
 @dataclass
@@ -96,12 +99,16 @@ class StageTraining:
         self.cfg, self.stage_dir, self.model_path, self.device = cfg, stage_dir, model_path, device
         algo = cfg.algorithm
         self.explores = trains_on(algo) == "rollouts"
-        self.pad_token_id = AutoTokenizer.from_pretrained(model_path).pad_token_id
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_token_id = tokenizer.pad_token_id
         ts = cfg.buffer.explorer_input.taskset
         self.temperature = ts.rollout_args.temperature or 1.0
         self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.algo = with_preset(algo)
+        rollouts = cfg.buffer.batch_size * algo.repeat_times  # per explore step
+        self.updates_per_step = max(rollouts // self.train_batch, 1)
+        self.experts = ExpertRows(cfg, tokenizer, rollouts) if trains_on_experts(self.algo) else None
         self.ref_in_advantage = reference_in_advantage(self.algo)
         self.needs_ref = reads_reference(self.algo)
         self.syncs_ref = self.needs_ref and algo.sync_ref_model
@@ -175,10 +182,12 @@ class StageTraining:
                 returns.sum() / batch.need("response_mask", "ppo").sum().clamp(min=1)
             )
 
+        experts = self._expert_batches(len(seqs), len(minis), metrics)
+
         t1 = time.perf_counter()
         updates = [
-            self._update(mbs, [s for s in mini if keep[s.index]], timers)
-            for (mbs, _), mini in zip(local, minis, strict=True)
+            self._update(mbs, [s for s in mini if keep[s.index]], timers, expert)
+            for (mbs, _), mini, expert in zip(local, minis, experts, strict=True)
         ]
         metrics.update(mean_dicts(updates))
         metrics.update(rollout_metrics(exps))
@@ -187,9 +196,31 @@ class StageTraining:
         metrics["perf/tokens"] = float(sum(s.length for s in seqs))
         return metrics
 
-    def _update(self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float]) -> dict[str, float]:
-        """Forward/backward of the policy loss over one mini-batch, then an optimizer step (a critic
-        first takes its own; during critic.critic_warmup only the critic does)."""
+    def _expert_batches(
+        self, first_index: int, minis: int, metrics: dict[str, float]
+    ) -> list[tuple[list[Batch], list[Sequence]]]:
+        """mix: this step's expert rows, split over the mini-batches, as this rank's micro-batches
+        (marked EXPERT) and the rows themselves; nothing for other algorithms."""
+        if self.experts is None:
+            return [([], [])] * minis
+        rows = self.experts.sequences(self.state.global_step // self.updates_per_step, first_index)
+        metrics["mix/expert_rows"] = float(len(rows))
+        out = []
+        for k in range(minis):
+            part = rows[k * len(rows) // minis : (k + 1) * len(rows) // minis]
+            mbs = self.micro(part)[0] if part else []
+            for mb in mbs:
+                mb[EXPERT] = torch.ones_like(mb["loss_mask"])
+            out.append((mbs, part))
+        return out
+
+    def _update(
+        self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float],
+        expert: tuple[list[Batch], list[Sequence]] = ([], []),
+    ) -> dict[str, float]:  # fmt: skip
+        """Forward/backward of the policy loss over one mini-batch (mix: and of the expert rows' NLL
+        over theirs), then an optimizer step (a critic first takes its own; during
+        critic.critic_warmup only the critic does)."""
         norm = LossNorm(  # over the sequences that train (a mini-batch may have none left)
             num_tokens=float(sum(len(s.response_ids) for s in mini)) or 1.0, num_seqs=float(len(mini)) or 1.0,
             max_response_len=self.max_response_len,
@@ -201,9 +232,17 @@ class StageTraining:
         if self.state.global_step < self.critic_warmup:
             self.state.global_step += 1  # the policy waits for the critic's values to mean something
             return metrics
-        loss_fn = build_loss(self.algo, norm)
+        loss_fn: PolicyLoss | SFTLoss | MixLoss = build_loss(self.algo, norm)
+        expert_mbs, expert_rows = expert
+        if expert_rows:
+            assert isinstance(loss_fn, PolicyLoss), "mix trains a policy loss beside the expert rows"
+            expert_norm = LossNorm(
+                num_tokens=float(sum(len(s.response_ids) for s in expert_rows)), num_seqs=float(len(expert_rows)),
+                max_response_len=self.max_response_len,
+            )  # fmt: skip
+            loss_fn = MixLoss(loss_fn, SFTLoss(expert_norm), self.algo.mix_mu)
         with _timed(timers, "perf/forward_backward_s"):
-            metrics.update(self.strategy.forward_backward(mbs, loss_fn, self.temperature))
+            metrics.update(self.strategy.forward_backward(mbs + expert_mbs, loss_fn, self.temperature))
         with _timed(timers, "perf/optimizer_s"):
             grad_norm, lr = self.optimizer_step()
         metrics["actor/grad_norm"], metrics["actor/lr"] = grad_norm, lr

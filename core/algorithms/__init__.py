@@ -5,13 +5,11 @@ needs beyond the policy's, and the knobs it sets when the config leaves them uns
 `algorithm.algorithm_type` picks a preset; `algorithm.advantage_fn` and `algorithm.policy_loss_fn`
 replace its parts. The math lives in one file per family, each naming its formula and paper:
 grpo.py (grpo, dr_grpo), rloo.py, reinforce.py (reinforce_plus_plus and its group-baseline form),
-gspo.py, opmd.py, maxent.py (maxent_grpo), ppo.py (GAE and the critic's value loss), dpo.py; losses.py applies the policy loss (PPO's clip, dual-clip),
+gspo.py, opmd.py, maxent.py (maxent_grpo), ppo.py (GAE and the critic's value loss), dpo.py, mix.py; losses.py applies the policy loss (PPO's clip, dual-clip),
 aggregation.py turns per-token values into one scalar, kl.py holds the KL estimators and
 controllers, logprob.py the log-prob and entropy kernels, scored.py what an advantage function sees.
 DAPO is GRPO's advantage with clip-higher, token-level loss, overlong filtering and soft overlong
 punishment (runtime/scoring.py) and dynamic sampling (runtime/loop.py).
-
-Not on the menu yet (open issue): mix.
 """
 
 from __future__ import annotations
@@ -71,6 +69,8 @@ class AlgorithmSpec:
     data: str = "rollouts"
     """What a step trains on: rollouts (explored and scored, mode both or colocate), or the
     taskset's own rows in mode train: responses (SFT) or preference pairs (DPO)."""
+    expert: bool = False
+    """Whether each step also trains on expert demonstrations (buffer.expert_taskset): mix."""
 
 
 _OFF = {"use_kl_in_reward": False, "overlong_filter": False, "dynamic_sampling": False}
@@ -117,6 +117,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-mean"},
         reference_in_advantage=True,
     ),  # fmt: skip
+    # Trinity-RFT's mix: GRPO on the rollouts plus the expert rows' likelihood in the same step
+    "mix": AlgorithmSpec("grpo", "ppo_clip", defaults=_PPO_CLIP, expert=True),
     "sft": AlgorithmSpec(None, None, defaults=_PPO_CLIP, data="responses"),
     # DPO reads the reference model by definition (dpo.py), whatever kl_loss_coef says
     "dpo": AlgorithmSpec(None, None, defaults=_PPO_CLIP, data="pairs"),
@@ -138,6 +140,11 @@ def with_preset(cfg: Any) -> Any:
 def kl_in_loss(cfg: Any) -> bool:
     """Whether the policy loss has a KL term against the reference model."""
     return trains_on(cfg) == "rollouts" and cfg.kl_loss_fn != "none" and cfg.kl_loss_coef > 0
+
+
+def trains_on_experts(cfg: Any) -> bool:
+    """Whether each step also trains on expert demonstrations (mix)."""
+    return ALGORITHMS[cfg.algorithm_type].expert
 
 
 def trains_on(cfg: Any) -> str:

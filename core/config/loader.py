@@ -51,6 +51,15 @@ def _is_section(hint: Any) -> typing.TypeGuard[type]:
     return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
+def _optional_section(hint: Any) -> type | None:
+    """The section of an optional section field (`TasksetConfig | None`), else None."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        sections = [a for a in typing.get_args(hint) if _is_section(a)]
+        if len(sections) == 1 and type(None) in typing.get_args(hint):
+            return sections[0]
+    return None
+
+
 def _type_name(hint: Any) -> str:
     """How a schema type reads in an error message: int, float or null, a list of str..."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -126,6 +135,10 @@ def _check_layer(cls: type, data: dict[Any, Any], path: str) -> None:
         hint = hints[key]
         if isinstance(value, str) and "${" in value:
             continue  # an interpolation: checked once resolved
+        if _optional_section(hint) is not None:
+            if value is None:
+                continue
+            hint = _optional_section(hint)
         origin = typing.get_origin(hint)
         if _is_section(hint) or origin is dict:
             if not isinstance(value, dict):
@@ -295,6 +308,7 @@ def _merge(base: DictConfig, layer: DictConfig | dict[str, Any], prefix: str = "
     data = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else layer
     assert isinstance(data, dict)
     _check_layer(RLCoreConfig, data, prefix)
+    _fill_optional_sections(base, data, RLCoreConfig)
     _open_free_dicts(base)
     try:
         merged = OmegaConf.merge(base, data)
@@ -302,6 +316,20 @@ def _merge(base: DictConfig, layer: DictConfig | dict[str, Any], prefix: str = "
         raise _explain(e, prefix) from None
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _fill_optional_sections(base: DictConfig, data: dict[Any, Any], cls: type) -> None:
+    """An optional section (`expert_taskset: TasksetConfig | None`) that `data` sets while `base`
+    leaves it null starts from the section's defaults, so the layer merges into a typed section."""
+    hints = _hints(cls)
+    for key, value in data.items():
+        hint = hints.get(key)
+        section = _optional_section(hint) if hint is not None else None
+        if section is not None and isinstance(value, dict) and base.get(key) is None:
+            with _unlocked(base):
+                base[key] = OmegaConf.structured(section)
+        elif hint is not None and _is_section(hint) and isinstance(value, dict) and key in base:
+            _fill_optional_sections(base[key], value, hint)
 
 
 def _open_free_dicts(node: DictConfig) -> None:

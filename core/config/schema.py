@@ -120,6 +120,11 @@ class AlgorithmConfig:
     """MaxEnt-GRPO: q is mixed with this much of the uniform distribution (no candidate gets 0)."""
     maxent_length_normalize_ref: bool = True
     """MaxEnt-GRPO: the reference log-prob of a response is its per-token mean (false: its sum)."""
+    mix_mu: float = bounded(0.1, ge=0.0, le=1.0)
+    """mix: the weight of the expert rows' NLL; the policy loss on rollouts weighs 1 - mix_mu."""
+    mix_expert_ratio: float = bounded(0.5, ge=0.0, lt=1.0)
+    """mix: the fraction of each train batch that is expert rows (Trinity-RFT's expert_data_ratio);
+    they are added to the explored rollouts, ceil(r / (1 - r)) per rollout."""
     dpo_beta: float = bounded(0.1, gt=0.0)
     """DPO's beta: how far from the reference the implicit reward lets the policy move (larger: less)."""
     dpo_label_smoothing: float = bounded(0.0, ge=0.0, lt=0.5)
@@ -301,6 +306,9 @@ class BufferConfig:
     total_steps: int | None = bounded(None, ge=1)
     """Stop after this many explore steps (null: when the epochs are done)."""
     explorer_input: ExplorerInput = field(default_factory=ExplorerInput)
+    expert_taskset: TasksetConfig | None = None
+    """mix: demonstrations (prompt and response columns, as SFT reads them) trained on beside the
+    rollouts, in seeded batches that a resume continues."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -57,7 +57,10 @@ def _walk(obj: Any, prefix: str) -> None:
                     _walk(item, f"{path}[{i}].")
 
 
-def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts") -> None:
+def _check_taskset(
+    ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True
+) -> None:
+    """`trains_on`: what its rows give (AlgorithmSpec.data); `rewarded`: whether rewards score them."""
     # the reward registry, named as schema choices name theirs (names only; no heavy imports)
     REWARDS = _choices("rlcore.rollout.rewards:REWARDS")
     if not ts.reward_fn:
@@ -90,7 +93,7 @@ def _check_taskset(ts: TasksetConfig, path: str, check_paths: bool, trains_on: s
         correctness = import_path("rlcore.rollout.rewards.compose:CORRECTNESS_REWARDS", what="registry")
         try:
             check_taskset(
-                ts, path, needs_answer=any(n in correctness for n in ts.reward_fn),
+                ts, path, needs_answer=rewarded and any(n in correctness for n in ts.reward_fn),
                 needs_response=trains_on == "responses", needs_pair=trains_on == "pairs",
             )  # fmt: skip
         except TasksetError as e:
@@ -143,6 +146,8 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
 
     data = trains_on(cfg.algorithm)
     _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, data)
+    if buf.expert_taskset is not None:
+        _check_taskset(buf.expert_taskset, "buffer.expert_taskset", check_paths, "responses", rewarded=False)
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
 
@@ -166,7 +171,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
-    from ..algorithms import GROUP_BASELINES, reads_reference, trains_critic, with_preset
+    from ..algorithms import GROUP_BASELINES, reads_reference, trains_critic, trains_on_experts, with_preset
 
     cfg.algorithm = with_preset(cfg.algorithm)
     a = cfg.algorithm
@@ -179,6 +184,11 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
         raise ConfigError(
             "algorithm.dynamic_sampling drops the groups whose responses all got the same reward, and with "
             "algorithm.repeat_times 1 that is every group: set repeat_times to 2 or more, or dynamic_sampling false"
+        )
+    if trains_on_experts(a) and cfg.buffer.expert_taskset is None:
+        raise ConfigError(
+            f"algorithm.algorithm_type {a.algorithm_type} also trains on expert demonstrations: set "
+            "buffer.expert_taskset (a taskset with prompt and response columns, as SFT reads them)"
         )
     if a.advantage_fn == "gae" and not trains_critic(a):
         raise ConfigError(

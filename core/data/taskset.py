@@ -14,11 +14,14 @@ FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "cs
 
 
 def tasksets_of(cfg: RLCoreConfig) -> list[tuple[str, TasksetConfig]]:
-    """(config key, taskset) of a stage's training and evaluation tasksets."""
+    """(config key, taskset) of a stage's training, evaluation and expert tasksets."""
     ins = cfg.buffer.explorer_input
-    return [("buffer.explorer_input.taskset", ins.taskset)] + [
-        (f"buffer.explorer_input.eval_tasksets[{i}]", t) for i, t in enumerate(ins.eval_tasksets)
-    ]
+    expert = cfg.buffer.expert_taskset
+    return (
+        [("buffer.explorer_input.taskset", ins.taskset)]
+        + [(f"buffer.explorer_input.eval_tasksets[{i}]", t) for i, t in enumerate(ins.eval_tasksets)]
+        + ([("buffer.expert_taskset", expert)] if expert is not None else [])
+    )
 
 
 def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:

@@ -110,3 +110,37 @@ def test_dpo_stage_trains_on_generated_preference_pairs(tmp_path):
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
     assert abs(steps[0]["dpo/loss"] - 0.693147) < 1e-4  # the reference is the starting policy
     assert steps[-1]["dpo/loss"] < steps[0]["dpo/loss"] and steps[-1]["dpo/margin"] > 0
+
+
+def test_mix_trains_on_rollouts_and_expert_rows_and_resumes_the_expert_stream(tmp_path):
+    """mix in a real launch: each step adds the configured share of expert rows (here 0.5: as many
+    as rollouts) to the policy loss's rollouts; a resumed run reads the same expert batches (the same
+    expert NLL at every step) and ends on the same weights."""
+    experts = {"path": "", "generator": "arithmetic", "generator_args": {"num_tasks": 64, "max_operand": 9}}
+    mix = {"algorithm.algorithm_type": "mix", "algorithm.mix_mu": 0.5, "algorithm.repeat_times": 2}
+
+    def config(root: str, steps: int) -> dict:
+        ts = {**experts, "path": os.path.join(root, "experts.jsonl")}
+        return tiny_grpo_config(root, **{**mix, "buffer.expert_taskset": ts, "buffer.total_steps": steps})
+
+    def steps(root: str) -> list[dict]:
+        return [m for m in read_metrics(os.path.join(root, "it", "run")) if "mix/expert_nll" in m]
+
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    launch(config(straight, 4), straight + ".yaml")
+    a = steps(straight)
+    assert [m["mix/expert_rows"] for m in a] == [8.0] * 4  # 4 tasks x 2 rollouts, ratio 0.5
+    assert all(m["mix/expert_nll"] > 0 and "actor/pg_loss" in m for m in a)
+    launch(config(resumed, 2), resumed + ".yaml")
+    launch(config(resumed, 2), resumed + ".yaml", "buffer.total_steps=4", "continue_from_checkpoint=true")
+    b = steps(resumed)
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b, strict=True):
+        assert abs(x["mix/expert_nll"] - y["mix/expert_nll"]) < 1e-6, (
+            x["step"],
+            x["mix/expert_nll"],
+            y["mix/expert_nll"],
+        )
+    wa = load_file(os.path.join(straight, "it", "run", "global_step_4", "hf", "model.safetensors"))
+    wb = load_file(os.path.join(resumed, "it", "run", "global_step_4", "hf", "model.safetensors"))
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6

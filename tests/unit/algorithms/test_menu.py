@@ -169,3 +169,29 @@ def test_dpo_runs_in_mode_train_on_pairs_only(tmp_path) -> None:
         '{"prompt": "1+1=", "answer": "2", "chosen": "2", "rejected": [{"role": "assistant", "content": "3"}]}\n'
     )
     _validate(tmp_path, mode="train", algorithm_type="dpo", keep_taskset=True)
+
+
+def test_mix_needs_an_expert_taskset_which_a_stage_may_set(tmp_path) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm_type mix also trains on expert demonstrations: set buffer\.expert_taskset",
+    ):
+        _validate(tmp_path, algorithm_type="mix")
+    (tmp_path / "m").mkdir(exist_ok=True)
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "e.jsonl").write_text(
+        '{"prompt": "1+1=", "response": "2"}\n'
+    )  # no answer: experts are not scored
+    expert = {"path": str(tmp_path / "e.jsonl"), "generator_args": {"part": "train"}}
+    cfg = {"model": {"model_path": str(tmp_path / "m")},
+           "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}},
+           "stages": [{"name": "a", "algorithm": {"algorithm_type": "grpo"}},
+                      {"name": "b", "algorithm": {"algorithm_type": "mix"}, "buffer": {"expert_taskset": expert}}]}  # fmt: skip
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    stages = resolve_stages(load_config(str(path), []))
+    assert stages[0].config.buffer.expert_taskset is None
+    assert stages[1].config.buffer.expert_taskset.generator_args == {"part": "train"}
+    (tmp_path / "e.jsonl").write_text('{"prompt": "1+1="}\n')
+    with pytest.raises(ConfigError, match=r"buffer\.expert_taskset: .* row 1 has no 'response' column"):
+        resolve_stages(load_config(str(path), []))
