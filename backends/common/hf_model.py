@@ -3,6 +3,8 @@ critic) and computing per-token log-probs or values from them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ...core.algorithms.logprob import entropy_from_logits, token_logprobs
@@ -38,16 +40,25 @@ def value_head_init(hidden: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch.randn(1, hidden, generator=gen) / (hidden + 1) ** 0.5, torch.zeros(1)
 
 
+def value_model_config(model_path: str) -> Any:
+    """The HF config of a critic from `model_path` (a causal LM's folder or a critic's export): one
+    label, no dropout in the head; what a critic's HF export writes, so that it loads back with
+    AutoModelForTokenClassification."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, num_labels=1)
+    config.classifier_dropout = 0.0  # (a from_pretrained keyword the config class may not know is dropped)
+    return config
+
+
 def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = False) -> torch.nn.Module:
     """A critic: the model's trunk with a scalar head per position (AutoModelForTokenClassification,
     one label), float32 on CPU. A folder without a value head (a causal LM) gets `value_head_init`'s;
     the head's dropout is off, so the values are a deterministic function of the weights."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers import AutoModelForTokenClassification
 
-    config = AutoConfig.from_pretrained(model_path, num_labels=1)
-    config.classifier_dropout = 0.0  # (a from_pretrained keyword the config class may not know is dropped)
     model, info = AutoModelForTokenClassification.from_pretrained(
-        model_path, config=config, dtype=torch.float32, output_loading_info=True
+        model_path, config=value_model_config(model_path), dtype=torch.float32, output_loading_info=True
     )
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout)), (
         "a critic without dropout"

@@ -32,6 +32,8 @@ _LAYERS = "decoder.layers."
 _EMBEDDING = "embedding.word_embeddings.weight"
 _FINAL_NORM = "decoder.final_layernorm.weight"
 _OUTPUT = "output_layer.weight"
+_OUTPUT_BIAS = "output_layer.bias"
+"""Only a critic's output layer (model.py ValueHead) has a bias."""
 _QKV_W = "self_attention.linear_qkv.weight"
 _QKV_B = "self_attention.linear_qkv.bias"
 _PROJ = "self_attention.linear_proj.weight"
@@ -53,6 +55,8 @@ _GLOBAL_TO_HF: dict[str, str] = {
     _FINAL_NORM: "model.norm.weight",
     _OUTPUT: "lm_head.weight",
 }
+# a critic's output layer is a scalar head, replicated over TP ranks: HF's token-classification `score`
+_VALUE_HEAD_TO_HF: dict[str, str] = {_OUTPUT: "score.weight", _OUTPUT_BIAS: "score.bias"}
 # column-parallel params are split along dim 0, row-parallel along dim 1; the rest are replicated
 _TP_DIM: dict[str, int] = {_EMBEDDING: 0, _OUTPUT: 0, _QKV_W: 0, _QKV_B: 0, _FC1: 0, _PROJ: 1, _FC2: 1}
 
@@ -75,9 +79,11 @@ class ModelDims:
     rms_eps: float
     rope_theta: float
     max_positions: int
+    value_head: bool = False
+    """A critic: a scalar head (HF `score.weight` [1, H], `score.bias` [1]) replaces the output layer."""
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> ModelDims:
+    def from_hf_config(cls, config: Any, value_head: bool = False) -> ModelDims:
         """Read an HF `LlamaConfig` / `Qwen2Config` (duck-typed), refusing what megatron would not
         reproduce exactly, so a wrong model fails here rather than training silently different."""
         model_type = getattr(config, "model_type", None)
@@ -119,6 +125,7 @@ class ModelDims:
             rms_eps=float(config.rms_norm_eps),
             rope_theta=float(rope_theta),
             max_positions=config.max_position_embeddings,
+            value_head=value_head,
         )
 
 
@@ -166,7 +173,9 @@ def megatron_names(dims: ModelDims) -> list[str]:
             if suffix != _QKV_B or dims.qkv_bias:
                 names.append(f"{_LAYERS}{i}.{suffix}")
     names.append(_FINAL_NORM)
-    if not dims.tied:
+    if dims.value_head:
+        names += [_OUTPUT, _OUTPUT_BIAS]
+    elif not dims.tied:
         names.append(_OUTPUT)
     return names
 
@@ -184,7 +193,7 @@ def stage_of(name: str, dims: ModelDims, pp_size: int) -> int:
     layer, suffix = _parse(name)
     if layer is not None:
         return layer // (dims.num_layers // pp_size)
-    assert suffix in _GLOBAL_TO_HF, name
+    assert suffix in _GLOBAL_TO_HF or suffix in _VALUE_HEAD_TO_HF, name
     return 0 if suffix == _EMBEDDING else pp_size - 1
 
 
@@ -200,14 +209,20 @@ def to_global(name: str, layer_offset: int) -> str:
     return name if layer is None else f"{_LAYERS}{layer + layer_offset}.{suffix}"
 
 
-def tp_dim(name: str) -> int | None:
+def tp_dim(name: str, dims: ModelDims) -> int | None:
     """The dim along which tensor parallelism shards `name` (global or local); None = replicated."""
-    return _TP_DIM.get(_parse(name)[1])
+    return _tp_dim(_parse(name)[1], dims)
+
+
+def _tp_dim(suffix: str, dims: ModelDims) -> int | None:
+    return None if dims.value_head and suffix in _VALUE_HEAD_TO_HF else _TP_DIM.get(suffix)
 
 
 def _hf_names(name: str, dims: ModelDims) -> list[str]:
     layer, suffix = _parse(name)
     if layer is None:
+        if dims.value_head and suffix in _VALUE_HEAD_TO_HF:
+            return [_VALUE_HEAD_TO_HF[suffix]]
         assert not (dims.tied and suffix == _OUTPUT), "a tied model has no separate output layer in HF"
         return [_GLOBAL_TO_HF[suffix]]
     return [f"model.layers.{layer}.{hf}" for hf in _LAYER_TO_HF[suffix]]
@@ -270,7 +285,7 @@ def hf_to_megatron(
     pipeline parallelism megatron keeps a copy of the tied embedding on the last stage under that
     name. The result may be a view of an HF tensor; copy it into the parameter."""
     suffix = _parse(name)[1]
-    if suffix in (_EMBEDDING, _OUTPUT):
+    if suffix == _EMBEDDING or (suffix == _OUTPUT and not dims.value_head):
         source = _GLOBAL_TO_HF[_EMBEDDING if dims.tied else suffix]
         return vocab_shard(hf[source], tp_size, tp_rank)
     sources = [hf[hf_name] for hf_name in _hf_names(name, dims)]
@@ -281,7 +296,7 @@ def hf_to_megatron(
         gate, up = sources
         return fuse_gate_up(gate, up, tp_size, tp_rank)
     (tensor,) = sources
-    dim = _TP_DIM.get(suffix)
+    dim = _tp_dim(suffix, dims)
     return tensor if dim is None else tensor.chunk(tp_size, dim)[tp_rank]
 
 
@@ -293,7 +308,7 @@ def megatron_to_hf(
     memory with the shards (a replicated parameter comes back as is): copy before changing them."""
     suffix = _parse(name)[1]
     hf_names = _hf_names(name, dims)
-    dim = _TP_DIM.get(suffix)
+    dim = _tp_dim(suffix, dims)
     if dim is None:
         assert len(shards) == 1, f"{name} is replicated: pass one shard, got {len(shards)}"
         return [(hf_names[0], shards[0])]
@@ -321,7 +336,10 @@ def _hf_shapes(name: str, dims: ModelDims) -> list[tuple[int, ...]]:
         _FC1: [(dims.ffn, h), (dims.ffn, h)],
         _FC2: [(h, dims.ffn)],
     }
-    return shapes[_parse(name)[1]]
+    suffix = _parse(name)[1]
+    if dims.value_head and suffix in _VALUE_HEAD_TO_HF:
+        return [(1, h)] if suffix == _OUTPUT else [(1,)]
+    return shapes[suffix]
 
 
 def hf_specs_of(name: str, dims: ModelDims) -> list[tuple[str, tuple[int, ...]]]:

@@ -1,7 +1,8 @@
 """Building megatron-core GPTModels from a HF model folder, and loading/reading their weights.
 
 The model is the local (non-TransformerEngine) layer spec: RMSNorm, SwiGLU MLP, rotary positions,
-optional QKV bias (Qwen2), tied or untied output layer — the Llama and Qwen2 families.
+optional QKV bias (Qwen2), tied or untied output layer — the Llama and Qwen2 families. A critic
+(`ModelDims.value_head`) has a scalar head (`ValueHead`) in the output layer's place.
 """
 
 from __future__ import annotations
@@ -79,17 +80,44 @@ def build_gpt(
         first_stage = parallel_state.is_pipeline_first_stage()
     if last_stage is None:
         last_stage = parallel_state.is_pipeline_last_stage()
-    return GPTModel(
+    model = GPTModel(
         config,
         get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab(dims.vocab, config.tensor_model_parallel_size),
         max_sequence_length=dims.max_positions,
         pre_process=first_stage,
         post_process=last_stage,
-        share_embeddings_and_output_weights=dims.tied,
+        share_embeddings_and_output_weights=dims.tied and not dims.value_head,
         position_embedding_type="rope",
         rotary_base=int(dims.rope_theta),
     )
+    if dims.value_head and last_stage:
+        model.output_layer = ValueHead(dims.hidden)
+    return model
+
+
+class ValueHead(torch.nn.Module):
+    """A critic's output layer, in GPTModel's `output_layer` place and called as it calls that: one
+    value per position, HF's token-classification head (`score`: weight [1, H], bias [1]). Its
+    parameters keep the output layer's names (`output_layer.weight`, `.bias`), which GPTModel's
+    checkpointing expects. It is replicated, not tensor-parallel: every TP rank holds the same full
+    hidden states after the final norm, so each computes the same values and the full gradient of
+    the trunk's output, which therefore needs no all-reduce (the vocabulary-parallel output layer
+    needs one because its ranks' logits differ); its gradient norm counts once, as for every
+    replicated weight."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden))
+        self.bias = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        runtime_gather_output: bool | None = None,
+    ) -> tuple[torch.Tensor, None]:
+        return F.linear(hidden_states, self.weight, self.bias), None
 
 
 class HFWeights(Mapping[str, torch.Tensor]):
@@ -133,7 +161,7 @@ def load_hf_weights(model: GPTModel, hf: Mapping[str, torch.Tensor], dims: Model
     offset = layer_offset(dims)
     for local_name, param in model.named_parameters():
         name = to_global(local_name, offset)
-        if name == "output_layer.weight" and dims.tied:
+        if name == "output_layer.weight" and dims.tied and not dims.value_head:
             # pipeline-parallel with tied embeddings: the last stage keeps its own copy of them
             name = "embedding.word_embeddings.weight"
         param.copy_(hf_to_megatron(name, hf, dims, tp, tp_rank).to(param.dtype))

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections import ChainMap, defaultdict
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from ...core.config.schema import OptimizerConfig, TrainerConfig
 from ..base import Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
-from ..common.hf_model import resolve_dtype
+from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
 from ..common.schedule import FP16_INITIAL_LOSS_SCALE, lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
 from .logprobs import token_logprobs_and_entropy
@@ -74,11 +74,6 @@ class MegatronStrategy(TrainingStrategy):
     ):
         from transformers import AutoConfig
 
-        if value_head:  # config validation refuses it first (core/config/validate.py)
-            raise ValueError(
-                "trainer.strategy: megatron builds no critic yet; PPO's critic runs on fsdp or fsdp2"
-            )
-
         mcfg = trainer_cfg.megatron
         tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
         world = dist.get_world_size()
@@ -87,16 +82,23 @@ class MegatronStrategy(TrainingStrategy):
                 f"trainer.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = {tp * pp} "
                 f"must divide the number of trainer ranks ({world})"
             )
-        self._hf_config = AutoConfig.from_pretrained(model_path)
-        self.dims = ModelDims.from_hf_config(self._hf_config)
+        self.value_head = value_head
+        self._hf_config = (
+            value_model_config(model_path) if value_head else AutoConfig.from_pretrained(model_path)
+        )
+        self.dims = ModelDims.from_hf_config(self._hf_config, value_head=value_head)
         check_layout(self.dims, tp, pp)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
-        if parallel_state.model_parallel_is_initialized():  # an earlier stage's strategy
+        if parallel_state.model_parallel_is_initialized() and (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        ) != (tp, pp):  # an earlier stage's layout (the policy's, for a critic, is also its own)
             parallel_state.destroy_model_parallel()
-        parallel_state.initialize_model_parallel(tp, pp)
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(tp, pp)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         self.tp, self.pp = tp, pp
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -105,7 +107,11 @@ class MegatronStrategy(TrainingStrategy):
             self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu",
             recompute=trainer_cfg.gradient_checkpointing,
         )  # fmt: skip
-        hf = HFWeights(model_path)
+        hf: Mapping[str, torch.Tensor] = HFWeights(model_path)
+        if value_head and VALUE_HEAD + ".weight" not in hf:  # a causal LM's folder: a fresh head
+            weight, bias = value_head_init(self.dims.hidden, seed)
+            fresh = {VALUE_HEAD + ".weight": weight, VALUE_HEAD + ".bias": bias}
+            hf = ChainMap(fresh, cast(MutableMapping[str, torch.Tensor], hf))  # read-only: lookups
         module = self._on_device(build_gpt(self.config, self.dims))
         load_hf_weights(module, hf, self.dims)
         freeze_padding_embedding(module, self._hf_config.pad_token_id)
@@ -219,6 +225,23 @@ class MegatronStrategy(TrainingStrategy):
             results.append(self._from_last_stage(lp, (rows, width)).cpu())
         return results
 
+    @torch.no_grad()
+    def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
+        assert self.value_head, "compute_values on a policy (build the strategy with value_head=True)"
+        self.model.eval()
+
+        def keep_values(mb: Batch, output: torch.Tensor):
+            values = self._values(output)
+            return values.sum() * 0, torch.tensor(1), {"values": values}
+
+        outputs = self._run_schedule(self.model, micro_batches, keep_values, forward_only=True)
+        results = []
+        for i, mb in enumerate(micro_batches):
+            rows, width = mb["input_ids"].shape
+            values = outputs[i]["values"][:rows, :width] if self.is_last_stage else None
+            results.append(self._from_last_stage(values, (rows, width)).cpu())
+        return results
+
     def current_lr(self) -> float:
         """The lr of the next optimizer step (what LambdaLR reports for the FSDP strategies)."""
         return self.optimizer_cfg.lr * self._lr_multiplier(self.step)
@@ -271,9 +294,19 @@ class MegatronStrategy(TrainingStrategy):
         zeros = lp.new_zeros((lp.shape[0], 1))
         return torch.cat([zeros, lp], dim=1), None if ent is None else torch.cat([zeros, ent], dim=1)
 
+    @staticmethod
+    def _values(output: torch.Tensor) -> torch.Tensor:
+        """A critic's per-token values [B, T] from its head's [B, T, 1] output, in the layout of
+        `_logprobs` (position t: the value of the state before input_ids[t]; position 0 is 0)."""
+        values = output[:, :-1, 0].float()
+        return torch.cat([values.new_zeros((values.shape[0], 1)), values], dim=1)
+
     def _loss(self, loss_fn: LossFn, temperature: float, mb: Batch, output: torch.Tensor):
-        logprobs, entropy = self._logprobs(output, mb, temperature, loss_fn.needs_entropy)
-        loss, metrics = loss_fn(logprobs, entropy, mb)
+        if self.value_head:
+            loss, metrics = loss_fn(self._values(output), None, mb)
+        else:
+            logprobs, entropy = self._logprobs(output, mb, temperature, loss_fn.needs_entropy)
+            loss, metrics = loss_fn(logprobs, entropy, mb)
         # (loss, token count, metrics): with calculate_per_token_loss the schedule does not rescale
         return loss, torch.tensor(1, dtype=torch.int), metrics
 
@@ -325,7 +358,7 @@ class MegatronStrategy(TrainingStrategy):
             if stage == self.pp_rank:
                 local = local_of(params[to_local(name, offset)]).detach()
                 shards = [local]
-                if tp_dim(name) is not None and self.tp > 1:
+                if tp_dim(name, self.dims) is not None and self.tp > 1:
                     shards = [torch.empty_like(local) for _ in range(self.tp)]
                     dist.all_gather(shards, local.contiguous(), group=tp_group)
                 converted = megatron_to_hf(name, shards, self.dims)

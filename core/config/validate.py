@@ -195,11 +195,6 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             f"algorithm.advantage_fn: gae needs a critic's values, and {a.algorithm_type} trains none: "
             "set algorithm_type ppo (which trains one, see the critic section) or another advantage_fn"
         )
-    if trains_critic(a) and cfg.trainer.strategy == "megatron":
-        raise ConfigError(
-            f"trainer.strategy: megatron has no value head yet, and {a.algorithm_type} trains a critic: "
-            "use trainer.strategy fsdp or fsdp2 for it"
-        )
     if a.sync_ref_model and not reads_reference(a):
         raise ConfigError(
             f"algorithm.sync_ref_model moves the reference model, but {a.algorithm_type} as configured reads none: "

@@ -1,5 +1,6 @@
 """The whole training loop (rollouts, advantages, updates, weight sync to the engine, checkpoints,
-HF export) on the megatron strategy with TP=2, against the same run on fsdp2.
+HF export) on the megatron strategy with TP=2, against the same run on fsdp2: GRPO, and PPO whose
+critic is a second megatron strategy in the same world.
 
 `rlcore launch` runs the fsdp2 run and writes its plan; the megatron run executes the same plan
 (strategy switched) through tests/integration/megatron_worker.py, i.e. rlcore's own rank entry
@@ -37,12 +38,14 @@ def _megatron_plan(plan: dict, run_dir: str) -> dict:
 
 
 @pytest.mark.timeout(900)
-def test_grpo_loop_on_megatron_matches_fsdp2(tmp_path):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])  # ppo: a megatron critic beside the policy
+def test_loop_on_megatron_matches_fsdp2(tmp_path, algorithm):
     root = str(tmp_path / "fsdp2")
     cfg = tiny_grpo_config(
         root,
         **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
-           "model.scratch.num_key_value_heads": 2},  # TP=2 splits the KV heads
+           "model.scratch.num_key_value_heads": 2,  # TP=2 splits the KV heads
+           "algorithm.algorithm_type": algorithm},
     )  # fmt: skip
     launch(cfg, root + ".yaml")
     fsdp2_dir = os.path.join(root, "it", "run")
@@ -72,10 +75,14 @@ def test_grpo_loop_on_megatron_matches_fsdp2(tmp_path):
         assert x["rollout/reward_mean"] == y["rollout/reward_mean"], (x["step"], x, y)
         assert abs(x["actor/loss"] - y["actor/loss"]) <= 1e-4, (x["step"], x["actor/loss"], y["actor/loss"])
         assert abs(x["actor/grad_norm"] - y["actor/grad_norm"]) <= 1e-3 * max(1.0, x["actor/grad_norm"])
+        if algorithm == "ppo":  # the critic's values feed the advantages, so the losses above agree too
+            assert abs(x["critic/vf_loss"] - y["critic/vf_loss"]) <= 1e-4, (x["step"], x, y)
 
     # the loop's checkpoint and final HF export came out of the megatron strategy
     final = f"global_step_{STEPS}"
     assert os.path.isfile(os.path.join(megatron_dir, final, "model", "metadata.json"))
+    if algorithm == "ppo":
+        assert os.path.isfile(os.path.join(megatron_dir, final, "model", "critic", "metadata.json"))
     wa = load_file(os.path.join(fsdp2_dir, final, "hf", "model.safetensors"))
     wb = load_file(os.path.join(megatron_dir, final, "hf", "model.safetensors"))
     assert wa.keys() == wb.keys()

@@ -246,8 +246,8 @@ def test_tied_embeddings_across_pipeline_stages(tmp_path_factory):
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
 
 
-CRITIC_CASES = ["fsdp-2", "fsdp2-1", "fsdp2-2"]
-"""Ids of CASES whose strategy also trains PPO's critic (megatron has no value head yet)."""
+CRITIC_CASES = ["fsdp-2", "fsdp2-1", "fsdp2-2", "megatron-tp2", "megatron-pp2"]
+"""Ids of CASES whose strategy also trains PPO's critic."""
 
 
 @pytest.fixture(scope="module")
@@ -304,10 +304,12 @@ def test_critic_trains_like_a_plain_hf_value_model(case_id, critic_run, critic_r
 
 
 @pytest.mark.timeout(900)
-def test_critic_resume_matches_uninterrupted_run(critic_run, tiny_model_path, tmp_path):
-    straight = critic_run("fsdp2-2")
+@pytest.mark.parametrize("case_id", ["fsdp2-2", "megatron-tp2"])
+def test_critic_resume_matches_uninterrupted_run(case_id, critic_run, tiny_model_path, tmp_path):
+    _, strategy, ranks, sets = CASE_BY_ID[case_id]
+    straight = critic_run(case_id)
     resumed = run_worker(
-        tiny_model_path, "fsdp2", 2, [], str(tmp_path), "--critic",
+        tiny_model_path, strategy, ranks, sets, str(tmp_path), "--critic",
         "--steps", str(STEPS - SAVE_AT), "--total-steps", str(STEPS),
         "--resume-from", os.path.join(straight.out, "ckpt"),
     )  # fmt: skip

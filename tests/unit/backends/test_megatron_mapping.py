@@ -78,15 +78,10 @@ def _hf_export(model: PreTrainedModel, dims: ModelDims) -> dict[str, torch.Tenso
     return state
 
 
-@pytest.mark.parametrize("tp,pp", LAYOUTS)
-@pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("case", list(CASES))
-def test_round_trip_is_exact(case: str, tied: bool, tp: int, pp: int) -> None:
-    model = _hf_model(case, tied)
-    dims = ModelDims.from_hf_config(model.config)
-    hf = _hf_export(model, dims)
-    check_layout(dims, tp, pp)
-
+def _round_trip(
+    hf: dict[str, torch.Tensor], dims: ModelDims, tp: int, pp: int
+) -> list[tuple[str, torch.Tensor]]:
+    """HF tensors -> every (stage, TP rank)'s megatron shards -> HF tensors again, in export order."""
     # every (pp stage, tp rank) builds its shards under LOCAL names, as a megatron stage holds them
     stages: list[dict[str, list[torch.Tensor]]] = []
     for pp_rank in range(pp):
@@ -107,12 +102,49 @@ def test_round_trip_is_exact(case: str, tied: bool, tp: int, pp: int) -> None:
     for pp_rank, local in enumerate(stages):
         offset = stage_layers(dims, pp, pp_rank).start
         for name, shards in local.items():
-            if tp_dim(name) is None:  # replicated: every TP rank holds the same tensor
+            if tp_dim(name, dims) is None:  # replicated: every TP rank holds the same tensor
                 assert all(torch.equal(s, shards[0]) for s in shards)
                 shards = shards[:1]
             rebuilt += megatron_to_hf(to_global(name, offset), shards, dims)
 
+    return rebuilt
+
+
+@pytest.mark.parametrize("tp,pp", LAYOUTS)
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_round_trip_is_exact(case: str, tied: bool, tp: int, pp: int) -> None:
+    model = _hf_model(case, tied)
+    dims = ModelDims.from_hf_config(model.config)
+    hf = _hf_export(model, dims)
+    check_layout(dims, tp, pp)
+
+    rebuilt = _round_trip(hf, dims, tp, pp)
     assert [(n, tuple(t.shape)) for n, t in rebuilt] == hf_specs(dims)
+    assert sorted(n for n, _ in rebuilt) == sorted(hf)
+    for name, tensor in rebuilt:
+        assert torch.equal(tensor, hf[name]), name
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (2, 2)])
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_critic_maps_its_value_head_replicated(tied: bool, tp: int, pp: int) -> None:
+    """A critic's export is the trunk and `score` (no lm_head, tied or not): the head is the last
+    stage's `output_layer.weight`/`.bias`, the same whole tensor on every TP rank."""
+    model = _hf_model("qwen2_gqa", tied)
+    dims = ModelDims.from_hf_config(model.config, value_head=True)
+    g = torch.Generator().manual_seed(3)
+    hf = {n: t for n, t in model.state_dict().items() if n != "lm_head.weight"}
+    hf["score.weight"], hf["score.bias"] = (
+        torch.randn(1, dims.hidden, generator=g),
+        torch.randn(1, generator=g),
+    )
+    assert megatron_names(dims)[-2:] == ["output_layer.weight", "output_layer.bias"]
+    assert stage_of("output_layer.bias", dims, pp) == pp - 1 and tp_dim("output_layer.weight", dims) is None
+    assert hf_to_megatron("output_layer.weight", hf, dims, tp, tp - 1) is hf["score.weight"]
+    rebuilt = _round_trip(hf, dims, tp, pp)
+    assert [(n, tuple(t.shape)) for n, t in rebuilt] == hf_specs(dims)
+    assert hf_specs(dims)[-2:] == [("score.weight", (1, dims.hidden)), ("score.bias", (1,))]
     assert sorted(n for n, _ in rebuilt) == sorted(hf)
     for name, tensor in rebuilt:
         assert torch.equal(tensor, hf[name]), name
@@ -193,8 +225,9 @@ def test_stages_and_local_names() -> None:
     assert to_local(name, 2) == "decoder.layers.1.mlp.linear_fc2.weight"
     assert to_global(to_local(name, 2), 2) == name
     assert to_local("output_layer.weight", 2) == "output_layer.weight"
-    assert tp_dim(name) == 1 and tp_dim("decoder.layers.0.self_attention.linear_qkv.bias") == 0
-    assert tp_dim("decoder.layers.0.input_layernorm.weight") is None
+    assert tp_dim(name, dims) == 1 and tp_dim("decoder.layers.0.self_attention.linear_qkv.bias", dims) == 0
+    assert tp_dim("decoder.layers.0.input_layernorm.weight", dims) is None
+    assert tp_dim("output_layer.weight", dims) == 0
 
 
 def test_unsupported_configs_fail_with_one_line() -> None:
