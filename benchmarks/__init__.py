@@ -8,5 +8,6 @@ BENCHMARKS = {
     "growth": "rlcore.benchmarks.cost_growth",
     "throughput": "rlcore.benchmarks.throughput",
     "rollout-ahead": "rlcore.benchmarks.rollout_ahead",
+    "algorithms": "rlcore.benchmarks.algorithms",
 }
 """`rlcore bench` name -> module."""

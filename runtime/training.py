@@ -193,7 +193,8 @@ class StageTraining:
         metrics.update(rollout_metrics(exps))
         metrics.update(timers)
         metrics["perf/train_s"] = time.perf_counter() - t1
-        metrics["perf/tokens"] = float(sum(s.length for s in seqs))
+        trained = seqs + [s for _, rows in experts for s in rows]  # mix trains on its expert rows too
+        metrics["perf/tokens"] = float(sum(s.length for s in trained))
         return metrics
 
     def _expert_batches(

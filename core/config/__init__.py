@@ -1,6 +1,14 @@
 """Typed configuration: schema (defaults), loading with overrides, validation, stages."""
 
-from .loader import Stage, from_yaml, inherits_previous_model, load_config, resolve_stages, to_yaml
+from .loader import (
+    Stage,
+    from_yaml,
+    inherits_previous_model,
+    load_config,
+    read_recipe,
+    resolve_stages,
+    to_yaml,
+)
 from .schema import RLCoreConfig
 from .validate import ConfigError
 
@@ -11,6 +19,7 @@ __all__ = [
     "from_yaml",
     "inherits_previous_model",
     "load_config",
+    "read_recipe",
     "resolve_stages",
     "to_yaml",
 ]

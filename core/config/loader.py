@@ -164,8 +164,14 @@ def _check_item(cls: type, item: Any, path: str) -> None:
         raise _explain(e, path + ".") from None
 
 
+def read_recipe(path: str) -> dict[str, Any]:
+    """The recipe at `path` as plain data, merged onto its `base:` chain, before any schema check or
+    interpolation (what a tool that derives recipes from recipes starts from)."""
+    return _recipe(path, [])
+
+
 def _read_yaml(path: str) -> DictConfig:
-    data = _recipe(path, [])
+    data = read_recipe(path)
     try:
         return OmegaConf.create(data)
     except OmegaConfBaseException as e:  # e.g. a malformed ${...} interpolation

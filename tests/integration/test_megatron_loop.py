@@ -1,6 +1,7 @@
 """The whole training loop (rollouts, advantages, updates, weight sync to the engine, checkpoints,
-HF export) on the megatron strategy with TP=2, against the same run on fsdp2: GRPO, and PPO whose
-critic is a second megatron strategy in the same world.
+HF export) on the megatron strategy with TP=2, against the same run on fsdp2: GRPO with its KL loss,
+PPO whose critic is a second megatron strategy in the same world, GSPO, and MaxEnt-GRPO with a
+reference model that follows the policy.
 
 `rlcore launch` runs the fsdp2 run and writes its plan; the megatron run executes the same plan
 (strategy switched) through tests/integration/megatron_worker.py, i.e. rlcore's own rank entry
@@ -37,15 +38,25 @@ def _megatron_plan(plan: dict, run_dir: str) -> dict:
     return {**plan, "run_dir": run_dir, "run_address": None, "rollout_endpoints": [], "stages": stages}
 
 
+CASES: dict[str, dict] = {
+    "grpo": {},  # with the config's KL loss: reference log-probs on megatron
+    "ppo": {"algorithm.algorithm_type": "ppo"},  # a megatron critic beside the policy
+    "gspo": {"algorithm.algorithm_type": "gspo"},  # the sequence-level ratio
+    # the reference in the advantage, moved halfway to the policy after every step and checkpointed
+    "maxent_grpo_ref_sync": {"algorithm.algorithm_type": "maxent_grpo", "algorithm.sync_ref_model": True,
+                             "algorithm.ref_model_sync_steps": 1, "algorithm.ref_model_mixup_alpha": 0.5},
+}  # fmt: skip
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])  # ppo: a megatron critic beside the policy
-def test_loop_on_megatron_matches_fsdp2(tmp_path, algorithm):
+@pytest.mark.parametrize("case", list(CASES))
+def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
     root = str(tmp_path / "fsdp2")
     cfg = tiny_grpo_config(
         root,
         **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
            "model.scratch.num_key_value_heads": 2,  # TP=2 splits the KV heads
-           "algorithm.algorithm_type": algorithm},
+           **CASES[case]},
     )  # fmt: skip
     launch(cfg, root + ".yaml")
     fsdp2_dir = os.path.join(root, "it", "run")
@@ -75,14 +86,15 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, algorithm):
         assert x["rollout/reward_mean"] == y["rollout/reward_mean"], (x["step"], x, y)
         assert abs(x["actor/loss"] - y["actor/loss"]) <= 1e-4, (x["step"], x["actor/loss"], y["actor/loss"])
         assert abs(x["actor/grad_norm"] - y["actor/grad_norm"]) <= 1e-3 * max(1.0, x["actor/grad_norm"])
-        if algorithm == "ppo":  # the critic's values feed the advantages, so the losses above agree too
+        if case == "ppo":  # the critic's values feed the advantages, so the losses above agree too
             assert abs(x["critic/vf_loss"] - y["critic/vf_loss"]) <= 1e-4, (x["step"], x, y)
 
     # the loop's checkpoint and final HF export came out of the megatron strategy
     final = f"global_step_{STEPS}"
     assert os.path.isfile(os.path.join(megatron_dir, final, "model", "metadata.json"))
-    if algorithm == "ppo":
-        assert os.path.isfile(os.path.join(megatron_dir, final, "model", "critic", "metadata.json"))
+    extra = {"ppo": "critic", "maxent_grpo_ref_sync": "reference"}.get(case)
+    if extra is not None:
+        assert os.path.isfile(os.path.join(megatron_dir, final, "model", extra, "metadata.json"))
     wa = load_file(os.path.join(fsdp2_dir, final, "hf", "model.safetensors"))
     wb = load_file(os.path.join(megatron_dir, final, "hf", "model.safetensors"))
     assert wa.keys() == wb.keys()
