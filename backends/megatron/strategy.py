@@ -205,40 +205,39 @@ class MegatronStrategy(TrainingStrategy):
         self.step += 1
         return grad_norm
 
-    @torch.no_grad()
     def compute_logprobs(
         self, micro_batches: list[Batch], temperature: float, reference: bool = False
     ) -> list[torch.Tensor]:
         model = self.reference if reference else self.model
         assert model is not None, "compute_logprobs(reference=True) without a reference model"
-        model.eval()
+        return self._per_token(
+            model, micro_batches, lambda mb, out: self._logprobs(out, mb, temperature, with_entropy=False)[0]
+        )
 
-        def keep_logprobs(mb: Batch, output: torch.Tensor):
-            logprobs, _ = self._logprobs(output, mb, temperature, with_entropy=False)
-            return logprobs.sum() * 0, torch.tensor(1), {"logprobs": logprobs.float()}
-
-        outputs = self._run_schedule(model, micro_batches, keep_logprobs, forward_only=True)
-        results = []
-        for i, mb in enumerate(micro_batches):
-            rows, width = mb["input_ids"].shape
-            lp = outputs[i]["logprobs"][:rows, :width] if self.is_last_stage else None
-            results.append(self._from_last_stage(lp, (rows, width)).cpu())
-        return results
-
-    @torch.no_grad()
     def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
         assert self.value_head, "compute_values on a policy (build the strategy with value_head=True)"
-        self.model.eval()
+        return self._per_token(self.model, micro_batches, lambda mb, out: self._values(out))
 
-        def keep_values(mb: Batch, output: torch.Tensor):
-            values = self._values(output)
-            return values.sum() * 0, torch.tensor(1), {"values": values}
+    @torch.no_grad()
+    def _per_token(
+        self,
+        model: torch.nn.Module,
+        micro_batches: list[Batch],
+        of: Callable[[Batch, torch.Tensor], torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """A forward-only pass of megatron's schedule: `of(mb, output)` [B, T] for each micro-batch,
+        computed on the last stage and handed to every stage, in float32 on the CPU."""
+        model.eval()
 
-        outputs = self._run_schedule(self.model, micro_batches, keep_values, forward_only=True)
+        def keep(mb: Batch, output: torch.Tensor):
+            values = of(mb, output).float()
+            return values.sum() * 0, torch.tensor(1), {"per_token": values}
+
+        outputs = self._run_schedule(model, micro_batches, keep, forward_only=True)
         results = []
         for i, mb in enumerate(micro_batches):
             rows, width = mb["input_ids"].shape
-            values = outputs[i]["values"][:rows, :width] if self.is_last_stage else None
+            values = outputs[i]["per_token"][:rows, :width] if self.is_last_stage else None
             results.append(self._from_last_stage(values, (rows, width)).cpu())
         return results
 

@@ -1,5 +1,6 @@
-"""The algorithm menu inside real launches: DAPO's dynamic sampling refills dropped groups, and the
-reference model moves with the policy (sync_ref_model) on every FSDP strategy, through checkpoints."""
+"""The algorithm menu inside real launches: DAPO's dynamic sampling refills dropped groups, the
+reference model moves with the policy (sync_ref_model) on every FSDP strategy, PPO's critic, DPO on
+generated pairs and mix's expert rows, each through checkpoints where it has state to resume."""
 
 from __future__ import annotations
 
@@ -15,6 +16,21 @@ pytestmark = pytest.mark.integration
 
 def _train_steps(root: str) -> list[dict]:
     return [m for m in read_metrics(os.path.join(root, "it", "run")) if "actor/loss" in m]
+
+
+def _assert_resumed_like_straight(
+    a: list[dict], b: list[dict], keys: tuple[str, ...], roots: tuple[str, str]
+) -> None:
+    """The resumed run's records `b` equal the straight run's `a` on `keys` (1e-6) at every step, and
+    both end on the same weights."""
+    assert [m["step"] for m in a] == [m["step"] for m in b]
+    for x, y in zip(a, b, strict=True):
+        for key in keys:
+            assert abs(x[key] - y[key]) < 1e-6, (x["step"], key, x[key], y[key])
+    wa, wb = (
+        load_file(os.path.join(r, "it", "run", "global_step_4", "hf", "model.safetensors")) for r in roots
+    )
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
 
 
 def test_dynamic_sampling_replaces_groups_that_teach_nothing(tmp_path):
@@ -53,17 +69,9 @@ def test_reference_follows_the_policy_and_resumes(tmp_path, strategy):
     launch(cfg, resumed + ".yaml")
     assert os.path.isdir(os.path.join(resumed, "it", "run", "global_step_2", "model", "reference"))
     launch(cfg, resumed + ".yaml", "buffer.total_steps=4", "continue_from_checkpoint=true")
-    a, b = _train_steps(straight), _train_steps(resumed)
-    assert [m["step"] for m in a] == [m["step"] for m in b]
-    for x, y in zip(a, b, strict=True):
-        assert abs(x["actor/kl_loss"] - y["actor/kl_loss"]) < 1e-6, (
-            x["step"],
-            x["actor/kl_loss"],
-            y["actor/kl_loss"],
-        )
-    wa = load_file(os.path.join(straight, "it", "run", "global_step_4", "hf", "model.safetensors"))
-    wb = load_file(os.path.join(resumed, "it", "run", "global_step_4", "hf", "model.safetensors"))
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    _assert_resumed_like_straight(
+        _train_steps(straight), _train_steps(resumed), ("actor/kl_loss",), (straight, resumed)
+    )
 
 
 def test_ppo_trains_its_critic_and_resumes_it(tmp_path):
@@ -85,14 +93,8 @@ def test_ppo_trains_its_critic_and_resumes_it(tmp_path):
     launch(cfg, resumed + ".yaml")
     assert os.path.isdir(os.path.join(resumed, "it", "run", "global_step_2", "model", "critic"))
     launch(cfg, resumed + ".yaml", "buffer.total_steps=4", "continue_from_checkpoint=true")
-    b = steps(resumed)
-    assert [m["step"] for m in b] == [1, 2, 3, 4]
-    for x, y in zip(a, b, strict=True):
-        for key in ("critic/vf_loss", "critic/vpred_mean", "critic/returns_mean"):
-            assert abs(x[key] - y[key]) < 1e-6, (x["step"], key, x[key], y[key])
-    wa = load_file(os.path.join(straight, "it", "run", "global_step_4", "hf", "model.safetensors"))
-    wb = load_file(os.path.join(resumed, "it", "run", "global_step_4", "hf", "model.safetensors"))
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    keys = ("critic/vf_loss", "critic/vpred_mean", "critic/returns_mean")
+    _assert_resumed_like_straight(a, steps(resumed), keys, (straight, resumed))
 
 
 def test_dpo_stage_trains_on_generated_preference_pairs(tmp_path):
@@ -133,14 +135,4 @@ def test_mix_trains_on_rollouts_and_expert_rows_and_resumes_the_expert_stream(tm
     assert all(m["mix/expert_nll"] > 0 and "actor/pg_loss" in m for m in a)
     launch(config(resumed, 2), resumed + ".yaml")
     launch(config(resumed, 2), resumed + ".yaml", "buffer.total_steps=4", "continue_from_checkpoint=true")
-    b = steps(resumed)
-    assert [m["step"] for m in b] == [1, 2, 3, 4]
-    for x, y in zip(a, b, strict=True):
-        assert abs(x["mix/expert_nll"] - y["mix/expert_nll"]) < 1e-6, (
-            x["step"],
-            x["mix/expert_nll"],
-            y["mix/expert_nll"],
-        )
-    wa = load_file(os.path.join(straight, "it", "run", "global_step_4", "hf", "model.safetensors"))
-    wb = load_file(os.path.join(resumed, "it", "run", "global_step_4", "hf", "model.safetensors"))
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    _assert_resumed_like_straight(a, steps(resumed), ("mix/expert_nll",), (straight, resumed))
