@@ -1,7 +1,7 @@
 """The whole training loop (rollouts, advantages, updates, weight sync to the engine, checkpoints,
 HF export) on the megatron strategy with TP=2, against the same run on fsdp2: GRPO with its KL loss,
-PPO whose critic is a second megatron strategy in the same world, GSPO, and MaxEnt-GRPO with a
-reference model that follows the policy.
+PPO whose critic is a second megatron strategy in the same world, GSPO, OPMD, mix (expert rows
+beside the rollouts), and MaxEnt-GRPO with a reference model that follows the policy.
 
 `rlcore launch` runs the fsdp2 run and writes its plan; the megatron run executes the same plan
 (strategy switched) through tests/integration/megatron_worker.py, i.e. rlcore's own rank entry
@@ -42,6 +42,8 @@ CASES: dict[str, dict] = {
     "grpo": {},  # with the config's KL loss: reference log-probs on megatron
     "ppo": {"algorithm.algorithm_type": "ppo"},  # a megatron critic beside the policy
     "gspo": {"algorithm.algorithm_type": "gspo"},  # the sequence-level ratio
+    "opmd": {"algorithm.algorithm_type": "opmd"},  # its own policy loss
+    "mix": {"algorithm.algorithm_type": "mix"},  # expert micro-batches beside the rollouts' (below)
     # the reference in the advantage, moved halfway to the policy after every step and checkpointed
     "maxent_grpo_ref_sync": {"algorithm.algorithm_type": "maxent_grpo", "algorithm.sync_ref_model": True,
                              "algorithm.ref_model_sync_steps": 1, "algorithm.ref_model_mixup_alpha": 0.5},
@@ -52,11 +54,17 @@ CASES: dict[str, dict] = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
     root = str(tmp_path / "fsdp2")
+    sections = dict(CASES[case])
+    if case == "mix":
+        sections["buffer.expert_taskset"] = {
+            "path": os.path.join(root, "experts.jsonl"), "generator": "arithmetic",
+            "generator_args": {"num_tasks": 64, "max_operand": 9},
+        }  # fmt: skip
     cfg = tiny_grpo_config(
         root,
         **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
            "model.scratch.num_key_value_heads": 2,  # TP=2 splits the KV heads
-           **CASES[case]},
+           **sections},
     )  # fmt: skip
     launch(cfg, root + ".yaml")
     fsdp2_dir = os.path.join(root, "it", "run")
@@ -88,6 +96,8 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
         assert abs(x["actor/grad_norm"] - y["actor/grad_norm"]) <= 1e-3 * max(1.0, x["actor/grad_norm"])
         if case == "ppo":  # the critic's values feed the advantages, so the losses above agree too
             assert abs(x["critic/vf_loss"] - y["critic/vf_loss"]) <= 1e-4, (x["step"], x, y)
+        if case == "mix":
+            assert abs(x["mix/expert_nll"] - y["mix/expert_nll"]) <= 1e-4, (x["step"], x, y)
 
     # the loop's checkpoint and final HF export came out of the megatron strategy
     final = f"global_step_{STEPS}"
