@@ -1,6 +1,6 @@
 """The whole training loop (rollouts, advantages, updates, weight sync to the engine, checkpoints,
 HF export) on the megatron strategy with TP=2, against the same run on fsdp2: GRPO with its KL loss,
-PPO whose critic is a second megatron strategy in the same world, GSPO, OPMD, mix (expert rows
+PPO whose critic is a second megatron strategy in the same world, GSPO, OPMD, DAPO, mix (expert rows
 beside the rollouts), and MaxEnt-GRPO with a reference model that follows the policy.
 
 `rlcore launch` runs the fsdp2 run and writes its plan; the megatron run executes the same plan
@@ -43,6 +43,8 @@ CASES: dict[str, dict] = {
     "ppo": {"algorithm.algorithm_type": "ppo"},  # a megatron critic beside the policy
     "gspo": {"algorithm.algorithm_type": "gspo"},  # the sequence-level ratio
     "opmd": {"algorithm.algorithm_type": "opmd"},  # its own policy loss
+    # dynamic sampling's extra rounds, and truncated responses masked out of the loss
+    "dapo": {"algorithm.algorithm_type": "dapo", "algorithm.overlong_buffer_len": 2},
     "mix": {"algorithm.algorithm_type": "mix"},  # expert micro-batches beside the rollouts' (below)
     # the reference in the advantage, moved halfway to the policy after every step and checkpointed
     "maxent_grpo_ref_sync": {"algorithm.algorithm_type": "maxent_grpo", "algorithm.sync_ref_model": True,

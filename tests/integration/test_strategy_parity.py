@@ -246,7 +246,7 @@ def test_tied_embeddings_across_pipeline_stages(tmp_path_factory):
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
 
 
-CRITIC_CASES = ["fsdp-2", "fsdp2-1", "fsdp2-2", "megatron-tp2", "megatron-pp2"]
+CRITIC_CASES = ["fsdp-2", "fsdp2-1", "fsdp2-2", "megatron-tp2", "megatron-pp2", "megatron-dp2"]
 """Ids of CASES whose strategy also trains PPO's critic."""
 
 
