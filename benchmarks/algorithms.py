@@ -132,44 +132,53 @@ def summarise(
     }
 
 
-def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+def launch(path: str, workdir: str, tag: str, timeout_s: float) -> str:
+    """`rlcore launch path` with the recipes' assets under `workdir`; its run folder."""
+    env = {"RLCORE_CHECKPOINT_DIR": workdir}  # the recipes' assets are made once, under it
+    cmd = [sys.executable, "-m", "rlcore.cli", "launch", path]
+    run_logged(cmd, os.path.join(workdir, f"{tag}.log"), f"rlcore launch {tag}", timeout_s, env)
+    return run_dir(workdir, tag)
+
+
+def run_sft(args: argparse.Namespace, workdir: str) -> str:
+    """The base recipe's first stage, once; the HF export every algorithm starts from."""
     base = read_recipe(args.base)
     sft = dict(base["stages"][0])
     if args.sft_steps is not None:
         sft = with_steps(sft, args.sft_steps)
-    env = {"RLCORE_CHECKPOINT_DIR": workdir}  # the recipes' assets are made once, under it
     print(f"SFT warm-up (stage '{sft.get('name')}' of {args.base}) ...", flush=True)
     t0 = time.perf_counter()
     path = write_config(base, sft, os.path.join(workdir, "sft.yaml"), project=PROJECT, name="sft")
-    run_logged([sys.executable, "-m", "rlcore.cli", "launch", path], os.path.join(workdir, "sft.log"),
-               "the SFT warm-up", args.run_timeout, env)  # fmt: skip
-    checkpoint = final_export(run_dir(workdir, "sft"))
+    checkpoint = final_export(launch(path, workdir, "sft", args.run_timeout))
     print(f"  done in {time.perf_counter() - t0:.0f} s: {checkpoint}", flush=True)
+    return checkpoint
 
+
+def run_algorithm(
+    name: str, seed: int, checkpoint: str, args: argparse.Namespace, workdir: str
+) -> dict[str, Any]:
+    """The `rl` stage of `name`'s recipe from `checkpoint` with `seed`; its summary."""
+    recipe_path = args.base if name == BASELINE else os.path.join(args.recipes, f"{name}.yaml")
+    recipe = read_recipe(recipe_path)
+    stage = with_steps(rl_stage(recipe, recipe_path), args.steps)
+    tag = f"{name}_seed{seed}"
+    model = {**(recipe.get("model") or {}), "model_path": checkpoint, "scratch": {"enabled": False}}
+    path = write_config(recipe, stage, os.path.join(workdir, f"{tag}.yaml"),
+                        project=PROJECT, name=tag, seed=seed, model=model)  # fmt: skip
+    cfg = resolve_stages(load_config(path), check_paths=False)[0].config
+    rows = read_metrics(launch(path, workdir, tag, args.run_timeout))
+    return summarise(rows, cfg.buffer.batch_size, cfg.algorithm.repeat_times, explores=cfg.mode != "train")
+
+
+def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    checkpoint = run_sft(args, workdir)
     runs: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in args.algorithms}
     order = list(args.algorithms)
     total, done = len(order) * len(args.seeds), 0
     for seed in args.seeds:
         for name in order:
-            recipe_path = args.base if name == BASELINE else os.path.join(args.recipes, f"{name}.yaml")
-            recipe = read_recipe(recipe_path)
-            stage = with_steps(rl_stage(recipe, recipe_path), args.steps)
-            run_name = f"{name}_seed{seed}"
-            model = {**(recipe.get("model") or {}), "model_path": checkpoint, "scratch": {"enabled": False}}
-            path = write_config(recipe, stage, os.path.join(workdir, f"{run_name}.yaml"),
-                                project=PROJECT, name=run_name, seed=seed, model=model)  # fmt: skip
-            cfg = resolve_stages(load_config(path), check_paths=False)[0].config
             t0 = time.perf_counter()
-            run_logged([sys.executable, "-m", "rlcore.cli", "launch", path],
-                       os.path.join(workdir, f"{run_name}.log"), f"rlcore launch {run_name}", args.run_timeout, env)  # fmt: skip
-            explores = cfg.mode != "train"
-            r = summarise(
-                read_metrics(run_dir(workdir, run_name)),
-                cfg.buffer.batch_size,
-                cfg.algorithm.repeat_times,
-                explores,
-            )
-            runs[name][str(seed)] = r
+            r = runs[name][str(seed)] = run_algorithm(name, seed, checkpoint, args, workdir)
             done += 1
             print(f"  [{done}/{total}] seed {seed} {name}: {100 * r['start']:.1f}% -> {100 * r['final']:.1f}% "
                   f"after {r['steps']} steps, stage {r['wall_s']:.0f} s (launch {time.perf_counter() - t0:.0f} s)",
