@@ -7,6 +7,7 @@ paused or not yet started worker) with backoff; a failure raises RpcError with s
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,6 +61,7 @@ def workflow_to_proto(w: WorkflowSpec) -> rollout_pb2.WorkflowSpec:
     msg = rollout_pb2.WorkflowSpec(
         name=w.name, reward_fn=w.reward_fn, reward_weights=w.reward_weights,
         max_prompt_tokens=w.max_prompt_tokens, apply_chat_template=w.apply_chat_template,
+        args_json=json.dumps(w.args) if w.args else "",
     )  # fmt: skip
     if w.chat_template is not None:
         msg.chat_template = w.chat_template

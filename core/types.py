@@ -70,7 +70,9 @@ class WorkflowSpec:
     chat_template: str | None = None
     system_prompt: str | None = None
     name: str = "single_turn"
-    """Registered workflow."""
+    """Registered workflow, or an import path 'pkg.mod:Class' to a Workflow subclass."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """The workflow's own settings (TasksetConfig.workflow_args), JSON values."""
 
 
 @dataclass

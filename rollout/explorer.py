@@ -71,6 +71,8 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
         apply_chat_template=cfg.model.apply_chat_template,
         chat_template=cfg.model.chat_template,
         system_prompt=ts.format.system_prompt,
+        name=ts.default_workflow_type,
+        args=dict(ts.workflow_args),
     )
 
 

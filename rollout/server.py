@@ -11,6 +11,7 @@ calls, then new ones are refused with UNAVAILABLE until Resume / FinishWeightUpd
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import threading
@@ -34,7 +35,7 @@ from .engines.base import RolloutEngine
 from .gate import GenerationGate
 from .rewards.compose import resolve_reward
 from .weight_receiver import WeightReceiver
-from .workflows import WORKFLOWS, build_workflow
+from .workflows import WORKFLOWS, build_workflow, resolve_workflow
 from .workflows.base import Workflow
 
 log = logging.getLogger("rlcore.rollout.server")
@@ -204,20 +205,23 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def _workflow(self, spec: rollout_pb2.WorkflowSpec) -> Workflow:
         """The workflow a spec names, built once per distinct spec."""
-        require(
-            spec.name in WORKFLOWS,
-            "workflow.name",
-            f"must be one of {', '.join(WORKFLOWS)}; got '{spec.name}'",
-        )
         names, weights = list(spec.reward_fn), list(spec.reward_weights)
         chat_template = spec.chat_template if spec.HasField("chat_template") else None
         system_prompt = spec.system_prompt if spec.HasField("system_prompt") else None
         key = (spec.name, tuple(names), tuple(weights), spec.max_prompt_tokens, spec.apply_chat_template,
-               chat_template, system_prompt)  # fmt: skip
+               chat_template, system_prompt, spec.args_json)  # fmt: skip
         with self._workflows_lock:
             cached = self._workflows.get(key)
         if cached is not None:
             return cached
+        try:
+            resolve_workflow(spec.name)  # an import path runs user code here, as a reward_fn's does
+        except ValueError as e:
+            raise InvalidArgument(
+                "workflow.name",
+                f"{e} (registered: {', '.join(WORKFLOWS)}; or an import path 'pkg.mod:Class')",
+            ) from None
+        args = _workflow_args(spec.args_json)
         require(bool(names), "workflow.reward_fn", "must list at least one reward function")
         for i, name in enumerate(names):
             require(names.index(name) == i, f"workflow.reward_fn[{i}]", f"'{name}' is listed twice")
@@ -237,11 +241,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             "workflow.max_prompt_tokens",
             f"must be >= 1; got {spec.max_prompt_tokens}",
         )
-        workflow = build_workflow(
-            WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
-                         system_prompt, spec.name),
-            self.engine, self.tokenizer,
-        )  # fmt: skip
+        try:
+            workflow = build_workflow(
+                WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
+                             system_prompt, spec.name, args),
+                self.engine, self.tokenizer,
+            )  # fmt: skip
+        except ValueError as e:  # the workflow refuses its settings
+            raise InvalidArgument("workflow.args_json", str(e)) from None
         with self._workflows_lock:
             self._workflows[key] = workflow
             while len(self._workflows) > MAX_CACHED_WORKFLOWS:
@@ -333,3 +340,15 @@ def build_rollout_server(
         max_message_bytes=options.max_message_bytes,
     )  # fmt: skip
     return RpcServer(options, [rollout_service(servicer)])
+
+
+def _workflow_args(text: str) -> dict[str, Any]:
+    """RunTasks' workflow.args_json as a dict (empty: none); INVALID_ARGUMENT unless a JSON object."""
+    if not text:
+        return {}
+    try:
+        args = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgument("workflow.args_json", f"is not valid JSON ({e})") from None
+    require(isinstance(args, dict), "workflow.args_json", f"must be a JSON object; got {type(args).__name__}")
+    return cast(dict[str, Any], args)

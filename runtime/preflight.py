@@ -64,6 +64,7 @@ def preflight(stages: list[Stage]) -> None:
     import paths included), monitor packages and the model folder."""
     from ..core.monitor import check_monitor_dependencies
     from ..rollout.rewards.compose import build_reward
+    from ..rollout.workflows import resolve_workflow
 
     for s in stages:
         cfg = s.config
@@ -73,6 +74,10 @@ def preflight(stages: list[Stage]) -> None:
                 build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
             except ValueError as e:
                 raise ConfigError(f"{key}.reward_fn: {e}") from None
+            try:  # a user's workflow by import path: found here, not minutes later on a worker
+                resolve_workflow(ts.default_workflow_type)
+            except ValueError as e:
+                raise ConfigError(f"{key}.default_workflow_type: {e}") from None
         model = cfg.model
         if not inherits_previous_model(cfg) and not model.scratch.enabled:
             if not os.path.isfile(os.path.join(model.model_path, "config.json")):

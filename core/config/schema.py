@@ -287,6 +287,11 @@ class TasksetConfig:
     generator: str | None = None
     """Writes `path` when it is missing: a registered name (arithmetic) or 'pkg.mod:fn(path, **args)'."""
     generator_args: dict[str, Any] = field(default_factory=dict)
+    default_workflow_type: str = "single_turn"
+    """How a rollout turns this taskset's tasks into experiences: a registered workflow
+    (rlcore.rollout.workflows:WORKFLOWS) or an import path 'pkg.mod:Class' to a Workflow subclass."""
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword settings the workflow reads (`Workflow.args`); JSON values, sent with every RunTasks."""
 
 
 @dataclass

@@ -5,6 +5,7 @@ rules that relate fields to each other. Messages are one line: `<full.key.path>:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -71,6 +72,18 @@ def _check_taskset(
                 f"{path}.reward_fn[{i}] must be one of {', '.join(REWARDS)} or an import path "
                 f"'pkg.mod:fn'; got '{name}'"
             )
+    WORKFLOWS = _choices("rlcore.rollout.workflows:WORKFLOWS")
+    if ts.default_workflow_type not in WORKFLOWS and ":" not in ts.default_workflow_type:
+        raise ConfigError(
+            f"{path}.default_workflow_type must be one of {', '.join(WORKFLOWS)} or an import path "
+            f"'pkg.mod:Class'; got '{ts.default_workflow_type}'"
+        )
+    try:
+        json.dumps(ts.workflow_args, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"{path}.workflow_args must hold JSON values (it travels with RunTasks): {e}"
+        ) from None
     if ts.reward_weights and len(ts.reward_weights) != len(ts.reward_fn):
         raise ConfigError(
             f"{path}.reward_weights has {len(ts.reward_weights)} entries but reward_fn has "

@@ -5,14 +5,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...core.registry import Registry
+from ...core.registry import Registry, import_path
 
 if TYPE_CHECKING:
     from ...core.types import WorkflowSpec
     from ..engines.base import RolloutEngine
     from .base import Workflow
 
-WORKFLOWS = Registry("workflow.name", {"single_turn": "rlcore.rollout.workflows.single_turn:SingleTurnWorkflow"})
+WORKFLOWS = Registry(
+    "workflow.name", {"single_turn": "rlcore.rollout.workflows.single_turn:SingleTurnWorkflow"}
+)
+
+
+def resolve_workflow(name: str) -> type[Workflow]:
+    """A registered workflow name, or an import path 'pkg.mod:Class' to a user's Workflow subclass
+    (ValueError otherwise, naming what is allowed)."""
+    from .base import Workflow
+
+    cls = (
+        WORKFLOWS.resolve(name)
+        if name in WORKFLOWS or ":" not in name
+        else import_path(name, what="workflow")
+    )
+    if not (isinstance(cls, type) and issubclass(cls, Workflow)):
+        raise ValueError(
+            f"workflow '{name}' is not a Workflow subclass (got {cls!r}); give a class deriving from "
+            "rlcore.rollout.workflows.base.Workflow"
+        )
+    return cls
 
 
 def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) -> Workflow:
@@ -20,9 +40,8 @@ def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) ->
     unknown workflow or reward function)."""
     from ..rewards.compose import build_reward
 
-    cls = WORKFLOWS.resolve(spec.name)
-    return cls(  # type: ignore[no-any-return]
+    return resolve_workflow(spec.name)(
         engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None),
         max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
-        chat_template=spec.chat_template, system_prompt=spec.system_prompt,
+        chat_template=spec.chat_template, system_prompt=spec.system_prompt, args=spec.args,
     )  # fmt: skip

@@ -14,7 +14,9 @@ from ..rewards.compose import RewardComposer
 class Workflow(ABC):
     """Built once per distinct WorkflowSpec on an engine (rollout workers cache them), then run on
     batch after batch. Construction: `Workflow(engine, tokenizer, reward, *, max_prompt_tokens,
-    apply_chat_template, chat_template, system_prompt)`."""
+    apply_chat_template, chat_template, system_prompt, args)`; `args` holds the taskset's
+    `workflow_args` (JSON values), which a workflow reads and checks itself (ValueError naming the
+    key). A user's workflow is a subclass named by import path in `default_workflow_type`."""
 
     def __init__(
         self,
@@ -26,11 +28,15 @@ class Workflow(ABC):
         apply_chat_template: bool = False,
         chat_template: str | None = None,
         system_prompt: str | None = None,
+        args: dict[str, Any] | None = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.reward = reward
-        self.prompt_format = PromptFormat(max_prompt_tokens, apply_chat_template, chat_template, system_prompt)
+        self.prompt_format = PromptFormat(
+            max_prompt_tokens, apply_chat_template, chat_template, system_prompt
+        )
+        self.args: dict[str, Any] = dict(args or {})
         self.timing: dict[str, float] = {}
         """Seconds the last batch spent in the engine (engine_s) and in reward functions (reward_s)."""
 

@@ -32,6 +32,8 @@ BAD_OVERRIDES = [
     (["model.model_path=/no/such/model"], r"model\.model_path: '/no/such/model' is not a folder"),
     ([f"{TASKSET}.reward_weights=[1,2]"], rf"{TASKSET}\.reward_weights has 2 entries but reward_fn has 1; give one weight per reward function"),
     ([f"{TASKSET}.reward_fn=[exact_match,bogus]"], rf"{TASKSET}\.reward_fn\[1\] must be one of exact_match, numeric, format, math or an import path 'pkg\.mod:fn'; got 'bogus'$"),
+    ([f"{TASKSET}.default_workflow_type=multi"], rf"{TASKSET}\.default_workflow_type must be one of single_turn or an import path 'pkg\.mod:Class'; got 'multi'$"),
+    ([f"{TASKSET}.workflow_args={{x: .nan}}"], rf"{TASKSET}\.workflow_args must hold JSON values \(it travels with RunTasks\): Out of range float values are not JSON compliant"),
     (["stages.0.mode=train"], r"stages\[0\]: index out of range \(stages is empty; set the whole list: stages=\[\.\.\.\]\)$"),
     (["monitor.monitor_type.x=jsonl"], r"monitor\.monitor_type\.x: expected a list index, got 'x' \(monitor\.monitor_type has 2 elements: 0 to 1\)$"),
     (["trainer.save_interval"], r"override 'trainer\.save_interval' must be written key\.path=value$"),

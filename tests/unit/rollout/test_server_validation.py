@@ -137,6 +137,20 @@ MALFORMED: list[tuple[str, Callable[[RolloutClient], Any], str]] = [
     ("task-n-0", lambda c: _tasks(c, [TASK], n=0), "sampling.n"),
     ("workflow-name", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match"], name="multi")),
      "workflow.name"),
+    ("workflow-module", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match"], name="no_such.mod:Flow")),
+     "workflow.name"),
+    ("workflow-not-a-workflow", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match"],
+                                                                        name="rlcore.core.types:Task")), "workflow.name"),
+    ("workflow-args-json", lambda c: _raw(c, "RunTasks", rollout_pb2.RunTasksRequest(
+        tasks=[common_pb2.Task(task_id="a", prompt="q", answer="1")],
+        sampling=common_pb2.SamplingParams(n=1, max_tokens=4),
+        workflow=rollout_pb2.WorkflowSpec(name="single_turn", reward_fn=["exact_match"], max_prompt_tokens=8,
+                                          args_json="[1, 2]"),
+    )), "workflow.args_json"),
+    # the workflow itself refuses a setting
+    ("workflow-args", lambda c: _tasks(c, [TASK], WorkflowSpec(
+        reward_fn=["exact_match"], name="tests.integration.workflows:BonusWorkflow", args={"bonus": "high"})),
+     "workflow.args_json"),
     ("no-reward", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=[])), "workflow.reward_fn"),
     ("unknown-reward", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match", "bleu"])),
      "workflow.reward_fn[1]"),
@@ -377,3 +391,17 @@ def test_client_retries_until_the_server_comes_up(engine: HFEngine) -> None:
     started[0].stop(grace=0)
     assert len(result.completions[0]) == 1
     assert elapsed >= 0.5  # the first attempts found nobody listening
+
+
+def test_run_tasks_builds_a_user_workflow_with_its_args(client: RolloutClient) -> None:
+    """default_workflow_type by import path: RunTasks carries the workflow's name and args, and the
+    worker builds that class with them (here: a bonus added to every reward)."""
+    tasks = [Task(f"t{i}", f"{i}+{i}=", answer=str(2 * i)) for i in range(3)]
+    sampling = SamplingParams(temperature=0.0, n=2, max_tokens=6)
+    bonus = WorkflowSpec(reward_fn=["exact_match"], max_prompt_tokens=64,
+                         name="tests.integration.workflows:BonusWorkflow", args={"bonus": 0.25})  # fmt: skip
+    plain = [e for _, exps in client.run_tasks(tasks, sampling, EXACT) for e in exps]
+    got = [e for _, exps in client.run_tasks(tasks, sampling, bonus) for e in exps]
+    assert [e.response_token_ids for e in got] == [e.response_token_ids for e in plain]
+    assert [e.reward for e in got] == [e.reward + 0.25 for e in plain]
+    assert all(e.reward_components == {"exact_match": p.reward, "bonus": 0.25} for e, p in zip(got, plain, strict=True))

@@ -1,0 +1,60 @@
+"""Workflows chosen per taskset in a real launch: a user's workflow by import path, with its own
+`workflow_args`, runs on the rollout worker for training and for evaluation (each taskset its own),
+and a workflow that cannot be imported stops the launch in one line before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo_config
+
+pytestmark = pytest.mark.integration
+
+BONUS = "tests.integration.workflows:BonusWorkflow"
+
+
+def test_each_taskset_runs_its_own_workflow_with_its_args(tmp_path):
+    root = str(tmp_path)
+    heldout = {**heldout_taskset(root, 8), "reward_fn": ["exact_match"],
+               "default_workflow_type": BONUS, "workflow_args": {"bonus": 2.0}}  # fmt: skip
+    cfg = tiny_grpo_config(
+        root,
+        **{"buffer.total_steps": 2, "buffer.explorer_input.taskset.default_workflow_type": BONUS,
+           "buffer.explorer_input.taskset.workflow_args": {"bonus": 0.5},
+           "buffer.explorer_input.eval_tasksets": [heldout], "explorer.eval_on_startup": True},
+    )  # fmt: skip
+    launch(cfg, os.path.join(root, "cfg.yaml"))
+    metrics = read_metrics(os.path.join(root, "it", "run"))
+    steps = [m for m in metrics if "rollout/reward_mean" in m]
+    assert [m["rollout/bonus_mean"] for m in steps] == [0.5, 0.5]
+    evals = [m for m in metrics if "eval/heldout/reward_mean" in m]
+    assert len(evals) >= 2  # before the first step and after the last
+    for m in evals:  # exact_match (the accuracy) plus the eval taskset's own bonus
+        assert m["eval/heldout/reward_mean"] == pytest.approx(m["eval/heldout/accuracy"] + 2.0, abs=1e-9)
+
+
+def test_a_workflow_that_cannot_be_imported_is_one_line(tmp_path):
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root, **{"buffer.explorer_input.taskset.default_workflow_type": "tests.integration.workflows:Nope"}
+    )
+    path = os.path.join(root, "cfg.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore.cli", "launch", path],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "buffer.explorer_input.taskset.default_workflow_type" in lines[0]
+    assert "has no attribute 'Nope'" in lines[0]
