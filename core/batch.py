@@ -2,7 +2,8 @@
 
 Layout: right-padded [B, T]; position t of every per-token field refers to predicting
 input_ids[:, t] from the tokens before it (so position 0 is never a target). Keys: input_ids,
-attention_mask, loss_mask (1.0 on response tokens), and, when given, old_logprobs, advantages.
+attention_mask, loss_mask (1.0 on the response tokens that train), and, when given, old_logprobs,
+advantages.
 
 The global train batch is split contiguously across data-parallel ranks, then each rank packs its
 share into micro-batches under a padded-token budget. FSDP-style backends run collectives in every
@@ -28,10 +29,17 @@ class Sequence:
     advantage: float = 0.0
     index: int = -1
     """Position in the global train batch (to route per-sequence values back to rows)."""
+    loss_mask: list[int] | None = None
+    """Per response token, 1 to train it, 0 for context (a multi-turn conversation's environment
+    turns); None trains every response token."""
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 def shard(items: list, rank: int, world_size: int) -> list:
@@ -56,7 +64,11 @@ def pack(seqs: list[Sequence], pad_token_id: int) -> Batch:
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         attention_mask[i, : p + r] = 1
-        loss_mask[i, p : p + r] = 1.0
+        if s.loss_mask is None:
+            loss_mask[i, p : p + r] = 1.0
+        else:
+            assert len(s.loss_mask) == r, "one loss-mask value per response token"
+            loss_mask[i, p : p + r] = torch.tensor(s.loss_mask, dtype=torch.float32)
         adv[i, p : p + r] = s.advantage
         if with_old:
             assert s.old_logprobs is not None and len(s.old_logprobs) == r

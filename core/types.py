@@ -92,6 +92,11 @@ class Experience:
     response_text: str = ""
     reward_components: dict[str, float] = field(default_factory=dict)
     """Each reward function's unweighted score."""
+    loss_mask: list[int] = field(default_factory=list)
+    """Per response token: 1 where the model generated it (trained), 0 where the environment, a tool,
+    the user or a template put it (kept in the sequence as context, never trained; its `logprobs`
+    entry is a placeholder). Empty: every response token is the model's. A multi-turn conversation
+    is one experience: its turns' tokens exactly as generated and rendered, never re-tokenized."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -29,12 +29,14 @@ def trained(exps: list[Experience], overlong_filter: bool) -> list[bool]:
 
 
 def response_mask(exps: list[Experience], keep: list[bool]) -> torch.Tensor:
-    """[N, T] 1.0 on the response tokens of the experiences that train."""
+    """[N, T] 1.0 on the response tokens that train: the model's own (Experience.loss_mask), of the
+    experiences that train."""
     width = max((len(e.response_token_ids) for e in exps), default=0)
     mask = torch.zeros(len(exps), max(width, 1))
     for i, (e, k) in enumerate(zip(exps, keep, strict=True)):
         if k:
-            mask[i, : len(e.response_token_ids)] = 1.0
+            n = len(e.response_token_ids)
+            mask[i, :n] = torch.tensor(e.loss_mask, dtype=mask.dtype) if e.loss_mask else 1.0
     return mask
 
 

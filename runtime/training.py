@@ -131,7 +131,7 @@ class StageTraining:
         sees, its advantages, then one optimizer step per mini-batch."""
         algo = self.algo
         seqs = [
-            Sequence(e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i)
+            Sequence(e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i, loss_mask=e.loss_mask or None)
             for i, e in enumerate(exps)
         ]
         keep = scoring.trained(exps, algo.overlong_filter)
@@ -223,7 +223,7 @@ class StageTraining:
         over theirs), then an optimizer step (a critic first takes its own; during
         critic.critic_warmup only the critic does)."""
         norm = LossNorm(  # over the sequences that train (a mini-batch may have none left)
-            num_tokens=float(sum(len(s.response_ids) for s in mini)) or 1.0, num_seqs=float(len(mini)) or 1.0,
+            num_tokens=float(sum(s.trained_tokens for s in mini)) or 1.0, num_seqs=float(len(mini)) or 1.0,
             max_response_len=self.max_response_len,
         )  # fmt: skip
         metrics: dict[str, float] = {}
@@ -238,7 +238,7 @@ class StageTraining:
         if expert_rows:
             assert isinstance(loss_fn, PolicyLoss), "mix trains a policy loss beside the expert rows"
             expert_norm = LossNorm(
-                num_tokens=float(sum(len(s.response_ids) for s in expert_rows)), num_seqs=float(len(expert_rows)),
+                num_tokens=float(sum(s.trained_tokens for s in expert_rows)), num_seqs=float(len(expert_rows)),
                 max_response_len=self.max_response_len,
             )  # fmt: skip
             loss_fn = MixLoss(loss_fn, SFTLoss(expert_norm), self.algo.mix_mu)

@@ -27,20 +27,23 @@ from .scored import ScoredBatch
 
 
 def gae(
-    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), both [N, T], of response-aligned token rewards and values (zero past
-    each response's end, so the recursion starts from V = 0 there)."""
+    each response's end, so the recursion starts from V = 0 there). With `mask`, the steps are the
+    tokens it marks: a multi-turn response's context tokens (0 inside it) are passed over, so the
+    model's last token of one turn bootstraps from its first token of the next; there A = R = 0."""
     rewards, values = rewards.double(), values.double()
+    step = torch.ones_like(rewards, dtype=torch.bool) if mask is None else mask > 0
     adv = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
     next_value = torch.zeros_like(running)
     for t in reversed(range(rewards.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = delta + gamma * lam * running
-        adv[:, t] = running
-        next_value = values[:, t]
-    return adv, adv + values
+        running = torch.where(step[:, t], delta + gamma * lam * running, running)
+        next_value = torch.where(step[:, t], values[:, t], next_value)
+        adv[:, t] = running * step[:, t]
+    return adv, (adv + values) * step
 
 
 def _gae_of(batch: ScoredBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +51,7 @@ def _gae_of(batch: ScoredBatch) -> tuple[torch.Tensor, torch.Tensor]:
     values = batch.need("values", "gae") * mask
     cfg = batch.cfg
     gamma, lam = (1.0, 1.0) if cfg is None else (cfg.gamma, cfg.lam)
-    return gae(batch.token_rewards(), values, gamma, lam)
+    return gae(batch.token_rewards(), values, gamma, lam, mask)
 
 
 def gae_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:

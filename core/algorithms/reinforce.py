@@ -31,8 +31,9 @@ def reinforce_plus_plus_advantages(batch: ScoredBatch, eps: float = 1e-6) -> tor
     rewards = batch.token_rewards().double()
     returns = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    step = mask > 0  # a multi-turn response's context tokens are passed over, as in GAE
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        running = torch.where(step[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     return whiten_tokens(returns, mask, eps).to(mask.dtype)
 

@@ -108,7 +108,7 @@ def experience_to_proto(e: Experience) -> common_pb2.Experience:
         prompt_token_ids=e.prompt_token_ids, response_token_ids=e.response_token_ids, logprobs=e.logprobs,
         reward=e.reward, group_id=e.group_id, policy_version=e.policy_version,
         finish_reason=_FINISH[e.finish_reason], response_text=e.response_text,
-        reward_components=e.reward_components,
+        reward_components=e.reward_components, loss_mask=e.loss_mask,
     )  # fmt: skip
 
 
@@ -121,9 +121,17 @@ def experience_from_proto(msg: common_pb2.Experience, field: str = "experience")
     )
     require(math.isfinite(msg.reward), f"{field}.reward", f"must be finite; got {msg.reward}")
     require(bool(msg.group_id), f"{field}.group_id", "must be non-empty")
+    mask = list(msg.loss_mask)
+    require(
+        not mask or len(mask) == len(msg.response_token_ids),
+        f"{field}.loss_mask",
+        f"has {len(mask)} values for {len(msg.response_token_ids)} response tokens (give one each, or none)",
+    )
+    require(set(mask) <= {0, 1}, f"{field}.loss_mask", f"must hold only 0 and 1; got {sorted(set(mask) - {0, 1})}")
+    require(not mask or any(mask), f"{field}.loss_mask", "marks no token as the model's: nothing would train")
     return Experience(
         prompt_token_ids=list(msg.prompt_token_ids), response_token_ids=list(msg.response_token_ids),
         logprobs=list(msg.logprobs), reward=msg.reward, group_id=msg.group_id,
         policy_version=msg.policy_version, finish_reason=finish_reason_from_proto(msg.finish_reason),
-        response_text=msg.response_text, reward_components=dict(msg.reward_components),
+        response_text=msg.response_text, reward_components=dict(msg.reward_components), loss_mask=mask,
     )  # fmt: skip

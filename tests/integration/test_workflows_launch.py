@@ -16,6 +16,7 @@ from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo
 pytestmark = pytest.mark.integration
 
 BONUS = "tests.integration.workflows:BonusWorkflow"
+TWO_TURNS = "tests.integration.workflows:TwoTurnWorkflow"
 
 
 def test_each_taskset_runs_its_own_workflow_with_its_args(tmp_path):
@@ -58,3 +59,25 @@ def test_a_workflow_that_cannot_be_imported_is_one_line(tmp_path):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "buffer.explorer_input.taskset.default_workflow_type" in lines[0]
     assert "has no attribute 'Nope'" in lines[0]
+
+
+@pytest.mark.parametrize("mask_context", [True, False])
+def test_a_multi_turn_experience_trains_the_model_tokens_it_generated(tmp_path, mask_context):
+    """Two model turns around an environment reply, one experience per conversation, through a
+    rollout worker and RunTasks into the trainer. The trainer recomputes every trained token's
+    log-prob from the sequence and compares it with the engine's: with the reply masked out the two
+    agree (the trained ids and their positions are exactly the generated ones, and the reply's
+    placeholder log-probs are never read); left in the loss, the placeholders show as nats apart."""
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{"buffer.total_steps": 2, "buffer.explorer_input.taskset.default_workflow_type": TWO_TURNS,
+           "buffer.explorer_input.taskset.workflow_args": {"reply": "+0=", "mask_context": mask_context}},
+    )  # fmt: skip
+    launch(cfg, os.path.join(root, "cfg.yaml"))
+    steps = [m for m in read_metrics(os.path.join(root, "it", "run")) if "rollout/logprob_diff_max" in m]
+    assert len(steps) == 2 and all(m["rollout/response_len_mean"] > 3 for m in steps)  # turns + the reply
+    if mask_context:
+        assert all(m["rollout/logprob_diff_max"] < 1e-3 for m in steps), steps
+    else:
+        assert all(m["rollout/logprob_diff_max"] > 0.5 for m in steps), steps

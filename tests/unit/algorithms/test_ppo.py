@@ -97,3 +97,25 @@ def test_ppo_preset_trains_a_critic_with_gae_and_the_others_do_not() -> None:
     assert (ppo.advantage_fn, ppo.policy_loss_fn, ppo.use_kl_in_reward) == ("gae", "ppo_clip", True)
     assert trains_critic(ppo)
     assert [name for name in ALGORITHMS if trains_critic(AlgorithmConfig(algorithm_type=name))] == ["ppo"]
+
+
+def test_context_tokens_inside_a_response_are_passed_over() -> None:
+    """A multi-turn response [model, model, env, env, model] gives the model's tokens the advantages
+    and returns of the 3-token response [model, model, model] (gamma, lam < 1 make the step count
+    visible); the context tokens get 0. So does token-level REINFORCE++."""
+    cfg = AlgorithmConfig(algorithm_type="ppo", gamma=0.9, lam=0.8)
+    turns = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.1, -0.2, 5.0, 5.0, 0.3]])  # the critic's values of context: ignored
+    model = turns[0] > 0
+    multi = ScoredBatch(torch.tensor([2.0]), ["a"], response_mask=turns, values=values, cfg=cfg)
+    single = ScoredBatch(
+        torch.tensor([2.0]), ["a"], response_mask=torch.ones(1, 3), values=values[:, model], cfg=cfg
+    )
+    for fn in (gae_advantages, value_targets, reinforce_plus_plus_advantages):
+        got, want = fn(multi), fn(single)
+        torch.testing.assert_close(got[:, model], want)
+        assert got[0, 2:4].abs().max() == 0
+    adv, ret = gae(torch.tensor([[0.0, 0.0, 0.0, 0.0, 2.0]]), values * turns, 0.9, 0.8, turns)
+    raw, raw_ret = gae(torch.tensor([[0.0, 0.0, 2.0]]), values[:, model], 0.9, 0.8)
+    torch.testing.assert_close(adv[:, model], raw)
+    torch.testing.assert_close(ret[:, model], raw_ret)

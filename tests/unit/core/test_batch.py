@@ -26,6 +26,15 @@ def test_pack_layout_right_padded_with_target_aligned_fields():
     assert b["advantages"].tolist() == [[0, 0, 0.5, 0.5, 0.5], [0, 0, 0, 0, 0]]
 
 
+def test_pack_trains_only_the_model_tokens_of_a_multi_turn_response():
+    """[model, model, env, model]: the context token stays in input_ids, out of the loss mask."""
+    s = seq(2, 4, loss_mask=[1, 1, 0, 1])
+    b = pack([s, seq(1, 2)], pad_token_id=0)
+    assert b["input_ids"].tolist()[0] == [1, 2, 100, 101, 102, 103]
+    assert b["loss_mask"].tolist() == [[0, 0, 1, 1, 0, 1], [0, 1, 1, 0, 0, 0]]
+    assert s.trained_tokens == 3 and seq(1, 2).trained_tokens == 2
+
+
 def test_plan_micro_batches_respects_padded_token_budget():
     seqs = [seq(2, 2), seq(2, 2), seq(3, 3), seq(1, 1), seq(10, 10)]
     groups = plan_micro_batches(seqs, max_tokens=12)

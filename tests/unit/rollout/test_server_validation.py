@@ -404,4 +404,7 @@ def test_run_tasks_builds_a_user_workflow_with_its_args(client: RolloutClient) -
     got = [e for _, exps in client.run_tasks(tasks, sampling, bonus) for e in exps]
     assert [e.response_token_ids for e in got] == [e.response_token_ids for e in plain]
     assert [e.reward for e in got] == [e.reward + 0.25 for e in plain]
-    assert all(e.reward_components == {"exact_match": p.reward, "bonus": 0.25} for e, p in zip(got, plain, strict=True))
+    assert all(
+        e.reward_components == {"exact_match": p.reward, "bonus": 0.25}
+        for e, p in zip(got, plain, strict=True)
+    )

@@ -1,0 +1,40 @@
+"""An Experience crosses the wire (RunTasks, TrainExperiences) with its per-token loss mask, and a
+malformed mask is INVALID_ARGUMENT naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore.core.rpc.convert import experience_from_proto, experience_to_proto
+from rlcore.core.rpc.errors import InvalidArgument
+from rlcore.core.types import Experience
+
+
+def _exp(**kw) -> Experience:
+    base = dict(prompt_token_ids=[1, 2], response_token_ids=[5, 6, 7, 8], logprobs=[-0.5, -0.25, 0.0, -0.125],
+                reward=1.0, group_id="t0", policy_version=3, finish_reason="stop", response_text="ab",
+                reward_components={"exact_match": 1.0})  # fmt: skip
+    return Experience(**{**base, **kw})
+
+
+def test_a_multi_turn_experience_round_trips_with_its_loss_mask() -> None:
+    e = _exp(loss_mask=[1, 1, 0, 1])
+    assert experience_from_proto(experience_to_proto(e)) == e
+    single = _exp()
+    assert experience_from_proto(experience_to_proto(single)).loss_mask == []  # every token trains
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        ([1, 0, 1], "has 3 values for 4 response tokens"),
+        ([1, 2, 0, 1], "must hold only 0 and 1; got [2]"),
+        ([0, 0, 0, 0], "marks no token as the model's"),
+    ],
+)
+def test_a_malformed_loss_mask_names_the_field(mask: list[int], message: str) -> None:
+    msg = experience_to_proto(_exp())
+    msg.loss_mask.extend(mask)
+    with pytest.raises(InvalidArgument) as info:
+        experience_from_proto(msg, "experiences[2]")
+    assert info.value.field == "experiences[2].loss_mask" and message in str(info.value)
