@@ -76,10 +76,16 @@ def sequence_spec(
     return SequenceSpec(prompt, response, mask, list(advantages) or [0.0] * n, old_logprobs)
 
 
+def experiences_per_step(cfg: RLCoreConfig) -> int:
+    """What one explore step hands the trainer: batch_size tasks x repeat_times rollouts, or without
+    rollouts batch_size taskset rows."""
+    explores = trains_on(cfg.algorithm) == "rollouts"
+    return cfg.buffer.batch_size * (cfg.algorithm.repeat_times if explores else 1)
+
+
 def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
     """(experiences per optimizer step, explore steps, optimizer steps) of a stage."""
-    explores = trains_on(cfg.algorithm) == "rollouts"  # else a step trains on batch_size taskset rows
-    per_step = cfg.buffer.batch_size * (cfg.algorithm.repeat_times if explores else 1)
+    per_step = experiences_per_step(cfg)
     train_batch = cfg.buffer.train_batch_size or per_step
     updates_per_step = per_step // train_batch
     explore_steps = (num_tasks // cfg.buffer.batch_size) * cfg.buffer.total_epochs
@@ -106,7 +112,7 @@ class StageTraining:
         self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.algo = with_preset(algo)
-        rollouts = cfg.buffer.batch_size * algo.repeat_times  # per explore step
+        rollouts = experiences_per_step(cfg)
         self.updates_per_step = max(rollouts // self.train_batch, 1)
         self.experts = ExpertRows(cfg, tokenizer, rollouts) if trains_on_experts(self.algo) else None
         self.ref_in_advantage = reference_in_advantage(self.algo)
