@@ -68,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine", default="hf", choices=list(ENGINES), help="inference engine (default hf)")
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    serve.add_argument("--max-model-len", type=int, default=1024, help="longest prompt + response in tokens")
+    serve.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="longest prompt + response in tokens (default and most: the model's position limit)",
+    )  # fmt: skip
     serve.add_argument("--max-batch-size", type=int, default=256, help="sequences per engine call")
     serve.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="GPUs one vLLM engine spans (vllm only)"

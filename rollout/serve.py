@@ -38,12 +38,18 @@ def serve_main(args: argparse.Namespace) -> int:
         return usage_error(str(e))
     assert token is not None  # required
     for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
 
     import torch
 
     from .engines import build_engine
+    from .engines.base import resolve_max_model_len
+
+    try:
+        max_model_len = resolve_max_model_len(args.model, args.max_model_len, "--max-model-len")
+    except (OSError, ValueError) as e:
+        return usage_error(f"--model {args.model}: {e}" if isinstance(e, OSError) else str(e))
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -51,7 +57,7 @@ def serve_main(args: argparse.Namespace) -> int:
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     try:
         engine = build_engine(
-            args.engine, args.model, device=device, dtype=dtype, max_model_len=args.max_model_len,
+            args.engine, args.model, device=device, dtype=dtype, max_model_len=max_model_len,
             max_batch_size=args.max_batch_size, tensor_parallel_size=args.tensor_parallel_size,
             gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
             seed=args.seed,

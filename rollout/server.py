@@ -2,21 +2,19 @@
 serve.py, the weight-sync calls in weight_receiver.py.
 
 One engine serves every call. Engine calls are serialised by one lock (an engine is one batch at a
-time, and seeded sampling reseeds the process-wide RNG); streaming calls take it chunk by chunk, so
-concurrent streams interleave and an early chunk's completions go out before the next chunk runs.
+time); streaming calls take it chunk by chunk (a seeded prompt samples the same whatever chunk it
+falls in, engines seed each prompt by itself), so concurrent streams interleave and an early chunk's completions go out before the next chunk runs.
 A GenerationGate holds the pause state: Pause and a weight update wait for running generation
 calls, then new ones are refused with UNAVAILABLE until Resume / FinishWeightUpdate.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import replace
 from typing import Any, cast
 
 import grpc
@@ -45,16 +43,6 @@ MAX_CACHED_WORKFLOWS = 32
 """Built workflows kept by spec (each holds resolved reward functions); the oldest goes first."""
 POLL_S = 0.5
 """Longest a waiting Pause goes without checking that its caller is still there."""
-
-
-def chunk_seed(seed: int | None, chunk: int) -> int | None:
-    """Seed of a streamed request's chunk: chunk 0 keeps the request's seed (so a request that fits
-    one engine batch samples what Generate samples), later chunks get distinct derived seeds (the
-    same seed would repeat chunk 0's random draws)."""
-    if seed is None or chunk == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}/{chunk}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -113,12 +101,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         sampling = self._sampling(request.sampling)
         prompts = self._prompts(request.prompts, sampling)
         with self.gate.admit():
-            for k, indices in enumerate(self._chunks(len(prompts), sampling)):
+            for indices in self._chunks(len(prompts), sampling):
                 if not context.is_active():  # the caller left: do not generate for nobody
                     return
-                chunk_sampling = replace(sampling, seed=chunk_seed(sampling.seed, k))
                 with self._engine_lock:
-                    results = self.engine.generate([prompts[i] for i in indices], chunk_sampling)
+                    results = self.engine.generate([prompts[i] for i in indices], sampling)
                     version = self.engine.policy_version
                 self.gate.count(sum(len(c.token_ids) for samples in results for c in samples))
                 for i, samples in zip(indices, results, strict=True):
@@ -133,14 +120,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         tasks = self._tasks(request.tasks, workflow, sampling)
         n = sampling.n
         with self.gate.admit():
-            for k, indices in enumerate(self._chunks(len(tasks), sampling)):
+            for indices in self._chunks(len(tasks), sampling):
                 if not context.is_active():
                     return
-                chunk_sampling = replace(sampling, seed=chunk_seed(sampling.seed, k))
                 with self._engine_lock:
                     version = self.engine.policy_version
                     try:
-                        experiences = workflow.run([tasks[i] for i in indices], chunk_sampling, version)
+                        experiences = workflow.run([tasks[i] for i in indices], sampling, version)
                     except ValueError as e:  # a reward function refused a task (the engine's are validated)
                         raise InvalidArgument("workflow.reward_fn", str(e)) from e
                 self.gate.count(sum(len(e.response_token_ids) for e in experiences))

@@ -26,6 +26,7 @@ from .lifecycle import StopSignals, end_process
 from .loop import SUMMARY, planned_steps, stage_dir
 from .placement import GpuPlacement
 from .preflight import (
+    check_model_lengths,
     check_run_dir,
     check_strategies,
     local_device_count,
@@ -205,6 +206,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     try:
         check_run_dir(run_dir, stages, base.continue_from_checkpoint)
         prepare_assets(stages)
+        check_model_lengths(stages)
         check_prompt_lengths(stages)
         assert lock.fd is not None
         return run(stages, device, placement, run_dir, lock.fd)

@@ -86,6 +86,21 @@ def preflight(stages: list[Stage]) -> None:
                 )
 
 
+def check_model_lengths(stages: list[Stage]) -> None:
+    """model.max_model_len within the positions the model holds (after prepare_assets: a scratch
+    model exists by then), so no engine or trainer sequence runs past what the model learnt."""
+    from ..rollout.engines.base import resolve_max_model_len
+
+    for s in stages:
+        if not inherits_previous_model(s.config):
+            try:
+                resolve_max_model_len(
+                    s.config.model.model_path, s.config.model.max_model_len, "model.max_model_len"
+                )
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+
+
 def check_run_dir(run_dir: str, stages: list[Stage], resume: bool) -> None:
     had_run = any(
         list_checkpoints(stage_dir(run_dir, s, len(stages)))

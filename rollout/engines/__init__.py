@@ -24,7 +24,7 @@ def build_engine(
     *,
     device: str,
     dtype: str,
-    max_model_len: int,
+    max_model_len: int | None,
     max_batch_size: int,
     tensor_parallel_size: int = 1,
     gpu_memory_utilization: float = 0.9,
@@ -34,7 +34,8 @@ def build_engine(
     seed: int = 0,
 ) -> RolloutEngine:
     """Construct the engine `engine_type` names; the vLLM-only options go to vLLM only (the HF
-    engine refuses a tensor-parallel size above 1)."""
+    engine refuses a tensor-parallel size above 1). `max_model_len` None takes the model's own
+    position limit; one above it is refused (ValueError)."""
     cls = ENGINES.resolve(engine_type)
     common = {
         "device": device,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -123,6 +124,49 @@ def stop_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model
         ids.append(tokenizer.eos_token_id)
     assert ids, f"{model_path} defines no EOS token"
     return ids
+
+
+def prompt_seed(seed: int, prompt_token_ids: list[int]) -> int:
+    """The seed of one prompt's samples, a function of the request's seed and the prompt alone: a
+    seeded request reproduces a prompt's completions whatever else it is batched with (sample j
+    takes this + j, as vLLM gives a request's j-th child). Different prompts draw independently."""
+    digest = hashlib.blake2b(f"{seed}:{','.join(map(str, prompt_token_ids))}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 2  # room for + j below 2**63
+
+
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""config.json keys that hold a model's position limit, in the order HF architectures use them."""
+
+
+def position_limit(model_path: str) -> int | None:
+    """The most positions the model at `model_path` holds (its config.json), None if it names none."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    config = getattr(config, "text_config", None) or config  # multimodal configs nest the LM's
+    for key in POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def resolve_max_model_len(model_path: str, requested: int | None, key: str = "max_model_len") -> int:
+    """`requested`, or the model's own position limit when None; ValueError naming `key` when the
+    request exceeds the limit (a longer sequence would run past the positions the model learnt)."""
+    limit = position_limit(model_path)
+    if requested is None:
+        if limit is None:
+            raise ValueError(
+                f"{model_path}/config.json names no position limit ({', '.join(POSITION_KEYS)}); set {key}"
+            )
+        return limit
+    if limit is not None and requested > limit:
+        raise ValueError(
+            f"{key} {requested} exceeds the {limit} positions the model at {model_path} holds "
+            f"(config.json); set {key} to at most {limit}"
+        )
+    return requested
 
 
 def copy_completion(c: Completion) -> Completion:

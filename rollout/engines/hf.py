@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine, copy_completion, stop_token_ids
+from .base import RolloutEngine, copy_completion, prompt_seed, resolve_max_model_len, stop_token_ids
 from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode
 
@@ -35,13 +35,13 @@ class HFEngine(RolloutEngine):
         *,
         device: str = "cpu",
         dtype: str = "float32",
-        max_model_len: int = 1024,
+        max_model_len: int | None = None,
         max_batch_size: int = 256,
     ):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got '{dtype}'")
         self.device = torch.device(device)
-        self.max_model_len = max_model_len
+        self.max_model_len = resolve_max_model_len(model_path, max_model_len)
         self.max_batch_size = max_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
@@ -78,23 +78,21 @@ class HFEngine(RolloutEngine):
         n = 1 if sampling.temperature == 0 else sampling.n
         matcher = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
         out: list[list[Completion]] = [[] for _ in prompt_token_ids]
-        with torch.random.fork_rng(**self._rng_devices(), enabled=sampling.seed is not None):
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
-            for indices, count in self._plan_chunks(len(prompt_token_ids), n):
-                chunk = [prompt_token_ids[i] for i in indices]
-                completions = self._generate_chunk(chunk, count, sampling, matcher)
-                for j, i in enumerate(indices):
-                    out[i].extend(completions[j * count : (j + 1) * count])
+        seeds = (
+            None if sampling.seed is None else [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]
+        )
+        for indices, count in self._plan_chunks(len(prompt_token_ids), n):
+            chunk = [prompt_token_ids[i] for i in indices]
+            # sample j of prompt i draws from seed_i + j (j counts on across shares of a large n)
+            row_seeds = (
+                None if seeds is None else [seeds[i] + len(out[i]) + j for i in indices for j in range(count)]
+            )
+            completions = self._generate_chunk(chunk, count, sampling, matcher, row_seeds)
+            for j, i in enumerate(indices):
+                out[i].extend(completions[j * count : (j + 1) * count])
         if n != sampling.n:
             out = [[copy_completion(c) for _ in range(sampling.n)] for (c,) in out]
         return out
-
-    def _rng_devices(self) -> dict:
-        if self.device.type == "cuda":
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            return {"devices": [index], "device_type": "cuda"}
-        return {"devices": []}
 
     def _plan_chunks(self, num_prompts: int, n: int) -> list[tuple[list[int], int]]:
         """Split the work into generate calls of at most max_batch_size sequences.
@@ -118,6 +116,7 @@ class HFEngine(RolloutEngine):
         n: int,
         sampling: SamplingParams,
         matcher: StopStringCriteria | None,
+        row_seeds: list[int] | None,
     ) -> list[Completion]:
         """Generate n completions for each prompt in one batch."""
         rows = decode(
@@ -128,6 +127,7 @@ class HFEngine(RolloutEngine):
             eos_token_ids=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             stop_matcher=matcher,
+            row_seeds=row_seeds,
         )
         return [
             Completion(

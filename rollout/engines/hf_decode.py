@@ -69,10 +69,28 @@ def filter_logits(
     return scores
 
 
-def pick_tokens(scores_RV: torch.Tensor, greedy: bool) -> torch.Tensor:
-    if greedy:
+def pick_tokens(scores_RV: torch.Tensor, greedy: bool, uniform_R: torch.Tensor | None) -> torch.Tensor:
+    """The largest score (greedy), or the token whose slice of the cumulative distribution holds
+    each row's uniform draw (inverse-CDF sampling: filtered tokens hold an empty slice)."""
+    if greedy or uniform_R is None:
         return scores_RV.argmax(dim=-1)
-    return torch.multinomial(scores_RV.softmax(dim=-1), num_samples=1).squeeze(-1)
+    cdf_RV = scores_RV.softmax(dim=-1).double().cumsum(dim=-1)
+    picked = torch.searchsorted(cdf_RV, (uniform_R * cdf_RV[:, -1])[:, None].contiguous(), right=True)
+    return picked.squeeze(-1).clamp(max=scores_RV.shape[-1] - 1)
+
+
+def uniform_draws(rows: int, steps: int, row_seeds: list[int] | None) -> torch.Tensor:
+    """[rows, steps] uniforms for the sampler: from each row's own generator when seeded (a row's
+    tokens then depend on its prompt and seed only, not on the rows beside it), else from torch's
+    global RNG."""
+    if row_seeds is None:
+        return torch.rand(rows, steps, dtype=torch.float64)
+    return torch.stack(
+        [
+            torch.rand(steps, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+            for s in row_seeds
+        ]
+    )
 
 
 def sampled_logprobs(logits_RV: torch.Tensor, tokens_R: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -104,8 +122,10 @@ def decode(
     eos_token_ids: list[int],
     pad_token_id: int,
     stop_matcher: StopStringCriteria | None,
+    row_seeds: list[int] | None = None,
 ) -> DecodedRows:
-    """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped)."""
+    """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped);
+    `row_seeds` (one per row) makes each row's draws its own."""
     device = next(model.parameters()).device
     input_ids_PL, mask_PL = (x.to(device) for x in left_pad(prompts, pad_token_id))
     positions_PL = (mask_PL.cumsum(-1) - 1).clamp(min=0)
@@ -139,9 +159,11 @@ def decode(
         counts_PV = torch.zeros((len(prompts), logits_AV.shape[-1]), dtype=torch.long, device=device)
         seen_AV = counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
     greedy = sampling.temperature == 0
+    uniform_RT = None if greedy else uniform_draws(rows, steps, row_seeds).to(device)
 
     for t in range(steps):
-        token_A = pick_tokens(filter_logits(logits_AV, sampling, seen_AV), greedy)
+        uniform_A = None if uniform_RT is None else uniform_RT[active, t]
+        token_A = pick_tokens(filter_logits(logits_AV, sampling, seen_AV), greedy, uniform_A)
         tokens_RT[active, t] = token_A
         logprobs_RT[active, t] = sampled_logprobs(logits_AV, token_A, sampling.temperature)
         done_A = torch.isin(token_A, eos)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine, copy_completion, stop_token_ids
+from .base import RolloutEngine, copy_completion, prompt_seed, resolve_max_model_len, stop_token_ids
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +72,7 @@ class VLLMEngine(RolloutEngine):
         *,
         device: str = "cpu",
         dtype: str = "float32",
-        max_model_len: int = 1024,
+        max_model_len: int | None = None,
         max_batch_size: int = 256,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.9,
@@ -97,7 +97,8 @@ class VLLMEngine(RolloutEngine):
         vllm = import_vllm()
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-        self.device, self.max_model_len, self.max_batch_size = device, max_model_len, max_batch_size
+        self.device, self.max_batch_size = device, max_batch_size
+        self.max_model_len = max_model_len = resolve_max_model_len(model_path, max_model_len)
         self.in_process, self.sleeping = in_process, False
         self.weight_sync_ranks = tensor_parallel_size
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -179,13 +180,13 @@ class VLLMEngine(RolloutEngine):
                 max_tokens=sampling.max_tokens,
                 stop=list(sampling.stop) or None,
                 stop_token_ids=self.eos_token_ids,
-                # vLLM gives child sample j the seed + j: spacing prompts by n keeps them distinct.
-                seed=None if sampling.seed is None else sampling.seed + i * n,
+                # vLLM gives child sample j the seed + j; the seed itself depends on the prompt only
+                seed=None if sampling.seed is None else prompt_seed(sampling.seed, ids),
                 logprobs=0,
                 detokenize=detokenize,
                 skip_special_tokens=True,
             )
-            for i in range(len(prompt_token_ids))
+            for ids in prompt_token_ids
         ]
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

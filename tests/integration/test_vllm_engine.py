@@ -88,6 +88,11 @@ def test_vllm_sampling_is_seeded_and_its_logprobs_are_the_tempered_policy(engine
     assert [[c.token_ids for c in cs] for cs in first] == [[c.token_ids for c in cs] for cs in again]
     assert all(len(cs) == 3 for cs in first)
     assert len({tuple(c.token_ids) for cs in first for c in cs}) > 4  # samples differ across prompts and n
+    # a seed reproduces a prompt's samples whatever it is batched with (alone, or in another order)
+    tokens = [[c.token_ids for c in cs] for cs in first]
+    alone = [[c.token_ids for c in cs] for p in prompts[:4] for cs in vllm_engine.generate([p], sampling)]
+    reordered = [[c.token_ids for c in cs] for cs in vllm_engine.generate(prompts[3::-1], sampling)][::-1]
+    assert tokens == alone == reordered
     # The engine's log-probs are log_softmax(logits / T) of the sampled tokens: recompute with HF.
     model = hf_engine.model
     for cs in first:

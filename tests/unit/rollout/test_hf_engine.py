@@ -97,6 +97,26 @@ def test_seed_reproducible_and_global_rng_untouched(engine: HFEngine) -> None:
     assert first != other
 
 
+def test_a_seed_reproduces_a_prompts_samples_whatever_it_is_batched_with(
+    engine: HFEngine, tiny_model_path: str
+) -> None:
+    prompts = encode(engine, PROMPTS)
+    sampling = SamplingParams(temperature=1.0, n=4, max_tokens=8, seed=5)
+
+    def samples(e: HFEngine, batch: list[list[int]]) -> list[list[list[int]]]:
+        return [[c.token_ids for c in cs] for cs in e.generate(batch, sampling)]
+
+    together = samples(engine, prompts)
+    alone = [samples(engine, [p])[0] for p in prompts]
+    reversed_ = samples(engine, prompts[::-1])[::-1]
+    # max_batch_size 3 splits n=4 into shares of 3 and 1, one prompt per call: sample j keeps seed + j
+    split = samples(HFEngine(tiny_model_path, max_model_len=256, max_batch_size=3), prompts)
+    assert together == alone == reversed_ == split
+    assert all(len({tuple(t) for t in cs}) > 1 for cs in together)  # a prompt's samples still differ
+    # a repeated prompt in one request samples what it samples alone
+    assert samples(engine, [prompts[0], prompts[0]]) == [together[0], together[0]]
+
+
 def test_greedy_equals_top_k_1_sampling(engine: HFEngine) -> None:
     prompts = encode(engine, PROMPTS)
     greedy = engine.generate(prompts, SamplingParams(temperature=0.0, n=2, max_tokens=8))
@@ -255,3 +275,20 @@ def test_load_weights_rejects_unknown_names_and_wrong_shapes(tiny_model_path: st
     with pytest.raises(ValueError, match=r"'model.norm.weight' has shape \(3,\)"):
         engine.load_weights([("model.norm.weight", torch.zeros(3))], policy_version=1)
     assert engine.policy_version == 0
+
+
+def test_max_model_len_defaults_to_the_models_positions_and_refuses_more(
+    tiny_model_path: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlcore.cli.main import main
+
+    assert HFEngine(tiny_model_path).max_model_len == 256  # the scratch model's max_position_embeddings
+    with pytest.raises(ValueError, match=r"^max_model_len 300 exceeds the 256 positions the model at .* holds"):
+        HFEngine(tiny_model_path, max_model_len=300)
+    # `rlcore rollout serve` says it in one line, naming the flag, before loading anything
+    monkeypatch.setenv("RLCORE_TOKEN", "secret")
+    capsys.readouterr()
+    argv = ["rollout", "serve", "--model", tiny_model_path, "--max-model-len", "300"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlcore: error: --max-model-len 300 exceeds the 256 positions") and err.count("\n") == 1
