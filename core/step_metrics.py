@@ -27,11 +27,19 @@ def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
     out = {
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/reward_std": float(rewards.std()) if len(exps) > 1 else 0.0,
-        "rollout/response_len_mean": sum(len(e.response_token_ids) for e in exps) / len(exps),
+        "rollout/response_len_mean": sum(e.model_tokens for e in exps) / len(exps),
         "rollout/truncated_frac": sum(e.finish_reason == "length" for e in exps) / len(exps),
     }
+    if any(e.finish_reason == "max_turns" for e in exps):
+        out["rollout/max_turns_frac"] = sum(e.finish_reason == "max_turns" for e in exps) / len(exps)
     for name in exps[0].reward_components:
         out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
+    counted: dict[str, list[float]] = defaultdict(list)
+    for e in exps:
+        for name, value in e.metrics.items():
+            counted[name].append(value)
+    for name, values in sorted(counted.items()):
+        out[f"rollout/{name}_mean"] = sum(values) / len(values)
     return out
 
 

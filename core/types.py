@@ -89,6 +89,8 @@ class Experience:
     policy_version: int = 0
     """The trainer step whose weights generated this experience."""
     finish_reason: str = "stop"
+    """"stop" (EOS, a stop string, or the environment ended the episode), "length" (a token limit:
+    max_tokens, the model length or an episode's token budget) or "max_turns" (the turn limit)."""
     response_text: str = ""
     reward_components: dict[str, float] = field(default_factory=dict)
     """Each reward function's unweighted score."""
@@ -97,6 +99,14 @@ class Experience:
     the user or a template put it (kept in the sequence as context, never trained; its `logprobs`
     entry is a placeholder). Empty: every response token is the model's. A multi-turn conversation
     is one experience: its turns' tokens exactly as generated and rendered, never re-tokenized."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the workflow counted in this episode (turns, tool calls made and failed...); each name
+    is averaged over a step's experiences into `rollout/<name>_mean`."""
+
+    @property
+    def model_tokens(self) -> int:
+        """Response tokens the model generated (context tokens of a multi-turn episode excluded)."""
+        return sum(self.loss_mask) if self.loss_mask else len(self.response_token_ids)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

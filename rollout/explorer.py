@@ -145,7 +145,7 @@ class Explorer:
             if names:
                 correct = [sum(e.reward_components[n] for n in names) / len(names) for e in exps]
                 metrics[prefix + "accuracy"] = sum(correct) / len(correct)
-            metrics[prefix + "response_len_mean"] = sum(len(e.response_token_ids) for e in exps) / len(exps)
+            metrics[prefix + "response_len_mean"] = sum(e.model_tokens for e in exps) / len(exps)
             metrics[prefix + "time_s"] = time.perf_counter() - start
         return metrics
 

@@ -75,9 +75,13 @@ def preflight(stages: list[Stage]) -> None:
             except ValueError as e:
                 raise ConfigError(f"{key}.reward_fn: {e}") from None
             try:  # a user's workflow by import path: found here, not minutes later on a worker
-                resolve_workflow(ts.default_workflow_type)
+                workflow = resolve_workflow(ts.default_workflow_type)
             except ValueError as e:
                 raise ConfigError(f"{key}.default_workflow_type: {e}") from None
+            try:  # and its args (a multi_turn environment by import path among them)
+                workflow.check_args(dict(ts.workflow_args))
+            except ValueError as e:
+                raise ConfigError(f"{key}.{e}") from None
         model = cfg.model
         if not inherits_previous_model(cfg) and not model.scratch.enabled:
             if not os.path.isfile(os.path.join(model.model_path, "config.json")):

@@ -94,7 +94,7 @@ def shaped_scores(
     if algo.overlong_buffer_len > 0:
         penalty = torch.tensor(
             [
-                overlong_penalty(len(e.response_token_ids), max_tokens, algo.overlong_buffer_len, algo.overlong_penalty_factor)
+                overlong_penalty(e.model_tokens, max_tokens, algo.overlong_buffer_len, algo.overlong_penalty_factor)
                 for e in exps
             ]
         )  # fmt: skip

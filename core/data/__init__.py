@@ -3,5 +3,9 @@
 from ..registry import Registry
 
 GENERATORS = Registry(
-    "taskset.generator", {"arithmetic": "rlcore.core.data.synthetic:write_arithmetic_taskset"}
+    "taskset.generator",
+    {
+        "arithmetic": "rlcore.core.data.synthetic:write_arithmetic_taskset",
+        "arithmetic_chain": "rlcore.core.data.synthetic:write_arithmetic_chain_taskset",
+    },
 )

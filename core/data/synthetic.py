@@ -73,6 +73,65 @@ def write_arithmetic_taskset(
     os.replace(tmp, path)
 
 
+def write_arithmetic_chain_taskset(
+    path: str,
+    part: str = "train",
+    num_tasks: int = 1000,
+    steps: int = 3,
+    max_operand: int = 49,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    demos: bool = False,
+    wrong_fraction: float = 0.0,
+) -> None:
+    """Write `num_tasks` chains of `steps` additions for the `arithmetic_chain` environment: rows
+    like {"prompt": "12+7=", "addends": [5, 23], "answer": "47"}. Step k adds addends[k-1] to the
+    previous step's answer; every operand a step asks about stays within `max_operand` when the
+    chain is answered right (totals before the last step stay within it too) (the range the quickstart's model learnt), and `answer` is the chain's
+    right final total. Chains are drawn with `seed`; a chain's first question decides its part, so
+    `part: test` shares no first question with `part: train`.
+
+    `demos` writes SFT demonstrations instead, one row per step of each chain: the prompt is the
+    conversation so far as the environment renders it (earlier questions, answers and EOS tokens),
+    the response the step's answer. With probability `wrong_fraction` an answer forgets the carry,
+    and the next question builds on it, as the environment would."""
+    if part not in ("train", "test"):
+        raise ValueError(f"part must be train or test; got '{part}'")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1; got {steps}")
+    rng = random.Random(seed)
+    starts = list(itertools.product(range(max_operand // 2 + 1), repeat=2))
+    rng.shuffle(starts)
+    n_test = int(len(starts) * test_fraction)
+    pool = starts[:n_test] if part == "test" else starts[n_test:]
+    if not pool:
+        raise ValueError(f"no {part} chains with max_operand {max_operand} and test_fraction {test_fraction}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    noise = random.Random(seed + 1)
+    with open(tmp, "w") as f:
+        for i in range(num_tasks):
+            a, b = pool[i % len(pool)]
+            total, addends = a + b, []
+            for k in range(steps - 1):
+                last = k == steps - 2  # its sum is an answer, never a later question's operand
+                addends.append(rng.randint(0, max_operand if last else max_operand - total))
+                total += addends[-1]
+            if not demos:
+                f.write(json.dumps({"prompt": f"{a}+{b}=", "addends": addends, "answer": str(total)}) + "\n")
+                continue
+            conversation, left = "", a
+            for addend in [b, *addends]:
+                conversation += f"{left}+{addend}="
+                right = left + addend
+                shown = _sum_without_carry(left, addend) if noise.random() < wrong_fraction else right
+                reply = f"<answer>{shown}</answer>"
+                f.write(json.dumps({"prompt": conversation, "response": reply, "answer": str(right)}) + "\n")
+                conversation += f"{reply}</s>"  # the EOS the model ends its turn with
+                left = shown
+    os.replace(tmp, path)
+
+
 def _sum_without_carry(a: int, b: int) -> int:
     """Digit-wise sum, each column mod 10: the answer of someone who forgets to carry."""
     out, place = 0, 1

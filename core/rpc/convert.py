@@ -9,7 +9,11 @@ from ...proto.v1 import common_pb2
 from ..types import Completion, Experience, SamplingParams, Task
 from .errors import require
 
-_FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
+_FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "max_turns": common_pb2.FINISH_REASON_MAX_TURNS,
+}
 _FINISH_NAME: dict[int, str] = {v: k for k, v in _FINISH.items()}
 
 
@@ -108,7 +112,7 @@ def experience_to_proto(e: Experience) -> common_pb2.Experience:
         prompt_token_ids=e.prompt_token_ids, response_token_ids=e.response_token_ids, logprobs=e.logprobs,
         reward=e.reward, group_id=e.group_id, policy_version=e.policy_version,
         finish_reason=_FINISH[e.finish_reason], response_text=e.response_text,
-        reward_components=e.reward_components, loss_mask=e.loss_mask,
+        reward_components=e.reward_components, loss_mask=e.loss_mask, metrics=e.metrics,
     )  # fmt: skip
 
 
@@ -129,9 +133,12 @@ def experience_from_proto(msg: common_pb2.Experience, field: str = "experience")
     )
     require(set(mask) <= {0, 1}, f"{field}.loss_mask", f"must hold only 0 and 1; got {sorted(set(mask) - {0, 1})}")
     require(not mask or any(mask), f"{field}.loss_mask", "marks no token as the model's: nothing would train")
+    bad = sorted(k for k, v in msg.metrics.items() if not math.isfinite(v))
+    require(not bad, f"{field}.metrics", f"must be finite; {', '.join(bad)} are not")
     return Experience(
         prompt_token_ids=list(msg.prompt_token_ids), response_token_ids=list(msg.response_token_ids),
         logprobs=list(msg.logprobs), reward=msg.reward, group_id=msg.group_id,
         policy_version=msg.policy_version, finish_reason=finish_reason_from_proto(msg.finish_reason),
         response_text=msg.response_text, reward_components=dict(msg.reward_components), loss_mask=mask,
+        metrics=dict(msg.metrics),
     )  # fmt: skip

@@ -13,7 +13,11 @@ if TYPE_CHECKING:
     from .base import Workflow
 
 WORKFLOWS = Registry(
-    "workflow.name", {"single_turn": "rlcore.rollout.workflows.single_turn:SingleTurnWorkflow"}
+    "workflow.name",
+    {
+        "single_turn": "rlcore.rollout.workflows.single_turn:SingleTurnWorkflow",
+        "multi_turn": "rlcore.rollout.workflows.multi_turn:MultiTurnWorkflow",
+    },
 )
 
 

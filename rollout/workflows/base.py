@@ -40,6 +40,13 @@ class Workflow(ABC):
         self.timing: dict[str, float] = {}
         """Seconds the last batch spent in the engine (engine_s) and in reward functions (reward_s)."""
 
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> None:
+        """Refuse bad `workflow_args` before any rollout (ValueError naming `workflow_args.<key>`):
+        launch calls it for every taskset, a rollout worker when it builds the workflow. The base
+        accepts any args (a workflow that reads none ignores them)."""
+        return None
+
     def encode_prompt(self, task: Task) -> list[int]:
         """The token ids the engine is given for `task` (raises on a prompt the template refuses)."""
         return self.prompt_format.encode_prompt(self.tokenizer, task.prompt)

@@ -39,11 +39,22 @@ def test_each_taskset_runs_its_own_workflow_with_its_args(tmp_path):
         assert m["eval/heldout/reward_mean"] == pytest.approx(m["eval/heldout/accuracy"] + 2.0, abs=1e-9)
 
 
-def test_a_workflow_that_cannot_be_imported_is_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "workflow, args, key, reason",
+    [
+        ("tests.integration.workflows:Nope", {}, "taskset.default_workflow_type", "has no attribute 'Nope'"),
+        ("multi_turn", {"env": "tests.unit.rollout.test_multi_turn:Nope"}, "taskset.workflow_args.env",
+         "has no attribute 'Nope'"),
+        ("multi_turn", {"env": "arithmetic_chain", "max_turns": -1}, "taskset.workflow_args.max_turns",
+         "must be a positive integer; got -1"),
+    ],
+)  # fmt: skip
+def test_a_workflow_or_environment_that_cannot_be_used_is_one_line(tmp_path, workflow, args, key, reason):
     root = str(tmp_path)
     cfg = tiny_grpo_config(
-        root, **{"buffer.explorer_input.taskset.default_workflow_type": "tests.integration.workflows:Nope"}
-    )
+        root, **{"buffer.explorer_input.taskset.default_workflow_type": workflow,
+                 "buffer.explorer_input.taskset.workflow_args": args}
+    )  # fmt: skip
     path = os.path.join(root, "cfg.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
@@ -57,8 +68,7 @@ def test_a_workflow_that_cannot_be_imported_is_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "buffer.explorer_input.taskset.default_workflow_type" in lines[0]
-    assert "has no attribute 'Nope'" in lines[0]
+    assert f"buffer.explorer_input.{key}" in lines[0] and reason in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("mask_context", [True, False])
@@ -81,3 +91,36 @@ def test_a_multi_turn_experience_trains_the_model_tokens_it_generated(tmp_path, 
         assert all(m["rollout/logprob_diff_max"] < 1e-3 for m in steps), steps
     else:
         assert all(m["rollout/logprob_diff_max"] > 0.5 for m in steps), steps
+
+
+def test_multi_turn_episodes_run_on_the_worker_and_train_on_the_models_turns(tmp_path):
+    """multi_turn with a user's environment by import path: each episode runs its three turns on the
+    rollout worker (RunTasks), arrives as one experience with the environment's turns masked, and
+    trains with the trainer's log-probs equal to the engine's on every trained token. The eval
+    taskset plays the built-in arithmetic_chain, its rows' `addends` reaching the worker's
+    environment with the task (an untrained model's first answer is unreadable: one turn, reward 0)."""
+    root = str(tmp_path)
+    chains = {
+        "name": "chain", "path": os.path.join(root, "chain.jsonl"), "generator": "arithmetic_chain",
+        "generator_args": {"part": "test", "num_tasks": 4, "steps": 3, "max_operand": 9},
+        "rollout_args": {"temperature": 0.0, "max_tokens": 6}, "reward_fn": ["format"],
+        "default_workflow_type": "multi_turn", "workflow_args": {"env": "arithmetic_chain", "max_turns": 3},
+    }  # fmt: skip
+    cfg = tiny_grpo_config(
+        root,
+        **{"buffer.total_steps": 2, "buffer.explorer_input.taskset.default_workflow_type": "multi_turn",
+           "buffer.explorer_input.taskset.workflow_args": {
+               "env": "tests.unit.rollout.test_multi_turn:CountingEnv", "max_turns": 3, "max_tokens_per_turn": 3},
+           "buffer.explorer_input.eval_tasksets": [chains], "explorer.eval_on_startup": True},
+    )  # fmt: skip
+    launch(cfg, os.path.join(root, "cfg.yaml"))
+    metrics = read_metrics(os.path.join(root, "it", "run"))
+    steps = [m for m in metrics if "rollout/logprob_diff_max" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["rollout/turns_mean"] == 3 and m["rollout/max_turns_frac"] == 1
+        assert m["rollout/env_mean"] == pytest.approx(0.75)
+        assert m["rollout/response_len_mean"] <= 9  # the model's tokens only: 3 turns of at most 3
+        assert m["rollout/logprob_diff_max"] < 1e-3, m
+    evals = [m for m in metrics if "eval/chain/reward_mean" in m]
+    assert len(evals) >= 2 and all(m["eval/chain/reward_mean"] == 0 for m in evals)

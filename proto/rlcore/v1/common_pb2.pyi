@@ -12,9 +12,11 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_MAX_TURNS: _ClassVar[FinishReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_MAX_TURNS: FinishReason
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "max_tokens", "stop", "seed")
@@ -73,8 +75,15 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., prompt: _Optional[str] = ..., answer: _Optional[str] = ..., response: _Optional[str] = ..., metadata_json: _Optional[str] = ...) -> None: ...
 
 class Experience(_message.Message):
-    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask")
+    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask", "metrics")
     class RewardComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +100,7 @@ class Experience(_message.Message):
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -101,7 +111,8 @@ class Experience(_message.Message):
     response_text: str
     reward_components: _containers.ScalarMap[str, float]
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class TensorMeta(_message.Message):
     __slots__ = ("name", "dtype", "shape")

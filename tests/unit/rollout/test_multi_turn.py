@@ -1,0 +1,148 @@
+"""MultiTurnWorkflow on the HF engine: token ids and loss masks of a conversation, its limits and
+finish reasons, seeding, chat-template turns, bad workflow_args; the arithmetic_chain game."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from rlcore.core.types import SamplingParams, Task
+from rlcore.rollout.engines.hf import HFEngine
+from rlcore.rollout.envs.arithmetic_chain import ArithmeticChainEnv
+from rlcore.rollout.envs.base import StepResult, TextEnv
+from rlcore.rollout.rewards.compose import build_reward
+from rlcore.rollout.workflows.multi_turn import MultiTurnWorkflow
+from rlcore.rollout.workflows.turns import TurnFormat
+
+ENV = f"{__name__}:CountingEnv"
+OBS = "+1="
+# A chat template whose assistant turns end on the EOS token the model generates, then a newline.
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% if m['role'] == 'assistant' %}</s>{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+class CountingEnv(TextEnv):
+    """Answers every reply with OBS and a reward of 0.25; ends after `args.end_after` replies (if set)."""
+
+    def reset(self) -> str:
+        self.replies: list[str] = []
+        return self.task.prompt
+
+    def step(self, reply: str) -> StepResult:
+        self.replies.append(reply)
+        done = len(self.replies) == self.args.get("end_after", -1)
+        return StepResult("" if done else OBS, 0.25, done)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path: str) -> HFEngine:
+    return HFEngine(tiny_model_path, max_model_len=256)
+
+
+def workflow(engine: HFEngine, args: dict[str, Any], **kwargs: Any) -> MultiTurnWorkflow:
+    kwargs.setdefault("max_prompt_tokens", 64)
+    return MultiTurnWorkflow(engine, engine.tokenizer, build_reward(["format"], [0.5]), args=args, **kwargs)
+
+
+TASKS = [Task("t0", "12+7=", answer="19"), Task("t1", "3+4=", answer="7")]
+SAMPLING = SamplingParams(temperature=1.0, n=3, max_tokens=5, seed=3)
+
+
+def test_a_conversation_is_the_engines_tokens_and_the_environments_turns(engine: HFEngine) -> None:
+    wf = workflow(engine, {"env": ENV, "max_turns": 3})
+    exps = wf.run(TASKS, SAMPLING, policy_version=2)
+    obs = engine.tokenizer(OBS, add_special_tokens=False)["input_ids"]
+    assert [e.group_id for e in exps] == ["t0"] * 3 + ["t1"] * 3
+    for e in exps:
+        assert e.finish_reason == "max_turns" and e.metrics == {"turns": 3.0} and e.policy_version == 2
+        assert e.reward_components["env"] == 0.75
+        assert e.reward == pytest.approx(0.75 + 0.5 * e.reward_components["format"])
+        # response = reply, OBS, reply, OBS, reply: the mask marks the model's tokens only
+        runs, mask = [], e.loss_mask
+        for i, m in enumerate(mask):
+            if i == 0 or m != mask[i - 1]:
+                runs.append([m, i, i])
+            runs[-1][2] = i + 1
+        assert [r[0] for r in runs] == [1, 0, 1, 0, 1]
+        for value, lo, hi in runs:
+            if value == 0:
+                assert e.response_token_ids[lo:hi] == obs and e.logprobs[lo:hi] == [0.0] * len(obs)
+            else:
+                assert hi - lo <= SAMPLING.max_tokens
+        # every trained token carries the log-prob the model gives it in this very context
+        ids = torch.tensor([e.prompt_token_ids + e.response_token_ids])
+        with torch.no_grad():
+            logits = engine.model(ids).logits[0, len(e.prompt_token_ids) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(e.prompt_token_ids) :, None])[:, 0]
+        trained = torch.tensor(mask, dtype=torch.bool)
+        assert torch.allclose(torch.tensor(e.logprobs)[trained], expected[trained], atol=1e-4)
+    # a group's conversations differ; the same seed replays them exactly
+    assert len({tuple(e.response_token_ids) for e in exps[:3]}) > 1
+    again = wf.run(TASKS, SAMPLING, policy_version=2)
+    assert [e.response_token_ids for e in again] == [e.response_token_ids for e in exps]
+
+
+def test_the_environment_ends_an_episode_with_finish_reason_stop(engine: HFEngine) -> None:
+    exps = workflow(engine, {"env": ENV, "env_args": {"end_after": 2}}).run(TASKS, SAMPLING, 0)
+    assert all(e.finish_reason == "stop" and e.metrics["turns"] == 2 and e.reward_components["env"] == 0.5 for e in exps)
+
+
+def test_token_limits_end_episodes_cleanly_with_finish_reason_length(tiny_model_path: str, engine: HFEngine) -> None:
+    budget = workflow(engine, {"env": ENV, "max_turns": 50, "max_total_tokens": 17}).run(TASKS, SAMPLING, 0)
+    assert all(e.finish_reason == "length" and len(e.response_token_ids) <= 17 for e in budget)
+    short = HFEngine(tiny_model_path, max_model_len=24)
+    wf = workflow(short, {"env": ENV, "max_turns": 50, "max_tokens_per_turn": 4})
+    for e in wf.run(TASKS, SAMPLING, 0):
+        assert e.finish_reason == "length" and len(e.prompt_token_ids) + len(e.response_token_ids) <= 24
+        assert e.metrics["turns"] >= 2 and e.loss_mask[-1] == 1  # it ended on a reply, not mid-observation
+
+
+def test_chat_template_turns_append_what_the_template_renders(engine: HFEngine) -> None:
+    fmt = TurnFormat(engine.tokenizer, True, TEMPLATE, None)
+    eos = engine.tokenizer.eos_token_id
+    encode = fmt.encode
+    # the model closed its turn with EOS: the template's newline, then the user turn and the next prompt
+    assert fmt.after_reply([5, eos], [{"role": "user", "content": "3+4="}]) == encode("\nuser: 3+4=\nassistant: ")
+    # a reply cut by max_tokens gets the whole closing of its turn as context
+    assert fmt.after_reply([5, 6], [{"role": "user", "content": "x"}]) == encode("</s>\nuser: x\nassistant: ")
+    wf = workflow(engine, {"env": ENV, "max_turns": 2}, apply_chat_template=True, chat_template=TEMPLATE)
+    (e, *_) = wf.run(TASKS[:1], SAMPLING, 0)
+    assert e.prompt_token_ids == encode("user: 12+7=\nassistant: ")
+    recount = TEMPLATE.replace("{% for m", "{{ messages | length }}{% for m")  # re-renders the top per message
+    with pytest.raises(ValueError, match="^the chat template does not render a conversation by appending turns"):
+        TurnFormat(engine.tokenizer, True, recount, None)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ({}, r"^workflow_args\.env: name the environment"),
+        ({"env": "nope"}, r"^workflow_args\.env: .*must be one of arithmetic_chain"),
+        ({"env": "rlcore.core.types:Task"}, r"^workflow_args\.env: environment 'rlcore.core.types:Task' is not a TextEnv"),
+        ({"env": ENV, "max_turns": 0}, r"^workflow_args\.max_turns must be a positive integer; got 0"),
+        ({"env": ENV, "env_args": [1]}, r"^workflow_args\.env_args must be an object"),
+        ({"env": ENV, "turns": 3}, r"^workflow_args: unknown key\(s\) turns; multi_turn takes env, env_args"),
+    ],
+)
+def test_bad_workflow_args_name_the_key(engine: HFEngine, args: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        workflow(engine, args)
+
+
+def test_arithmetic_chain_asks_on_the_models_answers_and_grades_each_step() -> None:
+    env = ArithmeticChainEnv(Task("c", "12+7=", metadata={"addends": [5, 30]}), {})
+    assert env.reset() == "12+7="
+    first = env.step("<answer>19</answer>")
+    assert (first.observation, first.reward, first.done) == ("19+5=", pytest.approx(1 / 3), False)
+    wrong = env.step("<answer>25</answer>")  # 19+5 is 24: no credit, and the next question builds on 25
+    assert (wrong.observation, wrong.reward, wrong.done) == ("25+30=", 0.0, False)
+    last = env.step("<answer>55</answer>")
+    assert (last.reward, last.done) == (pytest.approx(1 / 3), True)
+    assert ArithmeticChainEnv(Task("c", "1+1=", metadata={"addends": []}), {}).step("2").done  # unreadable: over
+    with pytest.raises(ValueError, match=r"^task c: column 'addends' must be a list of integers"):
+        ArithmeticChainEnv(Task("c", "1+1="), {})
