@@ -38,12 +38,93 @@ def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     )
 
 
+CHATML_TOOLS_TEMPLATE = (
+    "{%- if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{ '# Tools\\nCall a tool as <tool_call>{\\\"name\\\": ..., \\\"arguments\\\": {...}}</tool_call>.\\n<tools>\\n' }}"
+    "{%- for tool in tools %}{{ tool | tojson + '\\n' }}{%- endfor %}"
+    "{{ '</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{ '<|im_start|>tool\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message['role'] != 'system' %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{{ '<tool_call>' + {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson + '</tool_call>' }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML with tools, the scratch BPE tokenizer's template: tools declared in the system turn as
+OpenAI function schemas, calls written `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+(Hermes/Qwen), results in `tool` turns inside `<tool_response>`."""
+BPE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BPE_TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<answer>", "</answer>"]
+
+
+def _bpe_corpus() -> list[str]:
+    """Deterministic text the scratch BPE learns its merges from: ChatML conversations about
+    arithmetic with tool calls, so that the template's words and JSON take few tokens."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    calculator = {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+        },
+    }
+    lines = [json.dumps(calculator), "# Tools\nCall a tool as <tool_call>", "error: unknown tool", "malformed tool call"]
+    for _ in range(2000):
+        a, b, op = rng.randint(0, 99), rng.randint(0, 99), rng.choice("+-*")
+        call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}})
+        lines += [
+            f"<|im_start|>user\nWhat is {a}{op}{b}?<|im_end|>\n<|im_start|>assistant\n<tool_call>{call}</tool_call><|im_end|>",
+            f"<|im_start|>tool\n<tool_response>\n{eval(f'{a}{op}{b}')}\n</tool_response><|im_end|>",
+            f"<|im_start|>assistant\n<answer>{eval(f'{a}{op}{b}')}</answer><|im_end|>",
+        ]
+    return lines
+
+
+def build_bpe_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
+    """A byte-level BPE trained here on `_bpe_corpus` (digits stay single tokens), with ChatML's
+    special tokens and CHATML_TOOLS_TEMPLATE as its chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=BPE_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
+    tok.train_from_iterator(_bpe_corpus(), trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in BPE_SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in BPE_TAG_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML_TOOLS_TEMPLATE,
+    )  # fmt: skip
+
+
 def build_scratch_model(path: str, spec: ScratchModelConfig, max_model_len: int, seed: int) -> None:
-    """Write a randomly initialised Llama model + char tokenizer to `path` (a HF model folder)."""
+    """Write a randomly initialised Llama model + its tokenizer (`spec.tokenizer`: char, or bpe
+    with a ChatML template) to `path` (a HF model folder)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer() if spec.tokenizer == "char" else build_bpe_tokenizer(spec.vocab_size)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,

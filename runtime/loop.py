@@ -33,6 +33,7 @@ from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
 from ..core.types import Experience, Task
 from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.remote import RemoteRollout
+from ..rollout.workflows import resolve_workflow
 from .handles import TrainerHandle
 from .rollout_ahead import RolloutAhead
 from .training import plan_steps
@@ -119,6 +120,8 @@ class StageLoop:
         self.prompt_format = PromptFormat(
             cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, cfg.model.chat_template,
             ts.format.system_prompt,
+            # an SFT stage renders its conversations with the tools its taskset's workflow declares
+            resolve_workflow(ts.default_workflow_type).tool_schemas(dict(ts.workflow_args)),
         )  # fmt: skip
         # an SFT or DPO stage runs an engine only to evaluate
         has_engine = self.explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
@@ -230,6 +233,12 @@ class StageLoop:
         for t in tasks:
             if pairs:
                 responses = list(preference_pair(t, fmt, "buffer.explorer_input.taskset"))
+            elif "messages" in t.metadata and fmt.prompt_type == "messages":
+                prompt_ids, response_ids, mask = self.prompt_format.encode_sft_messages(
+                    self.tokenizer, t.metadata["messages"]
+                )
+                seqs.append(TrainSequence(prompt_ids, response_ids, loss_mask=[float(m) for m in mask]))
+                continue
             elif t.response is None:
                 raise ValueError(
                     f"SFT needs a reference response: task {t.task_id} has no column '{fmt.response_key}'"

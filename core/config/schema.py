@@ -163,6 +163,12 @@ class ScratchModelConfig:
     num_key_value_heads: int = bounded(2, gt=0)
     intermediate_size: int = bounded(384, gt=0)
     tie_word_embeddings: bool = False
+    tokenizer: str = "char"
+    """char: single characters plus the answer tags (no chat template); bpe: a byte-level BPE of
+    `vocab_size` tokens trained locally, with ChatML special tokens and a chat template that
+    declares tools and renders tool calls (core/scratch_model.py)."""
+    vocab_size: int = bounded(512, gt=0)
+    """The bpe tokenizer's vocabulary size (ignored by char)."""
 
 
 @dataclass
@@ -250,6 +256,14 @@ class FormatConfig:
     """DPO: the column of the dispreferred response (text or messages, as chosen_key)."""
     system_prompt: str | None = None
     """System message prepended when model.apply_chat_template is on."""
+    prompt_type: str = "plaintext"
+    """plaintext: the prompt is text (`prompt_key`); messages: each row holds a chat conversation
+    (`messages_key`: a list of {"role": system|user|assistant|tool, "content": ...}), rendered by the
+    chat template (model.apply_chat_template must be on). For SFT its assistant turns are trained,
+    the rest is context; for rollouts the conversation is the prompt (it must not end on an
+    assistant turn)."""
+    messages_key: str = "messages"
+    """Column holding the conversation (prompt_type: messages)."""
 
 
 @dataclass

@@ -58,10 +58,27 @@ def _walk(obj: Any, prefix: str) -> None:
                     _walk(item, f"{path}[{i}].")
 
 
+PROMPT_TYPES = ("plaintext", "messages")
+
+
 def _check_taskset(
-    ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True
-) -> None:
-    """`trains_on`: what its rows give (AlgorithmSpec.data); `rewarded`: whether rewards score them."""
+    ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
+    chat: bool = False,
+) -> None:  # fmt: skip
+    """`trains_on`: what its rows give (AlgorithmSpec.data); `rewarded`: whether rewards score them;
+    `chat`: model.apply_chat_template."""
+    if ts.format.prompt_type not in PROMPT_TYPES:
+        raise ConfigError(
+            f"{path}.format.prompt_type must be one of {', '.join(PROMPT_TYPES)}; got '{ts.format.prompt_type}'"
+        )
+    if ts.format.prompt_type == "messages" and not chat:
+        raise ConfigError(
+            f"{path}.format.prompt_type: messages need model.apply_chat_template: true (the chat template renders them)"
+        )
+    if ts.format.prompt_type == "messages" and trains_on == "pairs":
+        raise ConfigError(
+            f"{path}.format.prompt_type: DPO reads prompts as text; messages are for SFT and rollouts"
+        )
     # the reward registry, named as schema choices name theirs (names only; no heavy imports)
     REWARDS = _choices("rlcore.rollout.rewards:REWARDS")
     if not ts.reward_fn:
@@ -134,6 +151,8 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         )
     sc = model.scratch
     if sc.enabled:
+        if sc.tokenizer not in ("char", "bpe"):
+            raise ConfigError(f"model.scratch.tokenizer must be one of char, bpe; got '{sc.tokenizer}'")
         if sc.hidden_size % sc.num_attention_heads:
             raise ConfigError(
                 "model.scratch.hidden_size must be divisible by model.scratch.num_attention_heads"
@@ -158,11 +177,18 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     from ..algorithms import trains_on
 
     data = trains_on(cfg.algorithm)
-    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, data)
+    chat = cfg.model.apply_chat_template
+    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, data, chat=chat)
     if buf.expert_taskset is not None:
-        _check_taskset(buf.expert_taskset, "buffer.expert_taskset", check_paths, "responses", rewarded=False)
+        if buf.expert_taskset.format.prompt_type == "messages":
+            raise ConfigError(
+                "buffer.expert_taskset.format.prompt_type: mix's expert rows are text (prompt and response)"
+            )
+        _check_taskset(
+            buf.expert_taskset, "buffer.expert_taskset", check_paths, "responses", rewarded=False, chat=chat
+        )
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
-        _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths)
+        _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat)
 
     _check_rollout_and_sync(cfg)
     _check_control(cfg, check_paths)

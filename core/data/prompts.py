@@ -12,23 +12,73 @@ class PromptFormat:
     apply_chat_template: bool = False
     chat_template: str | None = None
     system_prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    """OpenAI function schemas the chat template declares to the model (tool_call)."""
 
-    def encode_prompt(self, tokenizer: Any, prompt: str) -> list[int]:
+    def encode_prompt(self, tokenizer: Any, prompt: str, messages: list[dict] | None = None) -> list[int]:
         """Token ids of the prompt, truncated from the left so the question's end survives."""
-        return self.encode_whole_prompt(tokenizer, prompt)[-self.max_prompt_tokens :]
+        return self.encode_whole_prompt(tokenizer, prompt, messages)[-self.max_prompt_tokens :]
 
-    def encode_whole_prompt(self, tokenizer: Any, prompt: str) -> list[int]:
-        """Token ids of the prompt before any truncation."""
+    def encode_whole_prompt(
+        self, tokenizer: Any, prompt: str, messages: list[dict] | None = None
+    ) -> list[int]:
+        """Token ids of the prompt before any truncation: `prompt` as one user turn, or the
+        conversation `messages` (a messages taskset's row), up to the next assistant turn."""
         text = prompt
-        if self.apply_chat_template:
-            messages = [{"role": "user", "content": prompt}]
-            if self.system_prompt is not None:  # only with the template: raw text has no system turn
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
+        if self.apply_chat_template or messages is not None:
             # Render to text, then tokenize without special tokens: the template already writes any BOS.
-            text = tokenizer.apply_chat_template(
-                messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
-            )
+            text = self.render(tokenizer, messages or [{"role": "user", "content": prompt}], True)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def render(self, tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
+        """`messages` through the chat template (the system prompt first unless they start with
+        one; raw text has no system turn)."""
+        if not self.apply_chat_template:
+            raise ValueError("chat messages need model.apply_chat_template: true (the template renders them)")
+        if self.system_prompt is not None and (not messages or messages[0].get("role") != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        return str(
+            tokenizer.apply_chat_template(
+                messages, chat_template=self.chat_template, tools=self.tools,
+                add_generation_prompt=generation_prompt, tokenize=False,
+            )
+        )  # fmt: skip
+
+    def encode_sft_messages(
+        self, tokenizer: Any, messages: list[dict]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """(prompt ids, response ids, response loss mask) of a conversation for SFT. Each assistant
+        turn's tokens, its content and the token that closes it, are trained (1); the template's text
+        around them and every other turn are context (0). The prompt runs to the first assistant
+        turn. Segments are tokenized one by one, as a rollout's are (the prompt, then what the
+        model generates, then the turns appended after it)."""
+        eos = tokenizer.eos_token or ""
+        segments: list[tuple[str, int]] = []
+        done = ""
+        for k, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            before = self.render(tokenizer, messages[:k], True)
+            after = self.render(tokenizer, messages[: k + 1], False)
+            if not before.startswith(done) or not after.startswith(before):
+                raise ValueError(
+                    "the chat template does not render a conversation by appending turns; SFT on messages "
+                    "needs one that does"
+                )
+            reply = after[len(before) :]
+            cut = reply.find(eos) + len(eos) if eos and eos in reply else len(reply)
+            segments += [(before[len(done) :], 0), (reply[:cut], 1), (reply[cut:], 0)]
+            done = after
+        if not any(trained and text for text, trained in segments):
+            raise ValueError("the conversation has no assistant turn to train on")
+        ids: list[int] = []
+        mask: list[int] = []
+        for text, trained in segments:
+            piece = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+            ids += piece
+            mask += [trained] * len(piece)
+        first, end = mask.index(1), len(mask) - mask[::-1].index(1)  # no context after the last turn
+        return ids[:first], ids[first:end], mask[first:end]
 
     def encode_sft_example(self, tokenizer: Any, prompt: str, response: str) -> tuple[list[int], list[int]]:
         """(prompt ids, response ids ending with EOS): the response is what the model should generate."""

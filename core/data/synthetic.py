@@ -132,6 +132,63 @@ def write_arithmetic_chain_taskset(
     os.replace(tmp, path)
 
 
+def write_tool_arithmetic_taskset(
+    path: str,
+    part: str = "train",
+    num_tasks: int = 1000,
+    low: int = 10,
+    high: int = 99,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    demos: bool = False,
+    no_tool_fraction: float = 0.0,
+) -> None:
+    """Write `num_tasks` multiplications `a*b` (low <= a, b <= high) that a tiny model cannot do
+    in its head but can with the `calculator` tool: rows like {"prompt": "What is 37*46?",
+    "answer": "1702"}. Problems are shuffled with `seed` and split by `test_fraction`, so
+    `part: test` is held out.
+
+    `demos` writes chat conversations for SFT instead ({"messages": [...], "answer": ...}): the
+    user asks; the assistant calls the calculator (`<tool_call>{"name": "calculator", "arguments":
+    {"expression": "37*46"}}</tool_call>`), the tool answers, the assistant gives
+    `<answer>1702</answer>`. With probability `no_tool_fraction` the demonstration is sloppy
+    instead: the assistant answers at once with a guess (the first operand rounded to tens, so
+    usually wrong)."""
+    if part not in ("train", "test"):
+        raise ValueError(f"part must be train or test; got '{part}'")
+    if not 0 <= low <= high:
+        raise ValueError(f"need 0 <= low <= high; got low {low}, high {high}")
+    if not 0.0 <= no_tool_fraction <= 1.0:
+        raise ValueError(f"no_tool_fraction must be in [0, 1]; got {no_tool_fraction}")
+    problems = list(itertools.product(range(low, high + 1), repeat=2))
+    random.Random(seed).shuffle(problems)
+    n_test = int(len(problems) * test_fraction)
+    pool = problems[:n_test] if part == "test" else problems[n_test:]
+    if num_tasks > len(pool):
+        raise ValueError(f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    noise = random.Random(seed + 1)
+    with open(tmp, "w") as f:
+        for a, b in pool[:num_tasks]:
+            question, answer = f"What is {a}*{b}?", str(a * b)
+            if not demos:
+                f.write(json.dumps({"prompt": question, "answer": answer}) + "\n")
+                continue
+            messages = [{"role": "user", "content": question}]
+            if noise.random() < no_tool_fraction:
+                messages.append({"role": "assistant", "content": f"<answer>{round(a, -1) * b}</answer>"})
+            else:
+                call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}*{b}"}})
+                messages += [
+                    {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+                    {"role": "tool", "content": answer},
+                    {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+                ]
+            f.write(json.dumps({"messages": messages, "answer": answer}) + "\n")
+    os.replace(tmp, path)
+
+
 def _sum_without_carry(a: int, b: int) -> int:
     """Digit-wise sum, each column mod 10: the answer of someone who forgets to carry."""
     out, place = 0, 1

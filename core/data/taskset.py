@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
 from ..registry import import_path
 from ..types import Task
-from .taskset_check import response_text
+from .taskset_check import messages_problem, response_text
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -56,6 +57,8 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
             )
         ds = load_dataset(FORMATS[ext], data_files={cfg.split: path}, split=cfg.split)
     fmt = cfg.format
+    if fmt.prompt_type == "messages":
+        return _message_tasks(cfg, key_path, ds)
     if fmt.prompt_key not in ds.column_names:
         raise ValueError(
             f"{key_path}.format.prompt_key: column '{fmt.prompt_key}' not in {path}; columns: {', '.join(ds.column_names)}"
@@ -83,6 +86,44 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
         )
     if not tasks:
         raise ValueError(f"{key_path}.path: '{path}' has no rows")
+    return tasks
+
+
+def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
+    """Tasks of a messages taskset: the conversation in `metadata["messages"]`, the prompt its
+    last user turn (what reward functions and logs read)."""
+    fmt = cfg.format
+    if fmt.messages_key not in ds.column_names:
+        raise ValueError(
+            f"{key_path}.format.messages_key: column '{fmt.messages_key}' not in {cfg.path}; "
+            f"columns: {', '.join(ds.column_names)}"
+        )
+    if cfg.num_samples is not None:
+        ds = ds.select(range(min(cfg.num_samples, len(ds))))
+    tasks = []
+    for i, row in enumerate(ds):
+        messages = row[fmt.messages_key]
+        problem = messages_problem(messages, needs_assistant=False)
+        if problem is not None:
+            raise ValueError(
+                f"{key_path}: {cfg.path} row {i + 1}: the messages ('{fmt.messages_key}') {problem}"
+            )
+        messages = [{k: v for k, v in m.items() if v is not None or k == "content"} for m in messages]
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        answer = row.get(fmt.answer_key)
+        tasks.append(
+            Task(
+                task_id=f"{cfg.name}-{i}",
+                prompt=str(users[-1]) if users else "",
+                answer=None if answer is None else str(answer),
+                metadata={
+                    "messages": messages,
+                    **{k: v for k, v in row.items() if k not in (fmt.messages_key, fmt.answer_key)},
+                },
+            )
+        )
+    if not tasks:
+        raise ValueError(f"{key_path}.path: '{cfg.path}' has no rows")
     return tasks
 
 

@@ -34,6 +34,31 @@ def response_text(value: Any) -> str | None:
     return None
 
 
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def messages_problem(value: Any, needs_assistant: bool) -> str | None:
+    """What is wrong with a row's chat messages (None when nothing is): a non-empty list of
+    {"role": system|user|assistant|tool, "content": text} objects (an assistant turn may carry
+    `tool_calls` and null content); `needs_assistant`: SFT trains on the assistant turns."""
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if isinstance(value, list) else f"a {type(value).__name__}"
+        return f'must be a non-empty list of {{"role": ..., "content": ...}} objects; got {got}'
+    for j, m in enumerate(value):
+        if not isinstance(m, dict):
+            return f"message {j} is a {type(m).__name__}, not an object with role and content"
+        if m.get("role") not in ROLES:
+            return f"message {j}: role must be one of {', '.join(ROLES)}; got {m.get('role')!r}"
+        content = m.get("content")
+        if not isinstance(content, str) and not (
+            content is None and m["role"] == "assistant" and m.get("tool_calls")
+        ):
+            return f"message {j} ({m['role']}): content must be text; got {type(content).__name__}"
+    if needs_assistant and not any(m["role"] == "assistant" for m in value):
+        return "has no assistant turn (SFT trains on the assistant turns)"
+    return None
+
+
 def check_taskset(
     ts: TasksetConfig, key: str, needs_answer: bool, needs_response: bool, needs_pair: bool = False
 ) -> int:
@@ -42,9 +67,10 @@ def check_taskset(
     rewards compare with an answer / the stage trains on reference responses (SFT) / on preference
     pairs (DPO: chosen and rejected, text or chat messages)."""
     path, fmt = ts.path, ts.format
-    required = [("prompt", fmt.prompt_key)]
+    messages = fmt.prompt_type == "messages"
+    required = [("messages", fmt.messages_key)] if messages else [("prompt", fmt.prompt_key)]
     required += [("answer", fmt.answer_key)] if needs_answer else []
-    required += [("response", fmt.response_key)] if needs_response else []
+    required += [("response", fmt.response_key)] if needs_response and not messages else []
     required += [("chosen", fmt.chosen_key), ("rejected", fmt.rejected_key)] if needs_pair else []
     count = 0
     for number, row in _rows(path, key):
@@ -63,6 +89,9 @@ def check_taskset(
                 raise TasksetError(
                     f"{key}: {path} row {number}: the {what} ('{column}') is {'null' if value is None else 'empty'}"
                 )
+            problem = messages_problem(value, needs_response) if what == "messages" else None
+            if problem is not None:
+                raise TasksetError(f"{key}: {path} row {number}: the messages ('{column}') {problem}")
             if what in ("chosen", "rejected") and response_text(value) is None:
                 raise TasksetError(
                     f"{key}: {path} row {number}: the {what} ('{column}') is a {type(value).__name__}, neither "

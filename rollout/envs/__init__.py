@@ -13,7 +13,9 @@ ENVS = Registry(
 
 def resolve_env(name: str) -> type[TextEnv]:
     """A registered environment, or a TextEnv subclass by import path (ValueError otherwise)."""
-    cls = ENVS.resolve(name) if name in ENVS or ":" not in name else import_path(name, what="environment")
+    if name not in ENVS and ":" not in name:
+        raise ValueError(f"'{name}' is not one of {', '.join(ENVS)} (nor an import path 'pkg.mod:Class')")
+    cls = ENVS.resolve(name) if name in ENVS else import_path(name, what="environment")
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
         raise ValueError(
             f"environment '{name}' is not a TextEnv subclass (got {cls!r}); give a class deriving from "

@@ -20,6 +20,9 @@ class StepResult:
     """Reward for this step; an episode's reward is the sum over its steps."""
     done: bool = False
     """The episode is over: no further model turn."""
+    messages: list[dict[str, Any]] | None = None
+    """Chat turns to append instead of `observation` as one user turn (a tool's results: role
+    "tool"); rendered by the chat template."""
 
 
 class TextEnv(ABC):
@@ -31,6 +34,8 @@ class TextEnv(ABC):
     def __init__(self, task: Task, args: dict[str, Any]):
         self.task = task
         self.args = args
+        self.metrics: dict[str, float] = {}
+        """Counters of the episode (tool calls...), averaged over a step into rollout/<name>_mean."""
 
     @abstractmethod
     def reset(self) -> str:

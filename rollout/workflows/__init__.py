@@ -17,6 +17,7 @@ WORKFLOWS = Registry(
     {
         "single_turn": "rlcore.rollout.workflows.single_turn:SingleTurnWorkflow",
         "multi_turn": "rlcore.rollout.workflows.multi_turn:MultiTurnWorkflow",
+        "tool_call": "rlcore.rollout.workflows.tool_call:ToolCallWorkflow",
     },
 )
 

@@ -47,9 +47,16 @@ class Workflow(ABC):
         accepts any args (a workflow that reads none ignores them)."""
         return None
 
+    @classmethod
+    def tool_schemas(cls, args: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The tools (OpenAI function schemas) this workflow declares to the model with these
+        args: an SFT stage on the same taskset renders its conversations with them."""
+        return None
+
     def encode_prompt(self, task: Task) -> list[int]:
-        """The token ids the engine is given for `task` (raises on a prompt the template refuses)."""
-        return self.prompt_format.encode_prompt(self.tokenizer, task.prompt)
+        """The token ids the engine is given for `task`: its prompt as a user turn, or a messages
+        taskset's conversation (raises on a prompt the template refuses)."""
+        return self.prompt_format.encode_prompt(self.tokenizer, task.prompt, task.metadata.get("messages"))
 
     @abstractmethod
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:

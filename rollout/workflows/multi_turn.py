@@ -1,79 +1,24 @@
-"""A conversation with a text environment (rollout/envs): the model replies, the environment
-answers with an observation and a reward, until it ends the episode or a limit does.
-
-One experience per episode: the first observation is the prompt; the response is every later
-token, the model's replies (loss mask 1, their engine log-probs) and the environment's turns
-between them (loss mask 0), all as the engine generated and the template rendered them. Its reward
-is the sum of the environment's step rewards plus the taskset's reward functions on the last reply.
-
-Limits (`workflow_args`): `max_turns` model replies (then finish reason "max_turns");
-`max_tokens_per_turn` (default the rollout's max_tokens); `max_total_tokens` for the whole response
-(default none), and the model length: a turn gets only the room left, and an episode with no room
-for its next observation or reply ends with finish reason "length".
-"""
+"""`multi_turn`: a conversation with a text environment (rollout/envs), on the loop of
+conversation.py (its limits, finish reasons and experience layout)."""
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...core.types import Experience, SamplingParams, Task
+from ...core.types import Task
 from ..envs import resolve_env
-from ..envs.base import TextEnv
-from .base import Workflow
-from .turns import TurnFormat
+from .conversation import LIMITS, ConversationWorkflow, Episode
 
 
-@dataclass
-class Episode:
-    """One conversation in progress."""
-
-    task: Task
-    env: TextEnv
-    prompt: list[int]
-    response: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    env_reward: float = 0.0
-    turns: int = 0
-    last_reply: str = ""
-    last_reply_ids: list[int] = field(default_factory=list)
-    finish: str | None = None
-    """Set when the episode is over."""
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt + self.response
-
-    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
-        """Append the model's tokens (with their log-probs) or context tokens (logprobs None)."""
-        self.response += ids
-        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
-        self.mask += [1 if logprobs is not None else 0] * len(ids)
-
-
-def _positive_int(args: dict[str, Any], key: str, default: int | None) -> int | None:
-    value = args.get(key, default)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"workflow_args.{key} must be a positive integer; got {value!r}")
-    return value
-
-
-class MultiTurnWorkflow(Workflow):
+class MultiTurnWorkflow(ConversationWorkflow):
     """`workflow_args`: env (registered name or 'pkg.mod:Class'), env_args (object), max_turns
     (default 4), max_tokens_per_turn, max_total_tokens."""
 
-    KEYS = ("env", "env_args", "max_turns", "max_tokens_per_turn", "max_total_tokens")
+    KEYS = ("env", "env_args", *LIMITS)
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> None:
-        unknown = sorted(set(args) - set(cls.KEYS))
-        if unknown:
-            raise ValueError(
-                f"workflow_args: unknown key(s) {', '.join(unknown)}; multi_turn takes {', '.join(cls.KEYS)}"
-            )
+        super().check_args(args)
         if not isinstance(args.get("env"), str):
             raise ValueError(
                 "workflow_args.env: name the environment (arithmetic_chain, or 'pkg.mod:Class' of a TextEnv)"
@@ -84,110 +29,13 @@ class MultiTurnWorkflow(Workflow):
             raise ValueError(f"workflow_args.env: {e}") from None
         if not isinstance(args.get("env_args", {}), dict):
             raise ValueError(f"workflow_args.env_args must be an object; got {args['env_args']!r}")
-        for key in ("max_turns", "max_tokens_per_turn", "max_total_tokens"):
-            _positive_int(args, key, None)
 
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        self.check_args(self.args)
         self.env_cls = resolve_env(self.args["env"])
         self.env_args = self.args.get("env_args", {})
-        self.max_turns = _positive_int(self.args, "max_turns", 4)
-        self.max_tokens_per_turn = _positive_int(self.args, "max_tokens_per_turn", None)
-        self.max_total_tokens = _positive_int(self.args, "max_total_tokens", None)
-        pf = self.prompt_format
-        self.turns = TurnFormat(self.tokenizer, pf.apply_chat_template, pf.chat_template, pf.system_prompt)
-        self.max_model_len: int = self.engine.max_model_len
 
     def start(self, task: Task) -> Episode:
         env = self.env_cls(task, self.env_args)
         first = env.reset()
         return Episode(task, env, self.prompt_format.encode_prompt(self.tokenizer, first))
-
-    def room(self, ep: Episode, per_turn: int) -> int:
-        """Tokens the episode's next reply may take."""
-        room = min(per_turn, self.max_model_len - len(ep.context))
-        if self.max_total_tokens is not None:
-            room = min(room, self.max_total_tokens - len(ep.response))
-        return room
-
-    def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
-        start = time.perf_counter()
-        engine_s = 0.0
-        episodes = [self.start(task) for task in tasks for _ in range(sampling.n)]
-        per_turn = self.max_tokens_per_turn or sampling.max_tokens
-        while True:
-            live = [ep for ep in episodes if ep.finish is None]
-            for ep in live:
-                if self.room(ep, per_turn) < 1:
-                    ep.finish = "length"
-            live = [ep for ep in live if ep.finish is None]
-            if not live:
-                break
-            t0 = time.perf_counter()
-            self.reply(live, sampling, per_turn)
-            engine_s += time.perf_counter() - t0
-            for ep in live:
-                self.observe(ep)
-        experiences = [self.experience(ep, policy_version) for ep in episodes]
-        self.timing = {"engine_s": engine_s, "reward_s": time.perf_counter() - start - engine_s}
-        return experiences
-
-    def reply(self, live: list[Episode], sampling: SamplingParams, per_turn: int) -> None:
-        """One model turn for every live episode. Episodes at the same context sample together as
-        one prompt's n samples (a seeded prompt's samples differ from each other, and depend on the
-        prompt alone), in one engine call per (room, n)."""
-        same: dict[tuple[tuple[int, ...], int], list[Episode]] = defaultdict(list)
-        for ep in live:
-            same[(tuple(ep.context), self.room(ep, per_turn))].append(ep)
-        calls: dict[tuple[int, int], list[list[Episode]]] = defaultdict(list)
-        for (_, room), group in same.items():
-            calls[(room, len(group))].append(group)
-        for (room, n), groups in calls.items():
-            prompts = [groups_[0].context for groups_ in groups]
-            completions = self.engine.generate(prompts, replace(sampling, n=n, max_tokens=room))
-            for group, samples in zip(groups, completions, strict=True):
-                for ep, c in zip(group, samples, strict=True):
-                    ep.add(c.token_ids, c.logprobs)
-                    ep.turns += 1
-                    ep.last_reply, ep.last_reply_ids = c.text, c.token_ids
-
-    def observe(self, ep: Episode) -> None:
-        """The environment's answer to the episode's last reply, appended unless the episode ends."""
-        result = ep.env.step(ep.last_reply)
-        ep.env_reward += float(result.reward)
-        if result.done:
-            ep.finish = "stop"
-            return
-        if ep.turns == self.max_turns:  # no reply would follow the observation
-            ep.finish = "max_turns"
-            return
-        ids = self.turns.after_reply(ep.last_reply_ids, [{"role": "user", "content": result.observation}])
-        if len(ep.context) + len(ids) >= self.max_model_len or (
-            self.max_total_tokens is not None and len(ep.response) + len(ids) >= self.max_total_tokens
-        ):
-            ep.finish = "length"  # no room for the observation and a reply to it
-            return
-        ep.add(ids, None)
-
-    def experience(self, ep: Episode, policy_version: int) -> Experience:
-        if not ep.response:
-            raise ValueError(
-                f"task {ep.task.task_id}: its first observation ({len(ep.prompt)} tokens) leaves no room for a reply "
-                f"within max_model_len {self.max_model_len}"
-            )
-        reward, components = self.reward(ep.last_reply, ep.task)
-        components = {"env": ep.env_reward, **components}
-        return Experience(
-            prompt_token_ids=ep.prompt,
-            response_token_ids=ep.response,
-            logprobs=ep.logprobs,
-            reward=ep.env_reward + reward,
-            group_id=ep.task.task_id,
-            policy_version=policy_version,
-            finish_reason=ep.finish or "stop",
-            response_text=ep.last_reply,
-            reward_components=components,
-            loss_mask=ep.mask if 0 in ep.mask else [],
-            metrics={"turns": float(ep.turns)},
-        )

@@ -18,10 +18,14 @@ PROBE_USER, PROBE_REPLY = "\x00probe-user\x00", "\x00probe-reply\x00"
 class TurnFormat:
     """Renders appended turns for one tokenizer and (optional) chat template."""
 
-    def __init__(self, tokenizer: Any, chat: bool, chat_template: str | None, system_prompt: str | None):
+    def __init__(
+        self, tokenizer: Any, chat: bool, chat_template: str | None, system_prompt: str | None,
+        tools: list[dict[str, Any]] | None = None,
+    ):  # fmt: skip
         self.tokenizer = tokenizer
         self.chat = chat
         self.chat_template = chat_template
+        self.tools = tools
         self.system = (
             [] if system_prompt is None or not chat else [{"role": "system", "content": system_prompt}]
         )
@@ -41,7 +45,7 @@ class TurnFormat:
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return str(
             self.tokenizer.apply_chat_template(
-                self.system + messages, chat_template=self.chat_template,
+                self.system + messages, chat_template=self.chat_template, tools=self.tools,
                 add_generation_prompt=generation_prompt, tokenize=False,
             )
         )  # fmt: skip

@@ -122,11 +122,11 @@ def test_chat_template_turns_append_what_the_template_renders(engine: HFEngine) 
     "args, match",
     [
         ({}, r"^workflow_args\.env: name the environment"),
-        ({"env": "nope"}, r"^workflow_args\.env: .*must be one of arithmetic_chain"),
+        ({"env": "nope"}, r"^workflow_args\.env: 'nope' is not one of arithmetic_chain \(nor an import path"),
         ({"env": "rlcore.core.types:Task"}, r"^workflow_args\.env: environment 'rlcore.core.types:Task' is not a TextEnv"),
         ({"env": ENV, "max_turns": 0}, r"^workflow_args\.max_turns must be a positive integer; got 0"),
         ({"env": ENV, "env_args": [1]}, r"^workflow_args\.env_args must be an object"),
-        ({"env": ENV, "turns": 3}, r"^workflow_args: unknown key\(s\) turns; multi_turn takes env, env_args"),
+        ({"env": ENV, "turns": 3}, r"^workflow_args: unknown key\(s\) turns; this workflow takes env, env_args"),
     ],
 )
 def test_bad_workflow_args_name_the_key(engine: HFEngine, args: dict[str, Any], match: str) -> None:

@@ -1,0 +1,183 @@
+"""tool_call: the Hermes call parser, tools (calculator, the sandboxed python tool, a user's tool),
+error turns instead of crashes, the workflow's checks, and chat-message encoding with the scratch
+BPE tokenizer and its ChatML template (tool output is context: loss mask 0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlcore.core.config.schema import ScratchModelConfig
+from rlcore.core.data.prompts import PromptFormat
+from rlcore.core.scratch_model import build_scratch_model
+from rlcore.core.types import SamplingParams, Task
+from rlcore.rollout.engines.hf import HFEngine
+from rlcore.rollout.rewards.compose import build_reward
+from rlcore.rollout.tools.base import Tool
+from rlcore.rollout.tools.calculator import Calculator
+from rlcore.rollout.tools.python import PythonTool
+from rlcore.rollout.workflows.tool_call import ToolCallWorkflow, ToolSession, build_tools, parse_tool_calls
+
+BOOM = f"{__name__}:Boom"
+
+
+class Boom(Tool):
+    """A user's tool that breaks."""
+
+    name = "boom"
+    description = "Always fails."
+    parameters = {"type": "object", "properties": {}}
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        raise RuntimeError("kaput")
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def bpe_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("models") / "tiny-bpe")
+    spec = ScratchModelConfig(enabled=True, tokenizer="bpe", hidden_size=64, num_layers=2, intermediate_size=128)
+    build_scratch_model(path, spec, max_model_len=256, seed=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(bpe_model: str) -> HFEngine:
+    return HFEngine(bpe_model)
+
+
+def workflow(engine: HFEngine, args: dict[str, Any], **kwargs: Any) -> ToolCallWorkflow:
+    kwargs.setdefault("apply_chat_template", True)
+    return ToolCallWorkflow(
+        engine, engine.tokenizer, build_reward(["exact_match"]), max_prompt_tokens=200, args=args, **kwargs
+    )
+
+
+def test_calls_are_parsed_in_order_and_unreadable_ones_become_errors() -> None:
+    reply = (
+        call("calculator", expression="2*3")
+        + '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1+1\\"}"}</tool_call>'
+        + "<tool_call>{not json}</tool_call><tool_call>[1, 2]</tool_call><tool_call>{\"name\": \"x\""
+    )
+    calls = parse_tool_calls(reply)
+    assert calls[:2] == [("calculator", {"expression": "2*3"}), ("calculator", {"expression": "1+1"})]
+    assert calls[2].startswith("malformed tool call: not JSON (Expecting property name")
+    assert calls[3] == 'malformed tool call: give {"name": "<tool>", "arguments": {...}}'
+    assert calls[4] == "malformed tool call: <tool_call> without its closing </tool_call>"
+    assert parse_tool_calls("<answer>6</answer>") == []
+
+
+def test_tool_failures_are_error_turns_and_counted() -> None:
+    tools = build_tools({"tools": ["calculator", "python", BOOM], "tool_args": {"python": {"timeout_s": 0.5}}})
+    session = ToolSession(Task("t", "q"), tools, max_calls=6)
+    reply = (
+        call("calculator", expression="37*46") + call("calculator", expression="1/0") + call("abacus")
+        + call("python", code="while True: pass") + call("boom") + "<tool_call>{oops}</tool_call>"
+    )  # fmt: skip
+    result = session.step(reply)
+    outputs = [m["content"] for m in result.messages or []]
+    assert not result.done and [m["role"] for m in result.messages or []] == ["tool"] * 6
+    assert outputs[0] == "1702" and outputs[1] == "error: division by zero"
+    assert outputs[2] == "error: unknown tool 'abacus'; the tools are calculator, python, boom"
+    assert outputs[3] == "error: the code ran longer than 0.5 s and was stopped"
+    assert outputs[4] == "error: tool 'boom' failed: RuntimeError: kaput"
+    assert outputs[5].startswith("error: malformed tool call: not JSON")
+    assert session.metrics == {"tool_calls": 6.0, "tool_errors": 5.0, "tool_used": 1.0}
+    assert session.step("<answer>1702</answer>").done  # no call: the final answer
+    # at most max_calls per turn: the rest is said to be ignored
+    one = ToolSession(Task("t", "q"), tools, max_calls=1).step(call("calculator", expression="1+1") * 3)
+    assert [m["content"] for m in one.messages or []] == ["2", "error: 2 more call(s) ignored (at most 1 per turn)"]
+
+
+def test_the_python_tool_runs_code_in_a_limited_subprocess() -> None:
+    tool = PythonTool({"timeout_s": 5, "memory_mb": 128})
+    assert tool({"code": "print(sum(range(10)))"}) == "45\n"
+    with pytest.raises(Exception, match="out of memory"):
+        tool({"code": "x = bytearray(512 * 1024 * 1024)"})
+    with pytest.raises(Exception, match="ZeroDivisionError"):
+        tool({"code": "1/0"})
+    assert Calculator()({"expression": "(2+3)/2"}) == "2.5"
+
+
+def test_the_prompt_declares_the_tools_through_the_template(engine: HFEngine) -> None:
+    wf = workflow(engine, {"tools": ["calculator"]})
+    text = engine.tokenizer.decode(wf.encode_prompt(Task("t", "What is 37*46?")))
+    assert '"name": "calculator"' in text and text.endswith("What is 37*46?<|im_end|>\n<|im_start|>assistant\n")
+    exps = wf.run([Task("t", "What is 37*46?", answer="1702")], SamplingParams(n=2, max_tokens=8, seed=0), 0)
+    assert len(exps) == 2 and all({"turns", "tool_calls", "tool_errors", "tool_used"} <= set(e.metrics) for e in exps)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ({"tools": ["calculator"]}, {"apply_chat_template": False}, r"^tool_call needs model\.apply_chat_template: true"),
+        ({"tools": ["calculator"]}, {"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"},
+         r"^the chat template does not declare tools to the model"),
+        ({"tools": ["abacus"]}, {}, r"^workflow_args\.tools\[0\]: 'abacus' is not one of calculator, python"),
+        ({"tools": []}, {}, r"^workflow_args\.tools: list the tools"),
+        ({"tools": [f"{__name__}:call"]}, {}, r"^workflow_args\.tools\[0\]: tool '.*:call' is not a Tool subclass"),
+        ({"tools": ["calculator"], "max_calls_per_turn": 0}, {}, r"^workflow_args\.max_calls_per_turn must be a positive"),
+        ({"tools": ["calculator"], "env": "x"}, {}, r"^workflow_args: unknown key\(s\) env"),
+    ],
+)  # fmt: skip
+def test_bad_tool_setups_are_refused_naming_the_field(
+    engine: HFEngine, args: dict[str, Any], kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        workflow(engine, args, **kwargs)
+
+
+def test_sft_on_messages_trains_the_assistant_turns_only(engine: HFEngine) -> None:
+    tok = engine.tokenizer
+    fmt = PromptFormat(200, True, None, None, [Calculator().schema])
+    tool_call = call("calculator", expression="37*46")
+    messages = [
+        {"role": "user", "content": "What is 37*46?"},
+        {"role": "assistant", "content": tool_call},
+        {"role": "tool", "content": "1702"},
+        {"role": "assistant", "content": "<answer>1702</answer>"},
+    ]
+    prompt, response, mask = fmt.encode_sft_messages(tok, messages)
+    assert prompt == fmt.encode_prompt(tok, "What is 37*46?")  # what a rollout's prompt is
+    runs: list[tuple[int, str]] = []
+    for token, m in zip(response, mask, strict=True):
+        if not runs or runs[-1][0] != m:
+            runs.append((m, ""))
+        runs[-1] = (m, runs[-1][1] + tok.decode([token]))
+    assert runs == [
+        (1, tool_call + "<|im_end|>"),
+        (0, "\n<|im_start|>tool\n<tool_response>\n1702\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+        (1, "<answer>1702</answer><|im_end|>"),
+    ]
+    with pytest.raises(ValueError, match="no assistant turn"):
+        fmt.encode_sft_messages(tok, messages[:1])
+
+
+def test_a_messages_row_of_the_wrong_shape_names_the_row_and_field(tmp_path: Path) -> None:
+    from rlcore.core.config.schema import TasksetConfig
+    from rlcore.core.data.taskset import load_tasks
+    from rlcore.core.data.taskset_check import TasksetError, check_taskset
+
+    path = tmp_path / "chat.jsonl"
+    ts = TasksetConfig(name="chat", path=str(path))
+    ts.format.prompt_type = "messages"
+    cases = [
+        ({"messages": "hi"}, "must be a non-empty list of {\"role\": ..., \"content\": ...} objects; got a str"),
+        ({"messages": [{"role": "bot", "content": "hi"}]}, "message 0: role must be one of system, user, assistant, tool; got 'bot'"),
+        ({"messages": [{"role": "user", "content": 3}]}, "message 0 (user): content must be text; got int"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "has no assistant turn (SFT trains on the assistant turns)"),
+    ]  # fmt: skip
+    for row, reason in cases:
+        path.write_text(json.dumps({"messages": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "a"}]}) + "\n" + json.dumps(row) + "\n")
+        with pytest.raises(TasksetError) as e:
+            check_taskset(ts, "buffer.explorer_input.taskset", needs_answer=False, needs_response=True)
+        assert str(e.value) == f"buffer.explorer_input.taskset: {path} row 2: the messages ('messages') {reason}"
+    path.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], "answer": "1"}) + "\n")
+    (task,) = load_tasks(ts, "buffer.explorer_input.taskset")
+    assert task.prompt == "q" and task.answer == "1" and task.metadata["messages"][1] == {"role": "user", "content": "q"}
