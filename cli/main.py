@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--register", metavar="HOST:PORT", help="RunService of a run to join (RegisterWorker + heartbeats)"
     )
     serve.add_argument("--index", type=int, default=-1, help="worker index given by the launcher")
+    serve.add_argument(
+        "--http-port", type=int, default=None,
+        help="also serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) on this port (0: any free one)",
+    )  # fmt: skip
+    serve.add_argument("--http-port-file", help="write host:port of the HTTP door here once it listens")
+    serve.add_argument("--served-model-name", help="the model name the HTTP door answers to (default: the model folder's name)")
     _add_server_args(serve)
 
     trainer = commands.add_parser("trainer", help="trainer worlds")

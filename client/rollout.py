@@ -162,6 +162,13 @@ class RolloutClient(BlockingClient):
     def get_info(self, timeout: float | None = None) -> rollout_pb2.GetInfoResponse:
         return self._unary("GetInfo", rollout_pb2.GetInfoRequest(), timeout)
 
+    def finish_episode(
+        self, episode_id: str, reward: float, group_id: str = "", timeout: float | None = None
+    ) -> list[Experience]:
+        """End an episode the worker's HTTP door recorded: its experiences, scored with `reward`."""
+        request = rollout_pb2.FinishEpisodeRequest(episode_id=episode_id, reward=reward, group_id=group_id)
+        return [experience_from_proto(e) for e in self._unary("FinishEpisode", request, timeout).experiences]
+
     def pause(self, timeout: float | None = None) -> int:
         """Refuse new generation once running calls finished; answers the version served."""
         return self._unary("Pause", rollout_pb2.PauseRequest(), timeout).policy_version
@@ -239,6 +246,15 @@ class AsyncRolloutClient(AsyncClient):
 
     async def get_info(self, timeout: float | None = None) -> rollout_pb2.GetInfoResponse:
         return await self._unary("GetInfo", rollout_pb2.GetInfoRequest(), timeout)
+
+    async def finish_episode(
+        self, episode_id: str, reward: float, group_id: str = "", timeout: float | None = None
+    ) -> list[Experience]:
+        request = rollout_pb2.FinishEpisodeRequest(episode_id=episode_id, reward=reward, group_id=group_id)
+        return [
+            experience_from_proto(e)
+            for e in (await self._unary("FinishEpisode", request, timeout)).experiences
+        ]
 
     async def pause(self, timeout: float | None = None) -> int:
         return (await self._unary("Pause", rollout_pb2.PauseRequest(), timeout)).policy_version

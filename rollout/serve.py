@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
+import time
 from typing import Any
 
 from ..core.rpc.cli import tls_from_args, usage_error, write_atomic
@@ -29,6 +31,46 @@ def _heartbeat_loop(
             log.warning("heartbeat to the run at %s failed: %s", run.address, e)
 
 
+class HttpDoor:
+    """The OpenAI-compatible door (openai_door.py) served by uvicorn in a thread of this process."""
+
+    def __init__(self, app: Any, host: str, port: int, model_name: str):
+        import uvicorn
+
+        self.model_name = model_name
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        )
+        self.thread = threading.Thread(target=self.server.run, name="http-door", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise OSError(f"the HTTP door could not listen on {host}:{port}")
+            time.sleep(0.05)
+        bound = self.server.servers[0].sockets[0].getsockname()
+        self.address = f"{host}:{bound[1]}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namespace) -> HttpDoor:
+    try:
+        from .openai_door import OpenAIDoor, build_app
+    except ImportError as e:
+        raise OSError(f"--http-port needs FastAPI and uvicorn ({e}): pip install 'rlcore[http]'") from None
+
+    name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
+    door = HttpDoor(
+        build_app(OpenAIDoor(servicer, servicer.episodes, token, name)), args.host, args.http_port, name
+    )
+    if args.http_port_file:
+        write_atomic(args.http_port_file, door.address)
+    return door
+
+
 def serve_main(args: argparse.Namespace) -> int:
     """`rlcore rollout serve`: load the engine, serve until SIGINT/SIGTERM; returns the exit code."""
     try:
@@ -37,6 +79,8 @@ def serve_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         return usage_error(str(e))
     assert token is not None  # required
+    if args.http_port is not None and not 0 <= args.http_port <= 65535:
+        return usage_error(f"--http-port must be a port number (0 to 65535, 0: any free one); got {args.http_port}")
     for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
@@ -78,6 +122,7 @@ def serve_main(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     run = None
+    http: HttpDoor | None = None
     try:
         if args.port_file:
             write_atomic(args.port_file, server.address)
@@ -97,10 +142,21 @@ def serve_main(args: argparse.Namespace) -> int:
                     daemon=True,
                 ).start()  # fmt: skip
         print(f"rlcore: rollout worker serving {args.model} on {server.address}", flush=True)
+        if args.http_port is not None:
+            try:
+                http = start_http_door(servicer, token, args)
+            except OSError as e:
+                return usage_error(str(e))
+            print(
+                f"rlcore: OpenAI-compatible API on http://{http.address}/v1 (model '{http.model_name}')",
+                flush=True,
+            )
         while not stop.wait(1.0):  # a short wait keeps the main thread responsive to signals
             pass
     finally:
         stop.set()
+        if http is not None:
+            http.stop()
         server.stop()
         if run is not None:
             run.close()

@@ -25,11 +25,12 @@ from ..core.rpc.convert import (
     sampling_from_proto,
     task_from_proto,
 )
-from ..core.rpc.errors import DeadlineExceeded, InvalidArgument, require
+from ..core.rpc.errors import DeadlineExceeded, InvalidArgument, NotFound, require
 from ..core.rpc.server import RpcServer, ServerOptions, Service
 from ..core.types import SamplingParams, Task, WorkflowSpec
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from .engines.base import RolloutEngine
+from .episodes import EpisodeRecorder
 from .gate import GenerationGate
 from .rewards.compose import resolve_reward
 from .weight_receiver import WeightReceiver
@@ -75,6 +76,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._workflows: OrderedDict[tuple, Workflow] = OrderedDict()
         self._workflows_lock = threading.Lock()
         self.weights = WeightReceiver(engine, self._engine_lock, self.gate)
+        self.episodes = EpisodeRecorder()
+        """Episodes the OpenAI-compatible door records (openai_door.py); FinishEpisode ends them."""
 
     # ------------------------------------------------------------------------------------------
     # generation
@@ -263,6 +266,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     # ------------------------------------------------------------------------------------------
     # info, pause, resume
+
+    def FinishEpisode(self, request: rollout_pb2.FinishEpisodeRequest, context: grpc.ServicerContext) -> Any:
+        require(bool(request.episode_id), "episode_id", "must be non-empty")
+        require(math.isfinite(request.reward), "reward", f"must be finite; got {request.reward}")
+        experiences = self.episodes.finish(request.episode_id, request.reward, request.group_id)
+        if experiences is None:
+            raise NotFound(
+                f"episode_id: no episode '{request.episode_id}' is recorded here (tag the HTTP requests with it; "
+                "a finished or evicted episode is gone)"
+            )
+        return rollout_pb2.FinishEpisodeResponse(experiences=[experience_to_proto(e) for e in experiences])
 
     def GetInfo(self, request: rollout_pb2.GetInfoRequest, context: grpc.ServicerContext) -> Any:
         paused, active, completed, tokens = self.gate.snapshot()

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from ..core.algorithms.dapo import informative_groups
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat
 from ..core.data.taskset import TaskStream, load_tasks, preference_pair
-from ..core.monitor.jsonl import drop_after
+from ..core.monitor.jsonl import COMPLETIONS, drop_after
 from ..core.step_metrics import mean_dicts, memory_metrics
 from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
 from ..core.types import Experience, Task
@@ -280,6 +281,7 @@ class StageLoop:
         if exps:
             train_metrics, self.global_step = self.handle.train_step(exps)
             metrics.update(train_metrics)
+            self._log_completions(exps)
         metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
         return metrics
 
@@ -439,6 +441,7 @@ class StageLoop:
         hf = os.path.join(restored.path, "hf")
         self.final_model = hf if os.path.isdir(hf) else None
         dropped = drop_after(self.sdir, self.global_step)
+        drop_after(self.sdir, self.global_step, COMPLETIONS)
         log.info(
             "resumed %s from %s (step %d)%s", self.stage.name, restored.path, self.global_step,
             f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",
@@ -457,6 +460,22 @@ class StageLoop:
         return reporter.heartbeat(  # type: ignore[no-any-return]
             self.stage.name, self.global_step, self.total_train_steps, self.synced_step, wait=wait
         )
+
+    def _log_completions(self, exps: list[Experience]) -> None:
+        """monitor.log_completions: a seeded sample of the step's rollouts to the monitors."""
+        monitor = self.cfg.monitor
+        if not monitor.log_completions:
+            return
+        rng = random.Random(f"{self.cfg.seed}/{self.explore_step}")
+        rows = [
+            {"prompt": self.tokenizer.decode(e.prompt_token_ids), "response": self.tokenizer.decode(e.response_token_ids),
+             "reward": e.reward, "rewards": e.reward_components, "finish_reason": e.finish_reason,
+             "group": e.group_id, "policy_version": e.policy_version, "counts": e.metrics}
+            for e in exps
+            if rng.random() < monitor.save_completions_probability
+        ]  # fmt: skip
+        if rows:
+            self.monitor.log_completions(rows, self.global_step)
 
     def _log(self, metrics: dict[str, float]) -> None:
         if not metrics:

@@ -14,3 +14,13 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("models") / "tiny")
     build_scratch_model(path, ScratchModelConfig(enabled=True), max_model_len=256, seed=0)
     return path
+
+
+@pytest.fixture(scope="session")
+def bpe_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A smaller scratch model with the byte-level BPE tokenizer and its ChatML template (tools,
+    tool calls), 256 positions, built once per test session."""
+    path = str(tmp_path_factory.mktemp("models") / "tiny-bpe")
+    spec = ScratchModelConfig(enabled=True, tokenizer="bpe", hidden_size=64, num_layers=2, intermediate_size=128)
+    build_scratch_model(path, spec, max_model_len=256, seed=0)
+    return path

@@ -462,6 +462,13 @@ class SynchronizerConfig:
 class MonitorConfig:
     monitor_type: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Any of console, jsonl, tensorboard, wandb, mlflow."""
+    log_completions: bool = False
+    """Log a sample of each training step's rollouts: prompt, response (tool and environment turns
+    included), reward and its components, finish reason and the workflow's counters (tool calls,
+    turns), to completions.jsonl beside metrics.jsonl, a TensorBoard text table and a W&B table."""
+    save_completions_probability: float = bounded(0.1, ge=0.0, le=1.0)
+    """With log_completions: the chance each rollout is in the sample (drawn from the run's seed and
+    the step, so a resumed run logs the same ones)."""
 
 
 MONITOR_TYPES = ("console", "jsonl", "tensorboard", "wandb", "mlflow")

@@ -17,6 +17,12 @@ class Monitor(ABC):
     @abstractmethod
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
+    def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A sample of a step's rollouts (monitor.log_completions), one dict per rollout: prompt,
+        response, reward, rewards, finish_reason, group, policy_version, counts. Sinks without a
+        place for text ignore them."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Flush and release files or remote runs; called once at the end of the run."""
@@ -31,6 +37,10 @@ class MultiMonitor(Monitor):
     def log(self, metrics: dict[str, float], step: int) -> None:
         for monitor in self.monitors:
             monitor.log(metrics, step)
+
+    def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
+        for monitor in self.monitors:
+            monitor.log_completions(rows, step)
 
     def close(self) -> None:
         for monitor in self.monitors:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 from .base import Monitor
 
@@ -18,6 +20,27 @@ class TensorBoardMonitor(Monitor):
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, global_step=step)
         self._writer.flush()  # one call per step: cheap, and a live TensorBoard sees every step
+
+    def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A markdown table under the Text tab, tag `completions`."""
+        if not rows:
+            return
+        cells = [
+            [
+                str(r["prompt"]),
+                str(r["response"]),
+                f"{r['reward']:.4g}",
+                str(r["finish_reason"]),
+                json.dumps(r.get("counts", {})),
+            ]
+            for r in rows
+        ]
+        table = "| prompt | response | reward | finish | counts |\n|---|---|---|---|---|\n" + "".join(
+            "| " + " | ".join(c.replace("|", "\\|").replace("\n", "<br>") for c in row) + " |\n"
+            for row in cells
+        )
+        self._writer.add_text("completions", table, global_step=step)
+        self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()

@@ -24,5 +24,25 @@ class WandbMonitor(Monitor):
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._run.log(dict(metrics), step=step)
 
+    def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A W&B table `completions` per step."""
+        import wandb
+
+        if not rows:
+            return
+        columns = ["prompt", "response", "reward", "finish_reason", "group", "counts"]
+        data = [
+            [
+                r["prompt"],
+                r["response"],
+                r["reward"],
+                r["finish_reason"],
+                r["group"],
+                str(r.get("counts", {})),
+            ]
+            for r in rows
+        ]
+        self._run.log({"completions": wandb.Table(columns=columns, data=data)}, step=step)
+
     def close(self) -> None:
         self._run.finish()

@@ -6,6 +6,7 @@ token, which would not hold if the tool's output (placeholder log-probs) were in
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -30,7 +31,7 @@ def test_sft_on_messages_then_tool_call_grpo_runs_the_calculator(tmp_path):
                               "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128}},
         "cluster": {"device": "cpu", "threads_per_rank": 1},
         "buffer": {"explorer_input": {"taskset": train}},
-        "monitor": {"monitor_type": ["jsonl"]},
+        "monitor": {"monitor_type": ["jsonl"], "log_completions": True, "save_completions_probability": 1.0},
         "stages": [
             {"name": "sft", "mode": "train",
              "algorithm": {"algorithm_type": "sft", "optimizer": {"lr": 3e-3, "lr_warmup_steps": 10}},
@@ -48,3 +49,7 @@ def test_sft_on_messages_then_tool_call_grpo_runs_the_calculator(tmp_path):
         assert m["rollout/tool_used_mean"] > 0.5, m  # the calculator answered most episodes' calls
         assert m["rollout/turns_mean"] > 1.5 and m["rollout/tool_calls_mean"] >= m["rollout/tool_used_mean"]
         assert m["rollout/logprob_diff_max"] < 1e-3, m
+    with open(os.path.join(root, "it", "run", "stage1_rl", "completions.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 2 * 16  # every rollout of both steps: the calls and the tool's answers in them
+    assert any("<tool_call>" in r["response"] and "<tool_response>" in r["response"] and r["counts"]["tool_used"] for r in rows)

@@ -4,6 +4,7 @@ and a workflow that cannot be imported stops the launch in one line before anyth
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,12 +112,18 @@ def test_multi_turn_episodes_run_on_the_worker_and_train_on_the_models_turns(tmp
         **{"buffer.total_steps": 2, "buffer.explorer_input.taskset.default_workflow_type": "multi_turn",
            "buffer.explorer_input.taskset.workflow_args": {
                "env": "tests.unit.rollout.test_multi_turn:CountingEnv", "max_turns": 3, "max_tokens_per_turn": 3},
-           "buffer.explorer_input.eval_tasksets": [chains], "explorer.eval_on_startup": True},
+           "buffer.explorer_input.eval_tasksets": [chains], "explorer.eval_on_startup": True,
+           "monitor.log_completions": True, "monitor.save_completions_probability": 0.5},
     )  # fmt: skip
     launch(cfg, os.path.join(root, "cfg.yaml"))
     metrics = read_metrics(os.path.join(root, "it", "run"))
     steps = [m for m in metrics if "rollout/logprob_diff_max" in m]
     assert len(steps) == 2
+    # monitor.log_completions: about half of each step's 16 conversations, the environment's turns in them
+    with open(os.path.join(root, "it", "run", "completions.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert {r["step"] for r in rows} == {1, 2} and 4 <= len(rows) <= 28
+    assert all(r["response"].count("+1=") == 2 and r["counts"]["turns"] == 3 and r["finish_reason"] == "max_turns" for r in rows)
     for m in steps:
         assert m["rollout/turns_mean"] == 3 and m["rollout/max_turns_frac"] == 1
         assert m["rollout/env_mean"] == pytest.approx(0.75)

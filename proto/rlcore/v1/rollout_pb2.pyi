@@ -7,6 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FinishEpisodeRequest(_message.Message):
+    __slots__ = ("episode_id", "reward", "group_id")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    reward: float
+    group_id: str
+    def __init__(self, episode_id: _Optional[str] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ...) -> None: ...
+
+class FinishEpisodeResponse(_message.Message):
+    __slots__ = ("experiences",)
+    EXPERIENCES_FIELD_NUMBER: _ClassVar[int]
+    experiences: _containers.RepeatedCompositeFieldContainer[_common_pb2.Experience]
+    def __init__(self, experiences: _Optional[_Iterable[_Union[_common_pb2.Experience, _Mapping]]] = ...) -> None: ...
+
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
     IDS_FIELD_NUMBER: _ClassVar[int]

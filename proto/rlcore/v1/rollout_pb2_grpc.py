@@ -79,6 +79,11 @@ class RolloutServiceStub:
                 request_serializer=rlcore_dot_v1_dot_rollout__pb2.FinishWeightUpdateRequest.SerializeToString,
                 response_deserializer=rlcore_dot_v1_dot_rollout__pb2.FinishWeightUpdateResponse.FromString,
                 _registered_method=True)
+        self.FinishEpisode = channel.unary_unary(
+                '/rlcore.v1.RolloutService/FinishEpisode',
+                request_serializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeRequest.SerializeToString,
+                response_deserializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -150,6 +155,14 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FinishEpisode(self, request, context):
+        """End an episode recorded by the OpenAI-compatible HTTP door (requests tagged with its id): the
+        record, scored with the given reward, becomes experiences (NOT_FOUND for an unknown id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +210,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.FinishWeightUpdate,
                     request_deserializer=rlcore_dot_v1_dot_rollout__pb2.FinishWeightUpdateRequest.FromString,
                     response_serializer=rlcore_dot_v1_dot_rollout__pb2.FinishWeightUpdateResponse.SerializeToString,
+            ),
+            'FinishEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishEpisode,
+                    request_deserializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeRequest.FromString,
+                    response_serializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +460,33 @@ class RolloutService:
             '/rlcore.v1.RolloutService/FinishWeightUpdate',
             rlcore_dot_v1_dot_rollout__pb2.FinishWeightUpdateRequest.SerializeToString,
             rlcore_dot_v1_dot_rollout__pb2.FinishWeightUpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlcore.v1.RolloutService/FinishEpisode',
+            rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeRequest.SerializeToString,
+            rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

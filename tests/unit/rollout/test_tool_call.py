@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from rlcore.core.config.schema import ScratchModelConfig
 from rlcore.core.data.prompts import PromptFormat
-from rlcore.core.scratch_model import build_scratch_model
 from rlcore.core.types import SamplingParams, Task
 from rlcore.rollout.engines.hf import HFEngine
 from rlcore.rollout.rewards.compose import build_reward
@@ -40,16 +38,8 @@ def call(name: str, **arguments: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def bpe_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = str(tmp_path_factory.mktemp("models") / "tiny-bpe")
-    spec = ScratchModelConfig(enabled=True, tokenizer="bpe", hidden_size=64, num_layers=2, intermediate_size=128)
-    build_scratch_model(path, spec, max_model_len=256, seed=0)
-    return path
-
-
-@pytest.fixture(scope="module")
-def engine(bpe_model: str) -> HFEngine:
-    return HFEngine(bpe_model)
+def engine(bpe_model_path: str) -> HFEngine:
+    return HFEngine(bpe_model_path)
 
 
 def workflow(engine: HFEngine, args: dict[str, Any], **kwargs: Any) -> ToolCallWorkflow:

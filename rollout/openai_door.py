@@ -1,0 +1,443 @@
+"""The OpenAI-compatible HTTP door of a rollout worker (`rlcore rollout serve --http-port`):
+/v1/models, /v1/completions and /v1/chat/completions on the worker's engine, beside gRPC.
+
+The door is the same worker: the same token (`Authorization: Bearer`), engine lock, pause gate,
+limits and validation as RolloutService (sampling is checked by the same function, the error
+names the request's parameter), errors in OpenAI's shape ({"error": {"message", "type", "param",
+"code"}}). Chat requests are rendered by the model's chat template with the request's `tools`;
+tool calls in a reply (Hermes `<tool_call>{json}</tool_call>`) come back as `tool_calls`.
+
+A request tagged with an episode id (body field `episode_id`, or header `X-Episode-Id`) is
+recorded token by token (episodes.py); the gRPC call FinishEpisode scores the record and turns it
+into experiences a trainer takes. Each choice also carries the ids of its tokens (`token_ids`,
+an rlcore field) and the response the version of the weights that generated it.
+
+FastAPI and uvicorn are imported only when a worker serves the door (`pip install 'rlcore[http]'`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..core.data.prompts import PromptFormat
+from ..core.rpc.convert import sampling_to_proto
+from ..core.rpc.errors import InvalidArgument, ServiceError, Unavailable
+from ..core.types import Completion, SamplingParams
+from .episodes import EpisodeRecorder
+from .server import RolloutServicer
+from .workflows.tool_call import CALL, parse_tool_calls
+from .workflows.turns import TurnFormat
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop", "seed")
+
+
+class DoorError(Exception):
+    """An HTTP error in OpenAI's JSON shape."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+    ):
+        super().__init__(message)
+        self.status, self.param, self.kind = status, param, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+
+
+def _invalid(param: str, problem: str) -> DoorError:
+    return DoorError(400, f"{param}: {problem}", param)
+
+
+class OpenAIDoor:
+    """The door's logic, apart from the web framework (build_app wires it to FastAPI)."""
+
+    def __init__(self, servicer: RolloutServicer, recorder: EpisodeRecorder, token: str, model_name: str):
+        self.servicer, self.recorder, self.token, self.model_name = servicer, recorder, token, model_name
+        self.tokenizer = servicer.tokenizer
+
+    # ------------------------------------------------------------------------------------------
+    # requests
+
+    def check_token(self, authorization: str | None) -> None:
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise DoorError(
+                401,
+                "missing or wrong API key (give the worker's token as the key)",
+                kind="authentication_error",
+            )
+
+    def models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rlcore",
+                      "max_model_len": self.servicer.max_model_len}],
+        }  # fmt: skip
+
+    def sampling(self, body: dict[str, Any], prompt_len: int) -> SamplingParams:
+        """The request's sampling, checked as RolloutService checks it (the error names the
+        request's parameter). max_tokens defaults to the room the prompt leaves."""
+        for key in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            if key in body and (not isinstance(body[key], (int, float)) or isinstance(body[key], bool)):
+                raise _invalid(key, f"must be a number; got {body[key]!r}")
+        for key in ("top_k", "n", "seed", "max_tokens", "max_completion_tokens"):
+            if body.get(key) is not None and (not isinstance(body[key], int) or isinstance(body[key], bool)):
+                raise _invalid(key, f"must be an integer; got {body[key]!r}")
+        stop = body.get("stop")
+        stop = [stop] if isinstance(stop, str) else (stop or [])
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise _invalid("stop", "must be a string or a list of strings")
+        room = self.servicer.max_model_len - prompt_len
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or max(room, 1)
+        values = {k: body[k] for k in SAMPLING_KEYS if body.get(k) is not None and k != "stop"}
+        values.setdefault("temperature", 1.0)
+        try:
+            sampling = self.servicer._sampling(
+                sampling_to_proto(SamplingParams(**values, stop=stop, max_tokens=max_tokens))
+            )
+            self.servicer._check_length("prompt", prompt_len, sampling)
+        except InvalidArgument as e:
+            field = e.field.removeprefix("sampling.")
+            raise _invalid(field, str(e).split(": ", 1)[1]) from None
+        return sampling
+
+    def episode_id(self, body: dict[str, Any], header: str | None) -> str | None:
+        episode = body.get("episode_id", header)
+        if episode is not None and (not isinstance(episode, str) or not episode):
+            raise _invalid("episode_id", f"must be a non-empty string; got {episode!r}")
+        return episode
+
+    def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[Completion], int]:
+        """One prompt's completions under the worker's gate and engine lock, as Generate runs."""
+        try:
+            with self.servicer.gate.admit():
+                with self.servicer._engine_lock:
+                    (completions,) = self.servicer.engine.generate([prompt], sampling)
+                    version = self.servicer.engine.policy_version
+                self.servicer.gate.count(sum(len(c.token_ids) for c in completions))
+        except Unavailable as e:
+            raise DoorError(503, str(e), kind="service_unavailable") from None
+        except ServiceError as e:
+            raise DoorError(500, str(e), kind="server_error") from None
+        return completions, version
+
+    # ------------------------------------------------------------------------------------------
+    # /v1/completions
+
+    def completions(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
+        self._check_model(body)
+        if (
+            body.get("echo")
+            or body.get("suffix")
+            or body.get("stream")
+            or body.get("best_of", 1) not in (1, None)
+        ):
+            raise _invalid(
+                "echo"
+                if body.get("echo")
+                else "suffix"
+                if body.get("suffix")
+                else "stream"
+                if body.get("stream")
+                else "best_of",
+                "is not served",
+            )
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        episode = self.episode_id(body, episode_header)
+        continued = (
+            self.recorder.continuation(episode, prompt) if episode and isinstance(prompt, str) else None
+        )
+        inserted: list[int] = []
+        if continued is not None:  # the previous prompt, its completion as generated, then the new text
+            inserted = self._encode(prompt[len(continued.history) :])
+            ids = continued.tokens + inserted
+        elif isinstance(prompt, str) and prompt:
+            ids = self._encode(prompt)
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.servicer.vocab_size]
+            if bad:
+                raise _invalid("prompt", f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
+        else:
+            raise _invalid("prompt", "give one non-empty prompt: a string or a list of token ids")
+        logprobs = body.get("logprobs")
+        if logprobs not in (None, 0, 1) and logprobs is not False:
+            raise _invalid("logprobs", "at most 1: the engine reports the sampled token's log-prob only")
+        sampling = self.sampling(body, len(ids))
+        if episode and sampling.n != 1:
+            raise _invalid("n", "a recorded episode is one conversation: n must be 1")
+        completions, version = self.generate(ids, sampling)
+        choices = []
+        for i, c in enumerate(completions):
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "token_ids": c.token_ids,
+            }
+            choice["logprobs"] = (
+                {"tokens": self._pieces(c.token_ids), "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": None}
+                if logprobs is not None and logprobs is not False else None
+            )  # fmt: skip
+            choices.append(choice)
+        if episode:
+            c = completions[0]
+            history = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)) + c.text
+            self.recorder.record(
+                episode,
+                continued,
+                inserted,
+                ids,
+                c.token_ids,
+                c.logprobs,
+                history,
+                c.finish_reason,
+                c.text,
+                version,
+            )
+        return self._response("text_completion", choices, len(ids), completions, version)
+
+    # ------------------------------------------------------------------------------------------
+    # /v1/chat/completions
+
+    def chat(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
+        self._check_model(body)
+        if body.get("stream"):
+            raise _invalid("stream", "is not served")
+        messages = self._messages(body.get("messages"))
+        tools = body.get("tools")
+        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+            raise _invalid(
+                "tools", 'must be a list of tool objects ({"type": "function", "function": {...}})'
+            )
+        if body.get("tool_choice") not in (None, "auto", "none"):
+            raise _invalid("tool_choice", "only auto and none are served")
+        if body.get("top_logprobs"):
+            raise _invalid(
+                "top_logprobs", "only 0 is served: the engine reports the sampled token's log-prob"
+            )
+        fmt = PromptFormat(self.servicer.max_model_len, True, None, None, tools or None)
+        episode = self.episode_id(body, episode_header)
+        continued = self.recorder.continuation(episode, messages) if episode else None
+        inserted: list[int] = []
+        try:
+            if (
+                continued is not None
+            ):  # the tokens so far, then only the new turns, as the template renders them
+                try:
+                    turns = TurnFormat(self.tokenizer, True, None, None, tools or None)
+                    inserted = turns.after_reply(continued.last_reply, messages[len(continued.history) :])
+                except ValueError:  # a template that re-renders history: a new conversation starts
+                    continued, inserted = None, []
+            ids = (
+                continued.tokens + inserted
+                if continued is not None
+                else fmt.encode_prompt(self.tokenizer, "", messages)
+            )
+        except (ValueError, TypeError) as e:  # no chat template, or one that refuses these messages
+            raise _invalid("messages", f"the model's chat template cannot render them: {e}") from None
+        except Exception as e:  # a Jinja error raised by the template itself
+            raise _invalid(
+                "messages", f"the model's chat template cannot render them: {type(e).__name__}: {e}"
+            ) from None
+        sampling = self.sampling(body, len(ids))
+        if episode and sampling.n != 1:
+            raise _invalid("n", "a recorded episode is one conversation: n must be 1")
+        completions, version = self.generate(ids, sampling)
+        choices = []
+        for i, c in enumerate(completions):
+            message = self._assistant_message(c.text)
+            finish = "tool_calls" if message.get("tool_calls") else c.finish_reason
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": message,
+                "finish_reason": finish,
+                "token_ids": c.token_ids,
+            }
+            choice["logprobs"] = (
+                {"content": [{"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
+                             for piece, lp in zip(self._pieces(c.token_ids), c.logprobs, strict=True)]}
+                if body.get("logprobs") else None
+            )  # fmt: skip
+            choices.append(choice)
+        if episode:
+            c = completions[0]
+            history = messages + [_comparable(choices[0]["message"])]
+            self.recorder.record(
+                episode,
+                continued,
+                inserted,
+                ids,
+                c.token_ids,
+                c.logprobs,
+                history,
+                c.finish_reason,
+                c.text,
+                version,
+            )
+        return self._response("chat.completion", choices, len(ids), completions, version)
+
+    # ------------------------------------------------------------------------------------------
+    # helpers
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        if not isinstance(body, dict):
+            raise _invalid("body", "must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise DoorError(
+                404,
+                f"model '{model}' is not served here; this worker serves '{self.model_name}'",
+                "model",
+                "not_found_error",
+            )
+
+    def _messages(self, messages: Any) -> list[dict[str, Any]]:
+        """The request's messages in the template's terms (tool call arguments as objects), each
+        checked: the error names the message and field."""
+        if not isinstance(messages, list) or not messages:
+            raise _invalid("messages", "must be a non-empty list of messages")
+        out = []
+        for j, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in (
+                "system",
+                "developer",
+                "user",
+                "assistant",
+                "tool",
+            ):
+                raise _invalid(
+                    f"messages[{j}].role", "must be one of system, developer, user, assistant, tool"
+                )
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: their text
+                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                    raise _invalid(f"messages[{j}].content", "only text parts are served")
+                content = "".join(str(p.get("text", "")) for p in content)
+            if content is not None and not isinstance(content, str):
+                raise _invalid(f"messages[{j}].content", f"must be text; got {type(content).__name__}")
+            message: dict[str, Any] = {
+                "role": "system" if m["role"] == "developer" else m["role"],
+                "content": content or "",
+            }
+            if m.get("tool_calls"):
+                calls = []
+                for k, call in enumerate(m["tool_calls"]):
+                    fn = call.get("function", {}) if isinstance(call, dict) else {}
+                    arguments = fn.get("arguments", "{}")
+                    try:
+                        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+                    except json.JSONDecodeError:
+                        raise _invalid(
+                            f"messages[{j}].tool_calls[{k}].function.arguments", "must be a JSON object"
+                        ) from None
+                    if not isinstance(fn.get("name"), str) or not isinstance(arguments, dict):
+                        raise _invalid(
+                            f"messages[{j}].tool_calls[{k}]",
+                            "give function.name and function.arguments (a JSON object)",
+                        )
+                    calls.append(
+                        {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
+                    )
+                message["tool_calls"] = calls
+            out.append(message)
+        return out
+
+    def _assistant_message(self, text: str) -> dict[str, Any]:
+        """The reply as an OpenAI assistant message: readable tool calls in `tool_calls`, the rest
+        (the calls removed) in `content`."""
+        calls = [c for c in parse_tool_calls(text) if not isinstance(c, str)]
+        if not calls:
+            return {"role": "assistant", "content": text}
+        content = CALL.sub("", text).strip()
+        return {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [
+                {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(arguments)}}
+                for name, arguments in calls
+            ],
+        }  # fmt: skip
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _pieces(self, token_ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([t]) for t in token_ids]
+
+    def _response(
+        self, kind: str, choices: list, prompt_len: int, completions: list[Completion], version: int
+    ) -> dict[str, Any]:
+        generated = sum(len(c.token_ids) for c in completions)
+        return {
+            "id": f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}",
+            "object": kind, "created": int(time.time()), "model": self.model_name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated},
+            "policy_version": version,
+        }  # fmt: skip
+
+
+def _comparable(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant reply as the agent will send it back (tool call ids dropped, arguments as
+    objects), so the next request's messages can be matched against it."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": json.loads(c["function"]["arguments"]),
+                },
+            }
+            for c in message["tool_calls"]
+        ]
+    return out
+
+
+def build_app(door: OpenAIDoor) -> FastAPI:
+    """The FastAPI application serving the door."""
+    app = FastAPI(title="rlcore rollout worker (OpenAI-compatible)", docs_url=None, redoc_url=None)
+
+    async def handle(request: Request, fn: Any, *args: Any) -> JSONResponse:
+        try:
+            door.check_token(request.headers.get("authorization"))
+            if fn is None:
+                return JSONResponse(door.models())
+            try:
+                body = await request.json()
+            except ValueError:
+                raise _invalid("body", "is not valid JSON") from None
+            result = await run_in_threadpool(fn, body, *args)
+            return JSONResponse(result)
+        except DoorError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        return await handle(request, None)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, x_episode_id: str | None = Header(None)) -> JSONResponse:
+        return await handle(request, door.completions, x_episode_id)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request, x_episode_id: str | None = Header(None)) -> JSONResponse:
+        return await handle(request, door.chat, x_episode_id)
+
+    return app
