@@ -181,7 +181,7 @@ def _validate(args: argparse.Namespace) -> int:
     lengths = ""
     if any(has_tokenizer(s.config.model.model_path) for s in stages):  # else no heavy import at all
         if not check_prompt_lengths(stages, only_on_disk=True):
-            lengths = "; prompt lengths of stages whose model is not on disk yet are checked at launch"
+            lengths = "; prompt lengths of stages whose model or taskset is not on disk yet are checked at launch"
     print(f"OK: {args.config} ({len(stages)} stage(s): {names}){lengths}")
     return 0
 

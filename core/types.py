@@ -73,6 +73,9 @@ class WorkflowSpec:
     """Registered workflow, or an import path 'pkg.mod:Class' to a Workflow subclass."""
     args: dict[str, Any] = field(default_factory=dict)
     """The workflow's own settings (TasksetConfig.workflow_args), JSON values."""
+    auxiliary_models: list[dict[str, Any]] = field(default_factory=list)
+    """OpenAI-compatible services the workflow may call, each an AuxiliaryModelConfig as a dict
+    (URLs and keys named by environment variable are read on the worker)."""
 
 
 @dataclass

@@ -7,9 +7,10 @@ loop above it does not know which.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..client.base import RpcError
 from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
@@ -73,7 +74,18 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
         system_prompt=ts.format.system_prompt,
         name=ts.default_workflow_type,
         args=dict(ts.workflow_args),
+        auxiliary_models=auxiliary_models(cfg),
     )
+
+
+def auxiliary_models(cfg: RLCoreConfig) -> list[dict[str, Any]]:
+    """explorer.auxiliary_models, and model.external_model as 'external' when enabled."""
+    out = [dataclasses.asdict(a) for a in cfg.explorer.auxiliary_models]
+    ext = cfg.model.external_model
+    if ext.enable:
+        out.append({"name": "external", "model_name": ext.model_name, "base_url": ext.base_url,
+                    "base_url_env": ext.base_url_env, "api_key_env": ext.api_key_env})  # fmt: skip
+    return out
 
 
 def engine_in_every_rank(cfg: RLCoreConfig, world: int) -> bool:

@@ -29,6 +29,7 @@ from ..core.rpc.errors import DeadlineExceeded, InvalidArgument, NotFound, requi
 from ..core.rpc.server import RpcServer, ServerOptions, Service
 from ..core.types import SamplingParams, Task, WorkflowSpec
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
+from .auxiliary import check_auxiliary
 from .engines.base import RolloutEngine
 from .episodes import EpisodeRecorder
 from .gate import GenerationGate
@@ -198,7 +199,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         chat_template = spec.chat_template if spec.HasField("chat_template") else None
         system_prompt = spec.system_prompt if spec.HasField("system_prompt") else None
         key = (spec.name, tuple(names), tuple(weights), spec.max_prompt_tokens, spec.apply_chat_template,
-               chat_template, system_prompt, spec.args_json)  # fmt: skip
+               chat_template, system_prompt, spec.args_json, spec.auxiliary_json)  # fmt: skip
         with self._workflows_lock:
             cached = self._workflows.get(key)
         if cached is not None:
@@ -211,6 +212,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 f"{e} (registered: {', '.join(WORKFLOWS)}; or an import path 'pkg.mod:Class')",
             ) from None
         args = _workflow_args(spec.args_json)
+        auxiliary = _auxiliary(spec.auxiliary_json)
         require(bool(names), "workflow.reward_fn", "must list at least one reward function")
         for i, name in enumerate(names):
             require(names.index(name) == i, f"workflow.reward_fn[{i}]", f"'{name}' is listed twice")
@@ -233,7 +235,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             workflow = build_workflow(
                 WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
-                             system_prompt, spec.name, args),
+                             system_prompt, spec.name, args, auxiliary),
                 self.engine, self.tokenizer,
             )  # fmt: skip
         except ValueError as e:  # the workflow refuses its settings
@@ -352,3 +354,21 @@ def _workflow_args(text: str) -> dict[str, Any]:
         raise InvalidArgument("workflow.args_json", f"is not valid JSON ({e})") from None
     require(isinstance(args, dict), "workflow.args_json", f"must be a JSON object; got {type(args).__name__}")
     return cast(dict[str, Any], args)
+
+
+def _auxiliary(text: str) -> list[dict[str, Any]]:
+    """RunTasks' workflow.auxiliary_json as a checked list of service specs (empty: none)."""
+    if not text:
+        return []
+    try:
+        specs = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgument("workflow.auxiliary_json", f"is not valid JSON ({e})") from None
+    require(
+        isinstance(specs, list), "workflow.auxiliary_json", f"must be a JSON list; got {type(specs).__name__}"
+    )
+    try:
+        check_auxiliary(specs)
+    except ValueError as e:
+        raise InvalidArgument("workflow.auxiliary_json", str(e)) from None
+    return cast(list[dict[str, Any]], specs)

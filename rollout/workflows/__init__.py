@@ -18,6 +18,7 @@ WORKFLOWS = Registry(
         "single_turn": "rlcore.rollout.workflows.single_turn:SingleTurnWorkflow",
         "multi_turn": "rlcore.rollout.workflows.multi_turn:MultiTurnWorkflow",
         "tool_call": "rlcore.rollout.workflows.tool_call:ToolCallWorkflow",
+        "adaptive_teaching": "rlcore.rollout.workflows.adaptive_teaching:AdaptiveTeachingWorkflow",
     },
 )
 
@@ -43,10 +44,12 @@ def resolve_workflow(name: str) -> type[Workflow]:
 def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) -> Workflow:
     """The workflow `spec` names, on `engine`, with its reward functions resolved (ValueError for an
     unknown workflow or reward function)."""
+    from ..auxiliary import build_auxiliary
     from ..rewards.compose import build_reward
 
     return resolve_workflow(spec.name)(
         engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None),
         max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
         chat_template=spec.chat_template, system_prompt=spec.system_prompt, args=spec.args,
+        auxiliary=build_auxiliary(spec.auxiliary_models),
     )  # fmt: skip

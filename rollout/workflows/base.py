@@ -7,6 +7,7 @@ from typing import Any
 
 from ...core.data.prompts import PromptFormat
 from ...core.types import Experience, SamplingParams, Task
+from ..auxiliary import AuxiliaryModel
 from ..engines.base import RolloutEngine
 from ..rewards.compose import RewardComposer
 
@@ -14,7 +15,7 @@ from ..rewards.compose import RewardComposer
 class Workflow(ABC):
     """Built once per distinct WorkflowSpec on an engine (rollout workers cache them), then run on
     batch after batch. Construction: `Workflow(engine, tokenizer, reward, *, max_prompt_tokens,
-    apply_chat_template, chat_template, system_prompt, args)`; `args` holds the taskset's
+    apply_chat_template, chat_template, system_prompt, args, auxiliary)`; `args` holds the taskset's
     `workflow_args` (JSON values), which a workflow reads and checks itself (ValueError naming the
     key). A user's workflow is a subclass named by import path in `default_workflow_type`."""
 
@@ -29,8 +30,11 @@ class Workflow(ABC):
         chat_template: str | None = None,
         system_prompt: str | None = None,
         args: dict[str, Any] | None = None,
+        auxiliary: dict[str, AuxiliaryModel] | None = None,
     ):
         self.engine = engine
+        self.auxiliary: dict[str, AuxiliaryModel] = dict(auxiliary or {})
+        """OpenAI-compatible services by name (explorer.auxiliary_models; 'external')."""
         self.tokenizer = tokenizer
         self.reward = reward
         self.prompt_format = PromptFormat(
@@ -46,6 +50,12 @@ class Workflow(ABC):
         launch calls it for every taskset, a rollout worker when it builds the workflow. The base
         accepts any args (a workflow that reads none ignores them)."""
         return None
+
+    @classmethod
+    def auxiliary_needed(cls, args: dict[str, Any]) -> list[str]:
+        """Names of the auxiliary models these args make the workflow call (launch checks that
+        each is configured)."""
+        return []
 
     @classmethod
     def tool_schemas(cls, args: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -1,0 +1,117 @@
+"""Auxiliary models: OpenAI-compatible services a workflow talks to (a teacher, a judge, a user
+simulator), through the `openai` package. Configured in `explorer.auxiliary_models` (and
+`model.external_model`, named 'external'); a workflow finds them in `self.auxiliary[name]`."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+KEYS = (
+    "name",
+    "model_name",
+    "base_url",
+    "base_url_env",
+    "api_key_env",
+    "timeout_s",
+    "max_retries",
+    "max_concurrency",
+)
+
+
+def check_auxiliary(specs: list[dict[str, Any]]) -> None:
+    """ValueError naming `auxiliary_models[i].<field>` for a spec that cannot work."""
+    names = set()
+    for i, spec in enumerate(specs):
+        where = f"auxiliary_models[{i}]"
+        if not isinstance(spec, dict):
+            raise ValueError(f"{where} must be an object")
+        unknown = sorted(set(spec) - set(KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
+        for key in ("name", "model_name"):
+            if not isinstance(spec.get(key), str) or not spec[key]:
+                raise ValueError(f"{where}.{key} must be a non-empty string")
+        if spec["name"] in names:
+            raise ValueError(f"{where}.name: '{spec['name']}' is used twice")
+        names.add(spec["name"])
+        if not spec.get("base_url") and not spec.get("base_url_env"):
+            raise ValueError(f"{where}: give base_url or base_url_env (the service's .../v1 address)")
+
+
+class AuxiliaryModel:
+    """One service: `chat(messages)` -> the reply text; `chat_many` runs several requests at once."""
+
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        self.name, self.model_name = spec["name"], spec["model_name"]
+        self.max_concurrency = int(spec.get("max_concurrency") or 16)
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """The openai client, made on first use (the URL and key are read from this process's
+        environment when named by variable)."""
+        if self._client is None:
+            try:
+                import openai
+            except ImportError as e:
+                raise ValueError(
+                    f"auxiliary model '{self.name}' needs the openai package: pip install 'rlcore[http]'"
+                ) from e
+            spec = self.spec
+            base_url = spec.get("base_url") or os.environ.get(spec.get("base_url_env") or "")
+            if not base_url:
+                raise ValueError(
+                    f"auxiliary model '{self.name}': environment variable {spec.get('base_url_env')} (base_url_env) is "
+                    "not set on this worker"
+                )
+            key_env = spec.get("api_key_env")
+            api_key = os.environ.get(key_env) if key_env else "none"
+            if api_key is None:
+                raise ValueError(
+                    f"auxiliary model '{self.name}': environment variable {key_env} (api_key_env) is not set on this worker"
+                )
+            self._client = openai.OpenAI(
+                base_url=base_url, api_key=api_key, timeout=float(spec.get("timeout_s") or 120),
+                max_retries=int(spec.get("max_retries", 2)),
+            )  # fmt: skip
+        return self._client
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> str:
+        """The assistant's reply text (RuntimeError naming the model on any failure of the service)."""
+        try:
+            answer = self.client.chat.completions.create(
+                model=self.model_name,
+                messages=messages,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+            )
+        except ValueError:
+            raise
+        except Exception as e:  # openai.APIError and connection failures: one line naming the service
+            raise RuntimeError(
+                f"auxiliary model '{self.name}' ({self.model_name}) failed: {type(e).__name__}: {e}"
+            ) from None
+        return answer.choices[0].message.content or ""
+
+    def chat_many(self, conversations: list[list[dict[str, Any]]], **kwargs: Any) -> list[str]:
+        """`chat` for each conversation, up to max_concurrency in flight; replies in order."""
+        if not conversations:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(conversations))) as pool:
+            return list(pool.map(lambda m: self.chat(m, **kwargs), conversations))
+
+
+def build_auxiliary(specs: list[dict[str, Any]]) -> dict[str, AuxiliaryModel]:
+    check_auxiliary(specs)
+    return {spec["name"]: AuxiliaryModel(spec) for spec in specs}

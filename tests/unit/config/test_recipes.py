@@ -1,0 +1,24 @@
+"""Every recipe in configs/ validates (keys, types, values, paths its generators do not write)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from rlcore.cli.main import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+RECIPES = sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True))
+NEEDS_A_MODEL = {"adaptive_teaching.yaml"}  # a template: the teacher is the user's chat model
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[os.path.relpath(r, REPO) for r in RECIPES])
+def test_every_recipe_validates(
+    recipe: str, tiny_model_path: str, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RLCORE_CHECKPOINT_DIR", str(tmp_path))
+    overrides = [f"model.model_path={tiny_model_path}"] if os.path.basename(recipe) in NEEDS_A_MODEL else []
+    assert main(["config", "validate", recipe, *overrides]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith(f"OK: {recipe}")
