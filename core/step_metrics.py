@@ -32,11 +32,10 @@ def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
     }
     if any(e.finish_reason == "max_turns" for e in exps):
         out["rollout/max_turns_frac"] = sum(e.finish_reason == "max_turns" for e in exps) / len(exps)
-    for name in exps[0].reward_components:
-        out[f"rollout/{name}_mean"] = sum(e.reward_components[name] for e in exps) / len(exps)
+    # each over the experiences that have it (a mixture's tasksets score with their own functions)
     counted: dict[str, list[float]] = defaultdict(list)
     for e in exps:
-        for name, value in e.metrics.items():
+        for name, value in [*e.reward_components.items(), *e.metrics.items()]:
             counted[name].append(value)
     for name, values in sorted(counted.items()):
         out[f"rollout/{name}_mean"] = sum(values) / len(values)

@@ -20,6 +20,8 @@ class Task:
     response: str | None = None
     """Reference response (SFT target)."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    """Name of the taskset it came from (a mixture's batches mix several); not sent to workers."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..client.base import RpcError
 from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
-from ..core.data.taskset import load_tasks
+from ..core.data.taskset import load_tasks, training_tasksets
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline
 from .engines import in_process
@@ -108,6 +108,8 @@ class Explorer:
         self.eval_rollout = eval_rollout or rollout
         self.train_set = cfg.buffer.explorer_input.taskset
         self.train_spec = workflow_spec(cfg, self.train_set)
+        # every training taskset by name (a mixture's each run with their own workflow and sampling)
+        self.train_sets = {ts.name: (ts, workflow_spec(cfg, ts)) for _, ts in training_tasksets(cfg)}
         self.eval_sets = []
         for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets):
             spec = workflow_spec(cfg, ts)
@@ -137,13 +139,20 @@ class Explorer:
         return self.rollout.report()
 
     def explore(self, tasks: list[Task], seed: int) -> list[Experience]:
-        sampling = sampling_params(
-            self.train_set.rollout_args,
-            self.cfg.algorithm.repeat_times,
-            self.cfg.model.max_response_tokens,
-            seed,
-        )
-        return self._run(self.rollout, tasks, sampling, self.train_spec)
+        """repeat_times experiences per task, task by task; a mixture's tasks run per taskset (its
+        workflow, rewards and sampling), one rollout call each, and come back in task order."""
+        by_source: dict[str, list[int]] = {}
+        for i, t in enumerate(tasks):
+            by_source.setdefault(t.source if t.source in self.train_sets else self.train_set.name, []).append(i)
+        n = self.cfg.algorithm.repeat_times
+        per_task: list[list[Experience]] = [[] for _ in tasks]
+        for source, indices in by_source.items():
+            ts, spec = self.train_sets[source]
+            sampling = sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed)
+            exps = self._run(self.rollout, [tasks[i] for i in indices], sampling, spec)
+            for j, i in enumerate(indices):
+                per_task[i] = exps[j * n : (j + 1) * n]
+        return [e for group in per_task for e in group]
 
     def evaluate(self, seed: int) -> dict[str, float]:
         """Mean reward, accuracy (mean of correctness rewards) and response length per eval taskset."""

@@ -27,7 +27,7 @@ from ..core.algorithms import trains_on
 from ..core.algorithms.dapo import informative_groups
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat
-from ..core.data.taskset import TaskStream, load_tasks, preference_pair
+from ..core.data.taskset import preference_pair, task_stream, training_tasksets
 from ..core.monitor.jsonl import COMPLETIONS, drop_after
 from ..core.step_metrics import mean_dicts, memory_metrics
 from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
@@ -71,8 +71,8 @@ def stage_dir(run_dir: str, stage: Stage, num_stages: int) -> str:
 
 
 def planned_steps(stage: Stage) -> int:
-    tasks = load_tasks(stage.config.buffer.explorer_input.taskset, "buffer.explorer_input.taskset")
-    return plan_steps(stage.config, len(tasks))[2]
+    stream = task_stream(stage.config)
+    return plan_steps(stage.config, stream.batches_per_epoch * stage.config.buffer.batch_size)[2]
 
 
 def run_stages(stages: list[Stage], handle: TrainerHandle, run: RunContext) -> None:
@@ -111,19 +111,22 @@ class StageLoop:
         self.trains_on = trains_on(cfg.algorithm)  # rollouts, or the taskset's responses or pairs
         self.explores = self.trains_on == "rollouts"
         ts = cfg.buffer.explorer_input.taskset
-        self.stream = TaskStream(
-            load_tasks(ts, "buffer.explorer_input.taskset"), cfg.buffer.batch_size, cfg.seed, ts.shuffle
-        )
+        self.stream = task_stream(cfg)
         self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
-            cfg, len(self.stream.tasks)
+            cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size
         )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.prompt_format = PromptFormat(
-            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, cfg.model.chat_template,
-            ts.format.system_prompt,
-            # an SFT stage renders its conversations with the tools its taskset's workflow declares
-            resolve_workflow(ts.default_workflow_type).tool_schemas(dict(ts.workflow_args)),
-        )  # fmt: skip
+        # each training taskset's format (a mixture's keep theirs): how SFT and DPO encode its rows
+        self.formats = {
+            t.name: (key, t, PromptFormat(
+                cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, cfg.model.chat_template,
+                t.format.system_prompt,
+                # an SFT stage renders its conversations with the tools its taskset's workflow declares
+                resolve_workflow(t.default_workflow_type).tool_schemas(dict(t.workflow_args)),
+            ))
+            for key, t in training_tasksets(cfg)
+        }  # fmt: skip
+        self.prompt_format = self.formats[ts.name][2]
         # an SFT or DPO stage runs an engine only to evaluate
         has_engine = self.explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
         self.endpoints = (
@@ -228,16 +231,15 @@ class StageLoop:
     def offline_step(self, tasks: list[Task]) -> dict[str, float]:
         """SFT on the tasks' reference responses, or DPO on their (chosen, rejected) pairs: one
         optimizer step per train batch of tasks."""
-        fmt = self.cfg.buffer.explorer_input.taskset.format
         pairs = self.trains_on == "pairs"
         seqs = []
         for t in tasks:
+            key, ts, prompt_format = self.formats.get(t.source) or self.formats[self.cfg.buffer.explorer_input.taskset.name]
+            fmt = ts.format
             if pairs:
-                responses = list(preference_pair(t, fmt, "buffer.explorer_input.taskset"))
+                responses = list(preference_pair(t, fmt, key))
             elif "messages" in t.metadata and fmt.prompt_type == "messages":
-                prompt_ids, response_ids, mask = self.prompt_format.encode_sft_messages(
-                    self.tokenizer, t.metadata["messages"]
-                )
+                prompt_ids, response_ids, mask = prompt_format.encode_sft_messages(self.tokenizer, t.metadata["messages"])
                 seqs.append(TrainSequence(prompt_ids, response_ids, loss_mask=[float(m) for m in mask]))
                 continue
             elif t.response is None:
@@ -247,7 +249,7 @@ class StageLoop:
             else:
                 responses = [t.response]
             for response in responses:
-                prompt_ids, response_ids = self.prompt_format.encode_sft_example(
+                prompt_ids, response_ids = prompt_format.encode_sft_example(
                     self.tokenizer, t.prompt, response
                 )
                 seqs.append(TrainSequence(prompt_ids, response_ids))
@@ -274,6 +276,8 @@ class StageLoop:
         exps = self.schedule.drop_stale(exps, [version] * len(exps), self.global_step, metrics)
         if self.cfg.algorithm.dynamic_sampling:
             exps = self._dynamic_sampling(exps, metrics)
+        if len(self.formats) > 1:  # a mixture: each taskset's rewards and count of its own
+            metrics.update(self._mixture_metrics(exps))
         metrics["perf/generate_s"] = time.perf_counter() - start
         metrics.update(report)
         metrics["rollout/generated_ahead"] = float(taken is not None)
@@ -284,6 +288,20 @@ class StageLoop:
             self._log_completions(exps)
         metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
         return metrics
+
+    def _mixture_metrics(self, exps: list[Experience]) -> dict[str, float]:
+        """rollout/<taskset>/reward_mean and .../experiences of each taskset of a mixture."""
+        source_of = {t.task_id: t.source for t in self.stream.tasks}
+        rewards: dict[str, list[float]] = {name: [] for name in self.formats}
+        for e in exps:  # dynamic sampling's rounds tag their groups '<task id>@<round>'
+            rewards.setdefault(source_of.get(e.group_id.split("@")[0], ""), []).append(e.reward)
+        out = {}
+        for name, values in rewards.items():
+            if name:
+                out[f"rollout/{name}/experiences"] = float(len(values))
+                if values:
+                    out[f"rollout/{name}/reward_mean"] = sum(values) / len(values)
+        return out
 
     def _dynamic_sampling(self, exps: list[Experience], metrics: dict[str, float]) -> list[Experience]:
         """DAPO's dynamic sampling: keep the groups whose rewards differ, and explore extra rounds of

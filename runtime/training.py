@@ -109,7 +109,10 @@ class StageTraining:
         self.pad_token_id = tokenizer.pad_token_id
         ts = cfg.buffer.explorer_input.taskset
         self.temperature = ts.rollout_args.temperature or 1.0
-        self.max_response_len = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
+        self.max_response_len = max(  # the longest any training taskset (a mixture's too) samples
+            t.rollout_args.max_tokens or cfg.model.max_response_tokens
+            for t in [ts, *cfg.buffer.explorer_input.mixture]
+        )
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.algo = with_preset(algo)
         rollouts = experiences_per_step(cfg)

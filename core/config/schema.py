@@ -325,6 +325,8 @@ class TasksetConfig:
     path: str = MISSING
     """Local jsonl/json/parquet file or folder, read through HF datasets."""
     split: str = "train"
+    subset_name: str | None = None
+    """The dataset's configuration (load_dataset's `name`) for a Hub id or a folder of data files."""
     format: FormatConfig = field(default_factory=FormatConfig)
     rollout_args: RolloutArgs = field(default_factory=RolloutArgs)
     reward_fn: list[str] = field(default_factory=lambda: ["exact_match"])
@@ -338,6 +340,8 @@ class TasksetConfig:
     generator: str | None = None
     """Writes `path` when it is missing: a registered name (arithmetic) or 'pkg.mod:fn(path, **args)'."""
     generator_args: dict[str, Any] = field(default_factory=dict)
+    weight: float = bounded(1.0, gt=0.0)
+    """Its share of each batch in a mixture (buffer.explorer_input.mixture), relative to the others'."""
     default_workflow_type: str = "single_turn"
     """How a rollout turns this taskset's tasks into experiences: a registered workflow
     (rlcore.rollout.workflows:WORKFLOWS) or an import path 'pkg.mod:Class' to a Workflow subclass."""
@@ -349,6 +353,11 @@ class TasksetConfig:
 class ExplorerInput:
     taskset: TasksetConfig = field(default_factory=TasksetConfig)
     eval_tasksets: list[TasksetConfig] = field(default_factory=list)
+    mixture: list[TasksetConfig] = field(default_factory=list)
+    """More training tasksets, sampled with `taskset` into every batch by their `weight`s (each
+    taskset's share of buffer.batch_size, by largest remainder); each keeps its own format,
+    workflow, reward functions and rollout_args (the sampling temperature must be the taskset's).
+    An epoch ends when the taskset that takes longest has been seen once."""
 
 
 @dataclass

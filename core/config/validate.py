@@ -61,6 +61,12 @@ def _walk(obj: Any, prefix: str) -> None:
 PROMPT_TYPES = ("plaintext", "messages")
 
 
+def _is_hub_id(path: str) -> bool:
+    from ..data.taskset import is_hub_id
+
+    return is_hub_id(path)
+
+
 def _check_taskset(
     ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
     chat: bool = False,
@@ -113,9 +119,10 @@ def _check_taskset(
             raise ConfigError(
                 f"{path}.generator must be one of {', '.join(GENERATORS)} or an import path; got '{ts.generator}'"
             )
-    elif check_paths and not os.path.exists(ts.path):
+    elif check_paths and not os.path.exists(ts.path) and not _is_hub_id(ts.path):
         raise ConfigError(
-            f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet file or set a generator)"
+            f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet/csv file, a save_to_disk folder, a Hub "
+            "dataset id 'org/name', or set a generator)"
         )
     if check_paths and os.path.isfile(ts.path):  # a generator writes a missing one at launch
         from ..data.taskset_check import TasksetError, check_taskset
@@ -128,6 +135,37 @@ def _check_taskset(
             )  # fmt: skip
         except TasksetError as e:
             raise ConfigError(str(e)) from None
+
+
+def _check_mixture(cfg: RLCoreConfig, check_paths: bool, data: str, chat: bool) -> None:
+    """buffer.explorer_input.mixture: each taskset valid, named apart, sampled at the taskset's
+    temperature, and given at least one task of every batch by its weight."""
+    from ..data.taskset import mixture_counts
+
+    ins = cfg.buffer.explorer_input
+    if not ins.mixture:
+        return
+    names = [ins.taskset.name]
+    for i, ts in enumerate(ins.mixture):
+        key = f"buffer.explorer_input.mixture[{i}]"
+        if ts.name in names:
+            raise ConfigError(f"{key}.name: '{ts.name}' names another training taskset too; give each its own name")
+        names.append(ts.name)
+        if ts.rollout_args.temperature != ins.taskset.rollout_args.temperature:
+            raise ConfigError(
+                f"{key}.rollout_args.temperature: {ts.rollout_args.temperature} differs from the taskset's "
+                f"{ins.taskset.rollout_args.temperature}; the trainer scores every rollout at one temperature"
+            )
+    weights = [ins.taskset.weight] + [ts.weight for ts in ins.mixture]
+    for i, count in enumerate(mixture_counts(cfg.buffer.batch_size, weights)):
+        if count == 0:
+            key = "buffer.explorer_input.taskset" if i == 0 else f"buffer.explorer_input.mixture[{i - 1}]"
+            raise ConfigError(
+                f"{key}.weight: {weights[i]} of {sum(weights)} gives it no task of a batch of {cfg.buffer.batch_size}; "
+                "raise its weight or buffer.batch_size"
+            )
+    for i, ts in enumerate(ins.mixture):
+        _check_taskset(ts, f"buffer.explorer_input.mixture[{i}]", check_paths, data, chat=chat)
 
 
 def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
@@ -189,6 +227,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         )
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat)
+    _check_mixture(cfg, check_paths, data, chat)
 
     _check_rollout_and_sync(cfg)
     _check_control(cfg, check_paths)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from typing import Any
 
 from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
@@ -20,9 +21,45 @@ def tasksets_of(cfg: RLCoreConfig) -> list[tuple[str, TasksetConfig]]:
     expert = cfg.buffer.expert_taskset
     return (
         [("buffer.explorer_input.taskset", ins.taskset)]
+        + [(f"buffer.explorer_input.mixture[{i}]", t) for i, t in enumerate(ins.mixture)]
         + [(f"buffer.explorer_input.eval_tasksets[{i}]", t) for i, t in enumerate(ins.eval_tasksets)]
         + ([("buffer.expert_taskset", expert)] if expert is not None else [])
     )
+
+
+def training_tasksets(cfg: RLCoreConfig) -> list[tuple[str, TasksetConfig]]:
+    """(config key, taskset) of what a stage trains on: the taskset, then its mixture's."""
+    ins = cfg.buffer.explorer_input
+    return [("buffer.explorer_input.taskset", ins.taskset)] + [
+        (f"buffer.explorer_input.mixture[{i}]", t) for i, t in enumerate(ins.mixture)
+    ]
+
+
+def mixture_counts(batch_size: int, weights: list[float]) -> list[int]:
+    """Each taskset's tasks per batch: batch_size split by weight, the remainders going to the
+    largest fractions (ties to the earlier taskset)."""
+    total = sum(weights)
+    exact = [batch_size * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(weights)), key=lambda i: (counts[i] - exact[i], i))[: batch_size - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def task_stream(cfg: RLCoreConfig) -> TaskStream | MixtureStream:
+    """The stage's training batches: of its taskset, or of its mixture (one stream per taskset)."""
+    sets = training_tasksets(cfg)
+    if len(sets) == 1:
+        key, ts = sets[0]
+        return TaskStream(load_tasks(ts, key), cfg.buffer.batch_size, cfg.seed, ts.shuffle)
+    counts = mixture_counts(cfg.buffer.batch_size, [ts.weight for _, ts in sets])
+    streams = []
+    for i, ((key, ts), count) in enumerate(zip(sets, counts, strict=True)):
+        try:
+            streams.append(TaskStream(load_tasks(ts, key), count, cfg.seed + i, ts.shuffle))
+        except ValueError as e:
+            raise ValueError(f"{key}: {e} (its share of each batch, by weight)") from None
+    return MixtureStream(streams)
 
 
 def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:
@@ -42,20 +79,48 @@ def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:
         raise ValueError(f"{key_path}.generator_args: {e}") from None
 
 
-def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
-    """Read every row of the taskset into Tasks (prompt/answer/response by the format keys)."""
-    from datasets import load_dataset
+def is_hub_id(path: str) -> bool:
+    """A Hugging Face Hub dataset id ('org/name'): not on disk, no file extension."""
+    return not os.path.exists(path) and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and (
+        os.path.splitext(path)[1].lower() not in FORMATS
+    )
+
+
+def _dataset(cfg: TasksetConfig, key_path: str) -> Any:
+    """The taskset's rows as a `datasets.Dataset`: a file (jsonl, json, parquet, csv), a folder
+    written by `save_to_disk` (a Dataset, or a DatasetDict and `split`), a folder of data files,
+    or a Hub id with `subset_name` and `split`."""
+    import datasets
 
     path = cfg.path
     if os.path.isdir(path):
-        ds = load_dataset(path, split=cfg.split)
-    else:
-        ext = os.path.splitext(path)[1].lower()
-        if ext not in FORMATS:
+        if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
+            ds = datasets.load_from_disk(path)
+            if isinstance(ds, datasets.DatasetDict):
+                if cfg.split not in ds:
+                    raise ValueError(f"{key_path}.split: '{cfg.split}' is not a split of {path}; its splits: {', '.join(ds)}")
+                ds = ds[cfg.split]
+            return ds
+        return datasets.load_dataset(path, cfg.subset_name, split=cfg.split)
+    if is_hub_id(path):
+        try:
+            return datasets.load_dataset(path, cfg.subset_name, split=cfg.split)
+        except Exception as e:  # no network, unknown id, subset or split: one line
+            what = f"subset '{cfg.subset_name}', " if cfg.subset_name else ""
+            message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(
-                f"{key_path}.path: unsupported file type '{ext}'; use one of {', '.join(FORMATS)}"
-            )
-        ds = load_dataset(FORMATS[ext], data_files={cfg.split: path}, split=cfg.split)
+                f"{key_path}.path: cannot load '{path}' ({what}split '{cfg.split}') from the Hugging Face Hub: {message}"
+            ) from None
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise ValueError(f"{key_path}.path: unsupported file type '{ext}'; use one of {', '.join(FORMATS)}")
+    return datasets.load_dataset(FORMATS[ext], data_files={cfg.split: path}, split=cfg.split)
+
+
+def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
+    """Read every row of the taskset into Tasks (prompt/answer/response by the format keys)."""
+    path = cfg.path
+    ds = _dataset(cfg, key_path)
     fmt = cfg.format
     if fmt.prompt_type == "messages":
         return _message_tasks(cfg, key_path, ds)
@@ -74,6 +139,7 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
         tasks.append(
             Task(
                 task_id=f"{cfg.name}-{i}",
+                source=cfg.name,
                 prompt=str(row[fmt.prompt_key]),
                 answer=None if answer is None else str(answer),
                 response=None if response is None else str(response),
@@ -87,6 +153,23 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
     if not tasks:
         raise ValueError(f"{key_path}.path: '{path}' has no rows")
     return tasks
+
+
+class MixtureStream:
+    """Batches made of several TaskStreams' batches, in taskset order (batch k of each): as seeded
+    and resumable as theirs."""
+
+    def __init__(self, streams: list[TaskStream]):
+        self.streams = streams
+        self.tasks = [t for s in streams for t in s.tasks]
+        self.batch_size = sum(s.batch_size for s in streams)
+        self.batches_per_epoch = max(s.batches_per_epoch for s in streams)
+
+    def batch(self, index: int) -> list[Task]:
+        return [t for s in self.streams for t in s.batch(index)]
+
+    def extra(self, index: int, round_: int) -> list[Task]:
+        return [t for s in self.streams for t in s.extra(index, round_)]
 
 
 def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
@@ -114,6 +197,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
         tasks.append(
             Task(
                 task_id=f"{cfg.name}-{i}",
+                source=cfg.name,
                 prompt=str(users[-1]) if users else "",
                 answer=None if answer is None else str(answer),
                 metadata={
