@@ -7,7 +7,6 @@ loop above it does not know which.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any, Protocol
@@ -80,7 +79,12 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
 
 def auxiliary_models(cfg: RLCoreConfig) -> list[dict[str, Any]]:
     """explorer.auxiliary_models, and model.external_model as 'external' when enabled."""
-    out = [dataclasses.asdict(a) for a in cfg.explorer.auxiliary_models]
+    out: list[dict[str, Any]] = [
+        {"name": a.name, "model_name": a.model_name, "base_url": a.base_url, "base_url_env": a.base_url_env,
+         "api_key_env": a.api_key_env, "timeout_s": a.timeout_s, "max_retries": a.max_retries,
+         "max_concurrency": a.max_concurrency}
+        for a in cfg.explorer.auxiliary_models
+    ]  # fmt: skip
     ext = cfg.model.external_model
     if ext.enable:
         out.append({"name": "external", "model_name": ext.model_name, "base_url": ext.base_url,
