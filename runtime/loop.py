@@ -236,6 +236,8 @@ class StageLoop:
         for t in tasks:
             key, ts, prompt_format = self.formats.get(t.source) or self.formats[self.cfg.buffer.explorer_input.taskset.name]
             fmt = ts.format
+            if "tools" in t.metadata:  # the row's own tools, declared in place of the workflow's
+                prompt_format = dataclasses.replace(prompt_format, tools=t.metadata["tools"])
             if pairs:
                 responses = list(preference_pair(t, fmt, key))
             elif "messages" in t.metadata and fmt.prompt_type == "messages":

@@ -301,6 +301,10 @@ class FormatConfig:
     assistant turn)."""
     messages_key: str = "messages"
     """Column holding the conversation (prompt_type: messages)."""
+    tools_key: str = "tools"
+    """Column (optional) holding the tools offered for the row, as OpenAI function schemas
+    ([{"type": "function", "function": {"name": ..., ...}}]): the chat template declares them in
+    place of the workflow's, and tool_call runs only those (by name, among workflow_args.tools)."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
 from ..registry import import_path
 from ..types import Task
-from .taskset_check import messages_problem, response_text
+from .taskset_check import messages_problem, response_text, tools_problem
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -144,15 +144,34 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
                 answer=None if answer is None else str(answer),
                 response=None if response is None else str(response),
                 metadata={
-                    k: v
-                    for k, v in row.items()
-                    if k not in (fmt.prompt_key, fmt.answer_key, fmt.response_key)
+                    **{k: v for k, v in row.items() if k not in (fmt.prompt_key, fmt.answer_key, fmt.response_key, fmt.tools_key)},
+                    **_row_tools(row, fmt, key_path, cfg.path, i),
                 },
             )
         )
     if not tasks:
         raise ValueError(f"{key_path}.path: '{path}' has no rows")
     return tasks
+
+
+def _row_tools(row: dict[str, Any], fmt: Any, key_path: str, path: str, i: int) -> dict[str, Any]:
+    """{"tools": the row's tool schemas} when its tools column holds some (checked), else {}."""
+    tools = row.get(fmt.tools_key)
+    if tools is None:
+        return {}
+    problem = tools_problem(tools)
+    if problem is not None:
+        raise ValueError(f"{key_path}: {path} row {i + 1}: the tools ('{fmt.tools_key}') {problem}")
+    # datasets fills keys a row lacks with None across a column's structs: drop them again
+    return {"tools": [_without_nones(t) for t in tools]}
+
+
+def _without_nones(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nones(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nones(v) for v in value]
+    return value
 
 
 class MixtureStream:
@@ -202,7 +221,8 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
                 answer=None if answer is None else str(answer),
                 metadata={
                     "messages": messages,
-                    **{k: v for k, v in row.items() if k not in (fmt.messages_key, fmt.answer_key)},
+                    **{k: v for k, v in row.items() if k not in (fmt.messages_key, fmt.answer_key, fmt.tools_key)},
+                    **_row_tools(row, fmt, key_path, cfg.path, i),
                 },
             )
         )

@@ -59,6 +59,17 @@ def messages_problem(value: Any, needs_assistant: bool) -> str | None:
     return None
 
 
+def tools_problem(value: Any) -> str | None:
+    """What is wrong with a row's tools (None when nothing is): a list of OpenAI function schemas."""
+    if not isinstance(value, list):
+        return f'must be a list of {{"type": "function", "function": {{"name": ...}}}} objects; got a {type(value).__name__}'
+    for j, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            return f'tool {j} must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}'
+    return None
+
+
 def check_taskset(
     ts: TasksetConfig, key: str, needs_answer: bool, needs_response: bool, needs_pair: bool = False
 ) -> int:
@@ -97,6 +108,10 @@ def check_taskset(
                     f"{key}: {path} row {number}: the {what} ('{column}') is a {type(value).__name__}, neither "
                     'text nor chat messages with an assistant turn ([{"role": "assistant", "content": ...}])'
                 )
+        tools = row.get(fmt.tools_key)
+        problem = None if tools is None else tools_problem(tools)
+        if problem is not None:
+            raise TasksetError(f"{key}: {path} row {number}: the tools ('{fmt.tools_key}') {problem}")
         count += 1
     if count == 0:
         raise TasksetError(f"{key}.path: {path} has no rows")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any
 
 from ...core.data.prompts import PromptFormat
@@ -66,7 +67,12 @@ class Workflow(ABC):
     def encode_prompt(self, task: Task) -> list[int]:
         """The token ids the engine is given for `task`: its prompt as a user turn, or a messages
         taskset's conversation (raises on a prompt the template refuses)."""
-        return self.prompt_format.encode_prompt(self.tokenizer, task.prompt, task.metadata.get("messages"))
+        return self.format_for(task).encode_prompt(self.tokenizer, task.prompt, task.metadata.get("messages"))
+
+    def format_for(self, task: Task) -> PromptFormat:
+        """The prompt format of `task`: the workflow's, declaring the row's own tools if it has some."""
+        tools = task.metadata.get("tools")
+        return self.prompt_format if tools is None else replace(self.prompt_format, tools=tools)
 
     @abstractmethod
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:

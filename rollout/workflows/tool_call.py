@@ -72,9 +72,11 @@ def build_tools(args: dict[str, Any]) -> dict[str, Tool]:
 class ToolSession(TextEnv):
     """The tools' side of one episode: answers each reply's calls with one tool turn per call."""
 
-    def __init__(self, task: Task, tools: dict[str, Tool], max_calls: int):
+    def __init__(self, task: Task, tools: dict[str, Tool], max_calls: int, declared: list[str] | None = None):
+        """`declared`: the tools the task's row offers (format.tools_key), None: all of `tools`."""
         super().__init__(task, {})
-        self.tools = tools
+        self.offered = list(tools) if declared is None else declared
+        self.tools = {name: tool for name, tool in tools.items() if name in self.offered}
         self.max_calls = max_calls
         self.metrics = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_used": 0.0}
 
@@ -101,7 +103,9 @@ class ToolSession(TextEnv):
         tool = self.tools.get(name)
         if tool is None:
             self.metrics["tool_errors"] += 1
-            return f"error: unknown tool '{name}'; the tools are {', '.join(self.tools)}"
+            if name in self.offered:  # the row declares it, the workflow has no implementation
+                return f"error: tool '{name}' is not available here"
+            return f"error: unknown tool '{name}'; the tools are {', '.join(self.offered)}"
         try:
             output = tool(arguments)
         except ToolError as e:
@@ -174,5 +178,7 @@ class ToolCallWorkflow(ConversationWorkflow):
             )
 
     def start(self, task: Task) -> Episode:
-        session = ToolSession(task, self.tools, self.max_calls)
-        return Episode(task, session, self.prompt_format.encode_prompt(self.tokenizer, session.reset()))
+        """The task's prompt (its conversation for a messages row) with its row's tools, if it
+        declares some, else the workflow's."""
+        declared = [t["function"]["name"] for t in task.metadata["tools"]] if "tools" in task.metadata else None
+        return Episode(task, ToolSession(task, self.tools, self.max_calls, declared), self.encode_prompt(task))

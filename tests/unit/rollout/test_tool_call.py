@@ -171,3 +171,26 @@ def test_a_messages_row_of_the_wrong_shape_names_the_row_and_field(tmp_path: Pat
     path.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], "answer": "1"}) + "\n")
     (task,) = load_tasks(ts, "buffer.explorer_input.taskset")
     assert task.prompt == "q" and task.answer == "1" and task.metadata["messages"][1] == {"role": "user", "content": "q"}
+
+
+def test_a_rows_tools_replace_the_workflows_in_its_prompt_and_calls(engine: HFEngine, tmp_path: Path) -> None:
+    from rlcore.core.config.schema import TasksetConfig
+    from rlcore.core.data.taskset import load_tasks
+
+    python = PythonTool().schema
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "Print 6*7.", "answer": "42", "tools": [python]}) + "\n" + json.dumps({"prompt": "q", "answer": "1"}) + "\n")
+    declared, plain = load_tasks(TasksetConfig(name="t", path=str(path)), "taskset")
+    assert declared.metadata["tools"] == [python] and "tools" not in plain.metadata
+    wf = workflow(engine, {"tools": ["calculator", "python"]})
+    own, default = (engine.tokenizer.decode(wf.encode_prompt(t)) for t in (declared, plain))
+    assert '"name": "python"' in own and '"name": "calculator"' not in own
+    assert '"name": "calculator"' in default and '"name": "python"' in default
+    session = wf.start(declared).env
+    outputs = [m["content"] for m in session.step(call("calculator", expression="1+1") + call("python", code="print(6*7)")).messages or []]
+    assert outputs == ["error: unknown tool 'calculator'; the tools are python", "42\n"]
+    only_declared = ToolSession(declared, build_tools({"tools": ["calculator"]}), 4, declared=["python"])
+    assert only_declared.run(("python", {"code": "print(1)"})) == "error: tool 'python' is not available here"
+    path.write_text(json.dumps({"prompt": "q", "tools": [{"type": "function"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"^taskset: .* row 1: the tools \('tools'\) tool 0 must be"):
+        load_tasks(TasksetConfig(name="t", path=str(path)), "taskset")
