@@ -158,7 +158,7 @@ class OpenAIDoor:
             self.recorder.continuation(episode, prompt) if episode and isinstance(prompt, str) else None
         )
         inserted: list[int] = []
-        if continued is not None:  # the previous prompt, its completion as generated, then the new text
+        if continued is not None and isinstance(prompt, str):  # the previous prompt, its completion, the new text
             inserted = self._encode(prompt[len(continued.history) :])
             ids = continued.tokens + inserted
         elif isinstance(prompt, str) and prompt:

@@ -18,7 +18,7 @@ import time
 from abc import abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from ...core.types import Experience, SamplingParams, Task
 from ..envs.base import TextEnv
@@ -86,7 +86,7 @@ class ConversationWorkflow(Workflow):
         self.max_turns = positive_int(self.args, "max_turns", 4)
         self.max_tokens_per_turn = positive_int(self.args, "max_tokens_per_turn", None)
         self.max_total_tokens = positive_int(self.args, "max_total_tokens", None)
-        self.max_model_len: int = self.engine.max_model_len
+        self.max_model_len: int = cast(Any, self.engine).max_model_len  # every engine has one (engines/base.py)
 
     @property
     def turns(self) -> TurnFormat:

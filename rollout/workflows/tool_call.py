@@ -153,7 +153,7 @@ class ToolCallWorkflow(ConversationWorkflow):
                 "model and renders their calls and results)"
             )
         self.tools = build_tools(self.args)
-        self.max_calls = positive_int(self.args, "max_calls_per_turn", 4)
+        self.max_calls: int = positive_int(self.args, "max_calls_per_turn", 4) or 4
         self.prompt_format.tools = [tool.schema for tool in self.tools.values()]
         self._check_template_declares_tools()
 
