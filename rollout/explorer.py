@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from ..client.base import RpcError
 from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
+from ..core.data.prompts import model_chat_template
 from ..core.data.taskset import load_tasks, training_tasksets
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline
@@ -69,7 +70,7 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
         reward_weights=list(ts.reward_weights),
         max_prompt_tokens=cfg.model.max_prompt_tokens,
         apply_chat_template=cfg.model.apply_chat_template,
-        chat_template=cfg.model.chat_template,
+        chat_template=model_chat_template(cfg.model),
         system_prompt=ts.format.system_prompt,
         name=ts.default_workflow_type,
         args=dict(ts.workflow_args),

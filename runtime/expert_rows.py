@@ -10,7 +10,7 @@ from typing import Any
 from ..core.algorithms.mix import expert_rows_per_step
 from ..core.batch import Sequence
 from ..core.config import RLCoreConfig
-from ..core.data.prompts import PromptFormat
+from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import TaskStream, load_tasks
 
 KEY = "buffer.expert_taskset"
@@ -30,7 +30,7 @@ class ExpertRows:
             )
         self.stream = TaskStream(tasks, self.per_step, cfg.seed, ts.shuffle)
         self.format = PromptFormat(
-            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, cfg.model.chat_template,
+            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, model_chat_template(cfg.model),
             ts.format.system_prompt,
         )  # fmt: skip
         self.tokenizer, self.response_key = tokenizer, ts.format.response_key

@@ -26,7 +26,7 @@ from ..client.trainer import TrainSequence
 from ..core.algorithms import trains_on
 from ..core.algorithms.dapo import informative_groups
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
-from ..core.data.prompts import PromptFormat
+from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import preference_pair, task_stream, training_tasksets
 from ..core.monitor.jsonl import COMPLETIONS, drop_after
 from ..core.step_metrics import mean_dicts, memory_metrics
@@ -119,7 +119,7 @@ class StageLoop:
         # each training taskset's format (a mixture's keep theirs): how SFT and DPO encode its rows
         self.formats = {
             t.name: (key, t, PromptFormat(
-                cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, cfg.model.chat_template,
+                cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, model_chat_template(cfg.model),
                 t.format.system_prompt,
                 # an SFT stage renders its conversations with the tools its taskset's workflow declares
                 resolve_workflow(t.default_workflow_type).tool_schemas(dict(t.workflow_args)),
@@ -236,8 +236,7 @@ class StageLoop:
         for t in tasks:
             key, ts, prompt_format = self.formats.get(t.source) or self.formats[self.cfg.buffer.explorer_input.taskset.name]
             fmt = ts.format
-            if "tools" in t.metadata:  # the row's own tools, declared in place of the workflow's
-                prompt_format = dataclasses.replace(prompt_format, tools=t.metadata["tools"])
+            prompt_format = prompt_format.for_task(t)  # its row's own system prompt and tools
             if pairs:
                 responses = list(preference_pair(t, fmt, key))
             elif "messages" in t.metadata and fmt.prompt_type == "messages":

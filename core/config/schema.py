@@ -227,6 +227,8 @@ class ModelConfig:
     """Wrap prompts with the tokenizer's chat template (False: the prompt text is used as is)."""
     chat_template: str | None = None
     """A Jinja chat template that replaces the tokenizer's own."""
+    chat_template_path: str | None = None
+    """A file holding that template (read where the run is launched; not with chat_template)."""
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
     critic_model_path: str | None = None
     """HF model folder the critic (algorithm_type ppo) starts from: its trunk, with a value head
@@ -301,6 +303,8 @@ class FormatConfig:
     assistant turn)."""
     messages_key: str = "messages"
     """Column holding the conversation (prompt_type: messages)."""
+    system_prompt_key: str = "system_prompt"
+    """Column (optional) holding a row's own system prompt, in place of `system_prompt`."""
     tools_key: str = "tools"
     """Column (optional) holding the tools offered for the row, as OpenAI function schemas
     ([{"type": "function", "function": {"name": ..., ...}}]): the chat template declares them in

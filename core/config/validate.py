@@ -149,7 +149,9 @@ def _check_mixture(cfg: RLCoreConfig, check_paths: bool, data: str, chat: bool) 
     for i, ts in enumerate(ins.mixture):
         key = f"buffer.explorer_input.mixture[{i}]"
         if ts.name in names:
-            raise ConfigError(f"{key}.name: '{ts.name}' names another training taskset too; give each its own name")
+            raise ConfigError(
+                f"{key}.name: '{ts.name}' names another training taskset too; give each its own name"
+            )
         names.append(ts.name)
         if ts.rollout_args.temperature != ins.taskset.rollout_args.temperature:
             raise ConfigError(
@@ -187,6 +189,13 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             f"model.max_prompt_tokens + model.max_response_tokens ({model.max_prompt_tokens} + "
             f"{model.max_response_tokens}) must be <= model.max_model_len ({model.max_model_len})"
         )
+    if model.chat_template_path is not None:
+        if model.chat_template is not None:
+            raise ConfigError(
+                "model.chat_template_path: give the template inline (model.chat_template) or as a file, not both"
+            )
+        if check_paths and not os.path.isfile(model.chat_template_path):
+            raise ConfigError(f"model.chat_template_path: '{model.chat_template_path}' is not a file")
     sc = model.scratch
     if sc.enabled:
         if sc.tokenizer not in ("char", "bpe"):

@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..config import ConfigError, Stage, inherits_previous_model
-from .prompts import PromptFormat
+from .prompts import PromptFormat, model_chat_template
 from .taskset import load_tasks, tasksets_of
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -41,13 +41,13 @@ def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> boo
         limit = cfg.model.max_prompt_tokens
         for key, ts in tasksets_of(cfg):
             fmt = PromptFormat(
-                limit, cfg.model.apply_chat_template, cfg.model.chat_template, ts.format.system_prompt
+                limit, cfg.model.apply_chat_template, model_chat_template(cfg.model), ts.format.system_prompt
             )
             if only_on_disk and not os.path.exists(ts.path):  # a generator writes it at launch
                 checked_all = False
                 continue
             tasks = load_tasks(ts, key)
-            lengths = [len(fmt.encode_whole_prompt(tokenizer, t.prompt, t.metadata.get("messages"))) for t in tasks]
+            lengths = [len(fmt.for_task(t).encode_whole_prompt(tokenizer, t.prompt, t.metadata.get("messages"))) for t in tasks]
             long = [i for i, n in enumerate(lengths) if n > limit]
             if not long:
                 continue

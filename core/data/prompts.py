@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+
+def model_chat_template(model: Any) -> str | None:
+    """model.chat_template, or the text of model.chat_template_path (None: the tokenizer's own)."""
+    if model.chat_template_path:
+        with open(model.chat_template_path) as f:
+            return f.read()
+    return model.chat_template  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -14,6 +22,12 @@ class PromptFormat:
     system_prompt: str | None = None
     tools: list[dict[str, Any]] | None = None
     """OpenAI function schemas the chat template declares to the model (tool_call)."""
+
+    def for_task(self, task: Any) -> PromptFormat:
+        """This format for one task: its row's own system prompt and tools (format.system_prompt_key,
+        format.tools_key) in place of the taskset's."""
+        row = {k: task.metadata[k] for k in ("system_prompt", "tools") if task.metadata.get(k) is not None}
+        return replace(self, **row) if row else self
 
     def encode_prompt(self, tokenizer: Any, prompt: str, messages: list[dict] | None = None) -> list[int]:
         """Token ids of the prompt, truncated from the left so the question's end survives."""

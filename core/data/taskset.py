@@ -81,8 +81,10 @@ def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:
 
 def is_hub_id(path: str) -> bool:
     """A Hugging Face Hub dataset id ('org/name'): not on disk, no file extension."""
-    return not os.path.exists(path) and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and (
-        os.path.splitext(path)[1].lower() not in FORMATS
+    return (
+        not os.path.exists(path)
+        and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
+        and (os.path.splitext(path)[1].lower() not in FORMATS)
     )
 
 
@@ -94,11 +96,15 @@ def _dataset(cfg: TasksetConfig, key_path: str) -> Any:
 
     path = cfg.path
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
+        if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(
+            os.path.join(path, "state.json")
+        ):
             ds = datasets.load_from_disk(path)
             if isinstance(ds, datasets.DatasetDict):
                 if cfg.split not in ds:
-                    raise ValueError(f"{key_path}.split: '{cfg.split}' is not a split of {path}; its splits: {', '.join(ds)}")
+                    raise ValueError(
+                        f"{key_path}.split: '{cfg.split}' is not a split of {path}; its splits: {', '.join(ds)}"
+                    )
                 ds = ds[cfg.split]
             return ds
         return datasets.load_dataset(path, cfg.subset_name, split=cfg.split)
@@ -144,7 +150,18 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
                 answer=None if answer is None else str(answer),
                 response=None if response is None else str(response),
                 metadata={
-                    **{k: v for k, v in row.items() if k not in (fmt.prompt_key, fmt.answer_key, fmt.response_key, fmt.tools_key)},
+                    **{
+                        k: v
+                        for k, v in row.items()
+                        if k
+                        not in (
+                            fmt.prompt_key,
+                            fmt.answer_key,
+                            fmt.response_key,
+                            fmt.tools_key,
+                            fmt.system_prompt_key,
+                        )
+                    },
                     **_row_tools(row, fmt, key_path, cfg.path, i),
                 },
             )
@@ -155,15 +172,23 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
 
 
 def _row_tools(row: dict[str, Any], fmt: Any, key_path: str, path: str, i: int) -> dict[str, Any]:
-    """{"tools": the row's tool schemas} when its tools column holds some (checked), else {}."""
+    """The row's own "tools" (its tool schemas, checked) and "system_prompt", those it has."""
+    out: dict[str, Any] = {}
+    system = row.get(fmt.system_prompt_key)
+    if system is not None:
+        if not isinstance(system, str):
+            raise ValueError(
+                f"{key_path}: {path} row {i + 1}: the system prompt ('{fmt.system_prompt_key}') must be text"
+            )
+        out["system_prompt"] = system
     tools = row.get(fmt.tools_key)
     if tools is None:
-        return {}
+        return out
     problem = tools_problem(tools)
     if problem is not None:
         raise ValueError(f"{key_path}: {path} row {i + 1}: the tools ('{fmt.tools_key}') {problem}")
     # datasets fills keys a row lacks with None across a column's structs: drop them again
-    return {"tools": [_without_nones(t) for t in tools]}
+    return {**out, "tools": [_without_nones(t) for t in tools]}
 
 
 def _without_nones(value: Any) -> Any:
@@ -221,7 +246,11 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
                 answer=None if answer is None else str(answer),
                 metadata={
                     "messages": messages,
-                    **{k: v for k, v in row.items() if k not in (fmt.messages_key, fmt.answer_key, fmt.tools_key)},
+                    **{
+                        k: v
+                        for k, v in row.items()
+                        if k not in (fmt.messages_key, fmt.answer_key, fmt.tools_key, fmt.system_prompt_key)
+                    },
                     **_row_tools(row, fmt, key_path, cfg.path, i),
                 },
             )

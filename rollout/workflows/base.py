@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import replace
 from typing import Any
 
 from ...core.data.prompts import PromptFormat
@@ -70,9 +69,8 @@ class Workflow(ABC):
         return self.format_for(task).encode_prompt(self.tokenizer, task.prompt, task.metadata.get("messages"))
 
     def format_for(self, task: Task) -> PromptFormat:
-        """The prompt format of `task`: the workflow's, declaring the row's own tools if it has some."""
-        tools = task.metadata.get("tools")
-        return self.prompt_format if tools is None else replace(self.prompt_format, tools=tools)
+        """The prompt format of `task`: the workflow's, with its row's own system prompt and tools."""
+        return self.prompt_format.for_task(task)
 
     @abstractmethod
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:

@@ -38,6 +38,8 @@ BAD_OVERRIDES = [
     (["buffer.explorer_input.mixture=[{name: taskset, path: x.jsonl}]"], r"buffer\.explorer_input\.mixture\[0\]\.name: 'taskset' names another training taskset too; give each its own name$"),
     (["buffer.explorer_input.mixture=[{name: b, path: x.jsonl, rollout_args: {temperature: 0.5}}]"], r"buffer\.explorer_input\.mixture\[0\]\.rollout_args\.temperature: 0\.5 differs from the taskset's 1\.0; the trainer scores every rollout at one temperature$"),
     (["buffer.explorer_input.mixture=[{name: b, path: x.jsonl, weight: 0.01}]"], r"buffer\.explorer_input\.mixture\[0\]\.weight: 0\.01 of 1\.01 gives it no task of a batch of \d+; raise its weight or buffer\.batch_size$"),
+    (["model.chat_template_path=/no/such/template.jinja"], r"model\.chat_template_path: '/no/such/template\.jinja' is not a file$"),
+    (["model.chat_template_path=/etc/hostname", "model.chat_template=x"], r"model\.chat_template_path: give the template inline \(model\.chat_template\) or as a file, not both$"),
     (["model.scratch.enabled=true", "model.scratch.tokenizer=wordpiece"], r"model\.scratch\.tokenizer must be one of char, bpe; got 'wordpiece'$"),
     ([f"{TASKSET}.workflow_args={{x: .nan}}"], rf"{TASKSET}\.workflow_args must hold JSON values \(it travels with RunTasks\): Out of range float values are not JSON compliant"),
     (["stages.0.mode=train"], r"stages\[0\]: index out of range \(stages is empty; set the whole list: stages=\[\.\.\.\]\)$"),

@@ -194,3 +194,21 @@ def test_a_rows_tools_replace_the_workflows_in_its_prompt_and_calls(engine: HFEn
     path.write_text(json.dumps({"prompt": "q", "tools": [{"type": "function"}]}) + "\n")
     with pytest.raises(ValueError, match=r"^taskset: .* row 1: the tools \('tools'\) tool 0 must be"):
         load_tasks(TasksetConfig(name="t", path=str(path)), "taskset")
+
+
+def test_a_rows_system_prompt_and_a_template_file_reach_the_prompt(engine: HFEngine, tmp_path: Path) -> None:
+    from rlcore.core.config.schema import RLCoreConfig, TasksetConfig
+    from rlcore.core.data.taskset import load_tasks
+    from rlcore.rollout.explorer import workflow_spec
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "system_prompt": "Be brief."}) + "\n" + json.dumps({"prompt": "r"}) + "\n")
+    own, default = load_tasks(TasksetConfig(name="t", path=str(path)), "taskset")
+    wf = workflow(engine, {"tools": ["calculator"]}, system_prompt="Be kind.")
+    assert "Be brief." in engine.tokenizer.decode(wf.encode_prompt(own))
+    assert "Be kind." in engine.tokenizer.decode(wf.encode_prompt(default))
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    cfg = RLCoreConfig()
+    cfg.model.chat_template_path = str(template)
+    assert workflow_spec(cfg, TasksetConfig(name="t", path=str(path))).chat_template == template.read_text()
