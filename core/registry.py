@@ -58,3 +58,16 @@ class Registry(Mapping[str, str]):
         """Import and return the entry registered under `name`."""
         self.check(name)
         return import_path(self._entries[name], what=self.key_path)
+
+    def resolve_class(self, name: str, base: type, what: str) -> type:
+        """A registered class, or a user's subclass of `base` by import path 'pkg.mod:Class'
+        (ValueError otherwise, saying what is allowed). `what` names it in messages (tool...)."""
+        if name not in self._entries and ":" not in name:
+            raise ValueError(f"'{name}' is not one of {', '.join(self._entries)} (nor an import path 'pkg.mod:Class')")
+        cls = self.resolve(name) if name in self._entries else import_path(name, what=what)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise ValueError(
+                f"{what} '{name}' is not a {base.__name__} subclass (got {cls!r}); give a class deriving from "
+                f"{base.__module__}.{base.__name__}"
+            )
+        return cls

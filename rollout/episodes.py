@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.types import Experience
+from ..core.types import Completion, Experience
 
 MAX_EPISODES = 4096
 """Episodes held at once; the least recently used goes first (its record is lost)."""
@@ -79,15 +79,12 @@ class EpisodeRecorder:
         continued: Conversation | None,
         inserted: list[int],
         prompt: list[int],
-        reply: list[int],
-        logprobs: list[float],
+        completion: Completion,
         history: Any,
-        finish_reason: str,
-        text: str,
         policy_version: int,
     ) -> None:
-        """Add one request's turn: `inserted` (the new turns' tokens, context) and the reply to the
-        continued conversation, or a new conversation from `prompt`."""
+        """Add one request's turn: `inserted` (the new turns' tokens, context) and the completion
+        to the continued conversation, or a new conversation from `prompt`."""
         with self._lock:
             episode = self._episodes.pop(episode_id, None) or Episode()
             self._episodes[episode_id] = episode  # most recent last
@@ -100,11 +97,11 @@ class EpisodeRecorder:
                 conversation.response += inserted
                 conversation.logprobs += [0.0] * len(inserted)
                 conversation.mask += [0] * len(inserted)
-            conversation.response += reply
-            conversation.logprobs += logprobs
-            conversation.mask += [1] * len(reply)
-            conversation.history, conversation.last_reply = history, list(reply)
-            conversation.finish_reason, conversation.text = finish_reason, text
+            conversation.response += completion.token_ids
+            conversation.logprobs += completion.logprobs
+            conversation.mask += [1] * len(completion.token_ids)
+            conversation.history, conversation.last_reply = history, list(completion.token_ids)
+            conversation.finish_reason, conversation.text = completion.finish_reason, completion.text
             episode.policy_versions.append(policy_version)
             while len(self._episodes) > self.max_episodes:
                 self._episodes.popitem(last=False)

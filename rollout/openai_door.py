@@ -197,18 +197,7 @@ class OpenAIDoor:
         if episode:
             c = completions[0]
             history = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)) + c.text
-            self.recorder.record(
-                episode,
-                continued,
-                inserted,
-                ids,
-                c.token_ids,
-                c.logprobs,
-                history,
-                c.finish_reason,
-                c.text,
-                version,
-            )
+            self.recorder.record(episode, continued, inserted, ids, c, history, version)
         return self._response("text_completion", choices, len(ids), completions, version)
 
     # ------------------------------------------------------------------------------------------
@@ -277,18 +266,7 @@ class OpenAIDoor:
         if episode:
             c = completions[0]
             history = messages + [_comparable(choices[0]["message"])]
-            self.recorder.record(
-                episode,
-                continued,
-                inserted,
-                ids,
-                c.token_ids,
-                c.logprobs,
-                history,
-                c.finish_reason,
-                c.text,
-                version,
-            )
+            self.recorder.record(episode, continued, inserted, ids, c, history, version)
         return self._response("chat.completion", choices, len(ids), completions, version)
 
     # ------------------------------------------------------------------------------------------

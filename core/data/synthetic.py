@@ -87,7 +87,7 @@ def write_arithmetic_chain_taskset(
     """Write `num_tasks` chains of `steps` additions for the `arithmetic_chain` environment: rows
     like {"prompt": "12+7=", "addends": [5, 23], "answer": "47"}. Step k adds addends[k-1] to the
     previous step's answer; every operand a step asks about stays within `max_operand` when the
-    chain is answered right (totals before the last step stay within it too) (the range the quickstart's model learnt), and `answer` is the chain's
+    chain is answered right (the range the quickstart's model learnt), and `answer` is the chain's
     right final total. Chains are drawn with `seed`; a chain's first question decides its part, so
     `part: test` shares no first question with `part: train`.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...core.registry import Registry, import_path
+from ...core.registry import Registry
 
 if TYPE_CHECKING:
     from ...core.types import WorkflowSpec
@@ -28,17 +28,9 @@ def resolve_workflow(name: str) -> type[Workflow]:
     (ValueError otherwise, naming what is allowed)."""
     from .base import Workflow
 
-    cls = (
-        WORKFLOWS.resolve(name)
-        if name in WORKFLOWS or ":" not in name
-        else import_path(name, what="workflow")
-    )
-    if not (isinstance(cls, type) and issubclass(cls, Workflow)):
-        raise ValueError(
-            f"workflow '{name}' is not a Workflow subclass (got {cls!r}); give a class deriving from "
-            "rlcore.rollout.workflows.base.Workflow"
-        )
-    return cls
+    if ":" not in name:
+        WORKFLOWS.check(name)  # "workflow.name must be one of ...": the names a config may give
+    return WORKFLOWS.resolve_class(name, Workflow, "workflow")
 
 
 def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) -> Workflow:
