@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 
 from ..client.base import ClientOptions, RpcError
 from ..client.rollout import RolloutClient
@@ -57,9 +56,10 @@ class RemoteRollout:
     def run(
         self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
     ) -> list[Experience]:
-        """Contiguous, balanced shares, one per worker, each with a seed of its own. A worker that
-        stops answering is dropped (`lost`) and its share runs on a worker still answering, with
-        the share's seed: the batch comes out as if nothing had happened."""
+        """Contiguous, balanced shares, one per worker. Engines seed each prompt by itself, so the
+        batch samples what one worker would; a worker that stops answering is dropped (`lost`)
+        and its share runs on a worker still answering: the batch comes out as if nothing had
+        happened."""
         n = len(self.clients)
         bounds = [len(tasks) * i // n for i in range(n + 1)]
         shares: list[list[list[Experience]] | None] = [None] * n
@@ -68,12 +68,7 @@ class RemoteRollout:
             chunk = tasks[bounds[i] : bounds[i + 1]]
             out: list[list[Experience]] = [[] for _ in chunk]
             if chunk:
-                seeded = (
-                    sampling
-                    if sampling.seed is None
-                    else SamplingParams(**{**asdict(sampling), "seed": sampling.seed + 7919 * i})
-                )
-                for index, exps in client.run_tasks(chunk, seeded, spec, timeout=timeout):
+                for index, exps in client.run_tasks(chunk, sampling, spec, timeout=timeout):
                     out[index] = exps
             shares[i] = out
 

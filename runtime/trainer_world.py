@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -239,8 +239,8 @@ class TrainerWorld:
         }
 
     def rollout(self, call: RolloutCall) -> tuple[list[Experience], dict[str, float], str | None] | None:
-        """The engines in every rank: each rank generates its contiguous share (whole groups) with
-        its own seed, within explorer.max_timeout. Rank 0 gets all experiences in task order, the
+        """The engines in every rank: each rank generates its contiguous share (whole groups)
+        within explorer.max_timeout (a seeded prompt samples the same in any rank). Rank 0 gets all experiences in task order, the
         rollout's metrics (engines that generated, the slowest rank's timings) and the first
         failure of any rank ("Kind:message", for rank 0 to raise outside the command: every rank
         has finished it)."""
@@ -249,12 +249,9 @@ class TrainerWorld:
         mine = shard(call.tasks, rank, world)
         local: tuple[list[Experience], dict[str, float], str | None] = ([], {}, None)
         if mine:
-            sampling = call.sampling
-            if sampling.seed is not None:
-                sampling = replace(sampling, seed=sampling.seed + rank * 1_000_003)
-            try:
+            try:  # engines seed each prompt by itself: the shares sample what one engine would
                 with deadline(call.timeout, "a rollout batch", "explorer.max_timeout"):
-                    exps = self.engine.run(mine, sampling, call.spec, call.timeout)
+                    exps = self.engine.run(mine, call.sampling, call.spec, call.timeout)
                 local = (exps, dict(self.engine.timing), None)
             except ValueError as e:  # bad input: not retried
                 local = ([], {}, f"ValueError:{e}")
