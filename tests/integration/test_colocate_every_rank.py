@@ -71,5 +71,6 @@ def test_an_engine_in_every_rank_generates_its_share_with_its_seed_and_each_pass
 
     logged = (steps[0]["rollout/reward_mean"], steps[0]["rollout/response_len_mean"])
     assert [e.response_token_ids for e in shares[0] + shares[1]] == [e.response_token_ids for e in one_batch]
-    assert _stats(one_batch) == pytest.approx(logged, abs=1e-9)
-    assert _stats(other_seed) != pytest.approx(logged, abs=1e-9)
+    # the run logs float32 means: equal to float32 precision
+    assert _stats(one_batch) == pytest.approx(logged, abs=1e-6)
+    assert _stats(other_seed) != pytest.approx(logged, abs=1e-6)
