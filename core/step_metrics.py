@@ -5,8 +5,11 @@ per-mini-batch metrics."""
 from __future__ import annotations
 
 import os
+import random
 import resource
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -104,3 +107,33 @@ def memory_metrics(device: str) -> dict[str, float]:
     if device == "cuda":
         metrics["perf/cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return metrics
+
+
+def mixture_metrics(
+    exps: list[Experience], source_of: dict[str, str], names: Iterable[str]
+) -> dict[str, float]:
+    """rollout/<taskset>/reward_mean and .../experiences of each taskset of a mixture; `source_of`
+    maps a task id to its taskset's name."""
+    rewards: dict[str, list[float]] = {name: [] for name in names}
+    for e in exps:  # dynamic sampling's rounds tag their groups '<task id>@<round>'
+        rewards.setdefault(source_of.get(e.group_id.split("@")[0], ""), []).append(e.reward)
+    out = {}
+    for name, values in rewards.items():
+        if name:
+            out[f"rollout/{name}/experiences"] = float(len(values))
+            if values:
+                out[f"rollout/{name}/reward_mean"] = sum(values) / len(values)
+    return out
+
+
+def completion_rows(
+    exps: list[Experience], tokenizer: Any, rng: random.Random, probability: float
+) -> list[dict]:
+    """monitor.log_completions: each experience, decoded, with probability `probability`."""
+    return [
+        {"prompt": tokenizer.decode(e.prompt_token_ids), "response": tokenizer.decode(e.response_token_ids),
+         "reward": e.reward, "rewards": e.reward_components, "finish_reason": e.finish_reason,
+         "group": e.group_id, "policy_version": e.policy_version, "counts": e.metrics}
+        for e in exps
+        if rng.random() < probability
+    ]  # fmt: skip

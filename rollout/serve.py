@@ -18,6 +18,23 @@ from .server import RolloutServicer, rollout_service
 
 log = logging.getLogger("rlcore.rollout.serve")
 
+SHUTDOWN_S = 10.0
+"""How long a stopping worker may take to close its server and engine before it exits regardless."""
+
+
+def _exit_within(seconds: float) -> None:
+    """Exit the process `seconds` from now unless it has ended by then: a generation or weight receive
+    still running in a thread (which nothing can interrupt) must not keep a stopped worker alive, as
+    when the launcher was killed and nobody waits for the results any more."""
+
+    def force() -> None:
+        print(f"rlcore: the rollout worker did not shut down within {seconds:g} s; exiting now", flush=True)
+        os._exit(0)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()
+
 
 def _heartbeat_loop(
     run: Any, worker_id: str, interval_s: float, servicer: RolloutServicer, stop: threading.Event
@@ -80,7 +97,9 @@ def serve_main(args: argparse.Namespace) -> int:
         return usage_error(str(e))
     assert token is not None  # required
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
-        return usage_error(f"--http-port must be a port number (0 to 65535, 0: any free one); got {args.http_port}")
+        return usage_error(
+            f"--http-port must be a port number (0 to 65535, 0: any free one); got {args.http_port}"
+        )
     for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
@@ -155,6 +174,7 @@ def serve_main(args: argparse.Namespace) -> int:
             pass
     finally:
         stop.set()
+        _exit_within(SHUTDOWN_S)
         if http is not None:
             http.stop()
         server.stop()

@@ -29,7 +29,7 @@ from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import preference_pair, task_stream, training_tasksets
 from ..core.monitor.jsonl import COMPLETIONS, drop_after
-from ..core.step_metrics import mean_dicts, memory_metrics
+from ..core.step_metrics import completion_rows, mean_dicts, memory_metrics, mixture_metrics
 from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
 from ..core.types import Experience, Task
 from ..rollout.explorer import Explorer, rollout_seed
@@ -127,6 +127,7 @@ class StageLoop:
             for key, t in training_tasksets(cfg)
         }  # fmt: skip
         self.prompt_format = self.formats[ts.name][2]
+        self.source_of = {t.task_id: t.source for t in self.stream.tasks}  # a mixture's metrics
         # an SFT or DPO stage runs an engine only to evaluate
         has_engine = self.explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
         self.endpoints = (
@@ -234,13 +235,17 @@ class StageLoop:
         pairs = self.trains_on == "pairs"
         seqs = []
         for t in tasks:
-            key, ts, prompt_format = self.formats.get(t.source) or self.formats[self.cfg.buffer.explorer_input.taskset.name]
+            key, ts, prompt_format = (
+                self.formats.get(t.source) or self.formats[self.cfg.buffer.explorer_input.taskset.name]
+            )
             fmt = ts.format
             prompt_format = prompt_format.for_task(t)  # its row's own system prompt and tools
             if pairs:
                 responses = list(preference_pair(t, fmt, key))
             elif "messages" in t.metadata and fmt.prompt_type == "messages":
-                prompt_ids, response_ids, mask = prompt_format.encode_sft_messages(self.tokenizer, t.metadata["messages"])
+                prompt_ids, response_ids, mask = prompt_format.encode_sft_messages(
+                    self.tokenizer, t.metadata["messages"]
+                )
                 seqs.append(TrainSequence(prompt_ids, response_ids, loss_mask=[float(m) for m in mask]))
                 continue
             elif t.response is None:
@@ -278,7 +283,7 @@ class StageLoop:
         if self.cfg.algorithm.dynamic_sampling:
             exps = self._dynamic_sampling(exps, metrics)
         if len(self.formats) > 1:  # a mixture: each taskset's rewards and count of its own
-            metrics.update(self._mixture_metrics(exps))
+            metrics.update(mixture_metrics(exps, self.source_of, self.formats))
         metrics["perf/generate_s"] = time.perf_counter() - start
         metrics.update(report)
         metrics["rollout/generated_ahead"] = float(taken is not None)
@@ -286,23 +291,13 @@ class StageLoop:
         if exps:
             train_metrics, self.global_step = self.handle.train_step(exps)
             metrics.update(train_metrics)
-            self._log_completions(exps)
+            if self.cfg.monitor.log_completions:  # a seeded sample of the step's rollouts
+                rng = random.Random(f"{self.cfg.seed}/{self.explore_step}")
+                probability = self.cfg.monitor.save_completions_probability
+                if rows := completion_rows(exps, self.tokenizer, rng, probability):
+                    self.monitor.log_completions(rows, self.global_step)
         metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
         return metrics
-
-    def _mixture_metrics(self, exps: list[Experience]) -> dict[str, float]:
-        """rollout/<taskset>/reward_mean and .../experiences of each taskset of a mixture."""
-        source_of = {t.task_id: t.source for t in self.stream.tasks}
-        rewards: dict[str, list[float]] = {name: [] for name in self.formats}
-        for e in exps:  # dynamic sampling's rounds tag their groups '<task id>@<round>'
-            rewards.setdefault(source_of.get(e.group_id.split("@")[0], ""), []).append(e.reward)
-        out = {}
-        for name, values in rewards.items():
-            if name:
-                out[f"rollout/{name}/experiences"] = float(len(values))
-                if values:
-                    out[f"rollout/{name}/reward_mean"] = sum(values) / len(values)
-        return out
 
     def _dynamic_sampling(self, exps: list[Experience], metrics: dict[str, float]) -> list[Experience]:
         """DAPO's dynamic sampling: keep the groups whose rewards differ, and explore extra rounds of
@@ -479,22 +474,6 @@ class StageLoop:
         return reporter.heartbeat(  # type: ignore[no-any-return]
             self.stage.name, self.global_step, self.total_train_steps, self.synced_step, wait=wait
         )
-
-    def _log_completions(self, exps: list[Experience]) -> None:
-        """monitor.log_completions: a seeded sample of the step's rollouts to the monitors."""
-        monitor = self.cfg.monitor
-        if not monitor.log_completions:
-            return
-        rng = random.Random(f"{self.cfg.seed}/{self.explore_step}")
-        rows = [
-            {"prompt": self.tokenizer.decode(e.prompt_token_ids), "response": self.tokenizer.decode(e.response_token_ids),
-             "reward": e.reward, "rewards": e.reward_components, "finish_reason": e.finish_reason,
-             "group": e.group_id, "policy_version": e.policy_version, "counts": e.metrics}
-            for e in exps
-            if rng.random() < monitor.save_completions_probability
-        ]  # fmt: skip
-        if rows:
-            self.monitor.log_completions(rows, self.global_step)
 
     def _log(self, metrics: dict[str, float]) -> None:
         if not metrics:

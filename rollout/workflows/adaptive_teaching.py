@@ -49,11 +49,7 @@ class AdaptiveTeachingWorkflow(Workflow):
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> None:
-        unknown = sorted(set(args) - set(cls.KEYS))
-        if unknown:
-            raise ValueError(
-                f"workflow_args: unknown key(s) {', '.join(unknown)}; adaptive_teaching takes {', '.join(cls.KEYS)}"
-            )
+        super().check_args(args)
         if not isinstance(args.get("student", "external"), str):
             raise ValueError("workflow_args.student must name an auxiliary model")
         for key, (_, needed) in TEMPLATES.items():

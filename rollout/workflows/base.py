@@ -44,12 +44,19 @@ class Workflow(ABC):
         self.timing: dict[str, float] = {}
         """Seconds the last batch spent in the engine (engine_s) and in reward functions (reward_s)."""
 
+    KEYS: tuple[str, ...] | None = None
+    """The `workflow_args` keys this workflow reads; None: any (a workflow that reads none ignores them)."""
+
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> None:
         """Refuse bad `workflow_args` before any rollout (ValueError naming `workflow_args.<key>`):
         launch calls it for every taskset, a rollout worker when it builds the workflow. The base
-        accepts any args (a workflow that reads none ignores them)."""
-        return None
+        refuses keys outside KEYS; subclasses check their values after it."""
+        unknown = sorted(set(args) - set(cls.KEYS)) if cls.KEYS is not None else []
+        if unknown:
+            raise ValueError(
+                f"workflow_args: unknown key(s) {', '.join(unknown)}; this workflow takes {', '.join(cls.KEYS or ())}"
+            )
 
     @classmethod
     def auxiliary_needed(cls, args: dict[str, Any]) -> list[str]:

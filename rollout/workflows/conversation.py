@@ -72,11 +72,7 @@ class ConversationWorkflow(Workflow):
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> None:
-        unknown = sorted(set(args) - set(cls.KEYS))
-        if unknown:
-            raise ValueError(
-                f"workflow_args: unknown key(s) {', '.join(unknown)}; this workflow takes {', '.join(cls.KEYS)}"
-            )
+        super().check_args(args)
         for key in LIMITS:
             positive_int(args, key, None)
 
