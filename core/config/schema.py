@@ -369,6 +369,31 @@ class ExplorerInput:
 
 
 @dataclass
+class ExperienceBufferConfig:
+    """Where mode explore writes experiences and mode train reads them (buffer/)."""
+
+    name: str = "experiences"
+    """The buffer's name (several can share a queue server or a database)."""
+    storage_type: str = choice("queue", "rlcore.buffer:STORAGES")
+    """queue: in memory in the mode-train launch's controller, over gRPC (gone when it ends);
+    file: append-only JSONL files in a folder on a shared file system; sql: a database through
+    SQLAlchemy (an SQLite file, or e.g. postgresql+psycopg://user:password@host/db)."""
+    path: str | None = None
+    """queue: host:port of the controller that serves it (null: the mode-train launch's, found
+    through <run folder>/buffer/<name>.address); file: the folder (null: <run folder>/buffer/<name>);
+    sql: a SQLAlchemy URL (null: sqlite:///<run folder>/buffer/<name>.db). The run folder is
+    checkpoint_root_dir/project/name, the same for the explore and the train launch."""
+    max_wait_s: float = bounded(1800.0, gt=0.0)
+    """How long mode train waits for a step's experiences (and mode explore for the trainer's
+    weights) before it stops with an error."""
+
+
+@dataclass
+class TrainerInput:
+    experience_buffer: ExperienceBufferConfig = field(default_factory=ExperienceBufferConfig)
+
+
+@dataclass
 class BufferConfig:
     batch_size: int = bounded(16, ge=1)
     """Tasks per explore step."""
@@ -379,6 +404,8 @@ class BufferConfig:
     total_steps: int | None = bounded(None, ge=1)
     """Stop after this many explore steps (null: when the epochs are done)."""
     explorer_input: ExplorerInput = field(default_factory=ExplorerInput)
+    trainer_input: TrainerInput = field(default_factory=TrainerInput)
+    """Decoupled runs: the experience buffer between a mode-explore and a mode-train launch."""
     expert_taskset: TasksetConfig | None = None
     """mix: demonstrations (prompt and response columns, as SFT reads them) trained on beside the
     rollouts, in seeded batches that a resume continues."""
@@ -591,10 +618,13 @@ class LogConfig:
 class RLCoreConfig:
     project: str = "rlcore"
     name: str = "run"
-    mode: str = choice("both", ("both", "colocate", "train", "bench"))
+    mode: str = choice("both", ("both", "colocate", "train", "explore", "bench"))
     """both: explore on rollout workers (separate processes, spawned or at explorer.rollout_model.
     endpoints) and train in turn; colocate: the engine lives in trainer rank 0's process; train: SFT
-    on the taskset's responses; bench: evaluate the model on the eval tasksets only."""
+    or DPO on the taskset's rows, or an RL algorithm on the experiences a mode-explore launch writes
+    to buffer.trainer_input.experience_buffer (publishing its weights for it); explore: rollout
+    workers only, writing experiences to that buffer and loading the weights the trainer publishes;
+    bench: evaluate the model on the eval tasksets only."""
     checkpoint_root_dir: str = "./checkpoints"
     """Runs live in <checkpoint_root_dir>/<project>/<name>/."""
     continue_from_checkpoint: bool = False

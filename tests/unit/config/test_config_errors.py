@@ -26,7 +26,7 @@ BAD_OVERRIDES = [
     (["algorithm.repeat_times=0"], r"algorithm\.repeat_times must be >= 1; got 0$"),
     (["algorithm.optimizer.lr=-1"], r"algorithm\.optimizer\.lr must be > 0\.0; got -1\.0$"),
     (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"),
-    (["mode=foo"], r"mode must be one of both, colocate, train, bench; got 'foo'$"),
+    (["mode=foo"], r"mode must be one of both, colocate, train, explore, bench; got 'foo'$"),
     (["monitor.monitor_type=[console,foo]"], r"monitor\.monitor_type\[1\] must be one of console, jsonl, tensorboard, wandb, mlflow; got 'foo'$"),
     ([f"{TASKSET}.path=/no/such/tasks.jsonl"], rf"{TASKSET}\.path: '/no/such/tasks\.jsonl' does not exist"),
     (["model.model_path=/no/such/model"], r"model\.model_path: '/no/such/model' is not a folder"),

@@ -1,0 +1,152 @@
+"""The ExperienceBuffer interface: where explorers put experience groups and the trainer takes them
+(modes explore and train, and asynchronous both).
+
+    put(groups)                       an explorer appends groups (a group: one task's experiences),
+                                      each stored whole: a reader never sees part of one
+    take(step, num_groups, timeout_s) the trainer's step `step`: the oldest unread groups the first
+                                      time it is asked for, the same groups again when a restarted
+                                      trainer asks for it (its checkpoint holds the step), so no
+                                      group is trained twice or lost
+    finish()                          this writer will put nothing more; once every writer did and
+                                      the rest is read, take answers `exhausted`
+    stats()                           counts of what was written and taken
+
+Any number of writers; one reader (the trainer). The backends (one file each) keep the groups, the
+ledger of which step took which groups, and the writers; the waiting is here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from ..core.types import Experience
+
+Group = list[Experience]
+
+POLL_S = 0.2
+"""How often a waiting take looks again (backends without notifications)."""
+
+
+class BufferError(RuntimeError):
+    """The buffer cannot do what was asked; str(e) is one line naming the buffer and the fix."""
+
+
+class BufferTimeout(BufferError):
+    """A take waited its time out for groups that did not come."""
+
+
+@dataclass
+class Taken:
+    groups: list[Group]
+    exhausted: bool
+    """Fewer groups than asked for: every writer finished and nothing else is left."""
+
+
+@dataclass
+class BufferStats:
+    groups_written: int = 0
+    experiences_written: int = 0
+    groups_taken: int = 0
+    experiences_taken: int = 0
+    available: int = 0
+    """Groups written and not taken yet."""
+    writers: int = 0
+    writers_finished: int = 0
+    steps_taken: int = 0
+    """The steps the reader took (the next one is this)."""
+
+
+def new_writer_id(role: str = "explorer") -> str:
+    """A writer id no other writer has (a restarted explorer is a new writer)."""
+    return f"{role}-{uuid.uuid4().hex[:12]}"
+
+
+class ExperienceBuffer(ABC):
+    storage_type = ""
+
+    def __init__(self, name: str, where: str, writer: str | None = None):
+        self.name, self.where = name, where
+        self.writer = writer or new_writer_id()
+
+    def describe(self) -> str:
+        return f"experience buffer '{self.name}' ({self.storage_type} {self.where})"
+
+    # ------------------------------------------------------------------ writer side
+
+    def put(self, groups: list[Group]) -> None:
+        """Append `groups` (each non-empty, one task's experiences)."""
+        if any(not g for g in groups):
+            raise ValueError("an experience group is empty")
+        if groups:
+            self._put(groups)
+
+    @abstractmethod
+    def _put(self, groups: list[Group]) -> None: ...
+
+    @abstractmethod
+    def finish(self) -> None:
+        """This writer will put nothing more."""
+
+    # ------------------------------------------------------------------ reader side
+
+    @abstractmethod
+    def take(self, step: int, num_groups: int, timeout_s: float) -> Taken:
+        """The groups of the trainer's step `step` (see the module's docstring); waits up to
+        `timeout_s` for `num_groups` of them, then raises BufferTimeout."""
+
+    @abstractmethod
+    def stats(self) -> BufferStats: ...
+
+    def close(self) -> None:  # noqa: B027 (most handles hold something; the memory store holds nothing)
+        """Release what this handle holds (files, connections)."""
+
+
+class LedgerBuffer(ExperienceBuffer):
+    """A backend that holds the groups and the ledger itself (memory, file, sql); the waiting is here."""
+
+    def take(self, step: int, num_groups: int, timeout_s: float) -> Taken:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            recorded = self._recorded(step)
+            if recorded is not None:
+                return Taken(recorded, exhausted=len(recorded) < num_groups)
+            steps_taken = self._steps_taken()
+            if step != steps_taken:
+                raise BufferError(
+                    f"{self.describe()}: the trainer asks for step {step}, but the buffer has taken "
+                    f"{steps_taken} step(s): a step's groups are taken in order (is another trainer reading it?)"
+                )
+            available, writers, finished = self._progress()
+            done = writers > 0 and finished == writers
+            if available >= num_groups or done:
+                groups = self._claim(step, num_groups)
+                return Taken(groups, exhausted=len(groups) < num_groups)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BufferTimeout(
+                    f"{self.describe()}: step {step} waited {timeout_s:g} s for {num_groups} experience groups "
+                    f"and {available} came ({writers} writer(s), {finished} finished): is the explorer running "
+                    "(mode explore) and writing here? Raise experience_buffer.max_wait_s to wait longer"
+                )
+            self._wait(min(left, POLL_S))
+
+    def _wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @abstractmethod
+    def _recorded(self, step: int) -> list[Group] | None:
+        """The groups step `step` took, if it was taken."""
+
+    @abstractmethod
+    def _steps_taken(self) -> int: ...
+
+    @abstractmethod
+    def _progress(self) -> tuple[int, int, int]:
+        """(groups available, writers, writers finished)."""
+
+    @abstractmethod
+    def _claim(self, step: int, num_groups: int) -> list[Group]:
+        """Atomically take up to `num_groups` of the oldest unread groups as step `step`'s."""

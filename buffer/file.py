@@ -1,0 +1,204 @@
+"""The file storage: append-only JSONL in a folder, for explorers and a trainer that share a file
+system.
+
+    <path>/writers/<writer>.jsonl   each writer's groups, one line each ({"t": unix time, "group": [...]}),
+                                    appended with one write and fsync; a line without its newline is
+                                    being written and is not read yet
+    <path>/writers/<writer>.done    the writer finished
+    <path>/steps.jsonl              the reader's ledger: one line per step, the groups it took as
+                                    [writer, line number] pairs
+    <path>/reader.lock              held (flock) by the one reader
+
+Unread groups are taken oldest first (by the time their line was written).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from typing import IO
+
+from .base import BufferError, BufferStats, Group, LedgerBuffer
+from .records import from_record, group_to_json
+
+WRITERS = "writers"
+STEPS = "steps.jsonl"
+READER_LOCK = "reader.lock"
+
+
+class _Lines:
+    """One writer's file as the reader has read it so far."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+        self.starts: list[int] = []
+        """Byte offset of each complete line."""
+        self.times: list[float] = []
+        self.sizes: list[int] = []
+        """Experiences in each group."""
+
+    def scan(self) -> int:
+        """Read the lines completed since the last scan; how many."""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        new = 0
+        pos = 0
+        while (end := data.find(b"\n", pos)) >= 0:
+            line = data[pos:end]
+            self.starts.append(self.offset + pos)
+            record = json.loads(line)
+            self.times.append(float(record["t"]))
+            self.sizes.append(len(record["group"]))
+            pos = end + 1
+            new += 1
+        self.offset += pos
+        return new
+
+    def read(self, line: int) -> list[dict]:
+        """The records of the group on line `line`."""
+        with open(self.path, "rb") as f:
+            f.seek(self.starts[line])
+            return json.loads(f.readline())["group"]  # type: ignore[no-any-return]
+
+
+class FileBuffer(LedgerBuffer):
+    storage_type = "file"
+
+    def __init__(self, name: str, path: str, writer: str | None = None):
+        super().__init__(name, path, writer)
+        self.path = path
+        try:
+            os.makedirs(os.path.join(path, WRITERS), exist_ok=True)
+        except OSError as e:
+            raise BufferError(f"{self.describe()}: cannot create the folder: {e}") from None
+        self._out: IO[bytes] | None = None
+        self._lock: IO[bytes] | None = None
+        self._files: dict[str, _Lines] = {}
+        self._steps: list[list[tuple[str, int]]] = []
+        self._taken: set[tuple[str, int]] = set()
+        self._reading = False
+
+    # ------------------------------------------------------------------ writer side
+
+    def _put(self, groups: list[Group]) -> None:
+        if self._out is None:
+            self._out = open(os.path.join(self.path, WRITERS, f"{self.writer}.jsonl"), "ab")
+        now = time.time()
+        text = "".join(f'{{"t":{now!r},"group":{group_to_json(g)}}}\n' for g in groups)
+        self._out.write(text.encode())
+        self._out.flush()
+        os.fsync(self._out.fileno())
+
+    def finish(self) -> None:
+        if self._out is None:  # a writer that put nothing still counts as one that finished
+            self._out = open(os.path.join(self.path, WRITERS, f"{self.writer}.jsonl"), "ab")
+        with open(os.path.join(self.path, WRITERS, f"{self.writer}.done"), "w"):
+            pass
+
+    # ------------------------------------------------------------------ reader side
+
+    def _open_reader(self) -> None:
+        """Take the reader's lock and load the ledger (dropping a last line cut short by a crash)."""
+        if self._reading:
+            return
+        self._lock = open(os.path.join(self.path, READER_LOCK), "ab")
+        try:
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BufferError(
+                f"{self.describe()}: another trainer reads this buffer (it holds {READER_LOCK}); one reader per buffer"
+            ) from None
+        self._steps = self._read_ledger(repair=True)
+        self._taken = {p for step in self._steps for p in step}
+        self._reading = True
+
+    def _read_ledger(self, repair: bool) -> list[list[tuple[str, int]]]:
+        """The steps taken; `repair`: cut a last line a crash left without its newline."""
+        ledger = os.path.join(self.path, STEPS)
+        if not os.path.exists(ledger):
+            return []
+        with open(ledger, "rb") as f:
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        if repair and len(complete) < len(data):
+            with open(ledger, "r+b") as f:
+                f.truncate(len(complete))
+        return [[(w, int(n)) for w, n in json.loads(line)["groups"]] for line in complete.splitlines()]
+
+    def _scan(self) -> None:
+        folder = os.path.join(self.path, WRITERS)
+        for entry in sorted(os.listdir(folder)):
+            if entry.endswith(".jsonl"):
+                writer = entry[: -len(".jsonl")]
+                lines = self._files.setdefault(writer, _Lines(os.path.join(folder, entry)))
+                lines.scan()
+
+    def _unread(self) -> list[tuple[float, str, int]]:
+        return sorted(
+            (t, w, i)
+            for w, lines in self._files.items()
+            for i, t in enumerate(lines.times)
+            if (w, i) not in self._taken
+        )
+
+    def _group(self, writer: str, line: int) -> Group:
+        if writer not in self._files or line >= len(self._files[writer].starts):
+            raise BufferError(
+                f"{self.describe()}: the ledger names line {line} of writer {writer}, which is not in "
+                f"{os.path.join(self.path, WRITERS)}: the buffer's files were changed or removed"
+            )
+        return [from_record(r, self.describe()) for r in self._files[writer].read(line)]
+
+    def _recorded(self, step: int) -> list[Group] | None:
+        self._open_reader()
+        if step >= len(self._steps):
+            return None
+        self._scan()
+        return [self._group(w, i) for w, i in self._steps[step]]
+
+    def _steps_taken(self) -> int:
+        self._open_reader()
+        return len(self._steps)
+
+    def _progress(self) -> tuple[int, int, int]:
+        self._open_reader()
+        self._scan()
+        folder = os.path.join(self.path, WRITERS)
+        finished = sum(1 for w in self._files if os.path.exists(os.path.join(folder, f"{w}.done")))
+        return len(self._unread()), len(self._files), finished
+
+    def _claim(self, step: int, num_groups: int) -> list[Group]:
+        assert step == len(self._steps)
+        pairs = [(w, i) for _, w, i in self._unread()[:num_groups]]
+        groups = [self._group(w, i) for w, i in pairs]
+        with open(os.path.join(self.path, STEPS), "ab") as f:
+            f.write((json.dumps({"step": step, "groups": pairs}) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        self._steps.append(pairs)
+        self._taken.update(pairs)
+        return groups
+
+    def stats(self) -> BufferStats:
+        self._scan()
+        folder = os.path.join(self.path, WRITERS)
+        steps = self._steps if self._reading else self._read_ledger(repair=False)
+        taken = [p for step in steps for p in step]
+        sizes = {(w, i): n for w, lines in self._files.items() for i, n in enumerate(lines.sizes)}
+        return BufferStats(
+            groups_written=len(sizes), experiences_written=sum(sizes.values()), groups_taken=len(taken),
+            experiences_taken=sum(sizes.get(p, 0) for p in taken),
+            available=len(sizes) - len(set(taken)), writers=len(self._files),
+            writers_finished=sum(1 for w in self._files if os.path.exists(os.path.join(folder, f"{w}.done"))),
+            steps_taken=len(steps),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for f in (self._out, self._lock):
+            if f is not None:
+                f.close()
+        self._out = self._lock = None

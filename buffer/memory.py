@@ -1,0 +1,80 @@
+"""The queue storage's groups, in memory: held by the controller that serves them over gRPC
+(service.py), or used in process by an asynchronous `both` run. Gone when that process ends: a
+restarted trainer re-reads the steps it took only while the process that holds them lives."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from .base import BufferStats, Group, LedgerBuffer
+
+
+class MemoryBuffer(LedgerBuffer):
+    storage_type = "queue"
+
+    def __init__(self, name: str, where: str = "in memory", writer: str | None = None):
+        super().__init__(name, where, writer)
+        self._changed = threading.Condition()
+        self._unread: deque[Group] = deque()
+        self._steps: list[list[Group]] = []
+        """What each step took, in order."""
+        self._writers: set[str] = set()
+        self._finished: set[str] = set()
+        self._written = [0, 0]
+        """Groups, experiences."""
+
+    def put_from(self, writer: str, groups: list[Group]) -> int:
+        """`put` on behalf of `writer` (the gRPC service's callers); the groups unread after it."""
+        with self._changed:
+            self._writers.add(writer)
+            self._unread.extend(groups)
+            self._written[0] += len(groups)
+            self._written[1] += sum(len(g) for g in groups)
+            self._changed.notify_all()
+            return len(self._unread)
+
+    def finish_writer(self, writer: str) -> None:
+        with self._changed:
+            self._writers.add(writer)
+            self._finished.add(writer)
+            self._changed.notify_all()
+
+    def _put(self, groups: list[Group]) -> None:
+        self.put_from(self.writer, groups)
+
+    def finish(self) -> None:
+        self.finish_writer(self.writer)
+
+    def _wait(self, seconds: float) -> None:
+        with self._changed:
+            self._changed.wait(seconds)
+
+    def _recorded(self, step: int) -> list[Group] | None:
+        with self._changed:
+            return list(self._steps[step]) if step < len(self._steps) else None
+
+    def _steps_taken(self) -> int:
+        with self._changed:
+            return len(self._steps)
+
+    def _progress(self) -> tuple[int, int, int]:
+        with self._changed:
+            return len(self._unread), len(self._writers), len(self._finished)
+
+    def _claim(self, step: int, num_groups: int) -> list[Group]:
+        with self._changed:
+            assert step == len(self._steps)
+            groups = [self._unread.popleft() for _ in range(min(num_groups, len(self._unread)))]
+            self._steps.append(groups)
+            return groups
+
+    def stats(self) -> BufferStats:
+        with self._changed:
+            taken = [g for step in self._steps for g in step]
+            return BufferStats(
+                groups_written=self._written[0], experiences_written=self._written[1],
+                groups_taken=len(taken), experiences_taken=sum(len(g) for g in taken),
+                available=len(self._unread), writers=len(self._writers), writers_finished=len(self._finished),
+                steps_taken=len(self._steps),
+            )  # fmt: skip
