@@ -40,6 +40,12 @@ def address_file(cfg: Any) -> str:
     return os.path.join(project_dir(cfg), "buffer", f"{eb.name}.address")
 
 
+def token_file(cfg: Any) -> str:
+    """Where the mode-train launch that serves a queue leaves its token (mode 0600) for the explore
+    launch of the same run, which has a token of its own for its workers."""
+    return address_file(cfg).removesuffix(".address") + ".token"
+
+
 def buffer_location(cfg: Any) -> str:
     """The folder, database URL or queue address of the config's experience buffer ('' for a
     queue whose address is not known yet)."""
@@ -79,6 +85,12 @@ def open_buffer(cfg: Any, writer: str | None = None, wait_s: float = 0.0) -> Exp
             f"did not appear within {wait_s:g} s): start it, or give the queue's host:port as "
             "buffer.trainer_input.experience_buffer.path"
         )
+    import dataclasses
+
     from ..client.base import ClientOptions
 
-    return cls(eb.name, where, ClientOptions.from_control(cfg.control, timeout=60.0), writer)  # type: ignore[no-any-return]
+    options = ClientOptions.from_control(cfg.control, timeout=60.0)
+    if not eb.path and os.path.isfile(token_file(cfg)):  # the serving launch's token, not ours
+        with open(token_file(cfg)) as f:
+            options = dataclasses.replace(options, token=f.read().strip())
+    return cls(eb.name, where, options, writer)  # type: ignore[no-any-return]

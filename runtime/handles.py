@@ -83,6 +83,13 @@ class TrainerHandle(ABC):
     def sync_weights(self, endpoints: list[str]) -> Synced:
         """Push the weights to the rollout workers at `endpoints` (none: the in-process engines)."""
 
+    def publish_weights(self, folder: str) -> tuple[int, Synced]:
+        """Write the weights as the next version in `folder`, for the explorers of a decoupled run
+        (mode train); the version written."""
+        raise ValueError(
+            "a remote trainer does not publish weights for mode explore yet: run mode train with `rlcore launch`"
+        )
+
     def start_engines(self) -> Engines:
         """Start the configured stage's engines inside the trainer (mode colocate, and evaluation
         in modes train and bench)."""
@@ -131,6 +138,10 @@ class LocalTrainer(TrainerHandle):
         if "failed" in out:  # raised here, outside the command every rank has finished
             raise RuntimeError(out["failed"])
         return Synced(out["num_bytes"], out["seconds"])
+
+    def publish_weights(self, folder: str) -> tuple[int, Synced]:
+        out = self.command("publish_weights", folder)
+        return out["policy_version"], Synced(out["num_bytes"], out["seconds"])
 
     def start_engines(self) -> Engines:
         """In rank 0, or in every rank (each generating its share; evaluation on rank 0's)."""

@@ -20,8 +20,10 @@ from typing import Any
 
 from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
 from ..core.data.prompt_lengths import check_prompt_lengths
+from ..core.rpc.cli import write_atomic
 from . import failure
 from .child import process_env, wrap
+from .explore_loop import EXPLORER_DIR, drive_explorer, published_dir, trainer_stage_dir, wait_for_weights
 from .lifecycle import StopSignals, end_process
 from .loop import SUMMARY, planned_steps, stage_dir
 from .placement import GpuPlacement
@@ -92,10 +94,11 @@ def ensure_token(token_env: str) -> None:
 @contextmanager
 def control_plane(
     base: Any, stages: list[Stage], device: str, launch_dir: str, placement: GpuPlacement | None = None,
-    keep_fds: tuple[int, ...] = (),
+    keep_fds: tuple[int, ...] = (), worker_model: str | None = None,
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
-    """Serve RunService for the run's lifetime and start (then stop) the rollout workers it needs.
-    Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
+    """Serve RunService (and a buffer queue that a mode-train stage reads) for the run's lifetime and
+    start (then stop) the rollout workers it needs, from `worker_model` (default: the first stage's
+    model). Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
     from ..core.rpc.address import reachable_host
     from ..core.rpc.security import read_token
     from ..core.rpc.server import ServerOptions
@@ -105,13 +108,22 @@ def control_plane(
     ensure_token(control.token_env)
     token = read_token(control.token_env)
     assert token is not None
+    queues = served_queues(stages)
     server, run = start_run_server(
         f"{base.project}/{base.name}",
         ServerOptions.from_control(control, token, port=control.run_port),
         heartbeat_interval_s=control.heartbeat_interval,
+        serve_buffer=bool(queues),
     )
     run_address = server.address
     print(f"rlcore: run controller (RunService) on {run_address}", flush=True)
+    for path in queues:  # the explore launch finds the queue, and its token, through them
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        secret = path.removesuffix(".address") + ".token"
+        with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(token)
+        write_atomic(path, run_address)
+        print(f"rlcore: experience buffer queue on {run_address} (address in {path})", flush=True)
     workers: RolloutWorkers | None = None
     info: dict[str, Any] = {
         "run_address": run_address,
@@ -135,7 +147,7 @@ def control_plane(
                 )
                 print(f"rlcore: starting {count} rollout worker(s){where} (logs in {launch_dir})", flush=True)
                 workers = RolloutWorkers(
-                    first, stages[0].config.model.model_path, count, device, run_address, launch_dir,
+                    first, worker_model or stages[0].config.model.model_path, count, device, run_address, launch_dir,
                     gpus=None if placement is None else placement.engines, keep_fds=keep_fds,
                 )  # fmt: skip
                 endpoints = run.wait_for_workers("rollout", count, control.worker_start_timeout, workers.dead)
@@ -149,6 +161,25 @@ def control_plane(
         if workers is not None:
             workers.stop()
         server.stop(grace=1.0)
+        for path in queues:  # the queue is gone with this process: nobody must find it
+            for gone in (path, path.removesuffix(".address") + ".token"):
+                if os.path.exists(gone):
+                    os.remove(gone)
+
+
+def served_queues(stages: list[Stage]) -> list[str]:
+    """The address files of the buffer queues this launch serves: those its mode-train RL stages
+    read without a path (the explore launch finds them there)."""
+    from ..buffer import address_file
+    from ..core.algorithms import trains_on
+
+    return sorted({
+        address_file(s.config)
+        for s in stages
+        if s.config.mode == "train" and trains_on(s.config.algorithm) == "rollouts"
+        and s.config.buffer.trainer_input.experience_buffer.storage_type == "queue"
+        and not s.config.buffer.trainer_input.experience_buffer.path
+    })  # fmt: skip
 
 
 def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
@@ -185,10 +216,14 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     transformers_logging.disable_progress_bar()
     cfg = load_config(config_path, overrides, strategy)
     stages = resolve_stages(cfg)
+    explorer = cfg.mode == "explore"  # this launch is a decoupled run's explorer
+    num_stages = len(stages)
+    stages = explore_stages(stages, explorer)
     base = stages[0].config
     preflight(stages)
     device = resolve_device(base.cluster.device)
-    check_strategies(stages, device)
+    if not explorer:
+        check_strategies(stages, device)
     placement = gpu_placement(stages, device, os.environ, local_device_count() if device == "cuda" else 0)
     if placement is not None and placement.shared:
         print(
@@ -197,6 +232,8 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
             flush=True,
         )
     run_dir = os.path.abspath(os.path.join(base.checkpoint_root_dir, base.project, base.name))
+    if explorer:
+        run_dir = os.path.join(run_dir, EXPLORER_DIR)
     lock = RunLock(run_dir)
     took_over = lock.acquire()
     if took_over:
@@ -205,11 +242,14 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     failure.clear(launch_dir)
     try:
         check_run_dir(run_dir, stages, base.continue_from_checkpoint)
-        prepare_assets(stages)
-        check_model_lengths(stages)
-        check_prompt_lengths(stages)
+        if explorer:  # its model is what the trainer publishes; the trainer checks the lengths
+            prepare_assets(stages, model=False)
+        else:
+            prepare_assets(stages)
+            check_model_lengths(stages)
+            check_prompt_lengths(stages)
         assert lock.fd is not None
-        return run(stages, device, placement, run_dir, lock.fd)
+        return run(stages, device, placement, run_dir, lock.fd, num_stages)
     except ValueError:  # the user's to fix: the command line says it in one line
         raise
     except Exception as e:  # anything else, in this process (e.g. the loop driving a remote trainer)
@@ -219,10 +259,41 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
         lock.release()
 
 
-def run(stages: list[Stage], device: str, placement: GpuPlacement | None, run_dir: str, lock_fd: int) -> int:
-    """Serve the control plane, start the workers and the trainer world (or drive a remote one) and
-    wait; SIGINT/SIGTERM stop the run after its current step (lifecycle.StopSignals)."""
+def explore_stages(stages: list[Stage], explorer: bool) -> list[Stage]:
+    """The stages this launch runs: an explorer's (mode=explore) are the mode-explore ones (its
+    trainer runs the rest); any other launch runs every stage, none of them in mode explore."""
+    if explorer:
+        mine = [s for s in stages if s.config.mode == "explore"]
+        if not mine:
+            raise ConfigError("mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore")
+        return mine
+    for s in stages:
+        if s.config.mode == "explore":
+            raise ConfigError(
+                f"stages[{s.index}] ({s.name}): mode explore runs in a launch of its own: start this config with "
+                "mode=explore beside one with mode=train (its trainer)"
+            )
+    return stages
+
+
+def run(
+    stages: list[Stage], device: str, placement: GpuPlacement | None, run_dir: str, lock_fd: int,
+    num_stages: int | None = None,
+) -> int:  # fmt: skip
+    """Serve the control plane, start the workers and the trainer world (or drive a remote one, or
+    explore: mode explore) and wait; SIGINT/SIGTERM stop the run after its current step
+    (lifecycle.StopSignals). `num_stages`: the config's stages, of which `stages` may be some."""
     base = stages[0].config
+    num_stages = num_stages or len(stages)
+    explorer = base.mode == "explore"
+    worker_model, worker_version = None, -1
+    if explorer:  # the rollout workers start from the weights the trainer publishes first
+        first = stages[0]
+        folder = published_dir(trainer_stage_dir(base, first, num_stages))
+        print(f"rlcore: waiting for the trainer's weights in {folder}", flush=True)
+        worker_version, worker_model = wait_for_weights(
+            folder, -1, base.buffer.trainer_input.experience_buffer.max_wait_s, f"stage {first.name}"
+        )
     launch_dir = os.path.join(run_dir, "launch")
     threads = base.cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // base.cluster.ranks_per_node)
     print(
@@ -232,13 +303,15 @@ def run(stages: list[Stage], device: str, placement: GpuPlacement | None, run_di
     )
     start = time.time()
     try:
-        with control_plane(base, stages, device, launch_dir, placement, keep_fds=(lock_fd,)) as plane:
+        with control_plane(
+            base, stages, device, launch_dir, placement, keep_fds=(lock_fd,), worker_model=worker_model
+        ) as plane:
             controller = plane["run"]
             plan = {
                 "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
                 "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
                 "workers_managed": plane["workers_managed"],
-                "master_address": plane["master_address"],
+                "master_address": plane["master_address"], "worker_version": worker_version,
                 "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
             }  # fmt: skip
             plan_path = os.path.join(launch_dir, "plan.json")
@@ -248,7 +321,9 @@ def run(stages: list[Stage], device: str, placement: GpuPlacement | None, run_di
             controller.mark_running()
             with StopSignals(controller.request_stop, base.control.stop_grace_s) as stops:
                 try:
-                    if base.trainer.remote:
+                    if explorer:
+                        rc = drive_explorer(stages, num_stages, plan)
+                    elif base.trainer.remote:
                         rc = drive_remote(stages, plan)
                     else:
                         command = torchrun_command(plan_path, base.cluster, base.project, base.name)

@@ -44,9 +44,9 @@ def check_strategies(stages: list[Stage], device: str) -> None:
             raise ConfigError(str(e)) from None
 
 
-def prepare_assets(stages: list[Stage]) -> None:
+def prepare_assets(stages: list[Stage], model: bool = True) -> None:
     """Generate missing synthetic tasksets and build a missing scratch model (deterministic, so
-    doing it once here, before any rank starts, is enough)."""
+    doing it once here, before any rank starts, is enough); `model` False: the tasksets only."""
     from ..core.data.taskset import ensure_taskset
     from ..core.scratch_model import ensure_model
 
@@ -54,7 +54,7 @@ def prepare_assets(stages: list[Stage]) -> None:
         cfg = stage.config
         for key, ts in tasksets_of(cfg):
             ensure_taskset(ts, key)
-        if inherits_previous_model(cfg):
+        if inherits_previous_model(cfg) or not model:
             continue
         if ensure_model(cfg.model.model_path, cfg.model.scratch, cfg.model.max_model_len, cfg.seed):
             print(f"rlcore: built a scratch model in {cfg.model.model_path}", flush=True)

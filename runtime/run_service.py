@@ -318,13 +318,20 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
 
 
 def start_run_server(
-    run_name: str, options: ServerOptions, heartbeat_interval_s: float
+    run_name: str, options: ServerOptions, heartbeat_interval_s: float, serve_buffer: bool = False
 ) -> tuple[RpcServer, RunServicer]:
-    """Serve RunService for `run_name` (project/name); the servicer is the launcher's handle."""
+    """Serve RunService for `run_name` (project/name), and with `serve_buffer` the experience
+    buffer's queues (ExperienceBufferService); the servicer is the launcher's handle."""
     servicer = RunServicer(run_name, heartbeat_interval_s)
-    service = Service(
-        run_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
-        servicer,
-        run_pb2_grpc.add_RunServiceServicer_to_server,
-    )
-    return RpcServer(options, [service]), servicer
+    services = [
+        Service(
+            run_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
+            servicer,
+            run_pb2_grpc.add_RunServiceServicer_to_server,
+        )
+    ]
+    if serve_buffer:
+        from ..buffer.service import BufferServicer, buffer_service
+
+        services.append(buffer_service(BufferServicer(f"the controller of {run_name}")))
+    return RpcServer(options, services), servicer

@@ -238,6 +238,27 @@ class TrainerWorld:
             "seconds": stats.get("total_s", time.perf_counter() - start),
         }
 
+    def publish_weights(self, folder: str) -> dict[str, Any]:
+        """Write the current weights as the next version in `folder` for the explorers of a
+        decoupled run (transports/publish.py); every rank walks the weights, rank 0 writes."""
+        from ..rollout.transports import TRANSPORTS
+        from ..rollout.transports.base import Endpoints
+
+        t = self._t()
+        start = time.perf_counter()
+        key = ("publish", folder)
+        transport = self._transports.get(key)
+        if transport is None:
+            os.makedirs(folder, exist_ok=True)
+            transport = TRANSPORTS.resolve("publish")(Endpoints(folder=folder, tokenizer_dir=self.model_path))
+            self._transports[key] = transport
+        stats = transport.push(t.strategy, t.state.global_step)
+        return {
+            "policy_version": transport.version,
+            "num_bytes": int(stats.get("num_bytes", 0)),
+            "seconds": stats.get("total_s", time.perf_counter() - start),
+        }
+
     def rollout(self, call: RolloutCall) -> tuple[list[Experience], dict[str, float], str | None] | None:
         """The engines in every rank: each rank generates its contiguous share (whole groups)
         within explorer.max_timeout (a seeded prompt samples the same in any rank). Rank 0 gets all experiences in task order, the

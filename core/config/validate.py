@@ -247,13 +247,35 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             f"mode '{cfg.mode}' explores, and algorithm.algorithm_type {algo} trains on the taskset's own "
             f"{data} instead: set mode train (or an RL algorithm_type: grpo, ppo, rloo, ...)"
         )
-    if cfg.mode == "train" and data == "rollouts":
+    if cfg.mode == "explore" and data != "rollouts":
         raise ConfigError(
-            f"mode train runs algorithm.algorithm_type sft or dpo on the taskset's rows; '{algo}' explores: "
-            "set mode both or colocate"
+            f"mode explore writes rollouts for an RL algorithm; algorithm.algorithm_type {algo} trains on the "
+            f"taskset's own {data}: set an RL algorithm_type (grpo, ppo, rloo, ...) or mode train"
         )
+    if cfg.mode in ("train", "explore") and data == "rollouts":
+        _check_decoupled(cfg)
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
+
+
+def _check_decoupled(cfg: RLCoreConfig) -> None:
+    """A decoupled run (an RL algorithm in mode train, which reads the experience buffer, or in mode
+    explore, which writes it): what its two launches cannot do."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    key = "buffer.trainer_input.experience_buffer"
+    if eb.path and eb.storage_type == "queue":
+        check_address(eb.path, f"{key}.path")
+    if cfg.trainer.remote is not None:
+        raise ConfigError(
+            f"mode {cfg.mode} with algorithm {cfg.algorithm.algorithm_type} is half of a decoupled run, whose trainer "
+            "is started by `rlcore launch` (trainer.remote is not supported there yet): drop trainer.remote"
+        )
+    if cfg.mode == "explore":
+        if cfg.algorithm.dynamic_sampling:
+            raise ConfigError(
+                "algorithm.dynamic_sampling refills a lock-step batch; a decoupled run (mode explore) does not run "
+                "it: set it false, or use mode both"
+            )
 
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:

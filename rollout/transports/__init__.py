@@ -16,6 +16,7 @@ TRANSPORTS = Registry(
         "nccl": "rlcore.rollout.transports.group:GroupTransport",
         "checkpoint": "rlcore.rollout.transports.checkpoint:CheckpointTransport",
         "memory": "rlcore.rollout.transports.memory:MemoryTransport",
+        "publish": "rlcore.rollout.transports.publish:PublishTransport",
     },
 )
 

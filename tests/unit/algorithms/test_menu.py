@@ -147,10 +147,10 @@ def test_dpo_runs_in_mode_train_on_pairs_only(tmp_path) -> None:
         match=r"mode 'both' explores, and algorithm\.algorithm_type dpo trains on the taskset's own pairs",
     ):
         _validate(tmp_path, algorithm_type="dpo", keep_taskset=True)
-    with pytest.raises(
-        ConfigError, match=r"mode train runs algorithm\.algorithm_type sft or dpo .*'grpo' explores"
+    with pytest.raises(  # mode train with grpo reads a decoupled run's buffer; mode explore writes rollouts
+        ConfigError, match=r"mode explore writes rollouts for an RL algorithm; algorithm\.algorithm_type dpo"
     ):
-        _validate(tmp_path, mode="train", keep_taskset=True)
+        _validate(tmp_path, algorithm_type="dpo", mode="explore", keep_taskset=True)
     # the taskset has no chosen/rejected columns
     with pytest.raises(
         ConfigError,

@@ -1,0 +1,118 @@
+"""A decoupled run: `rlcore launch cfg mode=train` and `rlcore launch cfg mode=explore` at the same
+time, joined by the experience buffer (each storage in turn): the explorer writes every step's
+groups tagged with the version of the weights it holds, the trainer trains on them and publishes its
+weights, which the explorer loads (staleness bounded by synchronizer.max_staleness). Every
+experience is trained once, also across a trainer killed and resumed from its checkpoint (counted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.integration.launch_utils import REPO, read_metrics, tiny_grpo_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+STEPS = 5
+GROUP = 4  # algorithm.repeat_times
+
+
+def _config(root: str, storage: str, **more) -> str:
+    cfg = tiny_grpo_config(
+        root,
+        **{
+            "buffer.total_steps": STEPS, "synchronizer.max_staleness": 1,
+            "buffer.trainer_input.experience_buffer.storage_type": storage,
+            "buffer.trainer_input.experience_buffer.max_wait_s": 240,
+            **more,
+        },
+    )  # fmt: skip
+    path = os.path.join(root, "cfg.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    return path
+
+
+def _start(path: str, mode: str, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "launch", path, f"mode={mode}", *overrides],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _finish(proc: subprocess.Popen, what: str, timeout_s: float = 400) -> str:
+    out, _ = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{out[-5000:]}"
+    return out
+
+
+def _check_run(run_dir: str, trained_steps: int) -> tuple[list[dict], list[dict]]:
+    """The trainer's and the explorer's step records, after checking what both launches agree on."""
+    train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
+    explore = read_metrics(os.path.join(run_dir, "explorer"))
+    assert [m["step"] for m in train] == list(range(1, trained_steps + 1))
+    assert all(m["buffer/experiences"] == 4 * GROUP for m in train)  # buffer.batch_size whole groups
+    assert sum(m["buffer/experiences"] for m in train) == sum(m["buffer/experiences_put"] for m in explore)
+    versions = [m["rollout/policy_version"] for m in explore]
+    assert versions == sorted(versions) and versions[-1] >= STEPS - 2, versions  # the trainer's weights came
+    for step, version in enumerate(versions):  # never more than max_staleness steps behind
+        assert step - version <= 1
+    assert all(m["rollout/staleness_mean"] <= 1 for m in train)
+    return train, explore
+
+
+@pytest.mark.parametrize("storage", ["file", "sql", "queue"])
+def test_an_explore_and_a_train_launch_meet_in_the_buffer(storage: str, tmp_path) -> None:
+    path = _config(str(tmp_path), storage)
+    trainer = _start(path, "train")
+    explorer = _start(path, "explore")  # it waits for the trainer's first weights
+    _finish(explorer, "mode explore")
+    _finish(trainer, "mode train")
+    run_dir = os.path.join(str(tmp_path), "it", "run")
+    _check_run(run_dir, STEPS)
+    if storage != "queue":  # the queue went with the train launch
+        from rlcore.buffer import open_buffer
+        from rlcore.core.config import load_config, resolve_stages
+
+        stats = open_buffer(resolve_stages(load_config(path, []))[0].config).stats()
+        assert stats.groups_written == stats.groups_taken == 4 * STEPS and stats.available == 0
+        assert stats.writers == stats.writers_finished == 1
+
+
+def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> None:
+    import json
+
+    path = _config(str(tmp_path), "file", **{"trainer.save_interval": 2})
+    run_dir = os.path.join(str(tmp_path), "it", "run")
+    trainer = _start(path, "train")
+    explorer = _start(path, "explore")
+    deadline = time.monotonic() + 300
+    while (
+        len([m for m in _lines(run_dir) if "buffer/experiences" in m]) < 3
+    ):  # a checkpoint at step 2, then one more
+        assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[0][-3000:]
+        time.sleep(0.2)
+    trainer.kill()  # the launcher only: its trainer world dies with it
+    trainer.communicate()
+    resumed = _start(path, "train", "continue_from_checkpoint=true")
+    _finish(explorer, "mode explore")
+    out = _finish(resumed, "the resumed mode train")
+    assert "resumed main from" in out and "(step 2)" in out, out[-3000:]  # it retrains step 3 (and any after)
+    train, explore = _check_run(run_dir, STEPS)  # every step once in the metrics: the retrained ones replaced
+    with open(os.path.join(run_dir, "buffer", "experiences", "steps.jsonl")) as f:
+        steps = [json.loads(line)["groups"] for line in f]
+    taken = [tuple(g) for s in steps for g in s]
+    assert len(steps) == STEPS and len(taken) == len(set(taken)) == 4 * STEPS  # each group in one step only
+    assert sum(m["buffer/experiences"] for m in train) == 4 * STEPS * GROUP
+
+
+def _lines(run_dir: str) -> list[dict]:
+    try:
+        return read_metrics(run_dir)
+    except (FileNotFoundError, ValueError):
+        return []
