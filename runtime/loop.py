@@ -24,7 +24,7 @@ from typing import Any
 
 from ..client.trainer import TrainSequence
 from ..core.algorithms import trains_on
-from ..core.algorithms.dapo import informative_groups
+from ..core.algorithms.dapo import dynamic_sampling
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import preference_pair, task_stream, training_tasksets
@@ -305,8 +305,11 @@ class StageLoop:
         taken = self.ahead.take(self.explore_step)  # generated during the previous step, by older weights
         (exps, report), version = taken or (self._explore(tasks, self.explore_step), self.synced_step)
         exps = self.schedule.drop_stale(exps, [version] * len(exps), self.global_step, metrics)
-        if self.cfg.algorithm.dynamic_sampling:
-            exps = self._dynamic_sampling(exps, metrics)
+        if self.cfg.algorithm.dynamic_sampling:  # DAPO: refill the groups whose rewards all agree
+            exps = dynamic_sampling(
+                exps, self.cfg.buffer.batch_size, self.cfg.algorithm.dynamic_sampling_max_rounds,
+                lambda r: self._explore(self.stream.extra(self.explore_step, r), self.explore_step, r)[0], metrics,
+            )  # fmt: skip
         if len(self.formats) > 1:  # a mixture: each taskset's rewards and count of its own
             metrics.update(mixture_metrics(exps, self.source_of, self.formats))
         metrics["perf/generate_s"] = time.perf_counter() - start
@@ -357,32 +360,6 @@ class StageLoop:
         self.published = self.global_step
         log.info("published version %d of the weights for the explorers", version)
         return {"perf/publish_s": synced.seconds, "sync/published_version": float(version)}
-
-    def _dynamic_sampling(self, exps: list[Experience], metrics: dict[str, float]) -> list[Experience]:
-        """DAPO's dynamic sampling: keep the groups whose rewards differ, and explore extra rounds of
-        tasks until buffer.batch_size groups are kept or algorithm.dynamic_sampling_max_rounds ran."""
-        want, algo = self.cfg.buffer.batch_size, self.cfg.algorithm
-        keep = set(informative_groups([e.reward for e in exps], [e.group_id for e in exps]))
-        kept = [e for e in exps if e.group_id in keep]
-        rounds, explored = 0, len(dict.fromkeys(e.group_id for e in exps))
-        while len(keep) < want and rounds < algo.dynamic_sampling_max_rounds:
-            rounds += 1
-            more, _ = self._explore(self.stream.extra(self.explore_step, rounds), self.explore_step, rounds)
-            for e in more:  # a task may come back in another round: each round's groups are its own
-                e.group_id = f"{e.group_id}@{rounds}"
-            explored += len(dict.fromkeys(e.group_id for e in more))
-            new = informative_groups([e.reward for e in more], [e.group_id for e in more])
-            keep.update(new[: want - len(keep)])
-            kept += [e for e in more if e.group_id in keep]
-        metrics["rollout/dynamic_sampling_rounds"] = float(rounds)
-        metrics["rollout/groups_kept"] = float(len(keep))
-        metrics["rollout/groups_dropped"] = float(explored - len(keep))
-        if len(keep) < want:
-            log.info(
-                "dynamic sampling: %d of %d groups after %d extra round(s) (the rest got equal rewards)",
-                len(keep), want, rounds,
-            )  # fmt: skip
-        return kept
 
     def _explore(
         self, tasks: list[Task], explore_step: int, round_: int = 0

@@ -280,10 +280,19 @@ def _check_decoupled(cfg: RLCoreConfig) -> None:
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
-    from ..algorithms import GROUP_BASELINES, reads_reference, trains_critic, trains_on_experts, with_preset
+    from ..algorithms import (
+        GROUP_BASELINES,
+        reads_reference,
+        trains_critic,
+        trains_on,
+        trains_on_experts,
+        with_preset,
+    )
 
     cfg.algorithm = with_preset(cfg.algorithm)
     a = cfg.algorithm
+    if a.do_old_log_prob_compute is None:  # a decoupled run's experiences are off-policy by design
+        a.do_old_log_prob_compute = not (cfg.mode in ("train", "explore") and trains_on(a) == "rollouts")
     if a.repeat_times < 2 and a.advantage_fn in GROUP_BASELINES:
         raise ConfigError(
             f"algorithm.repeat_times is 1, but {a.algorithm_type} (advantage_fn {a.advantage_fn}) compares each "

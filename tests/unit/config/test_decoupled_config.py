@@ -1,0 +1,53 @@
+"""A decoupled run's config (an RL algorithm in mode train, which reads the experience buffer, or in
+mode explore, which writes it): what it resolves to, and what it refuses in one line."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from rlcore.buffer import buffer_location
+from rlcore.core.config import ConfigError, load_config, resolve_stages
+
+
+def _resolve(tmp_path, *overrides: str):
+    (tmp_path / "m").mkdir(exist_ok=True)
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2", "response": "2"}\n')
+    cfg = {"model": {"model_path": str(tmp_path / "m")}, "checkpoint_root_dir": str(tmp_path),
+           "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}}}  # fmt: skip
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return resolve_stages(load_config(str(path), list(overrides)))[0].config
+
+
+def test_a_decoupled_run_divides_by_the_behaviour_policys_log_probs_unless_told(tmp_path) -> None:
+    assert _resolve(tmp_path, "mode=train").algorithm.do_old_log_prob_compute is False
+    assert _resolve(tmp_path, "mode=explore").algorithm.do_old_log_prob_compute is False
+    assert _resolve(tmp_path, "mode=both").algorithm.do_old_log_prob_compute is True
+    told = _resolve(tmp_path, "mode=train", "algorithm.do_old_log_prob_compute=true")
+    assert told.algorithm.do_old_log_prob_compute is True
+
+
+def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> None:
+    run = tmp_path / "rlcore" / "run"
+    assert buffer_location(
+        _resolve(tmp_path, "mode=train", "buffer.trainer_input.experience_buffer.storage_type=file")
+    ) == str(run / "buffer" / "experiences")
+    sql = _resolve(tmp_path, "buffer.trainer_input.experience_buffer.storage_type=sql")
+    assert buffer_location(sql) == f"sqlite:///{run}/buffer/experiences.db"
+    assert buffer_location(_resolve(tmp_path)) == ""  # a queue: no mode-train launch serves it yet
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["mode=explore", "algorithm.algorithm_type=sft"], r"mode explore writes rollouts for an RL algorithm; algorithm\.algorithm_type sft"),
+        (["mode=explore", "algorithm.algorithm_type=dapo"], r"algorithm\.dynamic_sampling refills a lock-step batch"),
+        (["mode=train", "trainer.remote=127.0.0.1:5000"], r"mode train with algorithm grpo is half of a decoupled run.*drop trainer\.remote"),
+        (["mode=train", "buffer.trainer_input.experience_buffer.path=nowhere"], r"buffer\.trainer_input\.experience_buffer\.path must be host:port"),
+        (["buffer.trainer_input.experience_buffer.storage_type=redis"], r"buffer\.trainer_input\.experience_buffer\.storage_type must be one of queue, file, sql; got 'redis'"),
+    ],
+)  # fmt: skip
+def test_what_a_decoupled_run_refuses(tmp_path, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _resolve(tmp_path, *overrides)
