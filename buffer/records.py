@@ -38,7 +38,3 @@ def _has_default(f: dataclasses.Field) -> bool:
 
 def group_to_json(group: Group) -> str:
     return json.dumps([to_record(e) for e in group], separators=(",", ":"))
-
-
-def group_from_json(text: str, where: str) -> Group:
-    return [from_record(r, where) for r in json.loads(text)]

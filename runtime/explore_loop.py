@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -75,18 +76,22 @@ def grouped(exps: list[Experience]) -> list[Group]:
 
 
 class ExploreLoop:
-    def __init__(self, stage: Stage, sdir: str, published: str, run: Any, holds: int = -1):
+    """The explorer's steps. Run by a mode-explore launch (`run`), or in a thread of an asynchronous
+    `both` stage (`start`), which hands it the buffer, the step to start at and a stop event."""
+
+    def __init__(
+        self, stage: Stage, sdir: str, published: str, endpoints: list[str], holds: int = -1,
+        reporter: Any = None, buffer: Any = None, start_step: int | None = None,
+    ):  # fmt: skip
         """`holds`: the published version the workers started from (-1: none of this stage's)."""
         from ..rollout.weight_sender import WeightSender
 
         cfg = self.cfg = stage.config
-        self.stage, self.sdir, self.folder, self.run_ctx = stage, sdir, published, run
+        self.stage, self.sdir, self.folder, self.reporter = stage, sdir, published, reporter
         self.stream = task_stream(cfg)
-        _, self.total_steps, train_steps = plan_steps(
-            cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size
-        )
+        _, self.total_steps, train_steps = plan_steps(cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size)
         self.updates_per_step = max(1, train_steps // max(1, self.total_steps))
-        self.workers = RemoteRollout(cfg, run.endpoints)
+        self.workers = RemoteRollout(cfg, endpoints)
         self.explorer = Explorer(cfg, self.workers)
         sc = cfg.synchronizer
         self.sender = WeightSender(
@@ -96,7 +101,33 @@ class ExploreLoop:
         """The published version the workers hold."""
         self.served = max(c.get_info().policy_version for c in self.workers.clients)
         """The version number the workers were last given (theirs only grow: announce)."""
-        self.explore_step = 0
+        self.given_buffer = buffer
+        self.explore_step = 0 if start_step is None else start_step
+        self.resumes = start_step is None and cfg.continue_from_checkpoint
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ in a thread (asynchronous both)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run_in_thread, name="rlcore-explorer", daemon=True)
+        self._thread.start()
+
+    def _run_in_thread(self) -> None:
+        try:
+            self.run()
+        except BaseException as e:  # the trainer raises it when it next waits for experiences
+            log.error("the explorer stopped: %s", e)
+            self.error = e
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop the thread after its current step and wait for it."""
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ the steps
 
     def run(self) -> dict[str, Any]:
         from ..core.monitor import build_monitors
@@ -104,23 +135,29 @@ class ExploreLoop:
 
         cfg = self.cfg
         state_file = os.path.join(self.sdir, STATE)
-        if cfg.continue_from_checkpoint and os.path.isfile(state_file):
+        if self.resumes and os.path.isfile(state_file):
             with open(state_file) as f:
                 self.explore_step = int(json.load(f)["explore_step"])
             log.info("resumed exploring %s at step %d", self.stage.name, self.explore_step)
         eb = cfg.buffer.trainer_input.experience_buffer
-        buffer = open_buffer(cfg, wait_s=eb.max_wait_s)
+        buffer = self.given_buffer or open_buffer(cfg, wait_s=eb.max_wait_s)
+        os.makedirs(self.sdir, exist_ok=True)
         monitor = build_monitors(
-            list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}/explorer",
-            dataclasses.asdict(cfg),
+            list(cfg.monitor.monitor_type) if self.given_buffer is None else ["jsonl"], self.sdir, cfg.project,
+            f"{cfg.name}/{self.stage.name}/explorer", dataclasses.asdict(cfg),
         )  # fmt: skip
-        progress = StepProgress(self.total_steps, desc=f"{self.stage.name} (explore)", file=sys.stdout)
-        stopped = False
+        progress = (  # a thread's progress is the trainer's bar
+            StepProgress(self.total_steps, desc=f"{self.stage.name} (explore)", file=sys.stdout)
+            if self.given_buffer is None
+            else None
+        )
         try:
-            print(f"rlcore: exploring {self.stage.name} into {buffer.describe()}", flush=True)
-            while self.explore_step < self.total_steps:
+            log.info("exploring %s into %s", self.stage.name, buffer.describe())
+            while self.explore_step < self.total_steps and not self.stop.is_set():
                 start = time.perf_counter()
                 metrics = self._follow_trainer()
+                if self.stop.is_set():
+                    break
                 exps = self._explore()
                 groups = grouped(exps)
                 buffer.put(groups)
@@ -133,44 +170,45 @@ class ExploreLoop:
                 metrics["buffer/experiences_put"] = float(len(exps))
                 metrics["perf/step_time_s"] = time.perf_counter() - start
                 monitor.log(metrics, self.explore_step)
-                progress.update(self.explore_step, metrics)
-                reporter = self.run_ctx.reporter
-                if reporter is not None:
-                    reporter.record(self.stage.name, self.explore_step, metrics)
-                    if (
-                        reporter.heartbeat(
-                            self.stage.name, self.explore_step, self.total_steps, self.version, wait=True
-                        )
-                        == "stop"
-                    ):
-                        stopped = True
-                        break
-            if not stopped:
+                if progress is not None:
+                    progress.update(self.explore_step, metrics)
+                if self.reporter is not None:
+                    self.reporter.record(self.stage.name, self.explore_step, metrics)
+                    answer = self.reporter.heartbeat(
+                        self.stage.name, self.explore_step, self.total_steps, self.version, wait=True
+                    )
+                    if answer == "stop":
+                        self.stop.set()
+            if not self.stop.is_set():
                 buffer.finish()  # the trainer ends once it has read the rest
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
             monitor.close()
-            buffer.close()
+            if self.given_buffer is None:
+                buffer.close()
             self.sender.close()
             self.workers.close()
-        return {"stage": self.stage.name, "explore_step": self.explore_step, "stopped": stopped}
+        return {"stage": self.stage.name, "explore_step": self.explore_step, "stopped": self.stop.is_set()}
 
     def _follow_trainer(self) -> dict[str, float]:
         """Load the newest published weights; while they are more than max_staleness steps behind
-        the step about to be explored, wait for newer ones."""
+        the step about to be explored, wait for newer ones (until the stop event)."""
         bound = self.cfg.synchronizer.max_staleness
-        need = -1 if bound is None else (self.explore_step - bound) * self.updates_per_step
+        need = 0 if bound is None else max(0, (self.explore_step - bound) * self.updates_per_step)
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         wait_s = self.cfg.buffer.trainer_input.experience_buffer.max_wait_s
-        latest = latest_published(self.folder)
-        if latest is None or latest[0] < max(need, 0):
-            latest = wait_for_weights(
-                self.folder,
-                max(need, 0) - 1,
-                wait_s,
-                f"explore step {self.explore_step} of {self.stage.name}",
-            )
+        while (latest := latest_published(self.folder)) is None or latest[0] < need:
+            if self.stop.wait(POLL_S):
+                return metrics
+            if time.perf_counter() - start > wait_s:
+                raise TimeoutError(
+                    f"explore step {self.explore_step} of {self.stage.name}: the trainer published no weights of "
+                    f"version {need} or newer in {self.folder} within {wait_s:g} s "
+                    "(buffer.trainer_input.experience_buffer.max_wait_s): is the trainer of this run running?"
+                )
+        if time.perf_counter() - start > POLL_S:
             metrics["perf/wait_for_weights_s"] = time.perf_counter() - start
         version, path = latest
         if version > self.version:
@@ -199,7 +237,7 @@ def _write_json(path: str, value: dict[str, Any]) -> None:
 def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -> int:
     """Mode explore: every explore stage in order, on the launch's rollout workers."""
     from ..client.base import ClientOptions
-    from .loop import RunContext, stage_dir
+    from .loop import stage_dir
     from .run_reporter import RunReporter
 
     base = stages[0].config
@@ -207,13 +245,12 @@ def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -
         plan["run_address"], ClientOptions.from_control(base.control), base.control.heartbeat_interval
     )
     try:
-        run = RunContext(plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter)
         for stage in stages:
             sdir = stage_dir(plan["run_dir"], stage, all_stages)
             os.makedirs(sdir, exist_ok=True)
             published = published_dir(trainer_stage_dir(stage.config, stage, all_stages))
             holds = plan["worker_version"] if stage is stages[0] else -1
-            summary = ExploreLoop(stage, sdir, published, run, holds).run()
+            summary = ExploreLoop(stage, sdir, published, plan["rollout_endpoints"], holds, reporter).run()
             if summary["stopped"]:
                 break
     finally:

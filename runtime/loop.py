@@ -109,8 +109,10 @@ class StageLoop:
         cfg = self.cfg = stage.config
         self.stage, self.sdir, self.handle, self.run_ctx, self.is_last = stage, sdir, handle, run, is_last
         self.trains_on = trains_on(cfg.algorithm)  # rollouts, or the taskset's responses or pairs
-        # mode train with an RL algorithm: the rollouts come from the explorers of a decoupled run
-        self.reads_buffer = self.trains_on == "rollouts" and cfg.mode == "train"
+        # the rollouts come from the explorers of a decoupled run (mode train with an RL algorithm),
+        # or from this stage's own explorer thread (synchronizer.asynchronous)
+        self.asynchronous = cfg.synchronizer.asynchronous
+        self.reads_buffer = self.trains_on == "rollouts" and (cfg.mode == "train" or self.asynchronous)
         self.explores = self.trains_on == "rollouts" and not self.reads_buffer
         ts = cfg.buffer.explorer_input.taskset
         self.stream = task_stream(cfg)
@@ -135,6 +137,10 @@ class StageLoop:
         self.endpoints = (
             (self._registered() or run.endpoints) if has_engine and explores_on_workers(cfg) else []
         )
+        self.ahead_explorer: Any = None  # synchronizer.asynchronous: the explorer thread, on these workers
+        self.explore_endpoints = self.endpoints if self.asynchronous else []
+        if self.asynchronous:  # the trainer evaluates on an engine of its own
+            self.endpoints = []
         handle.configure(cfg, model_path, sdir, self.total_train_steps)
 
         self.explorer: Explorer | None = None
@@ -176,7 +182,11 @@ class StageLoop:
         cfg = self.cfg
         try:
             resumed = self._resume()  # before the monitors open metrics.jsonl, which it rewinds
-            if self.reads_buffer:
+            if self.asynchronous:
+                from ..buffer.memory import MemoryBuffer
+
+                self.buffer = MemoryBuffer(cfg.buffer.trainer_input.experience_buffer.name)
+            elif self.reads_buffer:
                 from ..buffer import open_buffer
 
                 self.buffer = open_buffer(cfg, wait_s=30.0)
@@ -197,6 +207,8 @@ class StageLoop:
             self.ahead.close()
             if self.workers is not None:
                 self.workers.close()
+            if self.ahead_explorer is not None:
+                self.ahead_explorer.close()
             if self.buffer is not None:
                 self.buffer.close()
         return self._summary(last_eval, stopped)
@@ -211,6 +223,14 @@ class StageLoop:
             return result, False
         if self.reads_buffer:  # the explorers wait for the weights they start from
             self._log(self._publish())
+        if self.asynchronous:
+            from .explore_loop import ExploreLoop, published_dir
+
+            self.ahead_explorer = ExploreLoop(
+                self.stage, os.path.join(self.sdir, "explorer"), published_dir(self.sdir), self.explore_endpoints,
+                buffer=self.buffer, start_step=self.explore_step,
+            )  # fmt: skip
+            self.ahead_explorer.start()
         if cfg.explorer.eval_on_startup and self.global_step == 0:
             self._log(self.evaluate())
         last_eval: dict[str, float] = {}
@@ -334,7 +354,7 @@ class StageLoop:
         resumed trainer gets the same groups for the steps it retrains."""
         eb = self.cfg.buffer.trainer_input.experience_buffer
         start = time.perf_counter()
-        taken = self.buffer.take(self.explore_step, self.cfg.buffer.batch_size, eb.max_wait_s)
+        taken = self._take(eb.max_wait_s)
         self.exhausted = taken.exhausted
         exps = [e for g in taken.groups for e in g]
         metrics = {
@@ -351,6 +371,22 @@ class StageLoop:
             train_metrics, self.global_step = self.handle.train_step(exps)
             metrics.update(train_metrics)
         return metrics
+
+    def _take(self, wait_s: float) -> Any:
+        """The step's groups from the buffer; an explorer thread that failed meanwhile raises here."""
+        from ..buffer.base import BufferTimeout
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            thread = self.ahead_explorer
+            if thread is not None and thread.error is not None:
+                raise RuntimeError(f"the explorer thread failed: {thread.error}") from thread.error
+            left = deadline - time.monotonic()
+            try:
+                return self.buffer.take(self.explore_step, self.cfg.buffer.batch_size, min(left, 5.0) if thread else left)
+            except BufferTimeout:
+                if thread is None or left <= 5.0:
+                    raise
 
     def _publish(self) -> dict[str, float]:
         """Publish the trainer's weights for the explorers (mode train on a buffer)."""

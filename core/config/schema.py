@@ -533,6 +533,12 @@ class SynchronizerConfig:
     """1: the rollout workers generate the next step's experiences while the trainer trains on this
     step's (one step off-policy: they are sync_interval versions old when trained on); the step then
     takes about the longer of the two instead of their sum. 0: generate, then train. Mode both."""
+    asynchronous: bool = False
+    """Mode both: explore in a thread of the trainer's process, on the rollout workers, up to
+    max_staleness steps (default 1) ahead of the weights they hold, while the trainer trains on what
+    came before; the two meet in an in-memory experience buffer, and the workers load the weights
+    the trainer publishes after each sync_interval steps (as in a decoupled run, within one launch).
+    The trainer evaluates on an engine of its own."""
     checksums: bool = False
     """Every bucket carries a CRC-32 that each engine checks before loading anything; a mismatch
     fails the sync and the engine keeps its last good version (nccl only)."""

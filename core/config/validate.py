@@ -254,6 +254,8 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         )
     if cfg.mode in ("train", "explore") and data == "rollouts":
         _check_decoupled(cfg)
+    if cfg.synchronizer.asynchronous:
+        _check_asynchronous(cfg)
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
 
@@ -278,6 +280,30 @@ def _check_decoupled(cfg: RLCoreConfig) -> None:
             )
 
 
+def _check_asynchronous(cfg: RLCoreConfig) -> None:
+    """synchronizer.asynchronous: mode both's explorer in a thread, joined to the trainer by an
+    in-memory buffer and published weights."""
+    sc, eb = cfg.synchronizer, cfg.buffer.trainer_input.experience_buffer
+    if cfg.mode != "both":
+        raise ConfigError(
+            f"synchronizer.asynchronous runs mode both's explorer beside its trainer; got mode {cfg.mode} "
+            "(a decoupled run is two launches: mode explore and mode train)"
+        )
+    problems = [
+        (sc.rollout_ahead != 0, "synchronizer.rollout_ahead (the explorer runs ahead by itself): set it 0"),
+        (bool(cfg.algorithm.dynamic_sampling), "algorithm.dynamic_sampling (a lock-step refill): set it false"),
+        (cfg.trainer.remote is not None, "trainer.remote: drop it"),
+        (eb.storage_type != "queue" or bool(eb.path),
+         "buffer.trainer_input.experience_buffer other than the in-memory queue (a persistent buffer is for "
+         "mode explore + mode train launches): storage_type queue, no path"),
+    ]  # fmt: skip
+    for bad, what in problems:
+        if bad:
+            raise ConfigError(f"synchronizer.asynchronous does not go with {what}")
+    if sc.max_staleness is None:
+        sc.max_staleness = 1
+
+
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Fill the algorithm's preset into the unset knobs; refuse combinations that cannot train."""
     from ..algorithms import (
@@ -292,7 +318,8 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
     cfg.algorithm = with_preset(cfg.algorithm)
     a = cfg.algorithm
     if a.do_old_log_prob_compute is None:  # a decoupled run's experiences are off-policy by design
-        a.do_old_log_prob_compute = not (cfg.mode in ("train", "explore") and trains_on(a) == "rollouts")
+        decoupled = cfg.mode in ("train", "explore") or cfg.synchronizer.asynchronous
+        a.do_old_log_prob_compute = not (decoupled and trains_on(a) == "rollouts")
     if a.repeat_times < 2 and a.advantage_fn in GROUP_BASELINES:
         raise ConfigError(
             f"algorithm.repeat_times is 1, but {a.algorithm_type} (advantage_fn {a.advantage_fn}) compares each "

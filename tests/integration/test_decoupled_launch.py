@@ -116,3 +116,28 @@ def _lines(run_dir: str) -> list[dict]:
         return read_metrics(run_dir)
     except (FileNotFoundError, ValueError):
         return []
+
+
+def test_asynchronous_both_explores_ahead_in_one_launch(tmp_path) -> None:
+    from tests.integration.launch_utils import heldout_taskset, launch
+
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{
+            "buffer.total_steps": STEPS, "synchronizer.asynchronous": True, "synchronizer.max_staleness": 2,
+            "buffer.explorer_input.eval_tasksets": [heldout_taskset(root, 8)], "explorer.eval_interval": 2,
+        },
+    )  # fmt: skip
+    launch(cfg, os.path.join(root, "cfg.yaml"))
+    run_dir = os.path.join(root, "it", "run")
+    train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
+    explore = read_metrics(os.path.join(run_dir, "explorer"))
+    assert [m["step"] for m in train] == list(range(1, STEPS + 1))
+    assert all(m["buffer/experiences"] == 4 * GROUP for m in train)
+    assert sum(m["buffer/experiences_put"] for m in explore) == 4 * GROUP * STEPS
+    versions = [m["rollout/policy_version"] for m in explore]
+    assert versions == sorted(versions) and versions[-1] >= STEPS - 3, versions
+    assert all(step - v <= 2 for step, v in enumerate(versions))  # max_staleness
+    assert all(m["rollout/staleness_mean"] <= 2 for m in train)
+    assert any("eval/heldout/accuracy" in m for m in read_metrics(run_dir))  # on the trainer's own engine

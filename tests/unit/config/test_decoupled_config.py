@@ -28,6 +28,17 @@ def test_a_decoupled_run_divides_by_the_behaviour_policys_log_probs_unless_told(
     assert told.algorithm.do_old_log_prob_compute is True
 
 
+def test_asynchronous_both_defaults_to_one_step_ahead_and_the_behaviour_policy(tmp_path) -> None:
+    cfg = _resolve(tmp_path, "synchronizer.asynchronous=true")
+    assert cfg.synchronizer.max_staleness == 1 and cfg.algorithm.do_old_log_prob_compute is False
+    assert (
+        _resolve(
+            tmp_path, "synchronizer.asynchronous=true", "synchronizer.max_staleness=3"
+        ).synchronizer.max_staleness
+        == 3
+    )
+
+
 def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> None:
     run = tmp_path / "rlcore" / "run"
     assert buffer_location(
@@ -45,6 +56,9 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
         (["mode=explore", "algorithm.algorithm_type=dapo"], r"algorithm\.dynamic_sampling refills a lock-step batch"),
         (["mode=train", "trainer.remote=127.0.0.1:5000"], r"mode train with algorithm grpo is half of a decoupled run.*drop trainer\.remote"),
         (["mode=train", "buffer.trainer_input.experience_buffer.path=nowhere"], r"buffer\.trainer_input\.experience_buffer\.path must be host:port"),
+        (["mode=train", "synchronizer.asynchronous=true"], r"synchronizer\.asynchronous runs mode both's explorer beside its trainer; got mode train"),
+        (["synchronizer.asynchronous=true", "synchronizer.rollout_ahead=1"], r"synchronizer\.asynchronous does not go with synchronizer\.rollout_ahead"),
+        (["synchronizer.asynchronous=true", "buffer.trainer_input.experience_buffer.storage_type=sql"], r"does not go with buffer\.trainer_input\.experience_buffer other than the in-memory queue"),
         (["buffer.trainer_input.experience_buffer.storage_type=redis"], r"buffer\.trainer_input\.experience_buffer\.storage_type must be one of queue, file, sql; got 'redis'"),
     ],
 )  # fmt: skip
