@@ -9,5 +9,6 @@ BENCHMARKS = {
     "throughput": "rlcore.benchmarks.throughput",
     "rollout-ahead": "rlcore.benchmarks.rollout_ahead",
     "algorithms": "rlcore.benchmarks.algorithms",
+    "async": "rlcore.benchmarks.async_explore",
 }
 """`rlcore bench` name -> module."""

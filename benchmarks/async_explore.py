@@ -1,0 +1,231 @@
+"""What asynchronous `both` (synchronizer.asynchronous) buys over lock-step when generation and
+training have devices of their own: trained tokens per second, the staleness it trains at, and the
+reward curve (does it still learn?).
+
+Each repeat runs the same GRPO work once per side, in alternating order: lock-step (explore, train,
+sync the weights over the group, repeat) and asynchronous at max_staleness 1, 2 and 4 (the explorer
+thread keeps generating while the trainer trains; the workers load the weights it publishes). The
+rollout worker is started by hand (`rlcore rollout serve`) on `--rollout-cpus`, and the launch, whose
+trainer rank runs the loop, on `--trainer-cpus`: on a CPU machine these stand in for separate devices.
+
+Reported per side: trained tokens per second (prompt + response tokens trained over the measured
+steps' wall time: the steps after the first WARM_STEPS and before the last, which checkpoints), the
+ratio to lock-step per repeat (min / median / max), the histogram of the steps' mean staleness and
+the reward per step (median over repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+from rlcore.benchmarks.common import (
+    GRPORun,
+    alternating,
+    cpu_list,
+    int_list,
+    machine_info,
+    pinned,
+    positive_int,
+    prepare,
+    pyplot,
+    rlcore_config,
+    run_logged,
+    save_figure,
+    spread,
+    step_rows,
+    versions,
+    write_outputs,
+)
+from rlcore.core.config.schema import ControlConfig
+
+WARM_STEPS = 2
+"""Steps left out at a run's start (the first warms up; the asynchronous explorer's first rollout
+has nothing to overlap with); the last step is left out too (it writes the checkpoint)."""
+TOKEN_ENV = ControlConfig.token_env
+
+
+def start_worker(
+    root: str, model: str, max_model_len: int, cpus: set[int], env: dict[str, str], timeout_s: float
+):
+    """`rlcore rollout serve` (HF engine) on `cpus`; the process and its address."""
+    port_file, log_path = os.path.join(root, "worker.port"), os.path.join(root, "worker.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", model, "--engine", "hf",
+             "--device", "cpu", "--max-model-len", str(max_model_len), "--threads", str(len(cpus)),
+             "--port", "0", "--port-file", port_file],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, preexec_fn=pinned(cpus),
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(port_file):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"rlcore rollout serve did not start; see {log_path}")
+        time.sleep(0.2)
+    with open(port_file) as f:
+        return proc, f.read().strip()
+
+
+def side_staleness(side: str) -> int | None:
+    """async-2 -> 2; lockstep -> None."""
+    return None if side == "lockstep" else int(side.split("-")[1])
+
+
+def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace) -> dict:
+    """One launch of `side` against a fresh rollout worker; its measured steps."""
+    root = os.path.join(workdir, tag)
+    os.makedirs(root)
+    env = {TOKEN_ENV: os.environ.get(TOKEN_ENV) or secrets.token_hex(16)}
+    run = GRPORun(prompts=args.prompts, group=args.group, max_tokens=args.max_tokens, steps=args.steps)
+    worker, address = start_worker(
+        root, assets[0], run.max_model_len, set(args.rollout_cpus), env, args.run_timeout
+    )
+    total = WARM_STEPS + args.steps + 1
+    try:
+        path = rlcore_config(*assets, root, run)
+        with open(path) as f:
+            cfg = json.load(f)
+        stage = cfg["stages"][0]
+        stage["mode"] = "both"
+        stage["explorer"]["rollout_model"]["endpoints"] = [address]
+        cfg["buffer"]["total_steps"] = total
+        cfg["cluster"]["threads_per_rank"] = len(args.trainer_cpus)
+        staleness = side_staleness(side)
+        if staleness is not None:
+            cfg["synchronizer"] = {"asynchronous": True, "max_staleness": staleness}
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        log = os.path.join(root, "launch.log")
+        cmd = [sys.executable, "-m", "rlcore.cli", "launch", path]
+        run_logged(cmd, log, f"rlcore launch {tag}", args.run_timeout, env, set(args.trainer_cpus))
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    rows = step_rows(os.path.join(root, "bench"), total, f"rlcore launch {tag}")
+    measured = rows[WARM_STEPS:-1]
+    seconds = sum(r["perf/step_time_s"] for r in measured)
+    return {
+        "tokens_per_s": sum(r["perf/tokens_per_s"] * r["perf/step_time_s"] for r in measured) / seconds,
+        "step_s": statistics.median(r["perf/step_time_s"] for r in measured),
+        "staleness": [r.get("rollout/staleness_mean", 0.0) for r in rows],
+        "reward": [r.get("rollout/reward_mean", 0.0) for r in rows],
+        "wait_s": statistics.median(r.get("perf/buffer_wait_s", 0.0) for r in measured),
+    }
+
+
+def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    sides = ["lockstep"] + [f"async-{s}" for s in args.staleness]
+    assets = prepare(workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 2)
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for rep, order in alternating(sides, args.repeats):
+        for side in order:
+            t0 = time.perf_counter()
+            runs[side].append(run_side(side, assets, workdir, f"{side}-{rep}", args))
+            r = runs[side][-1]
+            print(f"  repeat {rep + 1}/{args.repeats} {side:>9}: {r['tokens_per_s']:.0f} trained tokens/s, step "
+                  f"{r['step_s']:.3f} s, waited {r['wait_s']:.3f} s (run {time.perf_counter() - t0:.0f} s)",
+                  flush=True)  # fmt: skip
+    base = runs["lockstep"]
+    return {
+        "benchmark": "async",
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": machine_info(),
+        "versions": versions(),
+        "runs": runs,
+        "tokens_per_s": {side: spread([r["tokens_per_s"] for r in runs[side]]) for side in sides},
+        "ratio_over_lockstep": {
+            side: spread(
+                [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(runs[side], base, strict=True)]
+            )
+            for side in sides[1:]
+        },
+        "staleness_histogram": {
+            side: dict(sorted(Counter(round(s) for r in runs[side] for s in r["staleness"]).items()))
+            for side in sides
+        },
+        "reward_curve": {
+            side: [statistics.median(step) for step in zip(*(r["reward"] for r in runs[side]), strict=True)]
+            for side in sides
+        },
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [
+        f"GRPO, mode both: 1 trainer rank on CPUs {cfg['trainer_cpus']}, 1 rollout worker (HF engine) on CPUs "
+        f"{cfg['rollout_cpus']}; {cfg['prompts']} prompts x {cfg['group']} x {cfg['max_tokens']} tokens, "
+        f"steps {WARM_STEPS + 1}-{WARM_STEPS + cfg['steps']} of each run measured, {cfg['repeats']} alternating "
+        f"repeats. {result['machine']['cpu']}.",
+        "",
+        "| side | trained tokens/s (median) | / lock-step: min / median / max | staleness of the steps (count) | "
+        "last reward |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for side, tps in result["tokens_per_s"].items():
+        ratio = result["ratio_over_lockstep"].get(side)
+        cell = f"{ratio['min']:.2f} / **{ratio['median']:.2f}** / {ratio['max']:.2f}" if ratio else "1"
+        hist = ", ".join(f"{k}: {v}" for k, v in result["staleness_histogram"][side].items())
+        lines.append(
+            f"| {side} | {tps['median']:.0f} | {cell} | {hist} | {result['reward_curve'][side][-1]:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    sides = list(result["tokens_per_s"])
+    left.bar(sides, [result["tokens_per_s"][s]["median"] for s in sides])
+    left.set_ylabel("trained tokens/s (median over repeats)")
+    for side in sides:
+        right.plot(range(1, len(result["reward_curve"][side]) + 1), result["reward_curve"][side], label=side)
+    right.set_xlabel("step")
+    right.set_ylabel("reward (median over repeats)")
+    right.legend()
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=positive_int, default=2, help="alternating repeats of every side")
+    parser.add_argument("--steps", type=positive_int, default=20, help="measured steps per run")
+    parser.add_argument(
+        "--staleness", type=int_list, default=[1, 2, 4], help="max_staleness of the async sides"
+    )
+    parser.add_argument("--prompts", type=positive_int, default=8)
+    parser.add_argument("--group", type=positive_int, default=8)
+    parser.add_argument("--max-tokens", type=positive_int, default=32)
+    parser.add_argument(
+        "--trainer-cpus", type=cpu_list, default=[0], help="CPU ids for the launch and its trainer"
+    )
+    parser.add_argument("--rollout-cpus", type=cpu_list, default=[1], help="CPU ids for the rollout worker")
+    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
+    parser.add_argument("--out", default="benchmarks/results/async.json")
+    args = parser.parse_args(argv)
+    usable = os.sched_getaffinity(0)
+    for flag, cpus in (("--trainer-cpus", args.trainer_cpus), ("--rollout-cpus", args.rollout_cpus)):
+        if not set(cpus) <= usable:
+            parser.error(f"{flag} {cpus}: this process may use CPUs {sorted(usable)} only")
+    if set(args.trainer_cpus) & set(args.rollout_cpus):
+        parser.error("--trainer-cpus and --rollout-cpus must not share a CPU: the point is separate devices")
+    if any(s < 1 for s in args.staleness):
+        parser.error(f"--staleness {args.staleness}: each must be >= 1 (0 is lock-step, measured anyway)")
+    with tempfile.TemporaryDirectory(prefix="rlcore-async-") as workdir:
+        result = measure(args, workdir)
+    write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
