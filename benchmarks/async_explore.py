@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +30,10 @@ from typing import Any
 from rlcore.benchmarks.common import (
     GRPORun,
     alternating,
+    check_separate_cpus,
     cpu_list,
     int_list,
     machine_info,
-    pinned,
     positive_int,
     prepare,
     pyplot,
@@ -42,6 +41,7 @@ from rlcore.benchmarks.common import (
     run_logged,
     save_figure,
     spread,
+    start_server,
     step_rows,
     versions,
     write_outputs,
@@ -58,22 +58,9 @@ def start_worker(
     root: str, model: str, max_model_len: int, cpus: set[int], env: dict[str, str], timeout_s: float
 ):
     """`rlcore rollout serve` (HF engine) on `cpus`; the process and its address."""
-    port_file, log_path = os.path.join(root, "worker.port"), os.path.join(root, "worker.log")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", model, "--engine", "hf",
-             "--device", "cpu", "--max-model-len", str(max_model_len), "--threads", str(len(cpus)),
-             "--port", "0", "--port-file", port_file],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, preexec_fn=pinned(cpus),
-        )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(port_file):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"rlcore rollout serve did not start; see {log_path}")
-        time.sleep(0.2)
-    with open(port_file) as f:
-        return proc, f.read().strip()
+    argv = ["rollout", "serve", "--model", model, "--engine", "hf", "--device", "cpu",
+            "--max-model-len", str(max_model_len), "--threads", str(len(cpus))]  # fmt: skip
+    return start_server(argv, root, "worker", cpus, env, timeout_s)
 
 
 def side_staleness(side: str) -> int | None:
@@ -213,12 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
     parser.add_argument("--out", default="benchmarks/results/async.json")
     args = parser.parse_args(argv)
-    usable = os.sched_getaffinity(0)
-    for flag, cpus in (("--trainer-cpus", args.trainer_cpus), ("--rollout-cpus", args.rollout_cpus)):
-        if not set(cpus) <= usable:
-            parser.error(f"{flag} {cpus}: this process may use CPUs {sorted(usable)} only")
-    if set(args.trainer_cpus) & set(args.rollout_cpus):
-        parser.error("--trainer-cpus and --rollout-cpus must not share a CPU: the point is separate devices")
+    check_separate_cpus(parser, args.trainer_cpus, args.rollout_cpus)
     if any(s < 1 for s in args.staleness):
         parser.error(f"--staleness {args.staleness}: each must be >= 1 (0 is lock-step, measured anyway)")
     with tempfile.TemporaryDirectory(prefix="rlcore-async-") as workdir:

@@ -13,6 +13,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -365,6 +366,37 @@ def run_logged(
         )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}")
+
+
+def start_server(
+    argv: list[str], root: str, name: str, cpus: set[int], env: dict[str, str], timeout_s: float
+) -> tuple[subprocess.Popen, str]:
+    """`rlcore <argv> --port 0 --port-file ...` on `cpus`, logging to <root>/<name>.log; the process
+    and the address it serves on, once it serves."""
+    port_file, log_path = os.path.join(root, f"{name}.port"), os.path.join(root, f"{name}.log")
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.cli", *argv, "--port", "0", "--port-file", port_file],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, preexec_fn=pinned(cpus),
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(port_file):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"rlcore {' '.join(argv[:2])} did not start; see {log_path}")
+        time.sleep(0.2)
+    with open(port_file) as f:  # written atomically: it exists only once whole
+        return proc, f.read().strip()
+
+
+def check_separate_cpus(parser: argparse.ArgumentParser, trainer: list[int], rollout: list[int]) -> None:
+    """--trainer-cpus and --rollout-cpus: usable by this process, and no CPU in both."""
+    usable = os.sched_getaffinity(0)
+    for flag, cpus in (("--trainer-cpus", trainer), ("--rollout-cpus", rollout)):
+        if not set(cpus) <= usable:
+            parser.error(f"{flag} {cpus}: this process may use CPUs {sorted(usable)} only")
+    if set(trainer) & set(rollout):
+        parser.error("--trainer-cpus and --rollout-cpus must not share a CPU: the point is separate devices")
 
 
 def pinned(cpus: set[int] | None) -> Callable[[], None] | None:

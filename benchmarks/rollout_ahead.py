@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,9 +29,9 @@ from typing import Any
 from rlcore.benchmarks.common import (
     GRPORun,
     alternating,
+    check_separate_cpus,
     cpu_list,
     machine_info,
-    pinned,
     positive_int,
     prepare,
     pyplot,
@@ -40,6 +39,7 @@ from rlcore.benchmarks.common import (
     run_logged,
     save_figure,
     spread,
+    start_server,
     step_rows,
     versions,
     write_outputs,
@@ -56,21 +56,9 @@ TOKEN_ENV = ControlConfig.token_env
 
 def start_trainer(root: str, cpus: set[int], env: dict[str, str], timeout_s: float) -> tuple[Any, str]:
     """`rlcore trainer serve` (1 rank, 1 thread) on `cpus`; the process and its address."""
-    port_file, log_path = os.path.join(root, "trainer.port"), os.path.join(root, "trainer.log")
-    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rlcore.cli", "trainer", "serve", "--ranks", "1", "--threads", "1",
-             "--port", "0", "--port-file", port_file],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, preexec_fn=pinned(cpus),
-        )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(port_file):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"rlcore trainer serve did not start; see {log_path}")
-        time.sleep(0.2)
-    with open(port_file) as f:  # written atomically: it exists only once whole
-        return proc, f.read().strip()
+    return start_server(
+        ["trainer", "serve", "--ranks", "1", "--threads", "1"], root, "trainer", cpus, env, timeout_s
+    )
 
 
 def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace) -> dict:
@@ -194,12 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
     parser.add_argument("--out", default="benchmarks/results/rollout_ahead.json")
     args = parser.parse_args(argv)
-    usable = os.sched_getaffinity(0)
-    for flag, cpus in (("--trainer-cpus", args.trainer_cpus), ("--rollout-cpus", args.rollout_cpus)):
-        if not set(cpus) <= usable:
-            parser.error(f"{flag} {cpus}: this process may use CPUs {sorted(usable)} only")
-    if set(args.trainer_cpus) & set(args.rollout_cpus):
-        parser.error("--trainer-cpus and --rollout-cpus must not share a CPU: the point is separate devices")
+    check_separate_cpus(parser, args.trainer_cpus, args.rollout_cpus)
     with tempfile.TemporaryDirectory(prefix="rlcore-rollout-ahead-") as workdir:
         result = measure(args, workdir)
     write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
