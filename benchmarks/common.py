@@ -307,7 +307,9 @@ def launch_rlcore(
 
 def step_rows(run_root: str, expected: int, what: str) -> list[dict[str, float]]:
     """The per-step metric rows of the one metrics.jsonl under `run_root`; `expected` of them."""
-    (metrics_path,) = glob.glob(os.path.join(run_root, "**", "metrics.jsonl"), recursive=True)
+    found = glob.glob(os.path.join(run_root, "**", "metrics.jsonl"), recursive=True)
+    # the trainer's: an asynchronous run's explorer logs its own steps in explorer/
+    (metrics_path,) = [p for p in found if f"{os.sep}explorer{os.sep}" not in p]
     with open(metrics_path) as f:
         rows = [r for r in map(json.loads, f) if "perf/step_time_s" in r]
     if len(rows) != expected:  # e.g. the taskset ran out: the run trained fewer steps

@@ -134,9 +134,8 @@ class StageLoop:
         self.source_of = {t.task_id: t.source for t in self.stream.tasks}  # a mixture's metrics
         # an SFT or DPO stage runs an engine only to evaluate
         has_engine = self.explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
-        self.endpoints = (
-            (self._registered() or run.endpoints) if has_engine and explores_on_workers(cfg) else []
-        )
+        on_workers = (has_engine or self.asynchronous) and explores_on_workers(cfg)
+        self.endpoints = (self._registered() or run.endpoints) if on_workers else []
         self.ahead_explorer: Any = None  # synchronizer.asynchronous: the explorer thread, on these workers
         self.explore_endpoints = self.endpoints if self.asynchronous else []
         if self.asynchronous:  # the trainer evaluates on an engine of its own

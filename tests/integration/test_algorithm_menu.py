@@ -51,15 +51,16 @@ def test_dynamic_sampling_replaces_groups_that_teach_nothing(tmp_path):
 def test_reference_follows_the_policy_and_resumes(tmp_path, strategy):
     kl = {"trainer.strategy": strategy, "algorithm.kl_loss_coef": 0.1, "algorithm.kl_loss_fn": "k3"}
     sync = {**kl, "algorithm.sync_ref_model": True, "algorithm.ref_model_sync_steps": 1}
-    # alpha 1: after every step the reference is the policy, so the next step's KL is exactly 0
-    full = str(tmp_path / "full")
-    launch(tiny_grpo_config(full, **{**sync, "algorithm.ref_model_mixup_alpha": 1.0, "buffer.total_steps": 3}),
-           full + ".yaml")  # fmt: skip
-    kls = [m["actor/kl_loss"] for m in _train_steps(full)]
-    assert kls[0] == 0.0 and kls[1:] == [0.0, 0.0]
-    frozen = str(tmp_path / "frozen")
-    launch(tiny_grpo_config(frozen, **{**kl, "buffer.total_steps": 2}), frozen + ".yaml")
-    assert _train_steps(frozen)[1]["actor/kl_loss"] > 0  # without the sync the policy drifts away
+    if strategy == "fsdp2":  # the loop's part, the same for every strategy: once
+        # alpha 1: after every step the reference is the policy, so the next step's KL is exactly 0
+        full = str(tmp_path / "full")
+        launch(tiny_grpo_config(full, **{**sync, "algorithm.ref_model_mixup_alpha": 1.0, "buffer.total_steps": 3}),
+               full + ".yaml")  # fmt: skip
+        kls = [m["actor/kl_loss"] for m in _train_steps(full)]
+        assert kls[0] == 0.0 and kls[1:] == [0.0, 0.0]
+        frozen = str(tmp_path / "frozen")
+        launch(tiny_grpo_config(frozen, **{**kl, "buffer.total_steps": 2}), frozen + ".yaml")
+        assert _train_steps(frozen)[1]["actor/kl_loss"] > 0  # without the sync the policy drifts away
 
     # alpha 0.5 through a checkpoint: the resumed run restores the moved reference
     half = {**sync, "algorithm.ref_model_mixup_alpha": 0.5}
