@@ -35,6 +35,7 @@ def test_bench_async_measures_lockstep_and_asynchronous_sides(tmp_path) -> None:
     ratio = result["ratio_over_lockstep"]["async-1"]["median"]
     assert ratio == pytest.approx(ahead["tokens_per_s"] / lock["tokens_per_s"])
     assert len(result["reward_curve"]["lockstep"]) == len(lock["reward"])
+    assert result["ideal_ratio"]["median"] >= 1 and lock["generate_s"] > 0 and lock["train_s"] > 0
     table = out.with_suffix(".md").read_text()
     assert "| lockstep |" in table and "| async-1 |" in table and f"**{ratio:.2f}**" in table
     assert out.with_suffix(".png").stat().st_size > 0
