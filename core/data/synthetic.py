@@ -52,7 +52,7 @@ def write_arithmetic_taskset(
     if num_tasks > len(pool):
         raise ValueError(f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # two launches of one run may write it at once
     noise = random.Random(seed + 1)
     with open(tmp, "w") as f:
         for a, b, op in pool[:num_tasks]:
@@ -107,7 +107,7 @@ def write_arithmetic_chain_taskset(
     if not pool:
         raise ValueError(f"no {part} chains with max_operand {max_operand} and test_fraction {test_fraction}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # two launches of one run may write it at once
     noise = random.Random(seed + 1)
     with open(tmp, "w") as f:
         for i in range(num_tasks):
@@ -167,7 +167,7 @@ def write_tool_arithmetic_taskset(
     if num_tasks > len(pool):
         raise ValueError(f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # two launches of one run may write it at once
     noise = random.Random(seed + 1)
     with open(tmp, "w") as f:
         for a, b in pool[:num_tasks]:
