@@ -338,11 +338,7 @@ class StageLoop:
         if exps:
             train_metrics, self.global_step = self.handle.train_step(exps)
             metrics.update(train_metrics)
-            if self.cfg.monitor.log_completions:  # a seeded sample of the step's rollouts
-                rng = random.Random(f"{self.cfg.seed}/{self.explore_step}")
-                probability = self.cfg.monitor.save_completions_probability
-                if rows := completion_rows(exps, self.tokenizer, rng, probability):
-                    self.monitor.log_completions(rows, self.global_step)
+            self._log_completions(exps)
         metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
         return metrics
 
@@ -362,14 +358,27 @@ class StageLoop:
             "buffer/experiences": float(len(exps)),
         }
         if taken.exhausted:
-            log.info("the explorers finished: the buffer's last %d group(s) at step %d", len(taken.groups), self.global_step)
+            log.info(
+                "the explorers finished: the buffer's last %d group(s) at step %d",
+                len(taken.groups),
+                self.global_step,
+            )
         exps = self.schedule.drop_stale(exps, [e.policy_version for e in exps], self.global_step, metrics)
         if len(self.formats) > 1:
             metrics.update(mixture_metrics(exps, self.source_of, self.formats))
         if exps:
             train_metrics, self.global_step = self.handle.train_step(exps)
             metrics.update(train_metrics)
+            self._log_completions(exps)
         return metrics
+
+    def _log_completions(self, exps: list[Experience]) -> None:
+        """monitor.log_completions: a seeded sample of the step's rollouts."""
+        if self.cfg.monitor.log_completions:
+            rng = random.Random(f"{self.cfg.seed}/{self.explore_step}")
+            probability = self.cfg.monitor.save_completions_probability
+            if rows := completion_rows(exps, self.tokenizer, rng, probability):
+                self.monitor.log_completions(rows, self.global_step)
 
     def _take(self, wait_s: float) -> Any:
         """The step's groups from the buffer; an explorer thread that failed meanwhile raises here."""
@@ -382,7 +391,9 @@ class StageLoop:
                 raise RuntimeError(f"the explorer thread failed: {thread.error}") from thread.error
             left = deadline - time.monotonic()
             try:
-                return self.buffer.take(self.explore_step, self.cfg.buffer.batch_size, min(left, 5.0) if thread else left)
+                return self.buffer.take(
+                    self.explore_step, self.cfg.buffer.batch_size, min(left, 5.0) if thread else left
+                )
             except BufferTimeout:
                 if thread is None or left <= 5.0:
                     raise
