@@ -25,6 +25,7 @@ from ..buffer import open_buffer, project_dir
 from ..buffer.base import Group
 from ..core.config import Stage
 from ..core.data.taskset import task_stream
+from ..core.rpc.cli import write_atomic
 from ..core.step_metrics import rollout_metrics
 from ..core.types import Experience
 from ..rollout.explorer import Explorer, rollout_seed
@@ -53,8 +54,11 @@ def trainer_stage_dir(cfg: Any, stage: Stage, num_stages: int) -> str:
     return stage_dir(project_dir(cfg), stage, num_stages)
 
 
-def wait_for_weights(folder: str, after: int, wait_s: float, what: str) -> tuple[int, str]:
-    """The newest published (version, path) in `folder` once one newer than `after` is there."""
+def wait_for_weights(
+    folder: str, after: int, wait_s: float, what: str, stop: threading.Event | None = None
+) -> tuple[int, str] | None:
+    """The newest published (version, path) in `folder` once one newer than `after` is there;
+    None when `stop` is set first."""
     deadline = time.monotonic() + wait_s
     while (latest := latest_published(folder)) is None or latest[0] <= after:
         if time.monotonic() > deadline:
@@ -63,7 +67,10 @@ def wait_for_weights(folder: str, after: int, wait_s: float, what: str) -> tuple
                 f"{wait_s:g} s (buffer.trainer_input.experience_buffer.max_wait_s): is the mode-train launch "
                 "of this run (same checkpoint_root_dir, project and name) running?"
             )
-        time.sleep(POLL_S)
+        if stop is not None and stop.wait(POLL_S):
+            return None
+        if stop is None:
+            time.sleep(POLL_S)
     return latest
 
 
@@ -162,7 +169,8 @@ class ExploreLoop:
                 groups = grouped(exps)
                 buffer.put(groups)
                 self.explore_step += 1
-                _write_json(state_file, {"explore_step": self.explore_step, "policy_version": self.version})
+                state = {"explore_step": self.explore_step, "policy_version": self.version}
+                write_atomic(state_file, json.dumps(state))
                 metrics.update(rollout_metrics(exps))
                 metrics.update(self.explorer.report())
                 metrics["rollout/policy_version"] = float(self.version)
@@ -199,15 +207,10 @@ class ExploreLoop:
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         wait_s = self.cfg.buffer.trainer_input.experience_buffer.max_wait_s
-        while (latest := latest_published(self.folder)) is None or latest[0] < need:
-            if self.stop.wait(POLL_S):
-                return metrics
-            if time.perf_counter() - start > wait_s:
-                raise TimeoutError(
-                    f"explore step {self.explore_step} of {self.stage.name}: the trainer published no weights of "
-                    f"version {need} or newer in {self.folder} within {wait_s:g} s "
-                    "(buffer.trainer_input.experience_buffer.max_wait_s): is the trainer of this run running?"
-                )
+        what = f"explore step {self.explore_step} of {self.stage.name}"
+        latest = wait_for_weights(self.folder, need - 1, wait_s, what, self.stop)
+        if latest is None:  # stopped while waiting
+            return metrics
         if time.perf_counter() - start > POLL_S:
             metrics["perf/wait_for_weights_s"] = time.perf_counter() - start
         version, path = latest
@@ -225,13 +228,6 @@ class ExploreLoop:
         for e in exps:
             e.policy_version = self.version
         return exps
-
-
-def _write_json(path: str, value: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
 
 
 def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -> int:

@@ -291,9 +291,11 @@ def run(
         first = stages[0]
         folder = published_dir(trainer_stage_dir(base, first, num_stages))
         print(f"rlcore: waiting for the trainer's weights in {folder}", flush=True)
-        worker_version, worker_model = wait_for_weights(
+        first_weights = wait_for_weights(
             folder, -1, base.buffer.trainer_input.experience_buffer.max_wait_s, f"stage {first.name}"
         )
+        assert first_weights is not None  # no stop event: it returns weights or raises
+        worker_version, worker_model = first_weights
     launch_dir = os.path.join(run_dir, "launch")
     threads = base.cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // base.cluster.ranks_per_node)
     print(

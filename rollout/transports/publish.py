@@ -20,6 +20,7 @@ import time
 import torch.distributed as dist
 
 from ...core.hf_export import export_hf
+from ...core.rpc.cli import write_atomic
 from .base import WeightSource, WeightTransport, drain
 
 LATEST = "latest.json"
@@ -63,10 +64,8 @@ class PublishTransport(WeightTransport):
         os.replace(path + ".tmp", path)
         latest = latest_published(folder)
         if latest is None or latest[0] < step:
-            tmp = os.path.join(folder, LATEST + ".tmp")
-            with open(tmp, "w") as f:
-                json.dump({"version": step, "path": path, "time": time.time()}, f)
-            os.replace(tmp, os.path.join(folder, LATEST))
+            latest_json = json.dumps({"version": step, "path": path, "time": time.time()})
+            write_atomic(os.path.join(folder, LATEST), latest_json)
         versions = sorted(
             int(n.removeprefix("version_")) for n in os.listdir(folder) if re.fullmatch(r"version_\d+", n)
         )
