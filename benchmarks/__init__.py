@@ -10,5 +10,6 @@ BENCHMARKS = {
     "rollout-ahead": "rlcore.benchmarks.rollout_ahead",
     "algorithms": "rlcore.benchmarks.algorithms",
     "async": "rlcore.benchmarks.async_explore",
+    "tails": "rlcore.benchmarks.long_tails",
 }
 """`rlcore bench` name -> module."""

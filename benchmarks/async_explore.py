@@ -68,8 +68,11 @@ def side_staleness(side: str) -> int | None:
     return None if side == "lockstep" else int(side.split("-")[1])
 
 
-def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace) -> dict:
-    """One launch of `side` against a fresh rollout worker; its measured steps."""
+def launch_against_worker(
+    assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace, configure: Any
+) -> tuple[str, list[dict]]:
+    """One asynchronous-or-lock-step launch (mode both, `configure(cfg)` edits its config) against a
+    fresh rollout worker: the run folder and the trainer's step rows."""
     root = os.path.join(workdir, tag)
     os.makedirs(root)
     env = {TOKEN_ENV: os.environ.get(TOKEN_ENV) or secrets.token_hex(16)}
@@ -87,9 +90,7 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
         stage["explorer"]["rollout_model"]["endpoints"] = [address]
         cfg["buffer"]["total_steps"] = total
         cfg["cluster"]["threads_per_rank"] = len(args.trainer_cpus)
-        staleness = side_staleness(side)
-        if staleness is not None:
-            cfg["synchronizer"] = {"asynchronous": True, "max_staleness": staleness}
+        configure(cfg)
         with open(path, "w") as f:
             json.dump(cfg, f)
         log = os.path.join(root, "launch.log")
@@ -98,7 +99,12 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
     finally:
         worker.terminate()
         worker.wait(timeout=60)
-    rows = step_rows(os.path.join(root, "bench"), total, f"rlcore launch {tag}")
+    return root, step_rows(os.path.join(root, "bench"), total, f"rlcore launch {tag}")
+
+
+def summary(rows: list[dict]) -> dict[str, Any]:
+    """A launch's measured steps: trained tokens/s, median step and phase times, the staleness and
+    reward of every step."""
     measured = rows[WARM_STEPS:-1]
     seconds = sum(r["perf/step_time_s"] for r in measured)
     return {
@@ -113,6 +119,17 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
             r.get("perf/sync_s", 0.0) + r.get("perf/publish_s", 0.0) for r in measured
         ),
     }
+
+
+def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace) -> dict:
+    """One launch of `side` against a fresh rollout worker; its measured steps."""
+    staleness = side_staleness(side)
+
+    def configure(cfg: dict) -> None:
+        if staleness is not None:
+            cfg["synchronizer"] = {"asynchronous": True, "max_staleness": staleness}
+
+    return summary(launch_against_worker(assets, workdir, tag, args, configure)[1])
 
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:

@@ -143,6 +143,15 @@ class Explorer:
         """The last training rollout's metrics: engines that generated, the slowest one's timings."""
         return self.rollout.report()
 
+    def plan(self, tasks: list[Task], seed: int) -> list[tuple[Task, SamplingParams, WorkflowSpec]]:
+        """Each training task with the sampling (repeat_times samples) and workflow of its taskset
+        (a mixture's tasks have their own)."""
+        n, out = self.cfg.algorithm.repeat_times, []
+        for t in tasks:
+            ts, spec = self.train_sets.get(t.source) or self.train_sets[self.train_set.name]
+            out.append((t, sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed), spec))
+        return out
+
     def explore(self, tasks: list[Task], seed: int) -> list[Experience]:
         """repeat_times experiences per task, task by task; a mixture's tasks run per taskset (its
         workflow, rewards and sampling), one rollout call each, and come back in task order."""
@@ -151,9 +160,9 @@ class Explorer:
             by_source.setdefault(t.source if t.source in self.train_sets else self.train_set.name, []).append(i)
         n = self.cfg.algorithm.repeat_times
         per_task: list[list[Experience]] = [[] for _ in tasks]
-        for source, indices in by_source.items():
-            ts, spec = self.train_sets[source]
-            sampling = sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed)
+        planned = self.plan(tasks, seed)
+        for indices in by_source.values():
+            _, sampling, spec = planned[indices[0]]
             exps = self._run(self.rollout, [tasks[i] for i in indices], sampling, spec)
             for j, i in enumerate(indices):
                 per_task[i] = exps[j * n : (j + 1) * n]

@@ -5,6 +5,7 @@ transport (transports/group.py or transports/checkpoint.py)."""
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..client.base import ClientOptions, RpcError
@@ -15,7 +16,7 @@ from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 
 log = logging.getLogger("rlcore.explorer")
 
-_GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 """Status codes of a worker that is not there (as opposed to one that answered with an error)."""
 
 
@@ -34,7 +35,7 @@ class RemoteRollout:
                 info = client.get_info(timeout=min(30.0, cfg.explorer.max_timeout))
             except RpcError as e:
                 client.close()
-                if not skip_unreachable or e.code.name not in _GONE:
+                if not skip_unreachable or e.code.name not in GONE:
                     raise
                 log.warning("%s; left out", e)
                 self.lost.append(address)
@@ -47,6 +48,7 @@ class RemoteRollout:
                 )
             self.clients.append(client)
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.clients)))
+        self._lock = threading.Lock()
         log.info(
             "exploring on %d rollout worker(s): %s",
             len(self.clients),
@@ -79,17 +81,23 @@ class RemoteRollout:
                 try:
                     future.result()
                 except RpcError as e:
-                    if e.code.name not in _GONE:
+                    if e.code.name not in GONE:
                         raise  # the worker answered: bad input, a failing reward
-                    log.warning("%s; its tasks go to the other rollout workers", e)
-                    if client in self.clients:
-                        self.clients.remove(client)
-                        self.lost.append(client.address)
+                    self.drop(client, e)
                     failed.append(i)
             if failed and not self.clients:
                 raise RuntimeError(f"no rollout worker answers: {', '.join(self.lost)} stopped")
             todo = [(i, self.clients[k % len(self.clients)]) for k, i in enumerate(failed)]
         return [e for part in shares if part is not None for exps in part for e in exps]
+
+    def drop(self, client: RolloutClient, error: RpcError) -> None:
+        """Leave out a worker that stopped answering (its tasks go to the others)."""
+        with self._lock:
+            if client not in self.clients:
+                return
+            self.clients.remove(client)
+            self.lost.append(client.address)
+        log.warning("%s; its tasks go to the other rollout workers", error)
 
     def report(self) -> dict[str, float]:
         return rollout_report(1, [])  # the workers report no engine/reward split

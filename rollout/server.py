@@ -3,7 +3,10 @@ serve.py, the weight-sync calls in weight_receiver.py.
 
 One engine serves every call. Engine calls are serialised by one lock (an engine is one batch at a
 time); streaming calls take it chunk by chunk (a seeded prompt samples the same whatever chunk it
-falls in, engines seed each prompt by itself), so concurrent streams interleave and an early chunk's completions go out before the next chunk runs.
+falls in, engines seed each prompt by itself), so concurrent streams interleave and an early chunk's
+completions go out before the next chunk runs. Workflows generate through a BatchingEngine
+(batching.py): the generation calls of concurrent RunTasks streams are merged into shared engine
+calls, and a task's reward or environment runs without holding the engine.
 A GenerationGate holds the pause state: Pause and a weight update wait for running generation
 calls, then new ones are refused with UNAVAILABLE until Resume / FinishWeightUpdate.
 """
@@ -30,6 +33,7 @@ from ..core.rpc.server import RpcServer, ServerOptions, Service
 from ..core.types import SamplingParams, Task, WorkflowSpec
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from .auxiliary import check_auxiliary
+from .batching import BatchingEngine
 from .engines.base import RolloutEngine
 from .episodes import EpisodeRecorder
 from .gate import GenerationGate
@@ -73,6 +77,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.max_model_len: int = attrs.max_model_len
         self.max_batch_size: int = attrs.max_batch_size
         self._engine_lock = threading.Lock()
+        self.batching = BatchingEngine(engine, self._engine_lock)
+        """What workflows generate through (concurrent tasks' calls merged)."""
         self.gate = GenerationGate()
         self._workflows: OrderedDict[tuple, Workflow] = OrderedDict()
         self._workflows_lock = threading.Lock()
@@ -127,12 +133,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             for indices in self._chunks(len(tasks), sampling):
                 if not context.is_active():
                     return
-                with self._engine_lock:
-                    version = self.engine.policy_version
-                    try:
-                        experiences = workflow.run([tasks[i] for i in indices], sampling, version)
-                    except ValueError as e:  # a reward function refused a task (the engine's are validated)
-                        raise InvalidArgument("workflow.reward_fn", str(e)) from e
+                version = self.engine.policy_version  # the gate keeps weight updates out meanwhile
+                try:
+                    experiences = workflow.run([tasks[i] for i in indices], sampling, version)
+                except ValueError as e:  # a reward function refused a task (the engine's are validated)
+                    raise InvalidArgument("workflow.reward_fn", str(e)) from e
                 self.gate.count(sum(len(e.response_token_ids) for e in experiences))
                 for j, i in enumerate(indices):
                     yield rollout_pb2.RunTasksResponse(
@@ -236,7 +241,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             workflow = build_workflow(
                 WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
                              system_prompt, spec.name, args, auxiliary),
-                self.engine, self.tokenizer,
+                cast(RolloutEngine, self.batching), self.tokenizer,
             )  # fmt: skip
         except ValueError as e:  # the workflow refuses its settings
             raise InvalidArgument("workflow.args_json", str(e)) from None

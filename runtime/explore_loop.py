@@ -24,12 +24,14 @@ from typing import Any
 from ..buffer import open_buffer, project_dir
 from ..buffer.base import Group
 from ..core.config import Stage
+from ..core.config.validate import schedules_tasks
 from ..core.data.taskset import task_stream
 from ..core.rpc.cli import write_atomic
 from ..core.step_metrics import rollout_metrics
 from ..core.types import Experience
 from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.remote import RemoteRollout
+from ..rollout.scheduler import TaskScheduler
 from ..rollout.transports.base import announce
 from ..rollout.transports.publish import latest_published
 from .training import plan_steps
@@ -100,6 +102,8 @@ class ExploreLoop:
         self.updates_per_step = max(1, train_steps // max(1, self.total_steps))
         self.workers = RemoteRollout(cfg, endpoints)
         self.explorer = Explorer(cfg, self.workers)
+        self.scheduler = TaskScheduler(cfg, self.workers) if schedules_tasks(cfg) else None
+        """Tasks one by one (over-rollout, dynamic timeout); None: a step's batch at once."""
         sc = cfg.synchronizer
         self.sender = WeightSender(
             self.workers.clients, backend="gloo", timeout_s=sc.sync_timeout, bucket_bytes=sc.bucket_mb << 20
@@ -165,9 +169,13 @@ class ExploreLoop:
                 metrics = self._follow_trainer()
                 if self.stop.is_set():
                     break
-                exps = self._explore()
+                exps, explored = self._explore()
+                metrics.update(explored)
                 groups = grouped(exps)
-                buffer.put(groups)
+                if groups:
+                    buffer.put(groups)
+                else:
+                    log.warning("explore step %d: every task was left out; nothing put", self.explore_step)
                 self.explore_step += 1
                 state = {"explore_step": self.explore_step, "policy_version": self.version}
                 write_atomic(state_file, json.dumps(state))
@@ -195,13 +203,17 @@ class ExploreLoop:
             monitor.close()
             if self.given_buffer is None:
                 buffer.close()
+            if self.scheduler is not None:
+                self.scheduler.close()
             self.sender.close()
             self.workers.close()
         return {"stage": self.stage.name, "explore_step": self.explore_step, "stopped": self.stop.is_set()}
 
     def _follow_trainer(self) -> dict[str, float]:
         """Load the newest published weights; while they are more than max_staleness steps behind
-        the step about to be explored, wait for newer ones (until the stop event)."""
+        the step about to be explored, wait for newer ones (until the stop event). With tasks left
+        running (over-rollout), newer weights wait until the bound needs them: a worker loads
+        weights only once its running tasks are done."""
         bound = self.cfg.synchronizer.max_staleness
         need = 0 if bound is None else max(0, (self.explore_step - bound) * self.updates_per_step)
         metrics: dict[str, float] = {}
@@ -214,6 +226,11 @@ class ExploreLoop:
         if time.perf_counter() - start > POLL_S:
             metrics["perf/wait_for_weights_s"] = time.perf_counter() - start
         version, path = latest
+        if version > self.version and self.scheduler is not None and self.scheduler.running():
+            if self.version >= need:  # the weights held are fresh enough: leave the tasks running
+                return metrics
+            # a worker loads weights once its running tasks are done, on the weights they started on
+            metrics["perf/drain_s"] = self.scheduler.drain()
         if version > self.version:
             self.served = announce(version, self.served)
             stats = self.sender.send_checkpoint(path, self.served)
@@ -222,12 +239,18 @@ class ExploreLoop:
             log.info("the rollout workers hold version %d (%s)", version, path)
         return metrics
 
-    def _explore(self) -> list[Experience]:
+    def _explore(self) -> tuple[list[Experience], dict[str, float]]:
+        """The step's experiences (with the task scheduler: every task finished since the last
+        step, whichever step sent it) and the scheduler's metrics."""
         tasks = self.stream.batch(self.explore_step)
-        exps = self.explorer.explore(tasks, seed=rollout_seed(self.cfg.seed, self.explore_step))
+        seed = rollout_seed(self.cfg.seed, self.explore_step)
+        if self.scheduler is not None:
+            self.scheduler.submit(self.explorer.plan(tasks, seed), self.version)
+            return self.scheduler.collect(len(tasks), everything=self.explore_step + 1 == self.total_steps)
+        exps = self.explorer.explore(tasks, seed)
         for e in exps:
             e.policy_version = self.version
-        return exps
+        return exps, {}
 
 
 def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -> int:

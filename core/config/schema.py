@@ -449,6 +449,28 @@ class RolloutModelConfig:
 
 
 @dataclass
+class OverRolloutConfig:
+    """Explore steps that do not wait for their slowest tasks (mode explore, and asynchronous
+    `both`): a step proceeds once (1 - ratio) of a batch's tasks are done; the rest go on running
+    and feed the next step."""
+
+    ratio: float = bounded(0.0, ge=0.0, lt=1.0)
+    """Share of a step's tasks it may leave running (0: a step waits for all of them)."""
+    wait_after_min: float = bounded(0.0, ge=0.0)
+    """Seconds a step still waits for the rest once that minimum is done."""
+
+
+@dataclass
+class DynamicTimeoutConfig:
+    """A task's timeout follows the tasks seen so far (mode explore, and asynchronous `both`)."""
+
+    enable: bool = False
+    ratio: float = bounded(3.0, gt=1.0)
+    """A task may take this many times the running mean of the finished tasks' seconds (at
+    least 1 s, at most explorer.max_timeout); one that takes longer is cut and retried."""
+
+
+@dataclass
 class ExplorerConfig:
     rollout_model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
     eval_interval: int = bounded(0, ge=0)
@@ -456,9 +478,13 @@ class ExplorerConfig:
     eval_on_startup: bool = False
     """Evaluate before the first step."""
     max_timeout: float = bounded(900.0, gt=0.0)
-    """Seconds one rollout batch may take before it is an error."""
+    """Seconds one rollout batch may take before it is an error; with the task scheduler (over_rollout
+    or dynamic_timeout on), seconds one task may take before it is cut and retried."""
     max_retry_times: int = bounded(2, ge=0)
-    """Retries of a failed rollout batch."""
+    """Retries of a failed rollout batch; with the task scheduler, of a failed or cut task, which
+    is then left out of the run (counted in rollout/tasks_dropped)."""
+    over_rollout: OverRolloutConfig = field(default_factory=OverRolloutConfig)
+    dynamic_timeout: DynamicTimeoutConfig = field(default_factory=DynamicTimeoutConfig)
     auxiliary_models: list[AuxiliaryModelConfig] = field(default_factory=list)
     """OpenAI-compatible services workflows talk to, by name (a teacher, a judge, a user simulator)."""
 

@@ -256,6 +256,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         _check_decoupled(cfg)
     if cfg.synchronizer.asynchronous:
         _check_asynchronous(cfg)
+    _check_long_tails(cfg)
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
 
@@ -302,6 +303,28 @@ def _check_asynchronous(cfg: RLCoreConfig) -> None:
             raise ConfigError(f"synchronizer.asynchronous does not go with {what}")
     if sc.max_staleness is None:
         sc.max_staleness = 1
+
+
+def schedules_tasks(cfg: RLCoreConfig) -> bool:
+    """Whether the explorer runs its tasks one by one (rollout/scheduler.py): over_rollout or
+    dynamic_timeout on."""
+    ex = cfg.explorer
+    return ex.over_rollout.ratio > 0 or ex.dynamic_timeout.enable
+
+
+def _check_long_tails(cfg: RLCoreConfig) -> None:
+    """explorer.over_rollout and explorer.dynamic_timeout: an explorer that writes to the experience
+    buffer (mode explore, asynchronous both), whose steps need not be a whole batch each; mode train
+    shares a decoupled run's config with mode explore and ignores them."""
+    if not schedules_tasks(cfg):
+        return
+    what = "explorer.over_rollout.ratio" if cfg.explorer.over_rollout.ratio > 0 else "explorer.dynamic_timeout"
+    if cfg.mode not in ("explore", "train") and not (cfg.mode == "both" and cfg.synchronizer.asynchronous):
+        raise ConfigError(
+            f"{what} is for an explorer that feeds the experience buffer, whose trainer takes whole batches "
+            f"from it: mode explore (a mode-train launch of the same config ignores it), or mode both with "
+            f"synchronizer.asynchronous: true; got mode {cfg.mode}" + (" (lock-step)" if cfg.mode == "both" else "")
+        )
 
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:

@@ -1,0 +1,83 @@
+"""Generation calls of concurrent tasks on one engine, merged into shared engine calls.
+
+A rollout worker runs each RunTasks stream in a thread of its own. Its workflows generate through a
+`BatchingEngine`: a call made while the engine is busy waits, and whichever waiting call goes next
+takes every queued call with the same sampling parameters into one engine call. So tasks sent one
+by one (the explorer's task scheduler, rollout/scheduler.py) are batched as a whole batch would be,
+and a task's reward or environment step runs while the engine generates for the others instead of
+holding it. Engines seed each prompt by itself (engines/base.py: prompt_seed), so a prompt samples
+the same whatever it is merged with.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.types import Completion, SamplingParams
+from .engines.base import RolloutEngine
+
+
+@dataclass(eq=False)
+class _Call:
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    result: list[list[Completion]] | None = None
+    error: BaseException | None = None
+    done: bool = field(default=False)
+
+
+class BatchingEngine:
+    """`engine` behind `lock` (the worker's engine lock, which weight updates also take), with
+    concurrent `generate` calls merged. Everything else is the engine's."""
+
+    def __init__(self, engine: RolloutEngine, lock: threading.Lock):
+        self.engine = engine
+        self.lock = lock
+        self._cond = threading.Condition()
+        self._queue: list[_Call] = []
+        self._leading = False
+        self.calls = 0
+        """Engine calls made (a test's and a metric's view of how much was merged)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        call = _Call([list(p) for p in prompt_token_ids], sampling)
+        with self._cond:
+            self._queue.append(call)
+            while not call.done and self._leading:
+                self._cond.wait()
+            if not call.done:
+                self._leading = True
+        if not call.done:
+            try:
+                self._serve(sampling)
+            finally:
+                with self._cond:
+                    self._leading = False
+                    self._cond.notify_all()
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    def _serve(self, sampling: SamplingParams) -> None:
+        """One engine call for every queued call with `sampling` (the leader's own among them)."""
+        with self.lock:
+            with self._cond:
+                batch = [c for c in self._queue if c.sampling == sampling]
+                self._queue = [c for c in self._queue if c.sampling != sampling]
+            try:
+                results = self.engine.generate([p for c in batch for p in c.prompts], sampling)
+                self.calls += 1
+            except BaseException as e:  # every merged call sees the engine's error
+                for c in batch:
+                    c.error, c.done = e, True
+                return
+        start = 0
+        for c in batch:
+            c.result, c.done = results[start : start + len(c.prompts)], True
+            start += len(c.prompts)
