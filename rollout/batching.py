@@ -7,16 +7,26 @@ by one (the explorer's task scheduler, rollout/scheduler.py) are batched as a wh
 and a task's reward or environment step runs while the engine generates for the others instead of
 holding it. Engines seed each prompt by itself (engines/base.py: prompt_seed), so a prompt samples
 the same whatever it is merged with.
+
+Each engine call passes the worker's generation gate: a weight update waits for the engine call
+running, not for whole tasks, and a task's next engine call waits for the update to finish (its
+tokens then come from the new weights, their log-probs with them: the trainer's off-policy
+correction reads each token's own). A task is tagged with the version it started on.
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.types import Completion, SamplingParams
 from .engines.base import RolloutEngine
+from .gate import GenerationGate
+
+GATE_WAIT_S = 600.0
+"""How long an engine call of a running task waits for a weight update (or a Pause) to end."""
 
 
 @dataclass(eq=False)
@@ -32,9 +42,10 @@ class BatchingEngine:
     """`engine` behind `lock` (the worker's engine lock, which weight updates also take), with
     concurrent `generate` calls merged. Everything else is the engine's."""
 
-    def __init__(self, engine: RolloutEngine, lock: threading.Lock):
+    def __init__(self, engine: RolloutEngine, lock: threading.Lock, gate: GenerationGate | None = None):
         self.engine = engine
         self.lock = lock
+        self.gate = gate
         self._cond = threading.Condition()
         self._queue: list[_Call] = []
         self._leading = False
@@ -66,17 +77,23 @@ class BatchingEngine:
 
     def _serve(self, sampling: SamplingParams) -> None:
         """One engine call for every queued call with `sampling` (the leader's own among them)."""
-        with self.lock:
-            with self._cond:
-                batch = [c for c in self._queue if c.sampling == sampling]
-                self._queue = [c for c in self._queue if c.sampling != sampling]
-            try:
+        admitted = self.gate.admit(GATE_WAIT_S) if self.gate is not None else nullcontext()
+        batch: list[_Call] = []
+        try:
+            with admitted, self.lock:
+                with self._cond:
+                    batch = [c for c in self._queue if c.sampling == sampling]
+                    self._queue = [c for c in self._queue if c.sampling != sampling]
                 results = self.engine.generate([p for c in batch for p in c.prompts], sampling)
                 self.calls += 1
-            except BaseException as e:  # every merged call sees the engine's error
-                for c in batch:
-                    c.error, c.done = e, True
-                return
+        except BaseException as e:  # every merged call sees the error (the gate's, the engine's)
+            with self._cond:
+                if not batch:  # refused before taking them: the calls of this sampling fail
+                    batch = [c for c in self._queue if c.sampling == sampling]
+                    self._queue = [c for c in self._queue if c.sampling != sampling]
+            for c in batch:
+                c.error, c.done = e, True
+            return
         start = 0
         for c in batch:
             c.result, c.done = results[start : start + len(c.prompts)], True

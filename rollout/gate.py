@@ -20,9 +20,12 @@ class GenerationGate:
         self.generated_tokens = 0
 
     @contextmanager
-    def admit(self) -> Iterator[None]:
-        """Run one generation call unless the gate is closed (then UNAVAILABLE)."""
+    def admit(self, wait_s: float = 0.0) -> Iterator[None]:
+        """Run one generation call unless the gate is closed: then UNAVAILABLE, or first wait up to
+        `wait_s` for it to open (a running task's next engine call waits out a weight update)."""
         with self._cond:
+            if self.closed and wait_s > 0:
+                self._cond.wait_for(lambda: not self.closed, timeout=wait_s)
             if self.closed:
                 raise Unavailable("worker paused (Pause or a weight update); retry after Resume")
             self.active += 1
@@ -45,6 +48,13 @@ class GenerationGate:
     def open(self) -> None:
         with self._cond:
             self.closed = False
+            self._cond.notify_all()
+
+    def check(self) -> None:
+        """UNAVAILABLE while the gate is closed (a call that is about to start)."""
+        with self._cond:
+            if self.closed:
+                raise Unavailable("worker paused (Pause or a weight update); retry after Resume")
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no generation call runs; False if `timeout` passed first."""

@@ -4,9 +4,10 @@ tails (explorer.over_rollout, explorer.dynamic_timeout; mode explore and asynchr
 Each task is a RunTasks call of its own on the least busy worker (the worker merges the engine
 calls of the tasks it runs at once: batching.py). Then:
 
-- over-rollout: `collect` returns once (1 - ratio) of a batch's tasks are done (finished tasks of
-  earlier steps count), waits up to wait_after_min seconds more for the rest, and leaves whatever
-  still runs to feed the next step;
+- over-rollout: `collect` returns once at most ratio x batch tasks still run (so a step's tasks are
+  done but that share, and no more than that share is ever left over), waits up to wait_after_min
+  seconds more for the rest, and leaves whatever still runs to feed the next step; tasks left
+  running go on across a weight load (the worker's engine calls, not its tasks, hold a load back);
 - dynamic timeout: a task may take dynamic_timeout.ratio times the running mean of the finished
   tasks' seconds (at least 1 s, at most explorer.max_timeout); a slower one is cut (its call's
   deadline);
@@ -86,12 +87,12 @@ class TaskScheduler:
             self._pool.submit(self._run, _Unit(task, sampling, spec, version))
 
     def collect(self, batch: int, everything: bool = False) -> tuple[list[Experience], dict[str, float]]:
-        """The finished tasks' experiences (task by task) once at least (1 - ratio) of `batch` tasks
-        are done, or every running one with `everything` (a stage's last step), and the step's
-        scheduler metrics."""
-        need = batch if everything else math.ceil((1.0 - self.ratio) * batch)
+        """The finished tasks' experiences (task by task) once at most ratio x `batch` tasks still
+        run (a step's tasks done but that share, whichever step sent the rest), or none with
+        `everything` (a stage's last step), and the step's scheduler metrics."""
+        allowed = 0 if everything else math.floor(self.ratio * batch)
         with self._cond:
-            self._cond.wait_for(lambda: self._fatal is not None or self._finished_tasks >= need or not self._running)
+            self._cond.wait_for(lambda: self._fatal is not None or self._running <= allowed)
             if everything or self.wait_after_min > 0:
                 self._cond.wait_for(
                     lambda: self._fatal is not None or not self._running,
@@ -111,19 +112,6 @@ class TaskScheduler:
             self._finished_tasks = 0
             self._counts.clear()
         return exps, metrics
-
-    def running(self) -> int:
-        """Tasks sent and not yet settled."""
-        with self._cond:
-            return self._running
-
-    def drain(self) -> float:
-        """Wait until no task runs (before the workers load new weights; their finished tasks stay
-        for the next `collect`); the seconds waited."""
-        start = time.perf_counter()
-        with self._cond:
-            self._cond.wait_for(lambda: self._fatal is not None or not self._running)
-        return time.perf_counter() - start
 
     def close(self) -> None:
         """Stop sending; tasks still running are abandoned (their calls end with their deadlines)."""

@@ -6,9 +6,10 @@ time); streaming calls take it chunk by chunk (a seeded prompt samples the same 
 falls in, engines seed each prompt by itself), so concurrent streams interleave and an early chunk's
 completions go out before the next chunk runs. Workflows generate through a BatchingEngine
 (batching.py): the generation calls of concurrent RunTasks streams are merged into shared engine
-calls, and a task's reward or environment runs without holding the engine.
+calls, and a task's reward or environment runs without holding the engine or the gate.
 A GenerationGate holds the pause state: Pause and a weight update wait for running generation
-calls, then new ones are refused with UNAVAILABLE until Resume / FinishWeightUpdate.
+calls (for RunTasks: the engine call running, not whole tasks), then new ones are refused with
+UNAVAILABLE until Resume / FinishWeightUpdate, while running tasks' next engine calls wait.
 """
 
 from __future__ import annotations
@@ -77,9 +78,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.max_model_len: int = attrs.max_model_len
         self.max_batch_size: int = attrs.max_batch_size
         self._engine_lock = threading.Lock()
-        self.batching = BatchingEngine(engine, self._engine_lock)
-        """What workflows generate through (concurrent tasks' calls merged)."""
         self.gate = GenerationGate()
+        self.batching = BatchingEngine(engine, self._engine_lock, self.gate)
+        """What workflows generate through (concurrent tasks' calls merged, each engine call gated)."""
         self._workflows: OrderedDict[tuple, Workflow] = OrderedDict()
         self._workflows_lock = threading.Lock()
         self.weights = WeightReceiver(engine, self._engine_lock, self.gate)
@@ -129,21 +130,21 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         workflow = self._workflow(request.workflow)
         tasks = self._tasks(request.tasks, workflow, sampling)
         n = sampling.n
-        with self.gate.admit():
-            for indices in self._chunks(len(tasks), sampling):
-                if not context.is_active():
-                    return
-                version = self.engine.policy_version  # the gate keeps weight updates out meanwhile
-                try:
-                    experiences = workflow.run([tasks[i] for i in indices], sampling, version)
-                except ValueError as e:  # a reward function refused a task (the engine's are validated)
-                    raise InvalidArgument("workflow.reward_fn", str(e)) from e
-                self.gate.count(sum(len(e.response_token_ids) for e in experiences))
-                for j, i in enumerate(indices):
-                    yield rollout_pb2.RunTasksResponse(
-                        task_index=i,
-                        experiences=[experience_to_proto(e) for e in experiences[j * n : (j + 1) * n]],
-                    )
+        self.gate.check()  # a paused worker takes no new tasks; running ones wait at their engine calls
+        for indices in self._chunks(len(tasks), sampling):
+            if not context.is_active():
+                return
+            version = self.engine.policy_version  # the version the chunk starts on (batching.py)
+            try:
+                experiences = workflow.run([tasks[i] for i in indices], sampling, version)
+            except ValueError as e:  # a reward function refused a task (the engine's are validated)
+                raise InvalidArgument("workflow.reward_fn", str(e)) from e
+            self.gate.count(sum(len(e.response_token_ids) for e in experiences))
+            for j, i in enumerate(indices):
+                yield rollout_pb2.RunTasksResponse(
+                    task_index=i,
+                    experiences=[experience_to_proto(e) for e in experiences[j * n : (j + 1) * n]],
+                )
 
     def _chunks(self, num_prompts: int, sampling: SamplingParams) -> list[list[int]]:
         """Prompt indices per engine call of at most max_batch_size sequences (at least one prompt;

@@ -211,9 +211,7 @@ class ExploreLoop:
 
     def _follow_trainer(self) -> dict[str, float]:
         """Load the newest published weights; while they are more than max_staleness steps behind
-        the step about to be explored, wait for newer ones (until the stop event). With tasks left
-        running (over-rollout), newer weights wait until the bound needs them: a worker loads
-        weights only once its running tasks are done."""
+        the step about to be explored, wait for newer ones (until the stop event)."""
         bound = self.cfg.synchronizer.max_staleness
         need = 0 if bound is None else max(0, (self.explore_step - bound) * self.updates_per_step)
         metrics: dict[str, float] = {}
@@ -226,12 +224,7 @@ class ExploreLoop:
         if time.perf_counter() - start > POLL_S:
             metrics["perf/wait_for_weights_s"] = time.perf_counter() - start
         version, path = latest
-        if version > self.version and self.scheduler is not None and self.scheduler.running():
-            if self.version >= need:  # the weights held are fresh enough: leave the tasks running
-                return metrics
-            # a worker loads weights once its running tasks are done, on the weights they started on
-            metrics["perf/drain_s"] = self.scheduler.drain()
-        if version > self.version:
+        if version > self.version:  # tasks left running go on (their next engine calls wait for it)
             self.served = announce(version, self.served)
             stats = self.sender.send_checkpoint(path, self.served)
             self.version = version
