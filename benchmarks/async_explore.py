@@ -69,10 +69,12 @@ def side_staleness(side: str) -> int | None:
 
 
 def launch_against_worker(
-    assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace, configure: Any
-) -> tuple[str, list[dict]]:
+    assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace, configure: Any,
+    every_step: bool = True,
+) -> tuple[str, list[dict]]:  # fmt: skip
     """One asynchronous-or-lock-step launch (mode both, `configure(cfg)` edits its config) against a
-    fresh rollout worker: the run folder and the trainer's step rows."""
+    fresh rollout worker: the run folder and the trainer's step rows (all planned, or with
+    `every_step` false as many as it trained)."""
     root = os.path.join(workdir, tag)
     os.makedirs(root)
     env = {TOKEN_ENV: os.environ.get(TOKEN_ENV) or secrets.token_hex(16)}
@@ -99,7 +101,7 @@ def launch_against_worker(
     finally:
         worker.terminate()
         worker.wait(timeout=60)
-    return root, step_rows(os.path.join(root, "bench"), total, f"rlcore launch {tag}")
+    return root, step_rows(os.path.join(root, "bench"), total if every_step else None, f"rlcore launch {tag}")
 
 
 def summary(rows: list[dict]) -> dict[str, Any]:

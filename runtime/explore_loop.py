@@ -5,6 +5,10 @@ trains: loop.py's buffer_step). Per step:
     synchronizer.max_staleness steps behind)  ->  explore the step's tasks on the rollout workers
     ->  put the groups into the experience buffer  ->  save the position  ->  log, heartbeat
 
+With explorer.over_rollout or explorer.dynamic_timeout the step's tasks go one by one through the
+task scheduler (rollout/scheduler.py): a step puts what finished, and tasks left running feed the
+next step.
+
 The two launches share checkpoint_root_dir/project/name: the trainer's stage folders hold the
 published weights (`published/`), `explorer/` holds this launch's own, and the file and sql
 buffers live in `buffer/` unless configured elsewhere.
@@ -115,6 +119,8 @@ class ExploreLoop:
         self.given_buffer = buffer
         self.explore_step = 0 if start_step is None else start_step
         self.resumes = start_step is None and cfg.continue_from_checkpoint
+        self.dropped = 0
+        """Tasks the scheduler left out so far."""
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -171,6 +177,7 @@ class ExploreLoop:
                     break
                 exps, explored = self._explore()
                 metrics.update(explored)
+                self.dropped += int(explored.get("rollout/tasks_dropped", 0))
                 groups = grouped(exps)
                 if groups:
                     buffer.put(groups)
@@ -195,6 +202,11 @@ class ExploreLoop:
                     )
                     if answer == "stop":
                         self.stop.set()
+            if self.dropped:
+                log.warning(
+                    "%d task(s) of %s were left out after explorer.max_retry_times retries: the trainer gets "
+                    "that many fewer groups (and may train fewer steps)", self.dropped, self.stage.name,
+                )  # fmt: skip
             if not self.stop.is_set():
                 buffer.finish()  # the trainer ends once it has read the rest
         finally:

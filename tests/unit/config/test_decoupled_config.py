@@ -60,8 +60,21 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
         (["synchronizer.asynchronous=true", "synchronizer.rollout_ahead=1"], r"synchronizer\.asynchronous does not go with synchronizer\.rollout_ahead"),
         (["synchronizer.asynchronous=true", "buffer.trainer_input.experience_buffer.storage_type=sql"], r"does not go with buffer\.trainer_input\.experience_buffer other than the in-memory queue"),
         (["buffer.trainer_input.experience_buffer.storage_type=redis"], r"buffer\.trainer_input\.experience_buffer\.storage_type must be one of queue, file, sql; got 'redis'"),
+        (["explorer.over_rollout.ratio=0.25"], r"explorer\.over_rollout\.ratio is for an explorer that feeds the experience buffer.*got mode both \(lock-step\)"),
+        (["mode=colocate", "explorer.dynamic_timeout.enable=true"], r"explorer\.dynamic_timeout is for an explorer .*got mode colocate"),
+        (["mode=explore", "explorer.over_rollout.ratio=1.0"], r"explorer\.over_rollout\.ratio must be < 1"),
+        (["mode=explore", "explorer.dynamic_timeout.ratio=0.5"], r"explorer\.dynamic_timeout\.ratio must be > 1"),
     ],
 )  # fmt: skip
 def test_what_a_decoupled_run_refuses(tmp_path, overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _resolve(tmp_path, *overrides)
+
+
+def test_the_long_tail_settings_go_with_an_explorer_that_feeds_the_buffer(tmp_path) -> None:
+    keys = ("explorer.over_rollout.ratio=0.25", "explorer.over_rollout.wait_after_min=5", "explorer.dynamic_timeout.enable=true")
+    explore = _resolve(tmp_path, "mode=explore", *keys).explorer
+    assert explore.over_rollout.ratio == 0.25 and explore.over_rollout.wait_after_min == 5.0
+    assert explore.dynamic_timeout.enable and explore.dynamic_timeout.ratio == 3.0
+    assert _resolve(tmp_path, "synchronizer.asynchronous=true", *keys).explorer.over_rollout.ratio == 0.25
+    assert _resolve(tmp_path, "mode=train", *keys).explorer.over_rollout.ratio == 0.25  # shared, unused
