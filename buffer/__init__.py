@@ -1,7 +1,8 @@
 """The experience buffer between explorers and the trainer (modes explore and train): the
 ExperienceBuffer interface (base.py) and its storages, one file each.
 
-    queue   memory.py + service.py (held by a controller, served over gRPC), queue.py (its clients)
+    queue   memory.py + service.py (held by a controller, served over gRPC), queue.py (its clients);
+            replay.py: the replay buffer over it
     file    file.py   append-only JSONL in a shared folder
     sql     sql.py    a database through SQLAlchemy (SQLite by default, PostgreSQL...)
 
@@ -18,6 +19,7 @@ from ..core.registry import Registry
 
 if TYPE_CHECKING:
     from .base import ExperienceBuffer
+    from .memory import MemoryBuffer
 
 STORAGES = Registry(
     "buffer.trainer_input.experience_buffer.storage_type",
@@ -63,6 +65,18 @@ def buffer_location(cfg: Any) -> str:
             return f.read().strip()
     except FileNotFoundError:
         return ""
+
+
+def memory_buffer(eb: Any, where: str = "in memory") -> MemoryBuffer:
+    """The in-memory queue of experience buffer config `eb` (with its replay buffer when enabled):
+    asynchronous both's, or one a controller serves."""
+    from .memory import MemoryBuffer
+
+    if eb.replay_buffer.enable:
+        from .replay import Replay, ReplayMemoryBuffer
+
+        return ReplayMemoryBuffer(eb.name, Replay.from_config(eb.replay_buffer), where=where)
+    return MemoryBuffer(eb.name, where=where)
 
 
 def open_buffer(cfg: Any, writer: str | None = None, wait_s: float = 0.0) -> ExperienceBuffer:

@@ -13,6 +13,7 @@ from ..client.buffer import groups_from_proto, groups_to_proto
 from ..core.rpc.errors import DeadlineExceeded, FailedPrecondition, require
 from ..core.rpc.server import Service
 from ..proto.v1 import buffer_pb2, buffer_pb2_grpc
+from . import memory_buffer
 from .base import BufferError, BufferTimeout
 from .memory import MemoryBuffer
 
@@ -21,8 +22,11 @@ MAX_WAIT_S = 3600.0
 
 
 class BufferServicer(buffer_pb2_grpc.ExperienceBufferServiceServicer):
-    def __init__(self, where: str = "the controller"):
+    def __init__(self, where: str = "the controller", configs: dict[str, Any] | None = None):
+        """`configs`: experience buffer configs by name, for queues with more than the defaults
+        (a replay buffer)."""
         self.where = where
+        self.configs = dict(configs or {})
         self._queues: dict[str, MemoryBuffer] = {}
         self._lock = threading.Lock()
 
@@ -30,7 +34,8 @@ class BufferServicer(buffer_pb2_grpc.ExperienceBufferServiceServicer):
         """The queue named `name` (created on first use); also how an in-process user reaches it."""
         with self._lock:
             if name not in self._queues:
-                self._queues[name] = MemoryBuffer(name, where=self.where)
+                eb = self.configs.get(name)
+                self._queues[name] = memory_buffer(eb, self.where) if eb else MemoryBuffer(name, where=self.where)
             return self._queues[name]
 
     def Put(self, request: buffer_pb2.PutExperiencesRequest, context: grpc.ServicerContext) -> Any:

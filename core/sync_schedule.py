@@ -83,14 +83,17 @@ class SyncSchedule:
         return step >= self.sc.sync_offset and step - version > (self.max_staleness or 0)
 
     def drop_stale(
-        self, exps: list[Experience], versions: list[int], step: int, metrics: dict[str, float]
-    ) -> list[Experience]:
+        self, exps: list[Experience], versions: list[int], step: int, metrics: dict[str, float],
+        enforce: bool = True,
+    ) -> list[Experience]:  # fmt: skip
         """Experiences whose generating version (`versions`, one each) is within max_staleness of
-        `step`, the step about to be trained; counts the rest in metrics."""
+        `step`, the step about to be trained; counts the rest in metrics. `enforce` false: all of
+        them, the staleness only measured (a trainer on the experience buffer without
+        algorithm.sample_strategy staleness_control)."""
         staleness = [step - v for v in versions]
         if exps:
             metrics["rollout/staleness_mean"] = sum(staleness) / len(exps)
-        if self.max_staleness is None:
+        if self.max_staleness is None or not enforce:
             return exps
         kept = [e for e, s in zip(exps, staleness, strict=True) if s <= self.max_staleness]
         metrics["rollout/stale_dropped"] = float(len(exps) - len(kept))

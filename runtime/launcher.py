@@ -114,6 +114,7 @@ def control_plane(
         ServerOptions.from_control(control, token, port=control.run_port),
         heartbeat_interval_s=control.heartbeat_interval,
         serve_buffer=bool(queues),
+        buffers={eb.name: eb for eb in queues.values()},
     )
     run_address = server.address
     print(f"rlcore: run controller (RunService) on {run_address}", flush=True)
@@ -167,19 +168,19 @@ def control_plane(
                     os.remove(gone)
 
 
-def served_queues(stages: list[Stage]) -> list[str]:
-    """The address files of the buffer queues this launch serves: those its mode-train RL stages
-    read without a path (the explore launch finds them there)."""
+def served_queues(stages: list[Stage]) -> dict[str, Any]:
+    """The buffer queues this launch serves (address file -> experience buffer config): those its
+    mode-train RL stages read without a path (the explore launch finds them there)."""
     from ..buffer import address_file
     from ..core.algorithms import trains_on
 
-    return sorted({
-        address_file(s.config)
+    return {
+        address_file(s.config): s.config.buffer.trainer_input.experience_buffer
         for s in stages
         if s.config.mode == "train" and trains_on(s.config.algorithm) == "rollouts"
         and s.config.buffer.trainer_input.experience_buffer.storage_type == "queue"
         and not s.config.buffer.trainer_input.experience_buffer.path
-    })  # fmt: skip
+    }  # fmt: skip
 
 
 def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:

@@ -92,6 +92,14 @@ def preflight(stages: list[Stage]) -> None:
                         f"{key}.workflow_args: the workflow calls auxiliary model '{name}', which is not configured "
                         f"(explorer.auxiliary_models: {', '.join(configured) or 'none'}; 'external' is model.external_model)"
                     )
+        rb = cfg.buffer.trainer_input.experience_buffer.replay_buffer
+        if rb.enable:  # a user's priority function by import path, and its args
+            from ..buffer.replay import resolve_priority
+
+            try:
+                resolve_priority(rb.priority_fn, dict(rb.priority_fn_args))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         model = cfg.model
         if not inherits_previous_model(cfg) and not model.scratch.enabled:
             if not os.path.isfile(os.path.join(model.model_path, "config.json")):

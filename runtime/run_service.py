@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import grpc
 
@@ -318,10 +319,12 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
 
 
 def start_run_server(
-    run_name: str, options: ServerOptions, heartbeat_interval_s: float, serve_buffer: bool = False
-) -> tuple[RpcServer, RunServicer]:
+    run_name: str, options: ServerOptions, heartbeat_interval_s: float, serve_buffer: bool = False,
+    buffers: dict[str, Any] | None = None,
+) -> tuple[RpcServer, RunServicer]:  # fmt: skip
     """Serve RunService for `run_name` (project/name), and with `serve_buffer` the experience
-    buffer's queues (ExperienceBufferService); the servicer is the launcher's handle."""
+    buffer's queues (ExperienceBufferService; `buffers`: their configs by name); the servicer is
+    the launcher's handle."""
     servicer = RunServicer(run_name, heartbeat_interval_s)
     services = [
         Service(
@@ -333,5 +336,5 @@ def start_run_server(
     if serve_buffer:
         from ..buffer.service import BufferServicer, buffer_service
 
-        services.append(buffer_service(BufferServicer(f"the controller of {run_name}")))
+        services.append(buffer_service(BufferServicer(f"the controller of {run_name}", buffers)))
     return RpcServer(options, services), servicer

@@ -257,6 +257,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     if cfg.synchronizer.asynchronous:
         _check_asynchronous(cfg)
     _check_long_tails(cfg)
+    _check_buffer_sampling(cfg, data)
     if cfg.mode == "bench" and not buf.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
 
@@ -325,6 +326,37 @@ def _check_long_tails(cfg: RLCoreConfig) -> None:
             f"from it: mode explore (a mode-train launch of the same config ignores it), or mode both with "
             f"synchronizer.asynchronous: true; got mode {cfg.mode}" + (" (lock-step)" if cfg.mode == "both" else "")
         )
+
+
+def _check_buffer_sampling(cfg: RLCoreConfig, data: str) -> None:
+    """The replay buffer and algorithm.sample_strategy: what a trainer on the experience buffer
+    (RL in mode train, asynchronous both) does with the groups it takes. Mode explore shares a
+    decoupled run's config and ignores them."""
+    on_buffer = data == "rollouts" and (cfg.mode in ("train", "explore") or cfg.synchronizer.asynchronous)
+    eb = cfg.buffer.trainer_input.experience_buffer
+    key = "buffer.trainer_input.experience_buffer.replay_buffer"
+    if eb.replay_buffer.enable:
+        if not on_buffer:
+            raise ConfigError(
+                f"{key} replays groups of the experience buffer to a trainer that reads it: an RL algorithm in mode "
+                f"train, or mode both with synchronizer.asynchronous: true; got mode {cfg.mode} with {cfg.algorithm.algorithm_type}"
+            )
+        if eb.storage_type != "queue":
+            raise ConfigError(
+                f"{key} keeps its pool in memory: it needs buffer.trainer_input.experience_buffer.storage_type queue; "
+                f"got {eb.storage_type}"
+            )
+    if cfg.algorithm.sample_strategy == "staleness_control":
+        if not on_buffer:
+            raise ConfigError(
+                "algorithm.sample_strategy staleness_control is for a trainer on the experience buffer (mode train, "
+                "asynchronous both); a lock-step run drops experiences older than synchronizer.max_staleness already"
+            )
+        if cfg.synchronizer.max_staleness is None:
+            raise ConfigError(
+                "algorithm.sample_strategy staleness_control leaves out experiences older than "
+                "synchronizer.max_staleness: set it (e.g. synchronizer.max_staleness=1)"
+            )
 
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:

@@ -89,8 +89,9 @@ def test_an_explore_and_a_train_launch_meet_in_the_buffer(storage: str, tmp_path
     _finish(trainer, "mode train")
     run_dir = os.path.join(str(tmp_path), "it", "run")
     _, explore = _check_run(run_dir, STEPS, staleness=2 if storage == "file" else 1)
-    if storage == "file":
+    if storage == "file":  # tasks left running are trained too (algorithm.sample_strategy default)
         assert any(m["rollout/tasks_left_running"] > 0 for m in explore)
+        assert all(m.get("rollout/stale_dropped", 0) == 0 for m in read_metrics(run_dir))
         assert sum(m["rollout/tasks_done"] for m in explore) == 4 * STEPS  # buffer.batch_size a step
         assert explore[-1]["rollout/tasks_left_running"] == 0
     if storage != "queue":  # the queue went with the train launch

@@ -64,6 +64,11 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
         (["mode=colocate", "explorer.dynamic_timeout.enable=true"], r"explorer\.dynamic_timeout is for an explorer .*got mode colocate"),
         (["mode=explore", "explorer.over_rollout.ratio=1.0"], r"explorer\.over_rollout\.ratio must be < 1"),
         (["mode=explore", "explorer.dynamic_timeout.ratio=0.5"], r"explorer\.dynamic_timeout\.ratio must be > 1"),
+        (["buffer.trainer_input.experience_buffer.replay_buffer.enable=true"], r"replay_buffer replays groups of the experience buffer to a trainer that reads it.*got mode both with grpo"),
+        (["mode=train", "buffer.trainer_input.experience_buffer.storage_type=file", "buffer.trainer_input.experience_buffer.replay_buffer.enable=true"], r"replay_buffer keeps its pool in memory: it needs .*storage_type queue; got file"),
+        (["mode=train", "algorithm.sample_strategy=staleness_control"], r"staleness_control leaves out experiences older than synchronizer\.max_staleness: set it"),
+        (["algorithm.sample_strategy=staleness_control", "synchronizer.max_staleness=1"], r"staleness_control is for a trainer on the experience buffer"),
+        (["mode=train", "algorithm.sample_strategy=newest"], r"algorithm\.sample_strategy must be one of default, staleness_control; got 'newest'"),
     ],
 )  # fmt: skip
 def test_what_a_decoupled_run_refuses(tmp_path, overrides: list[str], message: str) -> None:
@@ -78,3 +83,15 @@ def test_the_long_tail_settings_go_with_an_explorer_that_feeds_the_buffer(tmp_pa
     assert explore.dynamic_timeout.enable and explore.dynamic_timeout.ratio == 3.0
     assert _resolve(tmp_path, "synchronizer.asynchronous=true", *keys).explorer.over_rollout.ratio == 0.25
     assert _resolve(tmp_path, "mode=train", *keys).explorer.over_rollout.ratio == 0.25  # shared, unused
+
+
+def test_a_trainer_on_the_buffer_may_replay_and_control_staleness(tmp_path) -> None:
+    cfg = _resolve(
+        tmp_path, "mode=train", "buffer.trainer_input.experience_buffer.replay_buffer.enable=true",
+        "buffer.trainer_input.experience_buffer.replay_buffer.reuse_cooldown_time=30",
+        "algorithm.sample_strategy=staleness_control", "synchronizer.max_staleness=2",
+    )  # fmt: skip
+    rb = cfg.buffer.trainer_input.experience_buffer.replay_buffer
+    assert rb.enable and rb.priority_fn == "linear_decay" and rb.reuse_cooldown_time == 30.0
+    assert cfg.algorithm.sample_strategy == "staleness_control"
+    assert _resolve(tmp_path, "synchronizer.asynchronous=true", "buffer.trainer_input.experience_buffer.replay_buffer.enable=true")
