@@ -25,7 +25,7 @@ from rlcore.rollout.server import build_rollout_server
 TOKEN = "test-scheduler-token"
 SAMPLING = SamplingParams(temperature=1.0, n=4, max_tokens=6, seed=7)
 FRACTION = 0.2  # of t0..t7 only t2 is slow; of t12..t19 none
-SLOW_S = 6.0
+SLOW_S = 4.0
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,7 +74,7 @@ def test_the_slow_tail_is_what_the_test_thinks() -> None:
 
 
 def test_over_rollout_leaves_the_slow_tail_running_for_the_next_step(server: RpcServer, monkeypatch) -> None:
-    scheduler = _scheduler(server, monkeypatch, ratio=0.25, wait_after_min=2.0)  # 6 of 8 done, then 2 s more
+    scheduler = _scheduler(server, monkeypatch, ratio=0.25, wait_after_min=1.5)  # 6 of 8 done, then 1.5 s more
     tasks = _tasks(range(8))
     try:
         start = time.monotonic()
