@@ -203,6 +203,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: str) -> None:
+    """Trained tokens/s per side (bars) and each side's reward per step (`rlcore bench async` and
+    `rlcore bench tails`)."""
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
     sides = list(result["tokens_per_s"])
@@ -216,22 +218,29 @@ def plot(result: dict[str, Any], path: str) -> None:
     save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_launch_args(
+    parser: argparse.ArgumentParser, steps: int, prompts: int, group: int, max_tokens: int, out: str
+) -> None:
+    """The arguments of a benchmark made of launches against a rollout worker (launch_against_worker)."""
     parser.add_argument("--repeats", type=positive_int, default=2, help="alternating repeats of every side")
-    parser.add_argument("--steps", type=positive_int, default=20, help="measured steps per run")
-    parser.add_argument(
-        "--staleness", type=int_list, default=[1, 2, 4], help="max_staleness of the async sides"
-    )
-    parser.add_argument("--prompts", type=positive_int, default=4)
-    parser.add_argument("--group", type=positive_int, default=8)
-    parser.add_argument("--max-tokens", type=positive_int, default=96)
+    parser.add_argument("--steps", type=positive_int, default=steps, help="measured steps per run")
+    parser.add_argument("--prompts", type=positive_int, default=prompts)
+    parser.add_argument("--group", type=positive_int, default=group)
+    parser.add_argument("--max-tokens", type=positive_int, default=max_tokens)
     parser.add_argument(
         "--trainer-cpus", type=cpu_list, default=[0], help="CPU ids for the launch and its trainer"
     )
     parser.add_argument("--rollout-cpus", type=cpu_list, default=[1], help="CPU ids for the rollout worker")
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
-    parser.add_argument("--out", default="benchmarks/results/async.json")
+    parser.add_argument("--out", default=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_launch_args(parser, steps=20, prompts=4, group=8, max_tokens=96, out="benchmarks/results/async.json")
+    parser.add_argument(
+        "--staleness", type=int_list, default=[1, 2, 4], help="max_staleness of the async sides"
+    )
     args = parser.parse_args(argv)
     check_separate_cpus(parser, args.trainer_cpus, args.rollout_cpus)
     if any(s < 1 for s in args.staleness):

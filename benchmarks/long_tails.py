@@ -27,12 +27,9 @@ from typing import Any
 from rlcore.benchmarks.common import (
     alternating,
     check_separate_cpus,
-    cpu_list,
     machine_info,
     positive_int,
     prepare,
-    pyplot,
-    save_figure,
     spread,
     versions,
     write_outputs,
@@ -177,43 +174,23 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: str) -> None:
-    plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    sides = list(result["tokens_per_s"])
-    left.bar(sides, [result["tokens_per_s"][s]["median"] for s in sides])
-    left.set_ylabel("trained tokens/s (median over repeats)")
-    for side in sides:
-        right.plot(range(1, len(result["reward_curve"][side]) + 1), result["reward_curve"][side], label=side)
-    right.set_xlabel("step")
-    right.set_ylabel("reward (median over repeats)")
-    right.legend()
-    save_figure(fig, path)
-
-
 def main(argv: list[str] | None = None) -> int:
+    from rlcore.benchmarks.async_explore import add_launch_args
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=positive_int, default=2, help="alternating repeats of every side")
-    parser.add_argument("--steps", type=positive_int, default=10, help="measured steps per run")
+    add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=16, out="benchmarks/results/tails.json")
     parser.add_argument("--staleness", type=positive_int, default=2, help="synchronizer.max_staleness")
-    parser.add_argument("--prompts", type=positive_int, default=8)
-    parser.add_argument("--group", type=positive_int, default=4)
-    parser.add_argument("--max-tokens", type=positive_int, default=16)
     parser.add_argument("--slow-fraction", type=float, default=0.125, help="share of the tasks that are slow")
     parser.add_argument("--slow-s", type=float, default=2.0, help="seconds a slow task waits")
     parser.add_argument("--ratio", type=float, default=0.25, help="explorer.over_rollout.ratio of that side")
-    parser.add_argument(
-        "--trainer-cpus", type=cpu_list, default=[0], help="CPU ids for the launch and its trainer"
-    )
-    parser.add_argument("--rollout-cpus", type=cpu_list, default=[1], help="CPU ids for the rollout worker")
-    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
-    parser.add_argument("--out", default="benchmarks/results/tails.json")
     args = parser.parse_args(argv)
     check_separate_cpus(parser, args.trainer_cpus, args.rollout_cpus)
     if not 0 <= args.slow_fraction <= 1 or args.slow_s < 0 or not 0 < args.ratio < 1:
         parser.error("--slow-fraction in [0, 1], --slow-s >= 0 and --ratio in (0, 1)")
     with tempfile.TemporaryDirectory(prefix="rlcore-tails-") as workdir:
         result = measure(args, workdir)
+    from rlcore.benchmarks.async_explore import plot
+
     write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
     return 0
 
