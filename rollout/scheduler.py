@@ -20,6 +20,7 @@ Every experience carries the policy version the workers held when its task was s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -27,7 +28,7 @@ import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..client.base import RpcError
 from ..client.rollout import RolloutClient
@@ -48,6 +49,9 @@ LIVENESS_S = 10.0
 """How long a worker whose task failed has to answer GetInfo to count as still there."""
 
 
+_ORDER = itertools.count()
+
+
 @dataclass(eq=False)
 class _Unit:
     task: Task
@@ -55,6 +59,7 @@ class _Unit:
     spec: WorkflowSpec
     version: int
     attempt: int = 0
+    order: int = field(default_factory=lambda: next(_ORDER))
 
 
 class TaskScheduler:
@@ -67,6 +72,8 @@ class TaskScheduler:
         self._cond = threading.Condition()
         self._running = 0
         """Tasks sent and not settled (finished or left out), retries included once."""
+        self._units: set[_Unit] = set()
+        """Those tasks."""
         self._finished: list[Experience] = []
         self._finished_tasks = 0
         self._seconds: deque[float] = deque(maxlen=WINDOW)
@@ -81,10 +88,18 @@ class TaskScheduler:
 
     def submit(self, plan: list[tuple[Task, SamplingParams, WorkflowSpec]], version: int) -> None:
         """Send each (task, its sampling, its workflow) to run on weights of `version`."""
+        units = [_Unit(task, sampling, spec, version) for task, sampling, spec in plan]
         with self._cond:
-            self._running += len(plan)
-        for task, sampling, spec in plan:
-            self._pool.submit(self._run, _Unit(task, sampling, spec, version))
+            self._running += len(units)
+            self._units.update(units)
+        for unit in units:
+            self._pool.submit(self._run, unit)
+
+    def running_tasks(self) -> list[Task]:
+        """The tasks sent and not settled yet, in the order they were sent (what an explorer that
+        stops now would lose: its state keeps them to send again)."""
+        with self._cond:
+            return [u.task for u in sorted(self._units, key=lambda u: u.order)]
 
     def collect(self, batch: int, everything: bool = False) -> tuple[list[Experience], dict[str, float]]:
         """The finished tasks' experiences (task by task) once at most ratio x `batch` tasks still
@@ -155,6 +170,7 @@ class TaskScheduler:
             self._finished += exps
             self._finished_tasks += 1
             self._running -= 1
+            self._units.discard(unit)
             self._cond.notify_all()
 
     def _failed(self, unit: _Unit, client: RolloutClient, error: RpcError, timeout: float) -> None:
@@ -183,6 +199,7 @@ class TaskScheduler:
         with self._cond:
             self._counts["dropped"] += 1
             self._running -= 1
+            self._units.discard(unit)
             self._cond.notify_all()
 
     def _pick(self) -> RolloutClient:

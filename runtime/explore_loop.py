@@ -32,7 +32,7 @@ from ..core.config.validate import schedules_tasks
 from ..core.data.taskset import task_stream
 from ..core.rpc.cli import write_atomic
 from ..core.step_metrics import rollout_metrics
-from ..core.types import Experience
+from ..core.types import Experience, Task
 from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.remote import RemoteRollout
 from ..rollout.scheduler import TaskScheduler
@@ -119,6 +119,8 @@ class ExploreLoop:
         self.given_buffer = buffer
         self.explore_step = 0 if start_step is None else start_step
         self.resumes = start_step is None and cfg.continue_from_checkpoint
+        self.resend: list[Task] = []
+        """Tasks that were still running when the explorer last stopped (its state keeps them)."""
         self.dropped = 0
         """Tasks the scheduler left out so far."""
         self.stop = threading.Event()
@@ -154,8 +156,13 @@ class ExploreLoop:
         state_file = os.path.join(self.sdir, STATE)
         if self.resumes and os.path.isfile(state_file):
             with open(state_file) as f:
-                self.explore_step = int(json.load(f)["explore_step"])
-            log.info("resumed exploring %s at step %d", self.stage.name, self.explore_step)
+                saved = json.load(f)
+            self.explore_step = int(saved["explore_step"])
+            self.resend = [Task(**t) for t in saved.get("running", [])]
+            log.info(
+                "resumed exploring %s at step %d%s", self.stage.name, self.explore_step,
+                f" ({len(self.resend)} task(s) that were still running are sent again)" if self.resend else "",
+            )  # fmt: skip
         eb = cfg.buffer.trainer_input.experience_buffer
         buffer = self.given_buffer or open_buffer(cfg, wait_s=eb.max_wait_s)
         os.makedirs(self.sdir, exist_ok=True)
@@ -184,7 +191,9 @@ class ExploreLoop:
                 else:
                     log.warning("explore step %d: every task was left out; nothing put", self.explore_step)
                 self.explore_step += 1
-                state = {"explore_step": self.explore_step, "policy_version": self.version}
+                state: dict[str, Any] = {"explore_step": self.explore_step, "policy_version": self.version}
+                if self.scheduler is not None:  # tasks left running: a resumed explorer sends them again
+                    state["running"] = [dataclasses.asdict(t) for t in self.scheduler.running_tasks()]
                 write_atomic(state_file, json.dumps(state))
                 metrics.update(rollout_metrics(exps))
                 metrics.update(self.explorer.report())
@@ -247,7 +256,7 @@ class ExploreLoop:
     def _explore(self) -> tuple[list[Experience], dict[str, float]]:
         """The step's experiences (with the task scheduler: every task finished since the last
         step, whichever step sent it) and the scheduler's metrics."""
-        tasks = self.stream.batch(self.explore_step)
+        tasks, self.resend = self.resend + self.stream.batch(self.explore_step), []
         seed = rollout_seed(self.cfg.seed, self.explore_step)
         if self.scheduler is not None:
             self.scheduler.submit(self.explorer.plan(tasks, seed), self.version)

@@ -81,6 +81,7 @@ def test_over_rollout_leaves_the_slow_tail_running_for_the_next_step(server: Rpc
         scheduler.submit([(t, SAMPLING, _spec()) for t in tasks], version=3)
         first, metrics = scheduler.collect(len(tasks))
         waited = time.monotonic() - start
+        assert [t.task_id for t in scheduler.running_tasks()] == ["t2"]  # an explorer's state keeps it
         rest, last = scheduler.collect(0, everything=True)
     finally:
         scheduler.close()
@@ -88,6 +89,7 @@ def test_over_rollout_leaves_the_slow_tail_running_for_the_next_step(server: Rpc
     assert {e.group_id for e in first} == {t.task_id for t in tasks} - {"t2"}
     assert metrics["rollout/tasks_done"] == 7 and metrics["rollout/tasks_left_running"] == 1
     assert {e.group_id for e in rest} == {"t2"} and last["rollout/tasks_left_running"] == 0
+    assert scheduler.running_tasks() == []
     assert all(e.policy_version == 3 for e in first + rest)
     # the same samples as the whole batch in one call: each task's seed is its own
     with RolloutClient(server.address, ClientOptions(token=TOKEN, timeout=60)) as client:
