@@ -274,6 +274,11 @@ def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -
     from .run_reporter import RunReporter
 
     base = stages[0].config
+    handler = logging.StreamHandler(sys.stdout)  # what the trainer ranks log on theirs, the explorer here
+    handler.setFormatter(logging.Formatter("[explorer] %(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    rlcore_log = logging.getLogger("rlcore")
+    rlcore_log.addHandler(handler)
+    rlcore_log.setLevel(plan.get("log_level", logging.INFO))
     reporter = RunReporter(
         plan["run_address"], ClientOptions.from_control(base.control), base.control.heartbeat_interval
     )
@@ -288,4 +293,5 @@ def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -
                 break
     finally:
         reporter.close()
+        rlcore_log.removeHandler(handler)
     return 0

@@ -1,4 +1,4 @@
-"""`rlcore bench growth` end to end at its smallest size: three points per curve and a short memory
+"""`rlcore bench growth` end to end at its smallest size: two points per curve and a short memory
 run, each a real `rlcore launch`, then the JSON, the markdown tables and the plot."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_bench_growth_measures_both_curves_and_memory(tmp_path) -> None:
     pytest.importorskip("matplotlib", reason="the benchmark plots: pip install 'rlcore[bench]'")
     out = tmp_path / "cost_growth.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "rlcore.cli", "bench", "growth", "--batch-sizes", "1,2,4", "--lengths", "2,4,8",
+        [sys.executable, "-m", "rlcore.cli", "bench", "growth", "--batch-sizes", "1,2", "--lengths", "2,4",
          "--prompts", "2", "--group", "2", "--max-tokens", "4", "--steps", "1", "--repeats", "1",
          "--memory-steps", "6", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=840,
@@ -28,8 +28,8 @@ def test_bench_growth_measures_both_curves_and_memory(tmp_path) -> None:
     result = json.loads(out.read_text())
 
     batch, length = result["curves"]["batch"], result["curves"]["length"]
-    assert [r["prompts"] for r in batch] == [1, 2, 4] and {r["max_tokens"] for r in batch} == {4}
-    assert [r["max_tokens"] for r in length] == [2, 4, 8] and {r["prompts"] for r in length} == {2}
+    assert [r["prompts"] for r in batch] == [1, 2] and {r["max_tokens"] for r in batch} == {4}
+    assert [r["max_tokens"] for r in length] == [2, 4] and {r["prompts"] for r in length} == {2}
     for row in batch + length:
         step = row["step_s"]["median"]
         assert step > 0 and row["tokens_per_s"]["median"] > 0

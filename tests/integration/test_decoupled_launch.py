@@ -78,29 +78,14 @@ SLOW_TAIL = {  # a quarter of the tasks wait a second after generating; steps le
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("storage", ["file", "queue"])  # sql: the kill-and-resume test below
-def test_an_explore_and_a_train_launch_meet_in_the_buffer(storage: str, tmp_path) -> None:
-    """The file run also has a slow tail and over-rollout: its explorer's steps leave slow tasks
-    running for the next, and still every task is trained once."""
-    path = _config(str(tmp_path), storage, **(SLOW_TAIL if storage == "file" else {}))
+def test_an_explore_and_a_train_launch_meet_in_the_buffer(tmp_path) -> None:
+    """The queue storage (file: with the explorer killed and resumed below; sql: the trainer's)."""
+    path = _config(str(tmp_path), "queue")
     trainer = _start(path, "train")
     explorer = _start(path, "explore")  # it waits for the trainer's first weights
     _finish(explorer, "mode explore")
     _finish(trainer, "mode train")
-    run_dir = os.path.join(str(tmp_path), "it", "run")
-    _, explore = _check_run(run_dir, STEPS, staleness=2 if storage == "file" else 1)
-    if storage == "file":  # tasks left running are trained too (algorithm.sample_strategy default)
-        assert any(m["rollout/tasks_left_running"] > 0 for m in explore)
-        assert all(m.get("rollout/stale_dropped", 0) == 0 for m in read_metrics(run_dir))
-        assert sum(m["rollout/tasks_done"] for m in explore) == 4 * STEPS  # buffer.batch_size a step
-        assert explore[-1]["rollout/tasks_left_running"] == 0
-    if storage != "queue":  # the queue went with the train launch
-        from rlcore.buffer import open_buffer
-        from rlcore.core.config import load_config, resolve_stages
-
-        stats = open_buffer(resolve_stages(load_config(path, ["mode=train"]))[0].config).stats()
-        assert stats.groups_written == stats.groups_taken == 4 * STEPS and stats.available == 0
-        assert stats.writers == stats.writers_finished == 1
+    _check_run(os.path.join(str(tmp_path), "it", "run"), STEPS)
 
 
 def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> None:
@@ -164,3 +149,72 @@ def test_asynchronous_both_explores_ahead_in_one_launch(tmp_path) -> None:
     assert all(step - v <= 2 for step, v in enumerate(versions))  # max_staleness
     assert all(m["rollout/staleness_mean"] <= 2 for m in train)
     assert any("eval/heldout/accuracy" in m for m in read_metrics(run_dir))  # on the trainer's own engine
+
+
+def test_an_explorer_killed_and_resumed_sends_its_running_tasks_again(tmp_path) -> None:
+    """The file storage, with a slow tail and over-rollout: the explore launch is killed (-9) once
+    its saved position holds a task still running, and started again: it sends that task again, and
+    the trainer trains every task's group once (counted in the buffer's files)."""
+    import glob
+    import json
+
+    steps = 6
+    path = _config(str(tmp_path), "file", **SLOW_TAIL, **{"buffer.total_steps": steps})
+    run_dir = os.path.join(str(tmp_path), "it", "run")
+    state_file = os.path.join(run_dir, "explorer", "explorer_state.json")
+    trainer = _start(path, "train")
+    explorer = _start(path, "explore")
+    deadline = time.monotonic() + 300
+    while True:
+        assert explorer.poll() is None and time.monotonic() < deadline, explorer.communicate()[0][-3000:]
+        try:
+            with open(state_file) as f:
+                state = json.load(f)
+        except (FileNotFoundError, ValueError):
+            state = {}
+        if state.get("running") and state["explore_step"] < steps - 1:
+            break
+        time.sleep(0.05)
+    explorer.kill()  # the launcher only: its rollout workers end with it
+    explorer.communicate()
+    _wait_for_the_run_lock(os.path.join(run_dir, "explorer", "launch", "owner.lock"))
+    resumed = _start(path, "explore", "continue_from_checkpoint=true")
+    out = _finish(resumed, "the resumed mode explore")
+    _finish(trainer, "mode train")
+    assert "that were still running are sent again" in out, out[-3000:]
+    train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
+    assert [m["step"] for m in train] == list(range(1, steps + 1))
+    # tasks left running are trained too (algorithm.sample_strategy default), a step later at most
+    assert all(m.get("rollout/stale_dropped", 0) == 0 and m["rollout/staleness_mean"] <= 2 for m in train)
+    from rlcore.buffer import open_buffer
+    from rlcore.core.config import load_config, resolve_stages
+
+    stats = open_buffer(resolve_stages(load_config(path, ["mode=train"]))[0].config).stats()
+    assert stats.groups_written == stats.groups_taken == 4 * steps and stats.available == 0
+    assert stats.writers == 2 and stats.writers_finished == 1  # the killed explorer never finished
+    written = []
+    for part in glob.glob(os.path.join(run_dir, "buffer", "experiences", "writers", "*.jsonl")):
+        with open(part) as f:
+            written += [json.loads(line)["group"] for line in f if line.endswith("\n")]
+    keys = [group[0]["group_id"] for group in written]
+    assert len(keys) == len(set(keys)) == 4 * steps, sorted(keys)  # every task once, none lost
+    assert sum(m["buffer/experiences"] for m in train) == 4 * steps * GROUP
+
+
+def _wait_for_the_run_lock(lock_file: str, timeout_s: float = 60.0) -> None:
+    """Until the last process of a killed launch (its rollout workers) let go of the run's lock."""
+    import fcntl
+
+    deadline = time.monotonic() + timeout_s
+    fd = os.open(lock_file, os.O_RDWR)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{lock_file} still held {timeout_s:g} s after the kill"
+                time.sleep(0.2)
+    finally:
+        os.close(fd)
