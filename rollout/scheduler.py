@@ -23,11 +23,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import queue
 import statistics
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..client.base import RpcError
@@ -80,9 +80,16 @@ class TaskScheduler:
         self._busy: dict[str, int] = {}
         self._counts: Counter[str] = Counter()
         self._fatal: BaseException | None = None
-        self._pool = ThreadPoolExecutor(
-            max_workers=TASKS_PER_WORKER * max(1, len(rollout.clients)), thread_name_prefix="rlcore-task"
-        )
+        # daemon threads of our own, not a ThreadPoolExecutor (whose threads the interpreter joins at
+        # exit): a process that stops exploring is not held by a call still waiting on a slow task
+        self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"rlcore-task-{i}", daemon=True)
+            for i in range(TASKS_PER_WORKER * max(1, len(rollout.clients)))
+        ]
+        for t in self._threads:
+            t.start()
 
     # ------------------------------------------------------------------ the explorer's side
 
@@ -93,7 +100,7 @@ class TaskScheduler:
             self._running += len(units)
             self._units.update(units)
         for unit in units:
-            self._pool.submit(self._run, unit)
+            self._send(unit)
 
     def running_tasks(self) -> list[Task]:
         """The tasks sent and not settled yet, in the order they were sent (what an explorer that
@@ -129,8 +136,22 @@ class TaskScheduler:
         return exps, metrics
 
     def close(self) -> None:
-        """Stop sending; tasks still running are abandoned (their calls end with their deadlines)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop sending; tasks still running are abandoned (their calls end with their deadlines,
+        in daemon threads)."""
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
+
+    def _send(self, unit: _Unit) -> None:
+        if self._closed:
+            raise RuntimeError("the task scheduler is closed")
+        self._queue.put(unit)
+
+    def _serve(self) -> None:
+        """One of the threads that run tasks, until close."""
+        while (unit := self._queue.get()) is not None:
+            if not self._closed:
+                self._run(unit)
 
     # ------------------------------------------------------------------ one task
 
@@ -179,7 +200,7 @@ class TaskScheduler:
             raise error
         if code in GONE and not self._answers(client):
             self.rollout.drop(client, error)
-            self._pool.submit(self._run, unit)  # on another worker, not counted as a retry
+            self._send(unit)  # on another worker, not counted as a retry
             return
         cut = code == "DEADLINE_EXCEEDED"
         with self._cond:
@@ -190,7 +211,7 @@ class TaskScheduler:
             with self._cond:
                 self._counts["retried"] += 1
             log.warning("task %s %s; retry %d/%d", unit.task.task_id, what, unit.attempt, self.max_retries)
-            self._pool.submit(self._run, unit)
+            self._send(unit)
             return
         log.warning(
             "task %s %s; left out after %d retries (explorer.max_retry_times)",
