@@ -57,8 +57,10 @@ def test_an_openai_agent_is_trained_on_its_recorded_episodes(bpe_model_path, tmp
         steps = [json.loads(line) for line in agent.stdout.splitlines()]
         assert [s["step"] for s in steps] == [1, 2] and [s["experiences"] for s in steps] == [8, 8]
         assert [s["policy_version"] for s in steps] == [1, 2]  # each step's weights reached the worker
-        for s in steps:  # partial credit: rewards differ inside a group, so GRPO has a gradient
-            assert s["metrics"]["actor/grad_norm"] > 0
+        # partial credit: rewards differ inside a group, so GRPO has a gradient (sampled: both groups of
+        # a step may score alike, so one step of the two is asked for)
+        assert any(s["metrics"]["actor/grad_norm"] > 0 for s in steps), [s["metrics"] for s in steps]
+        for s in steps:
             assert s["metrics"]["rollout/reward_mean"] == pytest.approx(s["reward_mean"], rel=1e-5)
             # the trainer's log-probs of the recorded tokens equal the engine's: the ids are exact
             assert s["metrics"]["rollout/logprob_diff_max"] < 1e-3, s["metrics"]
