@@ -23,13 +23,11 @@ import secrets
 import statistics
 import sys
 import tempfile
-import time
 from collections import Counter
 from typing import Any
 
 from rlcore.benchmarks.common import (
     GRPORun,
-    alternating,
     check_separate_cpus,
     cpu_list,
     int_list,
@@ -39,6 +37,7 @@ from rlcore.benchmarks.common import (
     pyplot,
     rlcore_config,
     run_logged,
+    run_sides,
     save_figure,
     spread,
     start_server,
@@ -137,15 +136,10 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     sides = ["lockstep"] + [f"async-{s}" for s in args.staleness]
     assets = prepare(workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 2)
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
-    for rep, order in alternating(sides, args.repeats):
-        for side in order:
-            t0 = time.perf_counter()
-            runs[side].append(run_side(side, assets, workdir, f"{side}-{rep}", args))
-            r = runs[side][-1]
-            print(f"  repeat {rep + 1}/{args.repeats} {side:>9}: {r['tokens_per_s']:.0f} trained tokens/s, step "
-                  f"{r['step_s']:.3f} s, waited {r['wait_s']:.3f} s (run {time.perf_counter() - t0:.0f} s)",
-                  flush=True)  # fmt: skip
+    runs = run_sides(
+        sides, args.repeats, lambda side, rep: run_side(side, assets, workdir, f"{side}-{rep}", args),
+        lambda r: f"{r['tokens_per_s']:.0f} trained tokens/s, step {r['step_s']:.3f} s, waited {r['wait_s']:.3f} s",
+    )  # fmt: skip
     base = runs["lockstep"]
     return {
         "benchmark": "async",

@@ -137,6 +137,22 @@ def alternating(items: Sequence[T], repeats: int) -> Iterator[tuple[int, list[T]
         yield rep, list(items) if rep % 2 == 0 else list(items)[::-1]
 
 
+def run_sides(
+    sides: Sequence[str], repeats: int, run: Callable[[str, int], dict], describe: Callable[[dict], str],
+    label: str = "", width: int = 9,
+) -> dict[str, list[dict]]:  # fmt: skip
+    """`run(side, repeat)` for every side, `repeats` times in alternating order; each run's result by
+    side, in repeat order. After each run one progress line: `describe(result)` and its seconds."""
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for rep, order in alternating(sides, repeats):
+        for side in order:
+            t0 = time.perf_counter()
+            runs[side].append(run(side, rep))
+            print(f"  {label}repeat {rep + 1}/{repeats} {side:>{width}}: {describe(runs[side][-1])} "
+                  f"(run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    return runs
+
+
 # ---------------------------------------------------------------------------- command line
 
 

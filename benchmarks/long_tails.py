@@ -25,11 +25,11 @@ import time
 from typing import Any
 
 from rlcore.benchmarks.common import (
-    alternating,
     check_separate_cpus,
     machine_info,
     positive_int,
     prepare,
+    run_sides,
     spread,
     versions,
     write_outputs,
@@ -119,15 +119,11 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     from rlcore.benchmarks.async_explore import WARM_STEPS
 
     assets = prepare(workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 4)
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for rep, order in alternating(SIDES, args.repeats):
-        for side in order:
-            t0 = time.perf_counter()
-            runs[side].append(run_side(side, assets, workdir, f"{side}-{rep}", args))
-            r = runs[side][-1]
-            print(f"  repeat {rep + 1}/{args.repeats} {side:>15}: {r['tokens_per_s']:.0f} trained tokens/s, "
-                  f"explore step {r['explore_step_s']:.2f} s, {r['tasks_dropped']:.0f} tasks left out "
-                  f"(run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    runs = run_sides(
+        SIDES, args.repeats, lambda side, rep: run_side(side, assets, workdir, f"{side}-{rep}", args),
+        lambda r: f"{r['tokens_per_s']:.0f} trained tokens/s, explore step {r['explore_step_s']:.2f} s, "
+        f"{r['tasks_dropped']:.0f} tasks left out", width=15,
+    )  # fmt: skip
     base = runs["wait-all"]
     return {
         "benchmark": "tails",

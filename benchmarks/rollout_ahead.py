@@ -23,12 +23,10 @@ import secrets
 import statistics
 import sys
 import tempfile
-import time
 from typing import Any
 
 from rlcore.benchmarks.common import (
     GRPORun,
-    alternating,
     check_separate_cpus,
     cpu_list,
     machine_info,
@@ -37,6 +35,7 @@ from rlcore.benchmarks.common import (
     pyplot,
     rlcore_config,
     run_logged,
+    run_sides,
     save_figure,
     spread,
     start_server,
@@ -102,15 +101,11 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     assets = prepare(workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 2)
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for rep, order in alternating(SIDES, args.repeats):
-        for side in order:
-            t0 = time.perf_counter()
-            runs[side].append(run_side(side, assets, workdir, f"{side}-{rep}", args))
-            r = runs[side][-1]
-            print(f"  repeat {rep + 1}/{args.repeats} {side:>9}: step {r['step_s']:.3f} s (generate "
-                  f"{r['generate_s']:.3f}, train {r['train_s']:.3f}, wait {r['ahead_wait_s']:.3f}; "
-                  f"run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    runs = run_sides(
+        SIDES, args.repeats, lambda side, rep: run_side(side, assets, workdir, f"{side}-{rep}", args),
+        lambda r: f"step {r['step_s']:.3f} s (generate {r['generate_s']:.3f}, train {r['train_s']:.3f}, "
+        f"wait {r['ahead_wait_s']:.3f})",
+    )  # fmt: skip
     on, ahead = runs["on_policy"], runs["ahead"]
     ideal = [max(r["generate_s"], r["train_s"] + r["sync_s"]) / r["step_s"] for r in on]
     return {

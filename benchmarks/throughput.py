@@ -40,7 +40,6 @@ from rlcore.benchmarks.common import (
     MAX_PROMPT_TOKENS,
     MODEL,
     GRPORun,
-    alternating,
     comma_names,
     count_params,
     count_tokens,
@@ -52,6 +51,7 @@ from rlcore.benchmarks.common import (
     positive_int,
     prepare,
     pyplot,
+    run_sides,
     run_worker,
     save_figure,
     spread,
@@ -210,13 +210,10 @@ def measure(
 ) -> dict[str, Any]:
     """Every name once per repeat, forward then reversed; per name the spread of each measure over
     the repeats, and tokens/s over the reference's in the same repeat."""
-    runs: dict[str, list[dict]] = {name: [] for name in names}
-    for rep, order in alternating(names, args.repeats):
-        for name in order:
-            t0 = time.perf_counter()
-            runs[name].append(runner(name, assets, workdir, f"{side}-{name}-{rep}", args))
-            print(f"  [{side}] repeat {rep + 1}/{args.repeats} {name:>8}: {runs[name][-1]['tokens_per_s']:.0f} "
-                  f"tokens/s (run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    runs = run_sides(
+        names, args.repeats, lambda name, rep: runner(name, assets, workdir, f"{side}-{name}-{rep}", args),
+        lambda r: f"{r['tokens_per_s']:.0f} tokens/s", label=f"[{side}] ", width=8,
+    )  # fmt: skip
     out: dict[str, Any] = {
         name: {key: spread([r[key] for r in rs]) for key in rs[0]} for name, rs in runs.items()
     }

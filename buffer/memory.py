@@ -25,14 +25,22 @@ class MemoryBuffer(LedgerBuffer):
         """Groups, experiences."""
 
     def put_from(self, writer: str, groups: list[Group]) -> int:
-        """`put` on behalf of `writer` (the gRPC service's callers); the groups unread after it."""
+        """`put` on behalf of `writer` (the gRPC service's callers); the groups available after it."""
         with self._changed:
             self._writers.add(writer)
-            self._unread.extend(groups)
+            self._store(groups)
             self._written[0] += len(groups)
             self._written[1] += sum(len(g) for g in groups)
             self._changed.notify_all()
-            return len(self._unread)
+            return self._available()
+
+    def _store(self, groups: list[Group]) -> None:
+        """Keep newly put groups (under the lock)."""
+        self._unread.extend(groups)
+
+    def _available(self) -> int:
+        """Groups a step could take now (under the lock)."""
+        return len(self._unread)
 
     def finish_writer(self, writer: str) -> None:
         with self._changed:
@@ -60,7 +68,7 @@ class MemoryBuffer(LedgerBuffer):
 
     def _progress(self) -> tuple[int, int, int]:
         with self._changed:
-            return len(self._unread), len(self._writers), len(self._finished)
+            return self._available(), len(self._writers), len(self._finished)
 
     def _claim(self, step: int, num_groups: int) -> list[Group]:
         with self._changed:
@@ -75,6 +83,6 @@ class MemoryBuffer(LedgerBuffer):
             return BufferStats(
                 groups_written=self._written[0], experiences_written=self._written[1],
                 groups_taken=len(taken), experiences_taken=sum(len(g) for g in taken),
-                available=len(self._unread), writers=len(self._writers), writers_finished=len(self._finished),
+                available=self._available(), writers=len(self._writers), writers_finished=len(self._finished),
                 steps_taken=len(self._steps),
             )  # fmt: skip

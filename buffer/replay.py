@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.registry import Registry, import_path
-from .base import BufferStats, Group
+from .base import Group
 from .memory import MemoryBuffer
 
 PRIORITY_FNS = Registry(
@@ -99,25 +99,16 @@ class ReplayMemoryBuffer(MemoryBuffer):
     def describe(self) -> str:
         return super().describe().removesuffix(")") + ", replay)"
 
-    def put_from(self, writer: str, groups: list[Group]) -> int:
-        with self._changed:
-            self._writers.add(writer)
-            for g in groups:
-                self._pool.append(_Entry(g, self._seq, priority=self.replay.priority(g, 0)))
-                self._seq += 1
-            self._written[0] += len(groups)
-            self._written[1] += sum(len(g) for g in groups)
-            self._evict()
-            self._changed.notify_all()
-            return self._ready()
+    def _store(self, groups: list[Group]) -> None:
+        for g in groups:
+            self._pool.append(_Entry(g, self._seq, priority=self.replay.priority(g, 0)))
+            self._seq += 1
+        self._evict()
 
-    def _ready(self) -> int:
+    def _available(self) -> int:
+        """Groups ready now (not cooling down)."""
         now = time.monotonic()
         return sum(1 for e in self._pool if e.ready_at <= now)
-
-    def _progress(self) -> tuple[int, int, int]:
-        with self._changed:
-            return self._ready(), len(self._writers), len(self._finished)
 
     def _claim(self, step: int, num_groups: int) -> list[Group]:
         with self._changed:
@@ -143,12 +134,6 @@ class ReplayMemoryBuffer(MemoryBuffer):
         if over > 0:
             for e in sorted(self._pool, key=lambda e: (e.priority, -e.seq))[:over]:
                 self._pool.remove(e)
-
-    def stats(self) -> BufferStats:
-        out = super().stats()
-        with self._changed:
-            out.available = self._ready()
-        return out
 
     def reused(self) -> int:
         """Groups taken again after a first time."""

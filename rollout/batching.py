@@ -81,20 +81,21 @@ class BatchingEngine:
         batch: list[_Call] = []
         try:
             with admitted, self.lock:
-                with self._cond:
-                    batch = [c for c in self._queue if c.sampling == sampling]
-                    self._queue = [c for c in self._queue if c.sampling != sampling]
+                batch = self._take(sampling)
                 results = self.engine.generate([p for c in batch for p in c.prompts], sampling)
                 self.calls += 1
         except BaseException as e:  # every merged call sees the error (the gate's, the engine's)
-            with self._cond:
-                if not batch:  # refused before taking them: the calls of this sampling fail
-                    batch = [c for c in self._queue if c.sampling == sampling]
-                    self._queue = [c for c in self._queue if c.sampling != sampling]
-            for c in batch:
+            for c in batch or self._take(sampling):  # refused before taking them: those calls fail
                 c.error, c.done = e, True
             return
         start = 0
         for c in batch:
             c.result, c.done = results[start : start + len(c.prompts)], True
             start += len(c.prompts)
+
+    def _take(self, sampling: SamplingParams) -> list[_Call]:
+        """The queued calls with `sampling`, out of the queue."""
+        with self._cond:
+            batch = [c for c in self._queue if c.sampling == sampling]
+            self._queue = [c for c in self._queue if c.sampling != sampling]
+        return batch

@@ -148,16 +148,20 @@ class Explorer:
         (a mixture's tasks have their own)."""
         n, out = self.cfg.algorithm.repeat_times, []
         for t in tasks:
-            ts, spec = self.train_sets.get(t.source) or self.train_sets[self.train_set.name]
+            ts, spec = self.train_sets[self._source(t)]
             out.append((t, sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed), spec))
         return out
+
+    def _source(self, task: Task) -> str:
+        """The training taskset a task runs with: its own (a mixture's), else the taskset's."""
+        return task.source if task.source in self.train_sets else self.train_set.name
 
     def explore(self, tasks: list[Task], seed: int) -> list[Experience]:
         """repeat_times experiences per task, task by task; a mixture's tasks run per taskset (its
         workflow, rewards and sampling), one rollout call each, and come back in task order."""
         by_source: dict[str, list[int]] = {}
         for i, t in enumerate(tasks):
-            by_source.setdefault(t.source if t.source in self.train_sets else self.train_set.name, []).append(i)
+            by_source.setdefault(self._source(t), []).append(i)
         n = self.cfg.algorithm.repeat_times
         per_task: list[list[Experience]] = [[] for _ in tasks]
         planned = self.plan(tasks, seed)
