@@ -36,10 +36,11 @@ class TrainingStrategy(ABC):
     """One training backend across all ranks of the trainer world.
 
     Construction: `Strategy(model_path, trainer_cfg, optimizer_cfg, *, device, dtype, total_steps,
-    with_reference, seed, value_head=False)`; every rank builds it, collectives happen inside.
+    with_reference, seed, value_head=False, lora=None)`; every rank builds it, collectives happen inside.
     `value_head=True` builds a critic (the model's trunk with a scalar head, backends/common/
     hf_model.load_value_model): loss functions then get per-token values in place of log-probs,
-    and `compute_values` replaces `compute_logprobs`.
+    and `compute_values` replaces `compute_logprobs`. `lora` (a LoraConfig) trains a LoRA adapter on
+    a frozen base instead of the full weights (`adapter_config`).
 
     Data parallelism: the loop gives each data-parallel rank its own share of a batch; ranks that
     split one model replica (tensor or pipeline parallel) get the same share. Strategies without
@@ -118,7 +119,8 @@ class TrainingStrategy(ABC):
     @abstractmethod
     def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         """After `forward_backward` and before `optimizer_step`: (hf_name, full gradient of the summed
-        loss) in `iter_full_weights` order (collective, like it). For checking that strategies agree."""
+        loss) in `iter_full_weights` order (collective, like it); with LoRA the adapter's, in
+        `iter_adapter_weights` order. For checking that strategies agree."""
 
     @abstractmethod
     def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
@@ -128,3 +130,14 @@ class TrainingStrategy(ABC):
     @abstractmethod
     def hf_config(self) -> Any:
         """The model's transformers config (for HF export)."""
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        """With a LoRA adapter (model.lora_configs): its peft config (adapter_config.json's content);
+        None when the full weights train. `iter_full_weights` then yields the merged weights and
+        `iter_full_grads` the adapter's gradients."""
+        return None
+
+    def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name as peft saves it, full tensor) of the LoRA adapter (collective, like
+        `iter_full_weights`)."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")

@@ -1,6 +1,6 @@
 """Checkpoints: `<stage_dir>/global_step_N/` holding the strategy's sharded model/optimizer/scheduler
 state, the trainer state (step, data position, policy version, KL controller), every rank's RNG
-states and, optionally, an HF-format export.
+states and, optionally, an HF-format export (`hf/`) and a LoRA adapter in peft's format (`adapter/`).
 
 A checkpoint is written into `global_step_N.tmp/`; its manifest (`manifest.json`: every file's
 size and CRC-32) is written last, then the folder is renamed, so a crash mid-save never leaves a
@@ -169,10 +169,12 @@ def save_checkpoint(
     strategy: Any,
     state: TrainerState,
     max_to_keep: int | None,
-    export_hf: Callable[[str], None] | None = None,
+    export: Callable[[str], None] | None = None,
 ) -> str:
     """Collective: every rank calls it. Returns the final checkpoint folder; a failure on any rank
-    is a CheckpointError on every rank, with the partial folder removed."""
+    is a CheckpointError on every rank, with the partial folder removed. `export(folder)` writes
+    exports (an HF model in `hf/`, a LoRA adapter in `adapter/`) into the checkpoint's folder
+    (collective)."""
     rank = dist.get_rank()
     final = step_dir(stage_dir, state.global_step)
     tmp = final + ".tmp"
@@ -183,8 +185,8 @@ def save_checkpoint(
     def write_rank_files() -> None:
         strategy.save_checkpoint(os.path.join(tmp, "model"))
         torch.save(_rng_state(), os.path.join(tmp, f"rng_rank{rank}.pt"))
-        if export_hf is not None:
-            export_hf(os.path.join(tmp, "hf"))  # collective
+        if export is not None:
+            export(tmp)  # collective
 
     _agree(final, tmp, write_rank_files)
 
@@ -248,7 +250,11 @@ def _describe_failure(final: str, error: BaseException) -> str:
             )
         todo += [c for c in (e.__cause__, e.__context__) if c is not None]
         for failure in getattr(e, "failures", {}).values():  # torch.distributed.checkpoint's per-rank errors
-            todo += [x for x in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(x, BaseException)]
+            todo += [
+                x
+                for x in (failure if isinstance(failure, tuple) else (failure,))
+                if isinstance(x, BaseException)
+            ]
     # torch.save's zip writer reports a full disk as "unexpected pos A vs B", without the OS error
     free = shutil.disk_usage(_existing_parent(final)).free
     if free < _FULL_BELOW_BYTES:

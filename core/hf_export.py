@@ -1,4 +1,5 @@
-"""Export the strategy's weights as an HF model folder loadable by `from_pretrained`.
+"""Export the strategy's weights as an HF model folder loadable by `from_pretrained`, and a LoRA
+adapter as peft saves one.
 
 Weights arrive one full tensor at a time from `iter_full_weights()` and are written in safetensors
 shards of bounded size, so the writer never holds the whole model.
@@ -16,6 +17,10 @@ from typing import Any
 import torch
 
 SHARD_BYTES = 2 * 1024**3
+HF_DIR = "hf"
+"""A checkpoint's HF export (trainer.save_hf_checkpoint; with LoRA the merged model)."""
+ADAPTER_DIR = "adapter"
+"""A checkpoint's LoRA adapter in peft's format (every checkpoint of a LoRA run)."""
 
 
 def export_hf(
@@ -77,3 +82,24 @@ def export_hf(
             "chat_template.jinja",
         ):
             shutil.copy2(os.path.join(tokenizer_dir, fname), os.path.join(out_dir, fname))
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def export_adapter(
+    weights: Iterable[tuple[str, torch.Tensor]], out_dir: str, adapter_config: dict[str, Any], write: bool
+) -> None:
+    """A LoRA adapter as peft saves one (adapter_config.json, adapter_model.safetensors: loads with
+    `PeftModel.from_pretrained(base, out_dir)`). Consumes `weights` on every rank (collective); the
+    rank with `write=True` writes. The adapter is small: it is written in one file."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights}
+    if not write:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, ADAPTER_CONFIG), "w") as f:
+        json.dump(adapter_config, f, indent=2, sort_keys=True)

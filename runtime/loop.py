@@ -28,6 +28,7 @@ from ..core.algorithms.dapo import dynamic_sampling
 from ..core.config import RLCoreConfig, Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import preference_pair, task_stream, training_tasksets
+from ..core.hf_export import HF_DIR
 from ..core.monitor.jsonl import COMPLETIONS, drop_after
 from ..core.step_metrics import completion_rows, mean_dicts, memory_metrics, mixture_metrics
 from ..core.sync_schedule import SyncSchedule, judge_probe, probe_tolerance
@@ -544,7 +545,7 @@ class StageLoop:
         self.global_step, self.explore_step = restored.global_step, restored.explore_step
         self.last_saved = self.global_step
         self.final_checkpoint = restored.path
-        hf = os.path.join(restored.path, "hf")
+        hf = os.path.join(restored.path, HF_DIR)
         self.final_model = hf if os.path.isdir(hf) else None
         dropped = drop_after(self.sdir, self.global_step)
         drop_after(self.sdir, self.global_step, COMPLETIONS)

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from ..core.batch import shard
 from ..core.checkpoint import TrainerState
 from ..core.config import RLCoreConfig
+from ..core.hf_export import HF_DIR
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline
@@ -191,7 +192,7 @@ class TrainerWorld:
     def save_checkpoint(self, call: tuple[bool, int]) -> dict[str, str]:
         with_hf, explore_step = call
         path = self._t().save(with_hf, explore_step)
-        return {"path": path, "hf_path": os.path.join(path, "hf") if with_hf else ""}
+        return {"path": path, "hf_path": os.path.join(path, HF_DIR) if with_hf else ""}
 
     def load_checkpoint(self, path: str) -> TrainerState:
         return self._t().load(path)

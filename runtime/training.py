@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +43,7 @@ from ..core.algorithms.ppo import value_targets
 from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from ..core.config import RLCoreConfig
-from ..core.hf_export import export_hf
+from ..core.hf_export import ADAPTER_DIR, HF_DIR, export_adapter, export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
 from . import scoring
@@ -127,6 +128,7 @@ class StageTraining:
         self.strategy = STRATEGIES.resolve(cfg.trainer.strategy)(
             model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
             total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
+            lora=cfg.model.lora_configs[0] if cfg.model.lora_configs else None,
         )  # fmt: skip
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
         self.critic = Critic(cfg, model_path, device, total_steps) if trains_critic(self.algo) else None
@@ -140,7 +142,13 @@ class StageTraining:
         sees, its advantages, then one optimizer step per mini-batch."""
         algo = self.algo
         seqs = [
-            Sequence(e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i, loss_mask=e.loss_mask or None)
+            Sequence(
+                e.prompt_token_ids,
+                e.response_token_ids,
+                list(e.logprobs),
+                index=i,
+                loss_mask=e.loss_mask or None,
+            )
             for i, e in enumerate(exps)
         ]
         keep = scoring.trained(exps, algo.overlong_filter)
@@ -379,19 +387,27 @@ class StageTraining:
         return self.strategy if self.critic is None else WithCritic(self.strategy, self.critic)
 
     def save(self, export: bool, explore_step: int) -> str:
-        """A checkpoint of this stage (with an HF export in its hf/ folder when `export`)."""
+        """A checkpoint of this stage, with an HF export in its hf/ folder when `export` (LoRA: the
+        merged model) and, with LoRA, the adapter in peft's format in adapter/."""
         self.state.explore_step = explore_step
         self.state.kl_ctrl = self.kl_ctrl.state_dict()
+        adapter = self.strategy.adapter_config()
+        write = dist.get_rank() == 0
 
-        def write_hf(path: str) -> None:
-            export_hf(
-                self.strategy.iter_full_weights(), path, self.strategy.hf_config(), self.model_path,
-                write=dist.get_rank() == 0,
-            )  # fmt: skip
+        def exports(folder: str) -> None:
+            if adapter is not None:
+                export_adapter(
+                    self.strategy.iter_adapter_weights(), os.path.join(folder, ADAPTER_DIR), adapter, write
+                )
+            if export:
+                export_hf(
+                    self.strategy.iter_full_weights(), os.path.join(folder, HF_DIR), self.strategy.hf_config(),
+                    self.model_path, write,
+                )  # fmt: skip
 
         return save_checkpoint(
             self.stage_dir, self.checkpointed, self.state, self.cfg.trainer.max_checkpoints_to_keep,
-            write_hf if export else None,
+            exports if export or adapter is not None else None,
         )  # fmt: skip
 
     def load(self, path: str) -> TrainerState:

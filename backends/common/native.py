@@ -5,6 +5,10 @@ Both hold an HF module (`model`: a causal LM, or with `value_head` a critic; and
 schedule, in float16 a dynamic loss scale, and DCP checkpoints; they differ only in how gradients
 synchronise across micro-batches, how the global gradient norm is taken, and how full tensors are
 gathered.
+
+With LoRA (model.lora_configs) the policy is a peft model (lora.py): the optimizer steps the adapter
+only, the reference is the same model with the adapter switched off (no second model), checkpoints
+hold the adapter and its optimizer, and the full weights come out merged.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from __future__ import annotations
 import os
 from abc import abstractmethod
 from collections import defaultdict
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from ...core.config.schema import LoraConfig
 from ..base import Batch, LossFn, TrainingStrategy
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
+from .lora import LoraLayout, apply_lora
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
 
@@ -45,11 +53,21 @@ class NativeStrategy(TrainingStrategy):
     """float16 only (float16_scaler): gradients stay multiplied by its scale until optimizer_step."""
     value_head: bool = False
     """A critic: the loss functions get per-token values where a policy's get log-probs."""
+    lora: LoraLayout | None = None
+    """With a LoRA adapter: its layout (the policy is then a peft model)."""
+    _peft: Any = None
+    """The peft model itself (FSDP1 wraps it), for switching the adapter off."""
 
-    def _load(self, model_path: str, seed: int, gradient_checkpointing: bool) -> torch.nn.Module:
+    def _load(
+        self, model_path: str, seed: int, gradient_checkpointing: bool, lora: LoraConfig | None = None
+    ) -> torch.nn.Module:
         if self.value_head:
             return load_value_model(model_path, seed, gradient_checkpointing)
-        return load_causal_lm(model_path, gradient_checkpointing)
+        model = load_causal_lm(model_path, gradient_checkpointing)
+        if lora is not None:
+            model = self._peft = apply_lora(model, lora, seed)
+            self.lora = LoraLayout.of(model, lora.name)
+        return model
 
     def _outputs(
         self, model: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
@@ -106,12 +124,19 @@ class NativeStrategy(TrainingStrategy):
     def compute_logprobs(
         self, micro_batches: list[Batch], temperature: float, reference: bool = False
     ) -> list[torch.Tensor]:
-        model = self.reference if reference else self.model
+        model: torch.nn.Module | None = self.model
+        view: AbstractContextManager = nullcontext()
+        if reference and self.lora is not None:
+            view = self._peft.disable_adapter()  # the reference: the base model under the adapter
+        elif reference:
+            model = self.reference
         assert model is not None, "compute_logprobs(reference=True) without a reference model"
+        model.eval()  # no dropout (LoRA's): log-probs of the policy the engines run
         out = []
-        for mb in micro_batches:
-            logprobs, _ = forward_logprobs(model, self._to_device(mb), temperature, with_entropy=False)
-            out.append(logprobs.float().cpu())
+        with view:
+            for mb in micro_batches:
+                logprobs, _ = forward_logprobs(model, self._to_device(mb), temperature, with_entropy=False)
+                out.append(logprobs.float().cpu())
         return out
 
     @torch.no_grad()
@@ -127,15 +152,53 @@ class NativeStrategy(TrainingStrategy):
         return float(self.scaler.get_scale()) if self.scaler is not None else 1.0
 
     def policy_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        assert self.lora is None, "with LoRA the reference is the base model, which does not move"
         assert self.reference is not None, "no reference model was built (nothing reads one)"
         return self.model, self.reference
 
     def save_checkpoint(self, path: str) -> None:
-        save_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler)
+        keep = self.lora.is_adapter if self.lora is not None else None  # the frozen base is model_path's
+        save_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler, keep=keep)
         if self.reference_in_checkpoint:
             save_module(os.path.join(path, REFERENCE_DIR), self.policy_and_reference()[1])
 
     def load_checkpoint(self, path: str) -> None:
-        load_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler)
+        keep = self.lora.is_adapter if self.lora is not None else None
+        load_sharded(path, self.model, self.optimizer, self.scheduler, self.scaler, keep=keep)
         if self.reference_in_checkpoint:
             load_module(os.path.join(path, REFERENCE_DIR), self.policy_and_reference()[1])
+
+    # ------------------------------------------------------------------ full tensors
+    # Subclasses gather the model's own state dict (a peft model's names with LoRA); these turn it
+    # into the HF model's view (merged with LoRA) and the adapter's.
+
+    @abstractmethod
+    def _state(self, adapter_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """(state-dict name, full tensor) of the model, in state-dict order, one at a time
+        (collective); `adapter_only`: only LoRA's factors (a subclass may skip gathering the rest)."""
+
+    @abstractmethod
+    def _state_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(state-dict name, full gradient) of every parameter, zeros where the loss does not reach
+        (collective), in `_state` order."""
+
+    @abstractmethod
+    def _state_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(state-dict name, dtype, full shape) of what `_state` yields."""
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self._state() if self.lora is None else self.lora.merged(self._state())
+
+    def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """With LoRA: the adapter's gradients, under peft's saved names (the base has none)."""
+        return self._state_grads() if self.lora is None else self.lora.adapter_entries(self._state_grads())
+
+    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return self._state_specs() if self.lora is None else self.lora.specs(self._state_specs())
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        return None if self.lora is None else self.lora.config
+
+    def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        assert self.lora is not None, "iter_adapter_weights without a LoRA adapter"
+        return self.lora.adapter_entries(self._state(adapter_only=True))

@@ -5,6 +5,7 @@ optimizer state; rank 0 adds the lr schedule (and float16's loss scale) as `sche
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,10 +29,12 @@ def save_sharded(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: ShardedGradScaler | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> None:
-    """Collective: write model, optimizer, scheduler (and loss scaler) state under `path`."""
+    """Collective: write model, optimizer, scheduler (and loss scaler) state under `path`; `keep`:
+    only the model entries it accepts (LoRA's adapter, not the frozen base)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    dcp.save({"model": _kept(model_sd, keep), "optim": optim_sd}, checkpoint_id=path)
     if dist.get_rank() == 0:
         extra = {"scheduler": scheduler.state_dict()}
         if scaler is not None:
@@ -46,16 +49,23 @@ def load_sharded(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: ShardedGradScaler | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> None:
-    """Collective: restore what `save_sharded` wrote (a loss scaler only if one was saved)."""
+    """Collective: restore what `save_sharded` wrote (a loss scaler only if one was saved; with
+    `keep`, the entries it accepts: the others keep their values)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    state: dict[str, Any] = {"model": _kept(model_sd, keep), "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)  # in place: the kept entries are model_sd's own tensors
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
     extra = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)
     scheduler.load_state_dict(extra["scheduler"])
     if scaler is not None and "scaler" in extra:
         scaler.load_state_dict(extra["scaler"])
+
+
+def _kept(state: dict[str, Any], keep: Callable[[str], bool] | None) -> dict[str, Any]:
+    # (StateDictOptions(ignore_frozen_params=True) would do it, but FSDP1's state-dict hooks refuse it)
+    return state if keep is None else {k: v for k, v in state.items() if keep(k)}
 
 
 def save_module(path: str, module: torch.nn.Module) -> None:

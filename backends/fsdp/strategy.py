@@ -4,13 +4,14 @@
 root unit holds embeddings, final norm and LM head. Parameters stay float32 (master weights); with a
 lower compute dtype MixedPrecision casts them for forward/backward and reduces gradients in float32.
 Checkpoints are sharded through torch.distributed.checkpoint, like FSDP2's. Full tensors for weight
-sync, HF export and gradient checks are gathered one unit at a time, never the whole model (and
+sync, HF export and gradient checks are gathered one unit at a time (a block with the LoRA factors
+inside it), never the whole model (and
 never with CPU offload, which segfaults on CPU-resident parameters).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -18,11 +19,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
-from ...core.config.schema import OptimizerConfig, TrainerConfig
+from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
+from ..common.lora import adapter_modules, trainable
 from ..common.native import NativeStrategy, float16_scaler
 from ..common.schedule import build_optimizer
 from .units import UnitLayout
@@ -41,6 +43,7 @@ class FSDP1Strategy(NativeStrategy):
         with_reference: bool,
         seed: int,
         value_head: bool = False,
+        lora: LoraConfig | None = None,
     ):
         assert not (value_head and with_reference), "a critic has no reference model"
         self.grad_clip, self.value_head = trainer_cfg.grad_clip, value_head
@@ -54,24 +57,38 @@ class FSDP1Strategy(NativeStrategy):
             else None
         )
         torch.manual_seed(seed)
-        model = self._load(model_path, seed, trainer_cfg.gradient_checkpointing)
+        model = self._load(model_path, seed, trainer_cfg.gradient_checkpointing, lora)
         self._config = model.config
-        self.layout = UnitLayout(model, transformer_blocks(model))
-        self.model = self._wrap(model)
+        blocks = transformer_blocks(model)
+        # LoRA: each adapter factor is a unit of its own (a unit mixing frozen and trainable parameters
+        # keeps gradients for all of them); inside a block it is gathered with the block
+        own = adapter_modules(model, self.lora.adapter) if self.lora is not None else []
+        in_blocks = {id(m) for b in blocks for m in b.modules()}
+        self.layout = UnitLayout(model, blocks + [m for m in own if id(m) not in in_blocks])
+        self.model = self._wrap(model, own)
         self._runs = self.layout.runs(self.model)
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), optimizer_cfg, total_steps)
+        for handle in self._frozen_units():
+            handle._skip_writeback_check = True
+        self.optimizer, self.scheduler = build_optimizer(
+            trainable(self.model.parameters()), optimizer_cfg, total_steps
+        )
         self.scaler = float16_scaler(compute_dtype, self.device)
         self.reference = None
-        if with_reference:
+        if with_reference and self.lora is None:  # LoRA's reference: the adapter switched off
             ref = load_causal_lm(model_path)
             ref.requires_grad_(False)
             self.reference = self._wrap(ref)
 
-    def _wrap(self, model: torch.nn.Module) -> FSDP:
+    def _wrap(self, model: torch.nn.Module, own: list[torch.nn.Module] | None = None) -> FSDP:
+        """FSDP units: every decoder block, and each module of `own`; the root holds the rest."""
         block_classes = {type(b) for b in transformer_blocks(model)}
+        policy: ModuleWrapPolicy | CustomPolicy = ModuleWrapPolicy(block_classes)
+        if own:
+            ids = {id(m) for m in own}
+            policy = CustomPolicy(lambda m: type(m) in block_classes or id(m) in ids)
         return FSDP(
             model.to(self.device),
-            auto_wrap_policy=ModuleWrapPolicy(block_classes),
+            auto_wrap_policy=policy,
             sharding_strategy=ShardingStrategy.FULL_SHARD,
             mixed_precision=self.mixed_precision,
             device_id=self.device,
@@ -87,20 +104,52 @@ class FSDP1Strategy(NativeStrategy):
     def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return cast(FSDP, self.model).clip_grad_norm_(max_norm)  # the global norm over all shards
 
+    # On one rank FSDP1 does not shard, and a forward leaves a unit's parameters as plain tensor
+    # views until its backward turns them back into parameters. A unit whose parameters are all
+    # frozen (LoRA's base) never runs one: the next forward's write-back check would take those
+    # tensors for the parameters themselves, and the state dict (checkpoints) would miss them (seen
+    # with torch 2.13). Such a unit skips the check (it is never written to) and gets its parameter
+    # views back before a state dict is taken; torch has no public call for either.
+
+    def _frozen_units(self) -> list[Any]:
+        if self.lora is None or self.world_size > 1:
+            return []
+        handles = [unit._handle for unit in FSDP.fsdp_modules(self.model)]
+        return [h for h in handles if h is not None and not h.flat_param.requires_grad]
+
+    def save_checkpoint(self, path: str) -> None:
+        for handle in self._frozen_units():
+            handle._use_unsharded_views(as_params=True)
+        super().save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        for handle in self._frozen_units():
+            handle._use_unsharded_views(as_params=True)
+        super().load_checkpoint(path)
+
     # ------------------------------------------------------------------ full tensors
 
-    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self._iter_full(with_grads=False)
+    def _state(self, adapter_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        wanted = self.lora.is_adapter if adapter_only and self.lora is not None else None
+        return self._iter_full(with_grads=False, wanted=wanted)
 
-    def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _state_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self._iter_full(with_grads=True)
 
-    def _iter_full(self, with_grads: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_full(
+        self, with_grads: bool, wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Gather one FSDP unit at a time (recurse=False: only its own parameters) and yield copies of
-        its entries in state-dict order; the unit is resharded before the next one is gathered."""
+        its entries in state-dict order; the unit is resharded before the next one is gathered.
+        `wanted`: only the entries it accepts (a unit holding none is not gathered)."""
         scale = self._loss_scale()
-        for unit, entries in self._runs:
-            with FSDP.summon_full_params(unit, recurse=False, writeback=False, with_grads=with_grads):
+        for unit, all_entries in self._runs:
+            entries = all_entries if wanted is None else [e for e in all_entries if wanted(e.name)]
+            if not entries:  # the same on every rank: the layout is
+                continue
+            # a block with its nested units (LoRA's factors); the root alone (not the whole model)
+            recurse = unit is not self.model
+            with FSDP.summon_full_params(unit, recurse=recurse, writeback=False, with_grads=with_grads):
                 for e in entries:
                     tensor = getattr(e.module, e.attr)
                     if not with_grads:
@@ -110,7 +159,7 @@ class FSDP1Strategy(NativeStrategy):
                         # None: the loss does not reach it (the same on every rank)
                         yield e.name, torch.zeros_like(tensor) if grad is None else grad.detach() / scale
 
-    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    def _state_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         # recorded before wrapping: the sharded parameters no longer show the full shapes
         return [(e.name, e.dtype, e.shape) for e in self.layout.entries]
 

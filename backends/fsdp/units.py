@@ -29,7 +29,8 @@ class UnitLayout:
     """The HF state dict in its own order, cut into consecutive runs that one FSDP unit owns."""
 
     def __init__(self, model: torch.nn.Module, blocks: list[torch.nn.Module]):
-        """Call on the unwrapped model; `blocks` are the modules that become FSDP units of their own."""
+        """Call on the unwrapped model; `blocks` are the modules that become FSDP units of their own
+        and are gathered whole (with any units nested in them); the root unit owns the rest."""
         block_of = {id(m): b for b in blocks for m in b.modules()}
         params = dict(model.named_parameters(remove_duplicate=False))
         self.entries: list[Entry] = []

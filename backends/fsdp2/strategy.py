@@ -18,9 +18,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ...core.config.schema import OptimizerConfig, TrainerConfig
+from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
+from ..common.lora import trainable
 from ..common.native import NativeStrategy, float16_scaler
 from ..common.schedule import build_optimizer
 
@@ -38,6 +39,7 @@ class FSDP2Strategy(NativeStrategy):
         with_reference: bool,
         seed: int,
         value_head: bool = False,
+        lora: LoraConfig | None = None,
     ):
         assert not (value_head and with_reference), "a critic has no reference model"
         self.grad_clip, self.value_head = trainer_cfg.grad_clip, value_head
@@ -51,11 +53,13 @@ class FSDP2Strategy(NativeStrategy):
             else MixedPrecisionPolicy()
         )
         torch.manual_seed(seed)
-        self.model = self._shard(self._load(model_path, seed, trainer_cfg.gradient_checkpointing))
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), optimizer_cfg, total_steps)
+        self.model = self._shard(self._load(model_path, seed, trainer_cfg.gradient_checkpointing, lora))
+        self.optimizer, self.scheduler = build_optimizer(
+            trainable(self.model.parameters()), optimizer_cfg, total_steps
+        )
         self.scaler = float16_scaler(compute_dtype, self.device)
         self.reference = None
-        if with_reference:
+        if with_reference and self.lora is None:  # LoRA's reference: the adapter switched off
             ref = load_causal_lm(model_path)
             ref.requires_grad_(False)
             self.reference = self._shard(ref)
@@ -87,20 +91,24 @@ class FSDP2Strategy(NativeStrategy):
 
     # ------------------------------------------------------------------ full tensors
 
-    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _state(self, adapter_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        wanted = self.lora.is_adapter if adapter_only and self.lora is not None else None
         if self.world_size == 1:
             # Every local shard is the whole tensor: views of the parameters, taken without autograd
             # (weight sync at 10M parameters spent more time here than on the wire).
             with torch.no_grad():
                 views = [
-                    (name, _full(t).detach()) for name, t in self.model.state_dict(keep_vars=True).items()
+                    (name, _full(t).detach())
+                    for name, t in self.model.state_dict(keep_vars=True).items()
+                    if wanted is None or wanted(name)
                 ]
             yield from views
             return
         for name, tensor in self.model.state_dict().items():
-            yield name, _full(tensor).detach()
+            if wanted is None or wanted(name):  # the same names on every rank: a skip is collective
+                yield name, _full(tensor).detach()
 
-    def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _state_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         # state_dict() order; remove_duplicate=False keeps a tied lm_head.weight, as state_dict() does
         params = dict(self.model.named_parameters(remove_duplicate=False))
         scale = self._loss_scale()
@@ -114,7 +122,7 @@ class FSDP2Strategy(NativeStrategy):
                 full = _full(grad).detach()
                 yield name, full / scale if scale != 1.0 else full
 
-    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    def _state_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         # a DTensor reports its global shape: nothing is gathered here
         return [(name, t.dtype, tuple(t.shape)) for name, t in self.model.state_dict().items()]
 

@@ -30,7 +30,7 @@ from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from ...core.config.schema import OptimizerConfig, TrainerConfig
+from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..base import Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
@@ -71,8 +71,12 @@ class MegatronStrategy(TrainingStrategy):
         with_reference: bool,
         seed: int,
         value_head: bool = False,
+        lora: LoraConfig | None = None,
     ):
         from transformers import AutoConfig
+
+        if lora is not None:  # the config check refuses it first (core/config/model_checks.py)
+            raise ValueError("model.lora_configs: megatron trains no LoRA adapter; use --strategy fsdp2")
 
         mcfg = trainer_cfg.megatron
         tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size

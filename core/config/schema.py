@@ -205,6 +205,33 @@ class AuxiliaryModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """One LoRA adapter (peft) trained in place of the full weights, on strategies fsdp and fsdp2:
+    the base model is frozen, the reference policy is the base with the adapter switched off, the
+    engines get the merged weights (W + scale * B @ A, one tensor at a time) and checkpoints hold the
+    adapter and its optimizer only (plus the adapter in peft's format, `adapter/`)."""
+
+    name: str = "default"
+    """The adapter's name inside peft (the key its parameters are stored under)."""
+    path: str | None = None
+    """A peft adapter folder (adapter_config.json) to start from; its rank, alpha, dropout and target
+    modules are used and the fields below ignored. Unset: a fresh adapter (B = 0: the first policy is
+    the base model)."""
+    lora_rank: int = bounded(32, gt=0)
+    """r, the adapter's inner dimension."""
+    lora_alpha: int = bounded(32, gt=0)
+    """The update is scaled by lora_alpha / lora_rank."""
+    lora_dropout: float = bounded(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input while training (log-probs and the engines see none)."""
+    target_modules: Any = "all-linear"
+    """Which linear layers get an adapter: `all-linear` (every linear layer but the output head) or a
+    list of module names (e.g. [q_proj, v_proj])."""
+    lora_dtype: str = choice("auto", ("auto", "float32"))
+    """The adapter's master weights: float32 (auto), as every master weight here; compute follows
+    model.dtype."""
+
+
+@dataclass
 class ExternalModelConfig:
     """`model.external_model`: one OpenAI-compatible service, known to workflows as 'external'."""
 
@@ -239,6 +266,9 @@ class ModelConfig:
     chat_template_path: str | None = None
     """A file holding that template (read where the run is launched; not with chat_template)."""
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
+    lora_configs: list[LoraConfig] = field(default_factory=list)
+    """LoRA: train one adapter instead of the full weights (a list of at most one, as in other
+    frameworks' configs); empty: full fine-tuning."""
     critic_model_path: str | None = None
     """HF model folder the critic (algorithm_type ppo) starts from: its trunk, with a value head
     read from the folder when it has one (`score.*`, as AutoModelForTokenClassification saves it) or

@@ -12,11 +12,9 @@ from typing import Any
 
 from ..registry import import_path
 from ..rpc.address import is_host_port
+from .errors import ConfigError
+from .model_checks import check_model
 from .schema import MONITOR_TYPES, RLCoreConfig, TasksetConfig
-
-
-class ConfigError(ValueError):
-    """A user-facing config problem; str(e) is one line naming the key path and the fix."""
 
 
 def _choices(spec: tuple[str, ...] | str) -> tuple[str, ...]:
@@ -183,36 +181,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     if len(opt.betas) != 2 or not all(0.0 <= b < 1.0 for b in opt.betas):
         raise ConfigError(f"algorithm.optimizer.betas must be two numbers in [0, 1); got {list(opt.betas)}")
 
-    model = cfg.model
-    if model.max_prompt_tokens + model.max_response_tokens > model.max_model_len:
-        raise ConfigError(
-            f"model.max_prompt_tokens + model.max_response_tokens ({model.max_prompt_tokens} + "
-            f"{model.max_response_tokens}) must be <= model.max_model_len ({model.max_model_len})"
-        )
-    if model.chat_template_path is not None:
-        if model.chat_template is not None:
-            raise ConfigError(
-                "model.chat_template_path: give the template inline (model.chat_template) or as a file, not both"
-            )
-        if check_paths and not os.path.isfile(model.chat_template_path):
-            raise ConfigError(f"model.chat_template_path: '{model.chat_template_path}' is not a file")
-    sc = model.scratch
-    if sc.enabled:
-        if sc.tokenizer not in ("char", "bpe"):
-            raise ConfigError(f"model.scratch.tokenizer must be one of char, bpe; got '{sc.tokenizer}'")
-        if sc.hidden_size % sc.num_attention_heads:
-            raise ConfigError(
-                "model.scratch.hidden_size must be divisible by model.scratch.num_attention_heads"
-            )
-        if sc.num_attention_heads % sc.num_key_value_heads:
-            raise ConfigError(
-                "model.scratch.num_attention_heads must be divisible by model.scratch.num_key_value_heads"
-            )
-    elif check_paths and model.model_path != "<previous stage>" and not os.path.isdir(model.model_path):
-        raise ConfigError(
-            f"model.model_path: '{model.model_path}' is not a folder (give an HF model folder, "
-            f"or set model.scratch.enabled=true to build a tiny model there)"
-        )
+    check_model(cfg, check_paths)
 
     buf = cfg.buffer
     group = buf.batch_size * cfg.algorithm.repeat_times

@@ -149,9 +149,13 @@ def micro_batch_count(seqs: list[Sequence], dp_rank: int, dp_size: int, max_toke
 
 
 def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Gradients by state-dict name (a tied lm_head.weight included), in state-dict order."""
+    """Gradients by state-dict name (a tied lm_head.weight included), in state-dict order; of a peft
+    model, the adapter's by the names peft saves them with."""
     params = dict(model.named_parameters(remove_duplicate=False))
     out = {}
+    if hasattr(model, "peft_config"):  # saved without the adapter's name ("default")
+        trained = [n for n in model.state_dict() if n in params and params[n].requires_grad]
+        return {n.replace(".default.", "."): params[n].grad.detach().clone() for n in trained}
     for name in model.state_dict():
         if name in params:
             grad = params[name].grad
@@ -160,13 +164,19 @@ def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def reference_run(
-    model_path: str, steps: int, total_steps: int, critic: bool = False
+    model_path: str, steps: int, total_steps: int, critic: bool = False, lora: str | None = None
 ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(loss per step, gradients of the first step by HF name, final weights by HF name) of a plain
-    HF model (a value model with `critic`) trained on the whole batch in this process: the ground truth."""
+    HF model (a value model with `critic`) trained on the whole batch in this process: the ground truth.
+    `lora`: a plain peft model training that adapter folder (gradients by peft's saved names, the
+    weights merged by peft)."""
     torch.manual_seed(SEED)
     trainer_cfg = trainer_config([])
     model = load_value_model(model_path, SEED) if critic else load_causal_lm(model_path)
+    if lora is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, lora, is_trainable=True)
     seqs = parity_sequences(model_path)
     loss_fn = parity_loss(seqs, critic)
     count = micro_batch_count(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu)
@@ -195,7 +205,8 @@ def _train(
 ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """`steps` optimizer steps of `model` on the gradients `backward()` accumulates (it returns
     the step's loss): (losses, first-step gradients, final weights)."""
-    optimizer, scheduler = build_optimizer(model.parameters(), algorithm_config().optimizer, total_steps)
+    trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
+    optimizer, scheduler = build_optimizer(trained, algorithm_config().optimizer, total_steps)
     grad_clip = trainer_config([]).grad_clip
     losses: list[float] = []
     first_grads: dict[str, torch.Tensor] = {}
@@ -204,10 +215,12 @@ def _train(
         losses.append(backward())
         if step == 0:
             first_grads = param_grads(model)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        torch.nn.utils.clip_grad_norm_(trained, grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
+    if hasattr(model, "merge_and_unload"):  # a peft model: its merged weights, as HF names them
+        model = model.merge_and_unload()
     weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
     return losses, first_grads, weights
 

@@ -7,6 +7,9 @@
 Rank 0 writes DIR/result.json ({"losses", "grad_norms", "lrs"} per step; "logprob_diffs": per
 micro-batch, the largest |compute_logprobs - old_logprobs| before training), DIR/grads.pt (HF name ->
 gradient of this run's first step, before clipping) and DIR/weights.pt (HF name -> final weight).
+`--lora ADAPTER` trains that peft adapter on the frozen model: the gradients are the adapter's (by
+peft's saved names), the weights the merged ones, DIR/adapter its export; result.json adds
+"reference_logprob_diffs" (the adapter switched off against the HF model's old_logprobs).
 `--save-at K` writes a checkpoint to DIR/ckpt after step K and goes on; `--resume-from` loads one
 before the first step. `--set` overrides TrainerConfig fields (e.g. megatron.tensor_model_parallel_size=2).
 `--critic` trains the strategy's value model on the value loss instead; `--dpo` trains DPO on the
@@ -52,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--critic", action="store_true", help="train a value model on the value loss")
     p.add_argument("--dpo", action="store_true", help="train DPO on the batch's pairs (StageTraining)")
+    p.add_argument("--lora", default=None, help="train this peft adapter folder on the frozen model (LoRA)")
     return p.parse_args(argv)
 
 
@@ -80,14 +84,17 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from rlcore.backends import STRATEGIES
-    from rlcore.core.hf_export import export_hf
+    from rlcore.core.config.schema import LoraConfig
+    from rlcore.core.hf_export import export_adapter, export_hf
 
     torch.set_num_threads(1)
     rank = dist.get_rank()
     trainer_cfg = trainer_config(args.set)
+    lora = LoraConfig(path=args.lora) if args.lora else None
     strategy = STRATEGIES.resolve(args.strategy)(
         args.model, trainer_cfg, algorithm_config().optimizer, device=args.device,
         dtype=args.dtype, total_steps=args.total_steps, with_reference=False, seed=SEED, value_head=args.critic,
+        lora=lora,
     )  # fmt: skip
     max_tokens = trainer_cfg.max_token_len_per_gpu
 
@@ -98,13 +105,18 @@ def run(args: argparse.Namespace) -> None:
     mbs = rank_micro_batches(seqs, strategy.dp_rank, strategy.dp_size, max_tokens, int(count))
 
     result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": [], "logprob_diffs": []}
+    if lora is not None:  # the reference is the model with the adapter off: the HF model's old_logprobs
+        ref = strategy.compute_logprobs(mbs, TEMPERATURE, reference=True)
+        result["reference_logprob_diffs"] = [
+            float(((lp.float().cpu() - mb["old_logprobs"]).abs() * mb["loss_mask"]).max())
+            for mb, lp in zip(mbs, ref, strict=True)
+        ]
     if args.critic:  # the untrained critic's values (a resumed run still needs the same ones)
         with_value_targets(mbs, strategy.compute_values(mbs))
     if args.resume_from:
         strategy.load_checkpoint(args.resume_from)
-    elif (
-        not args.critic
-    ):  # the untrained policy must score the batch as the HF model did when it built old_logprobs
+    elif not args.critic and lora is None:
+        # the untrained policy must score the batch as the HF model did when it built old_logprobs
         for mb, lp in zip(mbs, strategy.compute_logprobs(mbs, TEMPERATURE), strict=True):
             result["logprob_diffs"].append(
                 float(((lp.float().cpu() - mb["old_logprobs"]).abs() * mb["loss_mask"]).max())
@@ -131,7 +143,12 @@ def run(args: argparse.Namespace) -> None:
         names.append(name)
         if rank == 0:
             weights[name] = tensor.detach().float().cpu().clone()
-    assert list(grads) == [n for n in names if n in grads], "iter_full_grads is not in weight order"
+    if lora is None:
+        assert list(grads) == [n for n in names if n in grads], "iter_full_grads is not in weight order"
+    else:  # the adapter in peft's format, next to the merged HF export
+        config = strategy.adapter_config()
+        assert config is not None
+        export_adapter(strategy.iter_adapter_weights(), os.path.join(args.out, "adapter"), config, rank == 0)
     # the HF export every strategy feeds from the same iterator (collective; rank 0 writes)
     export_hf(
         strategy.iter_full_weights(),

@@ -1,0 +1,94 @@
+"""Checks of the `model` section: lengths, the chat template, the scratch model, the model folder and
+LoRA (`model.lora_configs`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Sequence
+
+from .errors import ConfigError
+from .schema import LoraConfig, RLCoreConfig
+
+LORA_STRATEGIES = ("fsdp", "fsdp2")
+"""The strategies that train a LoRA adapter (megatron-core 0.16 has no LoRA of its own)."""
+
+
+def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
+    model = cfg.model
+    if model.max_prompt_tokens + model.max_response_tokens > model.max_model_len:
+        raise ConfigError(
+            f"model.max_prompt_tokens + model.max_response_tokens ({model.max_prompt_tokens} + "
+            f"{model.max_response_tokens}) must be <= model.max_model_len ({model.max_model_len})"
+        )
+    if model.chat_template_path is not None:
+        if model.chat_template is not None:
+            raise ConfigError(
+                "model.chat_template_path: give the template inline (model.chat_template) or as a file, not both"
+            )
+        if check_paths and not os.path.isfile(model.chat_template_path):
+            raise ConfigError(f"model.chat_template_path: '{model.chat_template_path}' is not a file")
+    sc = model.scratch
+    if sc.enabled:
+        if sc.tokenizer not in ("char", "bpe"):
+            raise ConfigError(f"model.scratch.tokenizer must be one of char, bpe; got '{sc.tokenizer}'")
+        if sc.hidden_size % sc.num_attention_heads:
+            raise ConfigError(
+                "model.scratch.hidden_size must be divisible by model.scratch.num_attention_heads"
+            )
+        if sc.num_attention_heads % sc.num_key_value_heads:
+            raise ConfigError(
+                "model.scratch.num_attention_heads must be divisible by model.scratch.num_key_value_heads"
+            )
+    elif check_paths and model.model_path != "<previous stage>" and not os.path.isdir(model.model_path):
+        raise ConfigError(
+            f"model.model_path: '{model.model_path}' is not a folder (give an HF model folder, "
+            f"or set model.scratch.enabled=true to build a tiny model there)"
+        )
+    if model.lora_configs:
+        _check_lora(cfg, check_paths)
+
+
+def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:
+    adapters = cfg.model.lora_configs
+    if len(adapters) > 1:
+        raise ConfigError(
+            f"model.lora_configs: one adapter is trained at a time; got {len(adapters)} (keep one entry)"
+        )
+    if cfg.trainer.strategy not in LORA_STRATEGIES:
+        raise ConfigError(
+            f"model.lora_configs: LoRA trains on strategies {' and '.join(LORA_STRATEGIES)}; "
+            f"{cfg.trainer.strategy} has none (megatron-core 0.16 has no LoRA of its own): use "
+            "--strategy fsdp2, or leave model.lora_configs empty for full fine-tuning"
+        )
+    if cfg.algorithm.sync_ref_model:
+        raise ConfigError(
+            "algorithm.sync_ref_model: with LoRA the reference policy is the base model with the adapter "
+            "switched off, which does not move; set sync_ref_model false or leave model.lora_configs empty"
+        )
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("model.lora_configs: LoRA needs the peft package: pip install 'rlcore[lora]'")
+    _check_adapter(adapters[0], "model.lora_configs[0]", check_paths)
+
+
+def _check_adapter(lora: LoraConfig, path: str, check_paths: bool) -> None:
+    targets = lora.target_modules
+    if isinstance(targets, str):
+        if targets != "all-linear":
+            raise ConfigError(
+                f"{path}.target_modules: 'all-linear' or a list of module names (e.g. [q_proj, v_proj]); "
+                f"got '{targets}'"
+            )
+    elif not (isinstance(targets, Sequence) and targets and all(isinstance(n, str) and n for n in targets)):
+        raise ConfigError(
+            f"{path}.target_modules: 'all-linear' or a non-empty list of module names (e.g. [q_proj, v_proj]); "
+            f"got {targets!r}"
+        )
+    if (
+        lora.path is not None
+        and check_paths
+        and not os.path.isfile(os.path.join(lora.path, "adapter_config.json"))
+    ):
+        raise ConfigError(
+            f"{path}.path: '{lora.path}' has no adapter_config.json (give a folder peft's save_pretrained wrote)"
+        )
