@@ -11,5 +11,6 @@ BENCHMARKS = {
     "algorithms": "rlcore.benchmarks.algorithms",
     "async": "rlcore.benchmarks.async_explore",
     "tails": "rlcore.benchmarks.long_tails",
+    "lora": "rlcore.benchmarks.lora_memory",
 }
 """`rlcore bench` name -> module."""

@@ -1,0 +1,254 @@
+"""LoRA against full fine-tuning: the trainer's peak memory and step time, with a KL penalty on.
+
+Each side is a fresh process holding a one-rank trainer world (gloo on CPU, NCCL on CUDA) that
+takes --steps steps through the trainer's own path (StageTraining.train_sequences with GRPO's
+policy loss and a k3 KL term, then its optimizer step) on --seqs random sequences of --prompt-tokens
++ --response-tokens, on a scratch Llama of about 113M parameters (--hidden 768, --layers 12).
+Full fine-tuning holds float32 master weights, their gradients, AdamW's two moments and a frozen
+reference copy for the KL term; LoRA holds the frozen base once, the adapter with its gradients
+and moments, and takes the reference by switching the adapter off.
+
+Reported per side, over --repeats runs in alternating order: peak memory (CPU: the process's
+ru_maxrss, and that less the resident memory just before the trainer was built; CUDA: the
+allocator's peak), the median step time after the first step, and LoRA's ratio to full fine-tuning
+per repeat (min / median / max).
+
+    rlcore bench lora                       # 2 repeats, 113M parameters, rank 16 on every linear layer
+    rlcore bench lora --repeats 1 --hidden 128 --layers 2 --steps 2 --out /tmp/lora.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from rlcore.benchmarks.common import (
+    machine_info,
+    positive_int,
+    pyplot,
+    run_sides,
+    save_figure,
+    spread,
+    versions,
+    write_outputs,
+)
+
+SIDES = ("full", "lora")
+OLD_LOGPROB = -4.0
+"""The behaviour policy's log-prob of every response token (about a uniform choice among the char
+tokenizer's 87 tokens): the ratio and its clip then work as on real rollouts."""
+
+
+# ---------------------------------------------------------------------------- one side, one process
+
+
+def _rss_gib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def run_side(args: argparse.Namespace) -> dict[str, Any]:
+    """In this process: a one-rank world, the trainer of one side, --steps steps."""
+    import torch
+    import torch.distributed as dist
+
+    from rlcore.core.config.schema import LoraConfig, RLCoreConfig
+    from rlcore.runtime.training import StageTraining, sequence_spec
+
+    cuda = torch.cuda.is_available()
+    torch.set_num_threads(args.threads)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    cfg = RLCoreConfig(seed=0)
+    cfg.model.model_path = args.model
+    cfg.algorithm.kl_loss_coef, cfg.algorithm.kl_loss_fn = 0.01, "k3"
+    cfg.algorithm.optimizer.lr = 1e-5
+    if args.side == "lora":
+        cfg.model.lora_configs = [LoraConfig(lora_rank=args.rank, lora_alpha=2 * args.rank)]
+    gen = torch.Generator().manual_seed(0)
+    specs = [
+        sequence_spec(
+            torch.randint(4, 80, (args.prompt_tokens,), generator=gen).tolist(),
+            torch.randint(4, 80, (args.response_tokens,), generator=gen).tolist(),
+            [], [1.0 if i % 2 else -1.0], [OLD_LOGPROB] * args.response_tokens,
+        )  # fmt: skip
+        for i in range(args.seqs)
+    ]
+    import peft  # noqa: F401  (the code both sides load, loaded before the baseline)
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    base_gib = _rss_gib()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    with tempfile.TemporaryDirectory() as stage_dir:
+        training = StageTraining(cfg, stage_dir, args.model, "cuda" if cuda else "cpu", args.steps)
+        trained = sum(p.numel() for p in training.strategy.model.parameters() if p.requires_grad)
+        times = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            out = training.train_sequences(specs, "policy", 1.0, 0.0)
+            training.optimizer_step()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    result = {
+        "side": args.side,
+        "trained_params": trained,
+        "peak_rss_gib": peak_gib,
+        "rss_before_trainer_gib": base_gib,
+        "trainer_peak_gib": peak_gib - base_gib,
+        "step_s": statistics.median(times[1:] or times),
+        "kl_loss": float(out["metrics"].get("actor/kl_loss", 0.0)),
+    }
+    if cuda:
+        result["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    dist.destroy_process_group()
+    return result
+
+
+# ---------------------------------------------------------------------------- the benchmark
+
+
+def build_model(path: str, args: argparse.Namespace) -> int:
+    from rlcore.benchmarks.common import count_params
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+
+    spec = ScratchModelConfig(
+        enabled=True, hidden_size=args.hidden, num_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.heads, intermediate_size=4 * args.hidden,
+    )  # fmt: skip
+    build_scratch_model(path, spec, max_model_len=args.prompt_tokens + args.response_tokens, seed=0)
+    return count_params(path)
+
+
+def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    model = os.path.join(workdir, "model")
+    params = build_model(model, args)
+    print(f"lora: {params / 1e6:.0f}M parameters, {args.seqs} x ({args.prompt_tokens} + {args.response_tokens}) "
+          f"tokens per step, {args.steps} steps, {args.repeats} repeats", flush=True)  # fmt: skip
+
+    def one(side: str, rep: int) -> dict[str, Any]:
+        out = os.path.join(workdir, f"{side}-{rep}.json")
+        cmd = [sys.executable, "-m", "rlcore.benchmarks.lora_memory", "--side", side, "--model", model,
+               "--side-out", out, *args.passthrough]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {side} side failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        with open(out) as f:
+            return dict(json.load(f))
+
+    def describe(r: dict[str, Any]) -> str:
+        return f"trainer peak {r['trainer_peak_gib']:.2f} GiB, step {r['step_s']:.2f} s"
+
+    runs = run_sides(SIDES, args.repeats, one, describe)
+    ratios = {
+        key: spread([lo[key] / fu[key] for fu, lo in zip(runs["full"], runs["lora"], strict=True)])
+        for key in ("trainer_peak_gib", "peak_rss_gib", "step_s")
+    }
+    if "cuda_peak_gib" in runs["full"][0]:
+        ratios["cuda_peak_gib"] = spread(
+            [
+                lo["cuda_peak_gib"] / fu["cuda_peak_gib"]
+                for fu, lo in zip(runs["full"], runs["lora"], strict=True)
+            ]
+        )
+    return {
+        "benchmark": "lora",
+        "machine": machine_info(),
+        "versions": versions(),
+        "params": params,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("passthrough",)},
+        "runs": runs,
+        "lora_over_full": ratios,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s, runs = result["settings"], result["runs"]
+    lines = [
+        f"# LoRA against full fine-tuning: trainer memory and step time ({'CUDA' if 'cuda_peak_gib' in result['runs']['full'][0] else 'CPU'})",
+        "",
+        f"{result['params'] / 1e6:.0f}M-parameter scratch Llama ({s['layers']} layers, hidden {s['hidden']}), "
+        f"KL on (k3, reference model), {s['seqs']} sequences x ({s['prompt_tokens']} + {s['response_tokens']}) "
+        f"tokens per step, {s['steps']} steps per run; LoRA rank {s['rank']} on every linear layer. "
+        f"{s['repeats']} repeats, sides alternating, each a fresh process. Trainer peak = the process's "
+        "peak resident memory less its resident memory just before the trainer was built.",
+        "",
+        "| side | trained parameters | trainer peak GiB | process peak GiB | step s (median) |",
+        "|---|---|---|---|---|",
+    ]
+    for side in SIDES:
+        rs = runs[side]
+        lines.append(
+            f"| {side} | {rs[0]['trained_params'] / 1e6:.2f}M | "
+            f"{statistics.median(r['trainer_peak_gib'] for r in rs):.2f} | "
+            f"{statistics.median(r['peak_rss_gib'] for r in rs):.2f} | {statistics.median(r['step_s'] for r in rs):.2f} |"
+        )
+    lines += ["", "LoRA / full per repeat (min / median / max):", ""]
+    for key, sp in result["lora_over_full"].items():
+        lines.append(f"- {key}: {sp['min']:.3f} / {sp['median']:.3f} / {sp['max']:.3f}")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    for ax, key, label in ((axes[0], "trainer_peak_gib", "trainer peak GiB"), (axes[1], "step_s", "step s")):
+        values = [statistics.median(r[key] for r in result["runs"][side]) for side in SIDES]
+        ax.bar(SIDES, values, color=["tab:gray", "tab:blue"])
+        ax.set_title(label)
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=positive_int, default=2)
+    parser.add_argument(
+        "--steps", type=positive_int, default=4, help="steps per run (the first is not timed)"
+    )
+    parser.add_argument("--hidden", type=positive_int, default=768)
+    parser.add_argument("--layers", type=positive_int, default=12)
+    parser.add_argument("--heads", type=positive_int, default=12)
+    parser.add_argument("--rank", type=positive_int, default=16, help="LoRA rank (alpha = 2 x rank)")
+    parser.add_argument("--seqs", type=positive_int, default=8)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=16)
+    parser.add_argument("--response-tokens", type=positive_int, default=48)
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per side")
+    parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one side may take")
+    parser.add_argument("--out", default="benchmarks/results/lora.json")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a side's own process
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--side-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.hidden % args.heads:
+        parser.error("--hidden must be divisible by --heads")
+    if args.side is not None:
+        with open(args.side_out, "w") as f:
+            json.dump(run_side(args), f)
+        return 0
+    args.passthrough = [
+        f"--{k.replace('_', '-')}={getattr(args, k)}"
+        for k in ("steps", "rank", "seqs", "prompt_tokens", "response_tokens", "threads")
+    ]
+    with tempfile.TemporaryDirectory(prefix="rlcore-lora-") as workdir:
+        result = measure(args, workdir)
+    write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
