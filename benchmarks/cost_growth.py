@@ -129,13 +129,21 @@ def summarise_curve(points: list[Point], runs: dict[str, list[dict[str, float]]]
 def run_curves(
     points: list[Point], assets: tuple[str, str], workdir: str, args: argparse.Namespace
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every point once per repeat, forward then reverse order; per-run summaries by point."""
+    """Every point once per repeat, forward then reverse order; per-run summaries by point. A point
+    whose run another point of the same repeat already made (the curves' shared point: --prompts
+    with --max-tokens) takes that run's summary instead of a launch of its own."""
     runs: dict[str, list[dict[str, float]]] = {p.tag: [] for p in points}
     for rep, order in alternating(points, args.repeats):
+        made: dict[GRPORun, dict[str, float]] = {}
         for i, point in enumerate(order):
+            if point.run in made:
+                runs[point.tag].append(made[point.run])
+                print(f"  repeat {rep + 1}/{args.repeats} run {i + 1}/{len(order)} {point.tag:>10}: "
+                      "the same run as an earlier point of this repeat", flush=True)  # fmt: skip
+                continue
             t0 = time.perf_counter()
             rows = launch_rlcore(*assets, workdir, point.run, f"{point.tag}-{rep}", args.run_timeout)
-            summary = run_summary(measured_steps(rows))
+            summary = made[point.run] = run_summary(measured_steps(rows))
             runs[point.tag].append(summary)
             print(f"  repeat {rep + 1}/{args.repeats} run {i + 1}/{len(order)} {point.tag:>10}: step "
                   f"{summary['step_s']:.3f} s, {summary['tokens_per_step']:.0f} tokens, mean response "

@@ -10,7 +10,7 @@ and moments, and takes the reference by switching the adapter off.
 
 Reported per side, over --repeats runs in alternating order: peak memory (CPU: the process's
 ru_maxrss, and that less the resident memory just before the trainer was built; CUDA: the
-allocator's peak), the median step time after the first step, and LoRA's ratio to full fine-tuning
+allocator's peak), the resident memory the trainer holds after its last step, the median step time after the first step, and LoRA's ratio to full fine-tuning
 per repeat (min / median / max).
 
     rlcore bench lora                       # 2 repeats, 113M parameters, rank 16 on every linear layer
@@ -82,7 +82,9 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
         sequence_spec(
             torch.randint(4, 80, (args.prompt_tokens,), generator=gen).tolist(),
             torch.randint(4, 80, (args.response_tokens,), generator=gen).tolist(),
-            [], [1.0 if i % 2 else -1.0], [OLD_LOGPROB] * args.response_tokens,
+            [],
+            [1.0 if i % 2 else -1.0],
+            [OLD_LOGPROB] * args.response_tokens,
         )  # fmt: skip
         for i in range(args.seqs)
     ]
@@ -103,6 +105,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
+        held_gib = _rss_gib() - base_gib  # the trainer's state after its steps (no load transients)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     result = {
         "side": args.side,
@@ -110,6 +113,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_gib": peak_gib,
         "rss_before_trainer_gib": base_gib,
         "trainer_peak_gib": peak_gib - base_gib,
+        "trainer_held_gib": held_gib,
         "step_s": statistics.median(times[1:] or times),
         "kl_loss": float(out["metrics"].get("actor/kl_loss", 0.0)),
     }
@@ -157,7 +161,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     runs = run_sides(SIDES, args.repeats, one, describe)
     ratios = {
         key: spread([lo[key] / fu[key] for fu, lo in zip(runs["full"], runs["lora"], strict=True)])
-        for key in ("trainer_peak_gib", "peak_rss_gib", "step_s")
+        for key in ("trainer_peak_gib", "trainer_held_gib", "peak_rss_gib", "step_s")
     }
     if "cuda_peak_gib" in runs["full"][0]:
         ratios["cuda_peak_gib"] = spread(
@@ -186,16 +190,19 @@ def markdown(result: dict[str, Any]) -> str:
         f"KL on (k3, reference model), {s['seqs']} sequences x ({s['prompt_tokens']} + {s['response_tokens']}) "
         f"tokens per step, {s['steps']} steps per run; LoRA rank {s['rank']} on every linear layer. "
         f"{s['repeats']} repeats, sides alternating, each a fresh process. Trainer peak = the process's "
-        "peak resident memory less its resident memory just before the trainer was built.",
+        "peak resident memory less its resident memory just before the trainer was built; trainer held = "
+        "its resident memory after the last step, less the same (the state it keeps, without the load's "
+        "transients).",
         "",
-        "| side | trained parameters | trainer peak GiB | process peak GiB | step s (median) |",
-        "|---|---|---|---|---|",
+        "| side | trained parameters | trainer peak GiB | trainer held GiB | process peak GiB | step s (median) |",
+        "|---|---|---|---|---|---|",
     ]
     for side in SIDES:
         rs = runs[side]
         lines.append(
             f"| {side} | {rs[0]['trained_params'] / 1e6:.2f}M | "
             f"{statistics.median(r['trainer_peak_gib'] for r in rs):.2f} | "
+            f"{statistics.median(r['trainer_held_gib'] for r in rs):.2f} | "
             f"{statistics.median(r['peak_rss_gib'] for r in rs):.2f} | {statistics.median(r['step_s'] for r in rs):.2f} |"
         )
     lines += ["", "LoRA / full per repeat (min / median / max):", ""]

@@ -47,17 +47,17 @@ def test_dynamic_sampling_replaces_groups_that_teach_nothing(tmp_path):
     assert all(0.0 <= m["rollout/overlong_filtered"] <= 1.0 for m in steps)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
-def test_reference_follows_the_policy_and_resumes(tmp_path, strategy):
-    kl = {"trainer.strategy": strategy, "algorithm.kl_loss_coef": 0.1, "algorithm.kl_loss_fn": "k3"}
+def test_reference_follows_the_policy_and_resumes(tmp_path):
+    """On fsdp2 (megatron's in test_megatron_loop.py; fsdp shares NativeStrategy's blend and the
+    DCP save of the reference, and ran here too until CI time ran short)."""
+    kl = {"trainer.strategy": "fsdp2", "algorithm.kl_loss_coef": 0.1, "algorithm.kl_loss_fn": "k3"}
     sync = {**kl, "algorithm.sync_ref_model": True, "algorithm.ref_model_sync_steps": 1}
-    if strategy == "fsdp2":  # the loop's part, the same for every strategy: once
-        # alpha 1: after every step the reference is the policy, so the next step's KL is exactly 0
-        full = str(tmp_path / "full")
-        launch(tiny_grpo_config(full, **{**sync, "algorithm.ref_model_mixup_alpha": 1.0, "buffer.total_steps": 3}),
-               full + ".yaml")  # fmt: skip
-        kls = [m["actor/kl_loss"] for m in _train_steps(full)]
-        assert kls[0] == 0.0 and kls[1:] == [0.0, 0.0]
+    # alpha 1: after every step the reference is the policy, so the next step's KL is exactly 0
+    full = str(tmp_path / "full")
+    launch(tiny_grpo_config(full, **{**sync, "algorithm.ref_model_mixup_alpha": 1.0, "buffer.total_steps": 3}),
+           full + ".yaml")  # fmt: skip
+    kls = [m["actor/kl_loss"] for m in _train_steps(full)]
+    assert kls[0] == 0.0 and kls[1:] == [0.0, 0.0]
 
     # alpha 0.5 through a checkpoint: the resumed run restores the moved reference
     half = {**sync, "algorithm.ref_model_mixup_alpha": 0.5}

@@ -14,14 +14,18 @@ def first_train_step(run_dir: str) -> dict:
     return next(m for m in read_metrics(run_dir) if "actor/loss" in m)
 
 
-def test_two_ranks_match_one_rank_first_step(tmp_path):
-    losses = {}
-    for ranks in (1, 2):
-        root = str(tmp_path / f"r{ranks}")
-        cfg = tiny_grpo_config(root, **{"buffer.total_steps": 1, "cluster.ranks_per_node": ranks})
-        launch(cfg, os.path.join(root + ".yaml"))
-        losses[ranks] = first_train_step(os.path.join(root, "it", "run"))
-    one, two = losses[1], losses[2]
+@pytest.fixture(scope="module")
+def one_rank_first_step(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The first step of a plain one-rank run (both tests below compare with it)."""
+    root = str(tmp_path_factory.mktemp("one-rank"))
+    launch(tiny_grpo_config(root, **{"buffer.total_steps": 1}), root + ".yaml")
+    return first_train_step(os.path.join(root, "it", "run"))
+
+
+def test_two_ranks_match_one_rank_first_step(tmp_path, one_rank_first_step):
+    root = str(tmp_path / "r2")
+    launch(tiny_grpo_config(root, **{"buffer.total_steps": 1, "cluster.ranks_per_node": 2}), root + ".yaml")
+    one, two = one_rank_first_step, first_train_step(os.path.join(root, "it", "run"))
     # Same experiences (rank 0 generates in both runs) ...
     assert one["rollout/reward_mean"] == two["rollout/reward_mean"]
     assert one["rollout/reward_std"] > 0, "degenerate batch: all rewards equal, the loss would be trivially 0"
@@ -58,19 +62,15 @@ def test_resume_matches_uninterrupted_run(tmp_path):
         assert abs(x["actor/loss"] - y["actor/loss"]) < 1e-6
 
 
-def test_gradient_checkpointing_same_loss_and_old_checkpoints_pruned(tmp_path):
-    plain, ckpt = str(tmp_path / "plain"), str(tmp_path / "ckpt")
-    launch(tiny_grpo_config(plain, **{"buffer.total_steps": 1}), plain + ".yaml")
+def test_gradient_checkpointing_same_loss_and_old_checkpoints_pruned(tmp_path, one_rank_first_step):
+    ckpt = str(tmp_path / "ckpt")
     cfg = tiny_grpo_config(
         ckpt,
         **{"buffer.total_steps": 3, "trainer.gradient_checkpointing": True, "trainer.save_interval": 1,
            "trainer.max_checkpoints_to_keep": 2, "trainer.save_hf_checkpoint": "never"},
     )  # fmt: skip
     launch(cfg, ckpt + ".yaml")
-    a, b = (
-        first_train_step(os.path.join(plain, "it", "run")),
-        first_train_step(os.path.join(ckpt, "it", "run")),
-    )
+    a, b = one_rank_first_step, first_train_step(os.path.join(ckpt, "it", "run"))
     assert abs(a["actor/loss"] - b["actor/loss"]) < 1e-6
     assert abs(a["actor/grad_norm"] - b["actor/grad_norm"]) < 1e-5
     run_dir = os.path.join(ckpt, "it", "run")

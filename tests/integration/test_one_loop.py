@@ -45,7 +45,10 @@ def _run(root: str) -> dict[str, tuple[list[int], list[dict]]]:
     return out
 
 
-@pytest.mark.parametrize("rollout_ahead", [False, True], ids=["on_policy", "rollout_ahead"])
+# Rollout ahead on: it takes both loops through the most of the schedule (a rollout started before
+# the sync, staleness). The same test on-policy also passed and ran here until CI time ran short;
+# remote on-policy runs are in test_control_plane_launch.py.
+@pytest.mark.parametrize("rollout_ahead", [True], ids=["rollout_ahead"])
 def test_one_plan_in_process_and_through_a_remote_trainer_is_one_run(
     tmp_path, monkeypatch, rollout_ahead
 ) -> None:

@@ -156,16 +156,20 @@ def _hf_export(stage_dir: str, step: int) -> str:
 
 
 def test_colocated_vllm_engine_loads_in_process_and_passes_the_probe_every_step(tmp_path) -> None:
-    """mode colocate: vLLM inside trainer rank 0, weights handed over by reference each step."""
+    """mode colocate: vLLM inside trainer rank 0, weights handed over by reference each step; the
+    policy is a LoRA adapter (model.lora_configs), so what vLLM loads is the merged weights
+    (test_lora_launch.py sends them to an HF engine over the group)."""
     root = str(tmp_path)
     cfg = tiny_grpo_config(
         root,
-        **{"mode": "colocate", "explorer.rollout_model.engine_type": "vllm", "synchronizer.probe": True},
-    )
+        **{"mode": "colocate", "explorer.rollout_model.engine_type": "vllm", "synchronizer.probe": True,
+           "model.lora_configs": [{"lora_rank": 4, "lora_alpha": 8}]},
+    )  # fmt: skip
     proc = launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=600)
     metrics = [m for m in read_metrics(os.path.join(root, "it", "run")) if "actor/loss" in m]
     assert len(metrics) == cfg["buffer"]["total_steps"]
     assert all(m["sync/probe_logprob_diff"] < 1e-3 for m in metrics), metrics
+    assert metrics[-1]["actor/kl_loss"] > 0  # the adapter moved the policy off the base
     _assert_clean_exit(proc.stdout + proc.stderr + proc.trainer_log)
 
 
