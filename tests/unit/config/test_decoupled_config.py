@@ -4,35 +4,26 @@ mode explore, which writes it): what it resolves to, and what it refuses in one 
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from rlcore.buffer import buffer_location
-from rlcore.core.config import ConfigError, load_config, resolve_stages
+from rlcore.core.config import ConfigError
 
-
-def _resolve(tmp_path, *overrides: str):
-    (tmp_path / "m").mkdir(exist_ok=True)
-    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2", "response": "2"}\n')
-    cfg = {"model": {"model_path": str(tmp_path / "m")}, "checkpoint_root_dir": str(tmp_path),
-           "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}}}  # fmt: skip
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return resolve_stages(load_config(str(path), list(overrides)))[0].config
+from .minimal import resolve
 
 
 def test_a_decoupled_run_divides_by_the_behaviour_policys_log_probs_unless_told(tmp_path) -> None:
-    assert _resolve(tmp_path, "mode=train").algorithm.do_old_log_prob_compute is False
-    assert _resolve(tmp_path, "mode=explore").algorithm.do_old_log_prob_compute is False
-    assert _resolve(tmp_path, "mode=both").algorithm.do_old_log_prob_compute is True
-    told = _resolve(tmp_path, "mode=train", "algorithm.do_old_log_prob_compute=true")
+    assert resolve(tmp_path, "mode=train").algorithm.do_old_log_prob_compute is False
+    assert resolve(tmp_path, "mode=explore").algorithm.do_old_log_prob_compute is False
+    assert resolve(tmp_path, "mode=both").algorithm.do_old_log_prob_compute is True
+    told = resolve(tmp_path, "mode=train", "algorithm.do_old_log_prob_compute=true")
     assert told.algorithm.do_old_log_prob_compute is True
 
 
 def test_asynchronous_both_defaults_to_one_step_ahead_and_the_behaviour_policy(tmp_path) -> None:
-    cfg = _resolve(tmp_path, "synchronizer.asynchronous=true")
+    cfg = resolve(tmp_path, "synchronizer.asynchronous=true")
     assert cfg.synchronizer.max_staleness == 1 and cfg.algorithm.do_old_log_prob_compute is False
     assert (
-        _resolve(
+        resolve(
             tmp_path, "synchronizer.asynchronous=true", "synchronizer.max_staleness=3"
         ).synchronizer.max_staleness
         == 3
@@ -42,11 +33,11 @@ def test_asynchronous_both_defaults_to_one_step_ahead_and_the_behaviour_policy(t
 def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> None:
     run = tmp_path / "rlcore" / "run"
     assert buffer_location(
-        _resolve(tmp_path, "mode=train", "buffer.trainer_input.experience_buffer.storage_type=file")
+        resolve(tmp_path, "mode=train", "buffer.trainer_input.experience_buffer.storage_type=file")
     ) == str(run / "buffer" / "experiences")
-    sql = _resolve(tmp_path, "buffer.trainer_input.experience_buffer.storage_type=sql")
+    sql = resolve(tmp_path, "buffer.trainer_input.experience_buffer.storage_type=sql")
     assert buffer_location(sql) == f"sqlite:///{run}/buffer/experiences.db"
-    assert buffer_location(_resolve(tmp_path)) == ""  # a queue: no mode-train launch serves it yet
+    assert buffer_location(resolve(tmp_path)) == ""  # a queue: no mode-train launch serves it yet
 
 
 @pytest.mark.parametrize(
@@ -73,20 +64,20 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
 )  # fmt: skip
 def test_what_a_decoupled_run_refuses(tmp_path, overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        _resolve(tmp_path, *overrides)
+        resolve(tmp_path, *overrides)
 
 
 def test_the_long_tail_settings_go_with_an_explorer_that_feeds_the_buffer(tmp_path) -> None:
     keys = ("explorer.over_rollout.ratio=0.25", "explorer.over_rollout.wait_after_min=5", "explorer.dynamic_timeout.enable=true")
-    explore = _resolve(tmp_path, "mode=explore", *keys).explorer
+    explore = resolve(tmp_path, "mode=explore", *keys).explorer
     assert explore.over_rollout.ratio == 0.25 and explore.over_rollout.wait_after_min == 5.0
     assert explore.dynamic_timeout.enable and explore.dynamic_timeout.ratio == 3.0
-    assert _resolve(tmp_path, "synchronizer.asynchronous=true", *keys).explorer.over_rollout.ratio == 0.25
-    assert _resolve(tmp_path, "mode=train", *keys).explorer.over_rollout.ratio == 0.25  # shared, unused
+    assert resolve(tmp_path, "synchronizer.asynchronous=true", *keys).explorer.over_rollout.ratio == 0.25
+    assert resolve(tmp_path, "mode=train", *keys).explorer.over_rollout.ratio == 0.25  # shared, unused
 
 
 def test_a_trainer_on_the_buffer_may_replay_and_control_staleness(tmp_path) -> None:
-    cfg = _resolve(
+    cfg = resolve(
         tmp_path, "mode=train", "buffer.trainer_input.experience_buffer.replay_buffer.enable=true",
         "buffer.trainer_input.experience_buffer.replay_buffer.reuse_cooldown_time=30",
         "algorithm.sample_strategy=staleness_control", "synchronizer.max_staleness=2",
@@ -94,4 +85,4 @@ def test_a_trainer_on_the_buffer_may_replay_and_control_staleness(tmp_path) -> N
     rb = cfg.buffer.trainer_input.experience_buffer.replay_buffer
     assert rb.enable and rb.priority_fn == "linear_decay" and rb.reuse_cooldown_time == 30.0
     assert cfg.algorithm.sample_strategy == "staleness_control"
-    assert _resolve(tmp_path, "synchronizer.asynchronous=true", "buffer.trainer_input.experience_buffer.replay_buffer.enable=true")
+    assert resolve(tmp_path, "synchronizer.asynchronous=true", "buffer.trainer_input.experience_buffer.replay_buffer.enable=true")

@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from rlcore.core.config import ConfigError, load_config, resolve_stages
+from rlcore.core.config import ConfigError
 
-
-def _resolve(tmp_path, *overrides: str, strategy: str | None = None):
-    (tmp_path / "m").mkdir(exist_ok=True)
-    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    cfg = {"model": {"model_path": str(tmp_path / "m")}, "checkpoint_root_dir": str(tmp_path),
-           "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "t.jsonl")}}}}  # fmt: skip
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return resolve_stages(load_config(str(path), list(overrides), strategy))[0].config
+from .minimal import resolve
 
 
 def test_an_adapter_resolves_with_its_defaults_and_a_list_of_targets(tmp_path) -> None:
-    (lora,) = _resolve(tmp_path, "model.lora_configs=[{lora_rank: 8}]").model.lora_configs
+    (lora,) = resolve(tmp_path, "model.lora_configs=[{lora_rank: 8}]").model.lora_configs
     assert (lora.lora_rank, lora.lora_alpha, lora.target_modules, lora.path) == (8, 32, "all-linear", None)
-    (lora,) = _resolve(tmp_path, "model.lora_configs=[{target_modules: [q_proj, v_proj]}]").model.lora_configs
+    (lora,) = resolve(tmp_path, "model.lora_configs=[{target_modules: [q_proj, v_proj]}]").model.lora_configs
     assert list(lora.target_modules) == ["q_proj", "v_proj"]
-    assert _resolve(tmp_path).model.lora_configs == []  # full fine-tuning by default
+    assert resolve(tmp_path).model.lora_configs == []  # full fine-tuning by default
 
 
 @pytest.mark.parametrize(
@@ -43,7 +34,9 @@ def test_an_adapter_resolves_with_its_defaults_and_a_list_of_targets(tmp_path) -
     ],
 )  # fmt: skip
 def test_a_bad_adapter_is_refused_in_one_line(tmp_path, overrides, strategy, message) -> None:
-    adapter = [] if any(o.startswith("model.lora_configs") for o in overrides) else ["model.lora_configs=[{}]"]
+    adapter = (
+        [] if any(o.startswith("model.lora_configs") for o in overrides) else ["model.lora_configs=[{}]"]
+    )
     with pytest.raises(ConfigError, match=message) as err:
-        _resolve(tmp_path, *adapter, *overrides, strategy=strategy)
+        resolve(tmp_path, *adapter, *overrides, strategy=strategy)
     assert "\n" not in str(err.value)
