@@ -3,7 +3,7 @@
 The policy is a peft model: the base weights are frozen, each targeted linear layer computes
 W x + scale * B (A x). Its state dict names the base weight `<layer>.base_layer.weight` and the
 adapter `<layer>.lora_A.<name>.weight` / `<layer>.lora_B.<name>.weight`, all under
-`base_model.model.`. Three views of that state, all streamed one tensor at a time:
+`base_model.model.`. Two views of that state, both streamed one tensor at a time:
 
     merged    HF names and W + scale * B @ A: what the engines load and the HF export writes
               (merged per layer as its tensors pass, never a merged copy of the whole model)
@@ -86,7 +86,7 @@ class LoraLayout:
         from peft.tuners.lora import LoraLayer
 
         scales = {
-            f"{name}": (float(m.scaling[adapter]), bool(getattr(m, "fan_in_fan_out", False)))
+            name: (float(m.scaling[adapter]), bool(getattr(m, "fan_in_fan_out", False)))
             for name, m in peft_model.named_modules()
             if isinstance(m, LoraLayer) and adapter in m.scaling
         }

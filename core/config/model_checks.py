@@ -4,6 +4,7 @@ LoRA (`model.lora_configs`)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Sequence
 
@@ -84,11 +85,25 @@ def _check_adapter(lora: LoraConfig, path: str, check_paths: bool) -> None:
             f"{path}.target_modules: 'all-linear' or a non-empty list of module names (e.g. [q_proj, v_proj]); "
             f"got {targets!r}"
         )
-    if (
-        lora.path is not None
-        and check_paths
-        and not os.path.isfile(os.path.join(lora.path, "adapter_config.json"))
-    ):
+    if lora.path is None or not check_paths:
+        return
+    config_file = os.path.join(lora.path, "adapter_config.json")
+    if not os.path.isfile(config_file):
         raise ConfigError(
             f"{path}.path: '{lora.path}' has no adapter_config.json (give a folder peft's save_pretrained wrote)"
+        )
+    with open(config_file) as f:
+        saved = json.load(f)
+    unsupported = [
+        what for what, on in (
+            ("a peft_type other than LORA", saved.get("peft_type", "LORA") != "LORA"),
+            ("DoRA (use_dora)", bool(saved.get("use_dora"))),
+            ("modules_to_save", bool(saved.get("modules_to_save"))),
+            (f"bias '{saved.get('bias')}'", saved.get("bias", "none") != "none"),
+        ) if on
+    ]  # fmt: skip
+    if unsupported:
+        raise ConfigError(
+            f"{path}.path: the adapter at '{lora.path}' uses {', '.join(unsupported)}; rlcore trains plain LoRA "
+            "adapters (r, alpha, dropout, target modules)"
         )

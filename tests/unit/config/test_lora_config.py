@@ -40,3 +40,11 @@ def test_a_bad_adapter_is_refused_in_one_line(tmp_path, overrides, strategy, mes
     with pytest.raises(ConfigError, match=message) as err:
         resolve(tmp_path, *adapter, *overrides, strategy=strategy)
     assert "\n" not in str(err.value)
+
+
+def test_an_adapter_folder_with_more_than_plain_lora_is_refused_at_load(tmp_path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "use_dora": true, "bias": "none"}')
+    with pytest.raises(ConfigError, match=r"model\.lora_configs\[0\]\.path: the adapter at .* uses DoRA"):
+        resolve(tmp_path, f"model.lora_configs=[{{path: {adapter}}}]")
