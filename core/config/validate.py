@@ -207,6 +207,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat)
     _check_mixture(cfg, check_paths, data, chat)
 
+    _check_cluster(cfg)
     _check_rollout_and_sync(cfg)
     _check_control(cfg, check_paths)
     algo = cfg.algorithm.algorithm_type
@@ -376,6 +377,17 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             f"algorithm.overlong_buffer_len is {a.overlong_buffer_len}, but responses may have only {budget} tokens "
             "(the taskset's rollout_args.max_tokens, else model.max_response_tokens): the buffer is the end part of "
             "that budget, so give fewer tokens (0 turns the punishment off)"
+        )
+
+
+def _check_cluster(cfg: RLCoreConfig) -> None:
+    cluster = cfg.cluster
+    if cluster.rdzv_endpoint:
+        check_address(cluster.rdzv_endpoint, "cluster.rdzv_endpoint")
+    elif cluster.num_nodes > 1:
+        raise ConfigError(
+            f"cluster.num_nodes is {cluster.num_nodes}: a trainer world across hosts meets at a rendezvous; set "
+            "cluster.rdzv_endpoint to host:port on the first node, reachable from every node"
         )
 
 
