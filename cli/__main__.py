@@ -1,7 +1,5 @@
 """`python -m rlcore.cli` is the same as the `rlcore` command."""
 
-import sys
+from .main import entry
 
-from .main import main
-
-sys.exit(main())
+entry()

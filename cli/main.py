@@ -196,8 +196,17 @@ def _launch(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from e
 
 
+def entry() -> None:
+    """The `rlcore` command (and `python -m rlcore.cli`): `main`, then the process ends without the
+    interpreter's finalization (core/fast_exit.py: a second or more of a launch's end, and of each
+    rollout worker's)."""
+    from ..core.fast_exit import exit_now
+
+    exit_now(main())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `rlcore` console script; returns the process exit code."""
+    """What the `rlcore` command runs; returns the process exit code."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "launch":

@@ -13,6 +13,7 @@ import signal
 import sys
 from typing import Any
 
+from ..core.fast_exit import exit_now
 from .lifecycle import die_with_parent
 
 KEEP_FREED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
@@ -44,6 +45,7 @@ def main() -> None:
     die_with_parent(signal.SIGTERM, int(parent))
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+    exit_now(0)  # the module returned: done (torchrun; an error raises, or exits with its code, first)
 
 
 if __name__ == "__main__":

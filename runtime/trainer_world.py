@@ -9,14 +9,11 @@ and `exit_world` how it leaves.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import datetime
 import gc
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +25,7 @@ import torch.distributed as dist
 from ..core.batch import shard
 from ..core.checkpoint import TrainerState
 from ..core.config import RLCoreConfig
+from ..core.fast_exit import exit_now
 from ..core.hf_export import HF_DIR
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
@@ -79,11 +77,7 @@ def exit_world(code: int) -> NoReturn:
     270 two-rank float16 FSDP parity runs on two busy cores, and once in CI."""
     if dist.is_initialized():  # trainer_rank.py and trainer_serve.py have destroyed theirs already
         dist.destroy_process_group()
-    atexit._run_exitfuncs()  # what a normal exit runs before finalization (logging's shutdown too)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    ctypes.CDLL(None).fflush(None)  # C and C++ libraries' stdio buffers (os._exit skips exit())
-    os._exit(code)
+    exit_now(code)
 
 
 # ---------------------------------------------------------------------------------------------- calls
