@@ -98,7 +98,8 @@ def control_plane(
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Serve RunService (and a buffer queue that a mode-train stage reads) for the run's lifetime and
     start (then stop) the rollout workers it needs, from `worker_model` (default: the first stage's
-    model). Yields what the trainer ranks must know: run address, rollout endpoints, sync master address."""
+    model). Yields what the trainer ranks must know: run address, rollout endpoints, sync master address;
+    and `workers_ready()`, which waits for the workers it started (their endpoints filled in then)."""
     from ..core.rpc.address import reachable_host
     from ..core.rpc.security import read_token
     from ..core.rpc.server import ServerOptions
@@ -151,13 +152,21 @@ def control_plane(
                     first, worker_model or stages[0].config.model.model_path, count, device, run_address, launch_dir,
                     gpus=None if placement is None else placement.engines, keep_fds=keep_fds,
                 )  # fmt: skip
-                endpoints = run.wait_for_workers("rollout", count, control.worker_start_timeout, workers.dead)
-                print(f"rlcore: rollout workers ready: {', '.join(endpoints)}", flush=True)
-                workers.keep(run)
                 info["workers_managed"] = True
             info["rollout_endpoints"] = endpoints
             info["master_address"] = reachable_host(control.host)
-        yield {**info, "run": run}
+
+        def workers_ready() -> None:
+            """Wait until the started workers registered (their endpoints then in the plan), or raise."""
+            if workers is None or started is None:
+                return
+            ready = run.wait_for_workers("rollout", started[1], control.worker_start_timeout, workers.dead)
+            print(f"rlcore: rollout workers ready: {', '.join(ready)}", flush=True)
+            workers.keep(run)
+            info["rollout_endpoints"] = ready
+
+        info["run"], info["workers_ready"] = run, workers_ready
+        yield info
     finally:
         if workers is not None:
             workers.stop()
@@ -310,6 +319,22 @@ def run(
             base, stages, device, launch_dir, placement, keep_fds=(lock_fd,), worker_model=worker_model
         ) as plane:
             controller = plane["run"]
+            plan_path = os.path.join(launch_dir, "plan.json")
+            env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
+            world = None
+            if not explorer and not base.trainer.remote:
+                # The trainer world starts beside the rollout workers (each takes seconds of imports
+                # and set-up); its ranks wait for the plan, written once the workers are ready.
+                if os.path.exists(plan_path):
+                    os.remove(plan_path)  # an earlier launch's: the ranks must wait for this one's
+                command = torchrun_command(plan_path, base.cluster, base.project, base.name)
+                world = start_trainer_world(command, env, lock_fd, launch_dir)
+            try:
+                plane["workers_ready"]()
+            except BaseException:
+                if world is not None:
+                    end_process(world)
+                raise
             plan = {
                 "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
                 "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
@@ -317,10 +342,7 @@ def run(
                 "master_address": plane["master_address"], "worker_version": worker_version,
                 "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
             }  # fmt: skip
-            plan_path = os.path.join(launch_dir, "plan.json")
-            with open(plan_path, "w") as f:
-                json.dump(plan, f, indent=2)
-            env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
+            write_atomic(plan_path, json.dumps(plan, indent=2))
             controller.mark_running()
             with StopSignals(controller.request_stop, base.control.stop_grace_s) as stops:
                 try:
@@ -329,8 +351,8 @@ def run(
                     elif base.trainer.remote:
                         rc = drive_remote(stages, plan)
                     else:
-                        command = torchrun_command(plan_path, base.cluster, base.project, base.name)
-                        rc = run_trainer_world(command, env, lock_fd, launch_dir)
+                        assert world is not None
+                        rc = wait_trainer_world(world)
                 except KeyboardInterrupt:  # a second signal, or the stop grace ran out
                     stage, step, total = controller.progress()
                     print(
@@ -359,15 +381,18 @@ def run(
     return 0 if stops.received is None else stops.exit_code
 
 
-def run_trainer_world(command: list[str], env: dict[str, str], lock_fd: int, launch_dir: str) -> int:
+def start_trainer_world(
+    command: list[str], env: dict[str, str], lock_fd: int, launch_dir: str
+) -> subprocess.Popen:  # fmt: skip
     """torchrun in a session of its own (a terminal's Ctrl-C reaches only the launcher, which stops
     the run in order), dying with the launcher, its stderr and the ranks' (tracebacks, torchrun's
-    failure report) in <run>/launch/trainer.log; its exit code. Interrupted, it ends the world."""
+    failure report) in <run>/launch/trainer.log."""
     with open(os.path.join(launch_dir, failure.TRAINER_LOG), "a") as log:
-        proc = subprocess.Popen(
-            command, env=env, stderr=log, start_new_session=True,
-            pass_fds=(lock_fd,),
-        )  # fmt: skip
+        return subprocess.Popen(command, env=env, stderr=log, start_new_session=True, pass_fds=(lock_fd,))
+
+
+def wait_trainer_world(proc: subprocess.Popen) -> int:
+    """The trainer world's exit code; interrupted, the launcher ends the world."""
     try:
         return proc.wait()
     except BaseException:

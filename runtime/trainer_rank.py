@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 import torch
@@ -36,9 +37,28 @@ def _sender_factory(plan: dict[str, Any]) -> Any:
     return make
 
 
-def main(plan_path: str) -> int:
+PLAN_POLL_S = 0.05
+
+
+def read_plan(plan_path: str) -> dict[str, Any]:
+    """The launch's plan, once written: the launcher starts the trainer world beside the rollout
+    workers and writes the plan (atomically) when they are ready. A rank dies with torchrun's agent,
+    and that agent with the launcher, so a launch that fails first leaves no rank waiting."""
+    if not os.path.exists(plan_path):
+        # meanwhile, the imports every rank needs once it has the plan (seconds of CPU on their own)
+        import transformers  # noqa: F401
+        from transformers import AutoModelForCausalLM  # noqa: F401
+
+        from . import loop  # noqa: F401
+    while not os.path.exists(plan_path):
+        time.sleep(PLAN_POLL_S)
     with open(plan_path) as f:
-        plan = json.load(f)
+        return dict(json.load(f))
+
+
+def main(plan_path: str) -> int:
+    die_with_parent()  # torchrun's agent: a rank never outlives it
+    plan = read_plan(plan_path)
     device = plan["device"]
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(
@@ -52,7 +72,6 @@ def main(plan_path: str) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if plan.get("threads_per_rank"):
         torch.set_num_threads(plan["threads_per_rank"])
-    die_with_parent()  # torchrun's agent: a rank never outlives it
     launch_dir = os.path.join(plan["run_dir"], "launch")
     try:
         init_world(device)
