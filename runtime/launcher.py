@@ -331,19 +331,19 @@ def run(
                 world = start_trainer_world(command, env, lock_fd, launch_dir)
             try:
                 plane["workers_ready"]()
-            except BaseException:
+                plan = {
+                    "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
+                    "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
+                    "workers_managed": plane["workers_managed"],
+                    "master_address": plane["master_address"], "worker_version": worker_version,
+                    "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
+                }  # fmt: skip
+                write_atomic(plan_path, json.dumps(plan, indent=2))
+                controller.mark_running()
+            except BaseException:  # the workers did not start (or the plan could not be written)
                 if world is not None:
                     end_process(world)
                 raise
-            plan = {
-                "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
-                "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
-                "workers_managed": plane["workers_managed"],
-                "master_address": plane["master_address"], "worker_version": worker_version,
-                "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
-            }  # fmt: skip
-            write_atomic(plan_path, json.dumps(plan, indent=2))
-            controller.mark_running()
             with StopSignals(controller.request_stop, base.control.stop_grace_s) as stops:
                 try:
                     if explorer:
