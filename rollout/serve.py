@@ -14,6 +14,7 @@ from typing import Any
 from ..core.rpc.cli import tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions
+from ..core.signals import StopFlag
 from .server import RolloutServicer, rollout_service
 
 log = logging.getLogger("rlcore.rollout.serve")
@@ -139,7 +140,8 @@ def serve_main(args: argparse.Namespace) -> int:
         return usage_error(str(e))
 
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = StopFlag()  # not stop.set() in the handler: see core/signals.py
+    previous = {s: signal.signal(s, signals.handler) for s in (signal.SIGINT, signal.SIGTERM)}
     run = None
     http: HttpDoor | None = None
     try:
@@ -170,8 +172,7 @@ def serve_main(args: argparse.Namespace) -> int:
                 f"rlcore: OpenAI-compatible API on http://{http.address}/v1 (model '{http.model_name}')",
                 flush=True,
             )
-        while not stop.wait(1.0):  # a short wait keeps the main thread responsive to signals
-            pass
+        signals.wait()
     finally:
         stop.set()
         _exit_within(SHUTDOWN_S)

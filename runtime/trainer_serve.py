@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from ..core.rpc.address import reachable_host
 from ..core.rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import TLSFiles, read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
+from ..core.signals import StopFlag
 from ..proto.v1 import trainer_pb2_grpc
 from .lifecycle import die_with_parent
 from .trainer_service import SERVICE_NAME, TrainerServicer
@@ -56,7 +56,7 @@ def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, de
     return make
 
 
-def _serve_rank0(opts: dict[str, Any], commands: Any, stop: threading.Event) -> int:
+def _serve_rank0(opts: dict[str, Any], commands: Any, signals: StopFlag) -> int:
     token = read_token(opts["token_env"])
     assert token is not None
     tls = (
@@ -89,8 +89,7 @@ def _serve_rank0(opts: dict[str, Any], commands: Any, stop: threading.Event) -> 
         )
         if opts["port_file"]:
             write_atomic(opts["port_file"], server.address)
-        while not stop.wait(1.0):
-            pass
+        signals.wait()
         server.stop(grace=5.0)
     finally:
         servicer.shutdown()
@@ -108,10 +107,10 @@ def rank_main(options_path: str) -> int:
     )
     for name in ("transformers", "datasets", "httpx"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    stop = threading.Event()
+    signals = StopFlag()  # not stop.set() in the handler: see core/signals.py
     if rank == 0:  # rank 0 decides when the world ends; the others follow its shutdown broadcast
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, signals.handler)
         write_atomic(opts["pid_file"], str(os.getpid()))
     else:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -123,7 +122,7 @@ def rank_main(options_path: str) -> int:
     commands = command_group()
     try:
         if rank == 0:
-            return _serve_rank0(opts, commands, stop)
+            return _serve_rank0(opts, commands, signals)
         follow(TrainerWorld(opts["device"]), commands, keep_serving=True)
         return 0
     finally:
