@@ -145,18 +145,10 @@ class LoraLayout:
     def specs(
         self, specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]
     ) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-        """`merged`'s (name, dtype, shape), in its order, from the peft model's."""
-        out: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
-        held: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
-        for name, dtype, shape in specs:
-            if self.is_adapter(name):
-                if f".lora_B.{self.adapter}." in name:  # B comes last: the layer's base entries go out
-                    out += held
-                    held = []
-                continue
-            entry = (self.hf_name(name), dtype, shape)
-            (held if self._layer(name) in self.scales else out).append(entry)
-        return out + held
+        """`merged`'s (name, dtype, shape), in its order, from the peft model's: `merged` itself run
+        on shapes alone (meta tensors, no data)."""
+        meta = ((name, torch.empty(shape, dtype=dtype, device="meta")) for name, dtype, shape in specs)
+        return [(name, t.dtype, tuple(t.shape)) for name, t in self.merged(meta)]
 
     def adapter_entries(
         self, entries: Iterable[tuple[str, torch.Tensor]]

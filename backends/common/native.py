@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from abc import abstractmethod
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -173,9 +173,9 @@ class NativeStrategy(TrainingStrategy):
     # into the HF model's view (merged with LoRA) and the adapter's.
 
     @abstractmethod
-    def _state(self, adapter_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def _state(self, wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(state-dict name, full tensor) of the model, in state-dict order, one at a time
-        (collective); `adapter_only`: only LoRA's factors (a subclass may skip gathering the rest)."""
+        (collective); `wanted`: only the entries it accepts (a subclass may skip gathering the rest)."""
 
     @abstractmethod
     def _state_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -201,4 +201,4 @@ class NativeStrategy(TrainingStrategy):
 
     def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         assert self.lora is not None, "iter_adapter_weights without a LoRA adapter"
-        return self.lora.adapter_entries(self._state(adapter_only=True))
+        return self.lora.adapter_entries(self._state(wanted=self.lora.is_adapter))

@@ -117,20 +117,21 @@ class FSDP1Strategy(NativeStrategy):
         handles = [unit._handle for unit in FSDP.fsdp_modules(self.model)]
         return [h for h in handles if h is not None and not h.flat_param.requires_grad]
 
-    def save_checkpoint(self, path: str) -> None:
+    def _parameter_views(self) -> None:
         for handle in self._frozen_units():
             handle._use_unsharded_views(as_params=True)
+
+    def save_checkpoint(self, path: str) -> None:
+        self._parameter_views()
         super().save_checkpoint(path)
 
     def load_checkpoint(self, path: str) -> None:
-        for handle in self._frozen_units():
-            handle._use_unsharded_views(as_params=True)
+        self._parameter_views()
         super().load_checkpoint(path)
 
     # ------------------------------------------------------------------ full tensors
 
-    def _state(self, adapter_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        wanted = self.lora.is_adapter if adapter_only and self.lora is not None else None
+    def _state(self, wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         return self._iter_full(with_grads=False, wanted=wanted)
 
     def _state_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -139,8 +140,9 @@ class FSDP1Strategy(NativeStrategy):
     def _iter_full(
         self, with_grads: bool, wanted: Callable[[str], bool] | None = None
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Gather one FSDP unit at a time (recurse=False: only its own parameters) and yield copies of
-        its entries in state-dict order; the unit is resharded before the next one is gathered.
+        """Gather one FSDP unit at a time (the root alone; a block with any units nested in it) and
+        yield copies of its entries in state-dict order; the unit is resharded before the next one is
+        gathered.
         `wanted`: only the entries it accepts (a unit holding none is not gathered)."""
         scale = self._loss_scale()
         for unit, all_entries in self._runs:

@@ -8,7 +8,7 @@ torch.distributed.checkpoint (DCP), so no rank ever holds the full optimizer sta
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -91,8 +91,7 @@ class FSDP2Strategy(NativeStrategy):
 
     # ------------------------------------------------------------------ full tensors
 
-    def _state(self, adapter_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        wanted = self.lora.is_adapter if adapter_only and self.lora is not None else None
+    def _state(self, wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         if self.world_size == 1:
             # Every local shard is the whole tensor: views of the parameters, taken without autograd
             # (weight sync at 10M parameters spent more time here than on the wire).
