@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from ..proto.v1 import run_pb2, run_pb2_grpc
 from .base import AsyncClient, BlockingClient
 
-_ROLES = {"rollout": run_pb2.WORKER_ROLE_ROLLOUT, "trainer": run_pb2.WORKER_ROLE_TRAINER}
+_ROLES = {
+    "rollout": run_pb2.WORKER_ROLE_ROLLOUT,
+    "trainer": run_pb2.WORKER_ROLE_TRAINER,
+    "trainer_node": run_pb2.WORKER_ROLE_TRAINER_NODE,
+}
 _ROLE_NAMES = {v: k for k, v in _ROLES.items()}
 
 

@@ -22,10 +22,11 @@ from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_ya
 from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
 from . import failure
-from .child import process_env, wrap
+from .child import process_env
 from .explore_loop import EXPLORER_DIR, drive_explorer, published_dir, trainer_stage_dir, wait_for_weights
 from .lifecycle import StopSignals, end_process
 from .loop import SUMMARY, planned_steps, stage_dir
+from .nodes import PLAN, join_world, node_log, silent_nodes, start_world, torchrun_command
 from .placement import GpuPlacement
 from .preflight import (
     check_model_lengths,
@@ -37,18 +38,14 @@ from .preflight import (
     resolve_device,
 )
 from .run_lock import RunLock
-from .workers import RolloutWorkers, check_endpoints, gpu_placement, worker_stages, workers_to_start
-
-
-def torchrun_command(plan_path: str, cluster, project: str, name: str) -> list[str]:
-    """torchrun starting the trainer ranks, as a child that dies with this process (child.py)."""
-    args = ["--nproc-per-node", str(cluster.ranks_per_node)]
-    if cluster.num_nodes == 1 and not cluster.rdzv_endpoint:
-        args += ["--standalone", "--nnodes", "1"]
-    else:
-        args += ["--nnodes", str(cluster.num_nodes), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", cluster.rdzv_endpoint, "--rdzv-id", f"{project}-{name}"]  # fmt: skip
-    return wrap(os.getpid(), "torch.distributed.run", *args, "-m", "rlcore.runtime.trainer_rank", plan_path)
+from .workers import (
+    RolloutWorkers,
+    check_endpoints,
+    gpu_placement,
+    worker_stages,
+    workers_to_join,
+    workers_to_start,
+)
 
 
 def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
@@ -136,9 +133,18 @@ def control_plane(
     try:
         configs = worker_stages(stages)
         started = workers_to_start(stages)
+        joining = workers_to_join(stages)
         if configs:
             endpoints = list(configs[0].explorer.rollout_model.endpoints)
-            if started is None:
+            if joining:
+                print(
+                    f"rlcore: waiting for {joining} rollout worker(s) to join from their hosts: `rlcore rollout serve "
+                    f"--register <this host>:{control.run_port} ...` (control.worker_start_timeout "
+                    f"{control.worker_start_timeout:g} s)",
+                    flush=True,
+                )
+                info["workers_managed"] = True
+            elif started is None:
                 check_endpoints(endpoints, control)
             else:
                 first, count = started
@@ -158,11 +164,16 @@ def control_plane(
 
         def workers_ready() -> None:
             """Wait until the started workers registered (their endpoints then in the plan), or raise."""
-            if workers is None or started is None:
+            if joining:
+                ready = run.wait_for_workers("rollout", joining, control.worker_start_timeout, lambda: None)
+            elif workers is not None and started is not None:
+                ready = run.wait_for_workers(
+                    "rollout", started[1], control.worker_start_timeout, workers.dead
+                )
+                workers.keep(run)
+            else:
                 return
-            ready = run.wait_for_workers("rollout", started[1], control.worker_start_timeout, workers.dead)
             print(f"rlcore: rollout workers ready: {', '.join(ready)}", flush=True)
-            workers.keep(run)
             info["rollout_endpoints"] = ready
 
         info["run"], info["workers_ready"] = run, workers_ready
@@ -244,6 +255,13 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
     run_dir = os.path.abspath(os.path.join(base.checkpoint_root_dir, base.project, base.name))
     if explorer:
         run_dir = os.path.join(run_dir, EXPLORER_DIR)
+    if base.cluster.num_nodes > 1 and not os.environ.get(base.control.token_env):
+        raise ConfigError(
+            f"cluster.num_nodes is {base.cluster.num_nodes}: the hosts of a run share its token; set "
+            f"${base.control.token_env} to the same secret on every host (e.g. `openssl rand -hex 32`)"
+        )
+    if base.cluster.node_rank > 0:  # node 0 prepares and drives the run; this node lends its ranks
+        return join_world(stages, device, run_dir)
     lock = RunLock(run_dir)
     took_over = lock.acquire()
     if took_over:
@@ -275,7 +293,9 @@ def explore_stages(stages: list[Stage], explorer: bool) -> list[Stage]:
     if explorer:
         mine = [s for s in stages if s.config.mode == "explore"]
         if not mine:
-            raise ConfigError("mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore")
+            raise ConfigError(
+                "mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore"
+            )
         return mine
     for s in stages:
         if s.config.mode == "explore":
@@ -314,12 +334,13 @@ def run(
         flush=True,
     )
     start = time.time()
+    lost_nodes = ""
     try:
         with control_plane(
             base, stages, device, launch_dir, placement, keep_fds=(lock_fd,), worker_model=worker_model
         ) as plane:
             controller = plane["run"]
-            plan_path = os.path.join(launch_dir, "plan.json")
+            plan_path = os.path.join(launch_dir, PLAN)
             env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
             world = None
             if not explorer and not base.trainer.remote:
@@ -327,12 +348,18 @@ def run(
                 # and set-up); its ranks wait for the plan, written once the workers are ready.
                 if os.path.exists(plan_path):
                     os.remove(plan_path)  # an earlier launch's: the ranks must wait for this one's
-                command = torchrun_command(plan_path, base.cluster, base.project, base.name)
-                world = start_trainer_world(command, env, lock_fd, launch_dir)
+                command = torchrun_command(
+                    plan_path, base.cluster, base.project, base.name, base.trainer.max_restarts
+                )
+                world = start_world(
+                    command, env, os.path.join(launch_dir, node_log(base.cluster)), (lock_fd,)
+                )
             try:
                 plane["workers_ready"]()
                 plan = {
                     "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
+                    "num_nodes": base.cluster.num_nodes, "max_restarts": base.trainer.max_restarts,
+                    "collective_timeout_s": base.cluster.collective_timeout_s,
                     "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
                     "workers_managed": plane["workers_managed"],
                     "master_address": plane["master_address"], "worker_version": worker_version,
@@ -365,30 +392,22 @@ def run(
                 controller.mark_finished()
             else:
                 controller.mark_failed(f"the trainer world exited with code {rc}")
+                lost_nodes = silent_nodes(controller, base.control)
     except KeyboardInterrupt:  # Ctrl-C while the workers were starting
         print("rlcore: interrupted before training started", file=sys.stderr)
         return 130
     except (TimeoutError, RuntimeError) as e:  # rollout workers that did not start
         raise ConfigError(str(e)) from None
     if rc != 0:
-        line = failure.first_failure(launch_dir) or (
-            f"the trainer world exited with code {rc} without saying why (killed, or out of memory?); "
+        line = lost_nodes + (
+            failure.first_failure(launch_dir)
+            or f"the trainer world exited with code {rc} without saying why (killed, or out of memory?); "
             f"its output is in {os.path.join(launch_dir, failure.TRAINER_LOG)}"
         )
         print(f"rlcore: error: {line}", file=sys.stderr)
         return rc
     print_summary(run_dir, stages, time.time() - start)
     return 0 if stops.received is None else stops.exit_code
-
-
-def start_trainer_world(
-    command: list[str], env: dict[str, str], lock_fd: int, launch_dir: str
-) -> subprocess.Popen:  # fmt: skip
-    """torchrun in a session of its own (a terminal's Ctrl-C reaches only the launcher, which stops
-    the run in order), dying with the launcher, its stderr and the ranks' (tracebacks, torchrun's
-    failure report) in <run>/launch/trainer.log."""
-    with open(os.path.join(launch_dir, failure.TRAINER_LOG), "a") as log:
-        return subprocess.Popen(command, env=env, stderr=log, start_new_session=True, pass_fds=(lock_fd,))
 
 
 def wait_trainer_world(proc: subprocess.Popen) -> int:

@@ -30,7 +30,11 @@ MAX_HISTORY = 100_000
 POLL_S = 0.2
 """Longest a waiting stream or wait_for_workers goes without checking cancellation / alive()."""
 
-ROLES = {"rollout": run_pb2.WORKER_ROLE_ROLLOUT, "trainer": run_pb2.WORKER_ROLE_TRAINER}
+ROLES = {
+    "rollout": run_pb2.WORKER_ROLE_ROLLOUT,
+    "trainer": run_pb2.WORKER_ROLE_TRAINER,
+    "trainer_node": run_pb2.WORKER_ROLE_TRAINER_NODE,
+}
 _ROLE_NAMES = {v: k for k, v in ROLES.items()}
 _TERMINAL = (run_pb2.RUN_STATE_FINISHED, run_pb2.RUN_STATE_FAILED)
 
@@ -106,7 +110,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                     last_seen_s=now - w.last_seen,
                     policy_version=w.policy_version,
                 )
-                for role in (run_pb2.WORKER_ROLE_TRAINER, run_pb2.WORKER_ROLE_ROLLOUT)
+                for role in (
+                    run_pb2.WORKER_ROLE_TRAINER,
+                    run_pb2.WORKER_ROLE_TRAINER_NODE,
+                    run_pb2.WORKER_ROLE_ROLLOUT,
+                )
                 for w in run.workers_of(role)
             ]
             return run_pb2.GetStatusResponse(
@@ -157,7 +165,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         require(
             request.role in _ROLE_NAMES,
             "role",
-            f"must be WORKER_ROLE_ROLLOUT or WORKER_ROLE_TRAINER; got {request.role} (0 is UNSPECIFIED)",
+            f"must be WORKER_ROLE_ROLLOUT, WORKER_ROLE_TRAINER or WORKER_ROLE_TRAINER_NODE; got {request.role} (0 is UNSPECIFIED)",
         )
         if request.role == run_pb2.WORKER_ROLE_ROLLOUT or request.address:
             require(
@@ -259,6 +267,17 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         with self._changed:
             self._run.workers.pop(f"{role}-{index}", None)
             self._changed.notify_all()
+
+    def silent(self, role: str, quiet_s: float) -> list[tuple[int, str, float]]:
+        """(index, address, seconds since its last heartbeat) of each registered worker of `role`
+        that has been quiet for longer than `quiet_s`."""
+        now = time.monotonic()
+        with self._changed:
+            return [
+                (w.index, w.address, now - w.last_seen)
+                for w in self._run.workers_of(ROLES[role])
+                if now - w.last_seen > quiet_s
+            ]
 
     def progress(self) -> tuple[str, int, int]:
         """(stage, step, total steps) as the trainer last reported them."""

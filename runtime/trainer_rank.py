@@ -8,18 +8,16 @@ python -m torch.distributed.run ... -m rlcore.runtime.trainer_rank <run_dir>/lau
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 import torch
 
 from ..core.config import from_yaml
 from ..core.config.loader import Stage
-from . import failure
+from . import failure, nodes
 from .lifecycle import die_with_parent
 from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
 
@@ -32,12 +30,17 @@ def _sender_factory(plan: dict[str, Any]) -> Any:
 
     def make(endpoints: list[str], cfg: Any) -> Any:
         options = ClientOptions.from_control(cfg.control, timeout=cfg.synchronizer.sync_timeout)
-        return connect(endpoints, cfg.synchronizer, options, plan["device"], plan["master_address"])
+        return connect(endpoints, cfg.synchronizer, options, plan["device"], sync_master_address(plan))
 
     return make
 
 
-PLAN_POLL_S = 0.05
+def sync_master_address(plan: dict[str, Any]) -> str:
+    """Where rank 0 offers the rollout workers' weight-sync group: the address the launch chose,
+    or across hosts its own node's (torchrun's MASTER_ADDR: rank 0 may run on any node)."""
+    if plan.get("num_nodes", 1) > 1 and os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    return str(plan["master_address"])
 
 
 def read_plan(plan_path: str) -> dict[str, Any]:
@@ -50,10 +53,25 @@ def read_plan(plan_path: str) -> dict[str, Any]:
         from transformers import AutoModelForCausalLM  # noqa: F401
 
         from . import loop  # noqa: F401
-    while not os.path.exists(plan_path):
-        time.sleep(PLAN_POLL_S)
-    with open(plan_path) as f:
-        return dict(json.load(f))
+    plan = nodes.read_plan(plan_path)
+    assert plan is not None  # no stop event: it waits
+    return plan
+
+
+def restarted(plan: dict[str, Any], stages: list[Stage]) -> None:
+    """After torchrun restarted the world (trainer.max_restarts), every stage resumes from its last
+    verified checkpoint: finished stages are skipped, the running one goes on from its checkpoint
+    (its explorer's and experience buffer's position included), or from its start without one."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if not restart:
+        return
+    print(
+        f"rlcore: trainer world restart {restart} of {plan.get('max_restarts', restart)} "
+        "(trainer.max_restarts): resuming from the last checkpoint",
+        flush=True,
+    )
+    for stage in stages:
+        stage.config.continue_from_checkpoint = True
 
 
 def main(plan_path: str) -> int:
@@ -74,7 +92,7 @@ def main(plan_path: str) -> int:
         torch.set_num_threads(plan["threads_per_rank"])
     launch_dir = os.path.join(plan["run_dir"], "launch")
     try:
-        init_world(device)
+        init_world(device, plan.get("collective_timeout_s"))
         commands = command_group()
         try:
             if rank == 0:
@@ -101,6 +119,7 @@ def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
     command = Commander(world, commands)
     try:
         stages = [Stage(s["index"], s["name"], from_yaml(s["config"])) for s in plan["stages"]]
+        restarted(plan, stages)
         if plan.get("run_address"):
             from ..client.base import ClientOptions
             from .run_reporter import RunReporter

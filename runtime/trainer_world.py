@@ -54,11 +54,13 @@ def world_backend(device: str) -> str:
     return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
 
 
-def init_world(device: str) -> None:
-    """Join the torchrun world this process was started in (on CUDA, on its LOCAL_RANK's GPU)."""
+def init_world(device: str, timeout_s: float | None = None) -> None:
+    """Join the torchrun world this process was started in (on CUDA, on its LOCAL_RANK's GPU);
+    `timeout_s` bounds each collective (cluster.collective_timeout_s; None: torch's default)."""
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend=world_backend(device))
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=world_backend(device), timeout=timeout)
 
 
 def exit_world(code: int) -> NoReturn:

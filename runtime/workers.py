@@ -45,9 +45,18 @@ def workers_to_start(stages: list[Stage]) -> tuple[Any, int] | None:
     """(config of the first stage that explores on workers, how many) when this launch must start
     rollout workers itself; None when no stage needs them or endpoints name running ones."""
     configs = worker_stages(stages)
-    if not configs or configs[0].explorer.rollout_model.endpoints:
+    if not configs or configs[0].explorer.rollout_model.endpoints or workers_to_join(stages):
         return None
     return configs[0], max(c.explorer.rollout_model.engine_num for c in configs)
+
+
+def workers_to_join(stages: list[Stage]) -> int:
+    """How many rollout workers this launch waits for to join from other hosts
+    (explorer.rollout_model.start_workers false); 0: none."""
+    configs = worker_stages(stages)
+    if not configs or configs[0].explorer.rollout_model.start_workers:
+        return 0
+    return max(c.explorer.rollout_model.engine_num for c in configs)
 
 
 def gpu_placement(

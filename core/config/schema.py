@@ -301,7 +301,20 @@ class ClusterConfig:
     ranks_per_node: int = bounded(1, ge=1)
     """Trainer processes per node (one per GPU on CUDA)."""
     rdzv_endpoint: str = ""
-    """host:port of the torchrun rendezvous for multi-node runs; empty: single node, standalone."""
+    """host:port of the torchrun rendezvous for multi-node runs (on node 0, reachable from every
+    node); empty: single node, standalone."""
+    node_rank: int = bounded(0, ge=0)
+    """This host's place among the trainer nodes: 0 is the controller's host (it serves the control
+    plane, prepares the run and hosts the rendezvous); the others join it with the same
+    `rlcore launch` command and this set to 1, 2, ..."""
+    node_address: str = ""
+    """The address the other hosts reach this one at (torchrun's --local-addr; the weight-sync
+    group's master when trainer rank 0 runs here); empty: the host's name."""
+    rdzv_timeout_s: int = bounded(600, gt=0)
+    """How long trainer nodes wait for each other at the rendezvous (at the start and after a restart)."""
+    collective_timeout_s: float = bounded(1800.0, gt=0.0)
+    """Timeout of the trainer world's collectives: a trainer node whose link or host is lost fails
+    the world's next collective after this long."""
     threads_per_rank: int = bounded(0, ge=0)
     """CPU threads per trainer process; 0: cores divided by ranks."""
     malloc_keep_freed: bool = True
@@ -501,7 +514,13 @@ class RolloutModelConfig:
     weights before it serves again. 0: never."""
     endpoints: list[str] = field(default_factory=list)
     """Rollout workers already running (host:port each, e.g. started with `rlcore rollout serve`);
-    empty: `rlcore launch` starts `engine_num` workers on this machine. Mode both only."""
+    empty: `rlcore launch` starts `engine_num` workers on this machine (or, start_workers false,
+    waits for them to join). Mode both only."""
+    start_workers: bool = True
+    """false: `rlcore launch` starts no rollout workers but waits (control.worker_start_timeout)
+    for engine_num of them to join the run from other hosts (`rlcore rollout serve --register
+    <controller host>:<control.run_port>`); they are followed like its own: one that stops
+    answering is left out, and it rejoins when it answers again."""
 
 
 @dataclass
@@ -580,6 +599,10 @@ class TrainerConfig:
     """Micro-batch token budget per rank: sequences are grouped so each forward stays under it."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    max_restarts: int = bounded(0, ge=0)
+    """How often a failed trainer world is restarted (every node's ranks, by torchrun) to resume
+    from its last verified checkpoint, the explorer's and the experience buffer's position
+    included; the launch's rollout workers keep running. 0: a failure ends the launch."""
     remote: str | None = None
     """host:port of a TrainerService started with `rlcore trainer serve`: the loop runs in the
     launch process and drives that trainer over gRPC instead of starting a trainer world."""

@@ -22,6 +22,7 @@ class WorkerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKER_ROLE_UNSPECIFIED: _ClassVar[WorkerRole]
     WORKER_ROLE_ROLLOUT: _ClassVar[WorkerRole]
     WORKER_ROLE_TRAINER: _ClassVar[WorkerRole]
+    WORKER_ROLE_TRAINER_NODE: _ClassVar[WorkerRole]
 RUN_STATE_UNSPECIFIED: RunState
 RUN_STATE_STARTING: RunState
 RUN_STATE_RUNNING: RunState
@@ -32,6 +33,7 @@ RUN_STATE_FAILED: RunState
 WORKER_ROLE_UNSPECIFIED: WorkerRole
 WORKER_ROLE_ROLLOUT: WorkerRole
 WORKER_ROLE_TRAINER: WorkerRole
+WORKER_ROLE_TRAINER_NODE: WorkerRole
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,184 @@
+"""A trainer world across hosts: torchrun's command on each node, the nodes other than the
+controller's (`rlcore launch ... cluster.node_rank=K`), and their heartbeats to the run.
+
+Node 0 is the controller's host: it prepares the run, serves the control plane, starts or awaits
+the rollout workers, hosts torchrun's rendezvous and writes the plan. Every other node runs the
+same `rlcore launch` with its node rank: it starts its torchrun agent, which meets node 0's at the
+rendezvous, and its ranks read the plan from the run folder, which every trainer host shares (DCP
+checkpoints are written there by all ranks). Which node's rank becomes rank 0 is torchrun's choice;
+rank 0 runs the loop wherever it lands (the plan holds everything it needs), and offers the rollout
+workers' weight-sync group at its own node's address (MASTER_ADDR).
+
+Each node K > 0 registers with the run's controller (role trainer_node, index K) and heartbeats;
+when the trainer world fails, node 0 names the nodes that fell silent before it did (a cut link,
+a host that went down), so the failure is one line that says where.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from ..core.config import Stage
+from . import failure
+from .child import process_env, wrap
+from .lifecycle import end_process
+
+PLAN = "plan.json"
+PLAN_POLL_S = 0.2
+
+
+def node_log(cluster: Any) -> str:
+    """The file of this node's torchrun (its stderr and its ranks'), in the shared launch folder."""
+    return failure.TRAINER_LOG if cluster.node_rank == 0 else f"trainer.node{cluster.node_rank}.log"
+
+
+def torchrun_command(
+    plan_path: str, cluster: Any, project: str, name: str, max_restarts: int = 0
+) -> list[str]:
+    """torchrun starting this node's trainer ranks, as a child that dies with this process (child.py).
+
+    Across hosts it meets the other nodes at cluster.rdzv_endpoint (c10d): node 0 hosts the
+    rendezvous (is_host: torchrun's own guess compares host names, which hosts sharing a name, as
+    containers and network namespaces do, get wrong), and each node gives the address the others
+    reach it at (node_address). `max_restarts`: torchrun restarts the ranks of every node after a
+    failure (they resume from the last checkpoint: trainer_rank.py)."""
+    args = ["--nproc-per-node", str(cluster.ranks_per_node)]
+    if cluster.num_nodes == 1 and not cluster.rdzv_endpoint:
+        args += ["--standalone", "--nnodes", "1"]
+    else:
+        args += [
+            "--nnodes", str(cluster.num_nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", cluster.rdzv_endpoint,
+            "--rdzv-id", f"{project}-{name}",
+            "--rdzv-conf", f"is_host={int(cluster.node_rank == 0)},join_timeout={cluster.rdzv_timeout_s}",
+        ]  # fmt: skip
+        if cluster.node_address:
+            args += ["--local-addr", cluster.node_address]
+    if max_restarts:
+        args += ["--max-restarts", str(max_restarts)]
+    return wrap(os.getpid(), "torch.distributed.run", *args, "-m", "rlcore.runtime.trainer_rank", plan_path)
+
+
+def read_plan(plan_path: str, stop: threading.Event | None = None) -> dict[str, Any] | None:
+    """The launch's plan once node 0 wrote it (atomically); None if `stop` is set first."""
+    while not os.path.exists(plan_path):
+        if stop is not None and stop.wait(PLAN_POLL_S):
+            return None
+        if stop is None:
+            time.sleep(PLAN_POLL_S)
+    with open(plan_path) as f:
+        return dict(json.load(f))
+
+
+class NodeHeartbeat:
+    """Node K > 0 in the run's eyes: once the plan names the controller, register (role
+    trainer_node, index K) and heartbeat every control.heartbeat_interval until stopped. A
+    controller that does not answer is retried; the node's ranks do not depend on it."""
+
+    def __init__(self, plan_path: str, control: Any, node_rank: int):
+        self.plan_path, self.control, self.node_rank = plan_path, control, node_rank
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rlcore-node-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from dataclasses import replace
+
+        from ..client.base import ClientOptions, RpcError
+        from ..client.run import RunClient
+
+        plan = read_plan(self.plan_path, self._stop)
+        if plan is None:
+            return
+        interval = self.control.heartbeat_interval
+        options = replace(ClientOptions.from_control(self.control), timeout=interval, retry_attempts=1)
+        worker_id, complained = None, False
+        with RunClient(plan["run_address"], options) as run:
+            while not self._stop.is_set():
+                try:
+                    if worker_id is None:
+                        worker_id, _ = run.register_worker("trainer_node", index=self.node_rank)
+                    run.heartbeat(worker_id)
+                    complained = False
+                except RpcError as e:
+                    if not complained:
+                        print(f"rlcore: the run's controller does not answer ({e}); trying on", flush=True)
+                        complained = True
+                self._stop.wait(interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+def silent_nodes(controller: Any, control: Any) -> str:
+    """The trainer nodes whose heartbeats stopped (more than two intervals ago), as the start of
+    the line that reports a failed world; empty when every node was heard from."""
+    quiet = sorted(controller.silent("trainer_node", 2 * control.heartbeat_interval))
+    if not quiet:
+        return ""
+    named = ", ".join(f"node {index} ({age:.0f} s ago)" for index, _, age in quiet)
+    return (
+        f"trainer {named} stopped answering the controller (its link or host is down?), and the trainer world "
+        "failed: "
+    )
+
+
+def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
+    """`rlcore launch` on trainer node K > 0: run this node's share of the trainer world until it
+    ends; its ranks take the plan node 0 writes into the shared run folder."""
+    base = stages[0].config
+    cluster = base.cluster
+    launch_dir = os.path.join(run_dir, "launch")
+    os.makedirs(launch_dir, exist_ok=True)
+    plan_path = os.path.join(launch_dir, PLAN)
+    threads = base.cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // cluster.ranks_per_node)
+    command = torchrun_command(plan_path, cluster, base.project, base.name, base.trainer.max_restarts)
+    log_path = os.path.join(launch_dir, node_log(cluster))
+    print(
+        f"rlcore: trainer node {cluster.node_rank} of {cluster.num_nodes}: {cluster.ranks_per_node} rank(s) on "
+        f"{device} meet node 0 at {cluster.rdzv_endpoint}; run folder {run_dir} (shared by the trainer hosts); "
+        f"log {log_path}",
+        flush=True,
+    )
+    world = start_world(command, process_env(cluster, threads), log_path)
+    heartbeat = NodeHeartbeat(plan_path, base.control, cluster.node_rank)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        rc = world.wait()
+    except KeyboardInterrupt:
+        print(f"rlcore: trainer node {cluster.node_rank}: interrupted; ending its ranks", file=sys.stderr)
+        end_process(world)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        heartbeat.stop()
+    if rc == 0:
+        print(f"rlcore: trainer node {cluster.node_rank}: the trainer world finished", flush=True)
+        return 0
+    line = failure.first_failure(launch_dir) or f"its output is in {log_path}"
+    print(
+        f"rlcore: error: trainer node {cluster.node_rank}: the trainer world exited with code {rc}: {line}",
+        file=sys.stderr,
+    )
+    return rc
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def start_world(
+    command: list[str], env: dict[str, str], log_path: str, pass_fds: tuple[int, ...] = ()
+) -> Any:
+    """torchrun in a session of its own (a terminal's Ctrl-C reaches only the launcher, which ends
+    the run in order), dying with the launcher, its stderr and the ranks' (tracebacks, torchrun's
+    failure report) appended to `log_path`."""
+    with open(log_path, "a") as log:
+        return subprocess.Popen(command, env=env, stderr=log, start_new_session=True, pass_fds=pass_fds)
