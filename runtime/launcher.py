@@ -348,12 +348,9 @@ def run(
                 # and set-up); its ranks wait for the plan, written once the workers are ready.
                 if os.path.exists(plan_path):
                     os.remove(plan_path)  # an earlier launch's: the ranks must wait for this one's
-                command = torchrun_command(
-                    plan_path, base.cluster, base.project, base.name, base.trainer.max_restarts
-                )
-                world = start_world(
-                    command, env, os.path.join(launch_dir, node_log(base.cluster)), (lock_fd,)
-                )
+                command = torchrun_command(plan_path, base.cluster, base.project, base.name)
+                world_log = os.path.join(launch_dir, node_log(base.cluster))
+                world = start_world(command, env, world_log, (lock_fd,))
             try:
                 plane["workers_ready"]()
                 plan = {
@@ -380,6 +377,9 @@ def run(
                     else:
                         assert world is not None
                         rc = wait_trainer_world(world)
+                        while restart_due(rc, plan, base, stops, launch_dir):
+                            write_atomic(plan_path, json.dumps(plan, indent=2))
+                            rc = wait_trainer_world(start_world(command, env, world_log, (lock_fd,)))
                 except KeyboardInterrupt:  # a second signal, or the stop grace ran out
                     stage, step, total = controller.progress()
                     print(
@@ -408,6 +408,26 @@ def run(
         return rc
     print_summary(run_dir, stages, time.time() - start)
     return 0 if stops.received is None else stops.exit_code
+
+
+def restart_due(rc: int, plan: dict[str, Any], base: Any, stops: StopSignals, launch_dir: str) -> bool:
+    """Whether a trainer world that exited with `rc` is started again (trainer.max_restarts): it
+    failed, not on a problem of the user's to fix (a ValueError: code 2) nor on a stop request,
+    and restarts are left. The plan then counts the restart: its ranks resume from the last
+    checkpoint (trainer_rank.py); the workers and the controller carry on."""
+    done = plan.get("restart", 0)
+    if rc in (0, 2) or stops.received is not None or done >= base.trainer.max_restarts:
+        return False
+    line = failure.first_failure(launch_dir) or f"exit code {rc}"
+    plan["restart"] = done + 1
+    print(
+        f"rlcore: the trainer world failed ({line}); restart {done + 1} of {base.trainer.max_restarts} "
+        "(trainer.max_restarts) from the last checkpoint",
+        file=sys.stderr,
+        flush=True,
+    )
+    failure.clear(launch_dir)
+    return True
 
 
 def wait_trainer_world(proc: subprocess.Popen) -> int:

@@ -372,7 +372,9 @@ class StageLoop:
             enforce=self.cfg.algorithm.sample_strategy == "staleness_control",
         )  # fmt: skip
         if self.buffer_keys is not None:  # replay: groups trained on before
-            keys = [(g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups]
+            keys = [
+                (g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups
+            ]
             metrics["buffer/groups_reused"] = float(sum(k in self.buffer_keys for k in keys))
             self.buffer_keys.update(keys)
         if len(self.formats) > 1:
@@ -540,7 +542,9 @@ class StageLoop:
         if not self.cfg.continue_from_checkpoint:
             return False
         restored = self.handle.load_checkpoint()
-        if restored is None:
+        if restored is None:  # the stage starts over: what an earlier attempt logged goes
+            drop_after(self.sdir, 0)
+            drop_after(self.sdir, 0, COMPLETIONS)
             return False
         self.global_step, self.explore_step = restored.global_step, restored.explore_step
         self.last_saved = self.global_step

@@ -39,16 +39,15 @@ def node_log(cluster: Any) -> str:
     return failure.TRAINER_LOG if cluster.node_rank == 0 else f"trainer.node{cluster.node_rank}.log"
 
 
-def torchrun_command(
-    plan_path: str, cluster: Any, project: str, name: str, max_restarts: int = 0
-) -> list[str]:
+def torchrun_command(plan_path: str, cluster: Any, project: str, name: str) -> list[str]:
     """torchrun starting this node's trainer ranks, as a child that dies with this process (child.py).
 
     Across hosts it meets the other nodes at cluster.rdzv_endpoint (c10d): node 0 hosts the
     rendezvous (is_host: torchrun's own guess compares host names, which hosts sharing a name, as
     containers and network namespaces do, get wrong), and each node gives the address the others
-    reach it at (node_address). `max_restarts`: torchrun restarts the ranks of every node after a
-    failure (they resume from the last checkpoint: trainer_rank.py)."""
+    reach it at (node_address). A restart (trainer.max_restarts) is a new torchrun on every node,
+    not torchrun's own --max-restarts: its agents keep their store, where the failed world's gloo
+    groups left their addresses, and the restarted ranks dialled those and failed (torch 2.13)."""
     args = ["--nproc-per-node", str(cluster.ranks_per_node)]
     if cluster.num_nodes == 1 and not cluster.rdzv_endpoint:
         args += ["--standalone", "--nnodes", "1"]
@@ -60,8 +59,6 @@ def torchrun_command(
         ]  # fmt: skip
         if cluster.node_address:
             args += ["--local-addr", cluster.node_address]
-    if max_restarts:
-        args += ["--max-restarts", str(max_restarts)]
     return wrap(os.getpid(), "torch.distributed.run", *args, "-m", "rlcore.runtime.trainer_rank", plan_path)
 
 
@@ -83,6 +80,8 @@ class NodeHeartbeat:
 
     def __init__(self, plan_path: str, control: Any, node_rank: int):
         self.plan_path, self.control, self.node_rank = plan_path, control, node_rank
+        self.state, self.heard = "", 0.0
+        """The run's state ("RUNNING", "FAILED", ...) as the controller last answered, and when."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rlcore-node-heartbeat", daemon=True)
         self._thread.start()
@@ -104,13 +103,25 @@ class NodeHeartbeat:
                 try:
                     if worker_id is None:
                         worker_id, _ = run.register_worker("trainer_node", index=self.node_rank)
-                    run.heartbeat(worker_id)
+                    self.state, self.heard = run.heartbeat(worker_id), time.monotonic()
                     complained = False
                 except RpcError as e:
                     if not complained:
                         print(f"rlcore: the run's controller does not answer ({e}); trying on", flush=True)
                         complained = True
                 self._stop.wait(interval)
+
+    def run_goes_on(self) -> bool:
+        """After this node's world failed: whether the run is still on (node 0 restarts the world
+        when it restarts at all), as the controller answers within two heartbeats from now."""
+        asked = time.monotonic()
+        deadline = asked + 2 * self.control.heartbeat_interval + 1.0
+        while time.monotonic() < deadline and self.heard < asked:
+            time.sleep(0.1)
+        return self.heard >= asked and self.state in ("STARTING", "RUNNING", "PAUSED")
+
+    def run_ended(self) -> bool:
+        return self.state in ("FINISHED", "FAILED")
 
     def stop(self) -> None:
         self._stop.set()
@@ -147,27 +158,57 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
         f"log {log_path}",
         flush=True,
     )
-    world = start_world(command, process_env(cluster, threads), log_path)
     heartbeat = NodeHeartbeat(plan_path, base.control, cluster.node_rank)
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    rejoined = 0
     try:
-        rc = world.wait()
-    except KeyboardInterrupt:
-        print(f"rlcore: trainer node {cluster.node_rank}: interrupted; ending its ranks", file=sys.stderr)
-        end_process(world)
-        return 130
+        while True:
+            world = start_world(command, process_env(cluster, threads), log_path)
+            try:
+                rc = _wait_world(world, heartbeat)
+            except KeyboardInterrupt:
+                print(
+                    f"rlcore: trainer node {cluster.node_rank}: interrupted; ending its ranks",
+                    file=sys.stderr,
+                )
+                end_process(world)
+                return 130
+            line = failure.first_failure(launch_dir) or f"its output is in {log_path}"
+            # node 0 restarts the world (trainer.max_restarts) while the run goes on: join it again
+            if rc == 0 or rejoined >= base.trainer.max_restarts or not heartbeat.run_goes_on():
+                break
+            rejoined += 1
+            print(
+                f"rlcore: trainer node {cluster.node_rank}: the trainer world failed ({line}); joining its restart",
+                flush=True,
+            )
     finally:
         signal.signal(signal.SIGTERM, previous)
         heartbeat.stop()
     if rc == 0:
         print(f"rlcore: trainer node {cluster.node_rank}: the trainer world finished", flush=True)
         return 0
-    line = failure.first_failure(launch_dir) or f"its output is in {log_path}"
     print(
         f"rlcore: error: trainer node {cluster.node_rank}: the trainer world exited with code {rc}: {line}",
         file=sys.stderr,
     )
     return rc
+
+
+def _wait_world(world: subprocess.Popen, heartbeat: NodeHeartbeat, grace_s: float = 30.0) -> int:
+    """The world's exit code; one that outlives its run by `grace_s` (it waits at a rendezvous node 0
+    will not come to) is ended."""
+    ended_at = None
+    while True:
+        try:
+            return world.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if not heartbeat.run_ended():
+                continue
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at > grace_s:
+                end_process(world)
+                return world.returncode or 1
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -59,10 +59,10 @@ def read_plan(plan_path: str) -> dict[str, Any]:
 
 
 def restarted(plan: dict[str, Any], stages: list[Stage]) -> None:
-    """After torchrun restarted the world (trainer.max_restarts), every stage resumes from its last
+    """After the launch restarted the world (trainer.max_restarts), every stage resumes from its last
     verified checkpoint: finished stages are skipped, the running one goes on from its checkpoint
     (its explorer's and experience buffer's position included), or from its start without one."""
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    restart = int(plan.get("restart", 0))
     if not restart:
         return
     print(

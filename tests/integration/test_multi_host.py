@@ -12,9 +12,7 @@ cannot be made (not root)."""
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,29 +22,20 @@ import yaml
 
 from tests.integration import netns
 from tests.integration.launch_utils import REPO, launch
+from tests.integration.quickstart_runs import (
+    RL_STEPS,
+    SFT_STEPS,
+    logged,
+    quickstart,
+    same_training,
+    trainer_rank,
+)
 
 SKIP = netns.skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 TOKEN = "multi-host-test-token"
 RDZV_PORT, RUN_PORT = 29531, 29532
-
-
-def quickstart(root: str, sft_steps: int, rl_steps: int) -> dict:
-    """configs/quickstart.yaml, shortened: its SFT warm-up for `sft_steps`, then its GRPO stage
-    for `rl_steps`, without evaluation; one rank per trainer node, two threads per process."""
-    with open(os.path.join(REPO, "configs", "quickstart.yaml")) as f:
-        cfg = yaml.safe_load(
-            f.read().replace("${checkpoint_root_dir}", root)
-        )  # paths for the rollout host too
-    cfg["checkpoint_root_dir"] = root
-    cfg["cluster"].update(threads_per_rank=2)
-    del cfg["buffer"]["explorer_input"]["eval_tasksets"]
-    sft, rl = cfg["stages"]
-    sft["buffer"]["total_steps"] = sft_steps
-    rl["buffer"]["total_steps"] = rl_steps
-    rl["explorer"] = {"eval_on_startup": False, "eval_interval": 0}
-    return cfg
 
 
 def _pki(folder: str, hosts: list[str]) -> dict:
@@ -68,18 +57,6 @@ def _pki(folder: str, hosts: list[str]) -> dict:
         "enabled": True, "cert_file": os.path.join(folder, "host.pem"), "key_file": os.path.join(folder, "host.key"),
         "ca_file": os.path.join(folder, "ca.pem"), "require_client_cert": True,
     }  # fmt: skip
-
-
-def _metrics(run_dir: str, stage: str) -> list[dict]:
-    with open(os.path.join(run_dir, stage, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def _same_steps(one: list[dict], other: list[dict], keys: tuple[str, ...]) -> None:
-    assert [r["step"] for r in one] == [r["step"] for r in other]
-    for a, b in zip(one, other, strict=True):
-        for key in keys:
-            assert a[key] == b[key], (a["step"], key, a[key], b[key])
 
 
 class Cluster:
@@ -145,25 +122,39 @@ def multi_host_config(cfg: dict, node0: netns.Host, tls: dict) -> dict:
     return cfg
 
 
-def test_two_trainer_hosts_and_a_rollout_host_train_the_quickstart_as_one_host_does(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The shortened quickstart on one host (two ranks, a rollout worker the launch starts): the
+    run folder the multi-host runs are compared with."""
+    root = str(tmp_path_factory.mktemp("one_host"))
+    cfg = quickstart(root, SFT_STEPS, RL_STEPS)
+    cfg["cluster"]["ranks_per_node"] = 2
+    launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=600)
+    return os.path.join(root, "quickstart", "arithmetic")
+
+
+def _config_file(cfg: dict, folder: str) -> str:
+    path = os.path.join(folder, "cfg.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    return path
+
+
+def test_two_trainer_hosts_and_a_rollout_host_train_the_quickstart_as_one_host_does(
+    tmp_path, one_host
+) -> None:
     """The quickstart's two stages (SFT warm-up, then GRPO with a rollout worker) on a trainer
     world across two hosts and a worker on a third give the same per-step losses, gradient norms
-    and rewards as on one host (two ranks, a worker the launch starts), with the same seed."""
-    base = quickstart(str(tmp_path / "one"), sft_steps=30, rl_steps=3)
-    one = copy.deepcopy(base)
-    one["cluster"]["ranks_per_node"] = 2
-    launch(one, str(tmp_path / "one.yaml"), timeout_s=600)
-    one_dir = os.path.join(base["checkpoint_root_dir"], "quickstart", "arithmetic")
-
+    and rewards as on one host (two ranks, a worker the launch starts), with the same seed; every
+    link (gRPC, rendezvous, the world's and the weight sync's gloo) crosses the bridge, the gRPC
+    ones under mutual TLS."""
     pki = tmp_path / "pki"
     pki.mkdir()
     with netns.Hosts(3) as hosts:
         node0, node1, rollout_host = hosts
         tls = _pki(str(pki), [h.address for h in hosts])
-        multi = multi_host_config(quickstart(str(tmp_path / "multi"), sft_steps=30, rl_steps=3), node0, tls)
-        path = str(tmp_path / "multi.yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(multi, f)
+        multi = multi_host_config(quickstart(str(tmp_path / "multi"), SFT_STEPS, RL_STEPS), node0, tls)
+        path = _config_file(multi, str(tmp_path))
         cluster = Cluster(hosts, str(tmp_path))
         try:
             cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
@@ -173,21 +164,90 @@ def test_two_trainer_hosts_and_a_rollout_host_train_the_quickstart_as_one_host_d
                 ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"],
             )
             start_rollout_host(cluster, rollout_host, node0, multi, tls)
-            rc = cluster.procs["node0"].wait(timeout=600)
-            assert rc == 0, cluster.report()
+            assert cluster.procs["node0"].wait(timeout=600) == 0, cluster.report()
             assert cluster.procs["node1"].wait(timeout=60) == 0, cluster.report()
         finally:
             cluster.close()
-        out = cluster.output("node0")
-        assert f"rollout workers ready: {rollout_host.address}:" in out, out
-        assert "trainer node 1 of 2" in cluster.output("node1")
-        assert "the trainer world finished" in cluster.output("node1")
-    multi_dir = os.path.join(multi["checkpoint_root_dir"], "quickstart", "arithmetic")
-    sft_one, sft_multi = _metrics(one_dir, "stage0_sft_warmup"), _metrics(multi_dir, "stage0_sft_warmup")
-    assert len(sft_one) == 30
-    _same_steps(sft_one, sft_multi, ("sft/loss", "actor/grad_norm"))
-    rl_one, rl_multi = _metrics(one_dir, "stage1_rl"), _metrics(multi_dir, "stage1_rl")
-    assert len(rl_one) == 3
-    _same_steps(rl_one, rl_multi, ("rollout/reward_mean", "actor/loss", "actor/grad_norm"))
-    assert any(r["rollout/reward_mean"] > 0 for r in rl_one)  # the comparison has something to compare
-    shutil.rmtree(str(pki))
+        assert f"rollout workers ready: {rollout_host.address}:" in cluster.output("node0")
+        assert "trainer node 1: the trainer world finished" in cluster.output("node1")
+    same_training(one_host, os.path.join(multi["checkpoint_root_dir"], "quickstart", "arithmetic"))
+
+
+def _two_nodes(tmp_path, **settings) -> tuple[dict, str]:
+    """The multi-host quickstart whose rollout worker node 0's launch starts (it outlives the world's
+    restarts), checkpointing every 2 steps."""
+    cfg = quickstart(str(tmp_path / "multi"), SFT_STEPS, RL_STEPS)
+    cfg["cluster"].update(
+        num_nodes=2, ranks_per_node=1, rdzv_endpoint=f"10.77.0.1:{RDZV_PORT}", rdzv_timeout_s=60
+    )
+    cfg["control"] = {"host": "10.77.0.1", "heartbeat_interval": 1.0}
+    cfg["trainer"].update(save_interval=2, **settings)
+    return cfg, os.path.join(cfg["checkpoint_root_dir"], "quickstart", "arithmetic")
+
+
+def test_a_trainer_world_restarts_across_hosts_and_trains_no_step_twice(tmp_path, one_host) -> None:
+    """trainer.max_restarts across hosts: node 1's rank killed mid-GRPO fails the world; node 0's
+    launch starts it again, node 1's joins the restart, and the ranks resume from the last
+    checkpoint (every 2 steps) with the rollout worker that kept running; the run then matches the
+    one-host run step for step, each step logged once."""
+    cfg, run_dir = _two_nodes(tmp_path, max_restarts=1)
+    path = _config_file(cfg, str(tmp_path))
+    with netns.Hosts(2) as hosts:
+        node0, node1 = hosts
+        cluster = Cluster(hosts, str(tmp_path))
+        try:
+            cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
+            cluster.start(
+                "node1",
+                node1,
+                ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"],
+            )
+            _wait_for(lambda: logged(run_dir, "stage1_rl", 3), "GRPO step 3", cluster, 300)
+            trainer_rank(cfg["checkpoint_root_dir"], 1).kill()
+            assert cluster.procs["node0"].wait(timeout=600) == 0, cluster.report()
+            assert cluster.procs["node1"].wait(timeout=60) == 0, cluster.report()
+        finally:
+            cluster.close()
+    out = cluster.output("node0")
+    assert "restart 1 of 1 (trainer.max_restarts) from the last checkpoint" in out, out
+    assert "trainer world restart 1 of 1 (trainer.max_restarts): resuming from the last checkpoint" in out, (
+        out
+    )
+    assert out.count("rollout workers ready") == 1  # the worker served both worlds
+    assert "trainer node 1: the trainer world failed" in cluster.output("node1")
+    assert "joining its restart" in cluster.output("node1")
+    same_training(one_host, run_dir)
+
+
+def test_a_trainer_node_cut_off_ends_the_run_naming_it_and_the_run_resumes(tmp_path, one_host) -> None:
+    """Node 1's link cut mid-GRPO: the world's next collective times out (cluster.collective_timeout_s),
+    and the launch ends with one line naming node 1; with the link back, both nodes launched again
+    with continue_from_checkpoint resume and finish as the one-host run did."""
+    cfg, run_dir = _two_nodes(tmp_path)
+    cfg["cluster"]["collective_timeout_s"] = 10
+    path = _config_file(cfg, str(tmp_path))
+    with netns.Hosts(2) as hosts:
+        node0, node1 = hosts
+        cluster = Cluster(hosts, str(tmp_path))
+        node0_args = ["launch", path, f"cluster.node_address={node0.address}"]
+        node1_args = ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"]
+        try:
+            cluster.start("node0", node0, node0_args)
+            cluster.start("node1", node1, node1_args)
+            _wait_for(lambda: logged(run_dir, "stage1_rl", 3), "GRPO step 3", cluster, 300)
+            node1.cut()
+            assert cluster.procs["node0"].wait(timeout=120) != 0, cluster.report()
+            errors = [
+                line for line in cluster.output("node0").splitlines() if line.startswith("rlcore: error:")
+            ]
+            assert len(errors) == 1, cluster.report()
+            assert "trainer node 1 (" in errors[0] and "stopped answering the controller" in errors[0], errors
+            cluster.procs["node1"].wait(timeout=120)  # its ranks fail too, once their collectives time out
+            node1.restore()
+            cluster.start("node0", node0, [*node0_args, "continue_from_checkpoint=true"])
+            cluster.start("node1", node1, [*node1_args, "continue_from_checkpoint=true"])
+            assert cluster.procs["node0"].wait(timeout=600) == 0, cluster.report()
+            assert cluster.procs["node1"].wait(timeout=60) == 0, cluster.report()
+        finally:
+            cluster.close()
+    same_training(one_host, run_dir)
