@@ -150,7 +150,7 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
     os.makedirs(launch_dir, exist_ok=True)
     plan_path = os.path.join(launch_dir, PLAN)
     threads = base.cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // cluster.ranks_per_node)
-    command = torchrun_command(plan_path, cluster, base.project, base.name, base.trainer.max_restarts)
+    command = torchrun_command(plan_path, cluster, base.project, base.name)
     log_path = os.path.join(launch_dir, node_log(cluster))
     print(
         f"rlcore: trainer node {cluster.node_rank} of {cluster.num_nodes}: {cluster.ranks_per_node} rank(s) on "
@@ -165,7 +165,7 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
         while True:
             world = start_world(command, process_env(cluster, threads), log_path)
             try:
-                rc = _wait_world(world, heartbeat)
+                rc = _wait_world(world, heartbeat, cluster)
             except KeyboardInterrupt:
                 print(
                     f"rlcore: trainer node {cluster.node_rank}: interrupted; ending its ranks",
@@ -195,14 +195,29 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
     return rc
 
 
-def _wait_world(world: subprocess.Popen, heartbeat: NodeHeartbeat, grace_s: float = 30.0) -> int:
-    """The world's exit code; one that outlives its run by `grace_s` (it waits at a rendezvous node 0
-    will not come to) is ended."""
+def _wait_world(
+    world: subprocess.Popen, heartbeat: NodeHeartbeat, cluster: Any, grace_s: float = 30.0
+) -> int:
+    """The world's exit code. One that outlives its run by `grace_s` (it waits at a rendezvous node 0
+    will not come to) is ended, and so is one whose controller has not answered for longer than
+    cluster.collective_timeout_s (this host's link is down: its ranks may wait for rank 0's next
+    command, which has no timeout, while the rest of the world has failed)."""
     ended_at = None
     while True:
         try:
             return world.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
+            silent_s = time.monotonic() - heartbeat.heard
+            if heartbeat.heard and silent_s > cluster.collective_timeout_s:
+                print(
+                    f"rlcore: trainer node {cluster.node_rank}: the run's controller has not answered for "
+                    f"{silent_s:.0f} s (cluster.collective_timeout_s): this host's link or node 0 is down; "
+                    "ending this node's ranks",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                end_process(world)
+                return world.returncode or 1
             if not heartbeat.run_ended():
                 continue
             ended_at = ended_at or time.monotonic()

@@ -219,21 +219,23 @@ def test_a_trainer_world_restarts_across_hosts_and_trains_no_step_twice(tmp_path
     same_training(one_host, run_dir)
 
 
-def test_a_trainer_node_cut_off_ends_the_run_naming_it_and_the_run_resumes(tmp_path, one_host) -> None:
+def test_a_trainer_node_cut_off_ends_the_run_in_one_line_naming_it(tmp_path) -> None:
     """Node 1's link cut mid-GRPO: the world's next collective times out (cluster.collective_timeout_s),
-    and the launch ends with one line naming node 1; with the link back, both nodes launched again
-    with continue_from_checkpoint resume and finish as the one-host run did."""
+    and the launch ends with one line naming node 1; node 1, which no longer hears the controller,
+    ends its ranks instead of waiting for a command that never comes."""
     cfg, run_dir = _two_nodes(tmp_path)
     cfg["cluster"]["collective_timeout_s"] = 10
     path = _config_file(cfg, str(tmp_path))
     with netns.Hosts(2) as hosts:
         node0, node1 = hosts
         cluster = Cluster(hosts, str(tmp_path))
-        node0_args = ["launch", path, f"cluster.node_address={node0.address}"]
-        node1_args = ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"]
         try:
-            cluster.start("node0", node0, node0_args)
-            cluster.start("node1", node1, node1_args)
+            cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
+            cluster.start(
+                "node1",
+                node1,
+                ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"],
+            )
             _wait_for(lambda: logged(run_dir, "stage1_rl", 3), "GRPO step 3", cluster, 300)
             node1.cut()
             assert cluster.procs["node0"].wait(timeout=120) != 0, cluster.report()
@@ -242,12 +244,7 @@ def test_a_trainer_node_cut_off_ends_the_run_naming_it_and_the_run_resumes(tmp_p
             ]
             assert len(errors) == 1, cluster.report()
             assert "trainer node 1 (" in errors[0] and "stopped answering the controller" in errors[0], errors
-            cluster.procs["node1"].wait(timeout=120)  # its ranks fail too, once their collectives time out
-            node1.restore()
-            cluster.start("node0", node0, [*node0_args, "continue_from_checkpoint=true"])
-            cluster.start("node1", node1, [*node1_args, "continue_from_checkpoint=true"])
-            assert cluster.procs["node0"].wait(timeout=600) == 0, cluster.report()
-            assert cluster.procs["node1"].wait(timeout=60) == 0, cluster.report()
+            assert cluster.procs["node1"].wait(timeout=120) != 0, cluster.report()
+            assert "the run's controller has not answered" in cluster.output("node1")
         finally:
             cluster.close()
-    same_training(one_host, run_dir)
