@@ -73,12 +73,11 @@ def test_restarts_belong_to_the_world_a_launch_starts(tmp_path) -> None:
 
 def test_torchrun_meets_the_other_nodes_with_node_0_hosting_the_rendezvous(tmp_path) -> None:
     cfg = resolve(tmp_path, *TWO_NODES, "cluster.node_rank=1", "cluster.node_address=10.0.0.2")
-    command = torchrun_command("plan.json", cfg.cluster, "p", "n", max_restarts=2)
+    command = torchrun_command("plan.json", cfg.cluster, "p", "n")
     args = command[command.index("torch.distributed.run") + 1 :]
     assert args[: args.index("-m")] == [
         "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400",
         "--rdzv-id", "p-n", "--rdzv-conf", "is_host=0,join_timeout=600", "--local-addr", "10.0.0.2",
-        "--max-restarts", "2",
     ]  # fmt: skip
     node0 = resolve(tmp_path, *TWO_NODES)
     assert "is_host=1,join_timeout=600" in torchrun_command("plan.json", node0.cluster, "p", "n")
