@@ -102,9 +102,7 @@ class ExploreLoop:
         cfg = self.cfg = stage.config
         self.stage, self.sdir, self.folder, self.reporter = stage, sdir, published, reporter
         self.stream = task_stream(cfg)
-        _, self.total_steps, train_steps = plan_steps(
-            cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size
-        )
+        _, self.total_steps, train_steps = plan_steps(cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size)
         self.updates_per_step = max(1, train_steps // max(1, self.total_steps))
         self.workers = RemoteRollout(cfg, endpoints)
         self.explorer = Explorer(cfg, self.workers)
@@ -277,9 +275,7 @@ def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -
 
     base = stages[0].config
     handler = logging.StreamHandler(sys.stdout)  # what the trainer ranks log on theirs, the explorer here
-    handler.setFormatter(
-        logging.Formatter("[explorer] %(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    )
+    handler.setFormatter(logging.Formatter("[explorer] %(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     rlcore_log = logging.getLogger("rlcore")
     rlcore_log.addHandler(handler)
     rlcore_log.setLevel(plan.get("log_level", logging.INFO))

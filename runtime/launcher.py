@@ -293,9 +293,7 @@ def explore_stages(stages: list[Stage], explorer: bool) -> list[Stage]:
     if explorer:
         mine = [s for s in stages if s.config.mode == "explore"]
         if not mine:
-            raise ConfigError(
-                "mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore"
-            )
+            raise ConfigError("mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore")
         return mine
     for s in stages:
         if s.config.mode == "explore":

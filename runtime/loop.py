@@ -372,9 +372,7 @@ class StageLoop:
             enforce=self.cfg.algorithm.sample_strategy == "staleness_control",
         )  # fmt: skip
         if self.buffer_keys is not None:  # replay: groups trained on before
-            keys = [
-                (g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups
-            ]
+            keys = [(g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups]
             metrics["buffer/groups_reused"] = float(sum(k in self.buffer_keys for k in keys))
             self.buffer_keys.update(keys)
         if len(self.formats) > 1:
@@ -542,17 +540,17 @@ class StageLoop:
         if not self.cfg.continue_from_checkpoint:
             return False
         restored = self.handle.load_checkpoint()
-        if restored is None:  # the stage starts over: what an earlier attempt logged goes
-            drop_after(self.sdir, 0)
-            drop_after(self.sdir, 0, COMPLETIONS)
+        # what was logged past the checkpoint (past step 0 when the stage starts over) is logged again
+        step = 0 if restored is None else restored.global_step
+        dropped = drop_after(self.sdir, step)
+        drop_after(self.sdir, step, COMPLETIONS)
+        if restored is None:
             return False
         self.global_step, self.explore_step = restored.global_step, restored.explore_step
         self.last_saved = self.global_step
         self.final_checkpoint = restored.path
         hf = os.path.join(restored.path, HF_DIR)
         self.final_model = hf if os.path.isdir(hf) else None
-        dropped = drop_after(self.sdir, self.global_step)
-        drop_after(self.sdir, self.global_step, COMPLETIONS)
         log.info(
             "resumed %s from %s (step %d)%s", self.stage.name, restored.path, self.global_step,
             f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",

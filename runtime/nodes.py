@@ -64,11 +64,10 @@ def torchrun_command(plan_path: str, cluster: Any, project: str, name: str) -> l
 
 def read_plan(plan_path: str, stop: threading.Event | None = None) -> dict[str, Any] | None:
     """The launch's plan once node 0 wrote it (atomically); None if `stop` is set first."""
+    waiting = stop or threading.Event()
     while not os.path.exists(plan_path):
-        if stop is not None and stop.wait(PLAN_POLL_S):
+        if waiting.wait(PLAN_POLL_S):
             return None
-        if stop is None:
-            time.sleep(PLAN_POLL_S)
     with open(plan_path) as f:
         return dict(json.load(f))
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..registry import import_path
-from ..rpc.address import is_host_port
 from .errors import ConfigError
+from .host_checks import check_address, check_hosts
 from .model_checks import check_model
 from .schema import MONITOR_TYPES, RLCoreConfig, TasksetConfig
 
@@ -207,7 +207,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat)
     _check_mixture(cfg, check_paths, data, chat)
 
-    _check_cluster(cfg)
+    check_hosts(cfg)
     _check_rollout_and_sync(cfg)
     _check_control(cfg, check_paths)
     algo = cfg.algorithm.algorithm_type
@@ -381,61 +381,6 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             "(the taskset's rollout_args.max_tokens, else model.max_response_tokens): the buffer is the end part of "
             "that budget, so give fewer tokens (0 turns the punishment off)"
         )
-
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def _check_cluster(cfg: RLCoreConfig) -> None:
-    """Hosts: the trainer nodes' rendezvous and place, and a control plane the other hosts reach."""
-    cluster, control = cfg.cluster, cfg.control
-    if cluster.rdzv_endpoint:
-        check_address(cluster.rdzv_endpoint, "cluster.rdzv_endpoint")
-    elif cluster.num_nodes > 1:
-        raise ConfigError(
-            f"cluster.num_nodes is {cluster.num_nodes}: a trainer world across hosts meets at a rendezvous; set "
-            "cluster.rdzv_endpoint to host:port on the first node, reachable from every node"
-        )
-    if cluster.node_rank >= cluster.num_nodes:
-        raise ConfigError(
-            f"cluster.node_rank is {cluster.node_rank}, but cluster.num_nodes is {cluster.num_nodes}: "
-            f"the nodes are 0..{cluster.num_nodes - 1} (0 is the controller's host)"
-        )
-    address = cluster.node_address
-    if any(c.isspace() for c in address) or address.count(":") == 1:  # one colon: host:port (IPv6 has more)
-        raise ConfigError(
-            f"cluster.node_address must be a host name or address (no port); got '{cluster.node_address}'"
-        )
-    if cluster.num_nodes > 1 and control.host in LOOPBACK_HOSTS:
-        raise ConfigError(
-            f"cluster.num_nodes is {cluster.num_nodes}, but control.host is {control.host}: trainer rank 0 may run "
-            "on any node and reaches the controller and rollout workers over the network; set control.host to "
-            "0.0.0.0 or this host's address"
-        )
-    if cfg.trainer.max_restarts and cfg.trainer.remote:
-        raise ConfigError(
-            "trainer.max_restarts restarts the trainer world a launch starts; with trainer.remote the "
-            "TrainerService's host restarts it: set one of them"
-        )
-    rm = cfg.explorer.rollout_model
-    if not rm.start_workers:
-        if rm.endpoints:
-            raise ConfigError(
-                "explorer.rollout_model.start_workers false waits for workers to join, endpoints names running "
-                "ones: set one of them"
-            )
-        if not control.run_port or control.host in LOOPBACK_HOSTS:
-            raise ConfigError(
-                "explorer.rollout_model.start_workers false: rollout workers on other hosts join with `rlcore "
-                "rollout serve --register <host>:<port>`; set control.run_port to a fixed port and control.host to "
-                f"an interface they reach (0.0.0.0 or this host's address; now {control.host}:{control.run_port})"
-            )
-
-
-def check_address(value: str, path: str) -> None:
-    """`host:port` with a port in 1..65535 (IPv6 hosts in brackets: [::1]:50051)."""
-    if not is_host_port(value):
-        raise ConfigError(f"{path} must be host:port with a port in 1..65535; got '{value}'")
 
 
 def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:

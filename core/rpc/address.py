@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+"""Hosts only this machine reaches."""
 
 
 def is_host_port(address: str) -> bool:

@@ -74,6 +74,14 @@ class Cluster:
         self.procs[role] = proc
         return proc
 
+    def start_trainer_nodes(self, config: str) -> None:
+        """`rlcore launch` on the first two hosts: node 0, and node 1 joining it."""
+        node0, node1 = self.hosts[:2]
+        self.start("node0", node0, ["launch", config, f"cluster.node_address={node0.address}"])
+        self.start(
+            "node1", node1, ["launch", config, "cluster.node_rank=1", f"cluster.node_address={node1.address}"]
+        )
+
     def output(self, role: str) -> str:
         with open(os.path.join(self.folder, f"{role}.out")) as f:
             return f.read()
@@ -151,18 +159,13 @@ def test_two_trainer_hosts_and_a_rollout_host_train_the_quickstart_as_one_host_d
     pki = tmp_path / "pki"
     pki.mkdir()
     with netns.Hosts(3) as hosts:
-        node0, node1, rollout_host = hosts
+        node0, _, rollout_host = hosts
         tls = _pki(str(pki), [h.address for h in hosts])
         multi = multi_host_config(quickstart(str(tmp_path / "multi"), SFT_STEPS, RL_STEPS), node0, tls)
         path = _config_file(multi, str(tmp_path))
         cluster = Cluster(hosts, str(tmp_path))
         try:
-            cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
-            cluster.start(
-                "node1",
-                node1,
-                ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"],
-            )
+            cluster.start_trainer_nodes(path)
             start_rollout_host(cluster, rollout_host, node0, multi, tls)
             assert cluster.procs["node0"].wait(timeout=600) == 0, cluster.report()
             assert cluster.procs["node1"].wait(timeout=60) == 0, cluster.report()
@@ -193,15 +196,9 @@ def test_a_trainer_world_restarts_across_hosts_and_trains_no_step_twice(tmp_path
     cfg, run_dir = _two_nodes(tmp_path, max_restarts=1)
     path = _config_file(cfg, str(tmp_path))
     with netns.Hosts(2) as hosts:
-        node0, node1 = hosts
         cluster = Cluster(hosts, str(tmp_path))
         try:
-            cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
-            cluster.start(
-                "node1",
-                node1,
-                ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"],
-            )
+            cluster.start_trainer_nodes(path)
             _wait_for(lambda: logged(run_dir, "stage1_rl", 3), "GRPO step 3", cluster, 300)
             trainer_rank(cfg["checkpoint_root_dir"], 1).kill()
             assert cluster.procs["node0"].wait(timeout=600) == 0, cluster.report()
@@ -227,15 +224,10 @@ def test_a_trainer_node_cut_off_ends_the_run_in_one_line_naming_it(tmp_path) -> 
     cfg["cluster"]["collective_timeout_s"] = 10
     path = _config_file(cfg, str(tmp_path))
     with netns.Hosts(2) as hosts:
-        node0, node1 = hosts
+        node1 = hosts[1]
         cluster = Cluster(hosts, str(tmp_path))
         try:
-            cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
-            cluster.start(
-                "node1",
-                node1,
-                ["launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}"],
-            )
+            cluster.start_trainer_nodes(path)
             _wait_for(lambda: logged(run_dir, "stage1_rl", 3), "GRPO step 3", cluster, 300)
             node1.cut()
             assert cluster.procs["node0"].wait(timeout=120) != 0, cluster.report()

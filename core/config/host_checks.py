@@ -1,0 +1,60 @@
+"""Checks of where a run's processes live: host:port addresses, the trainer nodes (rendezvous, node
+rank and address, restarts) and a control plane the other hosts reach."""
+
+from __future__ import annotations
+
+from ..rpc.address import LOOPBACK_HOSTS, is_host_port
+from .errors import ConfigError
+from .schema import RLCoreConfig
+
+
+def check_hosts(cfg: RLCoreConfig) -> None:
+    """Hosts: the trainer nodes' rendezvous and place, and a control plane the other hosts reach."""
+    cluster, control = cfg.cluster, cfg.control
+    if cluster.rdzv_endpoint:
+        check_address(cluster.rdzv_endpoint, "cluster.rdzv_endpoint")
+    elif cluster.num_nodes > 1:
+        raise ConfigError(
+            f"cluster.num_nodes is {cluster.num_nodes}: a trainer world across hosts meets at a rendezvous; set "
+            "cluster.rdzv_endpoint to host:port on the first node, reachable from every node"
+        )
+    if cluster.node_rank >= cluster.num_nodes:
+        raise ConfigError(
+            f"cluster.node_rank is {cluster.node_rank}, but cluster.num_nodes is {cluster.num_nodes}: "
+            f"the nodes are 0..{cluster.num_nodes - 1} (0 is the controller's host)"
+        )
+    address = cluster.node_address
+    if any(c.isspace() for c in address) or address.count(":") == 1:  # one colon: host:port (IPv6 has more)
+        raise ConfigError(
+            f"cluster.node_address must be a host name or address (no port); got '{cluster.node_address}'"
+        )
+    if cluster.num_nodes > 1 and control.host in LOOPBACK_HOSTS:
+        raise ConfigError(
+            f"cluster.num_nodes is {cluster.num_nodes}, but control.host is {control.host}: trainer rank 0 may run "
+            "on any node and reaches the controller and rollout workers over the network; set control.host to "
+            "0.0.0.0 or this host's address"
+        )
+    if cfg.trainer.max_restarts and cfg.trainer.remote:
+        raise ConfigError(
+            "trainer.max_restarts restarts the trainer world a launch starts; with trainer.remote the "
+            "TrainerService's host restarts it: set one of them"
+        )
+    rm = cfg.explorer.rollout_model
+    if not rm.start_workers:
+        if rm.endpoints:
+            raise ConfigError(
+                "explorer.rollout_model.start_workers false waits for workers to join, endpoints names running "
+                "ones: set one of them"
+            )
+        if not control.run_port or control.host in LOOPBACK_HOSTS:
+            raise ConfigError(
+                "explorer.rollout_model.start_workers false: rollout workers on other hosts join with `rlcore "
+                "rollout serve --register <host>:<port>`; set control.run_port to a fixed port and control.host to "
+                f"an interface they reach (0.0.0.0 or this host's address; now {control.host}:{control.run_port})"
+            )
+
+
+def check_address(value: str, path: str) -> None:
+    """`host:port` with a port in 1..65535 (IPv6 hosts in brackets: [::1]:50051)."""
+    if not is_host_port(value):
+        raise ConfigError(f"{path} must be host:port with a port in 1..65535; got '{value}'")
