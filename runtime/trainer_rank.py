@@ -93,7 +93,7 @@ def main(plan_path: str) -> int:
     launch_dir = os.path.join(plan["run_dir"], "launch")
     try:
         init_world(device, plan.get("collective_timeout_s"))
-        commands = command_group()
+        commands = command_group(plan.get("collective_timeout_s") if rank == 0 else None)
         try:
             if rank == 0:
                 return _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands)

@@ -310,8 +310,8 @@ class Commander:
         """A command raised here: the other ranks may be inside it still (or gone)."""
 
     def __call__(self, command: str, payload: Any = None) -> Any:
-        dist.broadcast_object_list([command, payload], src=0, group=self.group)
-        try:
+        try:  # a send that failed leaves the channel broken too: no shutdown after it
+            dist.broadcast_object_list([command, payload], src=0, group=self.group)
             return getattr(self.world, command)(payload)
         except BaseException:
             self.interrupted = True
@@ -322,9 +322,15 @@ class Commander:
         dist.broadcast_object_list(["shutdown", None], src=0, group=self.group)
 
 
-def command_group() -> Any:
-    """The gloo group commands travel on (every rank creates it, right after init_world)."""
-    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+def command_group(send_timeout_s: float | None = None) -> Any:
+    """The gloo group commands travel on (every rank creates it, right after init_world).
+
+    A timeout is each process's own: the ranks that wait for commands wait IDLE_TIMEOUT, while
+    rank 0 may give `send_timeout_s` (cluster.collective_timeout_s) to bound its sends. A command
+    larger than the socket buffers (a batch of sequences) is sent only as fast as the others take
+    it, so a follower whose link was cut would hold rank 0 in the send for IDLE_TIMEOUT."""
+    timeout = IDLE_TIMEOUT if send_timeout_s is None else datetime.timedelta(seconds=send_timeout_s)
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 def follow(world: TrainerWorld, group: Any, keep_serving: bool) -> None:
