@@ -91,24 +91,32 @@ class NodeHeartbeat:
         from ..client.base import ClientOptions, RpcError
         from ..client.run import RunClient
 
-        plan = read_plan(self.plan_path, self._stop)
-        if plan is None:
-            return
         interval = self.control.heartbeat_interval
         options = replace(ClientOptions.from_control(self.control), timeout=interval, retry_attempts=1)
-        worker_id, complained = None, False
-        with RunClient(plan["run_address"], options) as run:
-            while not self._stop.is_set():
-                try:
-                    if worker_id is None:
-                        worker_id, _ = run.register_worker("trainer_node", index=self.node_rank)
-                    self.state, self.heard = run.heartbeat(worker_id), time.monotonic()
-                    complained = False
-                except RpcError as e:
-                    if not complained:
-                        print(f"rlcore: the run's controller does not answer ({e}); trying on", flush=True)
-                        complained = True
-                self._stop.wait(interval)
+        complained = False
+        while not self._stop.is_set():
+            # the plan names the controller; one left from an earlier launch names a gone one, so
+            # the plan is read again whenever the controller does not answer
+            plan = read_plan(self.plan_path, self._stop)
+            if plan is None:
+                return
+            worker_id = None
+            with RunClient(plan["run_address"], options) as run:
+                while not self._stop.is_set():
+                    try:
+                        if worker_id is None:
+                            worker_id, _ = run.register_worker("trainer_node", index=self.node_rank)
+                        self.state, self.heard = run.heartbeat(worker_id), time.monotonic()
+                        complained = False
+                    except RpcError as e:
+                        if not complained:
+                            print(
+                                f"rlcore: the run's controller does not answer ({e}); trying on", flush=True
+                            )
+                            complained = True
+                        self._stop.wait(interval)
+                        break
+                    self._stop.wait(interval)
 
     def run_goes_on(self) -> bool:
         """After this node's world failed: whether the run is still on (node 0 restarts the world

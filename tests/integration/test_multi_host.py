@@ -216,15 +216,17 @@ def test_a_trainer_world_restarts_across_hosts_and_trains_no_step_twice(tmp_path
     same_training(one_host, run_dir)
 
 
-def test_a_trainer_node_cut_off_ends_the_run_in_one_line_naming_it(tmp_path) -> None:
-    """Node 1's link cut mid-GRPO: the world's next collective times out (cluster.collective_timeout_s),
-    and the launch ends with one line naming node 1; node 1, which no longer hears the controller,
-    ends its ranks instead of waiting for a command that never comes."""
+def test_a_trainer_node_cut_off_ends_the_run_naming_it_and_the_run_resumes(tmp_path, one_host) -> None:
+    """Node 1's link cut mid-GRPO: the world's next collective (or rank 0's next command) times out
+    (cluster.collective_timeout_s), and the launch ends with one line naming node 1; node 1, which
+    no longer hears the controller, ends its ranks instead of waiting for a command that never
+    comes. With the link back, both nodes launched again with continue_from_checkpoint resume and
+    finish as the one-host run did, step for step."""
     cfg, run_dir = _two_nodes(tmp_path)
     cfg["cluster"]["collective_timeout_s"] = 10
     path = _config_file(cfg, str(tmp_path))
     with netns.Hosts(2) as hosts:
-        node1 = hosts[1]
+        node0, node1 = hosts
         cluster = Cluster(hosts, str(tmp_path))
         try:
             cluster.start_trainer_nodes(path)
@@ -238,5 +240,16 @@ def test_a_trainer_node_cut_off_ends_the_run_in_one_line_naming_it(tmp_path) -> 
             assert "trainer node 1 (" in errors[0] and "stopped answering the controller" in errors[0], errors
             assert cluster.procs["node1"].wait(timeout=120) != 0, cluster.report()
             assert "the run's controller has not answered" in cluster.output("node1")
+            node1.restore()
+            resume = "continue_from_checkpoint=true"
+            cluster.start(
+                "node0 again", node0, ["launch", path, f"cluster.node_address={node0.address}", resume]
+            )
+            cluster.start("node1 again", node1, [
+                "launch", path, "cluster.node_rank=1", f"cluster.node_address={node1.address}", resume,
+            ])  # fmt: skip
+            assert cluster.procs["node0 again"].wait(timeout=300) == 0, cluster.report()
+            assert cluster.procs["node1 again"].wait(timeout=60) == 0, cluster.report()
         finally:
             cluster.close()
+    same_training(one_host, run_dir)
