@@ -22,6 +22,11 @@ QUIET_MAX_FACTOR = 12
 """After failures in a row, the pause between attempts doubles from bound_s up to this many times it."""
 
 
+SILENT_HEARTBEATS, MIN_SILENT_S = 3, 10.0
+"""A rollout worker not heard from for this many heartbeat intervals (at least MIN_SILENT_S seconds)
+is not offered to the loop."""
+
+
 class RunReporter:
     """A call to the controller costs training at most `bound_s`: one attempt with that timeout,
     and after a failure none for `bound_s`, doubling with each failure in a row up to
@@ -76,8 +81,10 @@ class RunReporter:
             time.sleep(PAUSE_POLL_S)
 
     def rollout_workers(self) -> list[str] | None:
-        """Addresses of the rollout workers registered with the run now, in index order; None
-        while the controller does not answer (within the same bound as a heartbeat)."""
+        """Addresses of the rollout workers registered with the run and heard from lately (a worker
+        whose heartbeats stopped, e.g. its host's link is down, is left out until they resume: the
+        loop would otherwise wait for it each step), in index order; None while the controller does
+        not answer (within the same bound as a heartbeat)."""
         if time.monotonic() < self._quiet_until:
             return None
         try:
@@ -85,7 +92,8 @@ class RunReporter:
         except RpcError as e:
             self._unreachable(e)
             return None
-        return [w.address for w in status.workers if w.role == "rollout"]
+        quiet_s = max(SILENT_HEARTBEATS * self.bound_s, MIN_SILENT_S)
+        return [w.address for w in status.workers if w.role == "rollout" and w.last_seen_s <= quiet_s]
 
     def close(self) -> None:
         self.client.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,7 +27,9 @@ from tests.integration.quickstart_runs import (
     RL_STEPS,
     SFT_STEPS,
     logged,
+    metrics,
     quickstart,
+    same_steps,
     same_training,
     trainer_rank,
 )
@@ -104,19 +107,24 @@ def _wait_for(condition, what: str, cluster: Cluster, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def start_rollout_host(cluster: Cluster, host: netns.Host, node0: netns.Host, cfg: dict, tls: dict) -> None:
+def start_rollout_host(
+    cluster: Cluster, host: netns.Host, node0: netns.Host, cfg: dict, tls: dict | None, role: str = "rollout"
+) -> None:
     """`rlcore rollout serve` on the rollout host, joining the run at node 0 once the model exists
     (node 0 prepares the run's assets), with the flags a launch gives the workers it starts."""
     model = cfg["model"]["model_path"]
     _wait_for(
         lambda: os.path.exists(os.path.join(model, "config.json")), "node 0 prepared the model", cluster, 120
     )
-    cluster.start("rollout", host, [
+    tls_flags = [] if tls is None else [
+        "--tls-cert", tls["cert_file"], "--tls-key", tls["key_file"], "--tls-ca", tls["ca_file"],
+        "--tls-require-client-cert",
+    ]  # fmt: skip
+    cluster.start(role, host, [
         "rollout", "serve", "--model", model, "--engine", "hf", "--device", "cpu", "--dtype", "auto",
         "--max-model-len", str(cfg["model"]["max_model_len"]), "--max-batch-size", "256", "--seed", str(cfg["seed"]),
         "--threads", "2", "--host", host.address, "--port", "0", "--register", f"{node0.address}:{RUN_PORT}",
-        "--token-env", "RLCORE_TOKEN", "--tls-cert", tls["cert_file"], "--tls-key", tls["key_file"],
-        "--tls-ca", tls["ca_file"], "--tls-require-client-cert",
+        "--token-env", "RLCORE_TOKEN", *tls_flags,
     ])  # fmt: skip
 
 
@@ -253,3 +261,51 @@ def test_a_trainer_node_cut_off_ends_the_run_naming_it_and_the_run_resumes(tmp_p
         finally:
             cluster.close()
     same_training(one_host, run_dir)
+
+
+def test_a_rollout_host_cut_off_is_left_out_and_rejoins_when_its_link_returns(tmp_path, one_host) -> None:
+    """Two rollout hosts; one's link cut mid-GRPO: its share of the batch goes to the other (a seeded
+    prompt samples the same on either), the weight sync goes on without it, and its silent
+    heartbeats keep it out of the next steps; once its link returns it rejoins with the current
+    weights. Every step is trained once, the first ones with the numbers of the one-host run (one
+    worker; the learning rate is constant, so a longer run starts the same)."""
+    rl_steps = 40  # time for the cut worker to come back before the end
+    cfg = quickstart(str(tmp_path / "multi"), SFT_STEPS, rl_steps)
+    cfg["cluster"]["ranks_per_node"] = 2  # as the one-host run
+    cfg["control"] = {"host": "10.77.0.1", "run_port": RUN_PORT, "heartbeat_interval": 1.0}
+    cfg["explorer"] = {"rollout_model": {"start_workers": False, "engine_num": 2}, "max_timeout": 15}
+    cfg["synchronizer"] = {"sync_timeout": 10}
+    run_dir = os.path.join(cfg["checkpoint_root_dir"], "quickstart", "arithmetic")
+    path = _config_file(cfg, str(tmp_path))
+    with netns.Hosts(3) as hosts:
+        node0, steady, cut = hosts
+        cluster = Cluster(hosts, str(tmp_path))
+        try:
+            cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
+            start_rollout_host(cluster, steady, node0, cfg, None, role="steady")
+            start_rollout_host(cluster, cut, node0, cfg, None, role="cut")
+            _wait_for(lambda: logged(run_dir, "stage1_rl", 2), "GRPO step 2", cluster, 300)
+            cut.cut()
+            left_out = re.compile(rf"rollout workers now: {steady.address}:\d+ \(were: .*{cut.address}:")
+            _wait_for(
+                lambda: left_out.search(cluster.output("node0")), "the cut worker left out", cluster, 120
+            )
+            cut.restore()
+            assert cluster.procs["node0"].wait(timeout=300) == 0, cluster.report()
+        finally:
+            cluster.close()
+    out = cluster.output("node0")
+    # the cut is met by the step's rollout or by the sync after it: either names the worker and the call
+    named = rf"rollout worker {cut.address}:\d+: (RunTasks: DEADLINE_EXCEEDED.*its tasks go to the other|\w+: DEADLINE_EXCEEDED)"
+    assert re.search(named, out), out
+    after = out[left_out.search(out).end() :]
+    assert re.search(rf"rollout workers now: .*{cut.address}:\d+.* \(were: {steady.address}:\d+\)", after), (
+        out
+    )
+    rl = metrics(run_dir, "stage1_rl")
+    assert [r["step"] for r in rl] == list(range(1, rl_steps + 1))
+    same_steps(
+        metrics(one_host, "stage1_rl"),
+        rl[:RL_STEPS],
+        ("rollout/reward_mean", "actor/loss", "actor/grad_norm"),
+    )

@@ -63,3 +63,26 @@ def test_a_silent_controller_costs_each_step_at_most_the_bound() -> None:
         if silent is not None:
             silent.close()
         reporter.close()
+
+
+def test_a_rollout_worker_whose_heartbeats_stopped_is_left_out_until_they_resume(monkeypatch) -> None:
+    from rlcore.client.run import RunClient
+    from rlcore.runtime import run_reporter
+
+    monkeypatch.setattr(run_reporter, "MIN_SILENT_S", 0.0)  # silent after 3 x BOUND_S
+    server, _ = start_run_server("proj/run", ServerOptions(token=TOKEN), heartbeat_interval_s=BOUND_S)
+    reporter = RunReporter(server.address, ClientOptions(token=TOKEN, timeout=5.0), bound_s=BOUND_S)
+    try:
+        with RunClient(server.address, ClientOptions(token=TOKEN, timeout=5.0)) as run:
+            talking, _ = run.register_worker("rollout", "10.0.0.2:50051")
+            silent, _ = run.register_worker("rollout", "10.0.0.3:50051")
+            assert reporter.rollout_workers() == ["10.0.0.2:50051", "10.0.0.3:50051"]
+            for _ in range(8):  # 2 s: four heartbeat intervals from one worker, none from the other
+                run.heartbeat(talking)
+                time.sleep(BOUND_S / 2)
+            assert reporter.rollout_workers() == ["10.0.0.2:50051"]
+            run.heartbeat(silent)  # its link is back
+            assert reporter.rollout_workers() == ["10.0.0.2:50051", "10.0.0.3:50051"]
+    finally:
+        reporter.close()
+        server.stop(grace=0)
