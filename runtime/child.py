@@ -22,6 +22,12 @@ KEEP_FREED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_MMAP_THRESH
 step's memory instead of page-faulting fresh pages."""
 
 
+def rank_threads(cluster: Any) -> int:
+    """CPU threads of each trainer rank: cluster.threads_per_rank, else the cores split between the
+    node's ranks."""
+    return int(cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // cluster.ranks_per_node))
+
+
 def process_env(cluster: Any, threads: int, gpus: list[str] | None = None) -> dict[str, str]:
     """The environment of the trainer ranks and rollout workers a launch starts; `gpus` (placed by
     `gpu_placement`) replace CUDA_VISIBLE_DEVICES."""

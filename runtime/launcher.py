@@ -22,7 +22,7 @@ from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_ya
 from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
 from . import failure
-from .child import process_env
+from .child import process_env, rank_threads
 from .explore_loop import EXPLORER_DIR, drive_explorer, published_dir, trainer_stage_dir, wait_for_weights
 from .lifecycle import StopSignals, end_process
 from .loop import SUMMARY, planned_steps, stage_dir
@@ -325,7 +325,7 @@ def run(
         assert first_weights is not None  # no stop event: it returns weights or raises
         worker_version, worker_model = first_weights
     launch_dir = os.path.join(run_dir, "launch")
-    threads = base.cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // base.cluster.ranks_per_node)
+    threads = rank_threads(base.cluster)
     print(
         f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], strategy {base.trainer.strategy}, "
         f"{base.cluster.ranks} trainer rank(s) on {device}; run folder {run_dir}",

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..core.config import Stage
 from . import failure
-from .child import process_env, wrap
+from .child import process_env, rank_threads, wrap
 from .lifecycle import end_process
 
 PLAN = "plan.json"
@@ -156,7 +156,7 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
     launch_dir = os.path.join(run_dir, "launch")
     os.makedirs(launch_dir, exist_ok=True)
     plan_path = os.path.join(launch_dir, PLAN)
-    threads = base.cluster.threads_per_rank or max(1, (os.cpu_count() or 1) // cluster.ranks_per_node)
+    threads = rank_threads(cluster)
     command = torchrun_command(plan_path, cluster, base.project, base.name)
     log_path = os.path.join(launch_dir, node_log(cluster))
     print(
@@ -239,7 +239,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def start_world(
     command: list[str], env: dict[str, str], log_path: str, pass_fds: tuple[int, ...] = ()
-) -> Any:
+) -> subprocess.Popen:
     """torchrun in a session of its own (a terminal's Ctrl-C reaches only the launcher, which ends
     the run in order), dying with the launcher, its stderr and the ranks' (tracebacks, torchrun's
     failure report) appended to `log_path`."""
