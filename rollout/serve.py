@@ -38,15 +38,28 @@ def _exit_within(seconds: float) -> None:
 
 
 def _heartbeat_loop(
-    run: Any, worker_id: str, interval_s: float, servicer: RolloutServicer, stop: threading.Event
+    run: Any, address: str, index: int, interval_s: float, servicer: RolloutServicer, stop: threading.Event
 ) -> None:
+    """Heartbeat to the run every `interval_s`. A controller that no longer knows this worker was
+    started again (a launch resumed after its controller was lost): the worker registers with it
+    again, and the resumed run takes it back."""
     from ..client.base import RpcError
 
     while not stop.wait(interval_s):
         try:
-            run.heartbeat(worker_id, policy_version=servicer.engine.policy_version)
+            run.heartbeat(servicer.worker_id, policy_version=servicer.engine.policy_version)
         except RpcError as e:
-            log.warning("heartbeat to the run at %s failed: %s", run.address, e)
+            if e.code.name != "INVALID_ARGUMENT":  # unreachable, or not up yet: try on
+                log.warning("heartbeat to the run at %s failed: %s", run.address, e)
+                continue
+            try:
+                servicer.worker_id, _ = run.register_worker("rollout", address, index)
+                print(
+                    f"rlcore: the run at {run.address} started again; joined it as {servicer.worker_id}",
+                    flush=True,
+                )
+            except RpcError as again:
+                log.warning("registering again with the run at %s failed: %s", run.address, again)
 
 
 class HttpDoor:
@@ -159,7 +172,8 @@ def serve_main(args: argparse.Namespace) -> int:
             servicer.worker_id = worker_id
             if interval_s > 0:
                 threading.Thread(
-                    target=_heartbeat_loop, args=(run, worker_id, interval_s, servicer, stop), name="heartbeat",
+                    target=_heartbeat_loop, args=(run, server.address, args.index, interval_s, servicer, stop),
+                    name="heartbeat",
                     daemon=True,
                 ).start()  # fmt: skip
         print(f"rlcore: rollout worker serving {args.model} on {server.address}", flush=True)

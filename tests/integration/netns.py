@@ -6,8 +6,10 @@ over the bridge, and `host.cut()` / `host.restore()` bring its link down and up 
 packets are dropped, no connection is reset). Creating namespaces needs root (CAP_NET_ADMIN);
 `skip_reason()` says why a machine cannot, for the tests to skip with.
 
-Everything is named after this process's id and removed by `close()` (the bridge and the veths
-go with it), so parallel or aborted sessions do not collide.
+Everything is named after this process's id and a count of the sets it made, and removed by
+`close()` (the bridge and the veths go with it), so parallel or aborted sessions do not collide,
+nor does a set with the remains of the one before (a namespace lives on while a process of it
+does, and its interface with it).
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ class Host:
 class Hosts:
     """`count` hosts on a private bridge; use as a context manager (removes them all on exit)."""
 
+    made = 0
+
     def __init__(self, count: int, net: int = 77):
-        tag = os.getpid() % 100000
+        Hosts.made += 1
+        tag = f"{os.getpid() % 100000}{Hosts.made % 100:02d}"  # interface names: 15 characters at most
         self.bridge = f"rlbr{tag}"
         self.hosts: list[Host] = []
         try:

@@ -309,3 +309,36 @@ def test_a_rollout_host_cut_off_is_left_out_and_rejoins_when_its_link_returns(tm
         rl[:RL_STEPS],
         ("rollout/reward_mean", "actor/loss", "actor/grad_norm"),
     )
+
+
+def test_a_resumed_controller_takes_back_the_rollout_host_that_kept_running(tmp_path, one_host) -> None:
+    """Node 0's launch killed with -9 mid-GRPO (its controller, trainer world and all): the rollout
+    host keeps serving; the launch started again with continue_from_checkpoint on the same run port
+    is joined again by that worker (its heartbeat finds itself unknown and registers anew), and the
+    run finishes as the one-host run did, step for step."""
+    cfg = quickstart(str(tmp_path / "multi"), SFT_STEPS, RL_STEPS)
+    cfg["cluster"]["ranks_per_node"] = 2  # as the one-host run
+    cfg["control"] = {"host": "10.77.0.1", "run_port": RUN_PORT, "heartbeat_interval": 1.0}
+    cfg["explorer"] = {"rollout_model": {"start_workers": False}}
+    cfg["trainer"] = {**cfg["trainer"], "save_interval": 2}
+    run_dir = os.path.join(cfg["checkpoint_root_dir"], "quickstart", "arithmetic")
+    path = _config_file(cfg, str(tmp_path))
+    with netns.Hosts(2) as hosts:
+        node0, rollout_host = hosts
+        cluster = Cluster(hosts, str(tmp_path))
+        try:
+            cluster.start("node0", node0, ["launch", path, f"cluster.node_address={node0.address}"])
+            start_rollout_host(cluster, rollout_host, node0, cfg, None)
+            _wait_for(lambda: logged(run_dir, "stage1_rl", 3), "GRPO step 3", cluster, 300)
+            cluster.procs["node0"].kill()
+            cluster.procs["node0"].wait()
+            cluster.start("node0 again", node0, [
+                "launch", path, f"cluster.node_address={node0.address}", "continue_from_checkpoint=true",
+            ])  # fmt: skip
+            assert cluster.procs["node0 again"].wait(timeout=300) == 0, cluster.report()
+            assert cluster.procs["rollout"].poll() is None, cluster.report()  # the same worker all along
+        finally:
+            cluster.close()
+    assert "started again; joined it as rollout-0" in cluster.output("rollout"), cluster.report()
+    assert f"rollout workers ready: {rollout_host.address}:" in cluster.output("node0 again")
+    same_training(one_host, run_dir)
