@@ -96,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) on this port (0: any free one)",
     )  # fmt: skip
     serve.add_argument("--http-port-file", help="write host:port of the HTTP door here once it listens")
-    serve.add_argument("--served-model-name", help="the model name the HTTP door answers to (default: the model folder's name)")
+    serve.add_argument(
+        "--served-model-name",
+        help="the model name the HTTP door answers to (default: the model folder's name)",
+    )
     _add_server_args(serve)
 
     trainer = commands.add_parser("trainer", help="trainer worlds")
@@ -107,6 +110,28 @@ def build_parser() -> argparse.ArgumentParser:
     tserve.add_argument("--ranks", type=int, default=1, help="trainer processes on this machine")
     tserve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     tserve.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: cores / ranks)")
+    nodes = tserve.add_argument_group(
+        "across hosts", "every host runs `rlcore trainer serve` with the same --nnodes and --rdzv-endpoint and its "
+        "own --node-rank; node 0's first rank serves TrainerService (--host, --port)",
+    )  # fmt: skip
+    nodes.add_argument(
+        "--nnodes", type=int, default=1, help="trainer hosts in the world (each with --ranks ranks)"
+    )
+    nodes.add_argument(
+        "--node-rank", type=int, default=0, help="this host's place: 0 (serves, hosts the rendezvous), 1, ..."
+    )
+    nodes.add_argument(
+        "--rdzv-endpoint", default="", help="host:port of the rendezvous on node 0, reachable from every host"
+    )
+    nodes.add_argument(
+        "--node-address", default="", help="the address the other hosts reach this one at (default: its name)"
+    )
+    nodes.add_argument(
+        "--rdzv-timeout",
+        type=int,
+        default=600,
+        help="seconds the hosts wait for each other at the rendezvous",
+    )
     _add_server_args(tserve)
     _add_bench_parser(commands)
     return parser
@@ -181,7 +206,9 @@ def _validate(args: argparse.Namespace) -> int:
     lengths = ""
     if any(has_tokenizer(s.config.model.model_path) for s in stages):  # else no heavy import at all
         if not check_prompt_lengths(stages, only_on_disk=True):
-            lengths = "; prompt lengths of stages whose model or taskset is not on disk yet are checked at launch"
+            lengths = (
+                "; prompt lengths of stages whose model or taskset is not on disk yet are checked at launch"
+            )
     print(f"OK: {args.config} ({len(stages)} stage(s): {names}){lengths}")
     return 0
 

@@ -41,25 +41,31 @@ def node_log(cluster: Any) -> str:
 
 def torchrun_command(plan_path: str, cluster: Any, project: str, name: str) -> list[str]:
     """torchrun starting this node's trainer ranks, as a child that dies with this process (child.py).
+    A restart (trainer.max_restarts) is a new torchrun on every node, not torchrun's own
+    --max-restarts: its agents keep their store, where the failed world's gloo groups left their
+    addresses, and the restarted ranks dialled those and failed (torch 2.13)."""
+    args = torchrun_args(cluster, f"{project}-{name}")
+    return wrap(os.getpid(), "torch.distributed.run", *args, "-m", "rlcore.runtime.trainer_rank", plan_path)
+
+
+def torchrun_args(cluster: Any, rdzv_id: str) -> list[str]:
+    """torchrun's flags for this node's share of a trainer world (a ClusterConfig's settings).
 
     Across hosts it meets the other nodes at cluster.rdzv_endpoint (c10d): node 0 hosts the
     rendezvous (is_host: torchrun's own guess compares host names, which hosts sharing a name, as
     containers and network namespaces do, get wrong), and each node gives the address the others
-    reach it at (node_address). A restart (trainer.max_restarts) is a new torchrun on every node,
-    not torchrun's own --max-restarts: its agents keep their store, where the failed world's gloo
-    groups left their addresses, and the restarted ranks dialled those and failed (torch 2.13)."""
+    reach it at (node_address)."""
     args = ["--nproc-per-node", str(cluster.ranks_per_node)]
     if cluster.num_nodes == 1 and not cluster.rdzv_endpoint:
-        args += ["--standalone", "--nnodes", "1"]
-    else:
-        args += [
-            "--nnodes", str(cluster.num_nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", cluster.rdzv_endpoint,
-            "--rdzv-id", f"{project}-{name}",
-            "--rdzv-conf", f"is_host={int(cluster.node_rank == 0)},join_timeout={cluster.rdzv_timeout_s}",
-        ]  # fmt: skip
-        if cluster.node_address:
-            args += ["--local-addr", cluster.node_address]
-    return wrap(os.getpid(), "torch.distributed.run", *args, "-m", "rlcore.runtime.trainer_rank", plan_path)
+        return [*args, "--standalone", "--nnodes", "1"]
+    args += [
+        "--nnodes", str(cluster.num_nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", cluster.rdzv_endpoint,
+        "--rdzv-id", rdzv_id,
+        "--rdzv-conf", f"is_host={int(cluster.node_rank == 0)},join_timeout={cluster.rdzv_timeout_s}",
+    ]  # fmt: skip
+    if cluster.node_address:
+        args += ["--local-addr", cluster.node_address]
+    return args
 
 
 def read_plan(plan_path: str, stop: threading.Event | None = None) -> dict[str, Any] | None:

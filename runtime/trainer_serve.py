@@ -3,6 +3,11 @@ other ranks run the commands rank 0 broadcasts, until shutdown.
 
     python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N \\
         -m rlcore.runtime.trainer_serve <options.json>
+
+Across hosts every node runs `rlcore trainer serve` with the same --nnodes and --rdzv-endpoint and
+its own --node-rank; their torchrun agents meet at the rendezvous on node 0. Rank 0, which serves,
+is node 0's first rank wherever torchrun's rendezvous put it (`world_rank`): clients and rollout
+workers reach the world at the address given to node 0.
 """
 
 from __future__ import annotations
@@ -22,13 +27,18 @@ import torch
 import torch.distributed as dist
 
 from ..core.config import RLCoreConfig
+from ..core.config.errors import ConfigError
+from ..core.config.host_checks import check_nodes
+from ..core.config.schema import ClusterConfig
 from ..core.rpc.address import reachable_host
 from ..core.rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import TLSFiles, read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
 from ..core.signals import StopFlag
 from ..proto.v1 import trainer_pb2_grpc
+from .child import wrap
 from .lifecycle import die_with_parent
+from .nodes import torchrun_args
 from .trainer_service import SERVICE_NAME, TrainerServicer
 from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
 
@@ -36,6 +46,12 @@ log = logging.getLogger("rlcore.trainer_serve")
 
 _EXIT_INTERRUPTED = 130
 _STOP_GRACE_S = 30.0
+NODE_FLAGS = {
+    "num_nodes": "--nnodes", "node_rank": "--node-rank", "rdzv_endpoint": "--rdzv-endpoint",
+    "node_address": "--node-address",
+}  # fmt: skip
+"""The trainer nodes' settings as `rlcore trainer serve` spells them (errors name these)."""
+RDZV_ID = "rlcore-trainer-serve"
 
 
 def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, device: str, host: str):
@@ -83,8 +99,9 @@ def _serve_rank0(opts: dict[str, Any], commands: Any, signals: StopFlag) -> int:
                 flush=True,
             )
             return EXIT_USAGE
+        nodes = f" on {opts['num_nodes']} nodes" if opts["num_nodes"] > 1 else ""
         print(
-            f"rlcore: trainer serving on {server.address} ({dist.get_world_size()} rank(s), {opts['device']})",
+            f"rlcore: trainer serving on {server.address} ({dist.get_world_size()} rank(s){nodes}, {opts['device']})",
             flush=True,
         )
         if opts["port_file"]:
@@ -96,10 +113,21 @@ def _serve_rank0(opts: dict[str, Any], commands: Any, signals: StopFlag) -> int:
     return 0
 
 
+def world_rank(opts: dict[str, Any]) -> int:
+    """This process's rank: across hosts, node K's ranks are K * ranks + LOCAL_RANK (so rank 0, the
+    one that serves, is node 0's first), not the order torchrun's rendezvous gave the nodes (it
+    sorts them by address). Every node has the same number of ranks, so this is a permutation of
+    torchrun's ranks, and the ranks of one node stay neighbours."""
+    if opts["num_nodes"] == 1:
+        return int(os.environ.get("RANK", 0))
+    return int(opts["node_rank"]) * int(opts["ranks"]) + int(os.environ["LOCAL_RANK"])
+
+
 def rank_main(options_path: str) -> int:
     with open(options_path) as f:
         opts = json.load(f)
-    rank = int(os.environ.get("RANK", 0))
+    rank = world_rank(opts)
+    os.environ["RANK"] = str(rank)  # what init_world's env:// rendezvous reads
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -138,8 +166,22 @@ def serve_main(args: argparse.Namespace) -> int:
         read_token(args.token_env)
     except ValueError as e:
         return usage_error(str(e))
-    if args.ranks < 1:
-        return usage_error(f"--ranks must be >= 1; got {args.ranks}")
+    for flag, value, least in (
+        ("--ranks", args.ranks, 1),
+        ("--nnodes", args.nnodes, 1),
+        ("--node-rank", args.node_rank, 0),
+        ("--rdzv-timeout", args.rdzv_timeout, 1),
+    ):
+        if value < least:
+            return usage_error(f"{flag} must be >= {least}; got {value}")
+    cluster = ClusterConfig(
+        num_nodes=args.nnodes, ranks_per_node=args.ranks, rdzv_endpoint=args.rdzv_endpoint,
+        node_rank=args.node_rank, node_address=args.node_address, rdzv_timeout_s=args.rdzv_timeout,
+    )  # fmt: skip
+    try:
+        check_nodes(cluster, NODE_FLAGS)
+    except ConfigError as e:
+        return usage_error(str(e))
     try:
         tls_from_args(args)  # checked here; rank 0 builds the TLS files from the same flags
     except ValueError as e:
@@ -158,15 +200,21 @@ def serve_main(args: argparse.Namespace) -> int:
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
         "tls_require_client_cert": args.tls_require_client_cert,
         "pid_file": os.path.join(workdir, "rank0.pid"),
+        "num_nodes": args.nnodes, "node_rank": args.node_rank, "ranks": args.ranks,
     }  # fmt: skip
     options_path = os.path.join(workdir, "options.json")
     with open(options_path, "w") as f:
         json.dump(options, f)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", str(args.ranks), "-m", "rlcore.runtime.trainer_serve", options_path,
-    ]  # fmt: skip
+    # torchrun as a child that dies with this process (child.py), even by kill -9
+    cmd = wrap(os.getpid(), "torch.distributed.run", *torchrun_args(cluster, RDZV_ID),
+               "-m", "rlcore.runtime.trainer_serve", options_path)  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    if args.node_rank > 0:
+        print(
+            f"rlcore: trainer node {args.node_rank} of {args.nnodes}: {args.ranks} rank(s) on {device} meet node 0 "
+            f"at {args.rdzv_endpoint}; node 0's rank 0 serves TrainerService",
+            flush=True,
+        )
     proc = subprocess.Popen(cmd, env=env)
 
     def on_sigterm(*_: object) -> None:
@@ -174,7 +222,17 @@ def serve_main(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        return proc.wait()
+        rc = proc.wait()
+        if args.node_rank > 0:  # node 0 ends the world; a failure here is its or a link's
+            if rc == 0:
+                print(f"rlcore: trainer node {args.node_rank}: the trainer world finished", flush=True)
+            else:
+                print(
+                    f"rlcore: error: trainer node {args.node_rank}: the trainer world exited with code {rc} (node 0 "
+                    "or this host's link went down?); start every node's `rlcore trainer serve` again",
+                    file=sys.stderr,
+                )
+        return rc
     except _Terminated:
         return _stop_world(proc, options["pid_file"])
     except KeyboardInterrupt:

@@ -5,29 +5,16 @@ from __future__ import annotations
 
 from ..rpc.address import LOOPBACK_HOSTS, is_host_port
 from .errors import ConfigError
-from .schema import RLCoreConfig
+from .schema import ClusterConfig, RLCoreConfig
+
+CLUSTER_KEYS = {key: f"cluster.{key}" for key in ("num_nodes", "node_rank", "rdzv_endpoint", "node_address")}
+"""How a launch's config spells the trainer nodes' settings (`check_nodes` names them in errors)."""
 
 
 def check_hosts(cfg: RLCoreConfig) -> None:
     """Hosts: the trainer nodes' rendezvous and place, and a control plane the other hosts reach."""
     cluster, control = cfg.cluster, cfg.control
-    if cluster.rdzv_endpoint:
-        check_address(cluster.rdzv_endpoint, "cluster.rdzv_endpoint")
-    elif cluster.num_nodes > 1:
-        raise ConfigError(
-            f"cluster.num_nodes is {cluster.num_nodes}: a trainer world across hosts meets at a rendezvous; set "
-            "cluster.rdzv_endpoint to host:port on the first node, reachable from every node"
-        )
-    if cluster.node_rank >= cluster.num_nodes:
-        raise ConfigError(
-            f"cluster.node_rank is {cluster.node_rank}, but cluster.num_nodes is {cluster.num_nodes}: "
-            f"the nodes are 0..{cluster.num_nodes - 1} (0 is the controller's host)"
-        )
-    address = cluster.node_address
-    if any(c.isspace() for c in address) or address.count(":") == 1:  # one colon: host:port (IPv6 has more)
-        raise ConfigError(
-            f"cluster.node_address must be a host name or address (no port); got '{cluster.node_address}'"
-        )
+    check_nodes(cluster, CLUSTER_KEYS)
     if cluster.num_nodes > 1 and control.host in LOOPBACK_HOSTS:
         raise ConfigError(
             f"cluster.num_nodes is {cluster.num_nodes}, but control.host is {control.host}: trainer rank 0 may run "
@@ -52,6 +39,27 @@ def check_hosts(cfg: RLCoreConfig) -> None:
                 "rollout serve --register <host>:<port>`; set control.run_port to a fixed port and control.host to "
                 f"an interface they reach (0.0.0.0 or this host's address; now {control.host}:{control.run_port})"
             )
+
+
+def check_nodes(cluster: ClusterConfig, keys: dict[str, str]) -> None:
+    """A trainer world's nodes: a rendezvous across hosts, a node rank among them, an address
+    without a port; `keys` spells each setting as the user gave it (config keys, or the flags of
+    `rlcore trainer serve`)."""
+    if cluster.rdzv_endpoint:
+        check_address(cluster.rdzv_endpoint, keys["rdzv_endpoint"])
+    elif cluster.num_nodes > 1:
+        raise ConfigError(
+            f"{keys['num_nodes']} is {cluster.num_nodes}: a trainer world across hosts meets at a rendezvous; "
+            f"set {keys['rdzv_endpoint']} to host:port on the first node, reachable from every node"
+        )
+    if cluster.node_rank >= cluster.num_nodes:
+        raise ConfigError(
+            f"{keys['node_rank']} is {cluster.node_rank}, but {keys['num_nodes']} is {cluster.num_nodes}: "
+            f"the nodes are 0..{cluster.num_nodes - 1} (node 0 hosts the rendezvous)"
+        )
+    address = cluster.node_address
+    if any(c.isspace() for c in address) or address.count(":") == 1:  # one colon: host:port (IPv6 has more)
+        raise ConfigError(f"{keys['node_address']} must be a host name or address (no port); got '{address}'")
 
 
 def check_address(value: str, path: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ SKIP = netns.skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 TOKEN = "multi-host-test-token"
-RDZV_PORT, RUN_PORT = 29531, 29532
+RDZV_PORT, RUN_PORT, TRAINER_PORT = 29531, 29532, 29533
 
 
 def _pki(folder: str, hosts: list[str]) -> dict:
@@ -116,16 +117,22 @@ def start_rollout_host(
     _wait_for(
         lambda: os.path.exists(os.path.join(model, "config.json")), "node 0 prepared the model", cluster, 120
     )
-    tls_flags = [] if tls is None else [
-        "--tls-cert", tls["cert_file"], "--tls-key", tls["key_file"], "--tls-ca", tls["ca_file"],
-        "--tls-require-client-cert",
-    ]  # fmt: skip
     cluster.start(role, host, [
         "rollout", "serve", "--model", model, "--engine", "hf", "--device", "cpu", "--dtype", "auto",
         "--max-model-len", str(cfg["model"]["max_model_len"]), "--max-batch-size", "256", "--seed", str(cfg["seed"]),
         "--threads", "2", "--host", host.address, "--port", "0", "--register", f"{node0.address}:{RUN_PORT}",
-        "--token-env", "RLCORE_TOKEN", *tls_flags,
+        "--token-env", "RLCORE_TOKEN", *_tls_flags(tls),
     ])  # fmt: skip
+
+
+def _tls_flags(tls: dict | None) -> list[str]:
+    """A server's flags for the run's control.tls (mutual TLS)."""
+    if tls is None:
+        return []
+    return [
+        "--tls-cert", tls["cert_file"], "--tls-key", tls["key_file"], "--tls-ca", tls["ca_file"],
+        "--tls-require-client-cert",
+    ]  # fmt: skip
 
 
 def multi_host_config(cfg: dict, node0: netns.Host, tls: dict) -> dict:
@@ -182,6 +189,51 @@ def test_two_trainer_hosts_and_a_rollout_host_train_the_quickstart_as_one_host_d
         assert f"rollout workers ready: {rollout_host.address}:" in cluster.output("node0")
         assert "trainer node 1: the trainer world finished" in cluster.output("node1")
     same_training(one_host, os.path.join(multi["checkpoint_root_dir"], "quickstart", "arithmetic"))
+
+
+def test_a_trainer_service_across_two_hosts_trains_the_quickstart_as_one_host_does(
+    tmp_path, one_host
+) -> None:
+    """`rlcore trainer serve` on two hosts (node 0's first rank serves TrainerService under mutual
+    TLS, though torchrun's rendezvous ranks node 1 first), driven from a third host by a launch with
+    trainer.remote whose rollout worker pulls the weights from node 0: the quickstart trains to the
+    same per-step losses, gradient norms and rewards as on one host. Node 0's SIGTERM ends both."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    with netns.Hosts(3) as hosts:
+        node1, node0, driver = hosts  # node 1's address sorts first: torchrun's rendezvous ranks it first
+        tls = _pki(str(pki), [h.address for h in hosts])
+        cfg = quickstart(str(tmp_path / "remote"), SFT_STEPS, RL_STEPS)
+        cfg["trainer"]["remote"] = f"{node0.address}:{TRAINER_PORT}"
+        cfg["control"] = {"host": driver.address, "tls": tls}
+        path = _config_file(cfg, str(tmp_path))
+        serve = [
+            "trainer", "serve", "--ranks", "1", "--threads", "2", "--device", "cpu", "--nnodes", "2",
+            "--rdzv-endpoint", f"{node0.address}:{RDZV_PORT}", "--rdzv-timeout", "60", *_tls_flags(tls),
+        ]  # fmt: skip
+        cluster = Cluster(hosts, str(tmp_path))
+        try:
+            cluster.start("serve1", node1, [*serve, "--node-rank", "1", "--node-address", node1.address])
+            cluster.start("serve0", node0, [
+                *serve, "--node-rank", "0", "--node-address", node0.address, "--host", node0.address,
+                "--port", str(TRAINER_PORT),
+            ])  # fmt: skip
+            _wait_for(
+                lambda: "trainer serving on" in cluster.output("serve0"), "node 0 serving", cluster, 120
+            )
+            cluster.start("launch", driver, ["launch", path])
+            assert cluster.procs["launch"].wait(timeout=600) == 0, cluster.report()
+            cluster.procs["serve0"].send_signal(signal.SIGTERM)
+            assert cluster.procs["serve0"].wait(timeout=60) == 0, cluster.report()
+            assert cluster.procs["serve1"].wait(timeout=60) == 0, cluster.report()
+        finally:
+            cluster.close()
+    assert f"trainer serving on {node0.address}:{TRAINER_PORT} (2 rank(s) on 2 nodes, cpu)" in cluster.output(
+        "serve0"
+    )
+    assert f"remote trainer {node0.address}:{TRAINER_PORT}: 2 rank(s)" in cluster.output("launch")
+    assert "trainer node 1: the trainer world finished" in cluster.output("serve1")
+    same_training(one_host, os.path.join(cfg["checkpoint_root_dir"], "quickstart", "arithmetic"))
 
 
 def _two_nodes(tmp_path, **settings) -> tuple[dict, str]:
