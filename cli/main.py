@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-address", default="", help="the address the other hosts reach this one at (default: its name)"
     )
     nodes.add_argument(
+        "--collective-timeout", type=float, default=1800.0,
+        help="seconds a collective waits for a lost node (rank 0's sends too); node K > 0 ends its ranks "
+        "after node 0's rendezvous has not answered this long",
+    )  # fmt: skip
+    nodes.add_argument(
         "--rdzv-timeout",
         type=int,
         default=600,

@@ -49,6 +49,10 @@ class Host:
     def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(argv), **kwargs)
 
+    def pids(self) -> list[int]:
+        """The processes that live in this host's namespace."""
+        return [int(pid) for pid in _ip("netns", "pids", self.netns, check=False).stdout.split()]
+
     def cut(self) -> None:
         """Pull the cable: the host's end of the link goes down (its packets are dropped)."""
         _ip("link", "set", self.veth, "down")

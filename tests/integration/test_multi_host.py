@@ -236,6 +236,36 @@ def test_a_trainer_service_across_two_hosts_trains_the_quickstart_as_one_host_do
     same_training(one_host, os.path.join(cfg["checkpoint_root_dir"], "quickstart", "arithmetic"))
 
 
+def test_a_trainer_service_node_cut_off_ends_its_ranks_in_one_line(tmp_path) -> None:
+    """Node 1's link cut under an idle `rlcore trainer serve` world: its ranks would wait for rank
+    0's next command for days (torchrun's agent does not notice), so node 1 ends them once node 0's
+    rendezvous has not answered for --collective-timeout, in one line, and leaves no process."""
+    with netns.Hosts(2) as hosts:
+        node0, node1 = hosts
+        serve = [
+            "trainer", "serve", "--ranks", "1", "--threads", "1", "--device", "cpu", "--nnodes", "2",
+            "--rdzv-endpoint", f"{node0.address}:{RDZV_PORT}", "--rdzv-timeout", "60", "--collective-timeout", "10",
+        ]  # fmt: skip
+        cluster = Cluster(hosts, str(tmp_path))
+        try:
+            cluster.start("serve0", node0, [*serve, "--node-address", node0.address, "--host", node0.address])
+            cluster.start("serve1", node1, [*serve, "--node-rank", "1", "--node-address", node1.address])
+            _wait_for(
+                lambda: "trainer serving on" in cluster.output("serve0"), "node 0 serving", cluster, 120
+            )
+            node1.cut()
+            cut_at = time.monotonic()
+            assert cluster.procs["serve1"].wait(timeout=120) == 1, cluster.report()
+            took_s = time.monotonic() - cut_at
+            _wait_for(lambda: not node1.pids(), "node 1's processes gone", cluster, 30)
+        finally:
+            cluster.close()
+    errors = [line for line in cluster.output("serve1").splitlines() if line.startswith("rlcore: error:")]
+    assert len(errors) == 1, cluster.report()
+    assert f"node 0's rendezvous {node0.address}:{RDZV_PORT} has not answered for" in errors[0], errors
+    assert 10 < took_s < 60, took_s
+
+
 def _two_nodes(tmp_path, **settings) -> tuple[dict, str]:
     """The multi-host quickstart whose rollout worker node 0's launch starts (it outlives the world's
     restarts), checkpointing every 2 steps."""

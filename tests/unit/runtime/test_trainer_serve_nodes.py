@@ -18,6 +18,7 @@ from rlcore.runtime.trainer_serve import world_rank
         (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--node-address", "a:1"], "--node-address must be a host name"),
         (["--nnodes", "0"], "--nnodes must be >= 1; got 0"),
         (["--node-rank", "-1"], "--node-rank must be >= 0; got -1"),
+        (["--collective-timeout", "0"], "--collective-timeout must be >= 1; got 0.0"),
     ],
 )  # fmt: skip
 def test_node_flags_are_refused_in_one_line_naming_the_flag(
