@@ -66,7 +66,9 @@ def _check_run(run_dir: str, trained_steps: int = STEPS, staleness: int = 1) -> 
     )  # the trainer's weights came
     for step, version in enumerate(versions):  # never more than max_staleness steps behind
         assert step - version <= 1
-    assert all(m["rollout/staleness_mean"] <= staleness for m in train), [m["rollout/staleness_mean"] for m in train]
+    assert all(m["rollout/staleness_mean"] <= staleness for m in train), [
+        m["rollout/staleness_mean"] for m in train
+    ]
     return train, explore
 
 
@@ -108,14 +110,48 @@ def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> 
     found = re.search(r"resumed main from \S+ \(step (\d+)\)", out)
     assert found and int(found.group(1)) < steps, out[-3000:]  # it retrains the steps after its checkpoint
     train, _ = _check_run(run_dir, steps)  # every step once in the metrics: the retrained ones replaced
+    _each_group_trained_once(run_dir, train, steps)
+
+
+def test_a_restarted_trainer_world_resumes_the_buffer_and_trains_every_experience_once(tmp_path) -> None:
+    """trainer.max_restarts in a decoupled run: the train launch's rank killed (-9) past its step-2
+    checkpoint fails its world; the launch starts it again, the ranks resume from the checkpoint,
+    the buffer's read position included, while the explore launch keeps exploring; every step is
+    logged once and every group is taken by one step only (the buffer's ledger, counted)."""
+    from tests.integration.quickstart_runs import trainer_rank
+
+    steps = 8
+    path = _config(
+        str(tmp_path),
+        "sql",
+        **{"trainer.save_interval": 2, "buffer.total_steps": steps, "trainer.max_restarts": 1},
+    )
+    run_dir = os.path.join(str(tmp_path), "it", "run")
+    trainer = _start(path, "train")
+    explorer = _start(path, "explore")
+    deadline = time.monotonic() + 300
+    while len([m for m in _lines(run_dir) if "buffer/experiences" in m]) < 3:  # past the checkpoint of step 2
+        assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[0][-3000:]
+        time.sleep(0.2)
+    trainer_rank(str(tmp_path), 0).kill()
+    _finish(explorer, "mode explore")
+    out = _finish(trainer, "the restarted mode train")
+    assert "restart 1 of 1 (trainer.max_restarts) from the last checkpoint" in out, out[-3000:]
+    assert "trainer world restart 1 of 1 (trainer.max_restarts): resuming from the last checkpoint" in out
+    train, _ = _check_run(run_dir, steps)  # every step once in the metrics: the retrained ones replaced
+    _each_group_trained_once(run_dir, train, steps)
+
+
+def _each_group_trained_once(run_dir: str, train: list[dict], steps: int) -> None:
+    """The sql buffer's ledger: every step once, each group taken by one step only, none left."""
     import sqlite3
 
-    with sqlite3.connect(os.path.join(run_dir, "buffer", "experiences.db")) as db:  # the buffer's ledger
+    with sqlite3.connect(os.path.join(run_dir, "buffer", "experiences.db")) as db:
         ledger = db.execute("SELECT step, group_key FROM rlcore_buffer_steps").fetchall()
         written = db.execute("SELECT COUNT(DISTINCT group_key) FROM rlcore_experiences").fetchone()[0]
     taken = [key for _, key in ledger]
-    assert len({step for step, _ in ledger}) == steps  # every step once in the ledger
-    assert len(taken) == len(set(taken)) == written == 4 * steps  # each group in one step only, none left
+    assert len({step for step, _ in ledger}) == steps
+    assert len(taken) == len(set(taken)) == written == 4 * steps
     assert sum(m["buffer/experiences"] for m in train) == 4 * steps * GROUP
 
 
