@@ -6,6 +6,7 @@ over the bridge, and `host.cut()` / `host.restore()` bring its link down and up 
 packets are dropped, no connection is reset). Creating namespaces needs root (CAP_NET_ADMIN);
 `skip_reason()` says why a machine cannot, for the tests to skip with.
 
+Leaving a host set checks that no process outlives the test there (an orphan fails the test).
 Everything is named after this process's id and a count of the sets it made, and removed by
 `close()` (the bridge and the veths go with it), so parallel or aborted sessions do not collide,
 nor does a set with the remains of the one before (a namespace lives on while a process of it
@@ -92,8 +93,32 @@ class Hosts:
     def __enter__(self) -> list[Host]:
         return self.hosts
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        left = self.leftovers()
         self.close()
+        if left and exc_type is None:  # a failing test's own error comes first
+            raise AssertionError(f"processes outlived the test in its hosts (orphans): {left}")
+
+    def leftovers(self, wait_s: float = 60.0) -> list[str]:
+        """What still runs in the hosts once `wait_s` has passed (the processes a test ended take
+        their children with them, within their grace periods), as command lines; these are killed."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while any(h.pids() for h in self.hosts) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = []
+        for host in self.hosts:
+            for pid in host.pids():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        left.append(
+                            f"{host.address} pid {pid}: " + f.read().replace(b"\0", b" ").decode()[:300]
+                        )
+                    os.kill(pid, 9)
+                except OSError:
+                    continue
+        return left
 
     def close(self) -> None:
         for host in self.hosts:
