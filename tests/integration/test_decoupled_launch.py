@@ -94,14 +94,7 @@ def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> 
     import re
 
     steps = 8
-    path = _config(str(tmp_path), "sql", **{"trainer.save_interval": 2, "buffer.total_steps": steps})
-    run_dir = os.path.join(str(tmp_path), "it", "run")
-    trainer = _start(path, "train")
-    explorer = _start(path, "explore")
-    deadline = time.monotonic() + 300
-    while len([m for m in _lines(run_dir) if "buffer/experiences" in m]) < 3:  # past the checkpoint of step 2
-        assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[0][-3000:]
-        time.sleep(0.2)
+    path, run_dir, trainer, explorer = _past_the_step_2_checkpoint(tmp_path, steps)
     trainer.kill()  # the launcher only: its trainer world dies with it
     trainer.communicate()
     resumed = _start(path, "train", "continue_from_checkpoint=true")
@@ -121,18 +114,9 @@ def test_a_restarted_trainer_world_resumes_the_buffer_and_trains_every_experienc
     from tests.integration.quickstart_runs import trainer_rank
 
     steps = 8
-    path = _config(
-        str(tmp_path),
-        "sql",
-        **{"trainer.save_interval": 2, "buffer.total_steps": steps, "trainer.max_restarts": 1},
+    _, run_dir, trainer, explorer = _past_the_step_2_checkpoint(
+        tmp_path, steps, **{"trainer.max_restarts": 1}
     )
-    run_dir = os.path.join(str(tmp_path), "it", "run")
-    trainer = _start(path, "train")
-    explorer = _start(path, "explore")
-    deadline = time.monotonic() + 300
-    while len([m for m in _lines(run_dir) if "buffer/experiences" in m]) < 3:  # past the checkpoint of step 2
-        assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[0][-3000:]
-        time.sleep(0.2)
     trainer_rank(str(tmp_path), 0).kill()
     _finish(explorer, "mode explore")
     out = _finish(trainer, "the restarted mode train")
@@ -140,6 +124,22 @@ def test_a_restarted_trainer_world_resumes_the_buffer_and_trains_every_experienc
     assert "trainer world restart 1 of 1 (trainer.max_restarts): resuming from the last checkpoint" in out
     train, _ = _check_run(run_dir, steps)  # every step once in the metrics: the retrained ones replaced
     _each_group_trained_once(run_dir, train, steps)
+
+
+def _past_the_step_2_checkpoint(
+    tmp_path, steps: int, **more
+) -> tuple[str, str, subprocess.Popen, subprocess.Popen]:
+    """A decoupled run on the sql storage, checkpointing every 2 steps, once its trainer logged step
+    3: its config, run folder, and train and explore launches."""
+    path = _config(str(tmp_path), "sql", **{"trainer.save_interval": 2, "buffer.total_steps": steps, **more})
+    run_dir = os.path.join(str(tmp_path), "it", "run")
+    trainer = _start(path, "train")
+    explorer = _start(path, "explore")
+    deadline = time.monotonic() + 300
+    while len([m for m in _lines(run_dir) if "buffer/experiences" in m]) < 3:
+        assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[0][-3000:]
+        time.sleep(0.2)
+    return path, run_dir, trainer, explorer
 
 
 def _each_group_trained_once(run_dir: str, train: list[dict], steps: int) -> None:
