@@ -94,10 +94,12 @@ def _heartbeat_request(
     total_steps: int,
     policy_version: int,
     records: Sequence[MetricsRecord],
+    world_attempt: int = 0,
+    world_failure: str = "",
 ) -> run_pb2.HeartbeatRequest:
     return run_pb2.HeartbeatRequest(
         worker_id=worker_id, stage=stage, step=step, total_steps=total_steps, policy_version=policy_version,
-        records=[record_to_proto(r) for r in records],
+        records=[record_to_proto(r) for r in records], world_attempt=world_attempt, world_failure=world_failure,
     )  # fmt: skip
 
 
@@ -143,10 +145,15 @@ class RunClient(BlockingClient):
         total_steps: int = 0,
         policy_version: int = 0,
         records: Sequence[MetricsRecord] = (),
+        world_attempt: int = 0,
+        world_failure: str = "",
     ) -> str:
-        """Report progress (and the metrics logged since the last heartbeat, oldest first); answers
-        what the run wants: "RUNNING", "PAUSED" (wait, keep heartbeating) or "STOPPING"."""
-        request = _heartbeat_request(worker_id, stage, step, total_steps, policy_version, records)
+        """Report progress (and the metrics logged since the last heartbeat, oldest first; a trainer
+        node: the world start it is in, and why its share failed); answers what the run wants:
+        "RUNNING", "PAUSED" (wait, keep heartbeating) or "STOPPING"."""
+        request = _heartbeat_request(
+            worker_id, stage, step, total_steps, policy_version, records, world_attempt, world_failure
+        )
         return _state(self._unary("Heartbeat", request).state)
 
 

@@ -151,12 +151,30 @@ class WeightSender:
         except RuntimeError as e:
             self.group = None  # the group is unusable after a failed collective; re-form next time
             raise WeightSyncError(
-                f"{what} to {', '.join(c.address for c in self.clients)} failed in phase send "
-                f"(synchronizer.sync_timeout {self.timeout_s:g} s): {e}"
+                f"{what} failed in phase send (synchronizer.sync_timeout {self.timeout_s:g} s): "
+                f"{self._not_answering()}: {e}"
             ) from e
         stats.update(self._finish(policy_version, what))
         stats["total_s"] = time.perf_counter() - start
         return stats
+
+    def _not_answering(self, probe_s: float = 10.0) -> str:
+        """After a failed broadcast, which gloo does not pin on one peer: the workers that do not
+        answer GetInfo within sync_timeout (at most `probe_s`): a cut link, a dead or stalled
+        process. The subject of the send phase's error."""
+        from ..client.base import RpcError
+
+        timeout = min(self.timeout_s, probe_s)
+        probes = [self._pool.submit(c.get_info, timeout=timeout) for c in self.clients]
+        silent = []
+        for c, probe in zip(self.clients, probes, strict=True):
+            try:
+                probe.result(timeout=timeout + 5)
+            except (RpcError, TimeoutError):
+                silent.append(c.address)
+        if silent:
+            return f"rollout worker {', '.join(silent)} does not answer (its link or process is down?)"
+        return f"to {', '.join(c.address for c in self.clients)} (each answers GetInfo)"
 
     def send_checkpoint(self, path: str, policy_version: int) -> dict[str, float]:
         """Have every worker load the HF folder `path` as `policy_version` (sync_method checkpoint)."""

@@ -293,7 +293,9 @@ def explore_stages(stages: list[Stage], explorer: bool) -> list[Stage]:
     if explorer:
         mine = [s for s in stages if s.config.mode == "explore"]
         if not mine:
-            raise ConfigError("mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore")
+            raise ConfigError(
+                "mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore"
+            )
         return mine
     for s in stages:
         if s.config.mode == "explore":
@@ -332,7 +334,7 @@ def run(
         flush=True,
     )
     start = time.time()
-    lost_nodes = ""
+    lost_nodes = node_failed = ""
     try:
         with control_plane(
             base, stages, device, launch_dir, placement, keep_fds=(lock_fd,), worker_model=worker_model
@@ -374,10 +376,14 @@ def run(
                         rc = drive_remote(stages, plan)
                     else:
                         assert world is not None
-                        rc = wait_trainer_world(world)
-                        while restart_due(rc, plan, base, stops, launch_dir):
+                        rc, node_failed = wait_trainer_world(world, controller, 0)
+                        while restart_due(
+                            rc, plan, base, stops, node_failed or failure.first_failure(launch_dir)
+                        ):
+                            failure.clear(launch_dir)
                             write_atomic(plan_path, json.dumps(plan, indent=2))
-                            rc = wait_trainer_world(start_world(command, env, world_log, (lock_fd,)))
+                            world = start_world(command, env, world_log, (lock_fd,))
+                            rc, node_failed = wait_trainer_world(world, controller, plan["restart"])
                 except KeyboardInterrupt:  # a second signal, or the stop grace ran out
                     stage, step, total = controller.progress()
                     print(
@@ -398,7 +404,8 @@ def run(
         raise ConfigError(str(e)) from None
     if rc != 0:
         line = lost_nodes + (
-            failure.first_failure(launch_dir)
+            node_failed
+            or failure.first_failure(launch_dir)
             or f"the trainer world exited with code {rc} without saying why (killed, or out of memory?); "
             f"its output is in {os.path.join(launch_dir, failure.TRAINER_LOG)}"
         )
@@ -408,30 +415,48 @@ def run(
     return 0 if stops.received is None else stops.exit_code
 
 
-def restart_due(rc: int, plan: dict[str, Any], base: Any, stops: StopSignals, launch_dir: str) -> bool:
-    """Whether a trainer world that exited with `rc` is started again (trainer.max_restarts): it
-    failed, not on a problem of the user's to fix (a ValueError: code 2) nor on a stop request,
-    and restarts are left. The plan then counts the restart: its ranks resume from the last
-    checkpoint (trainer_rank.py); the workers and the controller carry on."""
+def restart_due(rc: int, plan: dict[str, Any], base: Any, stops: StopSignals, why: str | None) -> bool:
+    """Whether a trainer world that exited with `rc` (for the reason `why`, when one is known) is
+    started again (trainer.max_restarts): it failed, not on a problem of the user's to fix (a
+    ValueError: code 2) nor on a stop request, and restarts are left. The plan then counts the
+    restart: its ranks resume from the last checkpoint (trainer_rank.py); the workers and the
+    controller carry on."""
     done = plan.get("restart", 0)
     if rc in (0, 2) or stops.received is not None or done >= base.trainer.max_restarts:
         return False
-    line = failure.first_failure(launch_dir) or f"exit code {rc}"
     plan["restart"] = done + 1
     print(
-        f"rlcore: the trainer world failed ({line}); restart {done + 1} of {base.trainer.max_restarts} "
-        "(trainer.max_restarts) from the last checkpoint",
+        f"rlcore: the trainer world failed ({why or f'exit code {rc}'}); restart {done + 1} of "
+        f"{base.trainer.max_restarts} (trainer.max_restarts) from the last checkpoint",
         file=sys.stderr,
         flush=True,
     )
-    failure.clear(launch_dir)
     return True
 
 
-def wait_trainer_world(proc: subprocess.Popen) -> int:
-    """The trainer world's exit code; interrupted, the launcher ends the world."""
+def wait_trainer_world(proc: subprocess.Popen, controller: Any, attempt: int) -> tuple[int, str]:
+    """The exit code of this node's share of the trainer world (start `attempt`: 0, then one more
+    per restart), and the line of another node whose share failed first ("" when none did). Such a
+    node says so in its heartbeat, and this node's share is then ended at once: its ranks may wait
+    for the dead ones in a collective until cluster.collective_timeout_s (seen: a rank killed on
+    node 1 left rank 0 in an all-gather). Interrupted, the launcher ends the world."""
     try:
-        return proc.wait()
+        while True:
+            try:
+                return proc.wait(timeout=1.0), ""
+            except subprocess.TimeoutExpired:
+                pass
+            failed = controller.node_failures(attempt)
+            if failed:
+                index, why = failed[0]
+                print(
+                    f"rlcore: trainer node {index}'s ranks failed; ending this node's share of the trainer world",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return end_process(
+                    proc
+                ) or 1, f"trainer node {index}'s share of the trainer world failed: {why}"
     except BaseException:
         end_process(proc)
         raise

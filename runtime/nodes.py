@@ -87,7 +87,11 @@ class NodeHeartbeat:
         self.plan_path, self.control, self.node_rank = plan_path, control, node_rank
         self.state, self.heard = "", 0.0
         """The run's state ("RUNNING", "FAILED", ...) as the controller last answered, and when."""
+        self.attempt, self.failure = 0, ""
+        """The world start this node takes part in, and why its share failed ("" while it runs)."""
+        self._answered_from = 0.0  # when the last heartbeat that was answered was sent
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a heartbeat now (stop() sets it too)
         self._thread = threading.Thread(target=self._run, name="rlcore-node-heartbeat", daemon=True)
         self._thread.start()
 
@@ -112,7 +116,11 @@ class NodeHeartbeat:
                     try:
                         if worker_id is None:
                             worker_id, _ = run.register_worker("trainer_node", index=self.node_rank)
-                        self.state, self.heard = run.heartbeat(worker_id), time.monotonic()
+                        sent = time.monotonic()
+                        state = run.heartbeat(
+                            worker_id, world_attempt=self.attempt, world_failure=self.failure
+                        )
+                        self.state, self.heard, self._answered_from = state, time.monotonic(), sent
                         complained = False
                     except RpcError as e:
                         if not complained:
@@ -122,22 +130,47 @@ class NodeHeartbeat:
                             complained = True
                         self._stop.wait(interval)
                         break
-                    self._stop.wait(interval)
+                    self._wake.wait(interval)
+                    self._wake.clear()
 
-    def run_goes_on(self) -> bool:
-        """After this node's world failed: whether the run is still on (node 0 restarts the world
-        when it restarts at all), as the controller answers within two heartbeats from now."""
+    def joined(self, attempt: int) -> None:
+        self.attempt, self.failure = attempt, ""
+
+    def failed(self, line: str) -> bool:
+        """This node's share of the world failed: tell the controller (node 0 then ends its share
+        at once: its ranks may wait in a collective with this node's dead ones until
+        cluster.collective_timeout_s), and answer whether the run is still on (node 0 restarts the
+        world when it restarts at all), as the controller answers within two heartbeats from now."""
+        self.failure = line or "its ranks exited"
         asked = time.monotonic()
+        self._wake.set()
         deadline = asked + 2 * self.control.heartbeat_interval + 1.0
-        while time.monotonic() < deadline and self.heard < asked:
-            time.sleep(0.1)
-        return self.heard >= asked and self.state in ("STARTING", "RUNNING", "PAUSED")
+        while time.monotonic() < deadline and self._answered_from < asked:
+            time.sleep(0.05)
+        return self._answered_from >= asked and self.state in ("STARTING", "RUNNING", "PAUSED")
+
+    def restarted(self, timeout_s: float) -> int | None:
+        """After a failure: the next world start, once node 0's plan counts it (node 0 has ended its
+        share of the failed world by then, and its rendezvous is the new world's); None if the run
+        ends, or no restart comes within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.run_ended():
+            try:
+                with open(self.plan_path) as f:
+                    attempt = int(json.load(f).get("restart", 0))
+            except (OSError, ValueError):
+                attempt = self.attempt
+            if attempt > self.attempt:
+                return attempt
+            time.sleep(PLAN_POLL_S)
+        return None
 
     def run_ended(self) -> bool:
         return self.state in ("FINISHED", "FAILED")
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5.0)
 
 
@@ -173,9 +206,10 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
     )
     heartbeat = NodeHeartbeat(plan_path, base.control, cluster.node_rank)
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    rejoined = 0
+    attempt = 0
     try:
         while True:
+            heartbeat.joined(attempt)
             world = start_world(command, process_env(cluster, threads), log_path)
             try:
                 rc = _wait_world(world, heartbeat, cluster)
@@ -186,15 +220,21 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
                 )
                 end_process(world)
                 return 130
+            if rc == 0:
+                break
             line = failure.first_failure(launch_dir) or f"its output is in {log_path}"
             # node 0 restarts the world (trainer.max_restarts) while the run goes on: join it again
-            if rc == 0 or rejoined >= base.trainer.max_restarts or not heartbeat.run_goes_on():
+            if not heartbeat.failed(line) or attempt >= base.trainer.max_restarts:
                 break
-            rejoined += 1
             print(
-                f"rlcore: trainer node {cluster.node_rank}: the trainer world failed ({line}); joining its restart",
+                f"rlcore: trainer node {cluster.node_rank}: the trainer world failed ({line}); waiting for its restart",
                 flush=True,
             )
+            next_attempt = heartbeat.restarted(cluster.rdzv_timeout_s)
+            if next_attempt is None:
+                break
+            attempt = next_attempt
+            print(f"rlcore: trainer node {cluster.node_rank}: joining restart {attempt}", flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
         heartbeat.stop()

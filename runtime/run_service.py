@@ -57,6 +57,9 @@ class Worker:
     last_seen: float
     """time.monotonic() of the registration or the last heartbeat."""
     policy_version: int = 0
+    world_attempt: int = 0
+    world_failure: str = ""
+    """A trainer node's: the world start it is in, and why its share of it failed ("" while it runs)."""
 
 
 @dataclass
@@ -219,6 +222,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 )
             worker.last_seen = time.monotonic()
             worker.policy_version = request.policy_version
+            worker.world_attempt, worker.world_failure = request.world_attempt, request.world_failure
             if worker.role == run_pb2.WORKER_ROLE_TRAINER:
                 run.stage, run.step, run.total_steps = request.stage, request.step, request.total_steps
             if request.records:
@@ -277,6 +281,15 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 (w.index, w.address, now - w.last_seen)
                 for w in self._run.workers_of(ROLES[role])
                 if now - w.last_seen > quiet_s
+            ]
+
+    def node_failures(self, attempt: int) -> list[tuple[int, str]]:
+        """(index, why) of each trainer node whose share of world start `attempt` (or a later one) failed."""
+        with self._changed:
+            return [
+                (w.index, w.world_failure)
+                for w in self._run.workers_of(run_pb2.WORKER_ROLE_TRAINER_NODE)
+                if w.world_failure and w.world_attempt >= attempt
             ]
 
     def progress(self) -> tuple[str, int, int]:

@@ -302,7 +302,7 @@ def test_a_trainer_world_restarts_across_hosts_and_trains_no_step_twice(tmp_path
     )
     assert out.count("rollout workers ready") == 1  # the worker served both worlds
     assert "trainer node 1: the trainer world failed" in cluster.output("node1")
-    assert "joining its restart" in cluster.output("node1")
+    assert "trainer node 1: joining restart 1" in cluster.output("node1")
     same_training(one_host, run_dir)
 
 
@@ -391,6 +391,52 @@ def test_a_rollout_host_cut_off_is_left_out_and_rejoins_when_its_link_returns(tm
         rl[:RL_STEPS],
         ("rollout/reward_mean", "actor/loss", "actor/grad_norm"),
     )
+
+
+def test_a_rollout_host_cut_mid_transfer_fails_the_sync_naming_it_and_the_phase_then_syncs_again(
+    tmp_path, tiny_model_path
+) -> None:
+    """A weight sync from a trainer host to a rollout host whose link is cut between two buckets
+    of the transfer: a WeightSyncError naming the worker and the phase within about
+    synchronizer.sync_timeout, never a hang; with the link back, a new sync group forms with the
+    same worker process and the next version arrives."""
+    timeout_s = 5.0
+    with netns.Hosts(2) as hosts:
+        trainer_host, rollout_host = hosts
+        cluster = Cluster(hosts, str(tmp_path))
+        port_file = str(tmp_path / "worker.address")
+        sender = None
+        try:
+            cluster.start("rollout", rollout_host, [
+                "rollout", "serve", "--model", tiny_model_path, "--max-model-len", "256", "--threads", "1",
+                "--host", rollout_host.address, "--port", "0", "--port-file", port_file, "--token-env", "RLCORE_TOKEN",
+            ])  # fmt: skip
+            _wait_for(lambda: os.path.exists(port_file), "the worker serving", cluster, 120)
+            address = open(port_file).read().strip()
+            sender = trainer_host.popen(
+                [sys.executable, "-m", "tests.integration.netns_sync_sender", tiny_model_path, address,
+                 trainer_host.address, str(timeout_s)],
+                cwd=REPO, env=cluster.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert sender.stdout.readline() == "synced 1\n"
+            assert sender.stdout.readline() == "paused\n"
+            rollout_host.cut()
+            sender.stdin.write("go\n")
+            sender.stdin.flush()
+            error = sender.stdout.readline()
+            rollout_host.restore()
+            sender.stdin.write("again\n")
+            sender.stdin.flush()
+            assert sender.stdout.readline() == "synced 3\n", cluster.report()
+            assert sender.wait(timeout=60) == 0
+        finally:
+            if sender is not None and sender.poll() is None:
+                sender.kill()
+                sender.wait()
+            cluster.close()
+    took = re.match(r"error after ([\d.]+) s: ", error)
+    assert took and f"rollout worker {address}" in error and " in phase " in error, error
+    assert float(took.group(1)) < 3 * timeout_s, error
 
 
 def test_a_resumed_controller_takes_back_the_rollout_host_that_kept_running(tmp_path, one_host) -> None:

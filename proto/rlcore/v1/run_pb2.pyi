@@ -135,20 +135,24 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "stage", "step", "total_steps", "policy_version", "records")
+    __slots__ = ("worker_id", "stage", "step", "total_steps", "policy_version", "records", "world_attempt", "world_failure")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_FAILURE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     stage: str
     step: int
     total_steps: int
     policy_version: int
     records: _containers.RepeatedCompositeFieldContainer[MetricsRecord]
-    def __init__(self, worker_id: _Optional[str] = ..., stage: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., records: _Optional[_Iterable[_Union[MetricsRecord, _Mapping]]] = ...) -> None: ...
+    world_attempt: int
+    world_failure: str
+    def __init__(self, worker_id: _Optional[str] = ..., stage: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., records: _Optional[_Iterable[_Union[MetricsRecord, _Mapping]]] = ..., world_attempt: _Optional[int] = ..., world_failure: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("state",)
