@@ -271,7 +271,7 @@ def _wait_node(proc: subprocess.Popen, args: argparse.Namespace, probe_s: float 
             silent_s = time.monotonic() - heard
             if silent_s > args.collective_timeout:
                 print(f"rlcore: trainer node {args.node_rank}: ending this node's ranks", flush=True)
-                end_process(proc, grace_s=10.0)
+                end_process(proc, grace_s=5.0)
                 return 1, (
                     f"node 0's rendezvous {args.rdzv_endpoint} has not answered for {silent_s:.0f} s "
                     "(--collective-timeout): node 0 or this host's link is down"
