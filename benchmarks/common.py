@@ -23,9 +23,21 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-MODEL: dict[str, Any] = {"hidden_size": 256, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "intermediate_size": 768}  # fmt: skip
-"""The scratch Llama every GRPO benchmark trains (3.2M parameters with the char tokenizer)."""
+MODELS: dict[str, dict[str, Any]] = {
+    "tiny": {"hidden_size": 256, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 768},
+    "0.5b": {"hidden_size": 896, "num_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864},
+    "1.5b": {"hidden_size": 1536, "num_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960},
+}  # fmt: skip
+"""The scratch Llamas the benchmarks train (`--model`), random init, char tokenizer: tiny (3.2M
+parameters), and Qwen2-0.5B's and Qwen2-1.5B's shapes (layers, widths, heads, grouped KV heads; 358M
+and 1.3B parameters with the char tokenizer's small vocabulary). Nothing is downloaded."""
+MODEL = MODELS["tiny"]
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
+                   "L40S": 362e12, "L4": 121e12, "A10": 125e12}  # fmt: skip
+"""Dense bf16 tensor-core peak by GPU name (NVIDIA's data sheets, SXM parts): the MFU denominator."""
 MAX_PROMPT_TOKENS = 16
 MAX_MODEL_LEN = 128
 """Context of a run unless its responses need more (then prompt + response budget)."""
@@ -60,6 +72,30 @@ def machine_info() -> dict[str, Any]:
         "mem_total_gib": round(total_kb / 1024**2, 1),
         "loadavg_at_start": list(os.getloadavg()),
     }
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    """Where a result was measured, for a report's header: the GPU when there is one."""
+    host = f"{m['cpus']} x {m['cpu']}, {m['mem_total_gib']} GiB"
+    if m.get("gpu"):
+        return f"GPU {m['gpu']} (torch {m['torch']}; host {host})"
+    return f"CPU ({host})"
+
+
+def peak_flops(gpu: str | None) -> float | None:
+    """The dense bf16 peak of a GPU named `gpu` (None: a CPU, or a GPU not in PEAK_BF16_FLOPS)."""
+    for name, flops in PEAK_BF16_FLOPS.items():
+        if gpu and name in gpu.split():
+            return flops
+    return None
+
+
+def mfu(tokens: float, seconds: float, params: int, gpu: str | None) -> float | None:
+    """Model FLOPs utilisation of a training pass: 6 x parameters x tokens (forward and backward of
+    every weight; attention's own FLOPs left out, a few % at these lengths) over seconds x the
+    device's dense bf16 peak. None off a known GPU."""
+    peak = peak_flops(gpu)
+    return None if peak is None or seconds <= 0 else 6 * params * tokens / seconds / peak
 
 
 def cpu_name() -> str:
@@ -202,16 +238,40 @@ def missing_packages(*modules: str) -> list[str]:
 # ---------------------------------------------------------------------------- assets
 
 
-def prepare(workdir: str, num_tasks: int, max_model_len: int = MAX_MODEL_LEN) -> tuple[str, str]:
-    """The scratch model (Llama architecture, char tokenizer, random init: the same weights for any
-    `max_model_len`, the positions are rotary) and an arithmetic taskset, written once per benchmark
-    and used by every run."""
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """--device, --dtype and --model, shared by the benchmarks that train or generate."""
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+        help="weights and compute of both sides (auto: bfloat16 on cuda, float32 on cpu)",
+    )  # fmt: skip
+    parser.add_argument("--model", default="tiny", choices=tuple(MODELS), help="the scratch model's shape")
+
+
+def resolved_dtype(args: argparse.Namespace) -> str:
+    return args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32")
+
+
+def check_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """--device cuda needs a GPU this process sees (a usage error otherwise)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch here")
+
+
+def prepare(
+    workdir: str, num_tasks: int, max_model_len: int = MAX_MODEL_LEN, model: str = "tiny"
+) -> tuple[str, str]:
+    """The scratch model `model` (Llama architecture, char tokenizer, random init: the same weights
+    for any `max_model_len`, the positions are rotary) and an arithmetic taskset, written once per
+    benchmark and used by every run."""
     from rlcore.core.config.schema import ScratchModelConfig
     from rlcore.core.data.synthetic import write_arithmetic_taskset
     from rlcore.core.scratch_model import build_scratch_model
 
     model_dir, tasks = os.path.join(workdir, "model"), os.path.join(workdir, "tasks.jsonl")
-    build_scratch_model(model_dir, ScratchModelConfig(enabled=True, **MODEL), max_model_len, seed=0)
+    build_scratch_model(model_dir, ScratchModelConfig(enabled=True, **MODELS[model]), max_model_len, seed=0)
     write_arithmetic_taskset(tasks, part="train", num_tasks=num_tasks, max_operand=49, seed=0)
     return model_dir, tasks
 
@@ -234,7 +294,7 @@ def count_params(model_dir: str) -> int:
 class GRPORun:
     """One `rlcore launch` of GRPO, colocated (the engine inside trainer rank 0, weights copied in
     memory), one rank, KL 0, no extra old-log-prob pass (the engine's log-probs), AdamW at LR with
-    grad clip 1.0, temperature 1, float32."""
+    grad clip 1.0, temperature 1, weights and compute in `dtype`."""
 
     prompts: int
     """Prompts per step."""
@@ -247,6 +307,7 @@ class GRPORun:
     engine: str = "hf"
     strategy: str = "fsdp2"
     device: str = "cpu"
+    dtype: str = "float32"
 
     @property
     def max_model_len(self) -> int:
@@ -270,6 +331,7 @@ def rlcore_config(model_dir: str, tasks: str, run_root: str, run: GRPORun) -> st
             "max_model_len": run.max_model_len,
             "max_prompt_tokens": MAX_PROMPT_TOKENS,
             "max_response_tokens": run.max_tokens,
+            "dtype": run.dtype,
         },  # fmt: skip
         "cluster": {"device": run.device},
         "buffer": {

@@ -4,16 +4,20 @@ model of every GRPO benchmark and the same arithmetic prompts.
 Rollout: each engine generates in a fresh process (this file's --rollout-worker mode) for
 `--prompts` prompts x `--n` samples of at most `--max-tokens` tokens at temperature 1, seeded (the
 same tokens on every call). vLLM runs in process (engine core and worker in the caller, as
-colocated GRPO runs use it), like the HF engine. `hf-generate` is no rlcore engine but the
-baseline of the HF engine's decode loop: transformers' `model.generate` on the same model, each
-prompt repeated n times (as TRL's GRPOTrainer calls it). After one warm-up call, `--calls` calls are timed;
-tokens/s = generated tokens / wall time, over all the timed calls. Engine start-up is reported
-apart.
+colocated GRPO runs use it), like the HF engine. `hf-eager` is the HF engine with enforce_eager
+(its loop over transformers' dynamic cache, the only one on CPU; on a GPU `hf` replays CUDA graphs
+over a static cache). `hf-generate` is no rlcore engine but the baseline of the HF engine's decode
+loop: transformers' `model.generate` on the same model, each prompt repeated n times (as TRL's
+GRPOTrainer calls it). After one warm-up call, `--calls` calls are timed; tokens/s = generated
+tokens / wall time, over all the timed calls. Engine start-up is reported apart. Each rlcore engine
+also decodes the prompts greedily once: the report says whether `hf` and `hf-eager` chose the same
+tokens, row by row.
 
 Train: each strategy runs `rlcore launch --strategy S` of GRPO (the HF engine colocated, one rank)
 on the same prompts, group `--n` and budget `--max-tokens`, one warm-up step then `--steps` steps.
 Train tokens/s = the step's prompt + response tokens / `perf/train_s` (forward/backward and the
-optimizer step over the step's batch), median over the steps. megatron needs CUDA: `rlcore launch`
+optimizer step over the step's batch), median over the steps; on a known GPU also as MFU (6 x
+parameters x tokens / seconds / the GPU's dense bf16 peak). megatron needs CUDA: `rlcore launch`
 refuses it elsewhere (megatron-core calls CUDA directly; the CPU tests run it only under a
 test-only shim that is no part of rlcore), so on CPU the result says why it was not measured.
 
@@ -23,6 +27,7 @@ min / median / max over the repeats.
 
     rlcore bench throughput                                    # hf, vllm; fsdp, fsdp2, megatron
     rlcore bench throughput --engines hf --strategies fsdp2 --repeats 1 --prompts 2 --max-tokens 4
+    rlcore bench throughput --device cuda --model 0.5b --engines hf,hf-eager,hf-generate
 """
 
 from __future__ import annotations
@@ -38,19 +43,24 @@ from typing import Any
 
 from rlcore.benchmarks.common import (
     MAX_PROMPT_TOKENS,
-    MODEL,
+    MODELS,
     GRPORun,
+    add_model_args,
+    check_device,
     comma_names,
     count_params,
     count_tokens,
     launch_rlcore,
     machine_info,
+    machine_line,
     measured_steps,
+    mfu,
     missing_packages,
     model_len,
     positive_int,
     prepare,
     pyplot,
+    resolved_dtype,
     run_sides,
     run_worker,
     save_figure,
@@ -60,9 +70,11 @@ from rlcore.benchmarks.common import (
 )
 
 RESULTS = "benchmarks/results/throughput.json"
-ENGINES = ("hf", "vllm", "hf-generate")
-"""rlcore's engines, and `hf-generate`: transformers' own `model.generate` on the HF engine's model
-(each prompt repeated n times, as TRL's GRPOTrainer calls it), the baseline for rlcore's decode loop."""
+ENGINES = ("hf", "hf-eager", "vllm", "hf-generate")
+"""rlcore's engines (`hf-eager`: the HF engine with enforce_eager), and `hf-generate`: transformers'
+own `model.generate` on the HF engine's model (each prompt repeated n times, as TRL's GRPOTrainer
+calls it), the baseline for rlcore's decode loop."""
+DEFAULT_ENGINES = ("hf", "vllm", "hf-generate")
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
 REFERENCE = {"rollout": "hf", "train": "fsdp2"}
 """Each side's ratios are over this one, repeat by repeat."""
@@ -96,7 +108,7 @@ class GenerateBaseline:
 
         engine, n = self.engine, sampling.n
         rows = [p for p in prompts for _ in range(n)]
-        ids, mask = left_pad(rows, engine.pad_token_id)
+        ids, mask = (x.to(engine.device) for x in left_pad(rows, engine.pad_token_id))
         width = ids.shape[1]
         with torch.random.fork_rng(), torch.inference_mode():
             torch.manual_seed(sampling.seed)
@@ -123,15 +135,18 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     start = time.perf_counter()
+    name = spec["engine"]
     engine: Any = build_engine(
-        "hf" if spec["engine"] == "hf-generate" else spec["engine"], spec["model_dir"], device=spec["device"], dtype="float32",
+        "vllm" if name == "vllm" else "hf", spec["model_dir"], device=spec["device"], dtype=spec["dtype"],
         max_model_len=model_len(spec["max_tokens"]), max_batch_size=spec["prompts"] * spec["n"],
-        in_process=True, seed=SEED,
+        in_process=True, seed=SEED, enforce_eager=name == "hf-eager",
     )  # fmt: skip
-    if spec["engine"] == "hf-generate":
-        engine = GenerateBaseline(engine)
     start_s = time.perf_counter() - start
     prompts = task_prompts(spec["tasks"], AutoTokenizer.from_pretrained(spec["model_dir"]), spec["prompts"])
+    greedy = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
+    greedy_tokens = None if name == "hf-generate" else [c.token_ids for (c,) in engine.generate(prompts, greedy)]
+    if name == "hf-generate":
+        engine = GenerateBaseline(engine)
     sampling = SamplingParams(temperature=1.0, n=spec["n"], max_tokens=spec["max_tokens"], seed=SEED)
     engine.generate(prompts, sampling)
     calls = []
@@ -140,7 +155,7 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
         outputs = engine.generate(prompts, sampling)
         calls.append({"seconds": time.perf_counter() - t0, "tokens": count_tokens(outputs)})
     with open(result_path, "w") as f:
-        json.dump({"start_s": start_s, "calls": calls}, f)
+        json.dump({"start_s": start_s, "calls": calls, "greedy_tokens": greedy_tokens}, f)
 
 
 def run_rollout(
@@ -149,15 +164,33 @@ def run_rollout(
     """One engine in a fresh process: its start-up time, and tokens/s over all its timed calls."""
     model_dir, tasks = assets
     spec = {"engine": engine, "model_dir": model_dir, "tasks": tasks, "device": args.device,
-            "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "calls": args.calls}  # fmt: skip
+            "dtype": resolved_dtype(args), "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
+            "calls": args.calls}  # fmt: skip
     result = run_worker(__file__, "--rollout-worker", spec, workdir, tag, args.run_timeout)
     tokens, seconds = (sum(c[key] for c in result["calls"]) for key in ("tokens", "seconds"))
+    if result["greedy_tokens"] is not None:  # kept apart from the spreads: compared across engines
+        GREEDY.setdefault(engine, result["greedy_tokens"])
     return {
         "start_s": result["start_s"],
         "tokens_per_call": tokens / args.calls,
         "call_s": seconds / args.calls,
         "tokens_per_s": tokens / seconds,
     }
+
+
+GREEDY: dict[str, list[list[int]]] = {}
+"""Each rlcore engine's greedy tokens on the prompts (its first run's; every run decodes the same)."""
+
+
+def greedy_agreement(greedy: dict[str, list[list[int]]]) -> dict[str, Any] | None:
+    """`hf` against `hf-eager` (the graph loop against the eager one): rows with equal tokens, and the
+    mean share of each row's tokens before the first difference."""
+    if "hf" not in greedy or "hf-eager" not in greedy:
+        return None
+    pairs = list(zip(greedy["hf"], greedy["hf-eager"], strict=True))
+    prefix = [next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), min(len(x), len(y)))
+              / max(len(x), len(y), 1) if x != y else 1.0 for x, y in pairs]  # fmt: skip
+    return {"rows": len(pairs), "equal_rows": sum(x == y for x, y in pairs), "mean_equal_prefix": sum(prefix) / len(pairs)}
 
 
 # ---------------------------------------------------------------------------- train
@@ -168,16 +201,17 @@ def run_train(
 ) -> dict:
     """One GRPO launch on `strategy`: medians over the measured steps of the update's time and
     tokens/s."""
-    run = GRPORun(args.prompts, args.n, args.max_tokens, args.steps, "hf", strategy, args.device)
+    run = GRPORun(args.prompts, args.n, args.max_tokens, args.steps, "hf", strategy, args.device,
+                  resolved_dtype(args))  # fmt: skip
     steps = measured_steps(launch_rlcore(*assets, workdir, run, tag, args.run_timeout))
+    tokens_per_s = [t / s for t, s in zip(steps["tokens"], steps["train_s"], strict=True)]
     return {
         "tokens_per_step": statistics.median(steps["tokens"]),
         "train_s": statistics.median(steps["train_s"]),
         "forward_backward_s": statistics.median(steps["phases"]["forward_backward"]),
         "optimizer_s": statistics.median(steps["phases"]["optimizer"]),
-        "tokens_per_s": statistics.median(
-            t / s for t, s in zip(steps["tokens"], steps["train_s"], strict=True)
-        ),
+        "tokens_per_s": statistics.median(tokens_per_s),
+        "mfu": mfu(statistics.median(tokens_per_s), 1.0, args.params, args.gpu) or 0.0,
     }
 
 
@@ -232,8 +266,8 @@ def measure(
 def markdown(result: dict[str, Any]) -> str:
     cfg, m = result["config"], result["machine"]
     lines = [
-        f"Random-init Llama ({cfg['params'] / 1e6:.1f}M parameters, char tokenizer), float32, on "
-        f"{cfg['device']} ({m['cpus']} x {m['cpu']}, {m['mem_total_gib']} GiB): {cfg['prompts']} arithmetic "
+        f"Random-init Llama (`--model {cfg.get('model', 'tiny')}`: {cfg['params'] / 1e6:.1f}M parameters, char "
+        f"tokenizer), {cfg.get('dtype', 'float32')}, on {machine_line(m)}: {cfg['prompts']} arithmetic "
         f"prompts x {cfg['n']} samples of at most {cfg['max_tokens']} tokens, temperature 1, seeded. "
         f"{cfg['repeats']} repeats, the order reversed every other repeat; min / median / max over the "
         "repeats, ratios within each repeat.",
@@ -253,6 +287,11 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {name} | {r['start_s']['median']:.1f} | {r['tokens_per_call']['median']:.0f} | "
                 f"{r['call_s']['median']:.3f} | {_spread_cell(r['tokens_per_s'], '.0f')} | {_ratio_cell(r)} |"
             )
+        agree = result.get("greedy_agreement")
+        if agree:
+            lines += ["", f"Greedy decoding, `hf` against `hf-eager` on the {agree['rows']} prompts: "
+                      f"{agree['equal_rows']} of {agree['rows']} rows equal token for token; on average "
+                      f"{agree['mean_equal_prefix']:.1%} of a row's tokens come before its first difference."]  # fmt: skip
     if result.get("train") or result.get("not_measured"):
         lines += [
             "",
@@ -261,17 +300,18 @@ def markdown(result: dict[str, Any]) -> str:
             "backward + optimizer)",
             "",
             "| strategy | tokens per step | train s | forward/backward s | optimizer s | train tokens/s "
-            f"(min / **median** / max) | / {REFERENCE['train']} |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            f"(min / **median** / max) | / {REFERENCE['train']} | MFU |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, r in result.get("train", {}).items():
             lines.append(
                 f"| {name} | {r['tokens_per_step']['median']:.0f} | {r['train_s']['median']:.3f} | "
                 f"{r['forward_backward_s']['median']:.3f} | {r['optimizer_s']['median']:.3f} | "
-                f"{_spread_cell(r['tokens_per_s'], '.0f')} | {_ratio_cell(r)} |"
+                f"{_spread_cell(r['tokens_per_s'], '.0f')} | {_ratio_cell(r)} | "
+                f"{f'{m:.1%}' if (m := r['mfu']['median']) else '- (no GPU peak)'} |"
             )
         for name, reason in result.get("not_measured", {}).items():
-            lines.append(f"| {name} | not measured: {reason} | | | | | |")
+            lines.append(f"| {name} | not measured: {reason} | | | | | | |")
     return "\n".join(lines)
 
 
@@ -307,9 +347,11 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engines", default=",".join(ENGINES), help=f"rollout side, of {', '.join(ENGINES)}")
     parser.add_argument(
-        "--strategies", default=",".join(STRATEGIES), help=f"train side, of {', '.join(STRATEGIES)}"
+        "--engines", default=",".join(DEFAULT_ENGINES), help=f"rollout side, of {', '.join(ENGINES)}"
+    )
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help=f"train side, of {', '.join(STRATEGIES)} ('': none)"
     )
     parser.add_argument("--prompts", type=positive_int, default=16, help="prompts per call / per step")
     parser.add_argument("--n", type=positive_int, default=4, help="samples per prompt (GRPO group)")
@@ -317,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=positive_int, default=3, help="timed generate calls per engine run")
     parser.add_argument("--steps", type=positive_int, default=3, help="measured GRPO steps per strategy run")
     parser.add_argument("--repeats", type=positive_int, default=2, help="passes over the engines/strategies")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    add_model_args(parser)
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--rollout-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
@@ -326,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         rollout_worker(*args.rollout_worker)
         return 0
     engines = comma_names(parser, "--engines", args.engines, ENGINES)
-    strategies = comma_names(parser, "--strategies", args.strategies, STRATEGIES)
+    strategies = comma_names(parser, "--strategies", args.strategies, STRATEGIES) if args.strategies else []
+    check_device(parser, args.device)
     missing = missing_packages("matplotlib") + (missing_packages("vllm") if "vllm" in engines else [])
     if missing:
         print(f"error: {', '.join(missing)} not installed: pip install 'rlcore[bench]' (vllm: "
@@ -344,15 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlcore-throughput-") as workdir:
         print("building the model and the taskset ...", flush=True)
-        assets = prepare(workdir, max(200, args.prompts * (args.steps + 1)), model_len(args.max_tokens))
-        result["config"] = {
-            **vars(args),
-            "params": count_params(assets[0]),
-            "model": MODEL,
-            "versions": versions(),
-        }
+        assets = prepare(workdir, max(200, args.prompts * (args.steps + 1)), model_len(args.max_tokens), args.model)
+        args.params, args.gpu = count_params(assets[0]), result["machine"]["gpu"]
+        result["config"] = {**vars(args), "dtype": resolved_dtype(args), "shape": MODELS[args.model],
+                            "versions": versions()}  # fmt: skip
         result["config"].pop("rollout_worker")
         result["rollout"] = measure("rollout", engines, run_rollout, assets, workdir, args)
+        result["greedy_agreement"] = greedy_agreement(GREEDY)
         trainable = [s for s in strategies if s not in not_measured]
         result["train"] = measure("train", trainable, run_train, assets, workdir, args) if trainable else {}
     result["wall_s"] = time.perf_counter() - start

@@ -21,6 +21,10 @@ Step time is wall time per optimizer step, from each framework's own per-step ti
 
     python benchmarks/vs_trl.py                        # both comparisons, 3 pairs each
     rlcore bench trl --comparisons same_engine --repeats 2 --steps 3
+    rlcore bench trl --device cuda --model 0.5b --comparisons same_engine --group 8 --max-tokens 96
+On a GPU both sides compute in `--dtype` (bfloat16 by default there: rlcore's model.dtype, TRL's
+bf16 autocast over float32 weights); the report names the GPU and gives each side's rollout tokens/s
+(generated tokens / generation seconds) and the update's MFU against the GPU's dense bf16 peak.
 rlcore's launcher starts its processes with glibc malloc keeping freed memory
 (`cluster.malloc_keep_freed`, on by default); TRL runs as shipped unless `--trl-malloc keep-freed`
 gives its process the same settings, which shows how much of the gap is that one setting.
@@ -41,19 +45,25 @@ from typing import Any
 
 from rlcore.benchmarks.common import (
     LR,
-    MODEL,
+    MODELS,
     PHASES,
     GRPORun,
+    add_model_args,
     alternating,
+    check_device,
     comma_names,
     count_params,
     launch_rlcore,
     machine_info,
+    machine_line,
     measured_steps,
+    mfu,
     missing_packages,
+    model_len,
     positive_int,
     prepare,
     pyplot,
+    resolved_dtype,
     run_worker,
     save_figure,
     spread,
@@ -73,8 +83,14 @@ def run_rlcore(
     model_dir: str, tasks: str, workdir: str, engine: str, tag: str, args: argparse.Namespace
 ) -> dict:
     """One `rlcore launch` in a fresh process; per-step metrics from its metrics.jsonl."""
-    run = GRPORun(args.prompts, args.group, args.max_tokens, args.steps, engine, args.strategy)
-    return measured_steps(launch_rlcore(model_dir, tasks, workdir, run, tag, args.run_timeout))
+    run = GRPORun(
+        args.prompts, args.group, args.max_tokens, args.steps, engine, args.strategy, args.device,
+        resolved_dtype(args),
+    )  # fmt: skip
+    steps = measured_steps(launch_rlcore(model_dir, tasks, workdir, run, tag, args.run_timeout))
+    rows = args.prompts * args.group
+    steps["generated_tokens"] = [length * rows for length in steps["response_len"]]
+    return steps
 
 
 # ---------------------------------------------------------------------------- TRL side
@@ -84,7 +100,7 @@ def run_trl(model_dir: str, tasks: str, workdir: str, tag: str, args: argparse.N
     """One TRL GRPOTrainer run in a fresh process (this file's --trl-worker mode)."""
     spec = {"model_dir": model_dir, "tasks": tasks, "out_dir": os.path.join(workdir, f"trl-{tag}"),
             "prompts": args.prompts, "group": args.group, "max_tokens": args.max_tokens,
-            "steps": args.steps + 1}  # fmt: skip
+            "steps": args.steps + 1, "device": args.device, "dtype": resolved_dtype(args)}  # fmt: skip
     env = KEEP_FREED_MALLOC if args.trl_malloc == "keep-freed" else None
     result = run_worker(__file__, "--trl-worker", spec, workdir, f"trl-{tag}", args.run_timeout, env)
     steps = result["steps"][1:]
@@ -93,6 +109,7 @@ def run_trl(model_dir: str, tasks: str, workdir: str, tag: str, args: argparse.N
         "tokens": [s["tokens"] for s in steps],
         "generate_s": [s["generate_s"] for s in steps],
         "train_s": [s["step_s"] - s["generate_s"] for s in steps],
+        "generated_tokens": [s["completion_len"] * args.prompts * args.group for s in steps],
         "phases": {phase: [_trl_phase(phase, s) for s in steps] for phase in PHASES},
     }
 
@@ -176,6 +193,7 @@ def trl_worker(spec_path: str, result_path: str) -> None:
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             if logs and "num_tokens" in logs and steps:  # cumulative prompt + completion tokens
                 steps[-1]["num_tokens"] = float(logs["num_tokens"])
+                steps[-1]["completion_len"] = float(logs["completions/mean_length"])
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
@@ -195,8 +213,8 @@ def trl_worker(spec_path: str, result_path: str) -> None:
         logging_steps=1,
         report_to=[],
         save_strategy="no",
-        use_cpu=True,
-        bf16=False,
+        use_cpu=spec["device"] == "cpu",
+        bf16=spec["dtype"] == "bfloat16",
         seed=0,
         dataloader_num_workers=0,
     )
@@ -216,9 +234,10 @@ def trl_worker(spec_path: str, result_path: str) -> None:
 # ---------------------------------------------------------------------------- summary
 
 
-def summarise(pairs: list[dict[str, dict]]) -> dict[str, Any]:
-    """Per pair: each side's median step time and tokens/s over its measured steps; then ratios
-    rlcore / TRL per pair, min / median / max over the pairs."""
+def summarise(pairs: list[dict[str, dict]], params: int, gpu: str | None) -> dict[str, Any]:
+    """Per pair: each side's median step time, tokens/s, rollout tokens/s (generated tokens over
+    generation seconds) and the update's MFU (None off a known GPU); then ratios rlcore / TRL per
+    pair, min / median / max over the pairs."""
     per_side: dict[str, dict[str, list[float]]] = {"rlcore": {}, "trl": {}}
     for pair in pairs:
         for side, run in pair.items():
@@ -232,11 +251,16 @@ def summarise(pairs: list[dict[str, dict]]) -> dict[str, Any]:
             s.setdefault("generate_s", []).append(statistics.median(run["generate_s"]))
             s.setdefault("train_s", []).append(train)
             s.setdefault("train_tokens_per_s", []).append(tokens / max(train, 1e-9))
+            generate = statistics.median(run["phases"]["generate"])
+            generated = statistics.median(run["generated_tokens"])
+            s.setdefault("rollout_tokens_per_s", []).append(generated / generate)
+            s.setdefault("train_mfu", []).append(mfu(tokens, train, params, gpu) or 0.0)
             for phase in PHASES:
                 s.setdefault(f"phase_{phase}_s", []).append(statistics.median(run["phases"][phase]))
     ratios = {
         key: spread([a / b for a, b in zip(per_side["rlcore"][key], per_side["trl"][key], strict=True)])
-        for key in ("step_s", "tokens_per_s", "train_tokens_per_s", "generate_s", "train_s")
+        for key in ("step_s", "tokens_per_s", "train_tokens_per_s", "generate_s", "train_s",
+                    "rollout_tokens_per_s")  # fmt: skip
     }
     return {"sides": {side: {k: spread(v) for k, v in s.items()} for side, s in per_side.items()},
             "ratios_rlcore_over_trl": ratios}  # fmt: skip
@@ -245,10 +269,12 @@ def summarise(pairs: list[dict[str, dict]]) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     cfg, m = result["config"], result["machine"]
     lines = [
-        f"GRPO on the same random-init Llama ({cfg['params'] / 1e6:.1f}M parameters, char tokenizer), "
+        f"GRPO on the same random-init Llama (`--model {cfg.get('model', 'tiny')}`: {cfg['params'] / 1e6:.1f}M "
+        "parameters, char tokenizer), "
         f"{cfg['prompts']} prompts x {cfg['group']} completions of at most {cfg['max_tokens']} tokens per "
         f"step, {cfg['steps']} measured optimizer steps per run after 1 warm-up, {cfg['repeats']} "
-        f"alternating pairs per comparison, rlcore strategy {cfg['strategy']}, CPU ({m['cpus']} x {m['cpu']}, {m['mem_total_gib']} GiB). "
+        f"alternating pairs per comparison, rlcore strategy {cfg['strategy']}, {cfg.get('dtype', 'float32')} on "
+        f"{machine_line(m)}. "
         "Per run the median over its steps; ratios per pair, min / median / max over the pairs. "
         "rlcore's processes: glibc malloc keeps freed memory (`cluster.malloc_keep_freed`, its "
         "default); TRL's process: "
@@ -259,17 +285,20 @@ def markdown(result: dict[str, Any]) -> str:
         ),
         "",
         "| comparison | rlcore engine | rlcore step s | TRL step s | **step time rlcore / TRL** | target | "
-        "tokens/s rlcore / TRL | train tokens/s rlcore / TRL | tokens per step rlcore / TRL |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "tokens/s rlcore / TRL | **rollout tokens/s rlcore / TRL** | train tokens/s rlcore / TRL | "
+        "train MFU rlcore / TRL | tokens per step rlcore / TRL |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, c in result["comparisons"].items():
         r, s = c["ratios_rlcore_over_trl"], c["sides"]
-        met = "met" if r["step_s"]["median"] <= TARGETS[name] else "NOT met"
+        met = "met" if r["step_s"]["median"] <= target(name, cfg) else "NOT met"
         lines.append(
             f"| {name} | {COMPARISONS[name]} | {s['rlcore']['step_s']['median']:.3f} | "
             f"{s['trl']['step_s']['median']:.3f} | {r['step_s']['min']:.2f} / **{r['step_s']['median']:.2f}** / "
-            f"{r['step_s']['max']:.2f} | <= {TARGETS[name]} ({met}) | {r['tokens_per_s']['median']:.2f} | "
-            f"{r['train_tokens_per_s']['median']:.2f} | {s['rlcore']['tokens_per_step']['median']:.0f} / "
+            f"{r['step_s']['max']:.2f} | <= {target(name, cfg)} ({met}) | {r['tokens_per_s']['median']:.2f} | "
+            f"{r['rollout_tokens_per_s']['min']:.2f} / **{r['rollout_tokens_per_s']['median']:.2f}** / "
+            f"{r['rollout_tokens_per_s']['max']:.2f} | {r['train_tokens_per_s']['median']:.2f} | "
+            f"{_mfu_cell(s)} | {s['rlcore']['tokens_per_step']['median']:.0f} / "
             f"{s['trl']['tokens_per_step']['median']:.0f} |"
         )
     lines += [
@@ -288,6 +317,17 @@ def markdown(result: dict[str, Any]) -> str:
             cells = " | ".join(f"{s[f'phase_{p}_s']['median']:.3f}" for p in PHASES)
             lines.append(f"| {name} | {side} | {s['step_s']['median']:.3f} | {cells} |")
     return "\n".join(lines)
+
+
+def target(comparison: str, cfg: dict[str, Any]) -> float:
+    """The step-time ratio a comparison aims at: on a GPU every engine at 0.5x (issue 39), on CPU
+    TARGETS."""
+    return 0.5 if cfg.get("device") == "cuda" else TARGETS[comparison]
+
+
+def _mfu_cell(sides: dict[str, Any]) -> str:
+    values = [sides[side].get("train_mfu", {}).get("median", 0.0) for side in ("rlcore", "trl")]
+    return " / ".join(f"{v:.1%}" for v in values) if any(values) else "- (no GPU peak)"
 
 
 def plot(result: dict[str, Any], path: str) -> None:
@@ -342,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-tokens", type=positive_int, default=32, help="generation length")
     parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"))
+    add_model_args(parser)
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument(
         "--trl-malloc", default="as-shipped", choices=("as-shipped", "keep-freed"),
@@ -354,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         trl_worker(*args.trl_worker)
         return 0
     comparisons = comma_names(parser, "--comparisons", args.comparisons, tuple(COMPARISONS))
+    check_device(parser, args.device)
     missing = missing_packages("trl", "matplotlib")
     if missing:
         print(f"error: {', '.join(missing)} not installed: pip install 'rlcore[bench]'", file=sys.stderr)
@@ -368,10 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rlcore-vs-trl-") as workdir:
         print("building the model and the taskset ...", flush=True)
         model_dir, tasks = prepare(
-            workdir, num_tasks=max(200, args.prompts * (args.steps + 1) * args.repeats)
-        )
-        result["config"] = {**vars(args), "params": count_params(model_dir), "model": MODEL,
-                            "versions": versions()}  # fmt: skip
+            workdir, max(200, args.prompts * (args.steps + 1) * args.repeats), model_len(args.max_tokens),
+            args.model,
+        )  # fmt: skip
+        params = count_params(model_dir)
+        result["config"] = {**vars(args), "dtype": resolved_dtype(args), "params": params,
+                            "shape": MODELS[args.model], "versions": versions()}  # fmt: skip
         result["config"].pop("trl_worker")
         for name in comparisons:
             pairs = []
@@ -388,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  [{name}] pair {rep + 1}/{args.repeats} {side:>6}: median step {med:.3f} s "
                           f"(run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
                 pairs.append(pair)
-            result["comparisons"][name] = {**summarise(pairs), "pairs": pairs}
+            result["comparisons"][name] = {**summarise(pairs, params, result["machine"]["gpu"]), "pairs": pairs}
             r = result["comparisons"][name]["ratios_rlcore_over_trl"]["step_s"]
             print(
                 f"[{name}] step time rlcore / TRL: {r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f}",

@@ -8,7 +8,6 @@ python -m torch.distributed.run ... -m rlcore.runtime.trainer_rank <run_dir>/lau
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 
 from ..core.config import from_yaml
 from ..core.config.loader import Stage
-from . import failure, nodes
+from . import failure, nodes, rank_logs
 from .lifecycle import die_with_parent
 from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
 
@@ -79,14 +78,7 @@ def main(plan_path: str) -> int:
     plan = read_plan(plan_path)
     device = plan["device"]
     rank = int(os.environ.get("RANK", 0))
-    logging.basicConfig(
-        stream=sys.stdout,
-        level=plan["log_level"] if rank == 0 else logging.WARNING,
-        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for name in ("transformers", "datasets", "httpx"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    rank_logs.configure(rank, plan["log_level"])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if plan.get("threads_per_rank"):
         torch.set_num_threads(plan["threads_per_rank"])

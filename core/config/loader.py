@@ -417,6 +417,7 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
             if key not in STAGE_SECTIONS:
                 raise ConfigError(f"{prefix}{key}: a stage may override only {', '.join(STAGE_SECTIONS)}")
         stage_cfg = _merge(base, raw, prefix=prefix)  # checks the sections' shapes
+        _drop_engine_sync_settings(stage_cfg, raw)
         inherits_model = i > 0 and "model_path" not in (raw.get("model") or {})
         if inherits_model:
             with _unlocked(stage_cfg):
@@ -433,6 +434,25 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
 
 
 _PREVIOUS_STAGE = "<previous stage>"
+
+SYNCING_MODES = ("both", "colocate")
+"""Modes whose trainer sends its weights to engines by synchronizer.sync_method."""
+ENGINE_SYNC_KEYS = ("sync_method", "checksums", "probe", "probe_tolerance", "rollout_ahead", "asynchronous")
+"""synchronizer keys that concern weights reaching the engines of a syncing mode (or its explorer)."""
+
+
+def _drop_engine_sync_settings(stage_cfg: DictConfig, raw: dict[str, Any]) -> None:
+    """A run-wide synchronizer setting applies to the stages that sync: a stage whose mode does not
+    (train, explore, bench) gets the schema default for each ENGINE_SYNC_KEYS key it does not set
+    itself. One it sets itself is checked as given (validation refuses what cannot apply)."""
+    if stage_cfg.mode in SYNCING_MODES:
+        return
+    own = raw.get("synchronizer") or {}
+    defaults = OmegaConf.structured(RLCoreConfig).synchronizer
+    with _unlocked(stage_cfg):
+        for key in ENGINE_SYNC_KEYS:
+            if key not in own:
+                stage_cfg.synchronizer[key] = defaults[key]
 
 
 def inherits_previous_model(cfg: RLCoreConfig) -> bool:

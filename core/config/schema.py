@@ -503,7 +503,9 @@ class RolloutModelConfig:
     gpu_memory_utilization: float = bounded(0.9, gt=0.0, le=1.0)
     """Share of each GPU's memory vLLM may take for weights and KV cache (vllm on GPU)."""
     enforce_eager: bool = False
-    """Run vLLM without CUDA graphs / torch.compile: slower decoding, faster start (always on CPU)."""
+    """Decode without CUDA graphs: vLLM without CUDA graphs / torch.compile (always on CPU); the HF
+    engine with its eager loop over a dynamic cache instead of graph replays over a static one (always
+    on CPU). Slower decoding, faster start."""
     enable_sleep_mode: bool = False
     """Mode colocate on one GPU: vLLM frees its KV cache and offloads its weights while the trainer
     works, then wakes for the weight load and the next rollout (vllm on GPU). Also allowed in mode

@@ -34,8 +34,8 @@ def build_engine(
     seed: int = 0,
 ) -> RolloutEngine:
     """Construct the engine `engine_type` names; the vLLM-only options go to vLLM only (the HF
-    engine refuses a tensor-parallel size above 1). `max_model_len` None takes the model's own
-    position limit; one above it is refused (ValueError)."""
+    engine refuses a tensor-parallel size above 1; enforce_eager goes to both). `max_model_len` None
+    takes the model's own position limit; one above it is refused (ValueError)."""
     cls = ENGINES.resolve(engine_type)
     common = {
         "device": device,
@@ -48,7 +48,7 @@ def build_engine(
             raise ValueError(
                 f"tensor_parallel_size must be 1 for the {engine_type} engine; got {tensor_parallel_size}"
             )
-        return cls(model_path, **common)
+        return cls(model_path, **common, enforce_eager=enforce_eager)
     return cls(
         model_path, **common, tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,

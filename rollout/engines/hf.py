@@ -1,6 +1,7 @@
 """The embedded engine: a HF transformers causal LM in the calling process, decoded by rlcore's loop
-over the model's forward and KV cache (hf_decode.py: one prefill per prompt, finished rows leave
-the batch).
+over the model's forward and KV cache (hf_decode.py: one prefill per prompt). On a GPU the decode
+runs over a static cache, each step a CUDA graph replay with no host sync (hf_static.py); on CPU,
+or with enforce_eager, over transformers' dynamic cache, finished rows leaving the batch.
 
 It is the default because it needs nothing beyond transformers, loads in a second and takes new
 weights by an in-place copy, which is what colocated and CPU runs want. Log-probs are computed
@@ -11,6 +12,7 @@ sampler.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,8 +23,14 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from ...core.types import Completion, SamplingParams
 from .base import RolloutEngine, copy_completion, prompt_seed, resolve_max_model_len, stop_token_ids
 from .hf_attention import use_grouped_sdpa
-from .hf_decode import decode
+from .hf_decode import decode, decode_static
+from .hf_static import StaticDecodeStates, supports
 
+logger = logging.getLogger(__name__)
+
+CHECK_EVERY = 8
+"""On a GPU the host asks whether every row is done once per this many decode steps (the steps in
+between run without a host sync; at most this many - 1 steps are spent after the last row ends)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -37,6 +45,7 @@ class HFEngine(RolloutEngine):
         dtype: str = "float32",
         max_model_len: int | None = None,
         max_batch_size: int = 256,
+        enforce_eager: bool = False,
     ):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got '{dtype}'")
@@ -59,6 +68,15 @@ class HFEngine(RolloutEngine):
         # generation_config.json (top_k=20, temperature=0.6, ...) out of any generate call.
         self.model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=self.pad_token_id)
         self.policy_version = 0
+        self._static: StaticDecodeStates | None = None
+        if self.device.type == "cuda" and not enforce_eager:
+            why_not = supports(self.model.config)
+            if why_not is None:
+                self._static = StaticDecodeStates(
+                    self.model, max_batch_size, self.max_model_len, use_graphs=True
+                )
+            else:
+                logger.warning("HF engine: eager decoding on %s (no CUDA graphs: %s)", self.device, why_not)
 
     # ------------------------------------------------------------------------------------------
     # generation
@@ -119,16 +137,13 @@ class HFEngine(RolloutEngine):
         row_seeds: list[int] | None,
     ) -> list[Completion]:
         """Generate n completions for each prompt in one batch."""
-        rows = decode(
-            self.model,
-            prompts,
-            n,
-            sampling,
-            eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            stop_matcher=matcher,
-            row_seeds=row_seeds,
-        )
+        eos, pad = self.eos_token_ids, self.pad_token_id
+        if self._static is not None:
+            rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
+                                 stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY)  # fmt: skip
+        else:
+            rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
+                          stop_matcher=matcher, row_seeds=row_seeds)  # fmt: skip
         return [
             Completion(
                 prompt_token_ids=list(prompts[row // n]),

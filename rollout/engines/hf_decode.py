@@ -22,8 +22,9 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
+from .hf_sampling import filter_logits, pick_tokens, sampled_logprobs, uniform_draws
+from .hf_static import StaticDecodeStates
 
 
 @dataclass
@@ -37,70 +38,6 @@ class DecodedRows:
     """"stop" (EOS or a stop string) or "length"."""
 
 
-def filter_logits(
-    logits_RV: torch.Tensor, sampling: SamplingParams, seen_RV: torch.Tensor | None
-) -> torch.Tensor:
-    """The logits the sampler draws from: repetition penalty, temperature, top-k, top-p, min-p (in
-    transformers' order); filtered tokens get -inf. `seen_RV` marks the tokens each row already has
-    (prompt and response), needed only with a repetition penalty."""
-    scores = logits_RV.float()
-    if sampling.repetition_penalty != 1.0 and seen_RV is not None:
-        penalised = torch.where(
-            scores < 0, scores * sampling.repetition_penalty, scores / sampling.repetition_penalty
-        )
-        scores = torch.where(seen_RV, penalised, scores)
-    if sampling.temperature == 0:
-        return scores  # greedy: only the penalty changes which token is the largest
-    scores = scores / sampling.temperature
-    if 0 < sampling.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, sampling.top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        probs = sorted_scores.softmax(dim=-1)
-        # drop a token when the tokens ranked above it already hold top_p of the mass
-        drop_sorted = (probs.cumsum(dim=-1) - probs) > sampling.top_p
-        drop_sorted[:, 0] = False
-        scores = scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    if sampling.min_p > 0:
-        probs = scores.softmax(dim=-1)
-        floor = sampling.min_p * probs.max(dim=-1, keepdim=True).values
-        scores = scores.masked_fill(probs < floor, float("-inf"))
-    return scores
-
-
-def pick_tokens(scores_RV: torch.Tensor, greedy: bool, uniform_R: torch.Tensor | None) -> torch.Tensor:
-    """The largest score (greedy), or the token whose slice of the cumulative distribution holds
-    each row's uniform draw (inverse-CDF sampling: filtered tokens hold an empty slice)."""
-    if greedy or uniform_R is None:
-        return scores_RV.argmax(dim=-1)
-    cdf_RV = scores_RV.softmax(dim=-1).double().cumsum(dim=-1)
-    picked = torch.searchsorted(cdf_RV, (uniform_R * cdf_RV[:, -1])[:, None].contiguous(), right=True)
-    return picked.squeeze(-1).clamp(max=scores_RV.shape[-1] - 1)
-
-
-def uniform_draws(rows: int, steps: int, row_seeds: list[int] | None) -> torch.Tensor:
-    """[rows, steps] uniforms for the sampler: from each row's own generator when seeded (a row's
-    tokens then depend on its prompt and seed only, not on the rows beside it), else from torch's
-    global RNG."""
-    if row_seeds is None:
-        return torch.rand(rows, steps, dtype=torch.float64)
-    return torch.stack(
-        [
-            torch.rand(steps, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
-            for s in row_seeds
-        ]
-    )
-
-
-def sampled_logprobs(logits_RV: torch.Tensor, tokens_R: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T) at each row's token (T = 0: the raw logits), computed by the function
-    the trainer scores responses with."""
-    if temperature > 0:
-        logits_RV = logits_RV.float() / temperature
-    return token_logprobs(logits_RV[:, None], tokens_R[:, None])[:, 0]
-
-
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts as one left-padded batch: input ids and attention mask, [P, longest prompt]."""
     width = max(len(p) for p in prompts)
@@ -110,6 +47,33 @@ def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor,
         input_ids_PL[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
         mask_PL[row, width - len(ids) :] = 1
     return input_ids_PL, mask_PL
+
+
+def prefill(
+    model: Any, prompts: list[list[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor]:
+    """One forward over the left-padded prompts: their input ids, mask and positions [P, W], the KV
+    cache it filled, and the logits of each prompt's last token [P, V]."""
+    device = next(model.parameters()).device
+    input_ids_PL, mask_PL = (x.to(device) for x in left_pad(prompts, pad_token_id))
+    positions_PL = (mask_PL.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=input_ids_PL,
+        attention_mask=mask_PL,
+        position_ids=positions_PL,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return input_ids_PL, mask_PL, positions_PL, cache, out.logits[:, -1]
+
+
+def seen_tokens(input_ids_PL: torch.Tensor, mask_PL: torch.Tensor, vocab: int, n: int) -> torch.Tensor:
+    """[P * n, V] True where a row's prompt holds the token (padding excluded): the repetition
+    penalty's history, each prompt's row repeated for its n samples."""
+    counts_PV = torch.zeros((input_ids_PL.shape[0], vocab), dtype=torch.long, device=input_ids_PL.device)
+    return counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
 
 
 @torch.inference_mode()
@@ -127,20 +91,9 @@ def decode(
     """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped);
     `row_seeds` (one per row) makes each row's draws its own."""
     device = next(model.parameters()).device
-    input_ids_PL, mask_PL = (x.to(device) for x in left_pad(prompts, pad_token_id))
-    positions_PL = (mask_PL.cumsum(-1) - 1).clamp(min=0)
-
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=input_ids_PL,
-        attention_mask=mask_PL,
-        position_ids=positions_PL,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
     # every sample of a prompt starts from the same prefill
-    logits_AV = out.logits[:, -1].repeat_interleave(n, dim=0)
+    logits_AV = logits_PV.repeat_interleave(n, dim=0)
     if n > 1:
         cache.batch_repeat_interleave(n)
     mask_AL = mask_PL.repeat_interleave(n, dim=0)
@@ -156,8 +109,7 @@ def decode(
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     seen_AV = None
     if sampling.repetition_penalty != 1.0:  # the tokens each row has so far, padding excluded
-        counts_PV = torch.zeros((len(prompts), logits_AV.shape[-1]), dtype=torch.long, device=device)
-        seen_AV = counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
+        seen_AV = seen_tokens(input_ids_PL, mask_PL, logits_AV.shape[-1], n)
     greedy = sampling.temperature == 0
     uniform_RT = None if greedy else uniform_draws(rows, steps, row_seeds).to(device)
 
@@ -200,4 +152,78 @@ def decode(
         tokens=[tokens[r][: lengths[r]] for r in range(rows)],
         logprobs=[logprobs[r][: lengths[r]] for r in range(rows)],
         finish_reasons=finish,
+    )
+
+
+@torch.inference_mode()
+def decode_static(
+    states: StaticDecodeStates,
+    prompts: list[list[int]],
+    n: int,
+    sampling: SamplingParams,
+    *,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    stop_matcher: StopStringCriteria | None,
+    row_seeds: list[int] | None = None,
+    check_every: int = 1,
+) -> DecodedRows:
+    """`decode` over a static cache (hf_static.py): the same prefill, sampler and draws, but every
+    row stays in the batch to the end (a finished row's tokens are ignored), each step is the same
+    shapes (a CUDA graph replay on a GPU) and the host learns whether all rows are done only every
+    `check_every` steps: the steps in between need no host sync."""
+    model = states.model
+    device = model.device
+    input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
+    rows, width, steps = len(prompts) * n, mask_PL.shape[1], sampling.max_tokens
+    state = states.get(rows, width + steps)
+    state.start(cache, n, mask_PL, positions_PL[:, -1])
+    del cache
+    batch, vocab = state.batch, logits_PV.shape[-1]
+
+    logits_BV = torch.zeros((batch, vocab), dtype=logits_PV.dtype, device=device)
+    logits_BV[:rows] = logits_PV.repeat_interleave(n, dim=0)
+    tokens_BT = torch.full((batch, steps), pad_token_id, dtype=torch.long, device=device)
+    logprobs_BT = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+    length_B = torch.full((batch,), steps, dtype=torch.long, device=device)
+    done_B = torch.arange(batch, device=device) >= rows  # idle rows are done from the start
+    stopped_B = torch.zeros(batch, dtype=torch.bool, device=device)
+    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+    seen_BV = None
+    if sampling.repetition_penalty != 1.0:
+        seen_BV = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
+        seen_BV[:rows] = seen_tokens(input_ids_PL, mask_PL, vocab, n)
+    greedy = sampling.temperature == 0
+    uniform_BT = None
+    if not greedy:
+        uniform_BT = torch.zeros((batch, steps), dtype=torch.float64, device=device)
+        uniform_BT[:rows] = uniform_draws(rows, steps, row_seeds).to(device)
+
+    for t in range(steps):
+        uniform_B = None if uniform_BT is None else uniform_BT[:, t]
+        token_B = pick_tokens(filter_logits(logits_BV, sampling, seen_BV), greedy, uniform_B)
+        token_B = token_B.masked_fill(done_B, pad_token_id)
+        tokens_BT[:, t] = token_B
+        logprobs_BT[:, t] = sampled_logprobs(logits_BV, token_B, sampling.temperature)
+        stop_B = torch.isin(token_B, eos)
+        if stop_matcher is not None:
+            stop_B |= stop_matcher(tokens_BT[:, : t + 1], logits_BV)
+        stop_B &= ~done_B
+        length_B.masked_fill_(stop_B, t + 1)
+        stopped_B |= stop_B
+        done_B |= stop_B
+        if t == steps - 1 or ((t + 1) % check_every == 0 and bool(done_B.all())):
+            break
+        if seen_BV is not None:
+            seen_BV.scatter_(1, token_B[:, None], True)
+        logits_BV = state.step(token_B, width + t)
+
+    tokens = tokens_BT[:rows].cpu().tolist()
+    logprobs = logprobs_BT[:rows].cpu().tolist()
+    lengths = length_B[:rows].cpu().tolist()
+    stopped = stopped_B[:rows].cpu().tolist()
+    return DecodedRows(
+        tokens=[tokens[r][: lengths[r]] for r in range(rows)],
+        logprobs=[logprobs[r][: lengths[r]] for r in range(rows)],
+        finish_reasons=["stop" if s else "length" for s in stopped],
     )

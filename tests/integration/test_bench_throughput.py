@@ -21,7 +21,7 @@ def test_bench_throughput_measures_every_engine_and_strategy(tmp_path) -> None:
     require_vllm()
     out = tmp_path / "throughput.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "rlcore.cli", "bench", "throughput", "--prompts", "2", "--n", "2",
+        [sys.executable, "-m", "rlcore.cli", "bench", "throughput", "--engines", "hf,hf-eager,vllm,hf-generate", "--prompts", "2", "--n", "2",
          "--max-tokens", "4", "--calls", "2", "--steps", "1", "--repeats", "1", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=840,
     )  # fmt: skip
@@ -29,7 +29,9 @@ def test_bench_throughput_measures_every_engine_and_strategy(tmp_path) -> None:
     result = json.loads(out.read_text())
 
     rollout = result["rollout"]
-    assert list(rollout) == ["hf", "vllm", "hf-generate"]  # hf-generate: model.generate, the baseline
+    assert list(rollout) == ["hf", "hf-eager", "vllm", "hf-generate"]  # hf-generate: model.generate
+    # on CPU both HF loops are the eager one: the report's greedy check must find them equal
+    assert result["greedy_agreement"] == {"rows": 2, "equal_rows": 2, "mean_equal_prefix": 1.0}
     for row in rollout.values():
         assert row["start_s"]["median"] > 0 and row["call_s"]["median"] > 0
         assert 4 <= row["tokens_per_call"]["median"] <= 2 * 2 * 4  # prompts x n x at most 4 tokens
@@ -52,7 +54,7 @@ def test_bench_throughput_measures_every_engine_and_strategy(tmp_path) -> None:
     assert "ratio_to_reference" in train["fsdp"] and "ratio_to_reference" not in train["fsdp2"]
 
     table = (tmp_path / "throughput.md").read_text()
-    assert "**rollout**" in table and "**train**" in table
+    assert "**rollout**" in table and "**train**" in table and "2 of 2 rows equal token for token" in table
     for reason in result["not_measured"].values():
         assert reason in table
     assert (tmp_path / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,6 +4,7 @@ on the same model and prompts, each a real process, then the JSON, the markdown 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -34,12 +35,18 @@ def test_bench_trl_measures_both_frameworks_on_the_same_work(tmp_path) -> None:
         assert all(8 <= t <= 4 * (16 + 4) for t in run["tokens"]), run["tokens"]
         assert all(t > 0 for t in run["phases"]["generate"])
         assert all(t > 0 for t in run["phases"]["forward_backward"])
+        assert all(4 <= g <= 2 * 2 * 4 for g in run["generated_tokens"]), run["generated_tokens"]
         for i, step in enumerate(run["step_s"]):  # the phases account for the step, no more
             assert sum(run["phases"][p][i] for p in run["phases"]) == pytest.approx(step, rel=0.05)
     ratio = comparison["ratios_rlcore_over_trl"]["step_s"]
     assert ratio["median"] == pytest.approx(
         comparison["sides"]["rlcore"]["step_s"]["median"] / comparison["sides"]["trl"]["step_s"]["median"]
     )
+    rollout = comparison["sides"]["rlcore"]["rollout_tokens_per_s"]["median"]
+    assert rollout == pytest.approx(
+        statistics.median(pair["rlcore"]["generated_tokens"]) / statistics.median(pair["rlcore"]["phases"]["generate"])
+    )
     table = (tmp_path / "vs_trl.md").read_text()
     assert "| same_engine | hf |" in table and "forward_backward" in table
+    assert "on CPU (" in table and "- (no GPU peak)" in table  # the header names the device; no MFU on CPU
     assert (tmp_path / "vs_trl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

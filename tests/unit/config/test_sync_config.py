@@ -110,3 +110,21 @@ def test_stages_that_run_vllm_in_process_must_ask_for_the_same_engine(tmp_path: 
     assert len(_stages(tmp_path, "vllm", {}, no_eval)) == 2
     # sleep mode on one GPU: the SFT stage shares the engine, which sleeps through its training
     assert len(_stages(tmp_path, "vllm", {}, {}, enable_sleep_mode=True)) == 2
+
+
+def test_a_run_wide_sync_setting_applies_to_the_stages_that_sync(tmp_path: Path) -> None:
+    """`synchronizer.sync_method=checkpoint` on the command line of a launch whose first stage is SFT
+    (mode train, no weights to send): the SFT stage keeps the default, the GRPO stage takes it. The
+    same setting given by the SFT stage itself is still refused there."""
+    tasks = {"path": str(tmp_path / "tasks.jsonl")}
+    stages = [
+        {"name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft"}},
+        {"name": "rl", "mode": "both", "buffer": {"explorer_input": {"eval_tasksets": [{"name": "held", **tasks}]}}},
+    ]  # fmt: skip
+    recipe = write_recipe(tmp_path, {"stages": stages})
+    run_wide = ["synchronizer.sync_method=checkpoint", "synchronizer.checksums=false", "synchronizer.probe=true"]
+    sft, rl = resolve_stages(load_config(recipe, run_wide))
+    assert (sft.config.synchronizer.sync_method, sft.config.synchronizer.probe) == ("auto", False)
+    assert (rl.config.synchronizer.sync_method, rl.config.synchronizer.probe) == ("checkpoint", True)
+    with pytest.raises(ConfigError, match=r"^stages\[0\]\.synchronizer\.sync_method checkpoint has separate"):
+        resolve_stages(load_config(recipe, ["stages.0.synchronizer.sync_method=checkpoint"]))

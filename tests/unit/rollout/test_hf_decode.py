@@ -16,7 +16,8 @@ from transformers.generation.logits_process import (
 
 from rlcore.core.types import SamplingParams
 from rlcore.rollout.engines.hf import HFEngine
-from rlcore.rollout.engines.hf_decode import decode, filter_logits
+from rlcore.rollout.engines.hf_decode import decode
+from rlcore.rollout.engines.hf_sampling import filter_logits
 
 
 def hf_filtered(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -131,3 +132,89 @@ def test_grouped_sdpa_on_cpu_equals_transformers_sdpa_under_padding_and_cache(ti
         for a, b in zip(x, y, strict=True)
     ]
     assert max(diffs) < 1e-5
+
+
+# ---------------------------------------------------------------------------- the static decode loop
+
+
+def small_model(model_type: str, vocab: int) -> torch.nn.Module:
+    """A random 2-layer model of `model_type` with grouped KV heads (head_dim 16)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type, vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+STATIC_CASES = {
+    "greedy": (SamplingParams(temperature=0.0, max_tokens=20), 1),
+    "sampled": (SamplingParams(temperature=1.0, max_tokens=30, n=4), 4),
+    "filters": (
+        SamplingParams(
+            temperature=0.8, top_k=5, top_p=0.9, min_p=0.02, repetition_penalty=1.3, max_tokens=25, n=3
+        ),
+        3,
+    ),  # fmt: skip
+    "stop_string": (SamplingParams(temperature=1.0, max_tokens=30, n=2, stop=["3", "ab"]), 2),
+    "past_one_view": (SamplingParams(temperature=0.0, max_tokens=150), 1),
+}
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("case", list(STATIC_CASES))
+def test_static_decode_equals_the_eager_loop(tiny_model_path: str, model_type: str, case: str) -> None:
+    """The static loop (rows kept in the batch to the end, a fixed-shape cache read through views of
+    128-token steps, the batch padded to a power of two, the host told only every 4 steps) against
+    the eager loop (rows leave the batch): the same tokens for the same seeds, the same finish
+    reasons, log-probs equal to float32 rounding. EOS is a token the model emits often, so rows end at
+    different steps."""
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    from rlcore.rollout.engines.hf_decode import decode_static
+    from rlcore.rollout.engines.hf_static import StaticDecodeStates, supports
+
+    engine = HFEngine(tiny_model_path, max_model_len=256)
+    model = engine.model if model_type == "llama" else small_model(model_type, len(engine.tokenizer))
+    assert supports(model.config) is None
+    sampling, n = STATIC_CASES[case]
+    prompts = [engine.tokenizer(t, add_special_tokens=False)["input_ids"]
+               for t in ["1+2=", "What is 12*3?", "7", "9-4=", "Compute 3+3 now", "x"]]  # fmt: skip
+    matcher = StopStringCriteria(engine.tokenizer, sampling.stop) if sampling.stop else None
+    seeds = None if sampling.temperature == 0 else [100 + r for r in range(len(prompts) * n)]
+    free = decode(model, prompts, n, sampling, eos_token_ids=[-1], pad_token_id=engine.pad_token_id,
+                  stop_matcher=None, row_seeds=seeds)  # fmt: skip
+    counts = torch.bincount(torch.tensor([t for row in free.tokens for t in row]))
+    eos = [] if case == "past_one_view" else counts.topk(1).indices.tolist()
+    options = dict(eos_token_ids=eos or [-1], pad_token_id=engine.pad_token_id, stop_matcher=matcher,
+                   row_seeds=seeds)  # fmt: skip
+
+    eager = decode(model, prompts, n, sampling, **options)
+    states = StaticDecodeStates(model, max_batch_size=256, max_model_len=256, use_graphs=False)
+    static = decode_static(states, prompts, n, sampling, check_every=4, **options)
+    assert static.tokens == eager.tokens
+    assert static.finish_reasons == eager.finish_reasons
+    gaps = [
+        abs(a - b)
+        for x, y in zip(static.logprobs, eager.logprobs, strict=True)
+        for a, b in zip(x, y, strict=True)
+    ]
+    assert max(gaps) < 1e-4
+    if case != "past_one_view":
+        assert len({len(t) for t in eager.tokens}) > 1, "rows should end at different steps"
+    (state,) = states._states.values()
+    assert state.batch == 1 << (len(prompts) * n - 1).bit_length()  # rows padded to a power of two
+    # a second call reuses the state (its cache was left with the first call's keys and values)
+    assert decode_static(states, prompts, n, sampling, check_every=4, **options).tokens == eager.tokens
+
+
+def test_static_decode_refuses_what_it_cannot_run() -> None:
+    from transformers import AutoConfig
+
+    from rlcore.rollout.engines.hf_static import batch_bucket, supports
+
+    assert "gpt2" in (supports(AutoConfig.for_model("gpt2")) or "")
+    assert supports(AutoConfig.for_model("qwen2", use_sliding_window=True)) == "sliding-window attention"
+    assert [batch_bucket(r, 48) for r in (1, 2, 3, 5, 16, 17, 48)] == [1, 2, 4, 8, 16, 32, 48]

@@ -1,0 +1,187 @@
+"""The HF engine's static decode state: a KV cache of fixed shape and the decode step over it,
+captured as CUDA graphs on a GPU.
+
+A decode batch is padded up to a batch bucket (powers of two up to the engine's max_batch_size) and
+its cache sized to a length bucket (a multiple of 128 tokens), so the same few shapes come back call
+after call. For each (batch bucket, capacity) one `StaticDecodeState` holds:
+
+- `SlotCache`: per layer keys/values [B, KV heads, capacity, head_dim]. Every row writes the step's
+  key/value at the same slot (prompts are left-padded to one width W, so slot W + t is step t's for
+  every row); the slot is a device tensor, so a captured graph reads its current value.
+- input buffers (the step's token and position per row, the prompt's padding mask, the width W);
+  the attention mask [B, 1, 1, L] is computed from them inside the step: prompt tokens that are not
+  padding, plus every decode slot up to the current one. Finished rows stay in the batch with their
+  mask as it is: their tokens are ignored, nothing is cut out of the cache.
+- on CUDA, one graph per view length L (128, 256, 512, ... up to the capacity): the step at slot s
+  replays the smallest graph whose view holds s, so attention reads the cache written so far, not
+  all of it. Graphs are captured the first time a length is reached and reused by later calls;
+  weights are loaded by copying into the parameters the graphs read.
+
+The step calls the transformers model itself (its own kernels, 4D-mask path), so a model type is
+admitted only where that path is known to hold: full attention in every layer (`supports`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+CAPACITY_STEP = 128
+"""Cache capacities and graph view lengths are multiples of this many tokens."""
+MAX_STATES = 3
+"""Decode states (batch bucket x capacity) kept at once; the least recently used is freed first."""
+MODEL_TYPES = ("llama", "qwen2", "qwen3")
+"""Model types whose attention runs on a 4D mask and a cache's `update` alone (each checked on CPU
+against the eager loop, tests/unit/rollout/test_hf_decode.py)."""
+
+
+def supports(config: Any) -> str | None:
+    """Why the static path cannot run this model (None: it can)."""
+    if config.model_type not in MODEL_TYPES:
+        return f"model type {config.model_type} is not one of {', '.join(MODEL_TYPES)}"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "layers other than full attention"
+    return None
+
+
+def batch_bucket(rows: int, max_batch_size: int) -> int:
+    """The smallest power of two >= rows, at most max_batch_size (rows <= max_batch_size)."""
+    return min(1 << (rows - 1).bit_length(), max_batch_size)
+
+
+def round_up(length: int) -> int:
+    return -(-length // CAPACITY_STEP) * CAPACITY_STEP
+
+
+class SlotCache:
+    """The KV cache the model's attention layers call `update` on: the step's keys and values go to
+    `slot`, and attention sees the first `view_len` positions (a narrowed view, no copy)."""
+
+    def __init__(self, config: Any, batch: int, capacity: int, dtype: torch.dtype, device: torch.device):
+        heads = config.num_key_value_heads or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (batch, heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.values = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.view_len = capacity
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.slot, key_states)
+        values.index_copy_(2, self.slot, value_states)
+        return keys[:, :, : self.view_len], values[:, :, : self.view_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always given, so the model never derives them from the cache
+
+    def load_prompts(self, prefill_cache: Any, n: int, width: int) -> None:
+        """Rows 0..P*n-1 start from the prefill's keys and values (prompt p's in rows p*n..p*n+n-1)."""
+        for layer, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
+            prompt = prefill_cache.layers[layer]
+            rows = prompt.keys.shape[0] * n
+            keys[:rows, :, :width].copy_(prompt.keys.repeat_interleave(n, dim=0))
+            values[:rows, :, :width].copy_(prompt.values.repeat_interleave(n, dim=0))
+
+
+class StaticDecodeState:
+    """The cache, the step's input buffers and (CUDA) the captured steps of one (batch, capacity)."""
+
+    def __init__(self, model: Any, batch: int, capacity: int, use_graphs: bool):
+        device, dtype = model.device, model.dtype
+        self.model, self.batch, self.capacity = model, batch, capacity
+        self.cache = SlotCache(model.config, batch, capacity, dtype, device)
+        self.tokens_B1 = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.positions_B1 = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.prompt_mask_BL = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
+        self.width = torch.zeros(1, dtype=torch.long, device=device)
+        self.columns_L = torch.arange(capacity, device=device)
+        self.use_graphs = use_graphs
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def start(
+        self, prefill_cache: Any, n: int, mask_PL: torch.Tensor, last_positions_P: torch.Tensor
+    ) -> None:
+        """Load a call's prompts: P*n rows of the batch (the rest are idle rows)."""
+        rows, width = mask_PL.shape[0] * n, mask_PL.shape[1]
+        self.cache.load_prompts(prefill_cache, n, width)
+        self.prompt_mask_BL.zero_()
+        self.prompt_mask_BL[:rows, :width] = mask_PL.repeat_interleave(n, dim=0).bool()
+        self.positions_B1.zero_()
+        self.positions_B1[:rows, 0] = last_positions_P.repeat_interleave(n) + 1
+        self.width.fill_(width)
+        self.cache.slot.fill_(width)
+        self.tokens_B1.zero_()
+
+    def step(self, token_B: torch.Tensor, slot: int) -> torch.Tensor:
+        """Feed each row's token at cache slot `slot` (the host's count, equal to cache.slot); the
+        next logits [B, V]. The returned tensor is overwritten by the next step."""
+        self.tokens_B1.copy_(token_B[:, None])
+        view_len = min(self.capacity, round_up(slot + 1))
+        if self.use_graphs:
+            if view_len not in self.graphs:
+                self.graphs[view_len] = self._capture(view_len)
+            graph, logits_BV = self.graphs[view_len]
+            graph.replay()
+        else:
+            logits_BV = self._forward(view_len)
+        self.cache.slot += 1
+        self.positions_B1 += 1
+        return logits_BV
+
+    def _forward(self, view_len: int) -> torch.Tensor:
+        columns = self.columns_L[:view_len]
+        decoded = (columns >= self.width) & (columns <= self.cache.slot)
+        mask_B11L = (self.prompt_mask_BL[:, :view_len] | decoded)[:, None, None, :]
+        self.cache.view_len = view_len
+        out = self.model(
+            input_ids=self.tokens_B1, position_ids=self.positions_B1, attention_mask=mask_B11L,
+            past_key_values=self.cache, use_cache=True,
+        )  # fmt: skip
+        return out.logits[:, -1]
+
+    def _capture(self, view_len: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The step at view length `view_len` as a CUDA graph, after two warm-up runs on a side stream
+        (as torch.cuda.graphs asks). The warm-up runs are this step itself on its real inputs: they
+        write the slot's keys and values that the replay then writes again."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(view_len)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits_BV = self._forward(view_len)
+        return graph, logits_BV
+
+
+class StaticDecodeStates:
+    """Decode states by (batch bucket, capacity), the least recently used freed past MAX_STATES."""
+
+    def __init__(self, model: Any, max_batch_size: int, max_model_len: int, use_graphs: bool):
+        self.model, self.max_batch_size, self.max_model_len = model, max_batch_size, max_model_len
+        self.use_graphs = use_graphs
+        self._states: OrderedDict[tuple[int, int], StaticDecodeState] = OrderedDict()
+
+    def get(self, rows: int, length: int) -> StaticDecodeState:
+        """A state for `rows` rows of up to `length` tokens (prompt width + max_tokens)."""
+        key = (
+            batch_bucket(rows, self.max_batch_size),
+            min(round_up(length), max(length, self.max_model_len)),
+        )
+        state = self._states.pop(key, None)
+        if state is None:
+            while len(self._states) >= MAX_STATES:
+                self._states.popitem(last=False)
+            state = StaticDecodeState(self.model, *key, self.use_graphs)
+        self._states[key] = state
+        return state

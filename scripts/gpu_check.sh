@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# One command for a GPU machine without internet: install rlcore (from a folder of wheels when given
+# one: scripts/download_wheels.sh fills it on a machine with internet), then run
+#   engine      the HF engine's CUDA-graph decode against its eager loop (tests/gpu/test_hf_engine_cuda.py)
+#   bench       rlcore bench trl and rlcore bench throughput on CUDA at --model (default 0.5b)
+#   tests       the rest of tests/gpu
+#   quickstarts the quickstart on CUDA with megatron (rollout worker on the same GPU, checkpoint sync)
+#               and with fsdp2 (stage rl colocated), bf16
+# writing benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
+# result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the results and logs
+# are also packed into DIR/gpu_check.tar.gz.
+#
+#   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b] [--out DIR]
+#
+# Exit status: 0 when every part passed, 1 otherwise (each part runs even when an earlier one failed).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+wheels="" parts="engine,bench,tests,quickstarts" model="0.5b" out="${OUT:-}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheels) wheels="$2"; shift 2 ;;
+    --parts) parts="$2"; shift 2 ;;
+    --model) model="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (allowed: --wheels DIR, --parts LIST, --model NAME, --out DIR)" >&2; exit 2 ;;
+  esac
+done
+for part in ${parts//,/ }; do
+  case "$part" in engine|bench|tests|quickstarts) ;; *)
+    echo "gpu_check.sh: --parts takes engine, bench, tests, quickstarts; got '$part'" >&2; exit 2 ;;
+  esac
+done
+
+results=benchmarks/results/gpu
+logs=$(mktemp -d /tmp/rlcore-gpu-check.XXXXXX)
+mkdir -p "$results"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+# ---------------------------------------------------------------- install
+if [ -n "$wheels" ]; then
+  site=/tmp/rlcore-site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl \
+    || { echo "gpu_check: installing the wheels of $wheels failed"; exit 1; }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if ! python3 -c "import rlcore.cli.main" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > "$logs/install.log" 2>&1 \
+    || { echo "gpu_check: pip install -e . failed; see $logs/install.log"; tail -20 "$logs/install.log"; exit 1; }
+fi
+python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible to torch'" \
+  || { echo "gpu_check: needs a CUDA GPU"; exit 1; }
+
+summary="$results/gpu_check.md"
+{
+  echo "# scripts/gpu_check.sh on $(date -u +%Y-%m-%d)"
+  echo
+  python3 - <<'EOF'
+import platform
+from importlib.metadata import version, PackageNotFoundError
+import torch
+props = torch.cuda.get_device_properties(0)
+print(f"- GPU: {torch.cuda.get_device_name(0)} ({props.total_memory / 2**30:.0f} GiB), "
+      f"{torch.cuda.device_count()} visible; CUDA {torch.version.cuda}")
+found = []
+for name in ("torch", "transformers", "megatron-core", "trl", "peft", "grpcio", "protobuf", "omegaconf", "datasets"):
+    try:
+        found.append(f"{name} {version(name)}")
+    except PackageNotFoundError:
+        found.append(f"{name} absent")
+print(f"- Python {platform.python_version()}; " + ", ".join(found))
+EOF
+  echo "- parts: $parts; benchmark model: $model"
+  echo
+  echo "| part | result | minutes |"
+  echo "|---|---|---:|"
+} > "$summary"
+
+status=0
+run_part() {  # name, command...: runs it with its log in $logs/<name>.log and one row in the summary
+  local name="$1"; shift
+  echo "gpu_check: $name ..."
+  local t0=$SECONDS
+  "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  local minutes
+  minutes=$(python3 -c "print(f'{($SECONDS - $t0) / 60:.1f}')")
+  local result="passed"
+  [ "$rc" -eq 0 ] || { result="FAILED (exit $rc; last lines of its log below)"; status=1; }
+  local tail_line
+  tail_line=$(grep -E "passed|failed|skipped" "$logs/$name.log" | tail -1)
+  echo "| $name | $result${tail_line:+: $tail_line} | $minutes |" >> "$summary"
+  echo "gpu_check: $name $result in $minutes min"
+  [ "$rc" -eq 0 ] || tail -25 "$logs/$name.log"
+}
+
+want() { [[ ",$parts," == *",$1,"* ]]; }
+
+if want engine; then
+  run_part engine python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py
+fi
+if want bench; then
+  run_part bench_trl python3 -m rlcore.cli bench trl --device cuda --model "$model" --comparisons same_engine \
+    --prompts 8 --group 8 --max-tokens 96 --steps 3 --repeats 3 --out "$results/vs_trl.json"
+  run_part bench_throughput python3 -m rlcore.cli bench throughput --device cuda --model "$model" \
+    --engines hf,hf-eager,hf-generate --strategies fsdp2,megatron --prompts 8 --n 8 --max-tokens 96 \
+    --calls 2 --steps 3 --repeats 1 --out "$results/throughput.json"
+fi
+if want tests; then
+  run_part tests python3 -m pytest -q -p no:cacheprovider tests/gpu \
+    --deselect tests/gpu/test_hf_engine_cuda.py \
+    --deselect tests/gpu/test_strategy_parity_cuda.py::test_quickstart_trains_with_megatron_on_cuda
+fi
+if want quickstarts; then
+  for strategy in megatron fsdp2; do
+    if [ "$strategy" = megatron ]; then extra=(synchronizer.sync_method=checkpoint); else extra=(stages.1.mode=colocate); fi
+    RLCORE_CHECKPOINT_DIR="$logs/qs-$strategy" run_part "quickstart_$strategy" \
+      python3 -m rlcore.cli launch --strategy "$strategy" configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16 "${extra[@]}"
+  done
+  {
+    echo
+    echo "Quickstarts (\`rlcore launch --strategy S configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16\`"
+    echo "plus \`synchronizer.sync_method=checkpoint\` for megatron, \`stages.1.mode=colocate\` for fsdp2):"
+    for strategy in megatron fsdp2; do
+      echo
+      echo "- $strategy:"
+      grep -E "rlcore: finished|after stage" "$logs/quickstart_$strategy.log" | sed 's/^/    /'
+      trainer_log=$(find "$logs/qs-$strategy" -name trainer.log | head -1)
+      echo "    library log lines on stdout: $(grep -c -E 'megatron|Params for bucket' "$logs/quickstart_$strategy.log")," \
+        "in launch/trainer.log: $( [ -n "$trainer_log" ] && grep -c -E 'megatron|Params for bucket' "$trainer_log" || echo 0)"
+    done
+  } >> "$summary"
+fi
+
+for f in vs_trl throughput; do
+  [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
+done
+cat "$summary"
+if [ -n "$out" ]; then
+  mkdir -p "$out"
+  tar -czf "$out/gpu_check.tar.gz" --exclude='global_step_*' --exclude='*.safetensors' --exclude='assets' \
+    "$results" -C "$logs" .
+  echo "gpu_check: results and logs in $out/gpu_check.tar.gz"
+fi
+exit "$status"
