@@ -13,6 +13,7 @@
 #   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b] [--out DIR]
 #
 # Exit status: 0 when every part passed, 1 otherwise (each part runs even when an earlier one failed).
+# PART_TIMEOUT_S (default 1800) bounds each part: one that runs longer is stopped and counts as failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,7 +83,7 @@ run_part() {  # name, command...: runs it with its log in $logs/<name>.log and o
   local name="$1"; shift
   echo "gpu_check: $name ..."
   local t0=$SECONDS
-  "$@" > "$logs/$name.log" 2>&1
+  timeout -k 10 "${PART_TIMEOUT_S:-1800}" "$@" > "$logs/$name.log" 2>&1
   local rc=$?
   local minutes
   minutes=$(python3 -c "print(f'{($SECONDS - $t0) / 60:.1f}')")
