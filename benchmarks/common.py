@@ -347,7 +347,8 @@ def rlcore_config(model_dir: str, tasks: str, run_root: str, run: GRPORun) -> st
                 }
             },
         },
-        "trainer": {"grad_clip": 1.0},
+        # the stage's final checkpoint is not read: no HF export of it (GBs at the GPU sizes)
+        "trainer": {"grad_clip": 1.0, "save_hf_checkpoint": "never"},
         "monitor": {"monitor_type": ["jsonl"]},
         "stages": [
             {

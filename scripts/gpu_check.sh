@@ -2,10 +2,13 @@
 # One command for a GPU machine without internet: install rlcore (from a folder of wheels when given
 # one: scripts/download_wheels.sh fills it on a machine with internet), then run
 #   engine      the HF engine's CUDA-graph decode against its eager loop (tests/gpu/test_hf_engine_cuda.py)
-#   bench       rlcore bench trl and rlcore bench throughput on CUDA at --model (default 0.5b)
+#   bench       rlcore bench trl (GRPO step against TRL's) and rlcore bench throughput (rollout tokens/s
+#               of the HF engine, its eager loop and model.generate) on CUDA at --model (default 0.5b)
 #   tests       the rest of tests/gpu
 #   quickstarts the quickstart on CUDA with megatron (rollout worker on the same GPU, checkpoint sync)
 #               and with fsdp2 (stage rl colocated), bf16
+# The engine check and the benchmarks run one at a time; the tests and the two quickstarts (tiny
+# models) then run side by side.
 # writing benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
 # result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the results and logs
 # are also packed into DIR/gpu_check.tar.gz.
@@ -78,47 +81,60 @@ EOF
   echo "|---|---|---:|"
 } > "$summary"
 
-status=0
-run_part() {  # name, command...: runs it with its log in $logs/<name>.log and one row in the summary
+run_part() {  # name, command...: runs it with its log in $logs/<name>.log, its exit status and minutes beside
   local name="$1"; shift
   echo "gpu_check: $name ..."
   local t0=$SECONDS
   timeout -k 10 "${PART_TIMEOUT_S:-1800}" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  local minutes
-  minutes=$(python3 -c "print(f'{($SECONDS - $t0) / 60:.1f}')")
-  local result="passed"
-  [ "$rc" -eq 0 ] || { result="FAILED (exit $rc; last lines of its log below)"; status=1; }
-  local tail_line
-  tail_line=$(grep -E "passed|failed|skipped" "$logs/$name.log" | tail -1)
-  echo "| $name | $result${tail_line:+: $tail_line} | $minutes |" >> "$summary"
-  echo "gpu_check: $name $result in $minutes min"
-  [ "$rc" -eq 0 ] || tail -25 "$logs/$name.log"
+  echo "$? $(( SECONDS - t0 ))" > "$logs/$name.rc"
+  echo "gpu_check: $name done (exit $(cut -d' ' -f1 "$logs/$name.rc"))"
 }
 
 want() { [[ ",$parts," == *",$1,"* ]]; }
+names=()
 
+# timed work runs alone on the machine ...
 if want engine; then
+  names+=(engine)
   run_part engine python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py
 fi
 if want bench; then
+  names+=(bench_trl bench_throughput)
   run_part bench_trl python3 -m rlcore.cli bench trl --device cuda --model "$model" --comparisons same_engine \
     --prompts 8 --group 8 --max-tokens 96 --steps 3 --repeats 3 --out "$results/vs_trl.json"
   run_part bench_throughput python3 -m rlcore.cli bench throughput --device cuda --model "$model" \
-    --engines hf,hf-eager,hf-generate --strategies fsdp2,megatron --prompts 8 --n 8 --max-tokens 96 \
-    --calls 2 --steps 3 --repeats 1 --out "$results/throughput.json"
+    --engines hf,hf-eager,hf-generate --strategies '' --prompts 8 --n 8 --max-tokens 96 \
+    --calls 3 --repeats 2 --out "$results/throughput.json"
 fi
+# ... the functional checks side by side (tiny models: the GPU has room for all three)
 if want tests; then
+  names+=(tests)
   run_part tests python3 -m pytest -q -p no:cacheprovider tests/gpu \
     --deselect tests/gpu/test_hf_engine_cuda.py \
-    --deselect tests/gpu/test_strategy_parity_cuda.py::test_quickstart_trains_with_megatron_on_cuda
+    --deselect tests/gpu/test_strategy_parity_cuda.py::test_quickstart_trains_with_megatron_on_cuda &
 fi
 if want quickstarts; then
-  for strategy in megatron fsdp2; do
-    if [ "$strategy" = megatron ]; then extra=(synchronizer.sync_method=checkpoint); else extra=(stages.1.mode=colocate); fi
-    RLCORE_CHECKPOINT_DIR="$logs/qs-$strategy" run_part "quickstart_$strategy" \
-      python3 -m rlcore.cli launch --strategy "$strategy" configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16 "${extra[@]}"
-  done
+  names+=(quickstart_megatron quickstart_fsdp2)
+  RLCORE_CHECKPOINT_DIR="$logs/qs-megatron" run_part quickstart_megatron python3 -m rlcore.cli launch \
+    --strategy megatron configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16 \
+    synchronizer.sync_method=checkpoint &
+  RLCORE_CHECKPOINT_DIR="$logs/qs-fsdp2" run_part quickstart_fsdp2 python3 -m rlcore.cli launch \
+    --strategy fsdp2 configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16 stages.1.mode=colocate &
+fi
+wait
+
+status=0
+for name in "${names[@]}"; do
+  read -r rc seconds < "$logs/$name.rc"
+  result="passed"
+  [ "$rc" -eq 0 ] || { result="FAILED (exit $rc)"; status=1; }
+  counts=$(grep -E "[0-9]+ (passed|failed|skipped)" "$logs/$name.log" | tail -1)
+  echo "| $name | $result${counts:+: $counts} | $(python3 -c "print(f'{$seconds / 60:.1f}')") |" >> "$summary"
+  [ "$rc" -eq 0 ] || { echo "gpu_check: $name FAILED; the end of its log:"; tail -25 "$logs/$name.log"; }
+done
+
+library=' (INFO|WARNING|DEBUG) (megatron|torch|transformers)'
+if want quickstarts; then
   {
     echo
     echo "Quickstarts (\`rlcore launch --strategy S configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16\`"
@@ -128,15 +144,17 @@ if want quickstarts; then
       echo "- $strategy:"
       grep -E "rlcore: finished|after stage" "$logs/quickstart_$strategy.log" | sed 's/^/    /'
       trainer_log=$(find "$logs/qs-$strategy" -name trainer.log | head -1)
-      echo "    library log lines on stdout: $(grep -c -E 'megatron|Params for bucket' "$logs/quickstart_$strategy.log")," \
-        "in launch/trainer.log: $( [ -n "$trainer_log" ] && grep -c -E 'megatron|Params for bucket' "$trainer_log" || echo 0)"
+      echo "    library log records on stdout: $(grep -c -E "$library" "$logs/quickstart_$strategy.log" || true)," \
+        "in launch/trainer.log: $(grep -c -E "$library" "${trainer_log:-/dev/null}" || true)"
     done
   } >> "$summary"
 fi
 
-for f in vs_trl throughput; do
-  [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
-done
+if want bench; then
+  for f in vs_trl throughput; do
+    [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
+  done
+fi
 cat "$summary"
 if [ -n "$out" ]; then
   mkdir -p "$out"
