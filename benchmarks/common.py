@@ -34,7 +34,6 @@ MODELS: dict[str, dict[str, Any]] = {
 """The scratch Llamas the benchmarks train (`--model`), random init, char tokenizer: tiny (3.2M
 parameters), and Qwen2-0.5B's and Qwen2-1.5B's shapes (layers, widths, heads, grouped KV heads; 358M
 and 1.3B parameters with the char tokenizer's small vocabulary). Nothing is downloaded."""
-MODEL = MODELS["tiny"]
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
                    "L40S": 362e12, "L4": 121e12, "A10": 125e12}  # fmt: skip
 """Dense bf16 tensor-core peak by GPU name (NVIDIA's data sheets, SXM parts): the MFU denominator."""

@@ -39,19 +39,23 @@ from typing import Any
 
 from rlcore.benchmarks.common import (
     MAX_PROMPT_TOKENS,
-    MODEL,
+    MODELS,
     PHASES,
     GRPORun,
+    add_model_args,
     alternating,
+    check_device,
     count_params,
     int_list,
     launch_rlcore,
     machine_info,
+    machine_line,
     measured_steps,
     missing_packages,
     positive_int,
     prepare,
     pyplot,
+    resolved_dtype,
     save_figure,
     spread,
     versions,
@@ -84,7 +88,7 @@ class Point:
 def curve_points(args: argparse.Namespace) -> list[Point]:
     """Every point of both curves, in the forward order."""
     shared = {"group": args.group, "steps": args.steps, "engine": args.engine, "strategy": args.strategy,
-              "device": args.device}  # fmt: skip
+              "device": args.device, "dtype": resolved_dtype(args)}  # fmt: skip
     batch = [
         Point("batch", p, GRPORun(prompts=p, max_tokens=args.max_tokens, **shared)) for p in args.batch_sizes
     ]
@@ -188,7 +192,7 @@ def memory_profile(rows: list[dict[str, float]]) -> dict[str, Any]:
 def run_memory(assets: tuple[str, str], workdir: str, args: argparse.Namespace) -> dict[str, Any]:
     """One run of --memory-steps steps; memory counts every step, the warm-up included."""
     run = GRPORun(args.prompts, args.group, args.max_tokens, args.memory_steps - 1, args.engine, args.strategy,
-                  args.device)  # fmt: skip
+                  args.device, resolved_dtype(args))  # fmt: skip
     t0 = time.perf_counter()
     profile = memory_profile(launch_rlcore(*assets, workdir, run, "memory", args.run_timeout))
     print(f"  memory run: {args.memory_steps} steps, RSS {profile['rss_gib'][0]:.3f} -> "
@@ -203,9 +207,9 @@ def run_memory(assets: tuple[str, str], workdir: str, args: argparse.Namespace) 
 def markdown(result: dict[str, Any]) -> str:
     cfg, m = result["config"], result["machine"]
     lines = [
-        f"GRPO on the random-init Llama ({cfg['params'] / 1e6:.1f}M parameters, char tokenizer), "
-        f"engine {cfg['engine']} colocated, strategy {cfg['strategy']}, one rank on {cfg['device']} "
-        f"({m['cpus']} x {m['cpu']}, {m['mem_total_gib']} GiB), group {cfg['group']}. Each run: 1 warm-up "
+        f"GRPO on the random-init Llama (`--model {cfg.get('model', 'tiny')}`: {cfg['params'] / 1e6:.1f}M "
+        f"parameters, char tokenizer), engine {cfg['engine']} colocated, strategy {cfg['strategy']}, one rank, "
+        f"{cfg.get('dtype', 'float32')} on {machine_line(m)}, group {cfg['group']}. Each run: 1 warm-up "
         f"step, then {cfg['steps']} measured steps (median); {cfg['repeats']} repeats, the order reversed "
         "every other repeat; min / median / max over the repeats. Growth = step time over the smallest "
         "point's, in the same repeat. Tokens = prompt + response tokens per step; responses stop at "
@@ -305,13 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-steps", type=positive_int, default=100, help="steps of the memory run")
     parser.add_argument("--engine", default="hf", choices=("hf", "vllm"))
     parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"))
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    add_model_args(parser)
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
     for flag, values in (("--batch-sizes", args.batch_sizes), ("--lengths", args.lengths)):
         if len(values) < 2:
             parser.error(f"{flag} needs at least 2 values to make a curve; got {values}")
+    check_device(parser, args.device)
     missing = missing_packages("matplotlib") + (missing_packages("vllm") if args.engine == "vllm" else [])
     if missing:
         print(f"error: {', '.join(missing)} not installed: pip install 'rlcore[bench]' (vllm: "
@@ -326,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         most_prompts = max(args.batch_sizes + [args.prompts])
         num_tasks = max(200, most_prompts * (args.steps + 1), args.prompts * args.memory_steps)
         max_model_len = max(p.run.max_model_len for p in points)
-        assets = prepare(workdir, num_tasks, max_model_len)
-        result["config"] = {**vars(args), "params": count_params(assets[0]), "model": MODEL,
+        assets = prepare(workdir, num_tasks, max_model_len, args.model)
+        result["config"] = {**vars(args), "dtype": resolved_dtype(args), "params": count_params(assets[0]),
+                            "shape": MODELS[args.model],
                             "max_prompt_tokens": MAX_PROMPT_TOKENS, "versions": versions()}  # fmt: skip
         print(
             f"{len(points)} points x {args.repeats} repeats, then {args.memory_steps} steps for memory",
