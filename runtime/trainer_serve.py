@@ -256,9 +256,11 @@ def _wait_node(proc: subprocess.Popen, args: argparse.Namespace, probe_s: float 
     client's calls), so when node 0's rendezvous has not accepted a connection for
     --collective-timeout seconds (node 0's host, or this host's link, is down) this node ends its
     ranks instead of waiting for days; torchrun's agent does not (seen: still waiting 200 s after a
-    cut, torch 2.13)."""
+    cut, torch 2.13). The clock starts once node 0 has answered: until then node 0 may still be
+    starting, and torchrun's --rdzv-timeout bounds the wait (a busy machine's healthy start was taken
+    for a cut when it started with this node)."""
     host, _, port = args.rdzv_endpoint.rpartition(":")
-    heard = time.monotonic()
+    heard: float | None = None
     while True:
         try:
             return proc.wait(timeout=probe_s), ""
@@ -268,6 +270,8 @@ def _wait_node(proc: subprocess.Popen, args: argparse.Namespace, probe_s: float 
             socket.create_connection((host.strip("[]"), int(port)), timeout=probe_s).close()
             heard = time.monotonic()
         except OSError:
+            if heard is None:
+                continue
             silent_s = time.monotonic() - heard
             if silent_s > args.collective_timeout:
                 print(f"rlcore: trainer node {args.node_rank}: ending this node's ranks", flush=True)

@@ -239,7 +239,9 @@ def test_a_trainer_service_across_two_hosts_trains_the_quickstart_as_one_host_do
 def test_a_trainer_service_node_cut_off_ends_its_ranks_in_one_line(tmp_path) -> None:
     """Node 1's link cut under an idle `rlcore trainer serve` world: its ranks would wait for rank
     0's next command for days (torchrun's agent does not notice), so node 1 ends them once node 0's
-    rendezvous has not answered for --collective-timeout, in one line, and leaves no process."""
+    rendezvous has not answered for --collective-timeout, in one line, and leaves no process. Node 1
+    starts first and node 0 only after more than --collective-timeout: a node 0 that has never
+    answered is still starting, not lost (a busy machine's healthy start was taken for a cut)."""
     with netns.Hosts(2) as hosts:
         node0, node1 = hosts
         serve = [
@@ -248,8 +250,10 @@ def test_a_trainer_service_node_cut_off_ends_its_ranks_in_one_line(tmp_path) -> 
         ]  # fmt: skip
         cluster = Cluster(hosts, str(tmp_path))
         try:
-            cluster.start("serve0", node0, [*serve, "--node-address", node0.address, "--host", node0.address])
             cluster.start("serve1", node1, [*serve, "--node-rank", "1", "--node-address", node1.address])
+            time.sleep(8)  # past --collective-timeout before node 0 exists
+            assert cluster.procs["serve1"].poll() is None, cluster.report()
+            cluster.start("serve0", node0, [*serve, "--node-address", node0.address, "--host", node0.address])
             _wait_for(
                 lambda: "trainer serving on" in cluster.output("serve0"), "node 0 serving", cluster, 120
             )
