@@ -63,6 +63,8 @@ class RemoteRollout:
         and its share runs on a worker still answering: the batch comes out as if nothing had
         happened."""
         n = len(self.clients)
+        if n == 0:
+            raise RuntimeError(f"no rollout worker answers: {', '.join(self.lost) or 'none was given'} stopped")
         bounds = [len(tasks) * i // n for i in range(n + 1)]
         shares: list[list[list[Experience]] | None] = [None] * n
 

@@ -326,7 +326,7 @@ class StageLoop:
             metrics.update(self._sync())
         start = time.perf_counter()
         taken = self.ahead.take(self.explore_step)  # generated during the previous step, by older weights
-        (exps, report), version = taken or (self._explore(tasks, self.explore_step), self.synced_step)
+        (exps, report), version = taken or (self._explore_now(tasks), self.synced_step)
         exps = self.schedule.drop_stale(exps, [version] * len(exps), self.global_step, metrics)
         if self.cfg.algorithm.dynamic_sampling:  # DAPO: refill the groups whose rewards all agree
             exps = dynamic_sampling(
@@ -462,17 +462,26 @@ class StageLoop:
         if registered is None:  # the controller does not answer: the workers we have, less the lost
             registered = self.endpoints
         addresses = [a for a in registered if a not in self.workers.lost]
+        if not addresses:
+            addresses = self._await_restarted()
         if addresses == self.endpoints and not force:
             return {}
         self.workers.close()
         self.workers = RemoteRollout(self.cfg, addresses, skip_unreachable=True)
         if not self.workers.clients:
+            rm = self.cfg.explorer.rollout_model
             raise RuntimeError(
                 f"no rollout worker answers: {', '.join(self.endpoints)} stopped, and "
                 + (
                     f"{', '.join(addresses)} do(es) not answer"
                     if addresses
                     else "none is registered with the run"
+                    + (
+                        f" (the launch restarts each at most {rm.max_restarts} time(s): "
+                        "explorer.rollout_model.max_restarts)"
+                        if self.run_ctx.workers is not None
+                        else ""
+                    )
                 )
             )
         assert self.explorer is not None
@@ -480,6 +489,38 @@ class StageLoop:
         were, self.endpoints = self.endpoints, [c.address for c in self.workers.clients]
         log.info("rollout workers now: %s (were: %s)", ", ".join(self.endpoints), ", ".join(were))
         return self._sync(retry=retry)
+
+    def _await_restarted(self) -> list[str]:
+        """Every rollout worker stopped: the addresses of those the launch restarts meanwhile,
+        waited for as long as its restarts may take (backoff 1, 2, ... 2^max_restarts s, each
+        worker's start within control.worker_start_timeout); [] at once for configured endpoints,
+        which nothing restarts."""
+        rm, lost = self.cfg.explorer.rollout_model, self.workers.lost if self.workers else []
+        if self.run_ctx.workers is None or rm.max_restarts == 0:
+            return []
+        budget_s = 2.0**rm.max_restarts + self.cfg.control.worker_start_timeout
+        log.warning(
+            "no rollout worker answers (%s stopped): waiting up to %.0f s for the launch to restart one",
+            ", ".join(lost), budget_s,
+        )  # fmt: skip
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            alive = [a for a in self._registered() or [] if a not in lost]
+            if alive:
+                return alive
+            time.sleep(0.5)
+        return []
+
+    def _explore_now(self, tasks: list[Task]) -> tuple[list[Experience], dict[str, float]]:
+        """This step's rollout; when it failed because every worker stopped, once more on the
+        workers the launch restarted (with the current weights)."""
+        try:
+            return self._explore(tasks, self.explore_step)
+        except RuntimeError:
+            if self.workers is None or self.workers.clients:
+                raise
+            self._follow_workers(retry=False, force=True)
+            return self._explore(tasks, self.explore_step)
 
     def _sync(self, retry: bool = True) -> dict[str, float]:
         """Push the trainer's weights to the engines; with synchronizer.probe, check each engine's

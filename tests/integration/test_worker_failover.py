@@ -134,6 +134,32 @@ def test_a_killed_rollout_worker_is_replaced_and_the_run_trains_every_step(tmp_p
     assert sets and len(sets[-1].split(", ")) == 2 and killed_address not in sets[-1], (sets, text[-6000:])
 
 
+def test_the_only_rollout_worker_killed_is_waited_for_and_the_run_trains_every_step(tmp_path) -> None:
+    """engine_num 1 and its worker killed with -9: the next step finds no worker at all, waits for
+    the launch's restart (it once ended in a ZeroDivisionError splitting the batch over no worker),
+    syncs the restarted one and goes on."""
+    root, steps = str(tmp_path), 30
+    cfg = tiny_grpo_config(root, **{"buffer.total_epochs": 3, "buffer.total_steps": steps})
+    proc, (out, errs), readers = _launch(root, cfg, dict(os.environ, RLCORE_TOKEN=TOKEN))
+    run_dir = os.path.join(root, "it", "run")
+    _until(lambda: len(_rows(run_dir)) >= 2, "two trained steps", proc)
+    address = next(line.split(" on ")[1].strip() for line in out if "run controller (RunService) on" in line)
+    with RunClient(address, ClientOptions(token=TOKEN, timeout=30)) as run:
+        run.pause()
+        seen, quiet_since = len(_rows(run_dir)), time.monotonic()
+        while time.monotonic() - quiet_since < 3.0:
+            assert proc.poll() is None, "the run ended before the pause took effect"
+            time.sleep(0.2)
+            if len(_rows(run_dir)) != seen:
+                seen, quiet_since = len(_rows(run_dir)), time.monotonic()
+        _worker(root, 0).kill()
+        run.resume()  # at once: the restart is not there yet
+    proc.wait(timeout=300)
+    text = _trained_every_step(proc, readers, out, errs, run_dir, steps)
+    assert "rlcore: rollout worker 0 exited" in text and "restarting it" in text, text[-3000:]
+    assert len(_worker_sets(out)) >= 1, text[-6000:]  # the loop took the restarted worker
+
+
 def _worker_sets(out: list[str]) -> list[str]:
     return [
         line.split("rollout workers now: ")[1].split(" (were")[0]

@@ -166,3 +166,16 @@ def test_a_weight_load_waits_for_the_engine_call_not_for_a_task_in_its_slow_rewa
     assert loaded < SLOW_S - 1.0 and time.monotonic() - start >= SLOW_S
     (index, exps), = got
     assert index == 0 and len(exps) == SAMPLING.n and all(e.policy_version == version for e in exps)
+
+
+def test_a_batch_with_every_worker_gone_names_them(server: RpcServer, monkeypatch) -> None:
+    """Once the last worker was dropped, a retried batch says which stopped (it once divided the batch
+    by zero workers)."""
+    monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
+    cfg = RLCoreConfig()
+    cfg.model.max_model_len = 256
+    rollout = RemoteRollout(cfg, [server.address])
+    rollout.clients.clear()
+    rollout.lost.append(server.address)
+    with pytest.raises(RuntimeError, match=rf"^no rollout worker answers: {server.address} stopped$"):
+        rollout.run([Task("t", "1+1=")], SamplingParams(max_tokens=2), WorkflowSpec(["exact_match"]), timeout=10)
