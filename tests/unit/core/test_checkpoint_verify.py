@@ -1,4 +1,4 @@
-"""Verified checkpoints: a manifest of every file's size and CRC-32, written last; a resume skips a
+"""Verified checkpoints: a manifest of every file's size and XXH3-64 (CRC-32 in older ones), written last; a resume skips a
 damaged newest checkpoint (naming the file) for the previous good one; a save into a full file
 system names ENOSPC and the path and leaves neither a partial folder nor a moved `latest`.
 
@@ -59,6 +59,25 @@ def test_a_saved_checkpoint_lists_every_file_in_its_manifest_and_verifies(tmp_pa
     }
     assert listed == on_disk and "trainer_state.json" in listed and "rng_rank0.pt" in listed
     assert resumable_checkpoint(str(tmp_path / "stage")) == path
+
+
+def test_a_checkpoint_with_an_older_crc32_manifest_still_verifies(tmp_path, strategy) -> None:
+    import json
+    import zlib
+
+    path = _save(str(tmp_path / "stage"), strategy, 2)
+    with open(os.path.join(path, MANIFEST)) as f:
+        manifest = json.load(f)
+    assert manifest["format"] == 2 and all(len(m["xxh3_64"]) == 16 for m in manifest["files"].values())
+    for rel, meta in manifest["files"].items():  # as checkpoints were written before XXH3
+        with open(os.path.join(path, rel), "rb") as f:
+            manifest["files"][rel] = {"size": meta["size"], "crc32": zlib.crc32(f.read())}
+    with open(os.path.join(path, MANIFEST), "w") as f:
+        json.dump({**manifest, "format": 1}, f)
+    verify_checkpoint(path)
+    victim = _flip(path)
+    with pytest.raises(CheckpointError, match=f"{victim} differs from its checksum"):
+        verify_checkpoint(path)
 
 
 def _truncate(path: str) -> str:
