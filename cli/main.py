@@ -7,8 +7,10 @@ vllm or megatron, so they answer in well under a second and work on a machine wi
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig
 
@@ -20,6 +22,42 @@ from ..rollout.engines import ENGINES
 
 _EXIT_USAGE = 2  # argparse's code for bad input; a bad config is bad input too
 _EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each flag's default, unless it is none, off, or the help text says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The `rlcore` parsers (subcommands' too, which argparse makes of the same class): defaults in
+    --help, and a mistyped choice gets the closest one suggested."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            choices = re.findall(r"'([^']*)'", wrong.group(2))
+            close = difflib.get_close_matches(wrong.group(1), choices, n=1)
+            if close:
+                message += f"; did you mean '{close[0]}'?"
+        super().error(message)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlcore")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -38,9 +76,10 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="rlcore", description="RL post-training for language models: one config, one command."
     )
+    parser.add_argument("--version", action="version", version=f"rlcore {_version()}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="{launch,config,rollout,trainer,bench}"
     )
@@ -239,7 +278,11 @@ def entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """What the `rlcore` command runs; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # a usage error, answered with the whole help
+        parser.print_help(sys.stderr)
+        parser.exit(_EXIT_USAGE)
+    args = parser.parse_args(argv)
     try:
         if args.command == "launch":
             return _launch(args)

@@ -33,7 +33,24 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
-    assert "invalid choice: 'fsdp3' (choose from" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid choice: 'fsdp3' (choose from" in err and "did you mean 'fsdp'?" in err
+    assert "positional arguments:" in err  # no arguments at all: the whole help
+    with pytest.raises(SystemExit):
+        main(["lanch", "x.yaml"])
+    assert "invalid choice: 'lanch'" in (err := capsys.readouterr().err) and "did you mean 'launch'?" in err
+
+
+def test_version_and_defaults_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out == f"rlcore {version('rlcore')}\n"
+    with pytest.raises(SystemExit):
+        main(["rollout", "serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sequences per engine call (default: 256)" in out and "(default: None)" not in out
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
