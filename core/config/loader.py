@@ -178,6 +178,26 @@ def _read_yaml(path: str) -> DictConfig:
         raise _explain(e) from None
 
 
+class DuplicateKey(Exception):
+    """A key given twice in one YAML mapping (YAML's own loaders keep the last silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's SafeLoader, refusing a mapping that gives a key twice (naming both lines)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(
+                    f"key '{key}' is given twice in one mapping (lines {seen[key]} and {line}): keep one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _recipe(path: str, chain: list[str]) -> dict[str, Any]:
     """The recipe at `path` as a mapping, on top of its `base:` recipe when it names one (a path
     relative to the recipe's folder): sections merge key by key, stages by name (a stage of the
@@ -188,7 +208,9 @@ def _recipe(path: str, chain: list[str]) -> dict[str, Any]:
         )
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         first = " ".join(str(e).split())
         raise ConfigError(f"{path}: invalid YAML ({first})") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,24 @@ def test_a_recipe_builds_on_its_base(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"config file '.*nowhere.yaml' not found \(the base of"):
         (tmp_path / "x.yaml").write_text("base: nowhere.yaml\n")
         load_config(str(tmp_path / "x.yaml"))
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """YAML's loaders keep the last of two equal keys without a word: a recipe that sets a key twice
+    (a pasted block, a merge gone wrong) is refused."""
+    path = Path(write_recipe(tmp_path))
+    text = path.read_text() + "trainer:\n  save_interval: 5\n  grad_clip: 1.0\n  save_interval: 10\n"
+    path.write_text(text)
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{path}: key 'save_interval' is given twice in one mapping \(lines (\d+) and (\d+)\): keep one$",
+    ) as e:
+        load_config(str(path))
+    first, second = (int(n) for n in re.findall(r"lines (\d+) and (\d+)", str(e.value))[0])
+    lines = text.splitlines()
+    assert lines[first - 1].strip() == "save_interval: 5" and lines[second - 1].strip() == "save_interval: 10"
+    # equal keys in different mappings are fine
+    path.write_text(
+        text.replace("  save_interval: 10\n", "") + "stages:\n- name: a\n  trainer: {save_interval: 3}\n"
+    )
+    load_config(str(path))
