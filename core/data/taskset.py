@@ -10,9 +10,8 @@ from typing import Any
 from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
 from ..registry import import_path
 from ..types import Task
+from .files import FORMATS, describe_formats, file_format, supported
 from .taskset_check import messages_problem, response_text, tools_problem
-
-FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def tasksets_of(cfg: RLCoreConfig) -> list[tuple[str, TasksetConfig]]:
@@ -84,7 +83,7 @@ def is_hub_id(path: str) -> bool:
     return (
         not os.path.exists(path)
         and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
-        and (os.path.splitext(path)[1].lower() not in FORMATS)
+        and not supported(path)
     )
 
 
@@ -117,10 +116,9 @@ def _dataset(cfg: TasksetConfig, key_path: str) -> Any:
             raise ValueError(
                 f"{key_path}.path: cannot load '{path}' ({what}split '{cfg.split}') from the Hugging Face Hub: {message}"
             ) from None
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in FORMATS:
-        raise ValueError(f"{key_path}.path: unsupported file type '{ext}'; use one of {', '.join(FORMATS)}")
-    return datasets.load_dataset(FORMATS[ext], data_files={cfg.split: path}, split=cfg.split)
+    if not supported(path):
+        raise ValueError(f"{key_path}.path: unsupported file type of {path}; use one of {describe_formats()}")
+    return datasets.load_dataset(FORMATS[file_format(path)[0]], data_files={cfg.split: path}, split=cfg.split)
 
 
 def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from ..config.schema import TasksetConfig
+from .files import describe_formats, file_format, open_text, supported
 
 
 class TasksetError(ValueError):
@@ -120,22 +120,20 @@ def check_taskset(
 
 def _rows(path: str, key: str) -> Iterator[tuple[int, Any]]:
     """(row number from 1, row) of a taskset file."""
-    ext = os.path.splitext(path)[1].lower()
+    ext = file_format(path)[0]
     try:
+        if not supported(path):
+            raise TasksetError(f"{key}.path: unsupported file type of {path}; use one of {describe_formats()}")
         if ext == ".parquet":
             import pyarrow.parquet as pq
 
             yield from enumerate(pq.read_table(path).to_pylist(), start=1)
         elif ext == ".csv":
-            with open(path, newline="") as f:
+            with open_text(path, newline="") as f:
                 for i, row in enumerate(csv.DictReader(f), start=1):
                     yield i, {k: (None if v == "" else v) for k, v in row.items()}
-        elif ext in (".jsonl", ".json"):
-            yield from _json_rows(path, key, array_allowed=ext == ".json")
         else:
-            raise TasksetError(
-                f"{key}.path: unsupported file type '{ext}' ({path}); use .jsonl, .json, .parquet or .csv"
-            )
+            yield from _json_rows(path, key, array_allowed=ext == ".json")
     except OSError as e:
         raise TasksetError(f"{key}.path: cannot read {path}: {e.strerror or e}") from None
     except (UnicodeDecodeError, csv.Error) as e:
@@ -149,7 +147,7 @@ def _rows(path: str, key: str) -> Iterator[tuple[int, Any]]:
 def _json_rows(path: str, key: str, array_allowed: bool) -> Iterator[tuple[int, Any]]:
     """JSON lines (blank lines skipped; row numbers are line numbers), or in a .json file also a
     JSON array of objects."""
-    with open(path) as f:
+    with open_text(path) as f:
         head = f.read(1 << 16).lstrip()
         f.seek(0)
         if array_allowed and head.startswith("["):
@@ -165,3 +163,10 @@ def _json_rows(path: str, key: str, array_allowed: bool) -> Iterator[tuple[int, 
                 yield number, json.loads(line)
             except json.JSONDecodeError as e:
                 raise TasksetError(f"{key}: {path} row {number} is not valid JSON ({e.msg})") from None
+
+
+def first_row(path: str, key: str) -> dict[str, Any] | None:
+    """The first row of a taskset file (None: it has none, or the first is not an object)."""
+    for _, row in _rows(path, key):
+        return row if isinstance(row, dict) else None
+    return None

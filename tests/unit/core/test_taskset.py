@@ -31,6 +31,39 @@ def test_jsonl_and_parquet_load_with_custom_keys(tmp_path):
         assert tasks[1].task_id == "x-1"
 
 
+@pytest.mark.parametrize("name", ["t.jsonl.gz", "t.json.bz2", "t.csv.xz"])
+def test_compressed_files_load_and_check_like_plain_ones(tmp_path, name):
+    """`datasets` reads them (and the checker the launch runs first reads every row of them)."""
+    import bz2
+    import csv
+    import gzip
+    import io
+    import lzma
+
+    from rlcore.core.data.taskset_check import TasksetError, check_taskset
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)]
+    if name.startswith("t.csv"):
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=["prompt", "answer"])
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buffer.getvalue()
+    else:
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+    opener = {"gz": gzip.open, "bz2": bz2.open, "xz": lzma.open}[name.rsplit(".", 1)[1]]
+    with opener(tmp_path / name, "wt") as f:
+        f.write(text)
+    ts = TasksetConfig(name="x", path=str(tmp_path / name))
+    assert [t.answer for t in load_tasks(ts, "ts")] == ["1", "2", "3", "4"]
+    assert check_taskset(ts, "ts", needs_answer=True, needs_response=False) == 4
+    (tmp_path / "t.parquet.gz").write_bytes(b"")
+    with pytest.raises(TasksetError, match=r"unsupported file type of .*t\.parquet\.gz; use one of \.jsonl"):
+        check_taskset(
+            TasksetConfig(path=str(tmp_path / "t.parquet.gz")), "ts", needs_answer=False, needs_response=False
+        )
+
+
 def test_missing_prompt_column_names_the_key(tmp_path):
     write_rows(tmp_path / "t.jsonl", [{"question": "a"}])
     with pytest.raises(
