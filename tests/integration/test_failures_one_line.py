@@ -43,9 +43,12 @@ def _traceback_file(line: str) -> str:
 
 
 def test_a_failing_reward_function_is_one_line_naming_it_and_the_task(tmp_path) -> None:
+    """One that fails on the first row is refused before anything starts (tests/unit/test_cli.py);
+    this one fails on a rollout worker, later rows only."""
     root = str(tmp_path)
     cfg = tiny_grpo_config(
-        root, **{"buffer.explorer_input.taskset.reward_fn": ["tests.integration.rewards:fails"]}
+        root,
+        **{"buffer.explorer_input.taskset.reward_fn": ["tests.integration.rewards:fails_past_the_first_row"]},
     )
     proc = _launch(root, cfg)
     _, err = proc.communicate(timeout=240)
@@ -53,7 +56,7 @@ def test_a_failing_reward_function_is_one_line_naming_it_and_the_task(tmp_path) 
     line = _the_line(err)
     assert (
         line.startswith("rlcore: error: ")
-        and "reward_fn 'tests.integration.rewards:fails' failed on task" in line
+        and "reward_fn 'tests.integration.rewards:fails_past_the_first_row' failed on task" in line
     )
     _traceback_file(line)
     with open(os.path.join(root, "it", "run", "launch", "trainer.log")) as f:
@@ -63,8 +66,13 @@ def test_a_failing_reward_function_is_one_line_naming_it_and_the_task(tmp_path) 
 def test_a_dead_rollout_worker_is_one_line_naming_it(tmp_path) -> None:
     root = str(tmp_path)
     cfg = tiny_grpo_config(
-        root, **{"buffer.total_epochs": 50, "buffer.total_steps": 500, "explorer.max_retry_times": 0}
-    )
+        root,
+        **{
+            "buffer.total_epochs": 50, "buffer.total_steps": 500, "explorer.max_retry_times": 0,
+            # with restarts the step would wait for the launch's (test_worker_failover.py)
+            "explorer.rollout_model.max_restarts": 0,
+        },
+    )  # fmt: skip
     proc = _launch(root, cfg)
     metrics = os.path.join(root, "it", "run", "metrics.jsonl")
     deadline = time.monotonic() + 180
