@@ -246,6 +246,12 @@ def _show(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     _, stages = _load(args)
+    from ..core.data.taskset import tasksets_of
+    from ..rollout.rewards.check import check_rewards  # the launch's preflight tries them too
+
+    for stage in stages:
+        for key, ts in tasksets_of(stage.config):
+            check_rewards(key if len(stages) == 1 else f"stages[{stage.index}].{key}", ts)
     names = ", ".join(stage.name for stage in stages)
     lengths = ""
     if any(has_tokenizer(s.config.model.model_path) for s in stages):  # else no heavy import at all

@@ -65,7 +65,7 @@ def preflight(stages: list[Stage]) -> None:
     import paths included), monitor packages and the model folder."""
     from ..core.monitor import check_monitor_dependencies
     from ..rollout.explorer import auxiliary_models
-    from ..rollout.rewards.compose import build_reward
+    from ..rollout.rewards.check import check_rewards
     from ..rollout.workflows import resolve_workflow
 
     for s in stages:
@@ -73,10 +73,7 @@ def preflight(stages: list[Stage]) -> None:
         check_monitor_dependencies(list(cfg.monitor.monitor_type))
         check_auxiliary_models(cfg)  # before the workflows that name them
         for key, ts in tasksets_of(cfg):
-            try:
-                build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
-            except ValueError as e:
-                raise ConfigError(f"{key}.reward_fn: {e}") from None
+            check_rewards(key, ts)  # built, and called once on the taskset's first row
             try:  # a user's workflow by import path: found here, not minutes later on a worker
                 workflow = resolve_workflow(ts.default_workflow_type)
             except ValueError as e:

@@ -13,6 +13,14 @@ def fails(response: str, task: Task) -> float:
     raise KeyError("no_such_column")
 
 
+def fails_past_the_first_row(response: str, task: Task) -> float:
+    """A bug only the second row on shows (the launch tries each reward on the first row before it
+    starts): it raises on every other task."""
+    if task.task_id.endswith("-0"):
+        return 0.0
+    raise KeyError("no_such_column")
+
+
 def half_constant(response: str, task: Task) -> float:
     """The same reward for every response to an even-numbered task (a group that teaches nothing),
     distinct_chars for the others: dynamic sampling has groups to drop and groups to keep."""
