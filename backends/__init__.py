@@ -16,7 +16,8 @@ STRATEGY_REQUIREMENTS = {"megatron": "rlcore.backends.megatron:check_available"}
 with a one-line reason and the fix (it must not import the strategy's heavy dependencies)."""
 
 
-def check_strategy_runs(name: str, device: str) -> None:
-    """Fail before any rank starts where strategy `name` cannot run on `device`."""
+def check_strategy_runs(name: str, device: str, without_torch: bool = False) -> None:
+    """Fail before any rank starts where strategy `name` cannot run on `device` (`without_torch`:
+    the check `config validate` makes, which imports no torch)."""
     if name in STRATEGY_REQUIREMENTS:
-        import_path(STRATEGY_REQUIREMENTS[name], what="trainer.strategy")(device)
+        import_path(STRATEGY_REQUIREMENTS[name], what="trainer.strategy")(device, without_torch=without_torch)

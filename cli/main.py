@@ -12,9 +12,9 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ..backends import STRATEGIES
+from ..backends import STRATEGIES, check_strategy_runs
 from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
 from ..core.data.prompt_lengths import check_prompt_lengths, has_tokenizer
 from ..core.monitor import check_monitor_dependencies
@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
         "show", help="print the resolved config (and each resolved stage) as YAML; paths are not checked"
     )
     _add_config_args(show)
+    show.add_argument("--stage", help="only this stage (its index or name), resolved")
+    show.add_argument(
+        "--key", help="only this dotted key (e.g. algorithm.optimizer.lr), in every stage shown"
+    )
     validate = config_commands.add_parser(
         "validate", help="check keys, types, values, paths and monitor packages; print OK on success"
     )
@@ -135,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) on this port (0: any free one)",
     )  # fmt: skip
     serve.add_argument("--http-port-file", help="write host:port of the HTTP door here once it listens")
+    serve.add_argument("--http-max-n", type=int, default=64, help="completions one HTTP request may ask for")
+    serve.add_argument(
+        "--http-max-request-tokens", type=int, default=1 << 18,
+        help="n x max_tokens one HTTP request may ask for (it holds the engine meanwhile)",
+    )  # fmt: skip
     serve.add_argument(
         "--served-model-name",
         help="the model name the HTTP door answers to (default: the model folder's name)",
@@ -231,17 +240,63 @@ def _load(args: argparse.Namespace, check_machine: bool = True) -> tuple[DictCon
                 check_monitor_dependencies(list(stage.config.monitor.monitor_type))
     except ValueError as e:  # registry errors are user input too; later ValueErrors are bugs
         raise ConfigError(str(e)) from e
+    for key in shadowed_overrides(cfg, args.overrides):
+        print(
+            f"rlcore: warning: the override {key}=... changes no stage: every stage sets {key} itself "
+            f"(give it to one with stages.N.{key}=...)",
+            file=sys.stderr,
+        )
     return cfg, stages
+
+
+def shadowed_overrides(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """Keys of run-wide `key=value` overrides that every stage overrides again (so they change
+    nothing that runs, e.g. algorithm.optimizer.lr on the quickstart, whose stages set their own)."""
+    stages = OmegaConf.to_container(cfg.stages, resolve=False) if cfg.stages else []
+    out = []
+    for override in overrides:
+        key = override.partition("=")[0].strip().lstrip("+~")
+        if not stages or key.split(".")[0].split("[")[0] == "stages":
+            continue
+        if all(_sets(stage, key.split(".")) for stage in stages):
+            out.append(key)
+    return out
+
+
+def _sets(node: Any, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _show(args: argparse.Namespace) -> int:
     cfg, stages = _load(args, check_machine=False)
-    print(to_yaml(cfg), end="")
-    if cfg.stages:
-        for stage in stages:
-            print(f"# stage {stage.index}: {stage.name}")
-            print(to_yaml(stage.config), end="")
+    shown: list[tuple[str, Any]] = [("", cfg)] if args.stage is None else []
+    if cfg.stages or args.stage is not None:
+        picked = [s for s in stages if args.stage in (None, str(s.index), s.name)]
+        if not picked:
+            names = ", ".join(f"{s.index} ({s.name})" for s in stages)
+            raise ConfigError(f"config show --stage: no stage '{args.stage}'; the stages: {names}")
+        shown += [(f"# stage {s.index}: {s.name}\n", OmegaConf.structured(s.config)) for s in picked]
+    for header, config in shown:
+        print(header + (to_yaml(config) if args.key is None else _key_yaml(config, args.key)), end="")
     return 0
+
+
+def _key_yaml(config: DictConfig, key: str) -> str:
+    """`key: value` of a dotted key, as YAML; ConfigError (with the closest key) when there is none."""
+    node: Any = config
+    for depth, part in enumerate(key.split(".")):
+        if not isinstance(node, DictConfig) or part not in node:
+            known = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+            close = difflib.get_close_matches(part, known, n=1)
+            prefix = ".".join(key.split(".")[:depth] + [close[0]]) if close else ""
+            hint = f"; did you mean '{prefix}'?" if close else ""
+            raise ConfigError(f"config show --key: '{key}' is not a key of the config{hint}")
+        node = node[part]
+    return to_yaml(OmegaConf.create({key: node}))
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -252,6 +307,12 @@ def _validate(args: argparse.Namespace) -> int:
     for stage in stages:
         for key, ts in tasksets_of(stage.config):
             check_rewards(key if len(stages) == 1 else f"stages[{stage.index}].{key}", ts)
+        trainer = stage.config.trainer
+        if trainer.remote is None and stage.config.mode != "explore":  # what launch refuses, said here
+            try:
+                check_strategy_runs(trainer.strategy, stage.config.cluster.device, without_torch=True)
+            except RuntimeError as e:
+                raise ConfigError(str(e)) from None
     names = ", ".join(stage.name for stage in stages)
     lengths = ""
     if any(has_tokenizer(s.config.model.model_path) for s in stages):  # else no heavy import at all

@@ -208,3 +208,48 @@ def test_bench_runs_the_named_benchmark_with_its_own_flags(capsys: pytest.Captur
     assert (
         "--comparisons must list some of same_engine, best_engine; got 'fastest'" in capsys.readouterr().err
     )
+
+
+def test_show_one_stage_and_one_key(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    stages = "stages=[{name: sft, mode: train, algorithm: {algorithm_type: sft}}, {name: grpo, buffer: {batch_size: 2}}]"
+    assert main(["config", "show", recipe, stages, "--stage", "grpo", "--key", "buffer.batch_size"]) == 0
+    assert capsys.readouterr().out == "# stage 1: grpo\nbuffer.batch_size: 2\n"
+    assert main(["config", "show", recipe, stages, "--key", "buffer.batch_size"]) == 0
+    assert capsys.readouterr().out == (
+        "buffer.batch_size: 16\n# stage 0: sft\nbuffer.batch_size: 16\n# stage 1: grpo\nbuffer.batch_size: 2\n"
+    )
+    assert main(["config", "show", recipe, stages, "--stage", "0"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["mode"] == "train"
+    assert main(["config", "show", recipe, stages, "--stage", "rl"]) == 2
+    assert "no stage 'rl'; the stages: 0 (sft), 1 (grpo)" in capsys.readouterr().err
+    assert main(["config", "show", recipe, "--key", "algorithm.optimiser.lr"]) == 2
+    assert "did you mean 'algorithm.optimizer'?" in capsys.readouterr().err
+
+
+def test_a_run_wide_override_that_every_stage_sets_again_is_warned(
+    recipe: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stages = (
+        "stages=[{name: sft, mode: train, algorithm: {algorithm_type: sft, optimizer: {lr: 1e-3}}}, "
+        "{name: grpo, algorithm: {optimizer: {lr: 1e-4}}}]"
+    )
+    assert (
+        main(["config", "validate", recipe, stages, "algorithm.optimizer.lr=1e-6", "trainer.grad_clip=0.5"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert err == (
+        "rlcore: warning: the override algorithm.optimizer.lr=... changes no stage: every stage sets "
+        "algorithm.optimizer.lr itself (give it to one with stages.N.algorithm.optimizer.lr=...)\n"
+    )
+
+
+def test_validate_refuses_megatron_where_the_launch_would(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import glob
+    import importlib.util
+
+    if importlib.util.find_spec("megatron.core") is None or glob.glob("/dev/nvidia[0-9]*"):
+        pytest.skip("needs megatron-core installed and no NVIDIA GPU (the CPU CI machine)")
+    assert main(["config", "validate", "--strategy", "megatron", recipe]) == 2
+    assert capsys.readouterr().err.startswith("rlcore: error: trainer.strategy=megatron needs CUDA")
+    assert main(["config", "validate", "--strategy", "megatron", recipe, "cluster.device=cpu"]) == 2
