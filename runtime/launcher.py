@@ -32,6 +32,7 @@ from .preflight import (
     check_model_lengths,
     check_run_dir,
     check_strategies,
+    finished,
     local_device_count,
     preflight,
     prepare_assets,
@@ -276,6 +277,14 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
             prepare_assets(stages)
             check_model_lengths(stages)
             check_prompt_lengths(stages)
+            if base.continue_from_checkpoint and finished(run_dir, stages):
+                print(
+                    f"rlcore: nothing to resume: every stage of the run in {run_dir} trained all its steps "
+                    "already (raise buffer.total_steps or total_epochs to train on, or start a new run with "
+                    "name=<new name>)",
+                    flush=True,
+                )
+                return 0
         assert lock.fd is not None
         return run(stages, device, placement, run_dir, lock.fd, num_stages)
     except ValueError:  # the user's to fix: the command line says it in one line

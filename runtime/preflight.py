@@ -4,13 +4,14 @@ synthetic tasksets), and whether the run folder already holds a run."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from ..core.checkpoint import list_checkpoints
 from ..core.config import ConfigError, Stage, inherits_previous_model
 from ..core.data.taskset import tasksets_of
-from .loop import SUMMARY, stage_dir
+from .loop import SUMMARY, planned_steps, stage_dir
 
 
 def resolve_device(requested: str) -> str:
@@ -150,3 +151,17 @@ def check_run_dir(run_dir: str, stages: list[Stage], resume: bool) -> None:
             f"{run_dir} already holds a run: resume it with continue_from_checkpoint=true, "
             f"or start a new one with name=<new name> (or delete the folder)"
         )
+
+
+def finished(run_dir: str, stages: list[Stage]) -> bool:
+    """Whether every stage of the run in `run_dir` has trained all its planned steps (a resume would
+    skip them all). Needs the tasksets on disk: the planned steps count their rows."""
+    for s in stages:
+        path = os.path.join(stage_dir(run_dir, s, len(stages)), SUMMARY)
+        if not os.path.isfile(path):
+            return False
+        with open(path) as f:
+            summary = json.load(f)
+        if summary.get("stopped") or summary["global_step"] < planned_steps(s):
+            return False
+    return True

@@ -1,5 +1,6 @@
 """`rlcore launch --strategy fsdp` end to end: 2 gloo ranks train, a second launch resumes from the
-checkpoint, and the HF export loads with `from_pretrained`."""
+checkpoint, a third finds nothing left to do and says so, and the HF export loads with
+`from_pretrained`."""
 
 import os
 
@@ -21,6 +22,9 @@ def test_fsdp_trains_resumes_and_exports(tmp_path):
     first = launch(cfg, root + ".yaml", "--strategy", "fsdp")
     assert "strategy fsdp," in first.stdout + first.stderr
     launch(cfg, root + ".yaml", "buffer.total_steps=3", "continue_from_checkpoint=true", "--strategy", "fsdp")
+    again = launch(cfg, root + ".yaml", "buffer.total_steps=3", "continue_from_checkpoint=true", "--strategy", "fsdp")
+    assert "rlcore: nothing to resume: every stage of the run in" in again.stdout  # and no process started
+    assert "starting" not in again.stdout and "trainer rank" not in again.stdout, again.stdout
 
     run_dir = os.path.join(root, "it", "run")
     steps = [m["step"] for m in read_metrics(run_dir) if "actor/loss" in m]
