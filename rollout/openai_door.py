@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -26,17 +27,26 @@ from typing import Any
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.data.prompts import PromptFormat
 from ..core.rpc.convert import sampling_to_proto
 from ..core.rpc.errors import InvalidArgument, ServiceError, Unavailable
 from ..core.types import Completion, SamplingParams
 from .episodes import EpisodeRecorder
+from .openai_schema import BodyError, check
 from .server import RolloutServicer
 from .workflows.tool_call import CALL, parse_tool_calls
 from .workflows.turns import TurnFormat
 
+log = logging.getLogger(__name__)
+
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop", "seed")
+MAX_N = 64
+"""Completions one request may ask for (`rlcore rollout serve --http-max-n`)."""
+MAX_REQUEST_TOKENS = 1 << 18
+"""n x max_tokens one request may ask for (`--http-max-request-tokens`): a request holds the engine
+for its whole generation."""
 
 
 class DoorError(Exception):
@@ -59,8 +69,12 @@ def _invalid(param: str, problem: str) -> DoorError:
 class OpenAIDoor:
     """The door's logic, apart from the web framework (build_app wires it to FastAPI)."""
 
-    def __init__(self, servicer: RolloutServicer, recorder: EpisodeRecorder, token: str, model_name: str):
+    def __init__(
+        self, servicer: RolloutServicer, recorder: EpisodeRecorder, token: str, model_name: str,
+        max_n: int = MAX_N, max_request_tokens: int = MAX_REQUEST_TOKENS,
+    ):  # fmt: skip
         self.servicer, self.recorder, self.token, self.model_name = servicer, recorder, token, model_name
+        self.max_n, self.max_request_tokens = max_n, max_request_tokens
         self.tokenizer = servicer.tokenizer
 
     # ------------------------------------------------------------------------------------------
@@ -82,19 +96,18 @@ class OpenAIDoor:
                       "max_model_len": self.servicer.max_model_len}],
         }  # fmt: skip
 
-    def sampling(self, body: dict[str, Any], prompt_len: int) -> SamplingParams:
+    def sampling(self, body: dict[str, Any], prompt_len: int, prompt_param: str = "prompt") -> SamplingParams:
         """The request's sampling, checked as RolloutService checks it (the error names the
-        request's parameter). max_tokens defaults to the room the prompt leaves."""
-        for key in ("temperature", "top_p", "min_p", "repetition_penalty"):
-            if key in body and (not isinstance(body[key], (int, float)) or isinstance(body[key], bool)):
-                raise _invalid(key, f"must be a number; got {body[key]!r}")
-        for key in ("top_k", "n", "seed", "max_tokens", "max_completion_tokens"):
-            if body.get(key) is not None and (not isinstance(body[key], int) or isinstance(body[key], bool)):
-                raise _invalid(key, f"must be an integer; got {body[key]!r}")
+        request's parameter), types and ranges by the schema (openai_schema.py) first, then what
+        depends on this worker: the model length, and the caps on n and tokens per request.
+        max_tokens defaults to the room the prompt leaves."""
         stop = body.get("stop")
         stop = [stop] if isinstance(stop, str) else (stop or [])
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise _invalid("stop", "must be a string or a list of strings")
+        n = body.get("n") or 1
+        if n > self.max_n:
+            raise _invalid(
+                "n", f"at most {self.max_n} completions per request (rlcore rollout serve --http-max-n)"
+            )
         room = self.servicer.max_model_len - prompt_len
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or max(room, 1)
         values = {k: body[k] for k in SAMPLING_KEYS if body.get(k) is not None and k != "stop"}
@@ -103,10 +116,16 @@ class OpenAIDoor:
             sampling = self.servicer._sampling(
                 sampling_to_proto(SamplingParams(**values, stop=stop, max_tokens=max_tokens))
             )
-            self.servicer._check_length("prompt", prompt_len, sampling)
+            self.servicer._check_length(prompt_param, prompt_len, sampling)
         except InvalidArgument as e:
             field = e.field.removeprefix("sampling.")
             raise _invalid(field, str(e).split(": ", 1)[1]) from None
+        if sampling.n * sampling.max_tokens > self.max_request_tokens:
+            raise _invalid(
+                "max_tokens",
+                f"n {sampling.n} x max_tokens {sampling.max_tokens} is more than the {self.max_request_tokens} "
+                "tokens one request may generate here (rlcore rollout serve --http-max-request-tokens)",
+            )
         return sampling
 
     def episode_id(self, body: dict[str, Any], header: str | None) -> str | None:
@@ -133,23 +152,7 @@ class OpenAIDoor:
     # /v1/completions
 
     def completions(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
-        self._check_model(body)
-        if (
-            body.get("echo")
-            or body.get("suffix")
-            or body.get("stream")
-            or body.get("best_of", 1) not in (1, None)
-        ):
-            raise _invalid(
-                "echo"
-                if body.get("echo")
-                else "suffix"
-                if body.get("suffix")
-                else "stream"
-                if body.get("stream")
-                else "best_of",
-                "is not served",
-            )
+        self._check_body("completions", body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
@@ -158,7 +161,9 @@ class OpenAIDoor:
             self.recorder.continuation(episode, prompt) if episode and isinstance(prompt, str) else None
         )
         inserted: list[int] = []
-        if continued is not None and isinstance(prompt, str):  # the previous prompt, its completion, the new text
+        if continued is not None and isinstance(
+            prompt, str
+        ):  # the previous prompt, its completion, the new text
             inserted = self._encode(prompt[len(continued.history) :])
             ids = continued.tokens + inserted
         elif isinstance(prompt, str) and prompt:
@@ -174,9 +179,7 @@ class OpenAIDoor:
                 raise _invalid("prompt", f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
         else:
             raise _invalid("prompt", "give one non-empty prompt: a string or a list of token ids")
-        logprobs = body.get("logprobs")
-        if logprobs not in (None, 0, 1) and logprobs is not False:
-            raise _invalid("logprobs", "at most 1: the engine reports the sampled token's log-prob only")
+        logprobs = body.get("logprobs")  # 0 or 1 (the schema): the sampled token's log-prob
         sampling = self.sampling(body, len(ids))
         if episode and sampling.n != 1:
             raise _invalid("n", "a recorded episode is one conversation: n must be 1")
@@ -191,30 +194,22 @@ class OpenAIDoor:
             }
             choice["logprobs"] = (
                 {"tokens": self._pieces(c.token_ids), "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": None}
-                if logprobs is not None and logprobs is not False else None
+                if logprobs is not None else None
             )  # fmt: skip
             choices.append(choice)
         if episode:
             c = completions[0]
             history = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)) + c.text
             self.recorder.record(episode, continued, inserted, ids, c, history, version)
-        return self._response("text_completion", choices, len(ids), completions, version)
+        return self._response("text_completion", choices, ids, completions, version)
 
     # ------------------------------------------------------------------------------------------
     # /v1/chat/completions
 
     def chat(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
-        self._check_model(body)
-        if body.get("stream"):
-            raise _invalid("stream", "is not served")
+        self._check_body("chat", body)
         messages = self._messages(body.get("messages"))
         tools = body.get("tools")
-        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-            raise _invalid(
-                "tools", 'must be a list of tool objects ({"type": "function", "function": {...}})'
-            )
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise _invalid("tool_choice", "only auto and none are served")
         if body.get("top_logprobs"):
             raise _invalid(
                 "top_logprobs", "only 0 is served: the engine reports the sampled token's log-prob"
@@ -243,7 +238,7 @@ class OpenAIDoor:
             raise _invalid(
                 "messages", f"the model's chat template cannot render them: {type(e).__name__}: {e}"
             ) from None
-        sampling = self.sampling(body, len(ids))
+        sampling = self.sampling(body, len(ids), "messages")
         if episode and sampling.n != 1:
             raise _invalid("n", "a recorded episode is one conversation: n must be 1")
         completions, version = self.generate(ids, sampling)
@@ -267,14 +262,25 @@ class OpenAIDoor:
             c = completions[0]
             history = messages + [_comparable(choices[0]["message"])]
             self.recorder.record(episode, continued, inserted, ids, c, history, version)
-        return self._response("chat.completion", choices, len(ids), completions, version)
+        return self._response("chat.completion", choices, ids, completions, version)
 
     # ------------------------------------------------------------------------------------------
     # helpers
 
-    def _check_model(self, body: dict[str, Any]) -> None:
-        if not isinstance(body, dict):
-            raise _invalid("body", "must be a JSON object")
+    def model(self, model_id: str) -> dict[str, Any]:
+        """GET /v1/models/{id}: the served model, or a 404 in OpenAI's shape."""
+        (served,) = self.models()["data"]
+        if model_id != self.model_name:
+            raise DoorError(404, f"model '{model_id}' is not served here; this worker serves '{self.model_name}'",
+                            "model", "not_found_error")  # fmt: skip
+        return served
+
+    def _check_body(self, kind: str, body: Any) -> None:
+        """The schema's check (types, ranges, unserved and unknown parameters), then the model."""
+        try:
+            check(kind, body)
+        except BodyError as e:
+            raise _invalid(e.param, str(e).split(": ", 1)[1]) from None
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise DoorError(
@@ -308,6 +314,10 @@ class OpenAIDoor:
                 content = "".join(str(p.get("text", "")) for p in content)
             if content is not None and not isinstance(content, str):
                 raise _invalid(f"messages[{j}].content", f"must be text; got {type(content).__name__}")
+            if content is None and not (m["role"] == "assistant" and m.get("tool_calls")):
+                raise _invalid(
+                    f"messages[{j}].content", "is required (only an assistant's tool calls may go without)"
+                )
             message: dict[str, Any] = {
                 "role": "system" if m["role"] == "developer" else m["role"],
                 "content": content or "",
@@ -359,14 +369,15 @@ class OpenAIDoor:
         return [self.tokenizer.decode([t]) for t in token_ids]
 
     def _response(
-        self, kind: str, choices: list, prompt_len: int, completions: list[Completion], version: int
+        self, kind: str, choices: list, prompt_ids: list[int], completions: list[Completion], version: int
     ) -> dict[str, Any]:
-        generated = sum(len(c.token_ids) for c in completions)
+        """The response; `prompt_token_ids` and each choice's `token_ids` are rlcore's (vLLM's names)."""
+        generated, prompt_len = sum(len(c.token_ids) for c in completions), len(prompt_ids)
         return {
             "id": f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}",
             "object": kind, "created": int(time.time()), "model": self.model_name, "choices": choices,
             "usage": {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated},
-            "policy_version": version,
+            "policy_version": version, "prompt_token_ids": prompt_ids,
         }  # fmt: skip
 
 
@@ -389,26 +400,48 @@ def _comparable(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_app(door: OpenAIDoor) -> FastAPI:
-    """The FastAPI application serving the door."""
+    """The FastAPI application serving the door: every answer, errors included (a wrong route or
+    method, a body that is not JSON, anything unexpected), in OpenAI's shape."""
     app = FastAPI(title="rlcore rollout worker (OpenAI-compatible)", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        what = {
+            404: f"no route {request.url.path}",
+            405: f"{request.method} is not served on {request.url.path}",
+        }
+        error = DoorError(e.status_code, what.get(e.status_code, str(e.detail)), kind="invalid_request_error")
+        return JSONResponse(error.body(), status_code=e.status_code)
 
     async def handle(request: Request, fn: Any, *args: Any) -> JSONResponse:
         try:
             door.check_token(request.headers.get("authorization"))
             if fn is None:
-                return JSONResponse(door.models())
+                return JSONResponse(args[0]() if args else door.models())
             try:
-                body = await request.json()
-            except ValueError:
-                raise _invalid("body", "is not valid JSON") from None
+                body = json.loads(await request.body())
+            except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested past the parser
+                raise _invalid("body", f"is not valid JSON ({type(e).__name__})") from None
             result = await run_in_threadpool(fn, body, *args)
             return JSONResponse(result)
         except DoorError as e:
             return JSONResponse(e.body(), status_code=e.status)
+        except Exception as e:  # a bug: said in OpenAI's shape, never as a bare 500 text
+            log.exception("OpenAI door: %s %s failed", request.method, request.url.path)
+            error = DoorError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+            return JSONResponse(error.body(), status_code=500)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        return await handle(request, None, lambda: {"status": "ok", "model": door.model_name})
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         return await handle(request, None)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> JSONResponse:
+        return await handle(request, None, lambda: door.model(model_id))
 
     @app.post("/v1/completions")
     async def completions(request: Request, x_episode_id: str | None = Header(None)) -> JSONResponse:

@@ -95,7 +95,8 @@ def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namesp
 
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
     door = HttpDoor(
-        build_app(OpenAIDoor(servicer, servicer.episodes, token, name)), args.host, args.http_port, name
+        build_app(OpenAIDoor(servicer, servicer.episodes, token, name, args.http_max_n, args.http_max_request_tokens)),
+        args.host, args.http_port, name,
     )
     if args.http_port_file:
         write_atomic(args.http_port_file, door.address)
@@ -114,7 +115,8 @@ def serve_main(args: argparse.Namespace) -> int:
         return usage_error(
             f"--http-port must be a port number (0 to 65535, 0: any free one); got {args.http_port}"
         )
-    for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size"):
+    for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size", "http_max_n",
+                 "http_max_request_tokens"):  # fmt: skip
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
 

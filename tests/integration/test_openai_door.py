@@ -5,6 +5,7 @@ tokens and log-probs the engine generated (FinishEpisode over gRPC)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,10 +36,13 @@ def worker(bpe_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     grpc_file, http_file = log_dir / "grpc", log_dir / "http"
     cmd = [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", bpe_model_path, "--threads", "1",
            "--token-env", TOKEN_ENV, "--port", "0", "--port-file", str(grpc_file), "--http-port", "0",
-           "--http-port-file", str(http_file), "--served-model-name", "tiny"]  # fmt: skip
+           "--http-port-file", str(http_file), "--served-model-name", "tiny", "--http-max-n", "8",
+           "--http-max-request-tokens", "64"]  # fmt: skip
     with open(log_dir / "stderr", "w") as err:
         proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN}, stderr=err)
-    address = wait_for_port_file(str(grpc_file), proc, "rollout worker", 120, log_file=str(log_dir / "stderr"))
+    address = wait_for_port_file(
+        str(grpc_file), proc, "rollout worker", 120, log_file=str(log_dir / "stderr")
+    )
     http = wait_for_port_file(str(http_file), proc, "HTTP door", 30, log_file=str(log_dir / "stderr"))
     yield address, f"http://{http}/v1"
     proc.kill()
@@ -60,20 +64,26 @@ def test_models_completions_and_seeds(api: openai.OpenAI) -> None:
     models = api.models.list()
     assert [m.id for m in models.data] == ["tiny"] and models.data[0].model_extra["max_model_len"] == 256
     one = api.completions.create(model="tiny", prompt="12+7=", max_tokens=6, seed=5, n=2, logprobs=1)
-    assert len(one.choices) == 2 and one.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in one.choices)
+    assert len(one.choices) == 2 and one.usage.completion_tokens == sum(
+        len(c.model_extra["token_ids"]) for c in one.choices
+    )
     for c in one.choices:
         assert len(c.logprobs.token_logprobs) == len(c.model_extra["token_ids"]) <= 6
         assert all(lp <= 0 for lp in c.logprobs.token_logprobs)
     again = api.completions.create(model="tiny", prompt="12+7=", max_tokens=6, seed=5, n=2)
-    assert [c.model_extra["token_ids"] for c in again.choices] == [c.model_extra["token_ids"] for c in one.choices]
-    greedy = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0)
+    assert [c.model_extra["token_ids"] for c in again.choices] == [
+        c.model_extra["token_ids"] for c in one.choices
+    ]
+    greedy = api.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0
+    )
     assert greedy.choices[0].message.role == "assistant" and greedy.model_extra["policy_version"] == 0
 
 
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (dict(temperature="hot"), openai.BadRequestError, "temperature: must be a number"),
+        (dict(temperature="hot"), openai.BadRequestError, "temperature: must be a finite number"),
         (dict(temperature=-1), openai.BadRequestError, "temperature: must be >= 0"),
         (dict(max_tokens=300), openai.BadRequestError, r"max_tokens: 300 leaves no room for a prompt within max_model_len 256"),
         (dict(top_logprobs=3, logprobs=True), openai.BadRequestError, "top_logprobs: only 0 is served"),
@@ -82,11 +92,126 @@ def test_models_completions_and_seeds(api: openai.OpenAI) -> None:
         (dict(model="gpt-4"), openai.NotFoundError, "model 'gpt-4' is not served here; this worker serves 'tiny'"),
     ],
 )  # fmt: skip
-def test_bad_requests_answer_in_openais_error_shape(api: openai.OpenAI, call: dict, error: type, match: str) -> None:
-    request: dict[str, Any] = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **call}
+def test_bad_requests_answer_in_openais_error_shape(
+    api: openai.OpenAI, call: dict, error: type, match: str
+) -> None:
+    request: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        **call,
+    }
     with pytest.raises(error, match=match) as e:
         api.chat.completions.create(**request)
     assert e.value.body["type"] in ("invalid_request_error", "not_found_error") and "param" in e.value.body
+
+
+MALFORMED: list[tuple[str, Any, str]] = [
+    # (endpoint, body: a dict, or raw bytes, param the error names)
+    ("chat", b"{not json", "body"),
+    ("chat", b"\xff\xfe\x00garbage", "body"),
+    ("chat", b"[" * 100_000 + b"]" * 100_000, "body"),
+    ("chat", b'"just a string"', "body"),
+    ("chat", {"messages": None}, "messages"),
+    ("chat", {"messages": []}, "messages"),
+    ("chat", {"messages": "hi"}, "messages"),
+    ("chat", {"messages": [{"role": "user"}]}, "messages[0].content"),
+    ("chat", {"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ("chat", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("chat", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("chat", {"max_tokens": 0}, "max_tokens"),
+    ("chat", {"max_tokens": -3}, "max_tokens"),
+    ("chat", {"max_tokens": 10**30}, "max_tokens"),
+    ("chat", {"max_tokens": 4.5}, "max_tokens"),
+    ("chat", {"max_completion_tokens": 0}, "max_completion_tokens"),
+    ("chat", {"top_p": 0}, "top_p"),
+    ("chat", {"top_p": 1.5}, "top_p"),
+    ("chat", {"top_k": 10**20}, "top_k"),
+    ("chat", {"min_p": 2}, "min_p"),
+    ("chat", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("chat", {"temperature": "hot"}, "temperature"),
+    ("chat", {"temperature": True}, "temperature"),
+    ("chat", {"temperature": -0.5}, "temperature"),
+    ("chat", {"seed": 99999999999999999999999}, "seed"),
+    ("chat", {"seed": "7"}, "seed"),
+    ("chat", {"n": 0}, "n"),
+    ("chat", {"n": 100000}, "n"),
+    ("chat", {"n": 8, "max_tokens": 20}, "max_tokens"),  # 160 tokens: past --http-max-request-tokens
+    ("chat", {"stop": [1, 2]}, "stop"),
+    ("chat", {"user": 5}, "user"),
+    ("chat", {"model": None, "stream": True}, "stream"),
+    ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("chat", {"frequency_penalty": 1}, "frequency_penalty"),
+    ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
+    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat", {"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ("chat", {"tool_choice": {"type": "function", "function": {"name": "calculator"}}}, "tool_choice"),
+    ("chat", {"min_tokens": 3}, "min_tokens"),
+    ("chat", {"ignore_eos": True}, "ignore_eos"),
+    ("chat", {"no_such_parameter": 1}, "no_such_parameter"),
+    ("chat", {"messages": [{"role": "user", "content": "x" * 4000}]}, "messages"),  # past max_model_len
+    ("completions", {"prompt": ""}, "prompt"),
+    ("completions", {"prompt": [1, "a"]}, "prompt"),
+    ("completions", {"prompt": [10**9]}, "prompt"),
+    ("completions", {"prompt": "x", "echo": True}, "echo"),
+    ("completions", {"prompt": "x", "best_of": 3}, "best_of"),
+    ("completions", {"prompt": "x", "logprobs": 5}, "logprobs"),
+    ("completions", {"prompt": "x", "suffix": "y"}, "suffix"),
+    ("completions", {"prompt": "x", "messages": []}, "messages"),
+]
+
+
+def test_malformed_requests_are_each_a_4xx_naming_the_parameter(
+    worker: tuple[str, str], api: openai.OpenAI
+) -> None:
+    """Bad JSON, wrong types, out-of-range numbers (past 32 and 64 bits too), unknown parameters,
+    OpenAI's parameters this door does not serve, a prompt past the model length, invalid UTF-8,
+    JSON nested past the parser, wrong routes and methods: each a 4xx in OpenAI's shape naming what
+    is wrong, and the door serves a valid request after each."""
+    import httpx
+
+    base, headers = worker[1], {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    chat_defaults = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with httpx.Client(timeout=60) as http:
+        for endpoint, body, param in MALFORMED:
+            path = "/chat/completions" if endpoint == "chat" else "/completions"
+            if isinstance(body, bytes):
+                content = body
+            else:
+                full = {
+                    **(chat_defaults if endpoint == "chat" else {"model": "tiny", "max_tokens": 4}),
+                    **body,
+                }
+                content = json.dumps(full).encode()
+            answer = http.post(base + path, content=content, headers=headers)
+            assert 400 <= answer.status_code < 500, (
+                endpoint,
+                body if not isinstance(body, bytes) else body[:20],
+                answer.text,
+            )
+            error = answer.json()["error"]
+            assert error["param"] == param and error["message"].startswith(f"{param}: "), (body, error)
+            assert error["type"] == "invalid_request_error"
+            assert api.completions.create(model="tiny", prompt="1+1=", max_tokens=2).choices  # still serving
+        for method, path, status in (
+            ("GET", "/nowhere", 404),
+            ("GET", "/chat/completions", 405),
+            ("DELETE", "/models", 405),
+        ):
+            answer = http.request(method, base + path, headers=headers)
+            assert (
+                answer.status_code == status and answer.json()["error"]["type"] == "invalid_request_error"
+            ), answer.text
+        health = http.get(base.removesuffix("/v1") + "/health", headers=headers)
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert http.get(base.removesuffix("/v1") + "/health").status_code == 401  # the token, as every door
+    assert api.models.retrieve("tiny").model_extra["max_model_len"] == 256
+    with pytest.raises(openai.NotFoundError, match="model 'gpt-4' is not served here"):
+        api.models.retrieve("gpt-4")
+    reply = api.completions.create(model="tiny", prompt="1+1=", max_tokens=2)
+    assert reply.model_extra["prompt_token_ids"] and all(
+        isinstance(t, int) for t in reply.model_extra["prompt_token_ids"]
+    )
 
 
 def test_a_wrong_key_is_refused(worker: tuple[str, str]) -> None:
@@ -106,7 +231,9 @@ def test_a_recorded_episode_is_the_engines_tokens_turn_by_turn(
     tokenizer = AutoTokenizer.from_pretrained(bpe_model_path)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 37*46?"}]
     replies, inserted = [], []
-    for turn, follow_up in enumerate([{"role": "tool", "content": "1702"}, {"role": "user", "content": "sure?"}, None]):
+    for turn, follow_up in enumerate(
+        [{"role": "tool", "content": "1702"}, {"role": "user", "content": "sure?"}, None]
+    ):
         answer = api.chat.completions.create(
             model="tiny", messages=messages, tools=TOOLS, max_tokens=8, seed=turn, logprobs=True,
             extra_body={"episode_id": "episode-1"},
@@ -126,20 +253,28 @@ def test_a_recorded_episode_is_the_engines_tokens_turn_by_turn(
     assert exp.response_token_ids == expected_ids and exp.loss_mask == expected_mask
     trained = [lp for lp, m in zip(exp.logprobs, exp.loss_mask, strict=True) if m]
     assert trained == pytest.approx([lp for _, lps in replies for lp in lps], abs=1e-6)
-    first_prompt = tokenizer.apply_chat_template(messages[:1], tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    first_prompt = tokenizer.apply_chat_template(
+        messages[:1], tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
     assert exp.prompt_token_ids == tokenizer(first_prompt, add_special_tokens=False)["input_ids"]
     with pytest.raises(RpcError, match="NOT_FOUND.*no episode 'episode-1' is recorded here"):
         rollout.finish_episode("episode-1", reward=0.0)  # finished: gone
 
 
 def test_completions_episodes_continue_by_text_prefix(api: openai.OpenAI, rollout: RolloutClient) -> None:
-    first = api.completions.create(model="tiny", prompt="12+7=", max_tokens=4, seed=1, extra_body={"episode_id": "text"})
+    first = api.completions.create(
+        model="tiny", prompt="12+7=", max_tokens=4, seed=1, extra_body={"episode_id": "text"}
+    )
     c1 = first.choices[0]
     follow = "12+7=" + c1.text + " and 3+4="
-    second = api.completions.create(model="tiny", prompt=follow, max_tokens=4, seed=2, extra_body={"episode_id": "text"})
+    second = api.completions.create(
+        model="tiny", prompt=follow, max_tokens=4, seed=2, extra_body={"episode_id": "text"}
+    )
     c2 = second.choices[0]
     (exp,) = rollout.finish_episode("text", reward=1.0)
     trained = [t for t, m in zip(exp.response_token_ids, exp.loss_mask, strict=True) if m]
     assert trained == c1.model_extra["token_ids"] + c2.model_extra["token_ids"]
     assert exp.response_token_ids[: len(c1.model_extra["token_ids"])] == c1.model_extra["token_ids"]
-    assert exp.loss_mask.count(0) > 0 and second.usage.prompt_tokens == len(exp.prompt_token_ids) + exp.loss_mask.index(1, len(c1.model_extra["token_ids"]))
+    assert exp.loss_mask.count(0) > 0 and second.usage.prompt_tokens == len(
+        exp.prompt_token_ids
+    ) + exp.loss_mask.index(1, len(c1.model_extra["token_ids"]))
