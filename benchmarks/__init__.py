@@ -12,5 +12,6 @@ BENCHMARKS = {
     "async": "rlcore.benchmarks.async_explore",
     "tails": "rlcore.benchmarks.long_tails",
     "lora": "rlcore.benchmarks.lora_memory",
+    "door": "rlcore.benchmarks.door_concurrency",
 }
 """`rlcore bench` name -> module."""

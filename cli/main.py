@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="n x max_tokens one HTTP request may ask for (it holds the engine meanwhile)",
     )  # fmt: skip
     serve.add_argument(
+        "--http-batch-wait-ms", type=float, default=10.0,
+        help="a request that finds the engine idle waits this long for concurrent ones to share its engine call (0: never)",
+    )  # fmt: skip
+    serve.add_argument(
         "--served-model-name",
         help="the model name the HTTP door answers to (default: the model folder's name)",
     )

@@ -17,6 +17,7 @@ correction reads each token's own). A task is tagged with the version it started
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ class _Call:
     sampling: SamplingParams
     result: list[list[Completion]] | None = None
     error: BaseException | None = None
+    version: int = -1
+    """The policy version of the weights that generated `result`."""
     done: bool = field(default=False)
 
 
@@ -56,15 +59,26 @@ class BatchingEngine:
         return getattr(self.engine, name)
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        return self.generate_versioned(prompt_token_ids, sampling)[0]
+
+    def generate_versioned(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, linger_s: float = 0.0
+    ) -> tuple[list[list[Completion]], int]:
+        """`generate`, and the policy version of the weights that generated the completions.
+        `linger_s`: a call that finds the engine idle waits this long for others to join it (the
+        HTTP door's requests arrive one by one; the explorer's tasks queue while the engine runs)."""
         call = _Call([list(p) for p in prompt_token_ids], sampling)
         with self._cond:
             self._queue.append(call)
+            idle = not self._leading
             while not call.done and self._leading:
                 self._cond.wait()
             if not call.done:
                 self._leading = True
         if not call.done:
             try:
+                if idle and linger_s > 0:  # calls that queued behind a running one go at once
+                    time.sleep(linger_s)
                 self._serve(sampling)
             finally:
                 with self._cond:
@@ -73,7 +87,7 @@ class BatchingEngine:
         if call.error is not None:
             raise call.error
         assert call.result is not None
-        return call.result
+        return call.result, call.version
 
     def _serve(self, sampling: SamplingParams) -> None:
         """One engine call for every queued call with `sampling` (the leader's own among them)."""
@@ -83,6 +97,7 @@ class BatchingEngine:
             with admitted, self.lock:
                 batch = self._take(sampling)
                 results = self.engine.generate([p for c in batch for p in c.prompts], sampling)
+                version = self.engine.policy_version
                 self.calls += 1
         except BaseException as e:  # every merged call sees the error (the gate's, the engine's)
             for c in batch or self._take(sampling):  # refused before taking them: those calls fail
@@ -90,7 +105,7 @@ class BatchingEngine:
             return
         start = 0
         for c in batch:
-            c.result, c.done = results[start : start + len(c.prompts)], True
+            c.result, c.version, c.done = results[start : start + len(c.prompts)], version, True
             start += len(c.prompts)
 
     def _take(self, sampling: SamplingParams) -> list[_Call]:

@@ -4,7 +4,8 @@
 The door is the same worker: the same token (`Authorization: Bearer`), engine lock, pause gate,
 limits and validation as RolloutService (sampling is checked by the same function, the error
 names the request's parameter), errors in OpenAI's shape ({"error": {"message", "type", "param",
-"code"}}). Chat requests are rendered by the model's chat template with the request's `tools`;
+"code"}}). Concurrent requests with the same sampling share engine calls (the worker's
+batching engine, batching.py). Chat requests are rendered by the model's chat template with the request's `tools`;
 tool calls in a reply (Hermes `<tool_call>{json}</tool_call>`) come back as `tool_calls`.
 
 A request tagged with an episode id (body field `episode_id`, or header `X-Episode-Id`) is
@@ -47,6 +48,9 @@ MAX_N = 64
 MAX_REQUEST_TOKENS = 1 << 18
 """n x max_tokens one request may ask for (`--http-max-request-tokens`): a request holds the engine
 for its whole generation."""
+BATCH_WAIT_S = 0.01
+"""How long a request that finds the engine idle waits for concurrent ones to share its engine call
+(`--http-batch-wait-ms`)."""
 
 
 class DoorError(Exception):
@@ -71,10 +75,10 @@ class OpenAIDoor:
 
     def __init__(
         self, servicer: RolloutServicer, recorder: EpisodeRecorder, token: str, model_name: str,
-        max_n: int = MAX_N, max_request_tokens: int = MAX_REQUEST_TOKENS,
+        max_n: int = MAX_N, max_request_tokens: int = MAX_REQUEST_TOKENS, batch_wait_s: float = BATCH_WAIT_S,
     ):  # fmt: skip
         self.servicer, self.recorder, self.token, self.model_name = servicer, recorder, token, model_name
-        self.max_n, self.max_request_tokens = max_n, max_request_tokens
+        self.max_n, self.max_request_tokens, self.batch_wait_s = max_n, max_request_tokens, batch_wait_s
         self.tokenizer = servicer.tokenizer
 
     # ------------------------------------------------------------------------------------------
@@ -135,13 +139,16 @@ class OpenAIDoor:
         return episode
 
     def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[Completion], int]:
-        """One prompt's completions under the worker's gate and engine lock, as Generate runs."""
+        """One prompt's completions. Requests go through the worker's batching engine, as RunTasks'
+        tasks do: concurrent requests with the same sampling share one engine call (batching.py),
+        under the worker's gate and engine lock. A paused worker refuses new requests (503); one
+        admitted waits out a weight update that starts meanwhile."""
         try:
-            with self.servicer.gate.admit():
-                with self.servicer._engine_lock:
-                    (completions,) = self.servicer.engine.generate([prompt], sampling)
-                    version = self.servicer.engine.policy_version
-                self.servicer.gate.count(sum(len(c.token_ids) for c in completions))
+            self.servicer.gate.check()
+            (completions,), version = self.servicer.batching.generate_versioned(
+                [prompt], sampling, self.batch_wait_s
+            )
+            self.servicer.gate.count(sum(len(c.token_ids) for c in completions))
         except Unavailable as e:
             raise DoorError(503, str(e), kind="service_unavailable") from None
         except ServiceError as e:

@@ -95,7 +95,8 @@ def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namesp
 
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
     door = HttpDoor(
-        build_app(OpenAIDoor(servicer, servicer.episodes, token, name, args.http_max_n, args.http_max_request_tokens)),
+        build_app(OpenAIDoor(servicer, servicer.episodes, token, name, args.http_max_n, args.http_max_request_tokens,
+                             args.http_batch_wait_ms / 1000)),
         args.host, args.http_port, name,
     )
     if args.http_port_file:
@@ -119,6 +120,8 @@ def serve_main(args: argparse.Namespace) -> int:
                  "http_max_request_tokens"):  # fmt: skip
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if not 0 <= args.http_batch_wait_ms <= 1000:
+        return usage_error(f"--http-batch-wait-ms must be in [0, 1000]; got {args.http_batch_wait_ms}")
 
     import torch
 

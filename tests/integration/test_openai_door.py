@@ -80,6 +80,22 @@ def test_models_completions_and_seeds(api: openai.OpenAI) -> None:
     assert greedy.choices[0].message.role == "assistant" and greedy.model_extra["policy_version"] == 0
 
 
+def test_concurrent_requests_share_engine_calls_and_answer_as_alone(api: openai.OpenAI) -> None:
+    """Eight seeded requests at once go through the worker's batching engine together; each answer
+    is the one the request gets alone (the merge never mixes up whose completion is whose)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"{i}+{i}=" for i in range(8)]
+
+    def ask(p: str) -> list[int]:
+        answer = api.completions.create(model="tiny", prompt=p, max_tokens=6, seed=3)
+        return answer.choices[0].model_extra["token_ids"]
+
+    alone = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(ask, prompts)) == alone
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [

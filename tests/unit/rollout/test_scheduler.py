@@ -143,6 +143,22 @@ def test_concurrent_generate_calls_are_merged_into_fewer_engine_calls(engine: HF
     assert batching.calls < len(prompts)
     assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in a] for a in alone]
 
+    # the HTTP door's requests arrive one by one: the first lingers and the rest join its call
+    before, versions = batching.calls, [-1] * len(prompts)
+    barrier.reset()
+
+    def lingering(i: int) -> None:
+        barrier.wait()
+        (got[i],), versions[i] = batching.generate_versioned([prompts[i]], SAMPLING, linger_s=0.5)
+
+    threads = [threading.Thread(target=lingering, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert batching.calls == before + 1 and versions == [engine.policy_version] * len(prompts)
+    assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in a] for a in alone]
+
 
 def test_a_weight_load_waits_for_the_engine_call_not_for_a_task_in_its_slow_reward(
     server: RpcServer, tiny_model_path: str
