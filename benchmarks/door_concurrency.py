@@ -96,6 +96,7 @@ def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         answer = api.completions.create(
             model="bench", prompt=prompt, max_tokens=args.max_tokens, n=n, temperature=1.0, seed=seed
         )
+        assert answer.usage is not None  # the door always reports usage
         return answer.usage.completion_tokens
 
     def side(name: str, rep: int) -> dict[str, Any]:

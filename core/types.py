@@ -39,6 +39,19 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     """Seeds the sampler for this request; the same seed and weights give the same tokens."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the response already holds (OpenAI's, vLLM's)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the response already holds it."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Token id -> added to its logit at every step (-100 bans a token, +100 all but forces it)."""
+    min_tokens: int = 0
+    """EOS and stop_token_ids cannot be sampled, and stop strings are not checked, before the
+    response holds this many tokens."""
+    ignore_eos: bool = False
+    """Go on past the model's EOS tokens (stop_token_ids and stop strings still stop)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Tokens that end a response besides EOS (kept in token_ids, as EOS is)."""
 
 
 @dataclass

@@ -42,7 +42,9 @@ from .workflows.turns import TurnFormat
 
 log = logging.getLogger(__name__)
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop", "seed")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "seed", "presence_penalty",
+                 "frequency_penalty", "min_tokens", "ignore_eos", "stop_token_ids")  # fmt: skip
+"""The request's parameters that are SamplingParams' own (stop, max_tokens and logit_bias are converted)."""
 MAX_N = 64
 """Completions one request may ask for (`rlcore rollout serve --http-max-n`)."""
 MAX_REQUEST_TOKENS = 1 << 18
@@ -114,8 +116,13 @@ class OpenAIDoor:
             )
         room = self.servicer.max_model_len - prompt_len
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or max(room, 1)
-        values = {k: body[k] for k in SAMPLING_KEYS if body.get(k) is not None and k != "stop"}
+        values = {k: body[k] for k in SAMPLING_KEYS if body.get(k) is not None}
         values.setdefault("temperature", 1.0)
+        bias = body.get("logit_bias") or {}
+        try:
+            values["logit_bias"] = {int(token): value for token, value in bias.items()}
+        except ValueError:
+            raise _invalid("logit_bias", f"keys must be token ids; got {sorted(bias)[:3]}") from None
         try:
             sampling = self.servicer._sampling(
                 sampling_to_proto(SamplingParams(**values, stop=stop, max_tokens=max_tokens))

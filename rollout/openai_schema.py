@@ -39,6 +39,12 @@ class _Body(BaseModel):
     seed: int | None = Field(None, ge=-INT64 - 1, le=INT64)
     max_tokens: int | None = Field(None, ge=1, le=INT32)
     stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token ids and bias ranges: the worker checks them
+    min_tokens: int | None = Field(None, ge=0, le=INT32)  # vLLM's
+    ignore_eos: bool | None = None  # vLLM's
+    stop_token_ids: list[int] | None = None  # vLLM's
     user: str | None = None
     episode_id: str | None = Field(None, min_length=1)
 
@@ -59,12 +65,10 @@ class ChatBody(_Body):
 
 UNSERVED: dict[str, dict[str, Any]] = {
     "completions": {
-        "best_of": 1, "echo": False, "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {},
-        "stream": False, "stream_options": None, "suffix": None,
+        "best_of": 1, "echo": False, "stream": False, "stream_options": None, "suffix": None,
     },
     "chat": {
-        "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "stream": False,
-        "stream_options": None, "response_format": {"type": "text"}, "parallel_tool_calls": True,
+        "stream": False, "stream_options": None, "response_format": {"type": "text"}, "parallel_tool_calls": True,
         "functions": None, "function_call": None, "audio": None, "modalities": ["text"],
         "prediction": None, "reasoning_effort": None, "service_tier": None, "store": False,
         "metadata": None, "web_search_options": None,
@@ -72,8 +76,6 @@ UNSERVED: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Parameters OpenAI defines that the door does not serve, with the value that asks for nothing
 (accepted: an SDK may send it); any other value is refused."""
-ENGINE_KNOBS_NOT_SERVED = ("min_tokens", "ignore_eos", "stop_token_ids")
-"""vLLM's extra sampling parameters, refused by name (the engines do not honour them yet)."""
 UNIONS = {
     "stop": "a string or a list of strings",
     "prompt": "a string, a list of token ids, or a list of one of those",
@@ -94,8 +96,6 @@ def check(kind: str, body: Any) -> CompletionBody | ChatBody:
             if value is None or value == UNSERVED[kind][key]:
                 continue
             raise BodyError(key, f"is not served by this worker (only {UNSERVED[kind][key]!r} is)")
-        if key in ENGINE_KNOBS_NOT_SERVED:
-            raise BodyError(key, "is not served by this worker's engines")
         endpoint = "/v1/completions" if kind == "completions" else "/v1/chat/completions"
         raise BodyError(key, f"is not a parameter of {endpoint}")
     try:
@@ -105,7 +105,7 @@ def check(kind: str, body: Any) -> CompletionBody | ChatBody:
         param = ".".join(_loc(first["loc"])) or "body"
         if param in UNIONS and param in body:
             raise BodyError(param, f"must be {UNIONS[param]}; got {_shown(body[param])}") from None
-        raise BodyError(param, _message(first)) from None
+        raise BodyError(param, _message(dict(first))) from None
 
 
 def _loc(loc: tuple[Any, ...]) -> list[str]:

@@ -163,6 +163,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             "sampling.max_tokens",
             f"{sampling.max_tokens} leaves no room for a prompt within max_model_len {self.max_model_len}",
         )
+        for name, ids in (("logit_bias", list(sampling.logit_bias)), ("stop_token_ids", sampling.stop_token_ids)):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            require(not bad, f"sampling.{name}", f"token id {bad[0] if bad else 0} is outside [0, {self.vocab_size})")
         return sampling
 
     def _check_length(self, field: str, num_prompt_tokens: int, sampling: SamplingParams) -> None:

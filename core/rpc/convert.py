@@ -21,6 +21,8 @@ def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(
         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
         repetition_penalty=s.repetition_penalty, n=s.n, max_tokens=s.max_tokens, stop=list(s.stop),
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=s.logit_bias,
+        min_tokens=s.min_tokens, ignore_eos=s.ignore_eos, stop_token_ids=list(s.stop_token_ids),
     )  # fmt: skip
     if s.seed is not None:
         msg.seed = s.seed
@@ -43,10 +45,24 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, field: str = "sampling")
     require(msg.n >= 1, f"{field}.n", f"must be >= 1; got {msg.n}")
     require(msg.max_tokens >= 1, f"{field}.max_tokens", f"must be >= 1; got {msg.max_tokens}")
     require(all(msg.stop), f"{field}.stop", "stop strings must be non-empty")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(msg, name)
+        require(math.isfinite(value) and -2 <= value <= 2, f"{field}.{name}", f"must be in [-2, 2]; got {value}")
+    for token, bias in msg.logit_bias.items():
+        require(math.isfinite(bias) and -100 <= bias <= 100, f"{field}.logit_bias",
+                f"token {token}: the bias must be in [-100, 100]; got {bias}")  # fmt: skip
+    require(
+        0 <= msg.min_tokens <= msg.max_tokens,
+        f"{field}.min_tokens",
+        f"must be in [0, max_tokens {msg.max_tokens}]; got {msg.min_tokens}",
+    )
     return SamplingParams(
         temperature=msg.temperature, top_p=top_p, top_k=msg.top_k if msg.top_k > 0 else -1,
         min_p=msg.min_p, repetition_penalty=penalty, n=msg.n, max_tokens=msg.max_tokens,
         stop=list(msg.stop), seed=msg.seed if msg.HasField("seed") else None,
+        presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
+        logit_bias=dict(sorted(msg.logit_bias.items())), min_tokens=msg.min_tokens, ignore_eos=msg.ignore_eos,
+        stop_token_ids=list(msg.stop_token_ids),
     )  # fmt: skip
 
 

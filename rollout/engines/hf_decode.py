@@ -8,9 +8,13 @@ It does what `model.generate` would for one batch, minus the work a rollout does
   until the longest row ends);
 - the sampled token's log-prob is taken from the logits already in hand (no stored logits).
 
-Sampling follows transformers' processor order: repetition penalty on the raw logits, then
+Sampling applies the rules of what a row holds first (min_tokens, logit_bias, repetition, presence
+and frequency penalties: hf_sampling.LogitRules), then transformers' filters in its order:
 temperature, top-k, top-p, min-p. The log-prob reported for a token is log_softmax(raw / T), the
-distribution the trainer recomputes, whatever the sampler's filters did.
+distribution the trainer recomputes, whatever the sampler's rules and filters did.
+
+A row stops on EOS (unless `ignore_eos`), on one of `stop_token_ids`, or on a stop string; before
+`min_tokens` none of them can stop it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from transformers import DynamicCache
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core.types import SamplingParams
-from .hf_sampling import filter_logits, pick_tokens, sampled_logprobs, uniform_draws
+from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
 from .hf_static import StaticDecodeStates
 
 
@@ -76,6 +80,11 @@ def seen_tokens(input_ids_PL: torch.Tensor, mask_PL: torch.Tensor, vocab: int, n
     return counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
 
 
+def stop_ids(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
+    """The tokens that end a response under `sampling`: EOS unless ignored, and stop_token_ids."""
+    return sorted(set(([] if sampling.ignore_eos else eos_token_ids) + sampling.stop_token_ids))
+
+
 @torch.inference_mode()
 def decode(
     model: Any,
@@ -106,20 +115,21 @@ def decode(
     lengths = [steps] * rows
     finish = ["length"] * rows
     active = torch.arange(rows, device=device)  # row of each batch entry still decoding
-    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
-    seen_AV = None
-    if sampling.repetition_penalty != 1.0:  # the tokens each row has so far, padding excluded
-        seen_AV = seen_tokens(input_ids_PL, mask_PL, logits_AV.shape[-1], n)
+    stops = stop_ids(sampling, eos_token_ids)
+    stops_t = torch.tensor(stops, dtype=torch.long, device=device)
+    vocab = logits_AV.shape[-1]
+    prompt_seen = seen_tokens(input_ids_PL, mask_PL, vocab, n) if sampling.repetition_penalty != 1.0 else None
+    rules = LogitRules.start(sampling, prompt_seen, rows, vocab, device, stops)
     greedy = sampling.temperature == 0
     uniform_RT = None if greedy else uniform_draws(rows, steps, row_seeds).to(device)
 
     for t in range(steps):
         uniform_A = None if uniform_RT is None else uniform_RT[active, t]
-        token_A = pick_tokens(filter_logits(logits_AV, sampling, seen_AV), greedy, uniform_A)
+        token_A = pick_tokens(filter_logits(logits_AV, sampling, rules, t), greedy, uniform_A)
         tokens_RT[active, t] = token_A
         logprobs_RT[active, t] = sampled_logprobs(logits_AV, token_A, sampling.temperature)
-        done_A = torch.isin(token_A, eos)
-        if stop_matcher is not None:
+        done_A = torch.isin(token_A, stops_t)
+        if stop_matcher is not None and t + 1 >= sampling.min_tokens:
             done_A |= stop_matcher(tokens_RT[active, : t + 1], logits_AV)
         num_done = int(done_A.sum())  # the step's one host sync
         if num_done:
@@ -132,10 +142,10 @@ def decode(
             active, token_A = active[keep_A], token_A[keep_A]
             mask_AL, positions_A = mask_AL[keep_A], positions_A[keep_A]
             cache.batch_select_indices(keep_A.nonzero().squeeze(-1))
-            if seen_AV is not None:
-                seen_AV = seen_AV[keep_A]
-        if seen_AV is not None:
-            seen_AV.scatter_(1, token_A[:, None], True)
+            if rules is not None:
+                rules.keep(keep_A)
+        if rules is not None:
+            rules.observe(token_A)
         mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
         positions_A = positions_A + 1
         logits_AV = model(
@@ -188,11 +198,13 @@ def decode_static(
     length_B = torch.full((batch,), steps, dtype=torch.long, device=device)
     done_B = torch.arange(batch, device=device) >= rows  # idle rows are done from the start
     stopped_B = torch.zeros(batch, dtype=torch.bool, device=device)
-    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
-    seen_BV = None
+    stops = stop_ids(sampling, eos_token_ids)
+    stops_t = torch.tensor(stops, dtype=torch.long, device=device)
+    prompt_seen = None
     if sampling.repetition_penalty != 1.0:
-        seen_BV = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
-        seen_BV[:rows] = seen_tokens(input_ids_PL, mask_PL, vocab, n)
+        prompt_seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
+        prompt_seen[:rows] = seen_tokens(input_ids_PL, mask_PL, vocab, n)
+    rules = LogitRules.start(sampling, prompt_seen, batch, vocab, device, stops)
     greedy = sampling.temperature == 0
     uniform_BT = None
     if not greedy:
@@ -201,12 +213,12 @@ def decode_static(
 
     for t in range(steps):
         uniform_B = None if uniform_BT is None else uniform_BT[:, t]
-        token_B = pick_tokens(filter_logits(logits_BV, sampling, seen_BV), greedy, uniform_B)
+        token_B = pick_tokens(filter_logits(logits_BV, sampling, rules, t), greedy, uniform_B)
         token_B = token_B.masked_fill(done_B, pad_token_id)
         tokens_BT[:, t] = token_B
         logprobs_BT[:, t] = sampled_logprobs(logits_BV, token_B, sampling.temperature)
-        stop_B = torch.isin(token_B, eos)
-        if stop_matcher is not None:
+        stop_B = torch.isin(token_B, stops_t)
+        if stop_matcher is not None and t + 1 >= sampling.min_tokens:
             stop_B |= stop_matcher(tokens_BT[:, : t + 1], logits_BV)
         stop_B &= ~done_B
         length_B.masked_fill_(stop_B, t + 1)
@@ -214,8 +226,8 @@ def decode_static(
         done_B |= stop_B
         if t == steps - 1 or ((t + 1) % check_every == 0 and bool(done_B.all())):
             break
-        if seen_BV is not None:
-            seen_BV.scatter_(1, token_B[:, None], True)
+        if rules is not None:
+            rules.observe(token_B)
         logits_BV = state.step(token_B, width + t)
 
     tokens = tokens_BT[:rows].cpu().tolist()

@@ -1,6 +1,8 @@
-"""The HF engine's sampler, per decode step: the filters transformers' generate applies (repetition
-penalty, temperature, top-k, top-p, min-p, in its order), inverse-CDF draws from per-row uniforms, and
-the sampled token's log-prob under temperature only (the distribution the trainer recomputes).
+"""The HF engine's sampler, per decode step: the rules that depend on what a row holds (min_tokens,
+logit_bias, repetition, presence and frequency penalties: `LogitRules`), then the filters
+transformers' generate applies (temperature, top-k, top-p, min-p, in its order), inverse-CDF draws from
+per-row uniforms, and the sampled token's log-prob under temperature only (the distribution the
+trainer recomputes).
 
 Every function works on whole [rows, vocab] tensors without a host sync, so the static decode loop
 (hf_decode.decode_static) runs them on the device step after step.
@@ -8,26 +10,97 @@ Every function works on whole [rows, vocab] tensors without a host sync, so the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
 
 
+@dataclass
+class LogitRules:
+    """What a sampling's per-row rules need besides the logits, kept on the device and updated
+    after each step (`observe`). Applied in vLLM's order: min_tokens holds the stop tokens back,
+    logit_bias is added, then the repetition penalty (over prompt and response, transformers' rule)
+    and the presence and frequency penalties (over the response, OpenAI's rule)."""
+
+    sampling: SamplingParams
+    seen_RV: torch.Tensor | None
+    """Tokens each row's prompt and response hold (the repetition penalty)."""
+    counts_RV: torch.Tensor | None
+    """How often each row's response holds each token (presence and frequency penalties)."""
+    bias_V: torch.Tensor | None
+    held_back: torch.Tensor | None
+    """Token ids that cannot be sampled before min_tokens (EOS unless ignored, stop_token_ids)."""
+
+    @classmethod
+    def start(
+        cls, sampling: SamplingParams, prompt_seen_RV: torch.Tensor | None, rows: int, vocab: int,
+        device: torch.device, stop_ids: list[int],
+    ) -> LogitRules | None:  # fmt: skip
+        """The rules of `sampling` for `rows` rows (None when it has none); `prompt_seen_RV`, the
+        tokens of each row's prompt, is needed only with a repetition penalty."""
+        s = sampling
+        seen = prompt_seen_RV if s.repetition_penalty != 1.0 else None
+        counts = None
+        if s.presence_penalty or s.frequency_penalty:
+            counts = torch.zeros((rows, vocab), dtype=torch.float32, device=device)
+        bias = None
+        if s.logit_bias:
+            bias = torch.zeros(vocab, dtype=torch.float32, device=device)
+            bias[torch.tensor(list(s.logit_bias), device=device)] = torch.tensor(
+                list(s.logit_bias.values()), dtype=torch.float32, device=device
+            )
+        held = torch.tensor(stop_ids, dtype=torch.long, device=device) if s.min_tokens and stop_ids else None
+        if seen is None and counts is None and bias is None and held is None:
+            return None
+        return cls(s, seen, counts, bias, held)
+
+    def apply(self, scores_RV: torch.Tensor, step: int) -> torch.Tensor:
+        """`scores_RV` (float) under the rules at decode step `step` (the response's length)."""
+        s = self.sampling
+        if self.held_back is not None and step < s.min_tokens:
+            scores_RV = scores_RV.index_fill(1, self.held_back, float("-inf"))
+        if self.bias_V is not None:
+            scores_RV = scores_RV + self.bias_V
+        if self.seen_RV is not None:
+            penalised = torch.where(
+                scores_RV < 0, scores_RV * s.repetition_penalty, scores_RV / s.repetition_penalty
+            )
+            scores_RV = torch.where(self.seen_RV, penalised, scores_RV)
+        if self.counts_RV is not None:
+            scores_RV = (
+                scores_RV - s.frequency_penalty * self.counts_RV - s.presence_penalty * (self.counts_RV > 0).float()
+            )
+        return scores_RV
+
+    def observe(self, token_R: torch.Tensor) -> None:
+        """Each row sampled `token_R`."""
+        if self.seen_RV is not None:
+            self.seen_RV.scatter_(1, token_R[:, None], True)
+        if self.counts_RV is not None:
+            self.counts_RV.scatter_add_(1, token_R[:, None], torch.ones_like(token_R[:, None], dtype=torch.float32))
+
+    def keep(self, keep_R: torch.Tensor) -> None:
+        """Only the rows `keep_R` decode on (the others finished)."""
+        if self.seen_RV is not None:
+            self.seen_RV = self.seen_RV[keep_R]
+        if self.counts_RV is not None:
+            self.counts_RV = self.counts_RV[keep_R]
+
+
 def filter_logits(
-    logits_RV: torch.Tensor, sampling: SamplingParams, seen_RV: torch.Tensor | None
+    logits_RV: torch.Tensor, sampling: SamplingParams, rules: LogitRules | None, step: int = 0
 ) -> torch.Tensor:
-    """The logits the sampler draws from: repetition penalty, temperature, top-k, top-p, min-p (in
-    transformers' order); filtered tokens get -inf. `seen_RV` marks the tokens each row already has
-    (prompt and response), needed only with a repetition penalty."""
+    """The logits the sampler draws from: the rules of what each row holds (`LogitRules`, at decode
+    step `step`), then temperature, top-k, top-p, min-p (in transformers' order); filtered tokens
+    get -inf."""
     scores = logits_RV.float()
-    if sampling.repetition_penalty != 1.0 and seen_RV is not None:
-        penalised = torch.where(
-            scores < 0, scores * sampling.repetition_penalty, scores / sampling.repetition_penalty
-        )
-        scores = torch.where(seen_RV, penalised, scores)
+    if rules is not None:
+        scores = rules.apply(scores, step)
     if sampling.temperature == 0:
-        return scores  # greedy: only the penalty changes which token is the largest
+        return scores  # greedy: only the rules change which token is the largest
     scores = scores / sampling.temperature
     if 0 < sampling.top_k < scores.shape[-1]:
         kth = torch.topk(scores, sampling.top_k, dim=-1).values[:, -1:]

@@ -14,7 +14,8 @@ The prefix cache is reset after every load: cached KV blocks were computed by th
 
 Log-probs are vLLM's processed log-probs of the sampled token (after temperature, and after
 top-k/top-p when those are on), which equal the temperature-scaled policy the trainer recomputes
-whenever top-k/top-p/min-p are off (the default). Greedy gives raw log-probs, as the HF engine.
+whenever top-k/top-p/min-p, penalties and logit_bias are off (the default). Greedy gives raw
+log-probs, as the HF engine.
 Importing this module imports vllm: select it only through the ENGINES registry.
 """
 
@@ -179,7 +180,15 @@ class VLLMEngine(RolloutEngine):
                 repetition_penalty=sampling.repetition_penalty,
                 max_tokens=sampling.max_tokens,
                 stop=list(sampling.stop) or None,
-                stop_token_ids=self.eos_token_ids,
+                # EOS is among the stop tokens unless ignored (ignore_eos keeps vLLM off the
+                # model's own EOS too); min_tokens holds every one of them back
+                stop_token_ids=sorted(set(([] if sampling.ignore_eos else self.eos_token_ids)
+                                          + sampling.stop_token_ids)),
+                ignore_eos=sampling.ignore_eos,
+                min_tokens=sampling.min_tokens,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+                logit_bias=dict(sampling.logit_bias) or None,
                 # vLLM gives child sample j the seed + j; the seed itself depends on the prompt only
                 seed=None if sampling.seed is None else prompt_seed(sampling.seed, ids),
                 logprobs=0,

@@ -80,6 +80,35 @@ def test_models_completions_and_seeds(api: openai.OpenAI) -> None:
     assert greedy.choices[0].message.role == "assistant" and greedy.model_extra["policy_version"] == 0
 
 
+def test_penalties_bias_min_tokens_ignore_eos_and_stop_token_ids_are_served(
+    api: openai.OpenAI, bpe_model_path: str
+) -> None:
+    """OpenAI's logit_bias and penalties, vLLM's min_tokens, ignore_eos and stop_token_ids (through
+    the SDK's extra_body), each forced by a bias so that the answer is known."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(bpe_model_path)
+    x, eos = tokenizer("7", add_special_tokens=False)["input_ids"][0], tokenizer.eos_token_id
+
+    def chat(**kwargs: Any) -> Any:
+        return api.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, **kwargs
+        ).choices[0]
+
+    forced = chat(logit_bias={str(x): 100}, temperature=0)
+    assert forced.model_extra["token_ids"] == [x] * 4 and forced.finish_reason == "length"
+    stopped = chat(logit_bias={str(x): 100}, temperature=0, extra_body={"stop_token_ids": [x]})
+    assert stopped.model_extra["token_ids"] == [x] and stopped.finish_reason == "stop"
+    ended = chat(logit_bias={str(eos): 100}, temperature=0)
+    assert ended.model_extra["token_ids"] == [eos]
+    ignored = chat(logit_bias={str(eos): 100}, temperature=0, extra_body={"ignore_eos": True})
+    assert ignored.model_extra["token_ids"] == [eos] * 4 and ignored.finish_reason == "length"
+    held = chat(logit_bias={str(eos): 100, str(x): 50}, temperature=0, extra_body={"min_tokens": 2})
+    assert held.model_extra["token_ids"] == [x, x, eos]
+    penalised = chat(logit_bias={str(x): 3, str(eos): -100}, temperature=0, frequency_penalty=2, presence_penalty=0)
+    assert penalised.model_extra["token_ids"][:2] == [x, x] and x not in penalised.model_extra["token_ids"][2:]
+
+
 def test_concurrent_requests_share_engine_calls_and_answer_as_alone(api: openai.OpenAI) -> None:
     """Eight seeded requests at once go through the worker's batching engine together; each answer
     is the one the request gets alone (the merge never mixes up whose completion is whose)."""
@@ -156,14 +185,21 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("chat", {"stop": [1, 2]}, "stop"),
     ("chat", {"user": 5}, "user"),
     ("chat", {"model": None, "stream": True}, "stream"),
-    ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
-    ("chat", {"frequency_penalty": 1}, "frequency_penalty"),
-    ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
+    ("chat", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("chat", {"frequency_penalty": -3}, "frequency_penalty"),
+    ("chat", {"logit_bias": {"x": 10}}, "logit_bias"),
+    ("chat", {"logit_bias": {"5": 101}}, "logit_bias"),
+    ("chat", {"logit_bias": {"5": "high"}}, "logit_bias.5"),
+    ("chat", {"logit_bias": {"999999": 1}}, "logit_bias"),
+    ("chat", {"logit_bias": [5]}, "logit_bias"),
     ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat", {"parallel_tool_calls": False}, "parallel_tool_calls"),
     ("chat", {"tool_choice": {"type": "function", "function": {"name": "calculator"}}}, "tool_choice"),
-    ("chat", {"min_tokens": 3}, "min_tokens"),
-    ("chat", {"ignore_eos": True}, "ignore_eos"),
+    ("chat", {"min_tokens": 5}, "min_tokens"),  # past max_tokens 4
+    ("chat", {"min_tokens": -1}, "min_tokens"),
+    ("chat", {"ignore_eos": "yes"}, "ignore_eos"),
+    ("chat", {"stop_token_ids": [-1]}, "stop_token_ids"),
+    ("chat", {"stop_token_ids": 3}, "stop_token_ids"),
     ("chat", {"no_such_parameter": 1}, "no_such_parameter"),
     ("chat", {"messages": [{"role": "user", "content": "x" * 4000}]}, "messages"),  # past max_model_len
     ("completions", {"prompt": ""}, "prompt"),

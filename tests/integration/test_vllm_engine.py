@@ -80,6 +80,25 @@ def test_vllm_stops_on_stop_strings_like_hf(engines, prompts) -> None:
     assert any(stopped_early)  # the stop strings did cut some response
 
 
+def test_vllm_honours_the_doors_knobs_as_hf_does(engines, prompts) -> None:
+    """logit_bias, min_tokens, ignore_eos, stop_token_ids and the frequency penalty give the tokens
+    the HF engine's test expects (each case forced by a bias), and with penalties on the two engines
+    still decode greedily token for token alike."""
+    from tests.unit.rollout.test_hf_engine import knob_cases
+
+    vllm_engine, hf_engine = engines
+    eos, x = hf_engine.tokenizer.eos_token_id, hf_engine.tokenizer.convert_tokens_to_ids("7")
+    for sampling, expected, finish in knob_cases(eos, x):
+        for (c,) in vllm_engine.generate(prompts[:2], sampling):
+            assert c.token_ids[: len(expected)] == expected, sampling
+            if finish is not None:
+                assert c.token_ids == expected and c.finish_reason == finish, sampling
+    penalised = SamplingParams(temperature=0.0, max_tokens=16, presence_penalty=1.5, frequency_penalty=0.5, min_tokens=5)
+    ours, theirs = vllm_engine.generate(prompts, penalised), hf_engine.generate(prompts, penalised)
+    for i, ((a,), (b,)) in enumerate(zip(ours, theirs, strict=True)):
+        assert a.token_ids == b.token_ids and len(a.token_ids) >= 5, i
+
+
 def test_vllm_sampling_is_seeded_and_its_logprobs_are_the_tempered_policy(engines, prompts) -> None:
     vllm_engine, hf_engine = engines
     sampling = SamplingParams(temperature=0.8, n=3, max_tokens=10, seed=11)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -17,7 +19,7 @@ from transformers.generation.logits_process import (
 from rlcore.core.types import SamplingParams
 from rlcore.rollout.engines.hf import HFEngine
 from rlcore.rollout.engines.hf_decode import decode
-from rlcore.rollout.engines.hf_sampling import filter_logits
+from rlcore.rollout.engines.hf_sampling import LogitRules, filter_logits
 
 
 def hf_filtered(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -49,12 +51,45 @@ def test_filters_match_transformers_processors(sampling: SamplingParams) -> None
     logits = torch.randn(6, 50, generator=gen) * 3
     history = torch.randint(0, 50, (6, 7), generator=gen)
     seen = torch.zeros(6, 50, dtype=torch.bool).scatter_(1, history, True)
-    ours = filter_logits(logits, sampling, seen)
+    ours = filter_logits(logits, sampling, LogitRules.start(sampling, seen, 6, 50, torch.device("cpu"), [3]))
     theirs = hf_filtered(logits, history, sampling)
     assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
     kept = ~torch.isinf(ours)
     assert torch.allclose(ours[kept], theirs[kept], atol=1e-6)
     assert kept.sum(-1).min() >= 1  # every row keeps a token to sample
+
+
+def test_rules_match_their_definitions() -> None:
+    """logit_bias against transformers' SequenceBiasLogitsProcessor, min_tokens against its
+    MinNewTokensLengthLogitsProcessor (which holds EOS back; here every stop token), presence and
+    frequency penalties against OpenAI's formula: logit - frequency x count - presence x (count > 0),
+    over the response only, counted as it grows."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 50, generator=gen) * 3
+    response = torch.randint(0, 50, (4, 6), generator=gen)
+    cpu = torch.device("cpu")
+
+    bias = SamplingParams(temperature=0.0, logit_bias={5: 2.5, 7: -100.0, 49: 0.75})
+    rules = LogitRules.start(bias, None, 4, 50, cpu, [])
+    theirs = SequenceBiasLogitsProcessor({(5,): 2.5, (7,): -100.0, (49,): 0.75})(response, logits.clone())
+    assert torch.allclose(filter_logits(logits, bias, rules), theirs)
+
+    held = SamplingParams(temperature=0.0, min_tokens=3)
+    rules = LogitRules.start(held, None, 4, 50, cpu, [2, 9])
+    for step in range(5):
+        ids = torch.zeros((4, 7 + step), dtype=torch.long)  # a prompt of 7, `step` tokens generated
+        theirs = MinNewTokensLengthLogitsProcessor(7, 3, [2, 9])(ids, logits.clone())
+        assert torch.equal(filter_logits(logits, held, rules, step), theirs), step
+
+    penalties = SamplingParams(temperature=0.0, presence_penalty=0.7, frequency_penalty=-0.4)
+    rules = LogitRules.start(penalties, None, 4, 50, cpu, [])
+    assert rules is not None
+    for step in range(response.shape[1]):
+        counts = torch.zeros(4, 50).scatter_add_(1, response[:, :step], torch.ones(4, step))
+        expected = logits - 0.4 * -counts - 0.7 * (counts > 0).float()
+        assert torch.allclose(filter_logits(logits, penalties, rules, step), expected), step
+        rules.observe(response[:, step])
+    assert LogitRules.start(SamplingParams(min_tokens=3), None, 4, 50, cpu, []) is None  # nothing to hold back
 
 
 @pytest.mark.parametrize("repetition_penalty", [1.0, 1.5])
@@ -159,6 +194,13 @@ STATIC_CASES = {
         3,
     ),  # fmt: skip
     "stop_string": (SamplingParams(temperature=1.0, max_tokens=30, n=2, stop=["3", "ab"]), 2),
+    "rules": (
+        SamplingParams(
+            temperature=1.0, max_tokens=25, n=3, presence_penalty=0.8, frequency_penalty=0.5,
+            logit_bias={5: 2.0, 7: -100.0}, min_tokens=4, stop_token_ids=[11], stop=["ab"],
+        ),
+        3,
+    ),  # fmt: skip
     "past_one_view": (SamplingParams(temperature=0.0, max_tokens=150), 1),
 }
 

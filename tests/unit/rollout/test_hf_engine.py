@@ -192,6 +192,36 @@ def test_stop_strings_truncate_text_and_keep_the_completing_token(engine: HFEngi
     assert c.text == full.text[:k]
 
 
+def knob_cases(eos: int, x: int) -> list[tuple[SamplingParams, list[int], str]]:
+    """(sampling, expected tokens, finish reason) for the knobs the OpenAI door serves, each forced
+    by a logit bias so that the answer is known whatever the weights: token `x` or EOS biased +100."""
+    forced_eos, forced_x = {eos: 100.0}, {x: 100.0}
+    return [
+        (SamplingParams(temperature=1.0, max_tokens=6, logit_bias=forced_x, seed=0), [x] * 6, "length"),
+        (SamplingParams(temperature=0.0, max_tokens=6, logit_bias=forced_eos), [eos], "stop"),
+        (SamplingParams(temperature=0.0, max_tokens=6, logit_bias=forced_eos, ignore_eos=True), [eos] * 6, "length"),
+        (SamplingParams(temperature=0.0, max_tokens=6, logit_bias=forced_x, stop_token_ids=[x]), [x], "stop"),
+        # EOS held back for 3 tokens (the biased x is the next best), then sampled: 4 tokens
+        (SamplingParams(temperature=0.0, max_tokens=6, logit_bias={eos: 100.0, x: 50.0}, min_tokens=3),
+         [x, x, x, eos], "stop"),
+        # a frequency penalty of 2 x count on x (+3 over the rest): taken twice, then 3 - 2 x 2 < 0
+        (SamplingParams(temperature=0.0, max_tokens=4, logit_bias={x: 3.0, eos: -100.0}, frequency_penalty=2.0),
+         [x, x], None),
+    ]  # fmt: skip
+
+
+def test_penalties_bias_min_tokens_ignore_eos_and_stop_token_ids(engine: HFEngine) -> None:
+    eos, x = engine.tokenizer.eos_token_id, engine.tokenizer.convert_tokens_to_ids("7")
+    prompts = encode(engine, PROMPTS)
+    for sampling, expected, finish in knob_cases(eos, x):
+        for (c,) in engine.generate(prompts, sampling):
+            assert c.token_ids[: len(expected)] == expected, sampling
+            if finish is not None:
+                assert c.token_ids == expected and c.finish_reason == finish, sampling
+            else:  # x no longer wins after twice
+                assert x not in c.token_ids[len(expected) :], (sampling, c.token_ids)
+
+
 def eos_weights(engine: HFEngine, eos_logit: float) -> dict[str, torch.Tensor]:
     """Weights under which every position gives logit `eos_logit` (before the final norm) to EOS
     and 0 to every other token: embeddings are all ones and attention/MLP outputs are zeroed, so
