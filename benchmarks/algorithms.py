@@ -258,7 +258,7 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--base", default="configs/quickstart.yaml", help="the recipe with the task and SFT stage"
     )
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds per launch")
     parser.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary folder)")
-    parser.add_argument("--out", default="benchmarks/results/algorithms.json")
+    parser.add_argument("--out", default="benchmarks/results/algorithms.json", help="where the JSON result goes")
     args = parser.parse_args(argv)
     for flag, path in (("--base", args.base), ("--recipes", args.recipes)):
         if not os.path.exists(path):

@@ -218,19 +218,19 @@ def add_launch_args(
     """The arguments of a benchmark made of launches against a rollout worker (launch_against_worker)."""
     parser.add_argument("--repeats", type=positive_int, default=2, help="alternating repeats of every side")
     parser.add_argument("--steps", type=positive_int, default=steps, help="measured steps per run")
-    parser.add_argument("--prompts", type=positive_int, default=prompts)
-    parser.add_argument("--group", type=positive_int, default=group)
-    parser.add_argument("--max-tokens", type=positive_int, default=max_tokens)
+    parser.add_argument("--prompts", type=positive_int, default=prompts, help="prompts per step")
+    parser.add_argument("--group", type=positive_int, default=group, help="samples per prompt")
+    parser.add_argument("--max-tokens", type=positive_int, default=max_tokens, help="tokens per response (at most)")
     parser.add_argument(
         "--trainer-cpus", type=cpu_list, default=[0], help="CPU ids for the launch and its trainer"
     )
     parser.add_argument("--rollout-cpus", type=cpu_list, default=[1], help="CPU ids for the rollout worker")
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
-    parser.add_argument("--out", default=out)
+    parser.add_argument("--out", default=out, help="where the JSON result goes")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     add_launch_args(parser, steps=20, prompts=4, group=8, max_tokens=96, out="benchmarks/results/async.json")
     parser.add_argument(
         "--staleness", type=int_list, default=[1, 2, 4], help="max_staleness of the async sides"

@@ -239,7 +239,7 @@ def missing_packages(*modules: str) -> list[str]:
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """--device, --dtype and --model, shared by the benchmarks that train or generate."""
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
     parser.add_argument(
         "--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
         help="weights and compute of both sides (auto: bfloat16 on cuda, float32 on cpu)",

@@ -183,7 +183,7 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlcore bench door", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", help="HF model folder (default: the scratch model, built in a temp folder)")
     parser.add_argument("--concurrency", type=positive_int, default=8, help="requests at once (and n of one request)")
     parser.add_argument("--max-tokens", type=positive_int, default=48, help="tokens per completion")

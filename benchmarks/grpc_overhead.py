@@ -199,14 +199,14 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="HF model folder (default: build the scratch model in a temp folder)")
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=64, help="prompts per step")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per response (at most)")
+    parser.add_argument("--repeats", type=int, default=5, help="measured repeats of each side")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of each side's engine")
     parser.add_argument("--latency-calls", type=int, default=20, help="1-prompt 1-token calls per side")
-    parser.add_argument("--out", default="benchmarks/results/grpc_overhead.json")
+    parser.add_argument("--out", default="benchmarks/results/grpc_overhead.json", help="where the JSON result goes")
     args = parser.parse_args(argv)
     for name in ("prompts", "max_tokens", "repeats", "threads", "latency_calls"):
         if getattr(args, name) < 1:

@@ -173,7 +173,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from rlcore.benchmarks.async_explore import add_launch_args
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=16, out="benchmarks/results/tails.json")
     parser.add_argument("--staleness", type=positive_int, default=2, help="synchronizer.max_staleness")
     parser.add_argument("--slow-fraction", type=float, default=0.125, help="share of the tasks that are slow")

@@ -222,21 +222,21 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=positive_int, default=2)
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=positive_int, default=2, help="measured repeats of each side")
     parser.add_argument(
         "--steps", type=positive_int, default=4, help="steps per run (the first is not timed)"
     )
-    parser.add_argument("--hidden", type=positive_int, default=768)
-    parser.add_argument("--layers", type=positive_int, default=12)
-    parser.add_argument("--heads", type=positive_int, default=12)
+    parser.add_argument("--hidden", type=positive_int, default=768, help="the model's hidden size")
+    parser.add_argument("--layers", type=positive_int, default=12, help="the model's layers")
+    parser.add_argument("--heads", type=positive_int, default=12, help="the model's attention heads")
     parser.add_argument("--rank", type=positive_int, default=16, help="LoRA rank (alpha = 2 x rank)")
-    parser.add_argument("--seqs", type=positive_int, default=8)
-    parser.add_argument("--prompt-tokens", type=positive_int, default=16)
-    parser.add_argument("--response-tokens", type=positive_int, default=48)
+    parser.add_argument("--seqs", type=positive_int, default=8, help="sequences per training batch")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=16, help="prompt tokens per sequence")
+    parser.add_argument("--response-tokens", type=positive_int, default=48, help="response tokens per sequence")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per side")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one side may take")
-    parser.add_argument("--out", default="benchmarks/results/lora.json")
+    parser.add_argument("--out", default="benchmarks/results/lora.json", help="where the JSON result goes")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a side's own process
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--side-out", help=argparse.SUPPRESS)

@@ -164,18 +164,18 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=4, help="alternating pairs")
     parser.add_argument("--steps", type=positive_int, default=5, help="measured steps per run")
-    parser.add_argument("--prompts", type=positive_int, default=8)
-    parser.add_argument("--group", type=positive_int, default=4)
-    parser.add_argument("--max-tokens", type=positive_int, default=32)
+    parser.add_argument("--prompts", type=positive_int, default=8, help="prompts per step")
+    parser.add_argument("--group", type=positive_int, default=4, help="samples per prompt")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per response (at most)")
     parser.add_argument("--trainer-cpus", type=cpu_list, default=[0], help="CPU ids for the trainer")
     parser.add_argument(
         "--rollout-cpus", type=cpu_list, default=[1], help="CPU ids for the launch and its worker"
     )
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
-    parser.add_argument("--out", default="benchmarks/results/rollout_ahead.json")
+    parser.add_argument("--out", default="benchmarks/results/rollout_ahead.json", help="where the JSON result goes")
     args = parser.parse_args(argv)
     check_separate_cpus(parser, args.trainer_cpus, args.rollout_cpus)
     with tempfile.TemporaryDirectory(prefix="rlcore-rollout-ahead-") as workdir:

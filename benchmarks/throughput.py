@@ -346,7 +346,7 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--engines", default=",".join(DEFAULT_ENGINES), help=f"rollout side, of {', '.join(ENGINES)}"
     )
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=2, help="passes over the engines/strategies")
     add_model_args(parser)
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--out", default=RESULTS, help="where the JSON result goes")
     parser.add_argument("--rollout-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rollout_worker:

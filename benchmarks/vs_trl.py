@@ -368,7 +368,7 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     parser.add_argument("--comparisons", default=",".join(COMPARISONS), help=f"of {', '.join(COMPARISONS)}")
     parser.add_argument(
         "--repeats", type=positive_int, default=3, help="alternating rlcore/TRL pairs per comparison"
@@ -381,14 +381,14 @@ def main(argv: list[str] | None = None) -> int:
         "--group", type=positive_int, default=4, help="completions per prompt (GRPO group size)"
     )
     parser.add_argument("--max-tokens", type=positive_int, default=32, help="generation length")
-    parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"))
+    parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"), help="rlcore's training strategy")
     add_model_args(parser)
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument(
         "--trl-malloc", default="as-shipped", choices=("as-shipped", "keep-freed"),
         help="TRL's process with glibc's malloc defaults, or with the settings rlcore's launcher uses",
     )  # fmt: skip
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--out", default=RESULTS, help="where the JSON result goes")
     parser.add_argument("--trl-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.trl_worker:

@@ -210,6 +210,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     from ..benchmarks import BENCHMARKS
 
+    # the benchmark's own parser names its program after argv[0]: `rlcore bench NAME --help`
+    sys.argv[0] = f"rlcore bench {args.name}"
     return int(importlib.import_module(BENCHMARKS[args.name]).main(list(args.args)))
 
 

@@ -338,8 +338,10 @@ def run(
     launch_dir = os.path.join(run_dir, "launch")
     threads = rank_threads(base.cluster)
     print(
-        f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], strategy {base.trainer.strategy}, "
-        f"{base.cluster.ranks} trainer rank(s) on {device}; run folder {run_dir}",
+        f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], "
+        + (f"explore only, rollout on {device} (the trainer runs in its own launch)" if explorer
+           else f"strategy {base.trainer.strategy}, {base.cluster.ranks} trainer rank(s) on {device}")
+        + f"; run folder {run_dir}",
         flush=True,
     )
     start = time.time()

@@ -85,7 +85,9 @@ def test_an_explore_and_a_train_launch_meet_in_the_buffer(tmp_path) -> None:
     path = _config(str(tmp_path), "queue")
     trainer = _start(path, "train")
     explorer = _start(path, "explore")  # it waits for the trainer's first weights
-    _finish(explorer, "mode explore")
+    out = _finish(explorer, "mode explore")
+    assert "explore only, rollout on cpu (the trainer runs in its own launch)" in out, out[-3000:]
+    assert "trainer rank" not in out.split("run folder")[0]
     _finish(trainer, "mode train")
     _check_run(os.path.join(str(tmp_path), "it", "run"), STEPS)
 
