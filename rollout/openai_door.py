@@ -82,6 +82,10 @@ class OpenAIDoor:
         self.servicer, self.recorder, self.token, self.model_name = servicer, recorder, token, model_name
         self.max_n, self.max_request_tokens, self.batch_wait_s = max_n, max_request_tokens, batch_wait_s
         self.tokenizer = servicer.tokenizer
+        # No token decodes to more characters than its vocabulary string has (byte-level BPE: one
+        # symbol per byte); so a text longer than this x max_model_len cannot fit, whatever it holds,
+        # and is refused before the tokenizer spends seconds on it.
+        self.max_chars = max(map(len, self.tokenizer.get_vocab()), default=1) * servicer.max_model_len
 
     # ------------------------------------------------------------------------------------------
     # requests
@@ -123,6 +127,9 @@ class OpenAIDoor:
             values["logit_bias"] = {int(token): value for token, value in bias.items()}
         except ValueError:
             raise _invalid("logit_bias", f"keys must be token ids; got {sorted(bias)[:3]}") from None
+        outside = [t for t in values["logit_bias"] if not 0 <= t < self.servicer.vocab_size]
+        if outside:
+            raise _invalid("logit_bias", f"token id {outside[0]} is outside [0, {self.servicer.vocab_size})")
         try:
             sampling = self.servicer._sampling(
                 sampling_to_proto(SamplingParams(**values, stop=stop, max_tokens=max_tokens))
@@ -181,6 +188,7 @@ class OpenAIDoor:
             inserted = self._encode(prompt[len(continued.history) :])
             ids = continued.tokens + inserted
         elif isinstance(prompt, str) and prompt:
+            self._check_chars("prompt", len(prompt))
             ids = self._encode(prompt)
         elif (
             isinstance(prompt, list)
@@ -223,6 +231,7 @@ class OpenAIDoor:
     def chat(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
         self._check_body("chat", body)
         messages = self._messages(body.get("messages"))
+        self._check_chars("messages", sum(len(m["content"]) for m in messages))
         tools = body.get("tools")
         if body.get("top_logprobs"):
             raise _invalid(
@@ -375,6 +384,10 @@ class OpenAIDoor:
                 for name, arguments in calls
             ],
         }  # fmt: skip
+
+    def _check_chars(self, param: str, chars: int) -> None:
+        if chars > self.max_chars:
+            raise _invalid(param, f"{chars} characters cannot fit in max_model_len {self.servicer.max_model_len} tokens")
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

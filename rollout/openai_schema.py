@@ -10,7 +10,7 @@ template, caps on n and tokens).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -44,7 +44,7 @@ class _Body(BaseModel):
     logit_bias: dict[str, float] | None = None  # token ids and bias ranges: the worker checks them
     min_tokens: int | None = Field(None, ge=0, le=INT32)  # vLLM's
     ignore_eos: bool | None = None  # vLLM's
-    stop_token_ids: list[int] | None = None  # vLLM's
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32)]] | None = None  # vLLM's
     user: str | None = None
     episode_id: str | None = Field(None, min_length=1)
 

@@ -151,7 +151,7 @@ def test_bad_requests_answer_in_openais_error_shape(
     assert e.value.body["type"] in ("invalid_request_error", "not_found_error") and "param" in e.value.body
 
 
-MALFORMED: list[tuple[str, Any, str]] = [
+MALFORMED: list[tuple[str, Any, str | None]] = [
     # (endpoint, body: a dict, or raw bytes, param the error names)
     ("chat", b"{not json", "body"),
     ("chat", b"\xff\xfe\x00garbage", "body"),
@@ -198,10 +198,12 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("chat", {"min_tokens": 5}, "min_tokens"),  # past max_tokens 4
     ("chat", {"min_tokens": -1}, "min_tokens"),
     ("chat", {"ignore_eos": "yes"}, "ignore_eos"),
-    ("chat", {"stop_token_ids": [-1]}, "stop_token_ids"),
+    ("chat", {"stop_token_ids": [-1]}, "stop_token_ids[0]"),
     ("chat", {"stop_token_ids": 3}, "stop_token_ids"),
     ("chat", {"no_such_parameter": 1}, "no_such_parameter"),
     ("chat", {"messages": [{"role": "user", "content": "x" * 4000}]}, "messages"),  # past max_model_len
+    ("completions", {"prompt": "x" * 4_000_000}, "prompt"),  # refused before it is tokenized
+    ("chat", {"messages": [{"role": "user", "content": "12+" * 1_000_000}]}, "messages"),
     ("completions", {"prompt": ""}, "prompt"),
     ("completions", {"prompt": [1, "a"]}, "prompt"),
     ("completions", {"prompt": [10**9]}, "prompt"),
@@ -211,6 +213,65 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("completions", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("completions", {"prompt": "x", "messages": []}, "messages"),
 ]
+
+BAD_VALUES: dict[str, list[Any]] = {
+    # a parameter both endpoints take -> values each of which is wrong (type, range, or past 32/64 bits)
+    "temperature": ["hot", True, -0.5, [], {}, float("nan"), float("inf")],
+    "top_p": [0, 1.5, -1, "x", True, float("nan")],
+    "top_k": [10**20, -2, 1.5, "5", True],
+    "min_p": [2, -0.1, "x", []],
+    "repetition_penalty": [0, -1, "x", float("inf")],
+    "n": [0, -1, 100000, 1.5, "2", 10**20, True],
+    "seed": [10**23, -(10**23), "7", 1.5, True, [1]],
+    "max_tokens": [0, -3, 10**30, 4.5, "4", True, [4]],
+    "stop": [[1, 2], 5, {"a": 1}, [None], True],
+    "presence_penalty": [2.5, -3, "x", float("nan")],
+    "frequency_penalty": [2.01, -2.5, [], True],
+    "logit_bias": [{"x": 1}, {"5": 101}, {"5": -100.5}, [5], "5", {"999999": 1}, {"-1": 1}],
+    "min_tokens": [-1, 5, "1", 1.5, 10**20],
+    "ignore_eos": ["yes", 1, [], {}],
+    "stop_token_ids": [[-1], 3, ["a"], [10**12], [999999]],
+    "user": [5, [], {}, True],
+    "episode_id": ["", 5, []],
+    "model": [5, [], {}],
+}
+UNKNOWN_OR_UNSERVED: dict[str, list[tuple[str, Any]]] = {
+    "chat": [("no_such_parameter", 1), ("temperaturee", 1.0), ("max_token", 4), ("prompt", "x"),
+             ("response_format", {"type": "json_object"}), ("parallel_tool_calls", False), ("stream", True),
+             ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "x"}),
+             ("modalities", ["audio"]), ("store", True), ("stream_options", {"include_usage": True}),
+             ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"),
+             ("service_tier", "flex"), ("web_search_options", {}), ("metadata", {"a": "b"}),
+             ("tool_choice", "required"), ("top_logprobs", 3), ("top_logprobs", -1), ("logprobs", "yes"),
+             ("max_completion_tokens", 0), ("max_completion_tokens", "4"), ("tools", "calculator")],
+    "completions": [("no_such_parameter", 1), ("messages", []), ("echo", True), ("best_of", 3), ("suffix", "y"),
+                    ("logprobs", 5), ("logprobs", -1), ("logprobs", "1"), ("stream", True),
+                    ("stream_options", {"include_usage": True}), ("tools", []), ("max_completion_tokens", 4)],
+}  # fmt: skip
+BAD_BODIES = [b"{not json", b"", b"null", b"[]", b"1", b'"just a string"', b"\xff\xfe\x00garbage",
+              b"[" * 100_000 + b"]" * 100_000, b'{"a": ' * 5000 + b"1" + b"}" * 5000, b'{"max_tokens": 4',
+              b'{"max_tokens": 4}}', b"\xef\xbb\xbf{}x"]  # fmt: skip
+BAD_MESSAGES = [None, [], "hi", [None], ["hi"], [{}], [{"role": "user"}], [{"role": "user", "content": None}],
+                [{"role": "user", "content": 5}], [{"role": "robot", "content": "x"}],
+                [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                [{"role": "assistant", "content": None}],
+                [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}],
+                [{"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]}]]  # fmt: skip
+BAD_PROMPTS = [None, "", [], [1, "a"], [10**9], [-1], 5, {"text": "x"}, [[]], [["a", "b"]], True]
+
+
+def generated_malformed() -> list[tuple[str, Any, str | None]]:
+    """Hundreds of wrong requests of varied kinds, both endpoints (param None: the test reads it
+    from the case: the body's key, or `body` for raw bytes, `messages`/`prompt` for those)."""
+    cases: list[tuple[str, Any, str | None]] = []
+    for endpoint in ("chat", "completions"):
+        cases += [(endpoint, {key: value}, None) for key, values in BAD_VALUES.items() for value in values]
+        cases += [(endpoint, {key: value}, None) for key, value in UNKNOWN_OR_UNSERVED[endpoint]]
+        cases += [(endpoint, body, "body") for body in BAD_BODIES]
+    cases += [("chat", {"messages": m}, None) for m in BAD_MESSAGES]
+    cases += [("completions", {"prompt": p}, None) for p in BAD_PROMPTS]
+    return cases
+
 
 
 def test_malformed_requests_are_each_a_4xx_naming_the_parameter(
@@ -225,13 +286,18 @@ def test_malformed_requests_are_each_a_4xx_naming_the_parameter(
     base, headers = worker[1], {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     chat_defaults = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     with httpx.Client(timeout=60) as http:
-        for endpoint, body, param in MALFORMED:
+        cases = MALFORMED + generated_malformed()
+        assert len(cases) >= 300
+        for endpoint, body, param in cases:
+            exact = param is not None  # else the case's own key names it, or begins the name
+            if param is None:
+                (param,) = body
             path = "/chat/completions" if endpoint == "chat" else "/completions"
             if isinstance(body, bytes):
                 content = body
             else:
                 full = {
-                    **(chat_defaults if endpoint == "chat" else {"model": "tiny", "max_tokens": 4}),
+                    **(chat_defaults if endpoint == "chat" else {"model": "tiny", "prompt": "1+1=", "max_tokens": 4}),
                     **body,
                 }
                 content = json.dumps(full).encode()
@@ -242,7 +308,9 @@ def test_malformed_requests_are_each_a_4xx_naming_the_parameter(
                 answer.text,
             )
             error = answer.json()["error"]
-            assert error["param"] == param and error["message"].startswith(f"{param}: "), (body, error)
+            named = error["param"] if exact else error["param"].split(".")[0].split("[")[0]
+            assert named == param, (endpoint, body, error)
+            assert error["message"].startswith(f"{error['param']}: "), (body, error)
             assert error["type"] == "invalid_request_error"
             assert api.completions.create(model="tiny", prompt="1+1=", max_tokens=2).choices  # still serving
         for method, path, status in (
