@@ -11,7 +11,7 @@ from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
 from ..registry import import_path
 from ..types import Task
 from .files import FORMATS, describe_formats, file_format, supported
-from .taskset_check import messages_problem, response_text, tools_problem
+from .taskset_check import messages_problem, response_text, tools_problem, value_of
 
 
 def tasksets_of(cfg: RLCoreConfig) -> list[tuple[str, TasksetConfig]]:
@@ -87,7 +87,7 @@ def is_hub_id(path: str) -> bool:
     )
 
 
-def _dataset(cfg: TasksetConfig, key_path: str) -> Any:
+def load_dataset_of(cfg: TasksetConfig, key_path: str) -> Any:
     """The taskset's rows as a `datasets.Dataset`: a file (jsonl, json, parquet, csv), a folder
     written by `save_to_disk` (a Dataset, or a DatasetDict and `split`), a folder of data files,
     or a Hub id with `subset_name` and `split`."""
@@ -124,11 +124,11 @@ def _dataset(cfg: TasksetConfig, key_path: str) -> Any:
 def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
     """Read every row of the taskset into Tasks (prompt/answer/response by the format keys)."""
     path = cfg.path
-    ds = _dataset(cfg, key_path)
+    ds = load_dataset_of(cfg, key_path)
     fmt = cfg.format
     if fmt.prompt_type == "messages":
         return _message_tasks(cfg, key_path, ds)
-    if fmt.prompt_key not in ds.column_names:
+    if fmt.prompt_key.split(".")[0] not in ds.column_names:
         raise ValueError(
             f"{key_path}.format.prompt_key: column '{fmt.prompt_key}' not in {path}; columns: {', '.join(ds.column_names)}"
         )
@@ -136,15 +136,16 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
         ds = ds.select(range(min(cfg.num_samples, len(ds))))
     tasks = []
     for i, row in enumerate(ds):
-        answer = row.get(fmt.answer_key)
-        response = row.get(fmt.response_key)
-        if row[fmt.prompt_key] is None:
-            raise ValueError(f"{key_path}: {path} row {i + 1}: the prompt ('{fmt.prompt_key}') is null")
+        answer = value_of(row, fmt.answer_key)
+        response = value_of(row, fmt.response_key)
+        prompt = value_of(row, fmt.prompt_key)
+        if prompt is None:
+            raise ValueError(f"{key_path}: {path} row {i + 1}: the prompt ('{fmt.prompt_key}') is null or missing")
         tasks.append(
             Task(
                 task_id=f"{cfg.name}-{i}",
                 source=cfg.name,
-                prompt=str(row[fmt.prompt_key]),
+                prompt=str(prompt),
                 answer=None if answer is None else str(answer),
                 response=None if response is None else str(response),
                 metadata={
@@ -218,7 +219,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
     """Tasks of a messages taskset: the conversation in `metadata["messages"]`, the prompt its
     last user turn (what reward functions and logs read)."""
     fmt = cfg.format
-    if fmt.messages_key not in ds.column_names:
+    if fmt.messages_key.split(".")[0] not in ds.column_names:
         raise ValueError(
             f"{key_path}.format.messages_key: column '{fmt.messages_key}' not in {cfg.path}; "
             f"columns: {', '.join(ds.column_names)}"
@@ -227,7 +228,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
         ds = ds.select(range(min(cfg.num_samples, len(ds))))
     tasks = []
     for i, row in enumerate(ds):
-        messages = row[fmt.messages_key]
+        messages = value_of(row, fmt.messages_key)
         problem = messages_problem(messages, needs_assistant=False)
         if problem is not None:
             raise ValueError(
@@ -235,7 +236,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
             )
         messages = [{k: v for k, v in m.items() if v is not None or k == "content"} for m in messages]
         users = [m["content"] for m in messages if m["role"] == "user"]
-        answer = row.get(fmt.answer_key)
+        answer = value_of(row, fmt.answer_key)
         tasks.append(
             Task(
                 task_id=f"{cfg.name}-{i}",

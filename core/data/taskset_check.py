@@ -2,9 +2,11 @@
 every row is read, so an unreadable file, a malformed row or a missing or null column is a one-line
 error naming the file and the row, not a crash minutes into a run.
 
-Files only (jsonl, json, csv, parquet); an HF dataset folder is read by `datasets` when the run
-loads it (load_tasks checks its rows the same way). Reads with the standard library and pyarrow:
-no torch, no `datasets`.
+Files (jsonl, json, csv, parquet, compressed too) are read with the standard library and pyarrow:
+no torch, no `datasets`. A `save_to_disk` folder, a folder of data files and a Hub id are read by
+`datasets`, as the run reads them (`rows_of`).
+
+A format key may name a nested field with dots (verl's `reward_model.ground_truth`): `column`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,29 @@ from .files import describe_formats, file_format, open_text, supported
 
 class TasksetError(ValueError):
     """A taskset that cannot be used; str(e) is one line naming the file and the row."""
+
+
+MISSING: Any = object()
+"""What `column` gives for a field a row does not have."""
+
+
+def column(row: dict[str, Any], key: str) -> Any:
+    """`row[key]`, or for a dotted key the field nested under its parts (`reward_model.ground_truth`
+    is row["reward_model"]["ground_truth"]); MISSING when the row has neither."""
+    if key in row:
+        return row[key]
+    node: Any = row
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
+def value_of(row: dict[str, Any], key: str) -> Any:
+    """`column`, None for a missing field (as dict.get)."""
+    found = column(row, key)
+    return None if found is MISSING else found
 
 
 def response_text(value: Any) -> str | None:
@@ -84,28 +109,28 @@ def check_taskset(
     required += [("response", fmt.response_key)] if needs_response and not messages else []
     required += [("chosen", fmt.chosen_key), ("rejected", fmt.rejected_key)] if needs_pair else []
     count = 0
-    for number, row in _rows(path, key):
+    for number, row in rows_of(ts, key):
         if not isinstance(row, dict):
             raise TasksetError(
                 f"{key}: {path} row {number} is a {type(row).__name__}, not an object with columns"
             )
-        for what, column in required:
-            value = row.get(column)
-            if column not in row:
+        for what, name in required:
+            value = column(row, name)
+            if value is MISSING:
                 raise TasksetError(
-                    f"{key}: {path} row {number} has no '{column}' column (the {what}; "
+                    f"{key}: {path} row {number} has no '{name}' column (the {what}; "
                     f"{key}.format.{what}_key names it); columns: {', '.join(map(str, row)) or 'none'}"
                 )
             if value is None or (what == "prompt" and str(value).strip() == ""):
                 raise TasksetError(
-                    f"{key}: {path} row {number}: the {what} ('{column}') is {'null' if value is None else 'empty'}"
+                    f"{key}: {path} row {number}: the {what} ('{name}') is {'null' if value is None else 'empty'}"
                 )
             problem = messages_problem(value, needs_response) if what == "messages" else None
             if problem is not None:
-                raise TasksetError(f"{key}: {path} row {number}: the messages ('{column}') {problem}")
+                raise TasksetError(f"{key}: {path} row {number}: the messages ('{name}') {problem}")
             if what in ("chosen", "rejected") and response_text(value) is None:
                 raise TasksetError(
-                    f"{key}: {path} row {number}: the {what} ('{column}') is a {type(value).__name__}, neither "
+                    f"{key}: {path} row {number}: the {what} ('{name}') is a {type(value).__name__}, neither "
                     'text nor chat messages with an assistant turn ([{"role": "assistant", "content": ...}])'
                 )
         tools = row.get(fmt.tools_key)
@@ -116,6 +141,28 @@ def check_taskset(
     if count == 0:
         raise TasksetError(f"{key}.path: {path} has no rows")
     return count
+
+
+def rows_of(ts: TasksetConfig, key: str) -> Iterator[tuple[int, Any]]:
+    """(row number from 1, row) of the taskset `ts`: its file, or, for a folder or a Hub id, the
+    split `datasets` loads for the run (a Hub id that cannot be read from here, offline say, is a
+    TasksetError saying so: the run could not read it either)."""
+    import os
+
+    from .taskset import is_hub_id
+
+    if not os.path.isdir(ts.path) and not is_hub_id(ts.path):
+        yield from _rows(ts.path, key)
+        return
+    from .taskset import load_dataset_of
+
+    try:
+        ds = load_dataset_of(ts, key)
+    except ValueError as e:
+        raise TasksetError(str(e)) from None
+    except Exception as e:  # datasets' own errors: a folder it cannot read
+        raise TasksetError(f"{key}.path: cannot read {ts.path}: {type(e).__name__}: {e}") from None
+    yield from enumerate(ds, start=1)
 
 
 def _rows(path: str, key: str) -> Iterator[tuple[int, Any]]:
@@ -165,8 +212,8 @@ def _json_rows(path: str, key: str, array_allowed: bool) -> Iterator[tuple[int, 
                 raise TasksetError(f"{key}: {path} row {number} is not valid JSON ({e.msg})") from None
 
 
-def first_row(path: str, key: str) -> dict[str, Any] | None:
-    """The first row of a taskset file (None: it has none, or the first is not an object)."""
-    for _, row in _rows(path, key):
+def first_row(ts: TasksetConfig, key: str) -> dict[str, Any] | None:
+    """The first row of a taskset (None: it has none, or the first is not an object)."""
+    for _, row in rows_of(ts, key):
         return row if isinstance(row, dict) else None
     return None

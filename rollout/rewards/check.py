@@ -1,5 +1,5 @@
 """Reward functions tried before anything starts: each taskset's, built and called once on the
-first row of its file, by `rlcore config validate` and by every launch. A user function with the
+first row of its file, folder or Hub dataset, by `rlcore config validate` and by every launch. A user function with the
 wrong signature (TRL's batch functions take lists), one that raises on real data or returns no
 finite number is then one line naming the taskset, instead of an error on a rollout worker after
 the run has started."""
@@ -10,32 +10,33 @@ import os
 
 from ...core.config import ConfigError
 from ...core.config.schema import TasksetConfig
-from ...core.data.taskset_check import TasksetError, first_row
+from ...core.data.taskset import is_hub_id
+from ...core.data.taskset_check import TasksetError, first_row, value_of
 from ...core.types import Task
 from .compose import build_reward
 
 
 def check_rewards(key: str, ts: TasksetConfig) -> None:
-    """Build `ts`'s reward functions (registered names, import paths) and, where its file is on
-    disk, call them once on its first row with the row's answer (or reference response) as the
+    """Build `ts`'s reward functions (registered names, import paths) and, where its rows can be
+    read (a file, a folder, a Hub id), call them once on its first row with the row's answer (or reference response) as the
     completion; ConfigError names `key`."""
     try:
         composer = build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
     except ValueError as e:
         raise ConfigError(f"{key}.reward_fn: {e}") from None
-    if not os.path.isfile(ts.path):
-        return  # a folder, a Hub id, or a file a generator writes at launch: tried on the workers
+    if not os.path.exists(ts.path) and not is_hub_id(ts.path):
+        return  # a file a generator writes at launch: tried on the workers
     try:
-        row = first_row(ts.path, key)
+        row = first_row(ts, key)
     except TasksetError:
-        return  # the taskset check names what is wrong with the file
+        return  # the taskset check names what is wrong with it
     if row is None:
         return
     fmt = ts.format
     own = (fmt.prompt_key, fmt.answer_key, fmt.response_key)
-    answer, response = row.get(fmt.answer_key), row.get(fmt.response_key)
+    answer, response = value_of(row, fmt.answer_key), value_of(row, fmt.response_key)
     task = Task(
-        f"{ts.name}-0", str(row.get(fmt.prompt_key, "")), answer=None if answer is None else str(answer),
+        f"{ts.name}-0", str(value_of(row, fmt.prompt_key) or ""), answer=None if answer is None else str(answer),
         response=None if response is None else str(response), source=ts.name,
         metadata={k: v for k, v in row.items() if k not in own},
     )  # fmt: skip

@@ -253,3 +253,45 @@ def test_validate_refuses_megatron_where_the_launch_would(recipe: str, capsys: p
     assert main(["config", "validate", "--strategy", "megatron", recipe]) == 2
     assert capsys.readouterr().err.startswith("rlcore: error: trainer.strategy=megatron needs CUDA")
     assert main(["config", "validate", "--strategy", "megatron", recipe, "cluster.device=cpu"]) == 2
+
+
+def test_validate_reads_folders_hub_ids_and_nested_keys(
+    recipe: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`save_to_disk` folders and Hub ids are read by validate as the run reads them: a split the
+    folder lacks, or a column the rewards need that it lacks, is one line here, not at launch or
+    35 s into the run; a Hub id that cannot be read from here says so. A format key may name a
+    nested field (verl's `reward_model.ground_truth`)."""
+    import datasets
+
+    taskset = "buffer.explorer_input.taskset"
+    rows = {"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dd"))
+    assert main(["config", "validate", recipe, f"{taskset}.path={tmp_path / 'dd'}"]) == 0
+    assert main(["config", "validate", recipe, f"{taskset}.path={tmp_path / 'dd'}", f"{taskset}.split=test"]) == 2
+    assert "split: 'test' is not a split of" in capsys.readouterr().err
+
+    datasets.Dataset.from_dict({"prompt": rows["prompt"]}).save_to_disk(str(tmp_path / "no_answer"))
+    capsys.readouterr()  # datasets' progress bars
+    assert main(["config", "validate", recipe, f"{taskset}.path={tmp_path / 'no_answer'}"]) == 2
+    err = capsys.readouterr().err
+    assert "row 1 has no 'answer' column (the answer;" in err and len(err.strip().splitlines()) == 1
+
+    nested = tmp_path / "verl.jsonl"
+    nested.write_text('{"prompt": "1+1=", "reward_model": {"ground_truth": "2", "style": "rule"}}\n')
+    ok = [recipe, f"{taskset}.path={nested}", f"{taskset}.format.answer_key=reward_model.ground_truth"]
+    assert main(["config", "validate", *ok]) == 0
+    assert main(["config", "validate", *ok[:2], f"{taskset}.format.answer_key=reward_model.truth"]) == 2
+    assert "has no 'reward_model.truth' column" in capsys.readouterr().err
+    from rlcore.core.config.schema import TasksetConfig
+    from rlcore.core.data.taskset import load_tasks
+
+    ts = TasksetConfig(name="v", path=str(nested))
+    ts.format.answer_key = "reward_model.ground_truth"
+    assert [t.answer for t in load_tasks(ts, taskset)] == ["2"]
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    assert main(["config", "validate", recipe, f"{taskset}.path=rlcore-test/no-such-dataset"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load 'rlcore-test/no-such-dataset' (split 'train') from the Hugging Face Hub" in err
