@@ -1,15 +1,19 @@
 """Every failure reaches the user as one line: what failed, where, and the file with the full story.
 
 A failing process of the run (a trainer rank, or the launcher itself) writes its traceback to
-`<run>/launch/<who>.traceback.log` and its one line to `<who>.error`; the launcher prints the line
-of the rank that failed first (rank 0's when it has one). The ranks' own stderr, torchrun's failure
-report included, goes to `<run>/launch/trainer.log`, not to the user's terminal.
+`<run>/launch/<who>.traceback.log` and its one line to `<who>.error`. The ranks' own stderr,
+torchrun's failure report included, goes to `<run>/launch/trainer.log`, not to the user's terminal.
+When the trainer world fails the launcher prints the line of the rank that failed first, as
+torchrun's report names it (`world_failure`): its own words when it wrote them, else how it ended (a
+rank killed by a signal writes nothing) — never the line of a rank that only saw it go.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
+import signal
 import traceback
 
 TRAINER_LOG = "trainer.log"
@@ -49,3 +53,59 @@ def clear(launch_dir: str) -> None:
     """Forget an earlier launch's failures (a resume starts with none)."""
     for path in glob.glob(os.path.join(launch_dir, "*.error")):
         os.remove(path)
+
+
+_FAILED = re.compile(r"^\S+ FAILED$", re.MULTILINE)
+_ENTRY = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.DOTALL)
+ROOT_CAUSE = "Root Cause (first observed failure):"
+SIGNAL_HINTS = {
+    "SIGKILL": "killed from outside, or by the kernel's out-of-memory killer: see `dmesg`",
+    "SIGTERM": "stopped from outside",
+    "SIGSEGV": "a crash in native code",
+    "SIGBUS": "a crash in native code, or shared memory (/dev/shm) full",
+    "SIGABRT": "an abort in native code",
+}
+
+
+def failed_ranks(log_path: str, since: int = 0) -> list[tuple[int, int, int, bool]]:
+    """(rank, exit code, pid, root cause) of each failure in the last torchrun report written to
+    `log_path` from byte `since` on (the world started then); [] when there is none."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    heads = list(_FAILED.finditer(text))
+    if not heads:
+        return []
+    report = text[heads[-1].end() :]
+    cause_at = report.find(ROOT_CAUSE)
+    return [(int(m[1]), int(m[2]), int(m[3]), 0 <= cause_at < m.start()) for m in _ENTRY.finditer(report)]
+
+
+def world_failure(launch_dir: str, log_path: str, since: int = 0) -> str | None:
+    """The one line of a failed trainer world: of the rank that failed first by torchrun's report
+    (one ended by the agent's own SIGTERM only when no other failed), its .error line when it wrote
+    one, else how it ended; without a report, `first_failure`."""
+    entries = failed_ranks(log_path, since)
+    own = [e for e in entries if e[1] != -signal.SIGTERM] or entries  # the agent SIGTERMs the rest
+    if not own:
+        return first_failure(launch_dir)
+    rank, code, pid, _ = next((e for e in own if e[3]), own[0])
+    line = os.path.join(launch_dir, f"rank{rank}.error")
+    if os.path.exists(line):
+        with open(line) as f:
+            return f.read().strip()
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        ended = f"was ended by {name} ({SIGNAL_HINTS.get(name, 'a signal')})"
+    else:
+        ended = f"exited with code {code} without saying why"
+    return (
+        f"trainer rank {rank} (pid {pid}) {ended}; the other ranks were stopped with it; resume with "
+        f"continue_from_checkpoint=true (torchrun's report: {log_path})"
+    )

@@ -26,7 +26,7 @@ from .child import process_env, rank_threads
 from .explore_loop import EXPLORER_DIR, drive_explorer, published_dir, trainer_stage_dir, wait_for_weights
 from .lifecycle import StopSignals, end_process
 from .loop import SUMMARY, planned_steps, stage_dir
-from .nodes import PLAN, join_world, node_log, silent_nodes, start_world, torchrun_command
+from .nodes import PLAN, join_world, log_size, node_log, silent_nodes, start_world, torchrun_command
 from .placement import GpuPlacement
 from .preflight import (
     check_model_lengths,
@@ -339,8 +339,11 @@ def run(
     threads = rank_threads(base.cluster)
     print(
         f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], "
-        + (f"explore only, rollout on {device} (the trainer runs in its own launch)" if explorer
-           else f"strategy {base.trainer.strategy}, {base.cluster.ranks} trainer rank(s) on {device}")
+        + (
+            f"explore only, rollout on {device} (the trainer runs in its own launch)"
+            if explorer
+            else f"strategy {base.trainer.strategy}, {base.cluster.ranks} trainer rank(s) on {device}"
+        )
         + f"; run folder {run_dir}",
         flush=True,
     )
@@ -353,7 +356,7 @@ def run(
             controller = plane["run"]
             plan_path = os.path.join(launch_dir, PLAN)
             env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
-            world = None
+            world, world_log, log_start = None, "", 0
             if not explorer and not base.trainer.remote:
                 # The trainer world starts beside the rollout workers (each takes seconds of imports
                 # and set-up); its ranks wait for the plan, written once the workers are ready.
@@ -361,6 +364,7 @@ def run(
                     os.remove(plan_path)  # an earlier launch's: the ranks must wait for this one's
                 command = torchrun_command(plan_path, base.cluster, base.project, base.name)
                 world_log = os.path.join(launch_dir, node_log(base.cluster))
+                log_start = log_size(world_log)
                 world = start_world(command, env, world_log, (lock_fd,))
             try:
                 plane["workers_ready"]()
@@ -389,10 +393,15 @@ def run(
                         assert world is not None
                         rc, node_failed = wait_trainer_world(world, controller, 0)
                         while restart_due(
-                            rc, plan, base, stops, node_failed or failure.first_failure(launch_dir)
+                            rc,
+                            plan,
+                            base,
+                            stops,
+                            node_failed or failure.world_failure(launch_dir, world_log, log_start),
                         ):
                             failure.clear(launch_dir)
                             write_atomic(plan_path, json.dumps(plan, indent=2))
+                            log_start = log_size(world_log)
                             world = start_world(command, env, world_log, (lock_fd,))
                             rc, node_failed = wait_trainer_world(world, controller, plan["restart"])
                 except KeyboardInterrupt:  # a second signal, or the stop grace ran out
@@ -416,7 +425,7 @@ def run(
     if rc != 0:
         line = lost_nodes + (
             node_failed
-            or failure.first_failure(launch_dir)
+            or failure.world_failure(launch_dir, world_log, log_start)  # no log: first_failure
             or f"the trainer world exited with code {rc} without saying why (killed, or out of memory?); "
             f"its output is in {os.path.join(launch_dir, failure.TRAINER_LOG)}"
         )

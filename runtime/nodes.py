@@ -210,6 +210,7 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
     try:
         while True:
             heartbeat.joined(attempt)
+            log_start = log_size(log_path)
             world = start_world(command, process_env(cluster, threads), log_path)
             try:
                 rc = _wait_world(world, heartbeat, cluster)
@@ -222,7 +223,7 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
                 return 130
             if rc == 0:
                 break
-            line = failure.first_failure(launch_dir) or f"its output is in {log_path}"
+            line = failure.world_failure(launch_dir, log_path, log_start) or f"its output is in {log_path}"
             # node 0 restarts the world (trainer.max_restarts) while the run goes on: join it again
             if not heartbeat.failed(line) or attempt >= base.trainer.max_restarts:
                 break
@@ -281,6 +282,14 @@ def _wait_world(
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def log_size(path: str) -> int:
+    """Where a world started now begins writing in `path` (torchrun's log, appended to)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def start_world(

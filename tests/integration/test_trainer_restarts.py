@@ -55,5 +55,6 @@ def test_a_failed_trainer_world_restarts_from_its_checkpoint_and_trains_no_step_
     assert (
         "trainer world restart 1 of 1 (trainer.max_restarts): resuming from the last checkpoint" in output
     ), output
+    assert "the trainer world failed (trainer rank 1 (pid " in output and "ended by SIGKILL" in output, output
     assert output.count("rollout workers ready") == 1  # the worker served both worlds
     same_training(os.path.join(straight["checkpoint_root_dir"], "quickstart", "arithmetic"), run_dir)
