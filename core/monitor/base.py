@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Any
+
+from ..rpc.cli import write_atomic
 
 
 class Monitor(ABC):
@@ -45,3 +48,18 @@ class MultiMonitor(Monitor):
     def close(self) -> None:
         for monitor in self.monitors:
             monitor.close()
+
+
+def remembered_id(run_dir: str, file_name: str) -> str | None:
+    """The id of a tracker's run kept in `run_dir/file_name` by an earlier launch of this run (a
+    resumed run continues that tracker run), None for a new one."""
+    path = os.path.join(run_dir, file_name)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip() or None
+
+
+def remember_id(run_dir: str, file_name: str, run_id: str) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    write_atomic(os.path.join(run_dir, file_name), run_id)

@@ -120,3 +120,43 @@ def test_unknown_monitor_lists_the_valid_ones() -> None:
     assert str(err.value) == (
         "monitor.monitor_type must be one of console, jsonl, tensorboard, wandb, mlflow; got 'neptune'"
     )
+
+
+def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's own file store and client: the second launch of a run (a resume, its config changed
+    by continue_from_checkpoint) logs into the first one's MLflow run; one run, the whole history."""
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'rlcore[tracking]')")
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # newer MLflow would rather have a database
+    run_dir = str(tmp_path / "run")
+    first = build_monitors(["mlflow"], run_dir, project="p", name="n", config={"resume": False, "lr": 0.1})
+    first.log({"actor/loss": 0.5}, step=1)
+    first.close()
+    again = build_monitors(["mlflow"], run_dir, project="p", name="n", config={"resume": True, "lr": 0.1})
+    again.log({"actor/loss": 0.25}, step=2)
+    again.close()
+    client = mlflow.tracking.MlflowClient()
+    (experiment,) = [e for e in client.search_experiments() if e.name == "p"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    history = client.get_metric_history(run.info.run_id, "actor/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
+    assert run.data.params == {"resume": "False", "lr": "0.1"}  # logged once, when the run started
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wandb itself, offline: the second launch of a run resumes the W&B run the first started."""
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install 'rlcore[tracking]')")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = str(tmp_path / "run")
+    first = build_monitors(["wandb"], run_dir, project="p", name="n", config={"lr": 0.1})
+    first_id = first.monitors[0]._run.id if isinstance(first, MultiMonitor) else first._run.id
+    first.log({"actor/loss": 0.5}, step=1)
+    first.close()
+    again = build_monitors(["wandb"], run_dir, project="p", name="n", config={"lr": 0.1})
+    again_run = again.monitors[0]._run if isinstance(again, MultiMonitor) else again._run
+    assert again_run.id == first_id and open(os.path.join(run_dir, "wandb_run_id")).read() == first_id
+    again.log({"actor/loss": 0.25}, step=2)
+    again.close()
