@@ -100,6 +100,11 @@ class ExperienceBuffer(ABC):
     @abstractmethod
     def stats(self) -> BufferStats: ...
 
+    def groups_by_writer(self) -> dict[str, int] | None:
+        """How many groups the storage holds of each writer (None: this storage cannot tell). A
+        resumed explorer checks them against what it put (the storage must not have lost any)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 (most handles hold something; the memory store holds nothing)
         """Release what this handle holds (files, connections)."""
 
@@ -117,7 +122,8 @@ class LedgerBuffer(ExperienceBuffer):
             if step != steps_taken:
                 raise BufferError(
                     f"{self.describe()}: the trainer asks for step {step}, but the buffer has taken "
-                    f"{steps_taken} step(s): a step's groups are taken in order (is another trainer reading it?)"
+                    f"{steps_taken} step(s): a step's groups are taken in order (is another trainer reading it, "
+                    "or did the storage lose its ledger's last steps: a damaged database or file?)"
                 )
             available, writers, finished = self._progress()
             done = writers > 0 and finished == writers

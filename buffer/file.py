@@ -1,31 +1,57 @@
 """The file storage: append-only JSONL in a folder, for explorers and a trainer that share a file
 system.
 
-    <path>/writers/<writer>.jsonl   each writer's groups, one line each ({"t": unix time, "group": [...]}),
-                                    appended with one write and fsync; a line without its newline is
-                                    being written and is not read yet
+    <path>/writers/<writer>.jsonl   each writer's groups, one line each ({"t": unix time, "c": XXH3-64
+                                    of the group's JSON, "group": [...]}), appended with one write
+                                    and fsync; a line without its newline is being written and is
+                                    not read yet
     <path>/writers/<writer>.done    the writer finished
     <path>/steps.jsonl              the reader's ledger: one line per step, the groups it took as
                                     [writer, line number] pairs
     <path>/reader.lock              held (flock) by the one reader
 
 Unread groups are taken oldest first (by the time their line was written).
+
+A damaged line (not JSON, or its group no longer matching its checksum: a disk or a hand that
+changed the file) is never read as data: a step that needs it stops with one line naming the file,
+the line and the writer; one a step already took is passed over with a warning (a resumed trainer
+never takes it again). Lines written before checksums (no "c") are read as they are.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import re
 import time
 from typing import IO
+
+import xxhash
 
 from .base import BufferError, BufferStats, Group, LedgerBuffer
 from .records import from_record, group_to_json
 
+log = logging.getLogger(__name__)
+
 WRITERS = "writers"
 STEPS = "steps.jsonl"
 READER_LOCK = "reader.lock"
+
+
+_GROUP = b',"group":'
+_TIME = re.compile(rb'^\{"t":([0-9.eE+-]+),')
+
+
+def checksum(group_json: bytes) -> str:
+    return xxhash.xxh3_64_hexdigest(group_json)
+
+
+def line_of(t: float, group: Group) -> str:
+    """A writer's line for `group`, written at time `t`."""
+    text = group_to_json(group)
+    return f'{{"t":{t!r},"c":"{checksum(text.encode())}","group":{text}}}\n'
 
 
 class _Lines:
@@ -39,24 +65,49 @@ class _Lines:
         self.times: list[float] = []
         self.sizes: list[int] = []
         """Experiences in each group."""
+        self.damaged: dict[int, str] = {}
+        """Line index -> what is wrong with it."""
 
-    def scan(self) -> int:
-        """Read the lines completed since the last scan; how many."""
+    def scan(self) -> list[int]:
+        """Read the lines completed since the last scan; the damaged ones among them."""
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read()
-        new = 0
+        damaged = []
         pos = 0
         while (end := data.find(b"\n", pos)) >= 0:
             line = data[pos:end]
             self.starts.append(self.offset + pos)
-            record = json.loads(line)
-            self.times.append(float(record["t"]))
-            self.sizes.append(len(record["group"]))
+            problem = self._problem(line)
+            if problem is None:
+                record = json.loads(line)
+                self.times.append(float(record["t"]))
+                self.sizes.append(len(record["group"]))
+            else:  # kept in its place in time: its own time if readable, else its predecessor's
+                self.damaged[len(self.times)] = problem
+                damaged.append(len(self.times))
+                when = _TIME.match(line)
+                self.times.append(float(when[1]) if when else (self.times[-1] if self.times else 0.0))
+                self.sizes.append(0)
             pos = end + 1
-            new += 1
         self.offset += pos
-        return new
+        return damaged
+
+    @staticmethod
+    def _problem(line: bytes) -> str | None:
+        """What is wrong with a line, None when nothing is."""
+        try:
+            record = json.loads(line)
+            float(record["t"])
+            if not isinstance(record["group"], list):
+                return "its group is not a list"
+        except (ValueError, KeyError, TypeError) as e:
+            return f"it is not a readable record ({type(e).__name__}: {e})"
+        if "c" in record:
+            at = line.find(_GROUP)
+            if at < 0 or checksum(line[at + len(_GROUP) : -1]) != record["c"]:
+                return "its group does not match its checksum"
+        return None
 
     def read(self, line: int) -> list[dict]:
         """The records of the group on line `line`."""
@@ -88,8 +139,7 @@ class FileBuffer(LedgerBuffer):
         if self._out is None:
             self._out = open(os.path.join(self.path, WRITERS, f"{self.writer}.jsonl"), "ab")
         now = time.time()
-        text = "".join(f'{{"t":{now!r},"group":{group_to_json(g)}}}\n' for g in groups)
-        self._out.write(text.encode())
+        self._out.write("".join(line_of(now, g) for g in groups).encode())
         self._out.flush()
         os.fsync(self._out.fileno())
 
@@ -135,7 +185,17 @@ class FileBuffer(LedgerBuffer):
             if entry.endswith(".jsonl"):
                 writer = entry[: -len(".jsonl")]
                 lines = self._files.setdefault(writer, _Lines(os.path.join(folder, entry)))
-                lines.scan()
+                for line in lines.scan():
+                    step = next((k for k, pairs in enumerate(self._steps) if (writer, line) in pairs), None)
+                    if step is not None:
+                        log.warning(
+                            "%s: %s; step %d took it already, so it is passed over (a resumed trainer "
+                            "does not take it again)", self.describe(), self._damage(writer, line), step,
+                        )  # fmt: skip
+
+    def _damage(self, writer: str, line: int) -> str:
+        lines = self._files[writer]
+        return f"line {line + 1} of {lines.path} (writer {writer}) is damaged: {lines.damaged[line]}"
 
     def _unread(self) -> list[tuple[float, str, int]]:
         return sorted(
@@ -150,6 +210,11 @@ class FileBuffer(LedgerBuffer):
             raise BufferError(
                 f"{self.describe()}: the ledger names line {line} of writer {writer}, which is not in "
                 f"{os.path.join(self.path, WRITERS)}: the buffer's files were changed or removed"
+            )
+        if line in self._files[writer].damaged:
+            raise BufferError(
+                f"{self.describe()}: {self._damage(writer, line)}; the group it held was acknowledged to "
+                "its writer and cannot be given back: restore the file, or delete the line to train without it"
             )
         return [from_record(r, self.describe()) for r in self._files[writer].read(line)]
 
@@ -182,6 +247,10 @@ class FileBuffer(LedgerBuffer):
         self._steps.append(pairs)
         self._taken.update(pairs)
         return groups
+
+    def groups_by_writer(self) -> dict[str, int] | None:
+        self._scan()
+        return {w: len(lines.starts) for w, lines in self._files.items()}
 
     def stats(self) -> BufferStats:
         self._scan()

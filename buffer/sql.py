@@ -13,14 +13,39 @@ Several buffers (`name`) can share a database. Unread groups are taken oldest fi
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .base import BufferError, BufferStats, Group, LedgerBuffer
 from .records import SCHEMA_VERSION, from_record, to_record
 
 TABLES_VERSION = "1"
+LOCK_WAIT_S = 60
+"""How long an SQLite connection waits for the file's lock (writers and the reader take turns)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _said_in_one_line(method: F) -> F:
+    """A database error of `method` as one BufferError line naming the buffer and its database,
+    never SQLAlchemy's text with the statement and its parameters (whole records)."""
+
+    @functools.wraps(method)
+    def wrapper(self: SqlBuffer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except self.sa.exc.DBAPIError as e:
+            reason = _first_line(e.orig) if e.orig is not None else _first_line(e)
+            hint = (
+                f" (waited {LOCK_WAIT_S} s for it: another process holds the database, a long transaction "
+                "or a tool that opened it)" if "locked" in reason else ""
+            )  # fmt: skip
+            raise BufferError(f"{self.describe()}: {method.__name__.strip('_')}: {reason}{hint}") from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _tables() -> Any:
@@ -75,7 +100,7 @@ class SqlBuffer(LedgerBuffer):
         self.sa = sa
         connect_args: dict[str, Any] = {}
         if url.startswith("sqlite"):
-            connect_args["timeout"] = 60  # writers and the reader take turns on the file's lock
+            connect_args["timeout"] = LOCK_WAIT_S
         try:
             self.engine = sa.create_engine(url, connect_args=connect_args)
             if url.startswith("sqlite"):
@@ -127,6 +152,7 @@ class SqlBuffer(LedgerBuffer):
         elif finished:
             c.execute(writers.update().where(key).values(finished=True))
 
+    @_said_in_one_line
     def _put(self, groups: list[Group]) -> None:
         rows = []
         now = time.time()
@@ -143,6 +169,7 @@ class SqlBuffer(LedgerBuffer):
             self._register(c, finished=False)
             c.execute(self.t["rlcore_experiences"].insert(), rows)
 
+    @_said_in_one_line
     def finish(self) -> None:
         with self.engine.begin() as c:
             self._register(c, finished=True)
@@ -165,6 +192,7 @@ class SqlBuffer(LedgerBuffer):
             )
         return [by_key[k] for k in keys]
 
+    @_said_in_one_line
     def _recorded(self, step: int) -> list[Group] | None:
         steps = self.t["rlcore_buffer_steps"]
         with self.engine.connect() as c:
@@ -188,6 +216,7 @@ class SqlBuffer(LedgerBuffer):
         ).scalar()
         return 0 if last is None else int(last) + 1
 
+    @_said_in_one_line
     def _steps_taken(self) -> int:
         with self.engine.connect() as c:
             return self._steps_taken_in(c)
@@ -204,6 +233,7 @@ class SqlBuffer(LedgerBuffer):
             query = query.limit(limit)
         return list(c.execute(query).scalars().all())
 
+    @_said_in_one_line
     def _progress(self) -> tuple[int, int, int]:
         writers = self.t["rlcore_buffer_writers"]
         with self.engine.connect() as c:
@@ -214,6 +244,7 @@ class SqlBuffer(LedgerBuffer):
             )
             return len(self._unread(c)), len(rows), sum(1 for f in rows if f)
 
+    @_said_in_one_line
     def _claim(self, step: int, num_groups: int) -> list[Group]:
         exps, steps = self.t["rlcore_experiences"], self.t["rlcore_buffer_steps"]
         with self.engine.begin() as c:
@@ -233,6 +264,18 @@ class SqlBuffer(LedgerBuffer):
                 )
             return self._rows(c, keys) if keys else []
 
+    @_said_in_one_line
+    def groups_by_writer(self) -> dict[str, int] | None:
+        sa, exps = self.sa, self.t["rlcore_experiences"]
+        with self.engine.connect() as c:
+            rows = c.execute(
+                sa.select(exps.c.writer, sa.func.count(sa.distinct(exps.c.group_key)))
+                .where(exps.c.buffer == self.name)
+                .group_by(exps.c.writer)
+            ).all()
+        return {str(w): int(n) for w, n in rows}
+
+    @_said_in_one_line
     def stats(self) -> BufferStats:
         sa, exps, steps = self.sa, self.t["rlcore_experiences"], self.t["rlcore_buffer_steps"]
         mine = exps.c.buffer == self.name

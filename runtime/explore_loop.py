@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from ..buffer import open_buffer, project_dir
-from ..buffer.base import Group
+from ..buffer.base import BufferError, Group
 from ..core.config import Stage
 from ..core.config.validate import schedules_tasks
 from ..core.data.taskset import task_stream
@@ -121,6 +121,9 @@ class ExploreLoop:
         self.resumes = start_step is None and cfg.continue_from_checkpoint
         self.resend: list[Task] = []
         """Tasks that were still running when the explorer last stopped (its state keeps them)."""
+        self.put: dict[str, int] = {}
+        """Groups put per buffer writer id, this explorer's earlier launches included (its state
+        keeps them): a resumed explorer checks that the buffer still holds them."""
         self.dropped = 0
         """Tasks the scheduler left out so far."""
         self.stop = threading.Event()
@@ -159,12 +162,14 @@ class ExploreLoop:
                 saved = json.load(f)
             self.explore_step = int(saved["explore_step"])
             self.resend = [Task(**t) for t in saved.get("running", [])]
+            self.put = {str(w): int(n) for w, n in saved.get("put", {}).items()}
             log.info(
                 "resumed exploring %s at step %d%s", self.stage.name, self.explore_step,
                 f" ({len(self.resend)} task(s) that were still running are sent again)" if self.resend else "",
             )  # fmt: skip
         eb = cfg.buffer.trainer_input.experience_buffer
         buffer = self.given_buffer or open_buffer(cfg, wait_s=eb.max_wait_s)
+        check_buffer_holds(buffer, self.put, state_file)
         os.makedirs(self.sdir, exist_ok=True)
         monitor = build_monitors(
             list(cfg.monitor.monitor_type) if self.given_buffer is None else ["jsonl"], self.sdir, cfg.project,
@@ -188,10 +193,13 @@ class ExploreLoop:
                 groups = grouped(exps)
                 if groups:
                     buffer.put(groups)
+                    self.put[buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
                 else:
                     log.warning("explore step %d: every task was left out; nothing put", self.explore_step)
                 self.explore_step += 1
-                state: dict[str, Any] = {"explore_step": self.explore_step, "policy_version": self.version}
+                state: dict[str, Any] = {
+                    "explore_step": self.explore_step, "policy_version": self.version, "put": self.put,
+                }  # fmt: skip
                 if self.scheduler is not None:  # tasks left running: a resumed explorer sends them again
                     state["running"] = [dataclasses.asdict(t) for t in self.scheduler.running_tasks()]
                 write_atomic(state_file, json.dumps(state))
@@ -265,6 +273,23 @@ class ExploreLoop:
         for e in exps:
             e.policy_version = self.version
         return exps, {}
+
+
+def check_buffer_holds(buffer: Any, put: dict[str, int], state_file: str) -> None:
+    """Before exploring on from a checkpoint: the buffer holds every group this explorer put
+    before it (per writer id). A storage that lost acknowledged groups (a damaged SQLite WAL, a
+    truncated file) would otherwise be resumed past silently, and those groups never trained."""
+    held = buffer.groups_by_writer() if put else None
+    if held is None:
+        return
+    for writer, count in sorted(put.items()):
+        if held.get(writer, 0) < count:
+            raise BufferError(
+                f"{buffer.describe()}: it holds {held.get(writer, 0)} of the {count} groups writer {writer} put "
+                f"before this explorer's checkpoint ({state_file}): the storage lost groups it had acknowledged "
+                "(a damaged database or file?); the trainer would never see them: restore the storage, or start "
+                "a new run"
+            )
 
 
 def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -> int:

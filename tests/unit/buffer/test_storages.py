@@ -137,3 +137,100 @@ def test_sql_names_a_database_it_cannot_open(tmp_path) -> None:
 
     with pytest.raises(BufferError, match=r"experience buffer 'exps' \(sql .*\): cannot open the database"):
         SqlBuffer("exps", f"sqlite:///{tmp_path}/missing/folder/b.db")
+
+
+def test_file_names_a_damaged_line_and_passes_over_one_already_trained(tmp_path, caplog) -> None:
+    """Bytes overwritten inside lines (a disk, a hand): a line a step already took is passed over
+    with a warning when a resumed trainer opens the buffer; one not taken yet stops the step that
+    needs it with one line naming the file, the line and the writer, never read as data."""
+    from rlcore.buffer.file import FileBuffer
+
+    folder = str(tmp_path / "b")
+    writer = FileBuffer("exps", folder, "w1")
+    writer.put([group(f"t{i}") for i in range(4)])
+    reader = FileBuffer("exps", folder)
+    assert [g[0].group_id for g in reader.take(0, 1, timeout_s=1).groups] == ["t0"]
+    reader.close()
+
+    path = os.path.join(folder, "writers", "w1.jsonl")
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    lines[0] = lines[0].replace(b'"reward":1.0', b'"reward":9.0')  # still JSON: its checksum tells
+    lines[2] = lines[2][:100] + b"\x00" * 16 + lines[2][116:]  # no longer JSON
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines))
+
+    resumed = FileBuffer("exps", folder)
+    with caplog.at_level("WARNING", logger="rlcore.buffer.file"):
+        assert [g[0].group_id for g in resumed.take(1, 1, timeout_s=1).groups] == ["t1"]
+    assert "line 1 of" in caplog.text and "does not match its checksum; step 0 took it already" in caplog.text
+    with pytest.raises(BufferError) as e:
+        resumed.take(2, 1, timeout_s=1)
+    assert f"line 3 of {path} (writer w1) is damaged: it is not a readable record" in str(e.value)
+    assert "\n" not in str(e.value) and resumed.stats().steps_taken == 2  # the failed step took nothing
+    writer.close()
+    resumed.close()
+
+
+def test_a_resumed_explorer_refuses_a_buffer_that_lost_groups_it_acknowledged(tmp_path) -> None:
+    """SQLite drops WAL frames past a damaged one without a word: committed groups vanish. The
+    explorer's state counts what each of its writers put; resuming, it checks the storage still
+    holds them, and stops in one line naming the writer instead of exploring on past the loss."""
+    import shutil
+
+    from rlcore.buffer.file import FileBuffer
+    from rlcore.buffer.sql import SqlBuffer
+    from rlcore.runtime.explore_loop import check_buffer_holds
+
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    live.mkdir()
+    copy.mkdir()
+    writer = SqlBuffer("exps", f"sqlite:///{live}/buffer.db", "w1")
+    for i in range(3):  # three transactions, each its own frames in the write-ahead log
+        writer.put([group(f"t{i}")])
+    put = {"w1": 3}
+    assert writer.groups_by_writer() == put
+    check_buffer_holds(writer, put, "state.json")
+    for name in ("buffer.db", "buffer.db-wal"):  # the files as a crash leaves them
+        shutil.copy(live / name, copy / name)
+    wal = (copy / "buffer.db-wal").read_bytes()
+    (copy / "buffer.db-wal").write_bytes(wal[: len(wal) // 2] + bytes(64) + wal[len(wal) // 2 + 64 :])
+    damaged = SqlBuffer("exps", f"sqlite:///{copy}/buffer.db", "w2")
+    assert (damaged.groups_by_writer() or {}).get("w1", 0) < 3  # SQLite said nothing
+    with pytest.raises(BufferError, match=r"holds [0-2] of the 3 groups writer w1 put before this explorer's checkpoint \(state.json\)"):
+        check_buffer_holds(damaged, put, "state.json")
+    writer.close()
+    damaged.close()
+
+    folder = str(tmp_path / "file")
+    files = FileBuffer("exps", folder, "w1")
+    files.put([group("t0"), group("t1")])
+    assert files.groups_by_writer() == {"w1": 2}
+    with pytest.raises(BufferError, match="holds 2 of the 5 groups writer w1 put"):
+        check_buffer_holds(files, {"w1": 5}, "state.json")
+    files.close()
+
+
+def test_sql_says_a_held_lock_in_one_line_naming_the_database(tmp_path, monkeypatch) -> None:
+    """Another process holds the SQLite file's write lock past the wait: one line naming the buffer
+    and its database, not SQLAlchemy's text with the statement and the records."""
+    import sqlite3
+
+    from rlcore.buffer import sql
+
+    monkeypatch.setattr(sql, "LOCK_WAIT_S", 0.5)
+    path = tmp_path / "buffer.db"
+    buffer = sql.SqlBuffer("exps", f"sqlite:///{path}", "w1")
+    buffer.put([group("t0")])
+    holder = sqlite3.connect(path, timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(BufferError) as e:
+        buffer.put([group("t1")])
+    message = str(e.value)
+    assert message.startswith(f"experience buffer 'exps' (sql sqlite:///{path}): put: database is locked (waited 0.5 s")
+    assert "INSERT" not in message and "\n" not in message
+    holder.rollback()
+    buffer.put([group("t1")])  # the lock gone, it writes again
+    assert buffer.groups_by_writer() == {"w1": 2}
+    holder.close()
+    buffer.close()
