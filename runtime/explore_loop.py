@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..buffer import open_buffer, project_dir
@@ -38,6 +39,7 @@ from ..rollout.remote import RemoteRollout
 from ..rollout.scheduler import TaskScheduler
 from ..rollout.transports.base import announce
 from ..rollout.transports.publish import latest_published
+from .run_lock import PeerLaunch
 from .training import plan_steps
 
 log = logging.getLogger("rlcore.explore")
@@ -45,6 +47,8 @@ log = logging.getLogger("rlcore.explore")
 PUBLISHED = "published"
 STATE = "explorer_state.json"
 EXPLORER_DIR = "explorer"
+CHECK_S = 1.0
+"""How often an explorer waiting for weights asks whether the run stops and the trainer launch lives."""
 POLL_S = 0.5
 
 
@@ -61,12 +65,19 @@ def trainer_stage_dir(cfg: Any, stage: Stage, num_stages: int) -> str:
 
 
 def wait_for_weights(
-    folder: str, after: int, wait_s: float, what: str, stop: threading.Event | None = None
-) -> tuple[int, str] | None:
+    folder: str, after: int, wait_s: float, what: str, stop: threading.Event | None = None,
+    check: Callable[[], bool] | None = None,
+) -> tuple[int, str] | None:  # fmt: skip
     """The newest published (version, path) in `folder` once one newer than `after` is there;
-    None when `stop` is set first."""
+    None when `stop` is set first. `check`, called at once and then about once a second, returns
+    True when the run asks to stop (then None too)."""
     deadline = time.monotonic() + wait_s
+    checked = -CHECK_S  # at once, then about once a second
     while (latest := latest_published(folder)) is None or latest[0] <= after:
+        if check is not None and time.monotonic() - checked >= CHECK_S:
+            checked = time.monotonic()
+            if check():
+                return None
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"{what}: the trainer published no weights newer than version {after} in {folder} within "
@@ -94,13 +105,15 @@ class ExploreLoop:
 
     def __init__(
         self, stage: Stage, sdir: str, published: str, endpoints: list[str], holds: int = -1,
-        reporter: Any = None, buffer: Any = None, start_step: int | None = None,
+        reporter: Any = None, buffer: Any = None, start_step: int | None = None, trainer: PeerLaunch | None = None,
     ):  # fmt: skip
         """`holds`: the published version the workers started from (-1: none of this stage's)."""
         from ..rollout.weight_sender import WeightSender
 
         cfg = self.cfg = stage.config
         self.stage, self.sdir, self.folder, self.reporter = stage, sdir, published, reporter
+        self.trainer = trainer
+        """The mode-train launch (mode explore): watched, and its end said, while waiting for its weights."""
         self.stream = task_stream(cfg)
         _, self.total_steps, train_steps = plan_steps(cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size)
         self.updates_per_step = max(1, train_steps // max(1, self.total_steps))
@@ -245,9 +258,10 @@ class ExploreLoop:
         need = 0 if bound is None else max(0, (self.explore_step - bound) * self.updates_per_step)
         metrics: dict[str, float] = {}
         start = time.perf_counter()
+        self._watch_trainer()  # every step: it is seen alive, so that its end is noticed
         wait_s = self.cfg.buffer.trainer_input.experience_buffer.max_wait_s
         what = f"explore step {self.explore_step} of {self.stage.name}"
-        latest = wait_for_weights(self.folder, need - 1, wait_s, what, self.stop)
+        latest = wait_for_weights(self.folder, need - 1, wait_s, what, self.stop, self._waiting)
         if latest is None:  # stopped while waiting
             return metrics
         if time.perf_counter() - start > POLL_S:
@@ -260,6 +274,26 @@ class ExploreLoop:
             metrics["perf/load_weights_s"] = stats.get("total_s", 0.0)
             log.info("the rollout workers hold version %d (%s)", version, path)
         return metrics
+
+    def _watch_trainer(self) -> None:
+        """Say when the trainer launch went (and came back): the explorer waits for it meanwhile."""
+        if self.trainer is not None:
+            change = self.trainer.poll(self.cfg.buffer.trainer_input.experience_buffer.max_wait_s)
+            if change is not None:
+                log.warning("%s", change)
+
+    def _waiting(self) -> bool:
+        """While waiting for weights: say when the trainer launch went; True (stop) when the run asks
+        to stop (a Ctrl-C of this launch reaches the loop through its heartbeat)."""
+        self._watch_trainer()
+        if self.reporter is None:
+            return False
+        answer = self.reporter.heartbeat(
+            self.stage.name, self.explore_step, self.total_steps, self.version, wait=False
+        )
+        if answer == "stop":
+            self.stop.set()
+        return answer == "stop"
 
     def _explore(self) -> tuple[list[Experience], dict[str, float]]:
         """The step's experiences (with the task scheduler: every task finished since the last
@@ -313,7 +347,10 @@ def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -
             os.makedirs(sdir, exist_ok=True)
             published = published_dir(trainer_stage_dir(stage.config, stage, all_stages))
             holds = plan["worker_version"] if stage is stages[0] else -1
-            summary = ExploreLoop(stage, sdir, published, plan["rollout_endpoints"], holds, reporter).run()
+            trainer = PeerLaunch(os.path.dirname(plan["run_dir"]), "mode-train launch")
+            summary = ExploreLoop(
+                stage, sdir, published, plan["rollout_endpoints"], holds, reporter, trainer=trainer
+            ).run()
             if summary["stopped"]:
                 break
     finally:

@@ -138,6 +138,7 @@ class StageLoop:
         on_workers = (has_engine or self.asynchronous) and explores_on_workers(cfg)
         self.endpoints = (self._registered() or run.endpoints) if on_workers else []
         self.ahead_explorer: Any = None  # synchronizer.asynchronous: the explorer thread, on these workers
+        self.explore_launch: Any = None  # mode train on a buffer: the explore launch, watched through its lock
         self.explore_endpoints = self.endpoints if self.asynchronous else []
         if self.asynchronous:  # the trainer evaluates on an engine of its own
             self.endpoints = []
@@ -191,8 +192,11 @@ class StageLoop:
                 self.buffer = memory_buffer(cfg.buffer.trainer_input.experience_buffer)
             elif self.reads_buffer:
                 from ..buffer import open_buffer
+                from .explore_loop import EXPLORER_DIR
+                from .run_lock import PeerLaunch
 
                 self.buffer = open_buffer(cfg, wait_s=30.0)
+                self.explore_launch = PeerLaunch(os.path.join(self.run_ctx.run_dir, EXPLORER_DIR), "explore launch")
                 log.info("reading experiences from %s", self.buffer.describe())
             self.monitor = build_monitors(
                 list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}",
@@ -397,16 +401,19 @@ class StageLoop:
 
         deadline = time.monotonic() + wait_s
         while True:
-            thread = self.ahead_explorer
+            thread, peer = self.ahead_explorer, self.explore_launch
             if thread is not None and thread.error is not None:
                 raise RuntimeError(f"the explorer thread failed: {thread.error}") from thread.error
+            if peer is not None and (change := peer.poll(wait_s)) is not None:
+                log.warning("%s", change)  # said within seconds, not after max_wait_s
             left = deadline - time.monotonic()
+            watched = thread is not None or peer is not None
             try:
                 return self.buffer.take(
-                    self.explore_step, self.cfg.buffer.batch_size, min(left, 5.0) if thread else left
+                    self.explore_step, self.cfg.buffer.batch_size, min(left, 5.0) if watched else left
                 )
             except BufferTimeout:
-                if thread is None or left <= 5.0:
+                if not watched or left <= 5.0:
                     raise
 
     def _publish(self) -> dict[str, float]:

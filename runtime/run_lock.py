@@ -64,3 +64,44 @@ def _describe(raw: bytes) -> str:
         return f"rlcore launch pid {owner['pid']} on host {owner['host']}, started {owner['started']}"
     except (ValueError, KeyError, TypeError):
         return "an rlcore launch that left no owner record"
+
+
+def is_held(path: str) -> bool | None:
+    """Whether a live process holds the run lock at `path` (None: there is no such file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # our shared lock, if we got it, goes with the descriptor
+    return False
+
+
+class PeerLaunch:
+    """The other launch of a decoupled run (the mode-train launch for an explorer, the explore
+    launch for its trainer), watched through its run lock. It may end and be started again (a
+    resume) while this one waits: `poll` says when it went, and when it came back."""
+
+    def __init__(self, run_dir: str, what: str):
+        self.path, self.what = os.path.join(run_dir, "launch", LOCK_FILE), what
+        self.alive: bool | None = None
+        """Whether it held its lock when last looked at (None: not seen yet)."""
+
+    def poll(self, waits_s: float) -> str | None:
+        """A line to say when the peer launch was seen to go (its lock free after it held it) or to
+        come back; None otherwise. `waits_s`: how long this launch goes on waiting for it."""
+        held = bool(is_held(self.path))
+        was, self.alive = self.alive, held if (held or self.alive is not None) else None
+        if was and not held:
+            return (
+                f"the {self.what} of this run is gone: its lock {self.path} is free (it ended, or died); waiting up "
+                f"to {waits_s:g} s (experience_buffer.max_wait_s) for it to be started again with "
+                "continue_from_checkpoint=true"
+            )
+        if was is False and held:
+            return f"the {self.what} of this run is back"
+        return None

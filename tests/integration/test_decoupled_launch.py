@@ -256,3 +256,46 @@ def _wait_for_the_run_lock(lock_file: str, timeout_s: float = 60.0) -> None:
                 time.sleep(0.2)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("killed", ["train", "explore"])
+def test_a_launch_whose_peer_died_says_so_within_seconds(tmp_path, killed: str) -> None:
+    """One launch of a decoupled run killed (-9) mid-run: the other, waiting for its weights or its
+    experiences, says so within seconds, naming the peer's lock (it watches the lock), and goes on
+    waiting for it to be resumed, instead of waiting in silence for experience_buffer.max_wait_s.
+    The explorer left waiting for weights then stops on Ctrl-C within seconds (control.stop_grace_s
+    is 60 s)."""
+    import queue
+    import signal
+    import threading
+
+    path = _config(str(tmp_path), "file", **{"buffer.total_steps": 40})
+    run_dir = os.path.join(str(tmp_path), "it", "run")
+    trainer = _start(path, "train")
+    explorer = _start(path, "explore")
+    try:
+        metrics, deadline = os.path.join(run_dir, "metrics.jsonl"), time.monotonic() + 300
+        while not (os.path.exists(metrics) and any("buffer/experiences" in m for m in read_metrics(run_dir))):
+            assert trainer.poll() is None and explorer.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        victim, survivor = (trainer, explorer) if killed == "train" else (explorer, trainer)
+        lines: queue.Queue[str] = queue.Queue()
+        assert survivor.stdout is not None
+        threading.Thread(target=lambda: [lines.put(line) for line in survivor.stdout], daemon=True).start()
+        victim.kill()  # the launcher only: its workers and ranks end with it, and its lock with them
+        victim.communicate()
+        what = "mode-train launch" if killed == "train" else "explore launch"
+        said, deadline = "", time.monotonic() + 60
+        while f"the {what} of this run is gone" not in said:
+            said = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        assert "owner.lock is free (it ended, or died); waiting up to 240 s" in said, said
+        assert survivor.poll() is None  # it waits for the peer's resume
+        if killed == "train":  # the explorer now waits for weights: Ctrl-C ends it within seconds (its
+            survivor.send_signal(signal.SIGINT)  # heartbeat carries the stop), not after stop_grace_s
+            start = time.monotonic()
+            assert survivor.wait(timeout=120) == 130 and time.monotonic() - start < 20
+    finally:
+        for proc in (trainer, explorer):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
