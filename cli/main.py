@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="n x max_tokens one HTTP request may ask for (it holds the engine meanwhile)",
     )  # fmt: skip
     serve.add_argument(
+        "--tool-call-format", default="auto", choices=("auto", "hermes", "llama3_json", "mistral", "response_template"),
+        help="how the model writes tool calls, read back into the door's tool_calls (auto: the tokenizer's response "
+        "template, else the format its chat template renders)",
+    )  # fmt: skip
+    serve.add_argument(
         "--http-batch-wait-ms", type=float, default=10.0,
         help="a request that finds the engine idle waits this long for concurrent ones to share its engine call (0: never)",
     )  # fmt: skip

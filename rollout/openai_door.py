@@ -6,7 +6,8 @@ limits and validation as RolloutService (sampling is checked by the same functio
 names the request's parameter), errors in OpenAI's shape ({"error": {"message", "type", "param",
 "code"}}). Concurrent requests with the same sampling share engine calls (the worker's
 batching engine, batching.py). Chat requests are rendered by the model's chat template with the request's `tools`;
-tool calls in a reply (Hermes `<tool_call>{json}</tool_call>`) come back as `tool_calls`.
+tool calls in a reply (in the format the model's templates use: workflows/tool_formats.py) come back
+as `tool_calls`.
 
 A request tagged with an episode id (body field `episode_id`, or header `X-Episode-Id`) is
 recorded token by token (episodes.py); the gRPC call FinishEpisode scores the record and turns it
@@ -37,7 +38,7 @@ from ..core.types import Completion, SamplingParams
 from .episodes import EpisodeRecorder
 from .openai_schema import BodyError, check
 from .server import RolloutServicer
-from .workflows.tool_call import CALL, parse_tool_calls
+from .workflows.tool_formats import resolve
 from .workflows.turns import TurnFormat
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,13 @@ class OpenAIDoor:
     def __init__(
         self, servicer: RolloutServicer, recorder: EpisodeRecorder, token: str, model_name: str,
         max_n: int = MAX_N, max_request_tokens: int = MAX_REQUEST_TOKENS, batch_wait_s: float = BATCH_WAIT_S,
+        tool_call_format: str = "auto",
     ):  # fmt: skip
         self.servicer, self.recorder, self.token, self.model_name = servicer, recorder, token, model_name
         self.max_n, self.max_request_tokens, self.batch_wait_s = max_n, max_request_tokens, batch_wait_s
         self.tokenizer = servicer.tokenizer
+        self.tool_calls = resolve(tool_call_format, self.tokenizer)
+        """How the model writes tool calls (`--tool-call-format`; auto: as its templates say)."""
         # No token decodes to more characters than its vocabulary string has (byte-level BPE: one
         # symbol per byte); so a text longer than this x max_model_len cannot fit, whatever it holds,
         # and is refused before the tokenizer spends seconds on it.
@@ -371,10 +375,10 @@ class OpenAIDoor:
     def _assistant_message(self, text: str) -> dict[str, Any]:
         """The reply as an OpenAI assistant message: readable tool calls in `tool_calls`, the rest
         (the calls removed) in `content`."""
-        calls = [c for c in parse_tool_calls(text) if not isinstance(c, str)]
+        calls = [c for c in self.tool_calls.parse(text) if not isinstance(c, str)]
         if not calls:
             return {"role": "assistant", "content": text}
-        content = CALL.sub("", text).strip()
+        content = self.tool_calls.content(text)
         return {
             "role": "assistant",
             "content": content or None,

@@ -96,7 +96,7 @@ def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namesp
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
     door = HttpDoor(
         build_app(OpenAIDoor(servicer, servicer.episodes, token, name, args.http_max_n, args.http_max_request_tokens,
-                             args.http_batch_wait_ms / 1000)),
+                             args.http_batch_wait_ms / 1000, args.tool_call_format)),
         args.host, args.http_port, name,
     )
     if args.http_port_file:
@@ -187,6 +187,8 @@ def serve_main(args: argparse.Namespace) -> int:
                 http = start_http_door(servicer, token, args)
             except OSError as e:
                 return usage_error(str(e))
+            except ValueError as e:  # --tool-call-format response_template without one
+                return usage_error(str(e).replace("tool_call_format", "--tool-call-format"))
             print(
                 f"rlcore: OpenAI-compatible API on http://{http.address}/v1 (model '{http.model_name}')",
                 flush=True,

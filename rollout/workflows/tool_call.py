@@ -1,5 +1,7 @@
-"""The model calls tools: it writes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(Hermes/Qwen format) in its reply, each call's result comes back as a `tool` turn rendered by the
+"""The model calls tools: it writes them in its reply in the format its chat template teaches it
+(tool_formats.py: Hermes/Qwen `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, Llama 3's
+JSON, Mistral's `[TOOL_CALLS]`, or the tokenizer's own response template; `workflow_args.tool_call_format`,
+default auto), each call's result comes back as a `tool` turn rendered by the
 chat template, and the episode ends on a reply without a call (the final answer, scored by the
 taskset's reward functions) or at a limit (those of multi_turn).
 
@@ -12,8 +14,6 @@ step into rollout/<name>_mean.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from ...core.types import Task
@@ -21,39 +21,12 @@ from ..envs.base import StepResult, TextEnv
 from ..tools import resolve_tool
 from ..tools.base import Tool, ToolError
 from .conversation import LIMITS, ConversationWorkflow, Episode, positive_int
+from .tool_formats import CHOICES, Hermes, ToolCall, ToolCallFormat, resolve
 
-CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
-
-def parse_tool_calls(reply: str) -> list[tuple[str, dict[str, Any]] | str]:
-    """Each `<tool_call>` of the reply, in order: (name, arguments), or an error message for a call
-    that cannot be read. Arguments may be an object or a JSON string of one (OpenAI's form)."""
-    calls: list[tuple[str, dict[str, Any]] | str] = []
-    for body in CALL.findall(reply):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError as e:
-            calls.append(
-                f"malformed tool call: not JSON ({e.msg} at character {e.pos}): {body.strip()[:200]}"
-            )
-            continue
-        arguments = call.get("arguments", {}) if isinstance(call, dict) else None
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                arguments = None
-        if (
-            not isinstance(call, dict)
-            or not isinstance(call.get("name"), str)
-            or not isinstance(arguments, dict)
-        ):
-            calls.append('malformed tool call: give {"name": "<tool>", "arguments": {...}}')
-            continue
-        calls.append((call["name"], arguments))
-    if reply.count("<tool_call>") > len(CALL.findall(reply)):
-        calls.append("malformed tool call: <tool_call> without its closing </tool_call>")
-    return calls
+def parse_tool_calls(reply: str) -> list[ToolCall]:
+    """The reply's calls in the Hermes format (tool_formats.py has the others)."""
+    return Hermes().parse(reply)
 
 
 def build_tools(args: dict[str, Any]) -> dict[str, Tool]:
@@ -72,9 +45,14 @@ def build_tools(args: dict[str, Any]) -> dict[str, Tool]:
 class ToolSession(TextEnv):
     """The tools' side of one episode: answers each reply's calls with one tool turn per call."""
 
-    def __init__(self, task: Task, tools: dict[str, Tool], max_calls: int, declared: list[str] | None = None):
-        """`declared`: the tools the task's row offers (format.tools_key), None: all of `tools`."""
+    def __init__(
+        self, task: Task, tools: dict[str, Tool], max_calls: int, declared: list[str] | None = None,
+        calls: ToolCallFormat | None = None,
+    ):  # fmt: skip
+        """`declared`: the tools the task's row offers (format.tools_key), None: all of `tools`;
+        `calls`: how the model writes its calls (Hermes unless said)."""
         super().__init__(task, {})
+        self.calls = calls or Hermes()
         self.offered = list(tools) if declared is None else declared
         self.tools = {name: tool for name, tool in tools.items() if name in self.offered}
         self.max_calls = max_calls
@@ -84,7 +62,7 @@ class ToolSession(TextEnv):
         return self.task.prompt
 
     def step(self, reply: str) -> StepResult:
-        calls = parse_tool_calls(reply)
+        calls = self.calls.parse(reply)
         if not calls:
             return StepResult("", done=True)  # the final answer
         outputs = [self.run(call) for call in calls[: self.max_calls]]
@@ -94,7 +72,7 @@ class ToolSession(TextEnv):
             )
         return StepResult("", messages=[{"role": "tool", "content": out} for out in outputs])
 
-    def run(self, call: tuple[str, dict[str, Any]] | str) -> str:
+    def run(self, call: ToolCall) -> str:
         self.metrics["tool_calls"] += 1
         if isinstance(call, str):
             self.metrics["tool_errors"] += 1
@@ -121,10 +99,11 @@ class ToolSession(TextEnv):
 class ToolCallWorkflow(ConversationWorkflow):
     """`workflow_args`: tools (names of built-in tools, calculator and python, or 'pkg.mod:Class' of
     Tool subclasses), tool_args ({tool name: its args}), max_calls_per_turn (default 4), max_turns
-    (default 4), max_tokens_per_turn, max_total_tokens. Needs model.apply_chat_template and a chat
-    template that declares tools and renders tool turns."""
+    (default 4), max_tokens_per_turn, max_total_tokens, tool_call_format (auto, hermes,
+    llama3_json, mistral, response_template; default auto). Needs model.apply_chat_template and a
+    chat template that declares tools and renders tool turns."""
 
-    KEYS = ("tools", "tool_args", "max_calls_per_turn", *LIMITS)
+    KEYS = ("tools", "tool_args", "max_calls_per_turn", "tool_call_format", *LIMITS)
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> None:
@@ -144,6 +123,10 @@ class ToolCallWorkflow(ConversationWorkflow):
                 f"workflow_args.tool_args must be an object of tool name -> args; got {args['tool_args']!r}"
             )
         positive_int(args, "max_calls_per_turn", None)
+        if args.get("tool_call_format", "auto") not in CHOICES:
+            raise ValueError(
+                f"workflow_args.tool_call_format must be one of {', '.join(CHOICES)}; got {args['tool_call_format']!r}"
+            )
 
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
@@ -156,6 +139,12 @@ class ToolCallWorkflow(ConversationWorkflow):
         self.max_calls: int = positive_int(self.args, "max_calls_per_turn", 4) or 4
         self.prompt_format.tools = [tool.schema for tool in self.tools.values()]
         self._check_template_declares_tools()
+        try:
+            self.tool_calls = resolve(
+                self.args.get("tool_call_format", "auto"), self.tokenizer, self.prompt_format.chat_template
+            )
+        except ValueError as e:
+            raise ValueError(f"workflow_args.{e}") from None
 
     @classmethod
     def tool_schemas(cls, args: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -181,4 +170,5 @@ class ToolCallWorkflow(ConversationWorkflow):
         """The task's prompt (its conversation for a messages row) with its row's tools, if it
         declares some, else the workflow's."""
         declared = [t["function"]["name"] for t in task.metadata["tools"]] if "tools" in task.metadata else None
-        return Episode(task, ToolSession(task, self.tools, self.max_calls, declared), self.encode_prompt(task))
+        session = ToolSession(task, self.tools, self.max_calls, declared, self.tool_calls)
+        return Episode(task, session, self.encode_prompt(task))

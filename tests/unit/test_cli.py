@@ -295,3 +295,18 @@ def test_validate_reads_folders_hub_ids_and_nested_keys(
     assert main(["config", "validate", recipe, f"{taskset}.path=rlcore-test/no-such-dataset"]) == 2
     err = capsys.readouterr().err
     assert "cannot load 'rlcore-test/no-such-dataset' (split 'train') from the Hugging Face Hub" in err
+
+
+def test_the_tool_call_format_choices_are_the_workflows() -> None:
+    """`rollout serve --tool-call-format` lists its choices without importing the rollout side."""
+    from rlcore.rollout.workflows.tool_formats import CHOICES
+
+    serve = next(
+        a.choices["serve"]
+        for a in build_parser()._actions
+        if a.dest == "command" and a.choices and "rollout" in a.choices
+        for a in a.choices["rollout"]._actions
+        if a.dest == "rollout_command"
+    )
+    flag = next(a for a in serve._actions if a.dest == "tool_call_format")
+    assert tuple(flag.choices) == CHOICES and flag.default == "auto"

@@ -63,6 +63,49 @@ def test_calls_are_parsed_in_order_and_unreadable_ones_become_errors() -> None:
     assert parse_tool_calls("<answer>6</answer>") == []
 
 
+def test_llama3_mistral_and_response_template_calls_read_like_hermes(bpe_model_path: str) -> None:
+    """Each format of tool_formats.py on the replies its models write, and `auto` picking the one a
+    chat template (or the tokenizer's declared response template) uses."""
+    from transformers import AutoTokenizer
+
+    from rlcore.rollout.workflows.tool_formats import Hermes, Llama3Json, Mistral, ResponseTemplate, resolve
+
+    two = [("calculator", {"expression": "2*3"}), ("python", {"code": "print(1)"})]
+    llama = Llama3Json()
+    assert llama.parse('<|python_tag|>{"name": "calculator", "parameters": {"expression": "2*3"}}') == two[:1]
+    assert llama.parse('{"name": "calculator", "parameters": {"expression": "2*3"}}; '
+                       '{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}') == two  # fmt: skip
+    assert llama.parse("The answer is 6.") == [] and llama.content("The answer is 6.") == "The answer is 6."
+    assert llama.parse('{"name": "calculator", "parameters": {"expression": ')[0].startswith("malformed tool call: not JSON")
+    mistral = Mistral()
+    v3 = 'Let me see.[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "2*3"}}, {"name": "python", "arguments": {"code": "print(1)"}}]'
+    assert mistral.parse(v3) == two and mistral.content(v3) == "Let me see."
+    assert mistral.parse(v3.split("[TOOL_CALLS]")[1]) == two  # the marker dropped by decoding
+    v11 = '[TOOL_CALLS]calculator[ARGS]{"expression": "2*3"}[TOOL_CALLS]python[ARGS]{"code": "print(1)"}'
+    assert mistral.parse(v11) == two and mistral.parse("6") == []
+    assert mistral.parse('[TOOL_CALLS][{"name": 5}]') == ['malformed tool call: give {"name": "<tool>", "arguments": {...}}']
+
+    tokenizer = AutoTokenizer.from_pretrained(bpe_model_path)
+    assert isinstance(resolve("auto", tokenizer), Hermes)  # its ChatML template writes <tool_call>
+    assert isinstance(resolve("auto", tokenizer, "{{ '[TOOL_CALLS]' + tool_calls|tojson }}"), Mistral)
+    assert isinstance(resolve("auto", tokenizer, "{{- '<|python_tag|>' + tool_call.name }}"), Llama3Json)
+    with pytest.raises(ValueError, match="tool_call_format must be one of auto, hermes, llama3_json"):
+        resolve("openai", tokenizer)
+    with pytest.raises(ValueError, match="the tokenizer declares no response_template"):
+        resolve("response_template", tokenizer)
+    tokenizer.response_template = {
+        "start_anchor": "<|im_start|>assistant\n", "defaults": {"role": "assistant"},
+        "fields": {"content": {}, "tool_calls": {"open": "<tool_call>", "close": "</tool_call>", "content": "json",
+                                                 "repeats": True}},
+    }  # fmt: skip
+    declared = resolve("auto", tokenizer)
+    assert isinstance(declared, ResponseTemplate)
+    reply = 'Let me see.<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
+    assert declared.parse(reply) == two[:1] and declared.content(reply) == "Let me see." and declared.parse("6") == []
+    with pytest.raises(ValueError, match="workflow_args.tool_call_format must be one of auto, hermes"):
+        ToolCallWorkflow.check_args({"tools": ["calculator"], "tool_call_format": "xml"})
+
+
 def test_tool_failures_are_error_turns_and_counted() -> None:
     tools = build_tools({"tools": ["calculator", "python", BOOM], "tool_args": {"python": {"timeout_s": 0.5}}})
     session = ToolSession(Task("t", "q"), tools, max_calls=6)
