@@ -24,6 +24,7 @@ from ...core.types import Completion, SamplingParams
 from .base import RolloutEngine, copy_completion, prompt_seed, resolve_max_model_len, stop_token_ids
 from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode, decode_static
+from .hf_sampling import TextStopStrings
 from .hf_static import StaticDecodeStates, supports
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class HFEngine(RolloutEngine):
                 )
         # Greedy samples are all equal: decode once per prompt and copy.
         n = 1 if sampling.temperature == 0 else sampling.n
-        matcher = StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
+        matcher = TextStopStrings(self.tokenizer, sampling.stop) if sampling.stop else None
         out: list[list[Completion]] = [[] for _ in prompt_token_ids]
         seeds = (
             None if sampling.seed is None else [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]

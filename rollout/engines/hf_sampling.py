@@ -11,8 +11,10 @@ Every function works on whole [rows, vocab] tensors without a host sync, so the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
@@ -149,3 +151,23 @@ def sampled_logprobs(logits_RV: torch.Tensor, tokens_R: torch.Tensor, temperatur
     if temperature > 0:
         logits_RV = logits_RV.float() / temperature
     return token_logprobs(logits_RV[:, None], tokens_R[:, None])[:, 0]
+
+
+class TextStopStrings(StopStringCriteria):
+    """transformers' stop-string matcher (on the device, no decoding per step) over the text a reply
+    decodes to: special tokens, which decoding drops (`<|im_end|>`, `<tool_call>` where special),
+    take no part in a match, so a stop string like "<|im" never matches inside one. vLLM matches
+    stop strings on the decoded text the same way."""
+
+    def clean_and_embed_tokens_with_cache(self, token_list: Any, token_indices: Any, tokenizer: Any) -> Any:
+        self._special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        self._special |= set(tokenizer.all_special_ids)
+        # transformers caches the matching tables by vocabulary: this one's differ
+        return super().clean_and_embed_tokens_with_cache((*token_list, "<rlcore: no special tokens>"), token_indices, tokenizer)
+
+    def clean_tokenizer_vocab(  # type: ignore[override]
+        self, tokenizer: Any, static_prefix: str = "abcdef", stop_string_matching_mode: Any = None
+    ) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+        tokens, indices = StopStringCriteria.clean_tokenizer_vocab(tokenizer, static_prefix, stop_string_matching_mode)
+        keep = [k for k, i in enumerate(indices) if i not in self._special]
+        return tuple(tokens[k] for k in keep), tuple(indices[k] for k in keep)

@@ -322,3 +322,27 @@ def test_max_model_len_defaults_to_the_models_positions_and_refuses_more(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("rlcore: error: --max-model-len 300 exceeds the 256 positions") and err.count("\n") == 1
+
+
+def test_stop_strings_match_the_decoded_text_not_inside_special_tokens(bpe_model_path: str) -> None:
+    """A stop string is looked for in the text a reply decodes to (as vLLM does): the special token
+    `<|im_end|>`, which decoding drops, does not end a reply on the stop string "<|im"; the same
+    characters written as plain text do. transformers' own matcher stops on both."""
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    from rlcore.rollout.engines.hf_sampling import TextStopStrings
+
+    engine = HFEngine(bpe_model_path, max_model_len=256)
+    tok = engine.tokenizer
+    special = [5, tok.convert_tokens_to_ids("<|im_end|>")]
+    plain = tok("a <|im", add_special_tokens=False)["input_ids"]
+    assert tok.decode(special[1:], skip_special_tokens=True) == "" and tok.decode(plain).endswith("<|im")
+    ours, theirs = TextStopStrings(tok, ["<|im"]), StopStringCriteria(tok, ["<|im"])
+    assert ours(torch.tensor([special]), None).tolist() == [False]
+    assert theirs(torch.tensor([special]), None).tolist() == [True]
+    assert ours(torch.tensor([plain]), None).tolist() == [True]
+    # in the engine: <|im_start|> (special, not EOS) forced, with "<|im" as a stop string: no stop
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    sampling = SamplingParams(temperature=0.0, max_tokens=3, stop=["<|im"], logit_bias={start: 100.0})
+    (c,) = engine.generate([plain], sampling)[0]
+    assert c.token_ids == [start] * 3 and c.finish_reason == "length", c
