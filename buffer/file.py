@@ -14,8 +14,10 @@ Unread groups are taken oldest first (by the time their line was written).
 
 A damaged line (not JSON, or its group no longer matching its checksum: a disk or a hand that
 changed the file) is never read as data: a step that needs it stops with one line naming the file,
-the line and the writer; one a step already took is passed over with a warning (a resumed trainer
-never takes it again). Lines written before checksums (no "c") are read as they are.
+the line and the writer. One a step already took is named in a warning when the reader opens the
+buffer and otherwise passed over: a resumed trainer takes again only the steps after its checkpoint,
+so it stops the run only if its step is one of those. Lines written before checksums (no "c") are
+read as they are.
 """
 
 from __future__ import annotations
@@ -189,8 +191,9 @@ class FileBuffer(LedgerBuffer):
                     step = next((k for k, pairs in enumerate(self._steps) if (writer, line) in pairs), None)
                     if step is not None:
                         log.warning(
-                            "%s: %s; step %d took it already, so it is passed over (a resumed trainer "
-                            "does not take it again)", self.describe(), self._damage(writer, line), step,
+                            "%s: %s; step %d took it already: passed over unless that step is trained "
+                            "again (a resumed trainer retakes the steps after its checkpoint)",
+                            self.describe(), self._damage(writer, line), step,
                         )  # fmt: skip
 
     def _damage(self, writer: str, line: int) -> str:

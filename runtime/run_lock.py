@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 
 from ..core.config import ConfigError
 
@@ -32,7 +33,7 @@ class RunLock:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_exclusive(fd)
         except BlockingIOError:
             owner = _describe(os.read(fd, 4096))
             os.close(fd)
@@ -66,16 +67,33 @@ def _describe(raw: bytes) -> str:
         return "an rlcore launch that left no owner record"
 
 
+def _lock_exclusive(fd: int) -> None:
+    """flock(LOCK_EX | LOCK_NB), tried for up to a second: the other launch of a decoupled run
+    probes this lock (`is_held`) with a shared lock held for microseconds."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def is_held(path: str) -> bool | None:
-    """Whether a live process holds the run lock at `path` (None: there is no such file)."""
+    """Whether a live process holds the run lock at `path` (None: no such file, or the file
+    system cannot say)."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
+    except OSError:  # ENOLCK and the like (a network file system without locks)
+        return None
     finally:
         os.close(fd)  # our shared lock, if we got it, goes with the descriptor
     return False

@@ -122,7 +122,8 @@ def _check_taskset(
             f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet/csv file, a save_to_disk folder, a Hub "
             "dataset id 'org/name', or set a generator)"
         )
-    if check_paths and (os.path.exists(ts.path) or _is_hub_id(ts.path)):  # a generator writes a missing one at launch
+    if check_paths and (os.path.exists(ts.path) or (ts.generator is None and _is_hub_id(ts.path))):
+        # a generator writes a missing one at launch
         from ..data.taskset_check import TasksetError, check_taskset
 
         correctness = import_path("rlcore.rollout.rewards.compose:CORRECTNESS_REWARDS", what="registry")

@@ -78,6 +78,11 @@ def ensure_taskset(cfg: TasksetConfig, key_path: str) -> None:
         raise ValueError(f"{key_path}.generator_args: {e}") from None
 
 
+def has_column(columns: list[str], key: str) -> bool:
+    """Whether a format key names a column, or a field nested in one (`reward_model.ground_truth`)."""
+    return key in columns or key.split(".")[0] in columns
+
+
 def is_hub_id(path: str) -> bool:
     """A Hugging Face Hub dataset id ('org/name'): not on disk, no file extension."""
     return (
@@ -128,7 +133,7 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
     fmt = cfg.format
     if fmt.prompt_type == "messages":
         return _message_tasks(cfg, key_path, ds)
-    if fmt.prompt_key.split(".")[0] not in ds.column_names:
+    if not has_column(ds.column_names, fmt.prompt_key):
         raise ValueError(
             f"{key_path}.format.prompt_key: column '{fmt.prompt_key}' not in {path}; columns: {', '.join(ds.column_names)}"
         )
@@ -219,7 +224,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
     """Tasks of a messages taskset: the conversation in `metadata["messages"]`, the prompt its
     last user turn (what reward functions and logs read)."""
     fmt = cfg.format
-    if fmt.messages_key.split(".")[0] not in ds.column_names:
+    if not has_column(ds.column_names, fmt.messages_key):
         raise ValueError(
             f"{key_path}.format.messages_key: column '{fmt.messages_key}' not in {cfg.path}; "
             f"columns: {', '.join(ds.column_names)}"

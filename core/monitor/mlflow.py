@@ -7,9 +7,12 @@ A resumed rlcore run continues its MLflow run (the id is kept in the run folder)
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .base import Monitor, remember_id, remembered_id
+
+log = logging.getLogger(__name__)
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -38,8 +41,12 @@ class MlflowMonitor(Monitor):
         self._mlflow = mlflow
         run_id = remembered_id(run_dir, RUN_ID_FILE)
         if run_id is not None:
-            self._run = mlflow.start_run(run_id=run_id)
-            return
+            try:
+                self._run = mlflow.start_run(run_id=run_id)
+                return
+            except mlflow.exceptions.MlflowException as e:  # deleted, or another tracking server
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                log.warning("MLflow run %s of this run cannot be continued (%s): starting a new one", run_id, first)
         mlflow.set_experiment(project)
         self._run = mlflow.start_run(run_name=name, tags={"rlcore.run_dir": run_dir})
         remember_id(run_dir, RUN_ID_FILE, self._run.info.run_id)

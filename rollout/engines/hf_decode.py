@@ -14,7 +14,8 @@ temperature, top-k, top-p, min-p. The log-prob reported for a token is log_softm
 distribution the trainer recomputes, whatever the sampler's rules and filters did.
 
 A row stops on EOS (unless `ignore_eos`), on one of `stop_token_ids`, or on a stop string; before
-`min_tokens` none of them can stop it.
+`min_tokens` none of them can stop it (EOS and the stop tokens are held back, ignored EOS too, and stop
+strings are looked for once the response is longer than min_tokens, as in vLLM).
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def stop_ids(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
     return sorted(set(([] if sampling.ignore_eos else eos_token_ids) + sampling.stop_token_ids))
 
 
+def held_back(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
+    """The tokens min_tokens holds back: EOS (even when ignored, as vLLM does) and stop_token_ids."""
+    return sorted(set(eos_token_ids + sampling.stop_token_ids))
+
+
 @torch.inference_mode()
 def decode(
     model: Any,
@@ -119,7 +125,7 @@ def decode(
     stops_t = torch.tensor(stops, dtype=torch.long, device=device)
     vocab = logits_AV.shape[-1]
     prompt_seen = seen_tokens(input_ids_PL, mask_PL, vocab, n) if sampling.repetition_penalty != 1.0 else None
-    rules = LogitRules.start(sampling, prompt_seen, rows, vocab, device, stops)
+    rules = LogitRules.start(sampling, prompt_seen, rows, vocab, device, held_back(sampling, eos_token_ids))
     greedy = sampling.temperature == 0
     uniform_RT = None if greedy else uniform_draws(rows, steps, row_seeds).to(device)
 
@@ -129,7 +135,7 @@ def decode(
         tokens_RT[active, t] = token_A
         logprobs_RT[active, t] = sampled_logprobs(logits_AV, token_A, sampling.temperature)
         done_A = torch.isin(token_A, stops_t)
-        if stop_matcher is not None and t + 1 >= sampling.min_tokens:
+        if stop_matcher is not None and t >= sampling.min_tokens:  # past min_tokens, as vLLM
             done_A |= stop_matcher(tokens_RT[active, : t + 1], logits_AV)
         num_done = int(done_A.sum())  # the step's one host sync
         if num_done:
@@ -204,7 +210,7 @@ def decode_static(
     if sampling.repetition_penalty != 1.0:
         prompt_seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
         prompt_seen[:rows] = seen_tokens(input_ids_PL, mask_PL, vocab, n)
-    rules = LogitRules.start(sampling, prompt_seen, batch, vocab, device, stops)
+    rules = LogitRules.start(sampling, prompt_seen, batch, vocab, device, held_back(sampling, eos_token_ids))
     greedy = sampling.temperature == 0
     uniform_BT = None
     if not greedy:
@@ -218,7 +224,7 @@ def decode_static(
         tokens_BT[:, t] = token_B
         logprobs_BT[:, t] = sampled_logprobs(logits_BV, token_B, sampling.temperature)
         stop_B = torch.isin(token_B, stops_t)
-        if stop_matcher is not None and t + 1 >= sampling.min_tokens:
+        if stop_matcher is not None and t >= sampling.min_tokens:  # past min_tokens, as vLLM
             stop_B |= stop_matcher(tokens_BT[:, : t + 1], logits_BV)
         stop_B &= ~done_B
         length_B.masked_fill_(stop_B, t + 1)

@@ -34,7 +34,7 @@ class LogitRules:
     """How often each row's response holds each token (presence and frequency penalties)."""
     bias_V: torch.Tensor | None
     held_back: torch.Tensor | None
-    """Token ids that cannot be sampled before min_tokens (EOS unless ignored, stop_token_ids)."""
+    """Token ids that cannot be sampled before min_tokens (EOS, ignored or not, and stop_token_ids)."""
 
     @classmethod
     def start(

@@ -24,7 +24,7 @@ def check_rewards(key: str, ts: TasksetConfig) -> None:
         composer = build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
     except ValueError as e:
         raise ConfigError(f"{key}.reward_fn: {e}") from None
-    if not os.path.exists(ts.path) and not is_hub_id(ts.path):
+    if not os.path.exists(ts.path) and (ts.generator is not None or not is_hub_id(ts.path)):
         return  # a file a generator writes at launch: tried on the workers
     try:
         row = first_row(ts, key)

@@ -5,9 +5,10 @@
 - `llama3_json` (Llama 3.1-3.3's JSON tool calling): the whole reply is a call
   `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` when the tokenizer keeps it), or
   several separated by `;`;
-- `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}` (v3 tokenizers), or
-  `[TOOL_CALLS]name[ARGS]{...}` (v11 and later); the marker is a special token that decoding
-  drops, so a reply that is such a list (or starts with one) reads the same;
+- `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}` (v3 tokenizers); the marker
+  is a special token that the engines' decoding drops, so a reply that is such a list reads the
+  same. (`[TOOL_CALLS]name[ARGS]{...}`, v11 and later, is read only where the markers reach the
+  text: both are special tokens there, which decoding drops);
 - `response_template`: the tokenizer's own parser (`tokenizer.parse_response`, transformers'
   declarative response templates), for tokenizers that declare one.
 
@@ -84,19 +85,37 @@ class Llama3Json(ToolCallFormat):
     TAG = "<|python_tag|>"
 
     def parse(self, reply: str) -> list[ToolCall]:
+        """Calls: JSON objects with a "name", from the start of the reply; text after them is left
+        as content, and a reply that is not such an object (a JSON answer among them) has none."""
         text = reply.strip().removeprefix(self.TAG).strip()
-        if not text.startswith("{"):
-            return []  # text: the final answer
-        calls: list[ToolCall] = []
-        for body in _split_objects(text, ";"):
+        decoder, calls, pos = json.JSONDecoder(), list[ToolCall](), 0
+        while text.startswith("{", pos):
             try:
-                calls.append(_call(json.loads(body), "parameters"))
+                value, end = decoder.raw_decode(text, pos)
             except json.JSONDecodeError as e:
-                calls.append(_not_json(body, e))
+                if not calls and '"name"' in text:  # a call the model did not finish writing
+                    calls.append(_not_json(text, e))
+                break
+            if not (isinstance(value, dict) and "name" in value):
+                break
+            calls.append(_call(value, "parameters"))
+            pos = end
+            while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+                pos += 1
         return calls
 
     def content(self, reply: str) -> str:
-        return "" if self.parse(reply) else reply.strip()
+        if not self.parse(reply):
+            return reply.strip()
+        text, decoder, pos = reply.strip().removeprefix(self.TAG).strip(), json.JSONDecoder(), 0
+        while text.startswith("{", pos):
+            try:
+                _, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                return ""
+            while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+                pos += 1
+        return text[pos:].strip()
 
 
 class Mistral(ToolCallFormat):
@@ -162,22 +181,6 @@ class ResponseTemplate(ToolCallFormat):
 
     def content(self, reply: str) -> str:
         return str(self._message(reply).get("content") or "").strip()
-
-
-def _split_objects(text: str, separator: str) -> list[str]:
-    """JSON objects written one after another with `separator` between them."""
-    decoder, out, pos = json.JSONDecoder(), [], 0
-    while pos < len(text):
-        try:
-            _, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            out.append(text[pos:])  # parse() says what is wrong with it
-            break
-        out.append(text[pos:end])
-        pos = end
-        while pos < len(text) and (text[pos].isspace() or text[pos] == separator):
-            pos += 1
-    return out
 
 
 FORMATS: dict[str, type[ToolCallFormat]] = {f.name: f for f in (Hermes, Llama3Json, Mistral)}

@@ -290,8 +290,16 @@ def test_validate_reads_folders_hub_ids_and_nested_keys(
     ts.format.answer_key = "reward_model.ground_truth"
     assert [t.answer for t in load_tasks(ts, taskset)] == ["2"]
 
+    dotted = tmp_path / "dotted.jsonl"  # a column whose own name has a dot
+    dotted.write_text('{"q.text": "1+1=", "answer": "2"}\n')
+    ts = TasksetConfig(name="d", path=str(dotted))
+    ts.format.prompt_key = "q.text"
+    assert [t.prompt for t in load_tasks(ts, taskset)] == ["1+1="]
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # a generator's relative path, not written yet, looks like a Hub id
+    assert main(["config", "validate", recipe, f"{taskset}.path=gen/arith", f"{taskset}.generator=arithmetic"]) == 0
     assert main(["config", "validate", recipe, f"{taskset}.path=rlcore-test/no-such-dataset"]) == 2
     err = capsys.readouterr().err
     assert "cannot load 'rlcore-test/no-such-dataset' (split 'train') from the Hugging Face Hub" in err

@@ -163,7 +163,7 @@ def test_file_names_a_damaged_line_and_passes_over_one_already_trained(tmp_path,
     resumed = FileBuffer("exps", folder)
     with caplog.at_level("WARNING", logger="rlcore.buffer.file"):
         assert [g[0].group_id for g in resumed.take(1, 1, timeout_s=1).groups] == ["t1"]
-    assert "line 1 of" in caplog.text and "does not match its checksum; step 0 took it already" in caplog.text
+    assert "line 1 of" in caplog.text and "does not match its checksum; step 0 took it already: passed over" in caplog.text
     with pytest.raises(BufferError) as e:
         resumed.take(2, 1, timeout_s=1)
     assert f"line 3 of {path} (writer w1) is damaged: it is not a readable record" in str(e.value)

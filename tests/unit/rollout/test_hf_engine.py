@@ -204,6 +204,9 @@ def knob_cases(eos: int, x: int) -> list[tuple[SamplingParams, list[int], str]]:
         # EOS held back for 3 tokens (the biased x is the next best), then sampled: 4 tokens
         (SamplingParams(temperature=0.0, max_tokens=6, logit_bias={eos: 100.0, x: 50.0}, min_tokens=3),
          [x, x, x, eos], "stop"),
+        # ignore_eos with min_tokens: EOS is still held back for 2 tokens (vLLM's rule), then goes on
+        (SamplingParams(temperature=0.0, max_tokens=4, logit_bias={eos: 100.0, x: 50.0}, min_tokens=2,
+                        ignore_eos=True), [x, x, eos, eos], "length"),
         # a frequency penalty of 2 x count on x (+3 over the rest): taken twice, then 3 - 2 x 2 < 0
         (SamplingParams(temperature=0.0, max_tokens=4, logit_bias={x: 3.0, eos: -100.0}, frequency_penalty=2.0),
          [x, x], None),

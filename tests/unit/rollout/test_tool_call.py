@@ -76,6 +76,9 @@ def test_llama3_mistral_and_response_template_calls_read_like_hermes(bpe_model_p
     assert llama.parse('{"name": "calculator", "parameters": {"expression": "2*3"}}; '
                        '{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}') == two  # fmt: skip
     assert llama.parse("The answer is 6.") == [] and llama.content("The answer is 6.") == "The answer is 6."
+    assert llama.parse('{"answer": 42}') == []  # a JSON answer, not a call
+    after = '{"name": "calculator", "parameters": {"expression": "2*3"}} and that is it'
+    assert llama.parse(after) == two[:1] and llama.content(after) == "and that is it"
     assert llama.parse('{"name": "calculator", "parameters": {"expression": ')[0].startswith("malformed tool call: not JSON")
     mistral = Mistral()
     v3 = 'Let me see.[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "2*3"}}, {"name": "python", "arguments": {"code": "print(1)"}}]'
