@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from ..config import ConfigError, Stage, inherits_previous_model
 from .prompts import PromptFormat, model_chat_template
@@ -18,13 +19,24 @@ def has_tokenizer(model_path: str) -> bool:
     return any(os.path.isfile(os.path.join(model_path, f)) for f in TOKENIZER_FILES)
 
 
+def load_tokenizer(path: str, light: bool = False) -> Any:
+    """The tokenizer at `path`. `light` (config validate): a folder with a `tokenizer.json` loads
+    as a fast tokenizer from it, without transformers' auto classes, which import torch (seconds);
+    the same vocabulary, merges, special tokens and chat template."""
+    if light and os.path.isfile(os.path.join(path, "tokenizer.json")):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    from transformers import AutoTokenizer  # heavy: only once a tokenizer is there to load
+
+    return AutoTokenizer.from_pretrained(path)
+
+
 def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> bool:
     """Count each taskset's over-long prompts and warn on stderr; with enable_prompt_truncation
     false, raise ConfigError naming the first (file and row). `only_on_disk`: skip the stages
     whose tokenizer is not on disk yet (a launch downloads or builds it). Whether every stage
     was checked."""
-    from transformers import AutoTokenizer  # heavy: only once a tokenizer is there to load
-
     checked_all, tokenizer_dir, tokenizer = True, None, None
     for s in stages:
         cfg, prefix = s.config, ("" if len(stages) == 1 else f"stages[{s.index}].")
@@ -34,7 +46,7 @@ def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> boo
             if cfg.model.model_path != tokenizer_dir:
                 tokenizer_dir, tokenizer = cfg.model.model_path, None
                 if not only_on_disk or has_tokenizer(tokenizer_dir):
-                    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+                    tokenizer = load_tokenizer(tokenizer_dir, light=only_on_disk)
         if tokenizer is None:
             checked_all = False
             continue

@@ -172,6 +172,20 @@ def test_help_show_and_validate_import_no_heavy_module(recipe: str) -> None:
     assert result.stdout.splitlines()[-1] == "HEAVY []"
 
 
+def test_validate_counts_prompt_tokens_without_importing_torch(recipe: str, tmp_path: Path) -> None:
+    """With the model's tokenizer on disk, validate counts the prompts' tokens through the fast
+    tokenizer alone: transformers' auto classes would import torch (seconds)."""
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+
+    build_scratch_model(str(tmp_path / "model"), ScratchModelConfig(enabled=True), max_model_len=256, seed=0)
+    check = LIGHT_CHECK.replace("['config', 'show', sys.argv[1]]", "['config', 'validate', sys.argv[1], 'model.max_prompt_tokens=2']")
+    result = subprocess.run([sys.executable, "-c", check, recipe], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "prompts of buffer.explorer_input.taskset" in result.stderr  # counted: 1 of 1 longer than 2 tokens
+    assert "torch" not in result.stdout.splitlines()[-1], result.stdout
+
+
 def test_validate_accepts_paths_that_launch_creates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
