@@ -3,8 +3,9 @@ takes (postgresql+psycopg://user@host/db for PostgreSQL).
 
     rlcore_buffer_meta     the schema version of these tables
     rlcore_experiences     one row per experience: its group, writer, task, policy version, reward
-                           and the whole record (records.py) as JSON; a group's rows go in in one
-                           transaction, so a reader sees all of a group or none of it
+                           and the whole record (records.py) as JSON, sealed with its XXH3-64
+                           checksum (a damaged row is named, never read as data); a group's rows go
+                           in in one transaction, so a reader sees all of a group or none of it
     rlcore_buffer_steps    the reader's ledger: which groups each step took, in order
     rlcore_buffer_writers  the writers, and whether they finished
 
@@ -18,6 +19,8 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import xxhash
 
 from .base import BufferError, BufferStats, Group, LedgerBuffer
 from .records import SCHEMA_VERSION, from_record, to_record
@@ -163,7 +166,7 @@ class SqlBuffer(LedgerBuffer):
                 rows.append({
                     "buffer": self.name, "group_key": key, "writer": self.writer, "task_id": e.group_id,
                     "policy_version": e.policy_version, "reward": e.reward, "schema_version": SCHEMA_VERSION,
-                    "record": json.dumps(to_record(e), separators=(",", ":")), "created_at": now, "use_count": 0,
+                    "record": sealed(json.dumps(to_record(e), separators=(",", ":"))), "created_at": now, "use_count": 0,
                 })  # fmt: skip
         with self.engine.begin() as c:  # one transaction: every group whole, or none
             self._register(c, finished=False)
@@ -179,12 +182,19 @@ class SqlBuffer(LedgerBuffer):
     def _rows(self, c: Any, keys: list[str]) -> list[Group]:
         exps = self.t["rlcore_experiences"]
         found = c.execute(
-            self.sa.select(exps.c.group_key, exps.c.record)
+            self.sa.select(exps.c.group_key, exps.c.record, exps.c.id, exps.c.writer)
             .where((exps.c.buffer == self.name) & exps.c.group_key.in_(keys))
             .order_by(exps.c.id)
         ).all()
         by_key: dict[str, Group] = {k: [] for k in keys}
-        for key, record in found:
+        for key, record, row_id, writer in found:
+            problem = unsealed_problem(record)
+            if problem is not None:
+                raise BufferError(
+                    f"{self.describe()}: row {row_id} of table rlcore_experiences (writer {writer}, group {key}) is "
+                    f"damaged: {problem}; the group was acknowledged to its writer and cannot be given back: restore "
+                    "the database, or delete the group's rows to train without it"
+                )
             by_key[key].append(from_record(json.loads(record), self.describe()))
         if any(not g for g in by_key.values()):
             raise BufferError(
@@ -305,6 +315,26 @@ class SqlBuffer(LedgerBuffer):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def sealed(record_json: str) -> str:
+    """A stored record with its XXH3-64 checksum as its last key `c` (records.py's readers ignore it)."""
+    return f'{record_json[:-1]},"c":"{xxhash.xxh3_64_hexdigest(record_json.encode())}"}}'
+
+
+def unsealed_problem(stored: str) -> str | None:
+    """What is wrong with a stored record (None: nothing; a record stored without `c` is taken as it is)."""
+    body, sep, tail = stored.rpartition(',"c":"')
+    if not sep:
+        try:
+            json.loads(stored)
+        except ValueError as e:
+            return f"it is not JSON ({e})"
+        return None
+    digest = tail.removesuffix('"}')
+    if xxhash.xxh3_64_hexdigest((body + "}").encode()) != digest:
+        return "it does not match its checksum"
+    return None
 
 
 def _sqlite_wal(dbapi_connection: Any, record: Any) -> None:

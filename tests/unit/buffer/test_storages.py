@@ -234,3 +234,27 @@ def test_sql_says_a_held_lock_in_one_line_naming_the_database(tmp_path, monkeypa
     assert buffer.groups_by_writer() == {"w1": 2}
     holder.close()
     buffer.close()
+
+
+def test_sql_names_a_damaged_row_and_reads_rows_stored_before_checksums(tmp_path) -> None:
+    """Each stored record is sealed with its checksum: a row changed in place (a disk, a hand) stops
+    the step that needs it in one line naming the table, the row and the writer; a row stored
+    without a checksum (an older rlcore) is read as it is."""
+    import sqlite3
+
+    from rlcore.buffer.sql import SqlBuffer
+
+    path = tmp_path / "buffer.db"
+    buffer = SqlBuffer("exps", f"sqlite:///{path}", "w1")
+    buffer.put([group("t0"), group("t1"), group("t2")])
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT id, record FROM rlcore_experiences ORDER BY id").fetchall()
+        old_style = rows[0][1].rsplit(',"c":"', 1)[0] + "}"  # t0's first row as stored before checksums
+        db.execute("UPDATE rlcore_experiences SET record = ? WHERE id = ?", (old_style, rows[0][0]))
+        damaged = rows[3][1].replace('"reward":0.0', '"reward":9.0')  # t1's first experience
+        db.execute("UPDATE rlcore_experiences SET record = ? WHERE id = ?", (damaged, rows[3][0]))
+    assert [g[0].group_id for g in buffer.take(0, 1, timeout_s=1).groups] == ["t0"]
+    with pytest.raises(BufferError) as e:
+        buffer.take(1, 1, timeout_s=1)
+    assert f"row {rows[3][0]} of table rlcore_experiences (writer w1, group w1:2) is damaged: it does not match its checksum" in str(e.value)
+    buffer.close()
