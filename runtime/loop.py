@@ -407,13 +407,11 @@ class StageLoop:
             if peer is not None and (change := peer.poll(wait_s)) is not None:
                 log.warning("%s", change)  # said within seconds, not after max_wait_s
             left = deadline - time.monotonic()
-            watched = thread is not None or peer is not None
+            chunk = 1.0 if peer is not None else 5.0 if thread is not None else left  # how often to look
             try:
-                return self.buffer.take(
-                    self.explore_step, self.cfg.buffer.batch_size, min(left, 5.0) if watched else left
-                )
+                return self.buffer.take(self.explore_step, self.cfg.buffer.batch_size, min(left, chunk))
             except BufferTimeout:
-                if not watched or left <= 5.0:
+                if left <= chunk:
                     raise
 
     def _publish(self) -> dict[str, float]:

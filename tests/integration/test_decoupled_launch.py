@@ -100,7 +100,10 @@ def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> 
     trainer.kill()  # the launcher only: its trainer world dies with it
     trainer.communicate()
     resumed = _start(path, "train", "continue_from_checkpoint=true")
-    _finish(explorer, "mode explore")
+    explored = _finish(explorer, "mode explore")
+    # it watched the trainer launch's lock: said when it went and when it came back, and waited
+    assert "the mode-train launch of this run is gone: its lock" in explored, explored[-3000:]
+    assert "the mode-train launch of this run is back" in explored, explored[-3000:]
     out = _finish(resumed, "the resumed mode train")
     found = re.search(r"resumed main from \S+ \(step (\d+)\)", out)
     assert found and int(found.group(1)) < steps, out[-3000:]  # it retrains the steps after its checkpoint
@@ -218,7 +221,8 @@ def test_an_explorer_killed_and_resumed_sends_its_running_tasks_again(tmp_path) 
     _wait_for_the_run_lock(os.path.join(run_dir, "explorer", "launch", "owner.lock"))
     resumed = _start(path, "explore", "continue_from_checkpoint=true")
     out = _finish(resumed, "the resumed mode explore")
-    _finish(trainer, "mode train")
+    trained = _finish(trainer, "mode train")
+    assert "the explore launch of this run is gone: its lock" in trained, trained[-3000:]
     assert "that were still running are sent again" in out, out[-3000:]
     train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
     assert [m["step"] for m in train] == list(range(1, steps + 1))
@@ -258,44 +262,49 @@ def _wait_for_the_run_lock(lock_file: str, timeout_s: float = 60.0) -> None:
         os.close(fd)
 
 
-@pytest.mark.parametrize("killed", ["train", "explore"])
-def test_a_launch_whose_peer_died_says_so_within_seconds(tmp_path, killed: str) -> None:
-    """One launch of a decoupled run killed (-9) mid-run: the other, waiting for its weights or its
-    experiences, says so within seconds, naming the peer's lock (it watches the lock), and goes on
-    waiting for it to be resumed, instead of waiting in silence for experience_buffer.max_wait_s.
-    The explorer left waiting for weights then stops on Ctrl-C within seconds (control.stop_grace_s
-    is 60 s)."""
-    import queue
+def test_an_explorer_waiting_for_weights_stops_on_sigint_within_the_grace(tmp_path) -> None:
+    """The trainer's rank is frozen (SIGSTOP) once it trained a step, so the explorer soon waits for
+    newer weights (max_staleness 1) while the trainer launch lives; Ctrl-C then stops it within
+    seconds (its heartbeat carries the stop), not after control.stop_grace_s (60 s) without a final
+    state."""
+    import json
     import signal
-    import threading
+
+    from tests.integration.quickstart_runs import trainer_rank
 
     path = _config(str(tmp_path), "file", **{"buffer.total_steps": 40})
     run_dir = os.path.join(str(tmp_path), "it", "run")
+    state_file = os.path.join(run_dir, "explorer", "explorer_state.json")
     trainer = _start(path, "train")
     explorer = _start(path, "explore")
+    rank = None
     try:
         metrics, deadline = os.path.join(run_dir, "metrics.jsonl"), time.monotonic() + 300
         while not (os.path.exists(metrics) and any("buffer/experiences" in m for m in read_metrics(run_dir))):
             assert trainer.poll() is None and explorer.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        victim, survivor = (trainer, explorer) if killed == "train" else (explorer, trainer)
-        lines: queue.Queue[str] = queue.Queue()
-        assert survivor.stdout is not None
-        threading.Thread(target=lambda: [lines.put(line) for line in survivor.stdout], daemon=True).start()
-        victim.kill()  # the launcher only: its workers and ranks end with it, and its lock with them
-        victim.communicate()
-        what = "mode-train launch" if killed == "train" else "explore launch"
-        said, deadline = "", time.monotonic() + 60
-        while f"the {what} of this run is gone" not in said:
-            said = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        assert "owner.lock is free (it ended, or died); waiting up to 240 s" in said, said
-        assert survivor.poll() is None  # it waits for the peer's resume
-        if killed == "train":  # the explorer now waits for weights: Ctrl-C ends it within seconds (its
-            survivor.send_signal(signal.SIGINT)  # heartbeat carries the stop), not after stop_grace_s
-            start = time.monotonic()
-            assert survivor.wait(timeout=120) == 130 and time.monotonic() - start < 20
+        rank = trainer_rank(str(tmp_path), 0)
+        rank.suspend()
+        last, still = None, 0.0
+        while still < 3.0:  # the explorer's position stays put: it waits for weights
+            assert explorer.poll() is None and time.monotonic() < deadline, explorer.communicate()[0][-3000:]
+            try:
+                with open(state_file) as f:
+                    step = json.load(f)["explore_step"]
+            except (FileNotFoundError, ValueError):
+                step = None
+            still = still + 0.25 if step is not None and step == last else 0.0
+            last = step
+            time.sleep(0.25)
+        explorer.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        out, _ = explorer.communicate(timeout=120)
+        assert time.monotonic() - start < 20, out[-3000:]
+        assert explorer.returncode == 130 and "stop" in out, out[-3000:]
     finally:
-        for proc in (trainer, explorer):
+        if rank is not None:
+            rank.resume()
+        for proc in (explorer, trainer):
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
