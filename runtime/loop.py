@@ -67,6 +67,10 @@ def explores_on_workers(cfg: RLCoreConfig) -> bool:
     return cfg.mode in ("both", "explore") or cfg.trainer.remote is not None
 
 
+class StopWhileWaiting(Exception):
+    """The run asked to stop while the trainer waited for an explorer's experiences."""
+
+
 def stage_dir(run_dir: str, stage: Stage, num_stages: int) -> str:
     return run_dir if num_stages == 1 else os.path.join(run_dir, f"stage{stage.index}_{stage.name}")
 
@@ -245,7 +249,13 @@ class StageLoop:
             start = time.perf_counter()
             tasks = self.stream.batch(self.explore_step)
             if self.reads_buffer:
-                metrics = self.buffer_step()
+                try:
+                    metrics = self.buffer_step()
+                except StopWhileWaiting:  # asked to stop while it waited for experiences
+                    if self.last_saved != self.global_step:
+                        self._checkpoint(final=True)
+                    log.info("stopped at step %d on the run's request", self.global_step)
+                    return last_eval, True
             else:
                 metrics = self.rl_step(tasks) if self.explores else self.offline_step(tasks)
             self.explore_step += 1
@@ -404,8 +414,11 @@ class StageLoop:
             thread, peer = self.ahead_explorer, self.explore_launch
             if thread is not None and thread.error is not None:
                 raise RuntimeError(f"the explorer thread failed: {thread.error}") from thread.error
-            if peer is not None and (change := peer.poll(wait_s)) is not None:
-                log.warning("%s", change)  # said within seconds, not after max_wait_s
+            if peer is not None:
+                if (change := peer.poll(wait_s)) is not None:
+                    log.warning("%s", change)  # said within seconds, not after max_wait_s
+                if self._heartbeat(wait=False) == "stop":  # a Ctrl-C reaches the waiting trainer too
+                    raise StopWhileWaiting
             left = deadline - time.monotonic()
             chunk = 1.0 if peer is not None else 5.0 if thread is not None else left  # how often to look
             try:

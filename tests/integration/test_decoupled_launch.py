@@ -266,7 +266,7 @@ def test_an_explorer_waiting_for_weights_stops_on_sigint_within_the_grace(tmp_pa
     """The trainer's rank is frozen (SIGSTOP) once it trained a step, so the explorer soon waits for
     newer weights (max_staleness 1) while the trainer launch lives; Ctrl-C then stops it within
     seconds (its heartbeat carries the stop), not after control.stop_grace_s (60 s) without a final
-    state."""
+    state. The trainer, thawed, then waits for experiences nobody writes: Ctrl-C stops it as soon."""
     import json
     import signal
 
@@ -301,6 +301,19 @@ def test_an_explorer_waiting_for_weights_stops_on_sigint_within_the_grace(tmp_pa
         out, _ = explorer.communicate(timeout=120)
         assert time.monotonic() - start < 20, out[-3000:]
         assert explorer.returncode == 130 and "stop" in out, out[-3000:]
+        # the trainer, thawed, soon waits for experiences nobody writes: Ctrl-C stops it within seconds too
+        rank.resume()
+        rank = None
+        last, still = -1, 0.0
+        while still < 3.0:  # its step stays put: it waits in the buffer
+            assert trainer.poll() is None and time.monotonic() < deadline + 120
+            steps = len(read_metrics(run_dir))
+            still, last = (still + 0.25 if steps == last else 0.0), steps
+            time.sleep(0.25)
+        trainer.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        out, _ = trainer.communicate(timeout=120)
+        assert time.monotonic() - start < 20 and trainer.returncode == 130, out[-3000:]
     finally:
         if rank is not None:
             rank.resume()
