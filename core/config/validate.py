@@ -65,6 +65,12 @@ def _is_hub_id(path: str) -> bool:
     return is_hub_id(path)
 
 
+def _readable_now(ts: TasksetConfig) -> bool:
+    from ..data.taskset import readable_now
+
+    return readable_now(ts)
+
+
 def _check_taskset(
     ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
     chat: bool = False,
@@ -122,7 +128,7 @@ def _check_taskset(
             f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet/csv file, a save_to_disk folder, a Hub "
             "dataset id 'org/name', or set a generator)"
         )
-    if check_paths and (os.path.exists(ts.path) or (ts.generator is None and _is_hub_id(ts.path))):
+    if check_paths and _readable_now(ts):
         # a generator writes a missing one at launch
         from ..data.taskset_check import TasksetError, check_taskset
 

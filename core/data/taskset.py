@@ -92,6 +92,12 @@ def is_hub_id(path: str) -> bool:
     )
 
 
+def readable_now(cfg: TasksetConfig) -> bool:
+    """Whether the taskset's rows can be read before the run starts: its file or folder is there,
+    or it is a Hub id (a generator's path, not written yet, is neither)."""
+    return os.path.exists(cfg.path) or (cfg.generator is None and is_hub_id(cfg.path))
+
+
 def load_dataset_of(cfg: TasksetConfig, key_path: str) -> Any:
     """The taskset's rows as a `datasets.Dataset`: a file (jsonl, json, parquet, csv), a folder
     written by `save_to_disk` (a Dataset, or a DatasetDict and `split`), a folder of data files,

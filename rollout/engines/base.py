@@ -126,6 +126,11 @@ def stop_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model
     return ids
 
 
+def ending_tokens(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
+    """The tokens that end a response under `sampling`: EOS unless ignored, and stop_token_ids."""
+    return sorted(set(([] if sampling.ignore_eos else eos_token_ids) + sampling.stop_token_ids))
+
+
 def prompt_seed(seed: int, prompt_token_ids: list[int]) -> int:
     """The seed of one prompt's samples, a function of the request's seed and the prompt alone: a
     seeded request reproduces a prompt's completions whatever else it is batched with (sample j

@@ -28,6 +28,7 @@ from transformers import DynamicCache
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core.types import SamplingParams
+from .base import ending_tokens
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
 from .hf_static import StaticDecodeStates
 
@@ -81,11 +82,6 @@ def seen_tokens(input_ids_PL: torch.Tensor, mask_PL: torch.Tensor, vocab: int, n
     return counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
 
 
-def stop_ids(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
-    """The tokens that end a response under `sampling`: EOS unless ignored, and stop_token_ids."""
-    return sorted(set(([] if sampling.ignore_eos else eos_token_ids) + sampling.stop_token_ids))
-
-
 def held_back(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
     """The tokens min_tokens holds back: EOS (even when ignored, as vLLM does) and stop_token_ids."""
     return sorted(set(eos_token_ids + sampling.stop_token_ids))
@@ -121,7 +117,7 @@ def decode(
     lengths = [steps] * rows
     finish = ["length"] * rows
     active = torch.arange(rows, device=device)  # row of each batch entry still decoding
-    stops = stop_ids(sampling, eos_token_ids)
+    stops = ending_tokens(sampling, eos_token_ids)
     stops_t = torch.tensor(stops, dtype=torch.long, device=device)
     vocab = logits_AV.shape[-1]
     prompt_seen = seen_tokens(input_ids_PL, mask_PL, vocab, n) if sampling.repetition_penalty != 1.0 else None
@@ -204,7 +200,7 @@ def decode_static(
     length_B = torch.full((batch,), steps, dtype=torch.long, device=device)
     done_B = torch.arange(batch, device=device) >= rows  # idle rows are done from the start
     stopped_B = torch.zeros(batch, dtype=torch.bool, device=device)
-    stops = stop_ids(sampling, eos_token_ids)
+    stops = ending_tokens(sampling, eos_token_ids)
     stops_t = torch.tensor(stops, dtype=torch.long, device=device)
     prompt_seen = None
     if sampling.repetition_penalty != 1.0:

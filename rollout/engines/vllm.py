@@ -29,7 +29,14 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine, copy_completion, prompt_seed, resolve_max_model_len, stop_token_ids
+from .base import (
+    RolloutEngine,
+    copy_completion,
+    ending_tokens,
+    prompt_seed,
+    resolve_max_model_len,
+    stop_token_ids,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -182,8 +189,7 @@ class VLLMEngine(RolloutEngine):
                 stop=list(sampling.stop) or None,
                 # EOS is among the stop tokens unless ignored (ignore_eos keeps vLLM off the
                 # model's own EOS too); min_tokens holds every one of them back
-                stop_token_ids=sorted(set(([] if sampling.ignore_eos else self.eos_token_ids)
-                                          + sampling.stop_token_ids)),
+                stop_token_ids=ending_tokens(sampling, self.eos_token_ids),
                 ignore_eos=sampling.ignore_eos,
                 min_tokens=sampling.min_tokens,
                 presence_penalty=sampling.presence_penalty,

@@ -6,11 +6,9 @@ the run has started."""
 
 from __future__ import annotations
 
-import os
-
 from ...core.config import ConfigError
 from ...core.config.schema import TasksetConfig
-from ...core.data.taskset import is_hub_id
+from ...core.data.taskset import readable_now
 from ...core.data.taskset_check import TasksetError, first_row, value_of
 from ...core.types import Task
 from .compose import build_reward
@@ -24,7 +22,7 @@ def check_rewards(key: str, ts: TasksetConfig) -> None:
         composer = build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
     except ValueError as e:
         raise ConfigError(f"{key}.reward_fn: {e}") from None
-    if not os.path.exists(ts.path) and (ts.generator is not None or not is_hub_id(ts.path)):
+    if not readable_now(ts):
         return  # a file a generator writes at launch: tried on the workers
     try:
         row = first_row(ts, key)
