@@ -165,9 +165,10 @@ def run_algorithm(
     model = {**(recipe.get("model") or {}), "model_path": checkpoint, "scratch": {"enabled": False}}
     path = write_config(recipe, stage, os.path.join(workdir, f"{tag}.yaml"),
                         project=PROJECT, name=tag, seed=seed, model=model)  # fmt: skip
-    cfg = resolve_stages(load_config(path), check_paths=False)[0].config
+    resolved = resolve_stages(load_config(path), check_paths=False)[0]
+    cfg = resolved.config
     rows = read_metrics(launch(path, workdir, tag, args.run_timeout))
-    return summarise(rows, cfg.buffer.batch_size, cfg.algorithm.repeat_times, explores=cfg.mode != "train")
+    return summarise(rows, cfg.buffer.batch_size, cfg.algorithm.repeat_times, explores=resolved.plan.explores)
 
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--key", help="only this dotted key (e.g. algorithm.optimizer.lr), in every stage shown"
     )
+    show.add_argument(
+        "--plan", action="store_true",
+        help="the run's plan instead: each stage's experience source, engines, weight path, trainer and "
+        "algorithm passes, as the launch decides them (mode=explore: the explore launch's)",
+    )
     validate = config_commands.add_parser(
         "validate", help="check keys, types, values, paths and monitor packages; print OK on success"
     )
@@ -284,6 +289,14 @@ def _sets(node: Any, parts: list[str]) -> bool:
 
 def _show(args: argparse.Namespace) -> int:
     cfg, stages = _load(args, check_machine=False)
+    if args.plan:
+        import yaml
+
+        from ..core.config.plan import explores_only, plan_launch
+
+        plan = plan_launch([s.plan for s in stages], explores_only(cfg))
+        print(yaml.safe_dump(plan.as_dict(), sort_keys=False), end="")
+        return 0
     shown: list[tuple[str, Any]] = [("", cfg)] if args.stage is None else []
     if cfg.stages or args.stage is not None:
         picked = [s for s in stages if args.stage in (None, str(s.index), s.name)]
@@ -319,7 +332,7 @@ def _validate(args: argparse.Namespace) -> int:
         for key, ts in tasksets_of(stage.config):
             check_rewards(key if len(stages) == 1 else f"stages[{stage.index}].{key}", ts)
         trainer = stage.config.trainer
-        if trainer.remote is None and stage.config.mode != "explore":  # what launch refuses, said here
+        if stage.plan.trainer == "local":  # what launch refuses, said here
             try:
                 check_strategy_runs(trainer.strategy, stage.config.cluster.device, without_torch=True)
             except RuntimeError as e:
@@ -336,11 +349,11 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    _load(args)
+    cfg, stages = _load(args)  # the launch's one validation
     from ..runtime.launcher import launch  # heavy: torch, the strategy, the engines
 
     try:
-        return launch(args.config, list(args.overrides), args.strategy)
+        return launch(cfg, stages)
     except ValueError as e:  # user-facing problems found while preparing the run (data, model, assets)
         raise ConfigError(str(e)) from e
 

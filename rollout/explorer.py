@@ -12,6 +12,7 @@ import time
 from typing import Any, Protocol
 
 from ..client.base import RpcError
+from ..core.config.plan import StagePlan
 from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
 from ..core.data.prompts import model_chat_template
 from ..core.data.taskset import load_tasks, training_tasksets
@@ -93,13 +94,14 @@ def auxiliary_models(cfg: RLCoreConfig) -> list[dict[str, Any]]:
     return out
 
 
-def engine_in_every_rank(cfg: RLCoreConfig, world: int) -> bool:
-    """Whether every trainer rank holds an engine (evaluation stays on rank 0's): mode colocate with
-    engine_num = the ranks, each generating its share of a batch; and any in-process engine that
-    the ranks of a larger world must build together (vLLM, see rollout/engines/in_process.py)."""
-    if cfg.mode == "both":
+def engine_in_every_rank(cfg: RLCoreConfig, plan: StagePlan, world: int) -> bool:
+    """Whether every trainer rank holds an engine (evaluation stays on rank 0's): one per rank
+    generating its share of a batch (plan.engine_per_rank: mode colocate with engine_num = the
+    ranks); and any in-process engine that the ranks of a larger world must build together (vLLM,
+    see rollout/engines/in_process.py), unless it only evaluates beside an explorer thread."""
+    if plan.source == "explorer_thread":
         return False
-    if cfg.mode == "colocate" and cfg.explorer.rollout_model.engine_num > 1:
+    if plan.engine_per_rank:
         return True
     return world > 1 and cfg.explorer.rollout_model.engine_type in in_process.PROCESS_WIDE
 

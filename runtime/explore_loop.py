@@ -26,10 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..buffer import open_buffer, project_dir
+from ..buffer import open_buffer
 from ..buffer.base import BufferError, Group
 from ..core.config import Stage
-from ..core.config.validate import schedules_tasks
 from ..core.data.taskset import task_stream
 from ..core.rpc.cli import write_atomic
 from ..core.step_metrics import rollout_metrics
@@ -39,29 +38,16 @@ from ..rollout.remote import RemoteRollout
 from ..rollout.scheduler import TaskScheduler
 from ..rollout.transports.base import announce
 from ..rollout.transports.publish import latest_published
+from .paths import published_dir, stage_dir, trainer_stage_dir
 from .run_lock import PeerLaunch
 from .training import plan_steps
 
 log = logging.getLogger("rlcore.explore")
 
-PUBLISHED = "published"
 STATE = "explorer_state.json"
-EXPLORER_DIR = "explorer"
 CHECK_S = 1.0
 """How often an explorer waiting for weights asks whether the run stops and the trainer launch lives."""
 POLL_S = 0.5
-
-
-def published_dir(trainer_stage_dir: str) -> str:
-    """Where the trainer of a stage publishes its weights for the explorers."""
-    return os.path.join(trainer_stage_dir, PUBLISHED)
-
-
-def trainer_stage_dir(cfg: Any, stage: Stage, num_stages: int) -> str:
-    """The mode-train launch's folder of `stage` (the run folder both launches share)."""
-    from .loop import stage_dir
-
-    return stage_dir(project_dir(cfg), stage, num_stages)
 
 
 def wait_for_weights(
@@ -119,7 +105,7 @@ class ExploreLoop:
         self.updates_per_step = max(1, train_steps // max(1, self.total_steps))
         self.workers = RemoteRollout(cfg, endpoints)
         self.explorer = Explorer(cfg, self.workers)
-        self.scheduler = TaskScheduler(cfg, self.workers) if schedules_tasks(cfg) else None
+        self.scheduler = TaskScheduler(cfg, self.workers) if stage.plan.schedules_tasks else None
         """Tasks one by one (over-rollout, dynamic timeout); None: a step's batch at once."""
         sc = cfg.synchronizer
         self.sender = WeightSender(
@@ -329,7 +315,6 @@ def check_buffer_holds(buffer: Any, put: dict[str, int], state_file: str) -> Non
 def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -> int:
     """Mode explore: every explore stage in order, on the launch's rollout workers."""
     from ..client.base import ClientOptions
-    from .loop import stage_dir
     from .run_reporter import RunReporter
 
     base = stages[0].config

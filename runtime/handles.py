@@ -17,6 +17,7 @@ import torch
 
 from ..client.trainer import ForwardBackwardResult, OptimStepResult, TrainerClient, TrainSequence
 from ..core.config import RLCoreConfig, to_yaml
+from ..core.config.plan import StagePlan
 from ..core.types import Experience
 from ..rollout.explorer import Rollout, engine_in_every_rank
 from .colocated import WorldRollout
@@ -90,9 +91,9 @@ class TrainerHandle(ABC):
             "a remote trainer does not publish weights for mode explore yet: run mode train with `rlcore launch`"
         )
 
-    def start_engines(self) -> Engines:
-        """Start the configured stage's engines inside the trainer (mode colocate, and evaluation
-        in modes train and bench)."""
+    def start_engines(self, plan: StagePlan) -> Engines:
+        """Start the configured stage's engines inside the trainer (plan.engines in_process: mode
+        colocate, and evaluation in modes train and bench)."""
         raise ValueError("a remote trainer hosts no engine: its runs explore and evaluate on rollout workers")
 
 
@@ -143,11 +144,11 @@ class LocalTrainer(TrainerHandle):
         out = self.command("publish_weights", folder)
         return out["policy_version"], Synced(out["num_bytes"], out["seconds"])
 
-    def start_engines(self) -> Engines:
+    def start_engines(self, plan: StagePlan) -> Engines:
         """In rank 0, or in every rank (each generating its share; evaluation on rank 0's)."""
         world = self.command.world
         assert world.training is not None, "configure first"
-        every_rank = engine_in_every_rank(world.training.cfg, torch.distributed.get_world_size())
+        every_rank = engine_in_every_rank(world.training.cfg, plan, torch.distributed.get_world_size())
         reused = self.command("start_engines", every_rank)
         assert world.engine is not None
         return Engines(WorldRollout(self.command) if every_rank else world.engine, world.engine, reused)

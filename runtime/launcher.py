@@ -18,15 +18,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
+from ..core.config import ConfigError, Stage, to_yaml
+from ..core.config.plan import RunPlan, explores_only, plan_launch
 from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
-from . import failure
+from . import failure, paths
 from .child import process_env, rank_threads
-from .explore_loop import EXPLORER_DIR, drive_explorer, published_dir, trainer_stage_dir, wait_for_weights
+from .explore_loop import drive_explorer, wait_for_weights
 from .lifecycle import StopSignals, end_process
-from .loop import SUMMARY, planned_steps, stage_dir
+from .loop import planned_steps
 from .nodes import PLAN, join_world, log_size, node_log, silent_nodes, start_world, torchrun_command
+from .paths import EXPLORER_DIR, SUMMARY, published_dir, stage_dir, trainer_stage_dir
 from .placement import GpuPlacement
 from .preflight import (
     check_model_lengths,
@@ -193,12 +195,11 @@ def served_queues(stages: list[Stage]) -> dict[str, Any]:
     """The buffer queues this launch serves (address file -> experience buffer config): those its
     mode-train RL stages read without a path (the explore launch finds them there)."""
     from ..buffer import address_file
-    from ..core.algorithms import trains_on
 
     return {
         address_file(s.config): s.config.buffer.trainer_input.experience_buffer
         for s in stages
-        if s.config.mode == "train" and trains_on(s.config.algorithm) == "rollouts"
+        if s.plan.source == "buffer"
         and s.config.buffer.trainer_input.experience_buffer.storage_type == "queue"
         and not s.config.buffer.trainer_input.experience_buffer.path
     }  # fmt: skip
@@ -213,13 +214,13 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
     from .run_reporter import RunReporter
 
     base = stages[0].config
-    assert base.trainer.remote is not None
+    address = str(base.trainer.remote)  # the plan's role remote: the first stage sets it
     options = ClientOptions.from_control(base.control)
     reporter = RunReporter(plan["run_address"], options, base.control.heartbeat_interval)
     try:
-        with TrainerClient(base.trainer.remote, options) as client:
+        with TrainerClient(address, options) as client:
             world_size = client.get_state(timeout=30).world_size
-            print(f"rlcore: remote trainer {base.trainer.remote}: {world_size} rank(s)", flush=True)
+            print(f"rlcore: remote trainer {address}: {world_size} rank(s)", flush=True)
             run = RunContext(
                 plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter,
                 workers=reporter.rollout_workers if plan["workers_managed"] else None,
@@ -230,17 +231,17 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
     return 0
 
 
-def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
+def launch(cfg: Any, stages: list[Stage]) -> int:
+    """Run the config `cfg` (as load_config gives it) whose stages `resolve_stages` validated."""
     # stderr is for what goes wrong: no progress bars of the libraries preparing small assets here
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
-    cfg = load_config(config_path, overrides, strategy)
-    stages = resolve_stages(cfg)
-    explorer = cfg.mode == "explore"  # this launch is a decoupled run's explorer
+    explorer = explores_only(cfg)  # this launch is a decoupled run's explorer
     num_stages = len(stages)
-    stages = explore_stages(stages, explorer)
+    run_plan = plan_launch([s.plan for s in stages], explorer)
+    stages = [stages[p.index] for p in run_plan.stages]
     base = stages[0].config
     preflight(stages)
     device = resolve_device(base.cluster.device)
@@ -253,7 +254,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
             "explorer.rollout_model.gpu_memory_utilization must leave room for the trainer",
             flush=True,
         )
-    run_dir = os.path.abspath(os.path.join(base.checkpoint_root_dir, base.project, base.name))
+    run_dir = paths.run_dir(base)
     if explorer:
         run_dir = os.path.join(run_dir, EXPLORER_DIR)
     if base.cluster.num_nodes > 1 and not os.environ.get(base.control.token_env):
@@ -286,7 +287,7 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
                 )
                 return 0
         assert lock.fd is not None
-        return run(stages, device, placement, run_dir, lock.fd, num_stages)
+        return run(stages, run_plan, device, placement, run_dir, lock.fd, num_stages)
     except ValueError:  # the user's to fix: the command line says it in one line
         raise
     except Exception as e:  # anything else, in this process (e.g. the loop driving a remote trainer)
@@ -296,35 +297,16 @@ def launch(config_path: str, overrides: list[str], strategy: str | None) -> int:
         lock.release()
 
 
-def explore_stages(stages: list[Stage], explorer: bool) -> list[Stage]:
-    """The stages this launch runs: an explorer's (mode=explore) are the mode-explore ones (its
-    trainer runs the rest); any other launch runs every stage, none of them in mode explore."""
-    if explorer:
-        mine = [s for s in stages if s.config.mode == "explore"]
-        if not mine:
-            raise ConfigError(
-                "mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore"
-            )
-        return mine
-    for s in stages:
-        if s.config.mode == "explore":
-            raise ConfigError(
-                f"stages[{s.index}] ({s.name}): mode explore runs in a launch of its own: start this config with "
-                "mode=explore beside one with mode=train (its trainer)"
-            )
-    return stages
-
-
 def run(
-    stages: list[Stage], device: str, placement: GpuPlacement | None, run_dir: str, lock_fd: int,
-    num_stages: int | None = None,
+    stages: list[Stage], run_plan: RunPlan, device: str, placement: GpuPlacement | None, run_dir: str,
+    lock_fd: int, num_stages: int | None = None,
 ) -> int:  # fmt: skip
     """Serve the control plane, start the workers and the trainer world (or drive a remote one, or
     explore: mode explore) and wait; SIGINT/SIGTERM stop the run after its current step
     (lifecycle.StopSignals). `num_stages`: the config's stages, of which `stages` may be some."""
     base = stages[0].config
     num_stages = num_stages or len(stages)
-    explorer = base.mode == "explore"
+    explorer, remote = run_plan.role == "explorer", run_plan.role == "remote"
     worker_model, worker_version = None, -1
     if explorer:  # the rollout workers start from the weights the trainer publishes first
         first = stages[0]
@@ -357,7 +339,7 @@ def run(
             plan_path = os.path.join(launch_dir, PLAN)
             env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
             world, world_log, log_start = None, "", 0
-            if not explorer and not base.trainer.remote:
+            if run_plan.role == "trainer":
                 # The trainer world starts beside the rollout workers (each takes seconds of imports
                 # and set-up); its ranks wait for the plan, written once the workers are ready.
                 if os.path.exists(plan_path):
@@ -375,7 +357,11 @@ def run(
                     "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
                     "workers_managed": plane["workers_managed"],
                     "master_address": plane["master_address"], "worker_version": worker_version,
-                    "stages": [{"index": s.index, "name": s.name, "config": to_yaml(s.config)} for s in stages],
+                    "run_plan": run_plan.as_dict(),
+                    "stages": [
+                        {"index": s.index, "name": s.name, "config": to_yaml(s.config), "plan": s.plan.as_dict()}
+                        for s in stages
+                    ],
                 }  # fmt: skip
                 write_atomic(plan_path, json.dumps(plan, indent=2))
                 controller.mark_running()
@@ -387,7 +373,7 @@ def run(
                 try:
                     if explorer:
                         rc = drive_explorer(stages, num_stages, plan)
-                    elif base.trainer.remote:
+                    elif remote:
                         rc = drive_remote(stages, plan)
                     else:
                         assert world is not None

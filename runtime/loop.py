@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client.trainer import TrainSequence
-from ..core.algorithms import trains_on
 from ..core.algorithms.dapo import dynamic_sampling
-from ..core.config import RLCoreConfig, Stage, inherits_previous_model
+from ..core.config import Stage, inherits_previous_model
 from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import preference_pair, task_stream, training_tasksets
 from ..core.hf_export import HF_DIR
@@ -37,13 +36,11 @@ from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.remote import RemoteRollout
 from ..rollout.workflows import resolve_workflow
 from .handles import TrainerHandle
+from .paths import EXPLORER_DIR, SUMMARY, published_dir, stage_dir
 from .rollout_ahead import RolloutAhead
 from .training import plan_steps
 
 log = logging.getLogger("rlcore.loop")
-
-SUMMARY = "stage_summary.json"
-
 
 @dataclass
 class RunContext:
@@ -61,18 +58,8 @@ class RunContext:
     are the fixed `endpoints`."""
 
 
-def explores_on_workers(cfg: RLCoreConfig) -> bool:
-    """Whether a stage runs its rollouts and evaluation on rollout workers: mode both, and every
-    stage of a remote trainer (which hosts no engine)."""
-    return cfg.mode in ("both", "explore") or cfg.trainer.remote is not None
-
-
 class StopWhileWaiting(Exception):
     """The run asked to stop while the trainer waited for an explorer's experiences."""
-
-
-def stage_dir(run_dir: str, stage: Stage, num_stages: int) -> str:
-    return run_dir if num_stages == 1 else os.path.join(run_dir, f"stage{stage.index}_{stage.name}")
 
 
 def planned_steps(stage: Stage) -> int:
@@ -112,13 +99,14 @@ class StageLoop:
         from transformers import AutoTokenizer
 
         cfg = self.cfg = stage.config
+        plan = self.plan = stage.plan
         self.stage, self.sdir, self.handle, self.run_ctx, self.is_last = stage, sdir, handle, run, is_last
-        self.trains_on = trains_on(cfg.algorithm)  # rollouts, or the taskset's responses or pairs
+        self.trains_on = plan.trains_on  # rollouts, or the taskset's responses or pairs
         # the rollouts come from the explorers of a decoupled run (mode train with an RL algorithm),
         # or from this stage's own explorer thread (synchronizer.asynchronous)
-        self.asynchronous = cfg.synchronizer.asynchronous
-        self.reads_buffer = self.trains_on == "rollouts" and (cfg.mode == "train" or self.asynchronous)
-        self.explores = self.trains_on == "rollouts" and not self.reads_buffer
+        self.own_explorer = plan.source == "explorer_thread"
+        self.reads_buffer = plan.reads_buffer
+        self.explores = plan.explores
         ts = cfg.buffer.explorer_input.taskset
         self.stream = task_stream(cfg)
         self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
@@ -137,15 +125,12 @@ class StageLoop:
         }  # fmt: skip
         self.prompt_format = self.formats[ts.name][2]
         self.source_of = {t.task_id: t.source for t in self.stream.tasks}  # a mixture's metrics
-        # an SFT or DPO stage runs an engine only to evaluate
-        has_engine = self.explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
-        on_workers = (has_engine or self.asynchronous) and explores_on_workers(cfg)
-        self.endpoints = (self._registered() or run.endpoints) if on_workers else []
+        on_workers = "workers" in (plan.engines, plan.explorer_engines)
+        endpoints = (self._registered() or run.endpoints) if on_workers else []
+        self.endpoints = endpoints if plan.engines == "workers" else []
+        self.explore_endpoints = endpoints if plan.explorer_engines == "workers" else []
         self.ahead_explorer: Any = None  # synchronizer.asynchronous: the explorer thread, on these workers
         self.explore_launch: Any = None  # mode train on a buffer: the explore launch, watched through its lock
-        self.explore_endpoints = self.endpoints if self.asynchronous else []
-        if self.asynchronous:  # the trainer evaluates on an engine of its own
-            self.endpoints = []
         handle.configure(cfg, model_path, sdir, self.total_train_steps)
 
         self.explorer: Explorer | None = None
@@ -156,8 +141,8 @@ class StageLoop:
         if self.endpoints:
             self.workers = RemoteRollout(cfg, self.endpoints)
             self.explorer = Explorer(cfg, self.workers)
-        elif has_engine:
-            engines = handle.start_engines()
+        elif plan.engines == "in_process":  # an SFT or DPO stage runs one only to evaluate
+            engines = handle.start_engines(plan)
             self.explorer = Explorer(cfg, engines.rollout, engines.evaluation)
             self.sync_on_start = engines.reused
         self.schedule = SyncSchedule(cfg.synchronizer)
@@ -190,13 +175,12 @@ class StageLoop:
         cfg = self.cfg
         try:
             resumed = self._resume()  # before the monitors open metrics.jsonl, which it rewinds
-            if self.asynchronous:
+            if self.own_explorer:
                 from ..buffer import memory_buffer
 
                 self.buffer = memory_buffer(cfg.buffer.trainer_input.experience_buffer)
             elif self.reads_buffer:
                 from ..buffer import open_buffer
-                from .explore_loop import EXPLORER_DIR
                 from .run_lock import PeerLaunch
 
                 self.buffer = open_buffer(cfg, wait_s=30.0)
@@ -228,14 +212,14 @@ class StageLoop:
         cfg = self.cfg
         if not resumed and self.sync_on_start:
             self._sync()
-        if cfg.mode == "bench":
+        if self.plan.source == "evaluation":
             result = self.evaluate()
             self._log(result)
             return result, False
         if self.reads_buffer:  # the explorers wait for the weights they start from
             self._log(self._publish())
-        if self.asynchronous:
-            from .explore_loop import ExploreLoop, published_dir
+        if self.own_explorer:
+            from .explore_loop import ExploreLoop
 
             self.ahead_explorer = ExploreLoop(
                 self.stage, os.path.join(self.sdir, "explorer"), published_dir(self.sdir), self.explore_endpoints,
@@ -429,8 +413,6 @@ class StageLoop:
 
     def _publish(self) -> dict[str, float]:
         """Publish the trainer's weights for the explorers (mode train on a buffer)."""
-        from .explore_loop import published_dir
-
         version, synced = self.handle.publish_weights(published_dir(self.sdir))
         self.published = self.global_step
         log.info("published version %d of the weights for the explorers", version)

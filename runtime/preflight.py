@@ -11,7 +11,8 @@ from typing import Any
 from ..core.checkpoint import list_checkpoints
 from ..core.config import ConfigError, Stage, inherits_previous_model
 from ..core.data.taskset import tasksets_of
-from .loop import SUMMARY, planned_steps, stage_dir
+from .loop import planned_steps
+from .paths import SUMMARY, stage_dir
 
 
 def resolve_device(requested: str) -> str:
@@ -37,7 +38,7 @@ def check_strategies(stages: list[Stage], device: str) -> None:
     from ..backends import check_strategy_runs
 
     for s in stages:
-        if s.config.trainer.remote:
+        if s.plan.trainer == "remote":
             continue  # the remote trainer's own machine decides
         try:
             check_strategy_runs(s.config.trainer.strategy, device)

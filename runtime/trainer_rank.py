@@ -16,6 +16,7 @@ import torch
 
 from ..core.config import from_yaml
 from ..core.config.loader import Stage
+from ..core.config.plan import StagePlan
 from . import failure, nodes, rank_logs
 from .lifecycle import die_with_parent
 from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
@@ -110,7 +111,10 @@ def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
     reporter = None
     command = Commander(world, commands)
     try:
-        stages = [Stage(s["index"], s["name"], from_yaml(s["config"])) for s in plan["stages"]]
+        stages = [
+            Stage(s["index"], s["name"], from_yaml(s["config"]), StagePlan.from_dict(s["plan"]))
+            for s in plan["stages"]
+        ]
         restarted(plan, stages)
         if plan.get("run_address"):
             from ..client.base import ClientOptions

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ..backends import check_strategy_runs
 from ..core.checkpoint import TRAINER_STATE, CheckpointError, resumable_checkpoint, verify_checkpoint
 from ..core.config import ConfigError, from_yaml
+from ..core.config.plan import filled
 from ..core.config.validate import validate_config
 from ..core.rpc.address import is_host_port
 from ..core.rpc.convert import experience_from_proto
@@ -127,6 +128,7 @@ def validate_configure(request: trainer_pb2.ConfigureRequest) -> ConfigureCall:
     try:
         cfg = from_yaml(request.config_yaml)
         validate_config(cfg, check_paths=False)
+        cfg = filled(cfg)
     except ConfigError as e:
         raise InvalidArgument("config_yaml", str(e)) from None
     except Exception as e:  # malformed YAML, keys the schema lacks, wrong types (yaml/OmegaConf errors)

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.config import ConfigError, Stage
+from ..core.config.plan import gpu_sharing
 from .child import process_env, wrap
-from .loop import explores_on_workers
 from .placement import GpuPlacement, place_gpus, visible_gpus
 
 
@@ -38,7 +38,7 @@ def _tail(path: str, lines: int = 15) -> str:
 def worker_stages(stages: list[Stage]) -> list[Any]:
     """Configs of the stages that explore on rollout workers (mode both, or a remote trainer, which
     cannot host an engine: every stage then explores and evaluates on workers)."""
-    return [s.config for s in stages if explores_on_workers(s.config)]
+    return [s.config for s in stages if s.plan.on_workers]
 
 
 def workers_to_start(stages: list[Stage]) -> tuple[Any, int] | None:
@@ -68,13 +68,12 @@ def gpu_placement(
     if device != "cuda" or started is None:
         return None
     first, count = started
-    base = stages[0].config
     return place_gpus(
         visible_gpus(env, device_count),
-        trainer_ranks=0 if base.trainer.remote else base.cluster.ranks_per_node,
+        trainer_ranks=0 if stages[0].plan.trainer == "remote" else stages[0].config.cluster.ranks_per_node,
         engine_num=count,
         gpus_per_engine=first.explorer.rollout_model.tensor_parallel_size,
-        may_share=all(c.synchronizer.sync_method == "checkpoint" for c in worker_stages(stages)),
+        may_share=gpu_sharing([s.plan for s in stages]),
     )
 
 

@@ -21,11 +21,6 @@ def check_hosts(cfg: RLCoreConfig) -> None:
             "on any node and reaches the controller and rollout workers over the network; set control.host to "
             "0.0.0.0 or this host's address"
         )
-    if cfg.trainer.max_restarts and cfg.trainer.remote:
-        raise ConfigError(
-            "trainer.max_restarts restarts the trainer world a launch starts; with trainer.remote the "
-            "TrainerService's host restarts it: set one of them"
-        )
     rm = cfg.explorer.rollout_model
     if not rm.start_workers:
         if rm.endpoints:

@@ -28,17 +28,27 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from .plan import StagePlan, filled, plan_stage, syncs_engines
 from .schema import STAGE_SECTIONS, RLCoreConfig
-from .validate import ConfigError, check_stages, validate_config
+from .shape_checks import check_stages
+from .validate import ConfigError, validate_config
 
 
 @dataclass
 class Stage:
-    """One resolved stage: its name, index and the full config it runs with."""
+    """One resolved stage: its name, index, the full config it runs with (validated, with what the
+    plan fills in written: plan.filled) and its plan."""
 
     index: int
     name: str
     config: RLCoreConfig
+    plan: StagePlan
+
+    @classmethod
+    def resolved(cls, index: int, name: str, cfg: RLCoreConfig) -> Stage:
+        """The stage of a validated config: the plan's values filled in, the plan made."""
+        cfg = filled(cfg)
+        return cls(index, name, cfg, plan_stage(cfg, index, name))
 
 
 @functools.cache
@@ -420,7 +430,7 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
     if not raw_stages:
         obj = _to_object(base)
         validate_config(obj, check_paths=check_paths)
-        return [Stage(0, "main", obj)]
+        return [Stage.resolved(0, "main", obj)]
 
     stages: list[Stage] = []
     seen: set[str] = set()
@@ -450,15 +460,13 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
             validate_config(obj, check_paths=check_paths)
         except ConfigError as e:
             raise ConfigError(f"{prefix}{e}") from None
-        stages.append(Stage(i, name, obj))
+        stages.append(Stage.resolved(i, name, obj))
     check_stages([s.config for s in stages])
     return stages
 
 
 _PREVIOUS_STAGE = "<previous stage>"
 
-SYNCING_MODES = ("both", "colocate")
-"""Modes whose trainer sends its weights to engines by synchronizer.sync_method."""
 ENGINE_SYNC_KEYS = ("sync_method", "checksums", "probe", "probe_tolerance", "rollout_ahead", "asynchronous")
 """synchronizer keys that concern weights reaching the engines of a syncing mode (or its explorer)."""
 
@@ -467,7 +475,7 @@ def _drop_engine_sync_settings(stage_cfg: DictConfig, raw: dict[str, Any]) -> No
     """A run-wide synchronizer setting applies to the stages that sync: a stage whose mode does not
     (train, explore, bench) gets the schema default for each ENGINE_SYNC_KEYS key it does not set
     itself. One it sets itself is checked as given (validation refuses what cannot apply)."""
-    if stage_cfg.mode in SYNCING_MODES:
+    if syncs_engines(stage_cfg):
         return
     own = raw.get("synchronizer") or {}
     defaults = OmegaConf.structured(RLCoreConfig).synchronizer

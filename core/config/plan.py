@@ -1,0 +1,274 @@
+"""The run's shape, decided once: `plan_run(stages) -> RunPlan`, pure and torch-free.
+
+A config says what the user wants (mode, synchronizer.asynchronous, trainer.remote, the algorithm,
+where engines live, how weights travel); the plan says what the run does with it, stage by stage:
+
+    source      where a step's experiences come from:
+                  rollouts          explored in lock-step on the stage's engines (modes both, colocate)
+                  explorer_thread   an explorer thread of this launch, through an in-memory buffer
+                                    (asynchronous both)
+                  buffer            the experience buffer an explore launch writes (mode train, RL)
+                  explore           none: this stage explores into the buffer (a mode-explore launch)
+                  responses, pairs  the taskset's own rows (SFT, DPO)
+                  evaluation        none: the stage evaluates only (mode bench)
+    engines     where the trainer launch's engines of the stage live: workers (rollout workers, over
+                gRPC), in_process (in the trainer's ranks), none
+    weights     how the trainer's weights reach those engines (synchronizer.sync_method, "auto"
+                resolved): nccl (a process group), checkpoint (an HF folder), memory (an in-process
+                copy), publish (an explore launch's workers load the folders the trainer publishes),
+                none; `publishes`: the trainer also publishes versions for an explorer
+    trainer     local (this launch's trainer world), remote (trainer.remote), none (an explore launch)
+    algorithm   the preset-filled algorithm section and the passes it needs
+
+This module (with shape_checks.py, which refuses the impossible combinations) is the only one that
+reads `mode`, `synchronizer.asynchronous` or `trainer.remote`; everything else reads the plan. The
+launch writes it to <run>/launch/plan.json; `rlcore config show --plan` prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+from .schema import RLCoreConfig
+
+SOURCES = ("rollouts", "explorer_thread", "buffer", "explore", "responses", "pairs", "evaluation")
+ENGINES = ("workers", "in_process", "none")
+TRANSPORTS = ("nccl", "checkpoint", "memory", "publish", "none")
+ROLES = ("trainer", "remote", "explorer")
+
+SYNCING_MODES = ("both", "colocate")
+"""Modes whose trainer sends its weights to engines by synchronizer.sync_method."""
+
+
+@dataclass(frozen=True)
+class Passes:
+    """What a step of the stage's algorithm computes beyond the policy's forward and backward."""
+
+    reference: bool
+    """The reference model's log-probs (a KL term, KL in the reward, DPO, maxent's target)."""
+    old_logprobs: bool
+    """The trainer recomputes the log-probs the ratio divides by (else the engine's are used)."""
+    critic: bool
+    """A value model trained beside the policy (ppo)."""
+    experts: bool
+    """Expert demonstrations trained in the same step (mix)."""
+    refill: bool
+    """Dynamic sampling: groups that teach nothing are replaced by fresh rounds (dapo)."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    index: int
+    name: str
+    source: str
+    """Where a step's experiences come from (SOURCES; see the module's docstring)."""
+    engines: str
+    """Where this launch's engines of the stage live, for rollouts and evaluation (ENGINES)."""
+    explorer_engines: str
+    """Where the stage's explorer thread generates (asynchronous both: workers; else none)."""
+    on_workers: bool
+    """Whether the stage's engines, when it has any, are rollout workers: mode both and explore, and
+    every stage of a remote trainer (which hosts no engine)."""
+    weights: str
+    """How the trainer's weights reach `engines` (TRANSPORTS): "auto" resolved."""
+    publishes: bool
+    """The trainer publishes its weights as folders for an explorer (source buffer or explorer_thread)."""
+    trainer: str
+    """local, remote (trainer.remote) or none (the stage runs in an explore launch)."""
+    trains_on: str
+    """rollouts, responses (SFT) or pairs (DPO)."""
+    passes: Passes
+    max_staleness: int | None
+    """synchronizer.max_staleness with its default filled (asynchronous both: 1), in policy versions."""
+    schedules_tasks: bool
+    """The explorer sends tasks one by one (explorer.over_rollout, explorer.dynamic_timeout)."""
+    engine_per_rank: bool
+    """Every trainer rank holds an engine that generates its share of a batch (mode colocate with
+    explorer.rollout_model.engine_num > 1)."""
+
+    @property
+    def reads_buffer(self) -> bool:
+        """The trainer takes its steps' experiences from an experience buffer."""
+        return self.source in ("buffer", "explorer_thread")
+
+    @property
+    def explores(self) -> bool:
+        """The trainer's loop explores each step itself (lock-step)."""
+        return self.source == "rollouts"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagePlan:
+        return cls(**{**d, "passes": Passes(**d["passes"])})
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    role: str
+    """What this launch runs (ROLES): trainer (its own trainer world), remote (the loop against
+    trainer.remote), explorer (the stages in mode explore of a decoupled run)."""
+    stages: list[StagePlan]
+    """The stages this launch runs, in order."""
+    worker_stages: list[int]
+    """Indexes of the stages whose engines are rollout workers (their configs decide the workers)."""
+    gpu_sharing: bool
+    """Rollout workers may share GPUs with the trainer ranks (every worker stage syncs by checkpoint)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunPlan:
+        return cls(**{**d, "stages": [StagePlan.from_dict(s) for s in d["stages"]]})
+
+
+# ---------------------------------------------------------------------- filled values
+
+
+def decoupled(cfg: RLCoreConfig) -> bool:
+    """Whether the stage's trainer or explorer meets its other half through the experience buffer
+    (mode train or explore, or asynchronous both), whatever it trains on."""
+    return cfg.mode in ("train", "explore") or cfg.synchronizer.asynchronous
+
+
+def max_staleness(cfg: RLCoreConfig) -> int | None:
+    """synchronizer.max_staleness, defaulting to 1 for asynchronous both (its explorer must be bounded)."""
+    sc = cfg.synchronizer
+    if sc.max_staleness is None and sc.asynchronous and cfg.mode == "both":
+        return 1
+    return sc.max_staleness
+
+
+def filled(cfg: RLCoreConfig) -> RLCoreConfig:
+    """`cfg` with what the plan decides for unset values written in: the algorithm's preset,
+    do_old_log_prob_compute (off for a decoupled run's rollouts: they are off-policy by design) and
+    max_staleness. Every later reader (trainer ranks, a remote TrainerService) gets these values."""
+    from ..algorithms import trains_on, with_preset
+
+    algo = with_preset(cfg.algorithm)
+    if algo.do_old_log_prob_compute is None:
+        algo = dataclasses.replace(
+            algo, do_old_log_prob_compute=not (decoupled(cfg) and trains_on(algo) == "rollouts")
+        )
+    sync = dataclasses.replace(cfg.synchronizer, max_staleness=max_staleness(cfg))
+    return dataclasses.replace(cfg, algorithm=algo, synchronizer=sync)
+
+
+def syncs_engines(cfg: Any) -> bool:
+    """Whether a stage (its config, or a section-level node of one) sends its weights to engines by
+    synchronizer.sync_method."""
+    return cfg.mode in SYNCING_MODES
+
+
+# ---------------------------------------------------------------------- the decisions
+
+
+def on_workers(cfg: RLCoreConfig) -> bool:
+    return cfg.mode in ("both", "explore") or cfg.trainer.remote is not None
+
+
+def source_of(cfg: RLCoreConfig, data: str) -> str:
+    if data != "rollouts":
+        return data
+    if cfg.mode == "bench":
+        return "evaluation"
+    if cfg.mode == "explore":
+        return "explore"
+    if cfg.mode == "train":
+        return "buffer"
+    return "explorer_thread" if cfg.synchronizer.asynchronous else "rollouts"
+
+
+def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main") -> StagePlan:
+    """The plan of one stage whose config is validated and filled (`filled`)."""
+    from ..algorithms import reads_reference, trains_critic, trains_on, trains_on_experts
+
+    algo = cfg.algorithm
+    data = trains_on(algo)
+    source = source_of(cfg, data)
+    workers = on_workers(cfg)
+    evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
+    if source == "explore":
+        engines, explorer_engines = "workers", "none"
+    elif source == "explorer_thread":  # the thread explores on the workers; the trainer evaluates in process
+        engines, explorer_engines = ("in_process" if evaluates else "none"), "workers"
+    elif source in ("rollouts", "evaluation") or evaluates:
+        engines, explorer_engines = ("workers" if workers else "in_process"), "none"
+    else:
+        engines, explorer_engines = "none", "none"
+    if source == "explore":  # the explore launch has its workers load the folders the trainer publishes
+        weights = "publish"
+    elif engines == "workers":
+        weights = "checkpoint" if cfg.synchronizer.sync_method == "checkpoint" else "nccl"
+    else:
+        weights = "memory" if engines == "in_process" else "none"
+    trainer = "none" if source == "explore" else "remote" if cfg.trainer.remote is not None else "local"
+    passes = Passes(
+        reference=reads_reference(algo),
+        old_logprobs=bool(algo.do_old_log_prob_compute) and data == "rollouts",
+        critic=trains_critic(algo),
+        experts=trains_on_experts(algo),
+        refill=bool(algo.dynamic_sampling),
+    )
+    ex = cfg.explorer
+    return StagePlan(
+        index=index, name=name, source=source, engines=engines, explorer_engines=explorer_engines,
+        on_workers=workers, weights=weights, publishes=source in ("buffer", "explorer_thread"), trainer=trainer,
+        trains_on=data, passes=passes, max_staleness=max_staleness(cfg),
+        schedules_tasks=ex.over_rollout.ratio > 0 or ex.dynamic_timeout.enable,
+        engine_per_rank=cfg.mode == "colocate" and ex.rollout_model.engine_num > 1,
+    )  # fmt: skip
+
+
+def explores_only(cfg: Any) -> bool:
+    """Whether a launch of the (top-level) config `cfg` is a decoupled run's explorer (mode explore):
+    it runs the stages in mode explore, and its trainer launch the others."""
+    return bool(cfg.mode == "explore")
+
+
+def launch_role(explorer: bool, first: StagePlan) -> str:
+    """What a launch runs (ROLES): a decoupled run's explorer (`explorer`, see explores_only); the
+    loop against a remote trainer when its first stage's trainer is remote; else a trainer world."""
+    if explorer:
+        return "explorer"
+    return "remote" if first.trainer == "remote" else "trainer"
+
+
+def gpu_sharing(stages: list[StagePlan]) -> bool:
+    """Whether rollout workers may share GPUs with the trainer ranks: every stage on workers loads
+    weights from an HF folder (only mode both syncs workers by checkpoint, and such a stage always
+    has engines), so no process group holds GPU memory on both sides."""
+    return all(p.weights == "checkpoint" for p in stages if p.on_workers)
+
+
+def plan_launch(stages: list[StagePlan], explorer: bool) -> RunPlan:
+    """The plan of a launch of a config whose stages are planned as `stages`: an explorer's
+    (`explorer`: mode explore, see explores_only) runs the stages in mode explore (its trainer runs
+    the rest); any other launch runs every stage, none of them in mode explore."""
+    if explorer:
+        mine = [p for p in stages if p.source == "explore"]
+        if not mine:
+            raise ConfigError(
+                "mode explore: every stage sets a mode of its own; leave mode unset in the stages to explore"
+            )
+        return plan_run("explorer", mine)
+    for p in stages:
+        if p.source == "explore":
+            raise ConfigError(
+                f"stages[{p.index}] ({p.name}): mode explore runs in a launch of its own: start this config with "
+                "mode=explore beside one with mode=train (its trainer)"
+            )
+    return plan_run(launch_role(False, stages[0]), stages)
+
+
+def plan_run(role: str, stages: list[StagePlan]) -> RunPlan:
+    """The plan of a launch in `role` (launch_role) running the stages planned as `stages`."""
+    return RunPlan(
+        role=role, stages=list(stages), worker_stages=[p.index for p in stages if p.on_workers],
+        gpu_sharing=gpu_sharing(stages),
+    )  # fmt: skip
