@@ -62,13 +62,13 @@ PROMPT_TYPES = ("plaintext", "messages")
 
 
 def _is_hub_id(path: str) -> bool:
-    from ..data.taskset import is_hub_id
+    from ..data.dataset_files import is_hub_id
 
     return is_hub_id(path)
 
 
 def _readable_now(ts: TasksetConfig) -> bool:
-    from ..data.taskset import readable_now
+    from ..data.dataset_files import readable_now
 
     return readable_now(ts)
 

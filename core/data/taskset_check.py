@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..config.schema import TasksetConfig
+from .dataset_files import is_hub_id, load_dataset_of
 from .files import describe_formats, file_format, open_text, supported
 
 
@@ -149,13 +150,9 @@ def rows_of(ts: TasksetConfig, key: str) -> Iterator[tuple[int, Any]]:
     TasksetError saying so: the run could not read it either)."""
     import os
 
-    from .taskset import is_hub_id
-
     if not os.path.isdir(ts.path) and not is_hub_id(ts.path):
         yield from _rows(ts.path, key)
         return
-    from .taskset import load_dataset_of
-
     try:
         ds = load_dataset_of(ts, key)
     except ValueError as e:

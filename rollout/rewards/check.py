@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...core.config import ConfigError
 from ...core.config.schema import TasksetConfig
-from ...core.data.taskset import readable_now
+from ...core.data.dataset_files import readable_now
 from ...core.data.taskset_check import TasksetError, first_row, value_of
 from ...core.types import Task
 from .compose import build_reward

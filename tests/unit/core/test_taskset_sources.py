@@ -9,7 +9,8 @@ import datasets
 import pytest
 
 from rlcore.core.config.schema import TasksetConfig
-from rlcore.core.data.taskset import is_hub_id, load_tasks
+from rlcore.core.data.dataset_files import is_hub_id
+from rlcore.core.data.taskset import load_tasks
 
 ROWS = {"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}
 

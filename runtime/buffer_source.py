@@ -1,0 +1,116 @@
+"""A trainer's experiences from an experience buffer (plan.reads_buffer): the buffer an explore launch
+writes (plan.source buffer, a decoupled run's mode-train launch), or the in-memory one this stage's
+own explorer thread fills (plan.source explorer_thread, asynchronous both).
+
+A step takes buffer.batch_size groups at the step's position (explore_step, which checkpoints keep:
+a resumed trainer gets the same groups for the steps it retrains), each experience tagged by its
+explorer with the version of the weights that generated it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..core.config import Stage
+from ..core.sync_schedule import SyncSchedule
+from ..core.types import Experience
+from .paths import EXPLORER_DIR, published_dir
+
+log = logging.getLogger("rlcore.loop")
+
+
+class StopWhileWaiting(Exception):
+    """The run asked to stop while the trainer waited for an explorer's experiences."""
+
+
+class BufferSource:
+    def __init__(self, stage: Stage, sdir: str, run_dir: str, heartbeat: Callable[[], str]):
+        """Open the stage's buffer. `heartbeat()` reports to the run's controller without waiting and
+        returns 'stop' when the run asks to stop (asked while waiting for an explore launch)."""
+        cfg = self.cfg = stage.config
+        self.stage, self.sdir, self.heartbeat = stage, sdir, heartbeat
+        self.explorer_thread: Any = None  # explorer_thread: the ExploreLoop, started by `start_explorer`
+        self.explore_launch: Any = None  # buffer: the explore launch, watched through its lock
+        eb = cfg.buffer.trainer_input.experience_buffer
+        self.buffer: Any
+        if stage.plan.source == "explorer_thread":
+            from ..buffer import memory_buffer
+
+            self.buffer = memory_buffer(eb)
+        else:
+            from ..buffer import open_buffer
+            from .run_lock import PeerLaunch
+
+            self.buffer = open_buffer(cfg, wait_s=30.0)
+            self.explore_launch = PeerLaunch(os.path.join(run_dir, EXPLORER_DIR), "explore launch")
+            log.info("reading experiences from %s", self.buffer.describe())
+        self.keys: set[tuple] | None = set() if eb.replay_buffer.enable else None
+        """With the replay buffer: the groups trained on so far (to count the reused ones)."""
+        self.exhausted = False
+        """Every explorer finished and the buffer is read."""
+
+    def start_explorer(self, endpoints: list[str], start_step: int) -> None:
+        """plan.source explorer_thread: explore from `start_step` on the workers at `endpoints`."""
+        from .explore_loop import ExploreLoop
+
+        self.explorer_thread = ExploreLoop(
+            self.stage, os.path.join(self.sdir, "explorer"), published_dir(self.sdir), endpoints,
+            buffer=self.buffer, start_step=start_step,
+        )  # fmt: skip
+        self.explorer_thread.start()
+
+    def close(self) -> None:
+        if self.explorer_thread is not None:
+            self.explorer_thread.close()
+        self.buffer.close()
+
+    def take(self, explore_step: int, step: int, schedule: SyncSchedule) -> tuple[list[Experience], dict[str, float]]:
+        """The groups of position `explore_step` for optimizer step `step`, with their metrics (the
+        staleness dropped by algorithm.sample_strategy staleness_control)."""
+        eb = self.cfg.buffer.trainer_input.experience_buffer
+        start = time.perf_counter()
+        taken = self._take(explore_step, eb.max_wait_s)
+        self.exhausted = taken.exhausted
+        exps = [e for g in taken.groups for e in g]
+        metrics = {
+            "perf/buffer_wait_s": time.perf_counter() - start,
+            "buffer/groups": float(len(taken.groups)),
+            "buffer/experiences": float(len(exps)),
+        }
+        if taken.exhausted:
+            log.info("the explorers finished: the buffer's last %d group(s) at step %d", len(taken.groups), step)
+        exps = schedule.drop_stale(
+            exps, [e.policy_version for e in exps], step, metrics,
+            enforce=self.cfg.algorithm.sample_strategy == "staleness_control",
+        )  # fmt: skip
+        if self.keys is not None:  # replay: groups trained on before
+            keys = [(g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups]
+            metrics["buffer/groups_reused"] = float(sum(k in self.keys for k in keys))
+            self.keys.update(keys)
+        return exps, metrics
+
+    def _take(self, explore_step: int, wait_s: float) -> Any:
+        """The step's groups from the buffer; an explorer thread that failed meanwhile raises here."""
+        from ..buffer.base import BufferTimeout
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            thread, peer = self.explorer_thread, self.explore_launch
+            if thread is not None and thread.error is not None:
+                raise RuntimeError(f"the explorer thread failed: {thread.error}") from thread.error
+            if peer is not None:
+                if (change := peer.poll(wait_s)) is not None:
+                    log.warning("%s", change)  # said within seconds, not after max_wait_s
+                if self.heartbeat() == "stop":  # a Ctrl-C reaches the waiting trainer too
+                    raise StopWhileWaiting
+            left = deadline - time.monotonic()
+            chunk = 1.0 if peer is not None else 5.0 if thread is not None else left  # how often to look
+            try:
+                return self.buffer.take(explore_step, self.cfg.buffer.batch_size, min(left, chunk))
+            except BufferTimeout:
+                if left <= chunk:
+                    raise

@@ -1,0 +1,54 @@
+"""The sequences an SFT or DPO step trains on (plan.source responses or pairs), from the taskset's
+own rows: each row encoded by its taskset's format (a mixture's tasksets keep theirs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..client.trainer import TrainSequence
+from ..core.config import RLCoreConfig
+from ..core.data.prompts import PromptFormat, model_chat_template
+from ..core.data.taskset import preference_pair, training_tasksets
+from ..core.types import Task
+from ..rollout.workflows import resolve_workflow
+
+Formats = dict[str, tuple[str, Any, PromptFormat]]
+"""Training taskset name -> (its config key, its TasksetConfig, how its rows are encoded)."""
+
+
+def taskset_formats(cfg: RLCoreConfig) -> Formats:
+    """Each training taskset's format (a mixture's keep theirs): how SFT and DPO encode its rows."""
+    return {
+        t.name: (key, t, PromptFormat(
+            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, model_chat_template(cfg.model),
+            t.format.system_prompt,
+            # an SFT stage renders its conversations with the tools its taskset's workflow declares
+            resolve_workflow(t.default_workflow_type).tool_schemas(dict(t.workflow_args)),
+        ))
+        for key, t in training_tasksets(cfg)
+    }  # fmt: skip
+
+
+def row_sequences(tasks: list[Task], formats: Formats, default: str, tokenizer: Any, pairs: bool) -> list[TrainSequence]:
+    """SFT: each task's reference response (or its chat conversation); DPO (`pairs`): each task's
+    (chosen, rejected) pair, one after the other. A task of no training taskset's name is encoded
+    by the `default` one's format."""
+    seqs = []
+    for t in tasks:
+        key, ts, prompt_format = formats.get(t.source) or formats[default]
+        fmt = ts.format
+        prompt_format = prompt_format.for_task(t)  # its row's own system prompt and tools
+        if pairs:
+            responses = list(preference_pair(t, fmt, key))
+        elif "messages" in t.metadata and fmt.prompt_type == "messages":
+            prompt_ids, response_ids, mask = prompt_format.encode_sft_messages(tokenizer, t.metadata["messages"])
+            seqs.append(TrainSequence(prompt_ids, response_ids, loss_mask=[float(m) for m in mask]))
+            continue
+        elif t.response is None:
+            raise ValueError(f"SFT needs a reference response: task {t.task_id} has no column '{fmt.response_key}'")
+        else:
+            responses = [t.response]
+        for response in responses:
+            prompt_ids, response_ids = prompt_format.encode_sft_example(tokenizer, t.prompt, response)
+            seqs.append(TrainSequence(prompt_ids, response_ids))
+    return seqs
