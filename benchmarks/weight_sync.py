@@ -136,7 +136,7 @@ def memory_needed(model_bytes: int, bucket_bytes: int, checksums: bool, engine: 
     when checksums hold the whole model back until verified); buckets: the sender's STAGING and
     raw's two, the receiver's RECEIVE_POOL and raw's two; ~0.6 GiB per process, and for vLLM its
     own two processes."""
-    from rlcore.core.weight_sync import RECEIVE_POOL, STAGING
+    from rlcore.weights.wire import RECEIVE_POOL, STAGING
 
     copies = 4 + (1 if checksums else 0)
     buckets = STAGING + 2 + RECEIVE_POOL + 2
@@ -162,7 +162,7 @@ def _timed_iter(items: Iterable[tuple[str, torch.Tensor]], stats: dict[str, floa
 def bucket_sizes(specs: list[Any], bucket_bytes: int) -> list[int]:
     """Bytes on the wire of each bucket as send_weights lays it out without checksums (the sender
     checks the total against send_weights' num_bytes)."""
-    from rlcore.core.weight_sync import bucket_layout, plan_buckets
+    from rlcore.weights.wire import bucket_layout, plan_buckets
 
     return [bucket_layout(specs, b, False)[1] for b in plan_buckets(specs, bucket_bytes)]
 
@@ -194,8 +194,8 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
     """Group rank 0: the training strategy (the weights' source) and the in-process target."""
     from rlcore.backends import STRATEGIES
     from rlcore.core.config.schema import OptimizerConfig, TrainerConfig
-    from rlcore.core.weight_sync import init_group, send_weights, spec_of
     from rlcore.rollout.engines.hf import HFEngine
+    from rlcore.weights.wire import init_group, send_weights, spec_of
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -268,7 +268,7 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
 
 def receiver_main(model_dir: str, args: dict[str, Any], port_conn: Any) -> None:
     """Group rank 1: the rollout engine that rlcore's sync loads into."""
-    from rlcore.core.weight_sync import TensorSpec
+    from rlcore.weights.wire import TensorSpec
 
     torch.set_num_threads(1)
     receiver = RECEIVERS[args["engine"]](model_dir, port_conn.recv())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..core.rpc.convert import (
     completion_from_proto,
@@ -22,8 +22,19 @@ from ..core.types import Completion, Experience, SamplingParams, Task, WorkflowS
 from ..proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from .base import AsyncClient, BlockingClient
 
-if TYPE_CHECKING:  # weight_sync imports torch; the client SDK does not need it
-    from ..core.weight_sync import TensorSpec
+
+class TensorSpec(Protocol):
+    """One tensor of a weight update as the worker is told of it (rlcore.weights.wire.TensorSpec;
+    the client SDK does not import torch)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
 
 Prompt = list[int] | str
 """Token ids, or text the worker tokenises (no chat template, no special tokens added)."""

@@ -54,6 +54,11 @@ class LocalRollout:
             self.engine.sleep()
         return experiences
 
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights its engine serves."""
+        return int(self.engine.policy_version)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.engine.pause()
         if self.sleeps:  # the weights come back first, the KV cache once they are loaded

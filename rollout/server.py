@@ -1,5 +1,5 @@
 """The rollout worker: a RolloutEngine behind gRPC (RolloutService). `rlcore rollout serve` is in
-serve.py, the weight-sync calls in weight_receiver.py.
+serve.py, the weight-sync calls in rlcore.weights.receiver.
 
 One engine serves every call. Engine calls are serialised by one lock (an engine is one batch at a
 time); streaming calls take it chunk by chunk (a seeded prompt samples the same whatever chunk it
@@ -33,13 +33,13 @@ from ..core.rpc.errors import DeadlineExceeded, InvalidArgument, NotFound, requi
 from ..core.rpc.server import RpcServer, ServerOptions, Service
 from ..core.types import SamplingParams, Task, WorkflowSpec
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
+from ..weights.receiver import WeightReceiver
 from .auxiliary import check_auxiliary
 from .batching import BatchingEngine
 from .engines.base import RolloutEngine
 from .episodes import EpisodeRecorder
 from .gate import GenerationGate
 from .rewards.compose import resolve_reward
-from .weight_receiver import WeightReceiver
 from .workflows import WORKFLOWS, build_workflow, resolve_workflow
 from .workflows.base import Workflow
 
@@ -316,7 +316,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.ResumeResponse(policy_version=self.engine.policy_version)
 
     # ------------------------------------------------------------------------------------------
-    # weight sync (rollout/weight_receiver.py)
+    # weight sync (weights/receiver.py)
 
     def InitWeightSync(
         self, request: rollout_pb2.InitWeightSyncRequest, context: grpc.ServicerContext

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.config import Stage
-from ..core.sync_schedule import SyncSchedule
 from ..core.types import Experience
+from ..weights.schedule import SyncSchedule
 from .paths import EXPLORER_DIR, published_dir
 
 log = logging.getLogger("rlcore.loop")

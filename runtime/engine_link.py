@@ -18,10 +18,10 @@ from typing import Any
 from ..client.trainer import TrainSequence
 from ..core.config import RLCoreConfig
 from ..core.config.plan import StagePlan
-from ..core.sync_schedule import judge_probe, probe_tolerance
 from ..core.types import Experience, Task
 from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.remote import RemoteRollout
+from ..weights.schedule import judge_probe, probe_tolerance
 from .handles import TrainerHandle
 
 log = logging.getLogger("rlcore.loop")

@@ -36,8 +36,8 @@ from ..core.types import Experience, Task
 from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.remote import RemoteRollout
 from ..rollout.scheduler import TaskScheduler
-from ..rollout.transports.base import announce
-from ..rollout.transports.publish import latest_published
+from ..weights.base import announce
+from ..weights.publish import latest_published
 from .paths import published_dir, stage_dir, trainer_stage_dir
 from .run_lock import PeerLaunch
 from .training import plan_steps
@@ -94,7 +94,7 @@ class ExploreLoop:
         reporter: Any = None, buffer: Any = None, start_step: int | None = None, trainer: PeerLaunch | None = None,
     ):  # fmt: skip
         """`holds`: the published version the workers started from (-1: none of this stage's)."""
-        from ..rollout.weight_sender import WeightSender
+        from ..weights.sender import connect
 
         cfg = self.cfg = stage.config
         self.stage, self.sdir, self.folder, self.reporter = stage, sdir, published, reporter
@@ -107,10 +107,8 @@ class ExploreLoop:
         self.explorer = Explorer(cfg, self.workers)
         self.scheduler = TaskScheduler(cfg, self.workers) if stage.plan.schedules_tasks else None
         """Tasks one by one (over-rollout, dynamic timeout); None: a step's batch at once."""
-        sc = cfg.synchronizer
-        self.sender = WeightSender(
-            self.workers.clients, backend="gloo", timeout_s=sc.sync_timeout, bucket_bytes=sc.bucket_mb << 20
-        )  # only ever asked to have the workers load a published folder: it forms no group
+        # only ever asked to have the workers load a published folder: it forms no group
+        self.sender = connect(self.workers.clients, cfg.synchronizer)
         self.version = holds
         """The published version the workers hold."""
         self.served = max(c.get_info().policy_version for c in self.workers.clients)

@@ -53,8 +53,8 @@ class Synced:
 
 class TrainerHandle(ABC):
     @abstractmethod
-    def configure(self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int) -> None:
-        """Build the model, optimizer and lr schedule of a stage."""
+    def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
+        """Build the model, optimizer and lr schedule of a stage (`cfg`, planned as `plan`)."""
 
     @abstractmethod
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
@@ -101,8 +101,8 @@ class LocalTrainer(TrainerHandle):
     def __init__(self, command: Commander):
         self.command = command
 
-    def configure(self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int) -> None:
-        self.command("configure", ConfigureCall(cfg, model_path, stage_dir, total_steps))
+    def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
+        self.command("configure", ConfigureCall(cfg, plan, model_path, stage_dir, total_steps))
 
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
         out = self.command("train_step", experiences)
@@ -158,7 +158,8 @@ class RemoteTrainer(TrainerHandle):
     def __init__(self, client: TrainerClient):
         self.client = client
 
-    def configure(self, cfg: RLCoreConfig, model_path: str, stage_dir: str, total_steps: int) -> None:
+    def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
+        # the service validates the config and plans the stage again: it answers any client
         self.client.configure(to_yaml(cfg), model_path, stage_dir, total_steps)
 
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:

@@ -29,8 +29,8 @@ from ..core.data.taskset import task_stream
 from ..core.hf_export import HF_DIR
 from ..core.monitor.jsonl import COMPLETIONS, drop_after
 from ..core.step_metrics import completion_rows, mean_dicts, memory_metrics, mixture_metrics
-from ..core.sync_schedule import SyncSchedule
 from ..core.types import Experience, Task
+from ..weights.schedule import SyncSchedule
 from .buffer_source import BufferSource, StopWhileWaiting
 from .engine_link import EngineLink, RunContext
 from .handles import TrainerHandle
@@ -90,7 +90,7 @@ class StageLoop:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.formats = taskset_formats(cfg)
         self.source_of = {t.task_id: t.source for t in self.stream.tasks}  # a mixture's metrics
-        handle.configure(cfg, model_path, sdir, self.total_train_steps)
+        handle.configure(cfg, plan, model_path, sdir, self.total_train_steps)
         prompt_format = self.formats[cfg.buffer.explorer_input.taskset.name][2]
         probe_prompt = prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)

@@ -26,7 +26,7 @@ def _sender_factory(plan: dict[str, Any]) -> Any:
     """Rank 0's way to reach the run's rollout workers (they join the sync group at the address
     the launch chose)."""
     from ..client.base import ClientOptions
-    from ..rollout.weight_sender import connect
+    from ..weights.sender import connect
 
     def make(endpoints: list[str], cfg: Any) -> Any:
         options = ClientOptions.from_control(cfg.control, timeout=cfg.synchronizer.sync_timeout)

@@ -63,7 +63,7 @@ def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, de
 
     def make(endpoints: list[str], cfg: RLCoreConfig) -> Any:
         from ..client.base import ClientOptions
-        from ..rollout.weight_sender import connect
+        from ..weights.sender import connect
 
         sc = cfg.synchronizer
         options = ClientOptions(

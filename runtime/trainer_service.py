@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ..backends import check_strategy_runs
 from ..core.checkpoint import TRAINER_STATE, CheckpointError, resumable_checkpoint, verify_checkpoint
 from ..core.config import ConfigError, from_yaml
-from ..core.config.plan import filled
+from ..core.config.plan import filled, plan_stage
 from ..core.config.validate import validate_config
 from ..core.rpc.address import is_host_port
 from ..core.rpc.convert import experience_from_proto
@@ -141,7 +141,7 @@ def validate_configure(request: trainer_pb2.ConfigureRequest) -> ConfigureCall:
         f"'{model_path}' has no config.json (an HF model folder on the trainer's machine is needed)",
     )
     ckpt = request.checkpoint_dir or os.path.join(cfg.checkpoint_root_dir, cfg.project, cfg.name)
-    return ConfigureCall(cfg, model_path, os.path.abspath(ckpt), int(request.total_steps))
+    return ConfigureCall(cfg, plan_stage(cfg, served=True), model_path, os.path.abspath(ckpt), int(request.total_steps))
 
 
 def validate_experiences(

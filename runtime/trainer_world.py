@@ -25,6 +25,7 @@ import torch.distributed as dist
 from ..core.batch import shard
 from ..core.checkpoint import TrainerState
 from ..core.config import RLCoreConfig
+from ..core.config.plan import StagePlan
 from ..core.fast_exit import exit_now
 from ..core.hf_export import HF_DIR
 from ..core.step_metrics import rollout_report
@@ -35,8 +36,8 @@ from .training import SequenceSpec, StageTraining
 
 if TYPE_CHECKING:
     from ..rollout.local import LocalRollout
-    from ..rollout.transports.base import WeightTransport
-    from ..rollout.weight_sender import WeightSender
+    from ..weights.base import WeightTransport
+    from ..weights.sender import WeightSender
 
 log = logging.getLogger("rlcore.trainer_world")
 
@@ -89,6 +90,7 @@ def exit_world(code: int) -> NoReturn:
 @dataclass
 class ConfigureCall:
     cfg: RLCoreConfig
+    plan: StagePlan
     model_path: str
     checkpoint_dir: str
     total_steps: int
@@ -133,6 +135,8 @@ class TrainerWorld:
         self.engine: LocalRollout | None = None
         self.model_path = ""
         self.vocab_size = 0
+        self.weights = "none"
+        """The configured stage's weight transport (its plan's)."""
         self._make_sender = make_sender  # rank 0 only
         self._transports: dict[tuple[str, ...], WeightTransport] = {}
 
@@ -150,6 +154,7 @@ class TrainerWorld:
             call.cfg, call.checkpoint_dir, call.model_path, self.device, call.total_steps
         )
         self.model_path = call.model_path
+        self.weights = call.plan.weights
         self.vocab_size = int(self.training.strategy.hf_config().vocab_size)
         return {
             "strategy": call.cfg.trainer.strategy,
@@ -198,8 +203,8 @@ class TrainerWorld:
         sends), or with none this stage's in-process engines. Every rank walks the weights, also
         when rank 0 cannot reach the workers, so the ranks stay in step: rank 0 then answers
         {"failed": one line} instead of raising, every rank having finished the command."""
-        from ..rollout.transports import build_transport
-        from ..rollout.transports.base import Endpoints
+        from ..weights import build_transport
+        from ..weights.base import Endpoints
 
         t = self._t()
         start = time.perf_counter()
@@ -214,7 +219,7 @@ class TrainerWorld:
                 except Exception as e:
                     failure = e
             where = Endpoints(self.engine, sender, os.path.join(t.stage_dir, "weight_sync"), self.model_path)
-            transport = build_transport(t.cfg.synchronizer.sync_method, bool(endpoints), where)
+            transport = build_transport(self.weights, where)
         try:
             # a backstop: each phase of the push has sync_timeout of its own, and a worker that misses
             # one is an error the loop handles (it syncs again with the workers that answer)
@@ -238,8 +243,8 @@ class TrainerWorld:
     def publish_weights(self, folder: str) -> dict[str, Any]:
         """Write the current weights as the next version in `folder` for the explorers of a
         decoupled run (transports/publish.py); every rank walks the weights, rank 0 writes."""
-        from ..rollout.transports import TRANSPORTS
-        from ..rollout.transports.base import Endpoints
+        from ..weights import build_transport
+        from ..weights.base import Endpoints
 
         t = self._t()
         start = time.perf_counter()
@@ -247,7 +252,7 @@ class TrainerWorld:
         transport = self._transports.get(key)
         if transport is None:
             os.makedirs(folder, exist_ok=True)
-            transport = TRANSPORTS.resolve("publish")(Endpoints(folder=folder, tokenizer_dir=self.model_path))
+            transport = build_transport("publish", Endpoints(folder=folder, tokenizer_dir=self.model_path))
             self._transports[key] = transport
         stats = transport.push(t.strategy, t.state.global_step)
         return {

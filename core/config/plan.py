@@ -168,8 +168,8 @@ def syncs_engines(cfg: Any) -> bool:
 # ---------------------------------------------------------------------- the decisions
 
 
-def on_workers(cfg: RLCoreConfig) -> bool:
-    return cfg.mode in ("both", "explore") or cfg.trainer.remote is not None
+def on_workers(cfg: RLCoreConfig, served: bool = False) -> bool:
+    return cfg.mode in ("both", "explore") or cfg.trainer.remote is not None or served
 
 
 def source_of(cfg: RLCoreConfig, data: str) -> str:
@@ -184,14 +184,16 @@ def source_of(cfg: RLCoreConfig, data: str) -> str:
     return "explorer_thread" if cfg.synchronizer.asynchronous else "rollouts"
 
 
-def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main") -> StagePlan:
-    """The plan of one stage whose config is validated and filled (`filled`)."""
+def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bool = False) -> StagePlan:
+    """The plan of one stage whose config is validated and filled (`filled`). `served`: the stage
+    is trained by a TrainerService (`rlcore trainer serve`), which hosts no engine: whatever its
+    client's config says, the stage's engines are rollout workers and its trainer remote."""
     from ..algorithms import reads_reference, trains_critic, trains_on, trains_on_experts
 
     algo = cfg.algorithm
     data = trains_on(algo)
     source = source_of(cfg, data)
-    workers = on_workers(cfg)
+    workers = on_workers(cfg, served)
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
     if source == "explore":
         engines, explorer_engines = "workers", "none"
@@ -203,11 +205,12 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main") -> StagePl
         engines, explorer_engines = "none", "none"
     if source == "explore":  # the explore launch has its workers load the folders the trainer publishes
         weights = "publish"
-    elif engines == "workers":
-        weights = "checkpoint" if cfg.synchronizer.sync_method == "checkpoint" else "nccl"
+    elif engines == "workers":  # auto: a process group (shape_checks refuses memory here)
+        method = cfg.synchronizer.sync_method
+        weights = "nccl" if method == "auto" else method
     else:
         weights = "memory" if engines == "in_process" else "none"
-    trainer = "none" if source == "explore" else "remote" if cfg.trainer.remote is not None else "local"
+    trainer = "none" if source == "explore" else "remote" if cfg.trainer.remote is not None or served else "local"
     passes = Passes(
         reference=reads_reference(algo),
         old_logprobs=bool(algo.do_old_log_prob_compute) and data == "rollouts",

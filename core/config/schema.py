@@ -614,7 +614,7 @@ class TrainerConfig:
 
 @dataclass
 class SynchronizerConfig:
-    sync_method: str = choice("auto", ("auto", "nccl", "checkpoint", "memory"))
+    sync_method: str = choice("auto", "rlcore.weights:SYNC_METHODS")
     """How weights reach the engines: nccl (a process group between trainer rank 0 and the rollout
     workers' engine processes: NCCL on GPU, gloo on CPU), checkpoint (rank 0 writes an HF folder
     the workers load: a shared file system instead of a group), memory (engine in trainer rank 0's

@@ -13,7 +13,7 @@ from ...core.types import Completion, SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from ...core.weight_sync import SyncGroup, TensorSpec
+    from ...weights.wire import SyncGroup, TensorSpec
 
 
 class RolloutEngine(ABC):
@@ -51,7 +51,7 @@ class RolloutEngine(ABC):
     ) -> None:  # fmt: skip
         """Join a weight-sync group at ranks first_rank .. first_rank + weight_sync_ranks - 1
         (blocks until the group formed); replaces any earlier group."""
-        from ...core.weight_sync import init_group
+        from ...weights.wire import init_group
 
         self._sync_group = None
         self._sync_group = init_group(
@@ -71,7 +71,7 @@ class RolloutEngine(ABC):
         """Receive one version's buckets from the group and load them: large tensors straight into
         `weight_destinations()`, the rest through `load_weights`. With checksums nothing is loaded
         unless every bucket checks out (WeightCorruption otherwise)."""
-        from ...core.weight_sync import receive_weights
+        from ...weights.wire import receive_weights
 
         assert self._sync_group is not None, "join_weight_sync first"
         weights = receive_weights(

@@ -41,7 +41,7 @@ from .base import (
 if TYPE_CHECKING:
     import torch
 
-    from ...core.weight_sync import TensorSpec
+    from ...weights.wire import TensorSpec
 
 log = logging.getLogger("rlcore.rollout.vllm")
 
@@ -257,7 +257,7 @@ class VLLMEngine(RolloutEngine):
         stats: dict[str, float],
         on_phase: Callable[[str], None] = lambda phase: None,
     ) -> None:
-        from ...core.weight_sync import WeightCorruption
+        from ...weights.wire import WeightCorruption
 
         on_phase("receiving and loading in the vLLM workers")
         plain = [(s.name, s.dtype, tuple(s.shape)) for s in specs]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, cast
 
-from ...core.weight_sync import (
+from ...weights.wire import (
     SyncGroup,
     TensorSpec,
     WeightCorruption,

@@ -13,8 +13,8 @@ import sys
 import time
 
 from rlcore.client import ClientOptions, RolloutClient
-from rlcore.core.weight_sync import WeightSyncError, spec_of
-from rlcore.rollout.weight_sender import WeightSender
+from rlcore.weights.sender import WeightSender
+from rlcore.weights.wire import WeightSyncError, spec_of
 
 
 def main(model: str, worker: str, master_address: str, timeout_s: float) -> None:

@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from rlcore.core.data.synthetic import write_arithmetic_taskset
 from rlcore.core.types import SamplingParams
-from rlcore.core.weight_sync import WeightCorruption, init_group, send_weights, spec_of
 from rlcore.rollout.engines.hf import HFEngine
+from rlcore.weights.wire import WeightCorruption, init_group, send_weights, spec_of
 
 from .vllm_support import require_vllm
 

@@ -16,8 +16,8 @@ import torch
 
 from rlcore.client import ClientOptions, RolloutClient
 from rlcore.core.types import SamplingParams
-from rlcore.core.weight_sync import WeightSyncError, spec_of
-from rlcore.rollout.weight_sender import WeightSender
+from rlcore.weights.sender import WeightSender
+from rlcore.weights.wire import WeightSyncError, spec_of
 
 from .launch_utils import REPO, wait_for_port_file
 

@@ -195,7 +195,7 @@ def test_too_long_prompt_message_gives_the_numbers(client: RolloutClient) -> Non
 
 
 def test_weight_update_calls_out_of_order_are_failed_precondition(client: RolloutClient) -> None:
-    from rlcore.core.weight_sync import TensorSpec
+    from rlcore.weights.wire import TensorSpec
 
     err = _code(lambda: client.begin_weight_update(1, [TensorSpec("w", "float32", (2,))], 1024))
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION and "InitWeightSync" in err.details

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlcore.core.weight_sync import (
+from rlcore.weights.wire import (
     RECEIVE_POOL,
     SyncGroup,
     TensorSpec,

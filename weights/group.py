@@ -3,8 +3,8 @@ of their own (NCCL on GPU, gloo on CPU); names, dtypes and shapes travel over gR
 
 from __future__ import annotations
 
-from ...core.weight_sync import spec_of
 from .base import WeightSource, WeightTransport, announce, drain
+from .wire import spec_of
 
 
 class GroupTransport(WeightTransport):

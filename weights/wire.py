@@ -21,7 +21,7 @@ does, vLLM's fused parameters do not). IN_FLIGHT (2) buckets are on the wire at 
 next one is gathered and packed, or the last one received is loaded; on CPU the receiving side
 reuses its buffers once the engine holds no tensor from them. With checksums every bucket
 is packed and staged, so nothing is written into the engine before all of them check out. The gRPC
-calls around the bytes are in weight_sender.py.
+calls around the bytes are in sender.py (trainer) and receiver.py (worker).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..core.rpc.errors import require
 from ..proto.v1 import common_pb2
-from .rpc.errors import require
 
 DTYPES = {
     "float32": torch.float32,

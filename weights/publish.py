@@ -19,8 +19,8 @@ import time
 
 import torch.distributed as dist
 
-from ...core.hf_export import export_hf
-from ...core.rpc.cli import write_atomic
+from ..core.hf_export import export_hf
+from ..core.rpc.cli import write_atomic
 from .base import WeightSource, WeightTransport, drain
 
 LATEST = "latest.json"

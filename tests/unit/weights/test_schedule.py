@@ -4,8 +4,8 @@ The in-process loop and the trainer.remote loop both follow it."""
 from __future__ import annotations
 
 from rlcore.core.config.schema import SynchronizerConfig
-from rlcore.core.sync_schedule import SyncSchedule
 from rlcore.core.types import Experience
+from rlcore.weights.schedule import SyncSchedule
 
 
 def _syncs(schedule: SyncSchedule, steps: int) -> list[int]:

@@ -9,15 +9,15 @@ stay in step. Every transport follows one policy-version rule (`announce`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from ..local import LocalRollout
-    from ..weight_sender import WeightSender
+    from .sender import WeightSender
+    from .wire import TensorSpec
 
 
 class WeightSource(Protocol):
@@ -30,11 +30,57 @@ class WeightSource(Protocol):
     def hf_config(self) -> Any: ...
 
 
+class WeightSink(Protocol):
+    """An engine as weights reach it (a RolloutEngine satisfies it): the receiving half of every
+    transport loads through these."""
+
+    policy_version: int
+    """The version of the weights it serves."""
+    weight_sync_ranks: int
+    """How many ranks it takes in a weight-sync group (vLLM: its tensor-parallel workers)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None: ...
+
+    def join_weight_sync(
+        self, master_address: str, master_port: int, world_size: int, first_rank: int, backend: str,
+        timeout_s: float, group_name: str,
+    ) -> None: ...  # fmt: skip
+
+    def receive_weights(
+        self, specs: list[TensorSpec], bucket_bytes: int, policy_version: int, *, checksums: bool,
+        stats: dict[str, float], on_phase: Callable[[str], None] = ...,
+    ) -> None: ...  # fmt: skip
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class Gate(Protocol):
+    """What holds generation back while weights load (rollout/gate.py's GenerationGate)."""
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def wait_idle(self, timeout: float | None = None) -> bool: ...
+
+
+class InProcessEngine(Protocol):
+    """An engine in the trainer's process, as transport memory loads it (rollout/local.py's
+    LocalRollout: it wakes a sleeping engine around the load)."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+
 @dataclass
 class Endpoints:
     """What this rank's transport reaches for a stage."""
 
-    engine: LocalRollout | None = None
+    engine: InProcessEngine | None = None
     """This rank's in-process engine (transport memory)."""
     sender: WeightSender | None = None
     """Trainer rank 0's link to the rollout workers (transports nccl and checkpoint); None elsewhere."""

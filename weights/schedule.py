@@ -18,10 +18,10 @@ import logging
 
 import torch
 
-from .config import RLCoreConfig
-from .config.schema import SynchronizerConfig
-from .types import Experience
-from .weight_sync import WeightSyncError
+from ..core.config import RLCoreConfig
+from ..core.config.schema import SynchronizerConfig
+from ..core.types import Experience
+from .wire import WeightSyncError
 
 log = logging.getLogger("rlcore.synchronizer")
 

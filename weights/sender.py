@@ -1,5 +1,5 @@
 """Trainer rank 0's side of weight sync to rollout workers: the gRPC calls around the bytes
-(core/weight_sync.py).
+(wire.py).
 
     InitWeightSync (once)  ->  BeginWeightUpdate  ->  send_weights over the group  ->  FinishWeightUpdate
 
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..core.weight_sync import SyncGroup, TensorSpec, WeightSyncError, init_group, plan_buckets, send_weights
+from .wire import SyncGroup, TensorSpec, WeightSyncError, init_group, plan_buckets, send_weights
 
 if TYPE_CHECKING:
     from ..client.base import ClientOptions
     from ..client.rollout import RolloutClient
     from ..core.config.schema import SynchronizerConfig
 
-log = logging.getLogger("rlcore.weight_sync")
+log = logging.getLogger("rlcore.weights")
 
 
 class WeightSender:
@@ -215,18 +215,24 @@ class WeightSender:
 
 
 def connect(
-    endpoints: list[str], sc: SynchronizerConfig, options: ClientOptions, device: str, master_address: str
-) -> WeightSender:
-    """A sender to the rollout workers at `endpoints` with the stage's synchronizer settings; they
-    join its group at `master_address` (an address of this host they can reach)."""
+    workers: list[str] | list[RolloutClient], sc: SynchronizerConfig, options: ClientOptions | None = None,
+    device: str = "cpu", master_address: str = "127.0.0.1",
+) -> WeightSender:  # fmt: skip
+    """The one way to a sender to rollout workers, with the stage's synchronizer settings: every
+    launch, serve and explore path takes it. `workers`: addresses (the sender opens clients with
+    `options` and closes them with itself) or the caller's open clients. A group, when the
+    transport forms one, is joined at `master_address` (an address of this host they can reach),
+    over NCCL on CUDA and gloo elsewhere."""
     from ..client.rollout import RolloutClient
 
-    clients = [RolloutClient(e, options) for e in endpoints]
+    owns = all(isinstance(w, str) for w in workers)
+    clients = [RolloutClient(w, options) if isinstance(w, str) else w for w in workers]
     try:
         ranks = [max(1, c.get_info().weight_sync_ranks) for c in clients]
     except BaseException:
-        for c in clients:
-            c.close()
+        if owns:
+            for c in clients:
+                c.close()
         raise
     return WeightSender(
         clients,
@@ -236,5 +242,5 @@ def connect(
         master_address=master_address,
         ranks=ranks,
         checksums=sc.checksums,
-        owns_clients=True,
+        owns_clients=owns,
     )

@@ -11,7 +11,7 @@ class MemoryTransport(WeightTransport):
         engine = self.endpoints.engine
         try:
             if engine is not None:
-                self.version = announce(step, engine.engine.policy_version)
+                self.version = announce(step, engine.policy_version)
                 engine.load_weights(weights, self.version)
         finally:
             drain(weights)  # the other ranks walk to the end whatever happened here

@@ -9,7 +9,7 @@ import time
 
 import torch.distributed as dist
 
-from ...core.hf_export import export_hf
+from ..core.hf_export import export_hf
 from .base import WeightSource, WeightTransport, announce
 
 

@@ -1,5 +1,5 @@
 """A rollout worker's side of weight sync (InitWeightSync / BeginWeightUpdate / FinishWeightUpdate;
-the protocol is in rlcore.core.weight_sync).
+the protocol is in rlcore.weights.wire).
 
 The engine owns the group membership and the receiving (the HF engine receives in this process, a
 vLLM engine in its worker processes); this class orchestrates: Begin closes the generation gate and
@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..core.rpc.errors import DataLoss, DeadlineExceeded, FailedPrecondition, ServiceError, require
-from ..core.weight_sync import TensorSpec, WeightCorruption, plan_buckets, specs_from_proto
 from ..proto.v1 import rollout_pb2
-from .engines.base import RolloutEngine
-from .gate import GenerationGate
+from .base import Gate, WeightSink
+from .wire import TensorSpec, WeightCorruption, plan_buckets, specs_from_proto
 
 log = logging.getLogger("rlcore.rollout.weights")
 
@@ -43,7 +42,7 @@ class _Update:
 
 
 class WeightReceiver:
-    def __init__(self, engine: RolloutEngine, engine_lock: threading.Lock, gate: GenerationGate):
+    def __init__(self, engine: WeightSink, engine_lock: threading.Lock, gate: Gate):
         self.engine, self.engine_lock, self.gate = engine, engine_lock, gate
         self._lock = threading.Lock()
         self._joined = False
