@@ -5,7 +5,8 @@ the ranks through the world's command channel, the way RemoteRollout splits it a
 from __future__ import annotations
 
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
-from .trainer_world import Commander, RolloutCall
+from .commands import ProbeCall, RolloutCall
+from .trainer_world import Commander
 
 
 class WorldRollout:
@@ -18,7 +19,7 @@ class WorldRollout:
     def run(
         self, tasks: list[Task], sampling: SamplingParams, spec: WorkflowSpec, timeout: float
     ) -> list[Experience]:
-        exps, self._report, failed = self.command("rollout", RolloutCall(tasks, sampling, spec, timeout))
+        exps, self._report, failed = self.command(RolloutCall(tasks, sampling, spec, timeout))
         if failed is not None:  # every rank has finished the command: raising here keeps them in step
             kind, _, message = failed.partition(":")
             raise (ValueError if kind == "ValueError" else RuntimeError)(message)
@@ -28,4 +29,4 @@ class WorldRollout:
         return self._report
 
     def probe(self, prompt: list[int], max_tokens: int) -> list[tuple[str, list[int], list[float]]]:
-        return self.command("probe", (prompt, max_tokens))  # type: ignore[no-any-return]
+        return self.command(ProbeCall(prompt, max_tokens))  # type: ignore[no-any-return]

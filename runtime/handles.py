@@ -21,7 +21,19 @@ from ..core.config.plan import StagePlan
 from ..core.types import Experience
 from ..rollout.explorer import Rollout, engine_in_every_rank
 from .colocated import WorldRollout
-from .trainer_world import Commander, ConfigureCall, ForwardBackwardCall, LogprobsCall
+from .commands import (
+    ConfigureCall,
+    ForwardBackwardCall,
+    LoadCheckpointCall,
+    LogprobsCall,
+    OptimStepCall,
+    PublishWeightsCall,
+    SaveCheckpointCall,
+    StartEnginesCall,
+    SyncWeightsCall,
+    TrainStepCall,
+)
+from .trainer_world import Commander
 from .training import SequenceSpec, sequence_spec
 
 
@@ -102,25 +114,25 @@ class LocalTrainer(TrainerHandle):
         self.command = command
 
     def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
-        self.command("configure", ConfigureCall(cfg, plan, model_path, stage_dir, total_steps))
+        self.command(ConfigureCall(cfg, plan, model_path, stage_dir, total_steps))
 
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
-        out = self.command("train_step", experiences)
+        out = self.command(TrainStepCall(experiences))
         return out["metrics"], out["global_step"]
 
     def forward_backward(self, sequences: list[TrainSequence], loss: str) -> ForwardBackwardResult:
-        out = self.command("forward_backward", ForwardBackwardCall(_specs(sequences), loss, 1.0, 0.0))
+        out = self.command(ForwardBackwardCall(_specs(sequences), loss, 1.0, 0.0))
         return ForwardBackwardResult(out["loss"], out["metrics"], out["num_tokens"])
 
     def optim_step(self) -> OptimStepResult:
-        out = self.command("optim_step")
+        out = self.command(OptimStepCall())
         return OptimStepResult(out["grad_norm"], out["lr"], out["global_step"])
 
     def compute_logprobs(self, sequences: list[TrainSequence]) -> list[list[float]]:
-        return self.command("compute_logprobs", LogprobsCall(_specs(sequences), 1.0, False))  # type: ignore[no-any-return]
+        return self.command(LogprobsCall(_specs(sequences), 1.0, False))  # type: ignore[no-any-return]
 
     def save_checkpoint(self, export_hf: bool, explore_step: int) -> tuple[str, str]:
-        out = self.command("save_checkpoint", (export_hf, explore_step))
+        out = self.command(SaveCheckpointCall(export_hf, explore_step))
         return out["path"], out["hf_path"]
 
     def load_checkpoint(self) -> Restored | None:
@@ -131,17 +143,17 @@ class LocalTrainer(TrainerHandle):
         path = resumable_checkpoint(training.stage_dir, training.cfg.trainer.resume_fallback)
         if path is None:
             return None
-        state = self.command("load_checkpoint", path)
+        state = self.command(LoadCheckpointCall(path))
         return Restored(path, state.global_step, state.explore_step)
 
     def sync_weights(self, endpoints: list[str]) -> Synced:
-        out = self.command("sync_weights", endpoints)
+        out = self.command(SyncWeightsCall(endpoints))
         if "failed" in out:  # raised here, outside the command every rank has finished
             raise RuntimeError(out["failed"])
         return Synced(out["num_bytes"], out["seconds"])
 
     def publish_weights(self, folder: str) -> tuple[int, Synced]:
-        out = self.command("publish_weights", folder)
+        out = self.command(PublishWeightsCall(folder))
         return out["policy_version"], Synced(out["num_bytes"], out["seconds"])
 
     def start_engines(self, plan: StagePlan) -> Engines:
@@ -149,7 +161,7 @@ class LocalTrainer(TrainerHandle):
         world = self.command.world
         assert world.training is not None, "configure first"
         every_rank = engine_in_every_rank(world.training.cfg, plan, torch.distributed.get_world_size())
-        reused = self.command("start_engines", every_rank)
+        reused = self.command(StartEnginesCall(every_rank))
         assert world.engine is not None
         return Engines(WorldRollout(self.command) if every_rank else world.engine, world.engine, reused)
 

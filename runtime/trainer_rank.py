@@ -12,27 +12,24 @@ import os
 import sys
 from typing import Any
 
-import torch
-
 from ..core.config import from_yaml
 from ..core.config.loader import Stage
 from ..core.config.plan import StagePlan
-from . import failure, nodes, rank_logs
+from . import failure, nodes
 from .lifecycle import die_with_parent
-from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
+from .rank_entry import run_rank, sender_factory
+from .trainer_world import Commander, TrainerWorld, exit_world
 
 
 def _sender_factory(plan: dict[str, Any]) -> Any:
     """Rank 0's way to reach the run's rollout workers (they join the sync group at the address
-    the launch chose)."""
+    the launch chose), with the run's control settings."""
     from ..client.base import ClientOptions
-    from ..weights.sender import connect
 
-    def make(endpoints: list[str], cfg: Any) -> Any:
-        options = ClientOptions.from_control(cfg.control, timeout=cfg.synchronizer.sync_timeout)
-        return connect(endpoints, cfg.synchronizer, options, plan["device"], sync_master_address(plan))
+    def options(cfg: Any) -> ClientOptions:
+        return ClientOptions.from_control(cfg.control, timeout=cfg.synchronizer.sync_timeout)
 
-    return make
+    return sender_factory(options, plan["device"], sync_master_address(plan))
 
 
 def sync_master_address(plan: dict[str, Any]) -> str:
@@ -75,29 +72,17 @@ def restarted(plan: dict[str, Any], stages: list[Stage]) -> None:
 
 
 def main(plan_path: str) -> int:
-    die_with_parent()  # torchrun's agent: a rank never outlives it
+    die_with_parent()  # torchrun's agent: a rank never outlives it (also while it waits for the plan)
     plan = read_plan(plan_path)
     device = plan["device"]
     rank = int(os.environ.get("RANK", 0))
-    rank_logs.configure(rank, plan["log_level"])
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if plan.get("threads_per_rank"):
-        torch.set_num_threads(plan["threads_per_rank"])
     launch_dir = os.path.join(plan["run_dir"], "launch")
     try:
-        init_world(device, plan.get("collective_timeout_s"))
-        commands = command_group(plan.get("collective_timeout_s") if rank == 0 else None)
-        try:
-            if rank == 0:
-                return _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands)
-            world = TrainerWorld(device)
-            try:
-                follow(world, commands, keep_serving=False)
-            finally:
-                world.close_stage()
-            return 0
-        finally:
-            torch.distributed.destroy_process_group()
+        return run_rank(
+            rank, device, lambda commands: _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands),
+            log_level=plan["log_level"], threads=plan.get("threads_per_rank"),
+            collective_timeout_s=plan.get("collective_timeout_s"), keep_serving=False,
+        )  # fmt: skip
     except Exception as e:  # for the launcher to say in one line; the traceback goes to a file
         failure.report(launch_dir, f"rank{rank}", e)
         return 2 if isinstance(e, ValueError) else 1

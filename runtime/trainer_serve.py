@@ -39,10 +39,11 @@ from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
 from ..core.signals import StopFlag
 from ..proto.v1 import trainer_pb2_grpc
 from .child import wrap
-from .lifecycle import die_with_parent, end_process
+from .lifecycle import end_process
 from .nodes import torchrun_args
+from .rank_entry import run_rank, sender_factory
 from .trainer_service import SERVICE_NAME, TrainerServicer
-from .trainer_world import Commander, TrainerWorld, command_group, exit_world, follow, init_world
+from .trainer_world import Commander, TrainerWorld, exit_world
 
 log = logging.getLogger("rlcore.trainer_serve")
 
@@ -59,19 +60,14 @@ RDZV_ID = "rlcore-trainer-serve"
 def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, device: str, host: str):
     """Rank 0's way to reach rollout workers: the run's token and TLS files, the trainer's limits;
     workers join the weight-sync group at the address this trainer serves on."""
-    master_address = reachable_host(host)
+    from ..client.base import ClientOptions
 
-    def make(endpoints: list[str], cfg: RLCoreConfig) -> Any:
-        from ..client.base import ClientOptions
-        from ..weights.sender import connect
-
-        sc = cfg.synchronizer
-        options = ClientOptions(
-            token=token, timeout=sc.sync_timeout, max_message_bytes=max_message_bytes, tls=tls
+    def options(cfg: RLCoreConfig) -> ClientOptions:
+        return ClientOptions(
+            token=token, timeout=cfg.synchronizer.sync_timeout, max_message_bytes=max_message_bytes, tls=tls
         )
-        return connect(endpoints, sc, options, device, master_address)
 
-    return make
+    return sender_factory(options, device, reachable_host(host))
 
 
 def _serve_rank0(opts: dict[str, Any], commands: Any, signals: StopFlag) -> int:
@@ -130,13 +126,6 @@ def rank_main(options_path: str) -> int:
         opts = json.load(f)
     rank = world_rank(opts)
     os.environ["RANK"] = str(rank)  # what init_world's env:// rendezvous reads
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for name in ("transformers", "datasets", "httpx"):
-        logging.getLogger(name).setLevel(logging.ERROR)
     signals = StopFlag()  # not stop.set() in the handler: see core/signals.py
     if rank == 0:  # rank 0 decides when the world ends; the others follow its shutdown broadcast
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -145,18 +134,12 @@ def rank_main(options_path: str) -> int:
     else:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-    torch.set_num_threads(opts["threads"])
     # torchrun's agent: a rank never outlives it (ranks > 0 ignore SIGTERM, rank 0 stops on it)
-    die_with_parent(signal.SIGTERM if rank == 0 else signal.SIGKILL)
-    init_world(opts["device"], opts["collective_timeout_s"])
-    commands = command_group(opts["collective_timeout_s"] if rank == 0 else None)
-    try:
-        if rank == 0:
-            return _serve_rank0(opts, commands, signals)
-        follow(TrainerWorld(opts["device"]), commands, keep_serving=True)
-        return 0
-    finally:
-        dist.destroy_process_group()
+    return run_rank(
+        rank, opts["device"], lambda commands: _serve_rank0(opts, commands, signals), log_level=logging.INFO,
+        threads=opts["threads"], collective_timeout_s=opts["collective_timeout_s"], keep_serving=True,
+        parent_signal=signal.SIGTERM if rank == 0 else signal.SIGKILL,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- `rlcore trainer serve`

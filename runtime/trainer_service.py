@@ -23,7 +23,18 @@ from ..core.rpc.convert import experience_from_proto
 from ..core.rpc.errors import FailedPrecondition, InvalidArgument, Unavailable, require
 from ..core.types import Experience
 from ..proto.v1 import trainer_pb2, trainer_pb2_grpc
-from .trainer_world import Commander, ConfigureCall, ForwardBackwardCall, LogprobsCall
+from .commands import (
+    Command,
+    ConfigureCall,
+    ForwardBackwardCall,
+    LoadCheckpointCall,
+    LogprobsCall,
+    OptimStepCall,
+    SaveCheckpointCall,
+    SyncWeightsCall,
+    TrainStepCall,
+)
+from .trainer_world import Commander
 from .training import SequenceSpec, StageTraining, sequence_spec
 
 LOSSES = ("grpo", "ppo", "cross_entropy", "dpo")
@@ -187,11 +198,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self._lock = threading.Lock()
         self._closed = False
 
-    def _run(self, command: str, payload: Any) -> Any:
-        """Run `command` on every rank; the caller holds the lock and has validated `payload`."""
+    def _run(self, call: Command) -> Any:
+        """Run `call` on every rank; the caller holds the lock and has validated it."""
         if self._closed:
             raise Unavailable("the trainer is shutting down")
-        return self.command(command, payload)
+        return self.command(call)
 
     def _configured(self) -> StageTraining:
         if self.world.training is None:
@@ -212,7 +223,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         except RuntimeError as e:
             raise FailedPrecondition(str(e)) from None
         with self._lock:
-            out = self._run("configure", call)
+            out = self._run(call)
         return trainer_pb2.ConfigureResponse(**out)
 
     def ForwardBackward(self, request, context):
@@ -224,7 +235,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     "loss dpo compares the policy with the reference model, which the configured stage does "
                     "not build: Configure with algorithm.algorithm_type dpo"
                 )
-            out = self._run("forward_backward", call)
+            out = self._run(call)
         return trainer_pb2.ForwardBackwardResponse(**out)
 
     def ComputeLogprobs(self, request, context):
@@ -233,7 +244,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             call = validate_compute_logprobs(
                 request, self.world.vocab_size, t.cfg.model.max_model_len, t.needs_ref
             )
-            out = self._run("compute_logprobs", call)
+            out = self._run(call)
         return trainer_pb2.ComputeLogprobsResponse(
             sequences=[trainer_pb2.ResponseLogprobs(logprobs=lps) for lps in out]
         )
@@ -241,7 +252,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     def OptimStep(self, request, context):
         with self._lock:
             self._configured()
-            out = self._run("optim_step", None)
+            out = self._run(OptimStepCall())
         return trainer_pb2.OptimStepResponse(**out)
 
     def TrainStep(self, request, context):
@@ -253,14 +264,14 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     "(or train SFT with ForwardBackward(loss=cross_entropy) + OptimStep)"
                 )
             exps = validate_experiences(request, self.world.vocab_size, t.cfg.model.max_model_len)
-            out = self._run("train_step", exps)
+            out = self._run(TrainStepCall(exps))
         return trainer_pb2.TrainStepResponse(**out)
 
     def SaveCheckpoint(self, request, context):
         require(request.explore_step >= 0, "explore_step", f"must be >= 0; got {request.explore_step}")
         with self._lock:
             self._configured()
-            out = self._run("save_checkpoint", (request.export_hf, int(request.explore_step)))
+            out = self._run(SaveCheckpointCall(request.export_hf, int(request.explore_step)))
         return trainer_pb2.SaveCheckpointResponse(**out)
 
     def LoadCheckpoint(self, request, context):
@@ -281,7 +292,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 verify_checkpoint(path)
             except CheckpointError as e:
                 raise InvalidArgument("path", str(e)) from None
-            state = self._run("load_checkpoint", path)
+            state = self._run(LoadCheckpointCall(path))
         return trainer_pb2.LoadCheckpointResponse(
             path=path, global_step=state.global_step, explore_step=state.explore_step
         )
@@ -303,7 +314,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         require(len(set(endpoints)) == len(endpoints), "endpoints", "lists a worker more than once")
         with self._lock:
             self._configured()
-            out = self._run("sync_weights", endpoints)
+            out = self._run(SyncWeightsCall(endpoints))
         if "failed" in out:
             raise FailedPrecondition(f"the weight sync failed: {out['failed']}")
         return trainer_pb2.SyncWeightsResponse(**out)

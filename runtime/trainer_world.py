@@ -16,7 +16,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -25,14 +24,29 @@ import torch.distributed as dist
 from ..core.batch import shard
 from ..core.checkpoint import TrainerState
 from ..core.config import RLCoreConfig
-from ..core.config.plan import StagePlan
 from ..core.fast_exit import exit_now
 from ..core.hf_export import HF_DIR
 from ..core.step_metrics import rollout_report
-from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
+from ..core.types import Experience
 from ..core.watchdog import deadline
+from .commands import (
+    Command,
+    ConfigureCall,
+    ForwardBackwardCall,
+    LoadCheckpointCall,
+    LogprobsCall,
+    OptimStepCall,
+    ProbeCall,
+    PublishWeightsCall,
+    RolloutCall,
+    SaveCheckpointCall,
+    ShutdownCall,
+    StartEnginesCall,
+    SyncWeightsCall,
+    TrainStepCall,
+)
 from .failure import one_line
-from .training import SequenceSpec, StageTraining
+from .training import StageTraining
 
 if TYPE_CHECKING:
     from ..rollout.local import LocalRollout
@@ -83,44 +97,6 @@ def exit_world(code: int) -> NoReturn:
     exit_now(code)
 
 
-# ---------------------------------------------------------------------------------------------- calls
-# What rank 0 broadcasts: validated, plain Python (pickled by broadcast_object_list).
-
-
-@dataclass
-class ConfigureCall:
-    cfg: RLCoreConfig
-    plan: StagePlan
-    model_path: str
-    checkpoint_dir: str
-    total_steps: int
-
-
-@dataclass
-class ForwardBackwardCall:
-    sequences: list[SequenceSpec]
-    loss: str
-    temperature: float
-    normalize_tokens: float
-
-
-@dataclass
-class LogprobsCall:
-    sequences: list[SequenceSpec]
-    temperature: float
-    reference: bool
-
-
-@dataclass
-class RolloutCall:
-    """A batch for the engines in every rank: each rank generates its contiguous share."""
-
-    tasks: list[Task]
-    sampling: SamplingParams
-    spec: WorkflowSpec
-    timeout: float
-
-
 SenderFactory = Callable[[list[str], RLCoreConfig], "WeightSender"]
 """Rank 0's way to reach rollout workers: endpoints and the stage config -> a WeightSender."""
 
@@ -162,11 +138,11 @@ class TrainerWorld:
             "num_parameters": _num_parameters(self.training.strategy),
         }
 
-    def start_engines(self, every_rank: bool) -> bool:
+    def start_engines(self, call: StartEnginesCall) -> bool:
         """Build the stage's in-process engine in rank 0, or in every rank; returns whether rank 0's
         came from an earlier stage (and so holds that stage's weights until the first sync)."""
         t = self._t()
-        if every_rank or dist.get_rank() == 0:
+        if call.every_rank or dist.get_rank() == 0:
             from ..rollout.local import LocalRollout
 
             self.engine = LocalRollout(t.cfg, self.model_path, self.device)
@@ -180,25 +156,24 @@ class TrainerWorld:
     def compute_logprobs(self, call: LogprobsCall) -> list[list[float]]:
         return self._t().logprobs(call.sequences, call.temperature, call.reference)
 
-    def optim_step(self, _: None) -> dict[str, Any]:
+    def optim_step(self, _: OptimStepCall) -> dict[str, Any]:
         t = self._t()
         grad_norm, lr = t.optimizer_step()
         return {"grad_norm": grad_norm, "lr": lr, "global_step": t.state.global_step}
 
-    def train_step(self, exps: list[Experience]) -> dict[str, Any]:
+    def train_step(self, call: TrainStepCall) -> dict[str, Any]:
         t = self._t()
-        metrics = t.train_experiences(exps)
+        metrics = t.train_experiences(call.experiences)
         return {"metrics": metrics, "global_step": t.state.global_step}
 
-    def save_checkpoint(self, call: tuple[bool, int]) -> dict[str, str]:
-        with_hf, explore_step = call
-        path = self._t().save(with_hf, explore_step)
-        return {"path": path, "hf_path": os.path.join(path, HF_DIR) if with_hf else ""}
+    def save_checkpoint(self, call: SaveCheckpointCall) -> dict[str, str]:
+        path = self._t().save(call.export_hf, call.explore_step)
+        return {"path": path, "hf_path": os.path.join(path, HF_DIR) if call.export_hf else ""}
 
-    def load_checkpoint(self, path: str) -> TrainerState:
-        return self._t().load(path)
+    def load_checkpoint(self, call: LoadCheckpointCall) -> TrainerState:
+        return self._t().load(call.path)
 
-    def sync_weights(self, endpoints: list[str]) -> dict[str, Any]:
+    def sync_weights(self, call: SyncWeightsCall) -> dict[str, Any]:
         """Push the current weights to the engines: the rollout workers at `endpoints` (rank 0
         sends), or with none this stage's in-process engines. Every rank walks the weights, also
         when rank 0 cannot reach the workers, so the ranks stay in step: rank 0 then answers
@@ -206,7 +181,7 @@ class TrainerWorld:
         from ..weights import build_transport
         from ..weights.base import Endpoints
 
-        t = self._t()
+        t, endpoints = self._t(), call.endpoints
         start = time.perf_counter()
         key = tuple(endpoints)
         failure: Exception | None = None
@@ -240,13 +215,13 @@ class TrainerWorld:
             "seconds": stats.get("total_s", time.perf_counter() - start),
         }
 
-    def publish_weights(self, folder: str) -> dict[str, Any]:
+    def publish_weights(self, call: PublishWeightsCall) -> dict[str, Any]:
         """Write the current weights as the next version in `folder` for the explorers of a
         decoupled run (transports/publish.py); every rank walks the weights, rank 0 writes."""
         from ..weights import build_transport
         from ..weights.base import Endpoints
 
-        t = self._t()
+        t, folder = self._t(), call.folder
         start = time.perf_counter()
         key = ("publish", folder)
         transport = self._transports.get(key)
@@ -288,10 +263,10 @@ class TrainerWorld:
         exps = [e for part, _, _ in parts for e in part]
         return exps, rollout_report(sum(1 for part, _, _ in parts if part), [t for _, t, _ in parts]), failed
 
-    def probe(self, call: tuple[list[int], int]) -> list[tuple[str, list[int], list[float]]]:
+    def probe(self, call: ProbeCall) -> list[tuple[str, list[int], list[float]]]:
         """Every rank's engine greedy-decodes the probe prompt; all answers on every rank."""
         assert self.engine is not None, "engines started in every rank"
-        mine = [(f"rank {dist.get_rank()}", tokens, lp) for _, tokens, lp in self.engine.probe(*call)]
+        mine = [(f"rank {dist.get_rank()}", tokens, lp) for _, tokens, lp in self.engine.probe(call.prompt, call.max_tokens)]
         parts: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(parts, mine)
         return [a for part in parts for a in part]
@@ -306,6 +281,27 @@ class TrainerWorld:
             self.engine = None
 
 
+METHODS: dict[type, Callable[[TrainerWorld, Any], Any]] = {
+    ConfigureCall: TrainerWorld.configure,
+    StartEnginesCall: TrainerWorld.start_engines,
+    ForwardBackwardCall: TrainerWorld.forward_backward,
+    LogprobsCall: TrainerWorld.compute_logprobs,
+    OptimStepCall: TrainerWorld.optim_step,
+    TrainStepCall: TrainerWorld.train_step,
+    SaveCheckpointCall: TrainerWorld.save_checkpoint,
+    LoadCheckpointCall: TrainerWorld.load_checkpoint,
+    SyncWeightsCall: TrainerWorld.sync_weights,
+    PublishWeightsCall: TrainerWorld.publish_weights,
+    RolloutCall: TrainerWorld.rollout,
+    ProbeCall: TrainerWorld.probe,
+}
+"""The method each command runs (commands.py): one call type per method, dispatched by type."""
+
+
+def run_command(world: TrainerWorld, call: Command) -> Any:
+    return METHODS[type(call)](world, call)
+
+
 class Commander:
     """Rank 0's side of the command channel: run a TrainerWorld method on every rank."""
 
@@ -314,17 +310,17 @@ class Commander:
         self.interrupted = False
         """A command raised here: the other ranks may be inside it still (or gone)."""
 
-    def __call__(self, command: str, payload: Any = None) -> Any:
+    def __call__(self, call: Command) -> Any:
         try:  # a send that failed leaves the channel broken too: no shutdown after it
-            dist.broadcast_object_list([command, payload], src=0, group=self.group)
-            return getattr(self.world, command)(payload)
+            dist.broadcast_object_list([call], src=0, group=self.group)
+            return run_command(self.world, call)
         except BaseException:
             self.interrupted = True
             raise
 
     def shutdown(self) -> None:
         """Release the other ranks from `follow`."""
-        dist.broadcast_object_list(["shutdown", None], src=0, group=self.group)
+        dist.broadcast_object_list([ShutdownCall()], src=0, group=self.group)
 
 
 def command_group(send_timeout_s: float | None = None) -> Any:
@@ -343,18 +339,18 @@ def follow(world: TrainerWorld, group: Any, keep_serving: bool) -> None:
     command is logged and the next awaited (rank 0 fails the same way and answers its client);
     otherwise it ends the rank."""
     while True:
-        box: list[Any] = [None, None]
+        box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0, group=group)
-        command, payload = box
-        if command == "shutdown":
+        call = box[0]
+        if isinstance(call, ShutdownCall):
             world.close_stage()
             return
         try:
-            getattr(world, command)(payload)
+            run_command(world, call)
         except Exception:
             if not keep_serving:
                 raise
-            log.exception("%s failed", command)
+            log.exception("%s failed", type(call).__name__)
 
 
 def _num_parameters(strategy: Any) -> int:

@@ -28,8 +28,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = ("adaptive_teaching.yaml",)  # needs an OpenAI-compatible student service of its own
-TIMING = ("asynchronous.yaml", "replay.yaml", "long_tails.yaml")
-"""Recipes whose records depend on timing (which step an experience lands in)."""
+TIMING = ("asynchronous.yaml", "replay.yaml", "long_tails.yaml", "decoupled.yaml")
+"""Recipes whose records depend on timing (which step an experience lands in, which published
+version an explorer loads)."""
 TWO_LAUNCHES = ("decoupled.yaml",)
 """Recipes run as a mode-train launch beside a mode-explore one."""
 
