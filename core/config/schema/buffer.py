@@ -1,0 +1,160 @@
+"""The `buffer` section: tasksets, their formats and rollout arguments, the experience buffer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from .fields import bounded, choice
+
+
+@dataclass
+class FormatConfig:
+    prompt_key: str = "prompt"
+    """Column holding the prompt text."""
+    response_key: str = "response"
+    """Column holding the reference response (SFT target)."""
+    answer_key: str = "answer"
+    """Column holding the ground-truth answer for reward functions."""
+    chosen_key: str = "chosen"
+    """DPO: the column of the preferred response (text, or chat messages whose assistant turns are it)."""
+    rejected_key: str = "rejected"
+    """DPO: the column of the dispreferred response (text or messages, as chosen_key)."""
+    system_prompt: str | None = None
+    """System message prepended when model.apply_chat_template is on."""
+    prompt_type: str = "plaintext"
+    """plaintext: the prompt is text (`prompt_key`); messages: each row holds a chat conversation
+    (`messages_key`: a list of {"role": system|user|assistant|tool, "content": ...}), rendered by the
+    chat template (model.apply_chat_template must be on). For SFT its assistant turns are trained,
+    the rest is context; for rollouts the conversation is the prompt (it must not end on an
+    assistant turn)."""
+    messages_key: str = "messages"
+    """Column holding the conversation (prompt_type: messages)."""
+    system_prompt_key: str = "system_prompt"
+    """Column (optional) holding a row's own system prompt, in place of `system_prompt`."""
+    tools_key: str = "tools"
+    """Column (optional) holding the tools offered for the row, as OpenAI function schemas
+    ([{"type": "function", "function": {"name": ..., ...}}]): the chat template declares them in
+    place of the workflow's, and tool_call runs only those (by name, among workflow_args.tools)."""
+
+
+@dataclass
+class RolloutArgs:
+    temperature: float = bounded(1.0, ge=0.0)
+    """0 means greedy decoding."""
+    top_p: float = bounded(1.0, gt=0.0, le=1.0)
+    top_k: int = bounded(-1, ge=-1)
+    """-1 disables top-k."""
+    min_p: float = bounded(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = bounded(1.0, gt=0.0)
+    max_tokens: int | None = bounded(None, gt=0)
+    """Generation budget; null: model.max_response_tokens."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (excluded from the returned text, like EOS)."""
+
+
+@dataclass
+class TasksetConfig:
+    name: str = "taskset"
+    """Label used in metrics (eval/<name>/...)."""
+    path: str = MISSING
+    """Local jsonl/json/parquet file or folder, read through HF datasets."""
+    split: str = "train"
+    subset_name: str | None = None
+    """The dataset's configuration (load_dataset's `name`) for a Hub id or a folder of data files."""
+    format: FormatConfig = field(default_factory=FormatConfig)
+    rollout_args: RolloutArgs = field(default_factory=RolloutArgs)
+    reward_fn: list[str] = field(default_factory=lambda: ["exact_match"])
+    """Reward functions by registered name or import path 'pkg.mod:fn'."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per reward_fn; empty: all 1.0."""
+    shuffle: bool = True
+    """Shuffle each epoch (seeded by the global seed and the epoch)."""
+    num_samples: int | None = bounded(None, gt=0)
+    """Use only the first N rows."""
+    generator: str | None = None
+    """Writes `path` when it is missing: a registered name (arithmetic) or 'pkg.mod:fn(path, **args)'."""
+    generator_args: dict[str, Any] = field(default_factory=dict)
+    weight: float = bounded(1.0, gt=0.0)
+    """Its share of each batch in a mixture (buffer.explorer_input.mixture), relative to the others'."""
+    default_workflow_type: str = "single_turn"
+    """How a rollout turns this taskset's tasks into experiences: a registered workflow
+    (rlcore.rollout.workflows:WORKFLOWS) or an import path 'pkg.mod:Class' to a Workflow subclass."""
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword settings the workflow reads (`Workflow.args`); JSON values, sent with every RunTasks."""
+
+
+@dataclass
+class ExplorerInput:
+    taskset: TasksetConfig = field(default_factory=TasksetConfig)
+    eval_tasksets: list[TasksetConfig] = field(default_factory=list)
+    mixture: list[TasksetConfig] = field(default_factory=list)
+    """More training tasksets, sampled with `taskset` into every batch by their `weight`s (each
+    taskset's share of buffer.batch_size, by largest remainder); each keeps its own format,
+    workflow, reward functions and rollout_args (the sampling temperature must be the taskset's).
+    An epoch ends when the taskset that takes longest has been seen once."""
+
+
+@dataclass
+class ReplayBufferConfig:
+    """Train on groups again (storage_type queue: a mode-train launch's, or asynchronous both's):
+    each step takes the ready groups of highest priority among the new ones and those trained on
+    before (buffer/replay.py)."""
+
+    enable: bool = False
+    priority_fn: str = "linear_decay"
+    """fn(group, uses, **priority_fn_args) -> float, higher first: linear_decay (the generating
+    policy version less `decay` (2.0) per use), reward_spread (the spread of the group's rewards less
+    `decay` (1.0) per use), or an import path 'pkg.mod:fn'."""
+    priority_fn_args: dict[str, Any] = field(default_factory=dict)
+    reuse_cooldown_time: float | None = bounded(None, ge=0.0)
+    """Seconds before a group taken by a step is ready again; null: it is not taken again (the
+    replay buffer only orders the groups)."""
+    capacity: int = bounded(10000, ge=1)
+    """Groups held; past it the lowest-priority ones leave (unread ones too)."""
+
+
+@dataclass
+class ExperienceBufferConfig:
+    """Where mode explore writes experiences and mode train reads them (buffer/)."""
+
+    name: str = "experiences"
+    """The buffer's name (several can share a queue server or a database)."""
+    storage_type: str = choice("queue", "rlcore.buffer:STORAGES")
+    """queue: in memory in the mode-train launch's controller, over gRPC (gone when it ends);
+    file: append-only JSONL files in a folder on a shared file system; sql: a database through
+    SQLAlchemy (an SQLite file, or e.g. postgresql+psycopg://user:password@host/db)."""
+    path: str | None = None
+    """queue: host:port of the controller that serves it (null: the mode-train launch's, found
+    through <run folder>/buffer/<name>.address); file: the folder (null: <run folder>/buffer/<name>);
+    sql: a SQLAlchemy URL (null: sqlite:///<run folder>/buffer/<name>.db). The run folder is
+    checkpoint_root_dir/project/name, the same for the explore and the train launch."""
+    max_wait_s: float = bounded(1800.0, gt=0.0)
+    """How long mode train waits for a step's experiences (and mode explore for the trainer's
+    weights) before it stops with an error."""
+    replay_buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+
+
+@dataclass
+class TrainerInput:
+    experience_buffer: ExperienceBufferConfig = field(default_factory=ExperienceBufferConfig)
+
+
+@dataclass
+class BufferConfig:
+    batch_size: int = bounded(16, ge=1)
+    """Tasks per explore step."""
+    train_batch_size: int = bounded(0, ge=0)
+    """Experiences per optimizer step; 0: everything one explore step produced (one update per step)."""
+    total_epochs: int = bounded(1, ge=1)
+    """Passes over the taskset."""
+    total_steps: int | None = bounded(None, ge=1)
+    """Stop after this many explore steps (null: when the epochs are done)."""
+    explorer_input: ExplorerInput = field(default_factory=ExplorerInput)
+    trainer_input: TrainerInput = field(default_factory=TrainerInput)
+    """Decoupled runs: the experience buffer between a mode-explore and a mode-train launch."""
+    expert_taskset: TasksetConfig | None = None
+    """mix: demonstrations (prompt and response columns, as SFT reads them) trained on beside the
+    rollouts, in seeded batches that a resume continues."""

@@ -1,0 +1,101 @@
+"""The `trainer` section (with megatron's) and `synchronizer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .fields import bounded, choice
+
+
+@dataclass
+class MegatronConfig:
+    """Parallel layout of `trainer.strategy: megatron`; the data-parallel size is what remains:
+    ranks / (tensor_model_parallel_size * pipeline_model_parallel_size)."""
+
+    tensor_model_parallel_size: int = bounded(1, ge=1)
+    """Ranks that split each layer's matrices (attention heads, MLP columns, vocabulary)."""
+    pipeline_model_parallel_size: int = bounded(1, ge=1)
+    """Ranks that split the layers into consecutive stages."""
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state and master weights over the data-parallel ranks (ZeRO-1)."""
+
+
+@dataclass
+class TrainerConfig:
+    strategy: str = choice("fsdp2", "rlcore.backends:STRATEGIES")
+    """Training strategy (`--strategy` on the command line overrides it)."""
+    total_steps: int | None = bounded(None, ge=1)
+    """Stop after this many optimizer steps (null: when the buffer is exhausted)."""
+    save_interval: int = bounded(0, ge=0)
+    """Checkpoint every N optimizer steps (0: only at the end of the stage)."""
+    max_checkpoints_to_keep: int | None = bounded(None, ge=1)
+    """Delete older checkpoints beyond this many (null: keep all)."""
+    resume_fallback: bool = True
+    """On resume, a newest checkpoint that fails verification (a file missing, truncated or
+    changed since it was written) is named in a warning and the previous good one is used; false:
+    stop with that error instead."""
+    save_hf_checkpoint: str = choice("last", ("last", "always", "never"))
+    """Also export HF format (loadable by from_pretrained): with the last checkpoint, every one, or never."""
+    grad_clip: float = bounded(1.0, ge=0.0)
+    """Max global gradient norm (0 disables clipping)."""
+    max_token_len_per_gpu: int = bounded(16384, gt=0)
+    """Micro-batch token budget per rank: sequences are grouped so each forward stays under it."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    max_restarts: int = bounded(0, ge=0)
+    """How often a failed trainer world is restarted (every node's ranks, by torchrun) to resume
+    from its last verified checkpoint, the explorer's and the experience buffer's position
+    included; the launch's rollout workers keep running. 0: a failure ends the launch."""
+    remote: str | None = None
+    """host:port of a TrainerService started with `rlcore trainer serve`: the loop runs in the
+    launch process and drives that trainer over gRPC instead of starting a trainer world."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Only read by `strategy: megatron`."""
+
+
+@dataclass
+class SynchronizerConfig:
+    sync_method: str = choice("auto", "rlcore.weights:SYNC_METHODS")
+    """How weights reach the engines: nccl (a process group between trainer rank 0 and the rollout
+    workers' engine processes: NCCL on GPU, gloo on CPU), checkpoint (rank 0 writes an HF folder
+    the workers load: a shared file system instead of a group), memory (engine in trainer rank 0's
+    process, mode colocate), auto (memory for colocate, nccl otherwise)."""
+    bucket_mb: int = bounded(64, gt=0)
+    """Weights are packed into buckets of this many MiB, one broadcast each."""
+    sync_interval: int = bounded(1, ge=1)
+    """Sync after every N optimizer steps (sync_style fixed)."""
+    sync_offset: int = bounded(0, ge=0)
+    """Delay the first sync by this many steps."""
+    sync_timeout: float = bounded(1200.0, gt=0.0)
+    """Seconds each phase of a sync (group forming, announce, transfer, load) may take before it is
+    an error naming the worker and the phase."""
+    sync_style: str = choice("fixed", ("fixed", "explorer_driven", "trainer_driven"))
+    """Who decides when to sync: fixed (every sync_interval steps after sync_offset),
+    trainer_driven (after every optimizer step: the engines never lag), explorer_driven (just
+    before the explorer would generate with weights older than max_staleness allows: the fewest
+    syncs)."""
+    max_staleness: int | None = bounded(None, ge=0)
+    """Train only on experiences at most this many policy versions older than the weights being
+    trained; older ones are dropped and counted (rollout/stale_dropped). None: no bound. A run on
+    the experience buffer (mode explore/train, asynchronous both): the explorer runs at most this
+    many steps ahead of the weights it holds, and the trainer drops older experiences only with
+    algorithm.sample_strategy: staleness_control."""
+    rollout_ahead: int = bounded(0, ge=0, le=1)
+    """1: the rollout workers generate the next step's experiences while the trainer trains on this
+    step's (one step off-policy: they are sync_interval versions old when trained on); the step then
+    takes about the longer of the two instead of their sum. 0: generate, then train. Mode both."""
+    asynchronous: bool = False
+    """Mode both: explore in a thread of the trainer's process, on the rollout workers, up to
+    max_staleness steps (default 1) ahead of the weights they hold, while the trainer trains on what
+    came before; the two meet in an in-memory experience buffer, and the workers load the weights
+    the trainer publishes after each sync_interval steps (as in a decoupled run, within one launch).
+    The trainer evaluates on an engine of its own."""
+    checksums: bool = False
+    """Every bucket carries a CRC-32 that each engine checks before loading anything; a mismatch
+    fails the sync and the engine keeps its last good version (nccl only)."""
+    probe: bool = False
+    """After each sync, compare the engine's greedy log-probs on a fixed prompt with the trainer's
+    (with trainer.remote, the trainer's come from its ComputeLogprobs)."""
+    probe_tolerance: float = bounded(0.0, ge=0.0)
+    """Largest mean |log-prob difference| the probe accepts; 0: by dtype (1e-3 float32, 5e-2
+    bfloat16/float16)."""
