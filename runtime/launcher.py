@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..core.config import ConfigError, Stage, to_yaml
@@ -24,6 +21,7 @@ from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
 from . import failure, paths
 from .child import process_env, rank_threads
+from .control_plane import control_plane
 from .explore_loop import drive_explorer, wait_for_weights
 from .lifecycle import StopSignals, end_process
 from .loop import planned_steps
@@ -42,12 +40,7 @@ from .preflight import (
 )
 from .run_lock import RunLock
 from .workers import (
-    RolloutWorkers,
-    check_endpoints,
     gpu_placement,
-    worker_stages,
-    workers_to_join,
-    workers_to_start,
 )
 
 
@@ -82,127 +75,6 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
             + ("; ".join(parts) or "no evaluation")
         )
         previous.update(accs)
-
-
-def ensure_token(token_env: str) -> None:
-    """Processes of one run share a token; without one in the environment, make a random one that
-    the processes this launch starts inherit."""
-    if not os.environ.get(token_env):
-        os.environ[token_env] = secrets.token_urlsafe(32)
-
-
-@contextmanager
-def control_plane(
-    base: Any, stages: list[Stage], device: str, launch_dir: str, placement: GpuPlacement | None = None,
-    keep_fds: tuple[int, ...] = (), worker_model: str | None = None,
-) -> Iterator[dict[str, Any]]:  # fmt: skip
-    """Serve RunService (and a buffer queue that a mode-train stage reads) for the run's lifetime and
-    start (then stop) the rollout workers it needs, from `worker_model` (default: the first stage's
-    model). Yields what the trainer ranks must know: run address, rollout endpoints, sync master address;
-    and `workers_ready()`, which waits for the workers it started (their endpoints filled in then)."""
-    from ..core.rpc.address import reachable_host
-    from ..core.rpc.security import read_token
-    from ..core.rpc.server import ServerOptions
-    from .run_service import start_run_server
-
-    control = base.control
-    ensure_token(control.token_env)
-    token = read_token(control.token_env)
-    assert token is not None
-    queues = served_queues(stages)
-    server, run = start_run_server(
-        f"{base.project}/{base.name}",
-        ServerOptions.from_control(control, token, port=control.run_port),
-        heartbeat_interval_s=control.heartbeat_interval,
-        serve_buffer=bool(queues),
-        buffers={eb.name: eb for eb in queues.values()},
-    )
-    run_address = server.address
-    print(f"rlcore: run controller (RunService) on {run_address}", flush=True)
-    for path in queues:  # the explore launch finds the queue, and its token, through them
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        secret = path.removesuffix(".address") + ".token"
-        with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(token)
-        write_atomic(path, run_address)
-        print(f"rlcore: experience buffer queue on {run_address} (address in {path})", flush=True)
-    workers: RolloutWorkers | None = None
-    info: dict[str, Any] = {
-        "run_address": run_address,
-        "rollout_endpoints": [],
-        "workers_managed": False,
-        "master_address": "127.0.0.1",
-    }
-    try:
-        configs = worker_stages(stages)
-        started = workers_to_start(stages)
-        joining = workers_to_join(stages)
-        if configs:
-            endpoints = list(configs[0].explorer.rollout_model.endpoints)
-            if joining:
-                print(
-                    f"rlcore: waiting for {joining} rollout worker(s) to join from their hosts: `rlcore rollout serve "
-                    f"--register <this host>:{control.run_port} ...` (control.worker_start_timeout "
-                    f"{control.worker_start_timeout:g} s)",
-                    flush=True,
-                )
-                info["workers_managed"] = True
-            elif started is None:
-                check_endpoints(endpoints, control)
-            else:
-                first, count = started
-                where = (
-                    ""
-                    if placement is None
-                    else " on GPU(s) " + "; ".join(",".join(g) for g in placement.engines)
-                )
-                print(f"rlcore: starting {count} rollout worker(s){where} (logs in {launch_dir})", flush=True)
-                workers = RolloutWorkers(
-                    first, worker_model or stages[0].config.model.model_path, count, device, run_address, launch_dir,
-                    gpus=None if placement is None else placement.engines, keep_fds=keep_fds,
-                )  # fmt: skip
-                info["workers_managed"] = True
-            info["rollout_endpoints"] = endpoints
-            info["master_address"] = reachable_host(control.host)
-
-        def workers_ready() -> None:
-            """Wait until the started workers registered (their endpoints then in the plan), or raise."""
-            if joining:
-                ready = run.wait_for_workers("rollout", joining, control.worker_start_timeout, lambda: None)
-            elif workers is not None and started is not None:
-                ready = run.wait_for_workers(
-                    "rollout", started[1], control.worker_start_timeout, workers.dead
-                )
-                workers.keep(run)
-            else:
-                return
-            print(f"rlcore: rollout workers ready: {', '.join(ready)}", flush=True)
-            info["rollout_endpoints"] = ready
-
-        info["run"], info["workers_ready"] = run, workers_ready
-        yield info
-    finally:
-        if workers is not None:
-            workers.stop()
-        server.stop(grace=1.0)
-        for path in queues:  # the queue is gone with this process: nobody must find it
-            for gone in (path, path.removesuffix(".address") + ".token"):
-                if os.path.exists(gone):
-                    os.remove(gone)
-
-
-def served_queues(stages: list[Stage]) -> dict[str, Any]:
-    """The buffer queues this launch serves (address file -> experience buffer config): those its
-    mode-train RL stages read without a path (the explore launch finds them there)."""
-    from ..buffer import address_file
-
-    return {
-        address_file(s.config): s.config.buffer.trainer_input.experience_buffer
-        for s in stages
-        if s.plan.source == "buffer"
-        and s.config.buffer.trainer_input.experience_buffer.storage_type == "queue"
-        and not s.config.buffer.trainer_input.experience_buffer.path
-    }  # fmt: skip
 
 
 def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
@@ -306,90 +178,46 @@ def run(
     (lifecycle.StopSignals). `num_stages`: the config's stages, of which `stages` may be some."""
     base = stages[0].config
     num_stages = num_stages or len(stages)
-    explorer, remote = run_plan.role == "explorer", run_plan.role == "remote"
-    worker_model, worker_version = None, -1
-    if explorer:  # the rollout workers start from the weights the trainer publishes first
-        first = stages[0]
-        folder = published_dir(trainer_stage_dir(base, first, num_stages))
-        print(f"rlcore: waiting for the trainer's weights in {folder}", flush=True)
-        first_weights = wait_for_weights(
-            folder, -1, base.buffer.trainer_input.experience_buffer.max_wait_s, f"stage {first.name}"
-        )
-        assert first_weights is not None  # no stop event: it returns weights or raises
-        worker_version, worker_model = first_weights
+    worker_version, worker_model = (
+        _published_start(stages[0], num_stages) if run_plan.role == "explorer" else (-1, None)
+    )
     launch_dir = os.path.join(run_dir, "launch")
     threads = rank_threads(base.cluster)
-    print(
-        f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], "
-        + (
-            f"explore only, rollout on {device} (the trainer runs in its own launch)"
-            if explorer
-            else f"strategy {base.trainer.strategy}, {base.cluster.ranks} trainer rank(s) on {device}"
-        )
-        + f"; run folder {run_dir}",
-        flush=True,
-    )
+    _announce(stages, run_plan, device, run_dir)
     start = time.time()
-    lost_nodes = node_failed = ""
+    lost_nodes = ""
+    world: WorldProcess | None = None
     try:
         with control_plane(
             base, stages, device, launch_dir, placement, keep_fds=(lock_fd,), worker_model=worker_model
         ) as plane:
             controller = plane["run"]
             plan_path = os.path.join(launch_dir, PLAN)
-            env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
-            world, world_log, log_start = None, "", 0
             if run_plan.role == "trainer":
                 # The trainer world starts beside the rollout workers (each takes seconds of imports
                 # and set-up); its ranks wait for the plan, written once the workers are ready.
                 if os.path.exists(plan_path):
                     os.remove(plan_path)  # an earlier launch's: the ranks must wait for this one's
-                command = torchrun_command(plan_path, base.cluster, base.project, base.name)
-                world_log = os.path.join(launch_dir, node_log(base.cluster))
-                log_start = log_size(world_log)
-                world = start_world(command, env, world_log, (lock_fd,))
+                env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
+                world = WorldProcess(base, plan_path, launch_dir, env, lock_fd)
             try:
                 plane["workers_ready"]()
-                plan = {
-                    "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
-                    "num_nodes": base.cluster.num_nodes, "max_restarts": base.trainer.max_restarts,
-                    "collective_timeout_s": base.cluster.collective_timeout_s,
-                    "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
-                    "workers_managed": plane["workers_managed"],
-                    "master_address": plane["master_address"], "worker_version": worker_version,
-                    "run_plan": run_plan.as_dict(),
-                    "stages": [
-                        {"index": s.index, "name": s.name, "config": to_yaml(s.config), "plan": s.plan.as_dict()}
-                        for s in stages
-                    ],
-                }  # fmt: skip
+                plan = _rank_plan(stages, run_plan, base, run_dir, device, threads, plane, worker_version)
                 write_atomic(plan_path, json.dumps(plan, indent=2))
                 controller.mark_running()
             except BaseException:  # the workers did not start (or the plan could not be written)
                 if world is not None:
-                    end_process(world)
+                    world.end()
                 raise
             with StopSignals(controller.request_stop, base.control.stop_grace_s) as stops:
                 try:
-                    if explorer:
+                    if run_plan.role == "explorer":
                         rc = drive_explorer(stages, num_stages, plan)
-                    elif remote:
+                    elif run_plan.role == "remote":
                         rc = drive_remote(stages, plan)
                     else:
                         assert world is not None
-                        rc, node_failed = wait_trainer_world(world, controller, 0)
-                        while restart_due(
-                            rc,
-                            plan,
-                            base,
-                            stops,
-                            node_failed or failure.world_failure(launch_dir, world_log, log_start),
-                        ):
-                            failure.clear(launch_dir)
-                            write_atomic(plan_path, json.dumps(plan, indent=2))
-                            log_start = log_size(world_log)
-                            world = start_world(command, env, world_log, (lock_fd,))
-                            rc, node_failed = wait_trainer_world(world, controller, plan["restart"])
+                        rc = world.run(controller, plan, stops)
                 except KeyboardInterrupt:  # a second signal, or the stop grace ran out
                     stage, step, total = controller.progress()
                     print(
@@ -409,16 +237,96 @@ def run(
     except (TimeoutError, RuntimeError) as e:  # rollout workers that did not start
         raise ConfigError(str(e)) from None
     if rc != 0:
-        line = lost_nodes + (
-            node_failed
-            or failure.world_failure(launch_dir, world_log, log_start)  # no log: first_failure
-            or f"the trainer world exited with code {rc} without saying why (killed, or out of memory?); "
-            f"its output is in {os.path.join(launch_dir, failure.TRAINER_LOG)}"
-        )
-        print(f"rlcore: error: {line}", file=sys.stderr)
+        why = world.why(rc) if world is not None else failure.world_failure(launch_dir, "", 0) or f"exit code {rc}"
+        print(f"rlcore: error: {lost_nodes}{why}", file=sys.stderr)
         return rc
     print_summary(run_dir, stages, time.time() - start)
     return 0 if stops.received is None else stops.exit_code
+
+
+def _published_start(first: Stage, num_stages: int) -> tuple[int, str | None]:
+    """Mode explore: the (version, folder) of the first weights the trainer publishes, which the
+    rollout workers start from."""
+    base = first.config
+    folder = published_dir(trainer_stage_dir(base, first, num_stages))
+    print(f"rlcore: waiting for the trainer's weights in {folder}", flush=True)
+    weights = wait_for_weights(folder, -1, base.buffer.trainer_input.experience_buffer.max_wait_s, f"stage {first.name}")
+    assert weights is not None  # no stop event: it returns weights or raises
+    return weights
+
+
+def _announce(stages: list[Stage], run_plan: RunPlan, device: str, run_dir: str) -> None:
+    base = stages[0].config
+    what = (
+        f"explore only, rollout on {device} (the trainer runs in its own launch)"
+        if run_plan.role == "explorer"
+        else f"strategy {base.trainer.strategy}, {base.cluster.ranks} trainer rank(s) on {device}"
+    )
+    print(
+        f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], {what}; run folder {run_dir}",
+        flush=True,
+    )
+
+
+def _rank_plan(
+    stages: list[Stage], run_plan: RunPlan, base: Any, run_dir: str, device: str, threads: int,
+    plane: dict[str, Any], worker_version: int,
+) -> dict[str, Any]:  # fmt: skip
+    """What the trainer ranks (and the loop in this process) read: launch/plan.json."""
+    return {
+        "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
+        "num_nodes": base.cluster.num_nodes, "max_restarts": base.trainer.max_restarts,
+        "collective_timeout_s": base.cluster.collective_timeout_s,
+        "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
+        "workers_managed": plane["workers_managed"],
+        "master_address": plane["master_address"], "worker_version": worker_version,
+        "run_plan": run_plan.as_dict(),
+        "stages": [
+            {"index": s.index, "name": s.name, "config": to_yaml(s.config), "plan": s.plan.as_dict()}
+            for s in stages
+        ],
+    }  # fmt: skip
+
+
+class WorldProcess:
+    """This node's share of the trainer world (torchrun), started at once: its ranks wait for the
+    plan. `run` waits for it and restarts it (trainer.max_restarts)."""
+
+    def __init__(self, base: Any, plan_path: str, launch_dir: str, env: dict[str, str], lock_fd: int):
+        self.base, self.plan_path, self.launch_dir, self.env, self.lock_fd = base, plan_path, launch_dir, env, lock_fd
+        self.command = torchrun_command(plan_path, base.cluster, base.project, base.name)
+        self.log = os.path.join(launch_dir, node_log(base.cluster))
+        self.node_failed = ""
+        """Another node's line, when its share failed first."""
+        self._start()
+
+    def _start(self) -> None:
+        self.log_start = log_size(self.log)
+        self.proc = start_world(self.command, self.env, self.log, (self.lock_fd,))
+
+    def end(self) -> None:
+        end_process(self.proc)
+
+    def run(self, controller: Any, plan: dict[str, Any], stops: StopSignals) -> int:
+        """Wait for the world; start it again while restart_due says so; its exit code."""
+        rc, self.node_failed = wait_trainer_world(self.proc, controller, 0)
+        while restart_due(
+            rc, plan, self.base, stops, self.node_failed or failure.world_failure(self.launch_dir, self.log, self.log_start)
+        ):
+            failure.clear(self.launch_dir)
+            write_atomic(self.plan_path, json.dumps(plan, indent=2))
+            self._start()
+            rc, self.node_failed = wait_trainer_world(self.proc, controller, plan["restart"])
+        return rc
+
+    def why(self, rc: int) -> str:
+        """The one line that says why the world exited with `rc`."""
+        return (
+            self.node_failed
+            or failure.world_failure(self.launch_dir, self.log, self.log_start)  # no log: first_failure
+            or f"the trainer world exited with code {rc} without saying why (killed, or out of memory?); "
+            f"its output is in {os.path.join(self.launch_dir, failure.TRAINER_LOG)}"
+        )
 
 
 def restart_due(rc: int, plan: dict[str, Any], base: Any, stops: StopSignals, why: str | None) -> bool:

@@ -5,10 +5,10 @@ from .loader import (
     from_yaml,
     inherits_previous_model,
     load_config,
-    read_recipe,
     resolve_stages,
     to_yaml,
 )
+from .recipes import read_recipe
 from .schema import RLCoreConfig
 from .validate import ConfigError
 

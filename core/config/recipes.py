@@ -1,0 +1,94 @@
+"""A recipe file as plain data: YAML with no key given twice, merged onto its `base:` chain."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+
+def read_recipe(path: str) -> dict[str, Any]:
+    """The recipe at `path` as plain data, merged onto its `base:` chain, before any schema check or
+    interpolation (what a tool that derives recipes from recipes starts from)."""
+    return _recipe(path, [])
+
+
+class DuplicateKey(Exception):
+    """A key given twice in one YAML mapping (YAML's own loaders keep the last silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's SafeLoader, refusing a mapping that gives a key twice (naming both lines)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(
+                    f"key '{key}' is given twice in one mapping (lines {seen[key]} and {line}): keep one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _recipe(path: str, chain: list[str]) -> dict[str, Any]:
+    """The recipe at `path` as a mapping, on top of its `base:` recipe when it names one (a path
+    relative to the recipe's folder): sections merge key by key, stages by name (a stage of the
+    same name merges into the base's, a new name is appended), other lists are replaced."""
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"config file '{path}' not found" + (f" (the base of {chain[-1]})" if chain else "")
+        )
+    try:
+        with open(path) as f:
+            data = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        first = " ".join(str(e).split())
+        raise ConfigError(f"{path}: invalid YAML ({first})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be the path of another recipe, got {base!r}")
+    base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
+    if os.path.abspath(base_path) in [os.path.abspath(p) for p in chain + [path]]:
+        raise ConfigError(
+            f"{path}: base '{base}' leads back to itself ({' -> '.join(chain + [path, base_path])})"
+        )
+    return _over(_recipe(base_path, chain + [path]), data)
+
+
+def _over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if key == "stages" and isinstance(value, list) and isinstance(base.get(key), list):
+            out[key] = _stages_over(base[key], value)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _over(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _stages_over(base: list[Any], top: list[Any]) -> list[Any]:
+    merged = list(base)
+    names = [s.get("name") if isinstance(s, dict) else None for s in base]
+    for stage in top:
+        name = stage.get("name") if isinstance(stage, dict) else None
+        if name is not None and name in names:
+            i = names.index(name)
+            merged[i] = _over(merged[i], stage)
+        else:
+            merged.append(stage)
+    return merged
