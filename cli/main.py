@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     launch = commands.add_parser("launch", help="validate the config, then run every stage")
     _add_config_args(launch)
 
+    _add_config_parser(commands)
+    _add_rollout_parser(commands)
+    _add_trainer_parser(commands)
+    _add_bench_parser(commands)
+    return parser
+
+
+def _add_config_parser(commands: Any) -> None:
     config = commands.add_parser("config", help="inspect a config without running it")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="{show,validate}")
     show = config_commands.add_parser(
@@ -107,27 +115,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(validate)
 
+
+def _add_rollout_parser(commands: Any) -> None:
+    """`rlcore rollout serve`: its engine flags default to the config's (RolloutModelConfig), the
+    values `rlcore launch` starts its workers with."""
+    from ..core.config.schema import RolloutModelConfig
+
+    engine = RolloutModelConfig()
     rollout = commands.add_parser("rollout", help="rollout workers")
     rollout_commands = rollout.add_subparsers(dest="rollout_command", required=True, metavar="{serve}")
     serve = rollout_commands.add_parser(
         "serve", help="serve an inference engine over gRPC (RolloutService) until interrupted"
     )
     serve.add_argument("--model", required=True, help="HF model folder")
-    serve.add_argument("--engine", default="hf", choices=list(ENGINES), help="inference engine (default hf)")
+    serve.add_argument(
+        "--engine", default=engine.engine_type, choices=list(ENGINES),
+        help=f"inference engine (default {engine.engine_type})",
+    )  # fmt: skip
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument(
         "--max-model-len", type=int, default=None,
         help="longest prompt + response in tokens (default and most: the model's position limit)",
     )  # fmt: skip
-    serve.add_argument("--max-batch-size", type=int, default=256, help="sequences per engine call")
     serve.add_argument(
-        "--tensor-parallel-size", type=int, default=1, help="GPUs one vLLM engine spans (vllm only)"
+        "--max-batch-size", type=int, default=engine.max_batch_size, help="sequences per engine call"
+    )
+    serve.add_argument(
+        "--tensor-parallel-size", type=int, default=engine.tensor_parallel_size, help="GPUs one vLLM engine spans (vllm only)"
     )
     serve.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=0.9,
+        default=engine.gpu_memory_utilization,
         help="share of GPU memory vLLM may take (vllm only)",
     )
     serve.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (vllm only)")
@@ -164,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_server_args(serve)
 
+
+def _add_trainer_parser(commands: Any) -> None:
     trainer = commands.add_parser("trainer", help="trainer worlds")
     trainer_commands = trainer.add_subparsers(dest="trainer_command", required=True, metavar="{serve}")
     tserve = trainer_commands.add_parser(
@@ -200,8 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the hosts wait for each other at the rendezvous",
     )
     _add_server_args(tserve)
-    _add_bench_parser(commands)
-    return parser
 
 
 def _add_bench_parser(commands: Any) -> None:

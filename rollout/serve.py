@@ -104,6 +104,56 @@ def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namesp
     return door
 
 
+def _bad_flag(args: argparse.Namespace) -> str | None:
+    """The first flag out of its range, said in one line (None: all in range)."""
+    if args.http_port is not None and not 0 <= args.http_port <= 65535:
+        return f"--http-port must be a port number (0 to 65535, 0: any free one); got {args.http_port}"
+    for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size", "http_max_n",
+                 "http_max_request_tokens"):  # fmt: skip
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}"
+    if not 0 <= args.http_batch_wait_ms <= 1000:
+        return f"--http-batch-wait-ms must be in [0, 1000]; got {args.http_batch_wait_ms}"
+    return None
+
+
+def _join_run(run: Any, address: str, index: int, servicer: Any, stop: threading.Event) -> None:
+    """Register with the run (--register) and keep sending heartbeats until `stop`."""
+    worker_id, interval_s = run.register_worker("rollout", address, index)
+    servicer.worker_id = worker_id
+    if interval_s > 0:
+        threading.Thread(
+            target=_heartbeat_loop, args=(run, address, index, interval_s, servicer, stop), name="heartbeat",
+            daemon=True,
+        ).start()  # fmt: skip
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    """The engine the flags ask for; ValueError says in one line why it cannot load."""
+    import torch
+
+    from .engines import build_engine
+    from .engines.base import resolve_max_model_len
+
+    try:
+        max_model_len = resolve_max_model_len(args.model, args.max_model_len, "--max-model-len")
+    except OSError as e:
+        raise ValueError(f"--model {args.model}: {e}") from None
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    try:
+        return build_engine(
+            args.engine, args.model, device=device, dtype=dtype, max_model_len=max_model_len,
+            max_batch_size=args.max_batch_size, tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+            seed=args.seed,
+        )  # fmt: skip
+    except (OSError, ValueError, ImportError) as e:
+        raise ValueError(f"cannot load --model {args.model} with the {args.engine} engine: {e}") from None
+
+
 def serve_main(args: argparse.Namespace) -> int:
     """`rlcore rollout serve`: load the engine, serve until SIGINT/SIGTERM; returns the exit code."""
     try:
@@ -112,40 +162,13 @@ def serve_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         return usage_error(str(e))
     assert token is not None  # required
-    if args.http_port is not None and not 0 <= args.http_port <= 65535:
-        return usage_error(
-            f"--http-port must be a port number (0 to 65535, 0: any free one); got {args.http_port}"
-        )
-    for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size", "http_max_n",
-                 "http_max_request_tokens"):  # fmt: skip
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            return usage_error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    if not 0 <= args.http_batch_wait_ms <= 1000:
-        return usage_error(f"--http-batch-wait-ms must be in [0, 1000]; got {args.http_batch_wait_ms}")
-
-    import torch
-
-    from .engines import build_engine
-    from .engines.base import resolve_max_model_len
+    if (problem := _bad_flag(args)) is not None:
+        return usage_error(problem)
 
     try:
-        max_model_len = resolve_max_model_len(args.model, args.max_model_len, "--max-model-len")
-    except (OSError, ValueError) as e:
-        return usage_error(f"--model {args.model}: {e}" if isinstance(e, OSError) else str(e))
-
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    try:
-        engine = build_engine(
-            args.engine, args.model, device=device, dtype=dtype, max_model_len=max_model_len,
-            max_batch_size=args.max_batch_size, tensor_parallel_size=args.tensor_parallel_size,
-            gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-            seed=args.seed,
-        )  # fmt: skip
-    except (OSError, ValueError, ImportError) as e:
-        return usage_error(f"cannot load --model {args.model} with the {args.engine} engine: {e}")
+        engine = _engine(args)
+    except ValueError as e:
+        return usage_error(str(e))
     options = ServerOptions(
         token=token, host=args.host, port=args.port, max_message_bytes=args.max_message_mb * MiB, tls=tls
     )
@@ -171,16 +194,9 @@ def serve_main(args: argparse.Namespace) -> int:
 
             run = RunClient(args.register, ClientOptions(token=token, timeout=30.0, tls=tls))
             try:
-                worker_id, interval_s = run.register_worker("rollout", server.address, args.index)
+                _join_run(run, server.address, args.index, servicer, stop)
             except RpcError as e:
                 return usage_error(f"cannot register with the run at {args.register}: {e}")
-            servicer.worker_id = worker_id
-            if interval_s > 0:
-                threading.Thread(
-                    target=_heartbeat_loop, args=(run, server.address, args.index, interval_s, servicer, stop),
-                    name="heartbeat",
-                    daemon=True,
-                ).start()  # fmt: skip
         print(f"rlcore: rollout worker serving {args.model} on {server.address}", flush=True)
         if args.http_port is not None:
             try:

@@ -155,15 +155,7 @@ class ExploreLoop:
         cfg = self.cfg
         state_file = os.path.join(self.sdir, STATE)
         if self.resumes and os.path.isfile(state_file):
-            with open(state_file) as f:
-                saved = json.load(f)
-            self.explore_step = int(saved["explore_step"])
-            self.resend = [Task(**t) for t in saved.get("running", [])]
-            self.put = {str(w): int(n) for w, n in saved.get("put", {}).items()}
-            log.info(
-                "resumed exploring %s at step %d%s", self.stage.name, self.explore_step,
-                f" ({len(self.resend)} task(s) that were still running are sent again)" if self.resend else "",
-            )  # fmt: skip
+            self._resume(state_file)
         eb = cfg.buffer.trainer_input.experience_buffer
         buffer = self.given_buffer or open_buffer(cfg, wait_s=eb.max_wait_s)
         check_buffer_holds(buffer, self.put, state_file)
@@ -180,42 +172,13 @@ class ExploreLoop:
         try:
             log.info("exploring %s into %s", self.stage.name, buffer.describe())
             while self.explore_step < self.total_steps and not self.stop.is_set():
-                start = time.perf_counter()
-                metrics = self._follow_trainer()
-                if self.stop.is_set():
+                metrics = self._step(buffer, state_file)
+                if metrics is None:  # stopped while it waited for weights
                     break
-                exps, explored = self._explore()
-                metrics.update(explored)
-                self.dropped += int(explored.get("rollout/tasks_dropped", 0))
-                groups = grouped(exps)
-                if groups:
-                    buffer.put(groups)
-                    self.put[buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
-                else:
-                    log.warning("explore step %d: every task was left out; nothing put", self.explore_step)
-                self.explore_step += 1
-                state: dict[str, Any] = {
-                    "explore_step": self.explore_step, "policy_version": self.version, "put": self.put,
-                }  # fmt: skip
-                if self.scheduler is not None:  # tasks left running: a resumed explorer sends them again
-                    state["running"] = [dataclasses.asdict(t) for t in self.scheduler.running_tasks()]
-                write_atomic(state_file, json.dumps(state))
-                metrics.update(rollout_metrics(exps))
-                metrics.update(self.explorer.report())
-                metrics["rollout/policy_version"] = float(self.version)
-                metrics["buffer/groups_put"] = float(len(groups))
-                metrics["buffer/experiences_put"] = float(len(exps))
-                metrics["perf/step_time_s"] = time.perf_counter() - start
                 monitor.log(metrics, self.explore_step)
                 if progress is not None:
                     progress.update(self.explore_step, metrics)
-                if self.reporter is not None:
-                    self.reporter.record(self.stage.name, self.explore_step, metrics)
-                    answer = self.reporter.heartbeat(
-                        self.stage.name, self.explore_step, self.total_steps, self.version, wait=True
-                    )
-                    if answer == "stop":
-                        self.stop.set()
+                self._report(metrics)
             if self.dropped:
                 log.warning(
                     "%d task(s) of %s were left out after explorer.max_retry_times retries: the trainer gets "
@@ -234,6 +197,55 @@ class ExploreLoop:
             self.sender.close()
             self.workers.close()
         return {"stage": self.stage.name, "explore_step": self.explore_step, "stopped": self.stop.is_set()}
+
+    def _resume(self, state_file: str) -> None:
+        with open(state_file) as f:
+            saved = json.load(f)
+        self.explore_step = int(saved["explore_step"])
+        self.resend = [Task(**t) for t in saved.get("running", [])]
+        self.put = {str(w): int(n) for w, n in saved.get("put", {}).items()}
+        log.info(
+            "resumed exploring %s at step %d%s", self.stage.name, self.explore_step,
+            f" ({len(self.resend)} task(s) that were still running are sent again)" if self.resend else "",
+        )  # fmt: skip
+
+    def _step(self, buffer: Any, state_file: str) -> dict[str, float] | None:
+        """One explore step: the newest weights, the step's groups into the buffer, the position
+        saved; its metrics (None: stopped while waiting for weights)."""
+        start = time.perf_counter()
+        metrics = self._follow_trainer()
+        if self.stop.is_set():
+            return None
+        exps, explored = self._explore()
+        metrics.update(explored)
+        self.dropped += int(explored.get("rollout/tasks_dropped", 0))
+        groups = grouped(exps)
+        if groups:
+            buffer.put(groups)
+            self.put[buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
+        else:
+            log.warning("explore step %d: every task was left out; nothing put", self.explore_step)
+        self.explore_step += 1
+        state: dict[str, Any] = {"explore_step": self.explore_step, "policy_version": self.version, "put": self.put}
+        if self.scheduler is not None:  # tasks left running: a resumed explorer sends them again
+            state["running"] = [dataclasses.asdict(t) for t in self.scheduler.running_tasks()]
+        write_atomic(state_file, json.dumps(state))
+        metrics.update(rollout_metrics(exps))
+        metrics.update(self.explorer.report())
+        metrics["rollout/policy_version"] = float(self.version)
+        metrics["buffer/groups_put"] = float(len(groups))
+        metrics["buffer/experiences_put"] = float(len(exps))
+        metrics["perf/step_time_s"] = time.perf_counter() - start
+        return metrics
+
+    def _report(self, metrics: dict[str, float]) -> None:
+        """The step to the run's controller; its answer 'stop' stops the explorer after this step."""
+        if self.reporter is None:
+            return
+        self.reporter.record(self.stage.name, self.explore_step, metrics)
+        answer = self.reporter.heartbeat(self.stage.name, self.explore_step, self.total_steps, self.version, wait=True)
+        if answer == "stop":
+            self.stop.set()
 
     def _follow_trainer(self) -> dict[str, float]:
         """Load the newest published weights; while they are more than max_staleness steps behind

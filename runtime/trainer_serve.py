@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from ..core.config import RLCoreConfig
-from ..core.config.errors import ConfigError
 from ..core.config.host_checks import check_nodes
 from ..core.config.schema import ClusterConfig
 from ..core.rpc.address import reachable_host
@@ -145,12 +144,9 @@ def rank_main(options_path: str) -> int:
 # ---------------------------------------------------------------------------------------------- `rlcore trainer serve`
 
 
-def serve_main(args: argparse.Namespace) -> int:
-    """Start the trainer world (torchrun) and wait for it; SIGTERM/Ctrl-C stop it through rank 0."""
-    try:
-        read_token(args.token_env)
-    except ValueError as e:
-        return usage_error(str(e))
+def _checked(args: argparse.Namespace) -> ClusterConfig:
+    """The trainer nodes the flags describe; ValueError names the first flag out of its range."""
+    read_token(args.token_env)
     for flag, value, least in (
         ("--ranks", args.ranks, 1),
         ("--nnodes", args.nnodes, 1),
@@ -159,27 +155,19 @@ def serve_main(args: argparse.Namespace) -> int:
         ("--collective-timeout", args.collective_timeout, 1),
     ):
         if value < least:
-            return usage_error(f"{flag} must be >= {least}; got {value}")
+            raise ValueError(f"{flag} must be >= {least}; got {value}")
     cluster = ClusterConfig(
         num_nodes=args.nnodes, ranks_per_node=args.ranks, rdzv_endpoint=args.rdzv_endpoint,
         node_rank=args.node_rank, node_address=args.node_address, rdzv_timeout_s=args.rdzv_timeout,
     )  # fmt: skip
-    try:
-        check_nodes(cluster, NODE_FLAGS)
-    except ConfigError as e:
-        return usage_error(str(e))
-    try:
-        tls_from_args(args)  # checked here; rank 0 builds the TLS files from the same flags
-    except ValueError as e:
-        return usage_error(str(e))
-    cuda = torch.cuda.is_available()
-    if args.device == "cuda" and not cuda:
-        return usage_error("--device cuda but no CUDA device is visible; use --device cpu (or auto)")
-    device = ("cuda" if cuda else "cpu") if args.device == "auto" else args.device
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.ranks)
+    check_nodes(cluster, NODE_FLAGS)
+    tls_from_args(args)  # checked here; rank 0 builds the TLS files from the same flags
+    return cluster
 
-    workdir = tempfile.mkdtemp(prefix="rlcore-trainer-")
-    options = {
+
+def _rank_options(args: argparse.Namespace, device: str, threads: int, workdir: str) -> dict[str, Any]:
+    """What every rank reads (options.json in `workdir`)."""
+    return {
         "device": device, "threads": threads, "host": args.host, "port": args.port,
         "port_file": os.path.abspath(args.port_file) if args.port_file else None,
         "token_env": args.token_env, "max_message_mb": args.max_message_mb,
@@ -189,6 +177,22 @@ def serve_main(args: argparse.Namespace) -> int:
         "num_nodes": args.nnodes, "node_rank": args.node_rank, "ranks": args.ranks,
         "collective_timeout_s": args.collective_timeout,
     }  # fmt: skip
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Start the trainer world (torchrun) and wait for it; SIGTERM/Ctrl-C stop it through rank 0."""
+    try:
+        cluster = _checked(args)
+    except ValueError as e:  # ConfigError too: the flags spell the keys
+        return usage_error(str(e))
+    cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not cuda:
+        return usage_error("--device cuda but no CUDA device is visible; use --device cpu (or auto)")
+    device = ("cuda" if cuda else "cpu") if args.device == "auto" else args.device
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.ranks)
+
+    workdir = tempfile.mkdtemp(prefix="rlcore-trainer-")
+    options = _rank_options(args, device, threads, workdir)
     options_path = os.path.join(workdir, "options.json")
     with open(options_path, "w") as f:
         json.dump(options, f)

@@ -87,3 +87,24 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
                     seen.add(nxt)
                     stack.append((nxt, [*trail, nxt]))
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles))[:10])
+
+
+def test_files_and_functions_stay_small() -> None:
+    """No module over 500 lines and no function over 80 outside benchmarks/ (generated code aside):
+    a module that grows past that holds two concerns."""
+    import ast
+
+    big = []
+    for name, path in _modules().items():
+        if name.startswith("rlcore.benchmarks"):
+            continue
+        with open(path) as f:
+            text = f.read()
+        if text.count("\n") > 500:
+            big.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno:
+                length = node.end_lineno - node.lineno + 1
+                if length > 80:
+                    big.append(f"{name}.{node.name}: {length} lines")
+    assert not big, "split these:\n" + "\n".join(big)
