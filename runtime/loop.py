@@ -7,9 +7,9 @@ and reads top to bottom:
     per step:   take the step's experiences from the stage's source  ->  train  ->  sync (or
                 publish)  ->  evaluate  ->  checkpoint  ->  log  ->  heartbeat (pause / stop)
 
-The sources (plan.source): rollouts explored in lock-step (with rollout-ahead and dynamic sampling,
-`rl_step`), an experience buffer (buffer_source.py, `buffer_step`), the taskset's rows for SFT and
-DPO (taskset_rows.py, `offline_step`).
+The sources (plan.source): rollouts explored in lock-step (lockstep_source.py, with rollout-ahead
+and dynamic sampling: `rl_step`), an experience buffer (buffer_source.py: `buffer_step`), the
+taskset's rows for SFT and DPO (taskset_rows.py: `offline_step`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import sys
 import time
 from typing import Any
 
-from ..core.algorithms.dapo import dynamic_sampling
 from ..core.config import Stage, inherits_previous_model
 from ..core.data.taskset import task_stream
 from ..core.hf_export import HF_DIR
@@ -34,8 +33,8 @@ from ..weights.schedule import SyncSchedule
 from .buffer_source import BufferSource, StopWhileWaiting
 from .engine_link import EngineLink, RunContext
 from .handles import TrainerHandle
+from .lockstep_source import LockstepSource
 from .paths import SUMMARY, published_dir, stage_dir
-from .rollout_ahead import RolloutAhead
 from .taskset_rows import row_sequences, taskset_formats
 from .training import plan_steps
 
@@ -96,7 +95,7 @@ class StageLoop:
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)
         self.explorer = self.link.explorer
         self.schedule = SyncSchedule(cfg.synchronizer)
-        self.ahead = RolloutAhead(bool(cfg.synchronizer.rollout_ahead) and self.explorer is not None)
+        self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
         self.global_step = self.explore_step = 0
         self.last_saved = 0
@@ -131,7 +130,8 @@ class StageLoop:
                 self.progress.close()
             if self.monitor is not None:
                 self.monitor.close()
-            self.ahead.close()
+            if self.lockstep is not None:
+                self.lockstep.close()
             self.link.close()
             if self.source is not None:
                 self.source.close()
@@ -183,8 +183,9 @@ class StageLoop:
         """One step from the stage's source of experiences."""
         if self.plan.reads_buffer:
             return self.buffer_step()
-        tasks = self.stream.batch(self.explore_step)
-        return self.rl_step(tasks) if self.plan.explores else self.offline_step(tasks)
+        if self.plan.explores:
+            return self.rl_step()
+        return self.offline_step(self.stream.batch(self.explore_step))
 
     def _stop(self) -> bool:
         """Stopped on the run's request: the step's checkpoint (if it has none yet)."""
@@ -218,31 +219,15 @@ class StageLoop:
         metrics["perf/tokens"] = float(sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in seqs))
         return metrics
 
-    def rl_step(self, tasks: list[Task]) -> dict[str, float]:
-        """Lock-step: explore the step's tasks (or take the rollout started ahead), refill the groups
-        that teach nothing (dynamic sampling), start the next rollout ahead, train."""
-        link = self.link
-        metrics = link.follow_workers(self.global_step)
-        if self.schedule.due_before_explore(self.global_step, link.synced_step):
-            metrics.update(self._sync())
-        start = time.perf_counter()
-        taken = self.ahead.take(self.explore_step)  # generated during the previous step, by older weights
-        (exps, report), version = taken or (
-            link.explore_now(tasks, self.explore_step, self.global_step), link.synced_step
-        )
-        exps = self.schedule.drop_stale(exps, [version] * len(exps), self.global_step, metrics)
-        if self.plan.passes.refill:  # DAPO: refill the groups whose rewards all agree
-            exps = dynamic_sampling(
-                exps, self.cfg.buffer.batch_size, self.cfg.algorithm.dynamic_sampling_max_rounds,
-                lambda r: link.explore(self.stream.extra(self.explore_step, r), self.explore_step, r)[0], metrics,
-            )  # fmt: skip
-        metrics.update(self._mixture(exps))
-        metrics["perf/generate_s"] = time.perf_counter() - start
-        metrics.update(report)
-        metrics["rollout/generated_ahead"] = float(taken is not None)
-        self._start_ahead(len(exps))
+    def rl_step(self) -> dict[str, float]:
+        """Lock-step: the step's rollout (lockstep_source.py), the next one started ahead, train."""
+        assert self.lockstep is not None
+        exps, metrics = self.lockstep.take(self.explore_step, self.global_step, self._mixture)
+        following, updates = self.explore_step + 1, -(-len(exps) // self.train_batch)
+        last = following >= self.total_explore_steps or self.global_step + updates >= self.total_train_steps
+        self.lockstep.start_ahead(following, last)
         metrics.update(self._train(exps))
-        metrics.update(self.ahead.wait())  # the sync, evaluation and checkpoint find the engines idle
+        metrics.update(self.lockstep.wait())  # the sync, evaluation and checkpoint find the engines idle
         return metrics
 
     def buffer_step(self) -> dict[str, float]:
@@ -273,20 +258,6 @@ class StageLoop:
             probability = self.cfg.monitor.save_completions_probability
             if rows := completion_rows(exps, self.tokenizer, rng, probability):
                 self.monitor.log_completions(rows, self.global_step)
-
-    def _start_ahead(self, num_experiences: int) -> None:
-        """synchronizer.rollout_ahead: start the next explore step's rollout, unless this step is the
-        stage's last."""
-        following = self.explore_step + 1
-        train_steps = -(-num_experiences // self.train_batch)
-        if (
-            not self.ahead.enabled
-            or following >= self.total_explore_steps
-            or self.global_step + train_steps >= self.total_train_steps
-        ):
-            return
-        tasks = self.stream.batch(following)
-        self.ahead.start(following, lambda: self.link.explore(tasks, following), version=self.link.synced_step)
 
     # ------------------------------------------------------------------ sync, evaluation, checkpoints
 
