@@ -127,7 +127,7 @@ class TrainerWorld:
         if self.device == "cuda":
             torch.cuda.empty_cache()
         self.training = StageTraining(
-            call.cfg, call.checkpoint_dir, call.model_path, self.device, call.total_steps
+            call.cfg, call.checkpoint_dir, call.model_path, self.device, call.total_steps, call.plan.passes
         )
         self.model_path = call.model_path
         self.weights = call.plan.weights

@@ -27,11 +27,8 @@ from ..backends import STRATEGIES
 from ..backends.base import TrainingStrategy
 from ..core.algorithms import (
     ADVANTAGE_FNS,
-    reads_reference,
     reference_in_advantage,
-    trains_critic,
     trains_on,
-    trains_on_experts,
     with_preset,
 )
 from ..core.algorithms.aggregation import LossNorm
@@ -43,6 +40,7 @@ from ..core.algorithms.ppo import value_targets
 from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from ..core.config import RLCoreConfig
+from ..core.config.plan import Passes, filled, plan_stage
 from ..core.hf_export import ADAPTER_DIR, HF_DIR, export_adapter, export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
@@ -99,8 +97,13 @@ def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
 
 
 class StageTraining:
-    def __init__(self, cfg: RLCoreConfig, stage_dir: str, model_path: str, device: str, total_steps: int):
-        """`total_steps`: optimizer steps the lr schedule spans."""
+    def __init__(
+        self, cfg: RLCoreConfig, stage_dir: str, model_path: str, device: str, total_steps: int,
+        passes: Passes | None = None,
+    ):  # fmt: skip
+        """`total_steps`: optimizer steps the lr schedule spans; `passes`: what the stage's plan says
+        a step computes beyond the policy's (Configure hands it over; a config made by hand, in a
+        test or a benchmark, is planned here)."""
         from transformers import AutoTokenizer
 
         self.cfg, self.stage_dir, self.model_path, self.device = cfg, stage_dir, model_path, device
@@ -116,11 +119,12 @@ class StageTraining:
         )
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.algo = with_preset(algo)
+        passes = passes or plan_stage(filled(cfg)).passes
         rollouts = experiences_per_step(cfg)
         self.updates_per_step = max(rollouts // self.train_batch, 1)
-        self.experts = ExpertRows(cfg, tokenizer, rollouts) if trains_on_experts(self.algo) else None
+        self.experts = ExpertRows(cfg, tokenizer, rollouts) if passes.experts else None
         self.ref_in_advantage = reference_in_advantage(self.algo)
-        self.needs_ref = reads_reference(self.algo)
+        self.needs_ref = passes.reference
         self.syncs_ref = self.needs_ref and algo.sync_ref_model
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
         fn = self.algo.advantage_fn
@@ -131,7 +135,7 @@ class StageTraining:
             lora=cfg.model.lora_configs[0] if cfg.model.lora_configs else None,
         )  # fmt: skip
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
-        self.critic = Critic(cfg, model_path, device, total_steps) if trains_critic(self.algo) else None
+        self.critic = Critic(cfg, model_path, device, total_steps) if passes.critic else None
         self.critic_warmup = cfg.critic.critic_warmup if self.critic is not None else 0
         self.state = TrainerState()
 
