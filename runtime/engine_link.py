@@ -195,6 +195,15 @@ class EngineLink:
         trainer = [next(ours) if tokens else [] for _, tokens, _ in answers]
         return judge_probe(answers, trainer, step, probe_tolerance(self.cfg, self.run_ctx.device))
 
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Evaluate on the engines (the stage's eval tasksets), once they hold the weights of `step`."""
+        if self.explorer is None or not self.cfg.buffer.explorer_input.eval_tasksets:
+            return {}
+        self.follow_workers(step)
+        if self.synced_step != step:
+            self.sync(step)
+        return self.explorer.evaluate(seed=self.cfg.seed)
+
     def publish(self, folder: str) -> dict[str, float]:
         """Publish the trainer's weights in `folder` for the explorers (plan.publishes)."""
         version, synced = self.handle.publish_weights(folder)

@@ -93,7 +93,6 @@ class StageLoop:
         prompt_format = self.formats[cfg.buffer.explorer_input.taskset.name][2]
         probe_prompt = prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)
-        self.explorer = self.link.explorer
         self.schedule = SyncSchedule(cfg.synchronizer)
         self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
@@ -276,13 +275,7 @@ class StageLoop:
         return done or (interval > 0 and self.explore_step % interval == 0)
 
     def evaluate(self) -> dict[str, float]:
-        """Evaluate on the engines, after making sure they hold the current weights."""
-        if self.explorer is None or not self.cfg.buffer.explorer_input.eval_tasksets:
-            return {}
-        self.link.follow_workers(self.global_step)
-        if self.link.synced_step != self.global_step:
-            self._sync()
-        return self.explorer.evaluate(seed=self.cfg.seed)
+        return self.link.evaluate(self.global_step)
 
     def _checkpoint(self, final: bool) -> None:
         interval = self.cfg.trainer.save_interval
@@ -314,7 +307,7 @@ class StageLoop:
             "resumed %s from %s (step %d)%s", self.stage.name, restored.path, self.global_step,
             f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",
         )  # fmt: skip
-        if self.explorer is not None:  # with none, nothing holds weights to replace
+        if self.link.explorer is not None:  # with none, nothing holds weights to replace
             self._sync()
         return True
 
