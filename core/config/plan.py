@@ -36,7 +36,6 @@ from .schema import RLCoreConfig
 
 SOURCES = ("rollouts", "explorer_thread", "buffer", "explore", "responses", "pairs", "evaluation")
 ENGINES = ("workers", "in_process", "none")
-TRANSPORTS = ("nccl", "checkpoint", "memory", "publish", "none")
 ROLES = ("trainer", "remote", "explorer")
 
 SYNCING_MODES = ("both", "colocate")
@@ -73,7 +72,9 @@ class StagePlan:
     """Whether the stage's engines, when it has any, are rollout workers: mode both and explore, and
     every stage of a remote trainer (which hosts no engine)."""
     weights: str
-    """How the trainer's weights reach `engines` (TRANSPORTS): "auto" resolved."""
+    """How the trainer's weights reach `engines`: a transport of rlcore.weights.TRANSPORTS (nccl,
+    checkpoint, memory, publish, or one added there) with synchronizer.sync_method's "auto" resolved,
+    or none."""
     publishes: bool
     """The trainer publishes its weights as folders for an explorer (source buffer or explorer_thread)."""
     trainer: str
