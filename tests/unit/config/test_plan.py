@@ -34,7 +34,7 @@ SHAPES = {
     "over-rollout": ["synchronizer.asynchronous=true", "explorer.over_rollout.ratio=0.25"],
 }
 """Overrides given to the RL stages of SHAPED recipes (every recipe runs as written)."""
-SHAPED = ["quickstart.yaml", "algorithms/ppo.yaml", "algorithms/mix.yaml", "algorithms/dpo.yaml"]
+SHAPED = ["quickstart.yaml", "algorithms/ppo.yaml", "algorithms/dpo.yaml"]
 
 
 def before(cfg) -> dict:
