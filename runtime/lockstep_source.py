@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..core.algorithms.dapo import dynamic_sampling
+from ..core.algorithms import algorithm_of
 from ..core.config import RLCoreConfig
 from ..core.config.plan import StagePlan
 from ..core.data.taskset import MixtureStream, TaskStream
@@ -44,9 +44,10 @@ class LockstepSource:
             link.explore_now(self.stream.batch(explore_step), explore_step, step), link.synced_step
         )
         exps = self.schedule.drop_stale(exps, [version] * len(exps), step, metrics)
-        if self.plan.passes.refill:  # DAPO: refill the groups whose rewards all agree
-            exps = dynamic_sampling(
-                exps, self.cfg.buffer.batch_size, self.cfg.algorithm.dynamic_sampling_max_rounds,
+        if self.plan.passes.refill:  # e.g. DAPO's dynamic sampling: refill the groups that teach nothing
+            algo = self.cfg.algorithm
+            exps = algorithm_of(algo).refill(
+                algo, exps, self.cfg.buffer.batch_size,
                 lambda r: link.explore(self.stream.extra(explore_step, r), explore_step, r)[0], metrics,
             )  # fmt: skip
         metrics.update(mixture(exps))

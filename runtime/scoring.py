@@ -136,3 +136,19 @@ def build_scored(
             local, seqs, [mb["ref_logprobs"] for mbs, _ in local for mb in mbs], width, group
         )
     return batch, seq_kl
+
+
+class LocalRows:
+    """A step's rows for the step passes' hooks (core/algorithms/step_pass.py StepRows)."""
+
+    def __init__(self, local: Local, seqs: list[Sequence], group: dist.ProcessGroup | None):
+        self.local, self.seqs, self.group = local, seqs, group
+
+    def gather(self, per_micro_batch: list[torch.Tensor], width: int) -> torch.Tensor:
+        return aligned(self.local, self.seqs, per_micro_batch, width, self.group)
+
+    def place(self, values: torch.Tensor, key: str) -> None:
+        place_advantages(self.local, self.seqs, values, key)
+
+    def micro_batches(self) -> list[Batch]:
+        return [mb for mbs, _ in self.local for mb in mbs]

@@ -15,8 +15,6 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,18 +23,12 @@ import torch.distributed as dist
 
 from ..backends import STRATEGIES
 from ..backends.base import TrainingStrategy
-from ..core.algorithms import (
-    ADVANTAGE_FNS,
-    reference_in_advantage,
-    trains_on,
-    with_preset,
-)
+from ..core.algorithms import ADVANTAGE_FNS, STEP_PASSES, reference_in_advantage, trains_on, with_preset
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.kl import build_kl_controller
-from ..core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
-from ..core.algorithms.mix import EXPERT, MixLoss
-from ..core.algorithms.ppo import value_targets
+from ..core.algorithms.losses import build_loss
+from ..core.algorithms.step_pass import PassContext, StepPass, WithPasses, timed
 from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from ..core.config import RLCoreConfig
@@ -45,8 +37,6 @@ from ..core.hf_export import ADAPTER_DIR, HF_DIR, export_adapter, export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
 from . import scoring
-from .critic import Critic, WithCritic
-from .expert_rows import ExpertRows
 
 
 @dataclass
@@ -107,6 +97,7 @@ class StageTraining:
         from transformers import AutoTokenizer
 
         self.cfg, self.stage_dir, self.model_path, self.device = cfg, stage_dir, model_path, device
+        self.total_steps = total_steps
         algo = cfg.algorithm
         self.explores = trains_on(algo) == "rollouts"
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -122,22 +113,33 @@ class StageTraining:
         passes = passes or plan_stage(filled(cfg)).passes
         rollouts = experiences_per_step(cfg)
         self.updates_per_step = max(rollouts // self.train_batch, 1)
-        self.experts = ExpertRows(cfg, tokenizer, rollouts) if passes.experts else None
         self.ref_in_advantage = reference_in_advantage(self.algo)
         self.needs_ref = passes.reference
         self.syncs_ref = self.needs_ref and algo.sync_ref_model
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
         fn = self.algo.advantage_fn
         self.advantage_fn = None if fn is None else ADVANTAGE_FNS.resolve(fn)
-        self.strategy = STRATEGIES.resolve(cfg.trainer.strategy)(
-            model_path, cfg.trainer, algo.optimizer, device=device, dtype=cfg.model.dtype,
-            total_steps=total_steps, with_reference=self.needs_ref, seed=cfg.seed,
+        self.strategy = self._build_model(
+            model_path, algo.optimizer, with_reference=self.needs_ref,
             lora=cfg.model.lora_configs[0] if cfg.model.lora_configs else None,
         )  # fmt: skip
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
-        self.critic = Critic(cfg, model_path, device, total_steps) if passes.critic else None
-        self.critic_warmup = cfg.critic.critic_warmup if self.critic is not None else 0
+        ctx = PassContext(
+            cfg, model_path, device, total_steps, tokenizer, rollouts, self.max_response_len,
+            build_model=self._build_model, micro=self.micro,
+        )  # fmt: skip
+        self.passes: list[StepPass] = [
+            STEP_PASSES.resolve_class(name, StepPass, "algorithm pass")(ctx) for name in passes.extra
+        ]
         self.state = TrainerState()
+
+    def _build_model(self, path: str, optim: Any, value_head: bool = False, **kw: Any) -> Any:
+        """A model of the stage's strategy (trainer.strategy) from `path` with its own optimizer."""
+        cfg = self.cfg
+        return STRATEGIES.resolve(cfg.trainer.strategy)(
+            path, cfg.trainer, optim, device=self.device, dtype=cfg.model.dtype, total_steps=self.total_steps,
+            with_reference=kw.pop("with_reference", False), seed=cfg.seed, value_head=value_head, **kw,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ the algorithm step
 
@@ -165,19 +167,19 @@ class StageTraining:
         gap = LogprobGap()  # the engine's log-probs (in old_logprobs until recomputed) against ours
         for mbs, _ in local:
             if self.needs_ref:
-                with _timed(timers, "perf/ref_logprobs_s"):
+                with timed(timers, "perf/ref_logprobs_s"):
                     ref = self.strategy.compute_logprobs(mbs, self.temperature, reference=True)
                 for mb, lp in zip(mbs, ref, strict=True):
                     mb["ref_logprobs"] = lp
             if algo.do_old_log_prob_compute:
-                with _timed(timers, "perf/old_logprobs_s"):
+                with timed(timers, "perf/old_logprobs_s"):
                     old = self.strategy.compute_logprobs(mbs, self.temperature)
                 for mb, lp in zip(mbs, old, strict=True):
                     gap.add(mb["old_logprobs"], lp, mb["loss_mask"])
                     mb["old_logprobs"] = lp
-            if self.critic is not None:
-                with _timed(timers, "perf/values_s"):
-                    self.critic.score(mbs)
+            for p in self.passes:
+                with timed(timers, f"perf/{p.name}_score_s"):
+                    p.score(mbs)
 
         metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
         scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
@@ -190,82 +192,70 @@ class StageTraining:
             self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
         if algo.overlong_filter:
             metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
-        if self.critic is not None:
-            width = batch.need("response_mask", "ppo").shape[1]
-            values = [mb["values"] for mbs, _ in local for mb in mbs]
-            batch.values = scoring.aligned(local, seqs, values, width, self.strategy.dp_group)
+        rows = scoring.LocalRows(local, seqs, self.strategy.dp_group)
+        for p in self.passes:
+            p.before_advantages(batch, rows)
         assert self.advantage_fn is not None, "an RL algorithm has an advantage function"
-        scoring.place_advantages(local, seqs, self.advantage_fn(batch))
-        if self.critic is not None:
-            returns = value_targets(batch)
-            scoring.place_advantages(local, seqs, returns, key="returns")
-            metrics["critic/returns_mean"] = float(
-                returns.sum() / batch.need("response_mask", "ppo").sum().clamp(min=1)
-            )
-
-        experts = self._expert_batches(len(seqs), len(minis), metrics)
+        rows.place(self.advantage_fn(batch), "advantages")
+        for p in self.passes:
+            p.after_advantages(batch, rows, metrics)
+        extra = self._extra_batches(len(seqs), len(minis), metrics)
 
         t1 = time.perf_counter()
         updates = [
-            self._update(mbs, [s for s in mini if keep[s.index]], timers, expert)
-            for (mbs, _), mini, expert in zip(local, minis, experts, strict=True)
+            self._update(mbs, [s for s in mini if keep[s.index]], timers, more)
+            for (mbs, _), mini, more in zip(local, minis, extra, strict=True)
         ]
         metrics.update(mean_dicts(updates))
         metrics.update(rollout_metrics(exps))
         metrics.update(timers)
         metrics["perf/train_s"] = time.perf_counter() - t1
-        trained = seqs + [s for _, rows in experts for s in rows]  # mix trains on its expert rows too
+        trained = seqs + [s for _, more in extra for s in more]  # a pass's rows train too (mix's experts)
         metrics["perf/tokens"] = float(sum(s.length for s in trained))
         return metrics
 
-    def _expert_batches(
+    def _extra_batches(
         self, first_index: int, minis: int, metrics: dict[str, float]
     ) -> list[tuple[list[Batch], list[Sequence]]]:
-        """mix: this step's expert rows, split over the mini-batches, as this rank's micro-batches
-        (marked EXPERT) and the rows themselves; nothing for other algorithms."""
-        if self.experts is None:
-            return [([], [])] * minis
-        rows = self.experts.sequences(self.state.global_step // self.updates_per_step, first_index)
-        metrics["mix/expert_rows"] = float(len(rows))
-        out = []
-        for k in range(minis):
-            part = rows[k * len(rows) // minis : (k + 1) * len(rows) // minis]
-            mbs = self.micro(part)[0] if part else []
-            for mb in mbs:
-                mb[EXPERT] = torch.ones_like(mb["loss_mask"])
-            out.append((mbs, part))
+        """Per mini-batch, the micro-batches and rows the step passes add to the experiences' (mix:
+        its expert rows), indexed from `first_index` on."""
+        out: list[tuple[list[Batch], list[Sequence]]] = [([], [])] * minis
+        step = self.state.global_step // self.updates_per_step
+        for p in self.passes:
+            more = p.extra_batches(step, first_index, minis, metrics)
+            out = [(mbs + m, rows + r) for (mbs, rows), (m, r) in zip(out, more, strict=True)]
+            first_index += sum(len(r) for _, r in more)
         return out
+
+    def _norm(self, rows: list[Sequence]) -> LossNorm:
+        """The loss normaliser over the rows that train (a mini-batch may have none left)."""
+        return LossNorm(
+            num_tokens=float(sum(s.trained_tokens for s in rows)) or 1.0, num_seqs=float(len(rows)) or 1.0,
+            max_response_len=self.max_response_len,
+        )  # fmt: skip
 
     def _update(
         self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float],
-        expert: tuple[list[Batch], list[Sequence]] = ([], []),
+        extra: tuple[list[Batch], list[Sequence]] = ([], []),
     ) -> dict[str, float]:  # fmt: skip
-        """Forward/backward of the policy loss over one mini-batch (mix: and of the expert rows' NLL
-        over theirs), then an optimizer step (a critic first takes its own; during
-        critic.critic_warmup only the critic does)."""
-        norm = LossNorm(  # over the sequences that train (a mini-batch may have none left)
-            num_tokens=float(sum(s.trained_tokens for s in mini)) or 1.0, num_seqs=float(len(mini)) or 1.0,
-            max_response_len=self.max_response_len,
-        )  # fmt: skip
+        """Forward/backward of the loss over one mini-batch (with the step passes' rows: mix's
+        expert rows), then an optimizer step; a pass with a model of its own (PPO's critic) takes
+        its step first, and may hold the policy back (critic.critic_warmup)."""
+        norm = self._norm(mini)
         metrics: dict[str, float] = {}
-        if self.critic is not None:
-            with _timed(timers, "perf/critic_update_s"):
-                metrics.update(self.critic.update(mbs, norm))
-        if self.state.global_step < self.critic_warmup:
-            self.state.global_step += 1  # the policy waits for the critic's values to mean something
+        for p in self.passes:
+            with timed(timers, f"perf/{p.name}_update_s"):
+                metrics.update(p.update(mbs, norm))
+        if any(p.holds_policy(self.state.global_step) for p in self.passes):
+            self.state.global_step += 1
             return metrics
-        loss_fn: PolicyLoss | SFTLoss | MixLoss = build_loss(self.algo, norm)
-        expert_mbs, expert_rows = expert
-        if expert_rows:
-            assert isinstance(loss_fn, PolicyLoss), "mix trains a policy loss beside the expert rows"
-            expert_norm = LossNorm(
-                num_tokens=float(sum(s.trained_tokens for s in expert_rows)), num_seqs=float(len(expert_rows)),
-                max_response_len=self.max_response_len,
-            )  # fmt: skip
-            loss_fn = MixLoss(loss_fn, SFTLoss(expert_norm), self.algo.mix_mu)
-        with _timed(timers, "perf/forward_backward_s"):
-            metrics.update(self.strategy.forward_backward(mbs + expert_mbs, loss_fn, self.temperature))
-        with _timed(timers, "perf/optimizer_s"):
+        extra_mbs, extra_rows = extra
+        loss_fn: Any = build_loss(self.algo, norm)
+        for p in self.passes:
+            loss_fn = p.wrap_loss(loss_fn, extra_rows, self._norm)
+        with timed(timers, "perf/forward_backward_s"):
+            metrics.update(self.strategy.forward_backward(mbs + extra_mbs, loss_fn, self.temperature))
+        with timed(timers, "perf/optimizer_s"):
             grad_norm, lr = self.optimizer_step()
         metrics["actor/grad_norm"], metrics["actor/lr"] = grad_norm, lr
         if self.syncs_ref and self.state.global_step % self.algo.ref_model_sync_steps == 0:
@@ -386,9 +376,9 @@ class StageTraining:
     # ------------------------------------------------------------------ checkpoints
 
     @property
-    def checkpointed(self) -> TrainingStrategy | WithCritic:
-        """What a checkpoint's model/ folder holds: the policy (and the critic, with one)."""
-        return self.strategy if self.critic is None else WithCritic(self.strategy, self.critic)
+    def checkpointed(self) -> TrainingStrategy | WithPasses:
+        """What a checkpoint's model/ folder holds: the policy (and the passes' state: a critic)."""
+        return WithPasses(self.strategy, self.passes) if any(p.folder for p in self.passes) else self.strategy
 
     def save(self, export: bool, explore_step: int) -> str:
         """A checkpoint of this stage, with an HF export in its hf/ folder when `export` (LoRA: the
@@ -418,13 +408,3 @@ class StageTraining:
         self.state = load_checkpoint(path, self.checkpointed)
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
         return self.state
-
-
-@contextmanager
-def _timed(timers: dict[str, float], key: str) -> Iterator[None]:
-    """Add the seconds spent in the block to timers[key]."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timers[key] = timers.get(key, 0.0) + time.perf_counter() - start

@@ -1,7 +1,11 @@
 """The algorithm menu: what each RL algorithm computes, by name, without importing torch.
 
-An algorithm is a preset (`AlgorithmSpec`): the advantage function, the policy loss, the passes it
-needs beyond the policy's, and the knobs it sets when the config leaves them unset (None).
+An algorithm (`Algorithm`) is a preset and its hooks: the advantage function, the policy loss, the
+knobs it sets when the config leaves them unset (None), what its steps train on, the step passes it
+runs beside the policy (step_pass.py: PPO's critic, mix's expert rows; STEP_PASSES), and how a step
+refills the groups that teach nothing (`refill`). The loop and the trainer call these hooks and
+never name an algorithm: a new algorithm with a new pass is its pass's file, a line here and its
+config fields.
 `algorithm.algorithm_type` picks a preset; `algorithm.advantage_fn` and `algorithm.policy_loss_fn`
 replace its parts. The math lives in one file per family, each naming its formula and paper:
 grpo.py (grpo, dr_grpo), rloo.py, reinforce.py (reinforce_plus_plus and its group-baseline form),
@@ -15,6 +19,7 @@ punishment (runtime/scoring.py) and dynamic sampling (runtime/loop.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +58,18 @@ POLICY_LOSS_FNS = Registry(
 (per-token loss, per-token clipped indicator), aggregated by algorithm.loss_agg_mode."""
 
 
+STEP_PASSES = Registry(
+    "algorithm passes",
+    {
+        "critic": "rlcore.core.algorithms.ppo:CriticPass",
+        "experts": "rlcore.core.algorithms.mix:ExpertPass",
+    },
+)
+"""Step passes by name (step_pass.py): a model or data a step runs beside the policy."""
+
+
 @dataclass(frozen=True)
-class AlgorithmSpec:
+class Algorithm:
     advantage_fn: str | None
     """A name in ADVANTAGE_FNS (None: no advantages, e.g. SFT)."""
     policy_loss_fn: str | None
@@ -64,35 +79,50 @@ class AlgorithmSpec:
     reference_in_advantage: bool = False
     """Whether the advantage reads the reference model's log-probs (when kl_loss_coef > 0); the
     KL loss and KL-in-reward ask for that pass by themselves."""
-    critic: bool = False
-    """Whether the algorithm trains a value model (config section `critic`) beside the policy."""
+    passes: tuple[str, ...] = ()
+    """The step passes a step runs beside the policy, by name in STEP_PASSES (critic: a value model,
+    config section `critic`; experts: buffer.expert_taskset's rows in the same step) or by import
+    path 'pkg.mod:Class' (a StepPass subclass)."""
     data: str = "rollouts"
     """What a step trains on: rollouts (explored and scored, mode both or colocate), or the
     taskset's own rows in mode train: responses (SFT) or preference pairs (DPO)."""
-    expert: bool = False
-    """Whether each step also trains on expert demonstrations (buffer.expert_taskset): mix."""
+
+    def refills(self, cfg: Any) -> bool:
+        """Whether a lock-step replaces the groups that teach nothing (`cfg`: AlgorithmConfig, preset
+        filled): DAPO's dynamic sampling, algorithm.dynamic_sampling."""
+        return bool(cfg.dynamic_sampling)
+
+    def refill(
+        self, cfg: Any, exps: list[Any], want: int, explore_round: Callable[[int], list[Any]],
+        metrics: dict[str, float],
+    ) -> list[Any]:  # fmt: skip
+        """A lock-step's experiences once the groups that teach nothing are replaced (when
+        `refills`): `want` groups, from extra `explore_round(r)` rounds as needed (dapo.py)."""
+        from .dapo import dynamic_sampling
+
+        return dynamic_sampling(exps, want, cfg.dynamic_sampling_max_rounds, explore_round, metrics)
 
 
 _OFF = {"use_kl_in_reward": False, "overlong_filter": False, "dynamic_sampling": False}
 _PPO_CLIP = {**_OFF, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
 
-ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "grpo": AlgorithmSpec("grpo", "ppo_clip", defaults=_PPO_CLIP),
-    "dr_grpo": AlgorithmSpec(
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", "ppo_clip", defaults=_PPO_CLIP),
+    "dr_grpo": Algorithm(
         "dr_grpo", "ppo_clip", defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-sum-norm"}
     ),
-    "rloo": AlgorithmSpec("rloo", "ppo_clip", defaults=_PPO_CLIP),
+    "rloo": Algorithm("rloo", "ppo_clip", defaults=_PPO_CLIP),
     # PPO as RLHF runs it (Ouyang et al. 2022): a critic's values, GAE, the KL in the token reward
-    "ppo": AlgorithmSpec("gae", "ppo_clip", defaults={**_PPO_CLIP, "use_kl_in_reward": True}, critic=True),
+    "ppo": Algorithm("gae", "ppo_clip", defaults={**_PPO_CLIP, "use_kl_in_reward": True}, passes=("critic",)),
     # REINFORCE++: the KL to the reference model is part of each token's reward
-    "reinforce_plus_plus": AlgorithmSpec(
+    "reinforce_plus_plus": Algorithm(
         "reinforce_plus_plus", "ppo_clip", defaults={**_PPO_CLIP, "use_kl_in_reward": True}
     ),
-    "reinforce_plus_plus_baseline": AlgorithmSpec(
+    "reinforce_plus_plus_baseline": Algorithm(
         "reinforce_plus_plus_baseline", "ppo_clip", defaults=_PPO_CLIP
     ),
     # GSPO's paper clips the sequence ratio at 1 -/+ (3e-4, 4e-4) and averages tokens per sequence
-    "gspo": AlgorithmSpec(
+    "gspo": Algorithm(
         "grpo",
         "gspo",
         defaults={
@@ -104,31 +134,31 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),  # fmt: skip
     # DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (0.2, 0.28), token-level loss, truncated
     # responses out of the loss, groups that teach nothing replaced by fresh ones
-    "dapo": AlgorithmSpec(
+    "dapo": Algorithm(
         "grpo",
         "ppo_clip",
         defaults={**_PPO_CLIP, "clip_ratio_high": 0.28, "overlong_filter": True, "dynamic_sampling": True},
     ),  # fmt: skip
-    "opmd": AlgorithmSpec("opmd", "opmd", defaults={**_PPO_CLIP}),
+    "opmd": Algorithm("opmd", "opmd", defaults={**_PPO_CLIP}),
     # the repository's weighted likelihood is length-normalised per response, then summed per group
-    "maxent_grpo": AlgorithmSpec(
+    "maxent_grpo": Algorithm(
         "maxent_grpo",
         "weighted_likelihood",
         defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-mean"},
         reference_in_advantage=True,
     ),  # fmt: skip
     # Trinity-RFT's mix: GRPO on the rollouts plus the expert rows' likelihood in the same step
-    "mix": AlgorithmSpec("grpo", "ppo_clip", defaults=_PPO_CLIP, expert=True),
-    "sft": AlgorithmSpec(None, None, defaults=_PPO_CLIP, data="responses"),
+    "mix": Algorithm("grpo", "ppo_clip", defaults=_PPO_CLIP, passes=("experts",)),
+    "sft": Algorithm(None, None, defaults=_PPO_CLIP, data="responses"),
     # DPO reads the reference model by definition (dpo.py), whatever kl_loss_coef says
-    "dpo": AlgorithmSpec(None, None, defaults=_PPO_CLIP, data="pairs"),
+    "dpo": Algorithm(None, None, defaults=_PPO_CLIP, data="pairs"),
 }
 
 
 def with_preset(cfg: Any) -> Any:
     """`cfg` (AlgorithmConfig) with its unset knobs, advantage_fn and policy_loss_fn taken from the
     algorithm_type's preset (a copy; `cfg` itself is not changed)."""
-    spec = ALGORITHMS[cfg.algorithm_type]
+    spec = algorithm_of(cfg)
     filled = {k: v for k, v in spec.defaults.items() if getattr(cfg, k) is None}
     if cfg.advantage_fn is None:
         filled["advantage_fn"] = spec.advantage_fn
@@ -142,24 +172,34 @@ def kl_in_loss(cfg: Any) -> bool:
     return trains_on(cfg) == "rollouts" and cfg.kl_loss_fn != "none" and cfg.kl_loss_coef > 0
 
 
+def algorithm_of(cfg: Any) -> Algorithm:
+    """The algorithm `cfg` (AlgorithmConfig) names by algorithm.algorithm_type."""
+    return ALGORITHMS[cfg.algorithm_type]
+
+
+def step_passes(cfg: Any) -> tuple[str, ...]:
+    """The step passes a step of `cfg`'s algorithm runs beside the policy (Algorithm.passes)."""
+    return algorithm_of(cfg).passes
+
+
 def trains_on_experts(cfg: Any) -> bool:
     """Whether each step also trains on expert demonstrations (mix)."""
-    return ALGORITHMS[cfg.algorithm_type].expert
+    return "experts" in step_passes(cfg)
 
 
 def trains_on(cfg: Any) -> str:
-    """rollouts, responses or pairs (AlgorithmSpec.data)."""
-    return ALGORITHMS[cfg.algorithm_type].data
+    """rollouts, responses or pairs (Algorithm.data)."""
+    return algorithm_of(cfg).data
 
 
 def reference_in_advantage(cfg: Any) -> bool:
     """Whether the advantage reads the reference model's log-probs (maxent_grpo with beta > 0)."""
-    return ALGORITHMS[cfg.algorithm_type].reference_in_advantage and cfg.kl_loss_coef > 0
+    return algorithm_of(cfg).reference_in_advantage and cfg.kl_loss_coef > 0
 
 
 def trains_critic(cfg: Any) -> bool:
     """Whether the stage trains a value model beside the policy."""
-    return ALGORITHMS[cfg.algorithm_type].critic
+    return "critic" in step_passes(cfg)
 
 
 def reads_reference(cfg: Any) -> bool:

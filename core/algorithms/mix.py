@@ -9,15 +9,28 @@ over the step's expert tokens (Trinity's token-level SFT loss). A train batch ho
 algorithm.mix_expert_ratio expert rows (Trinity's expert_data_ratio): ceil(r / (1 - r)) expert rows
 per rollout, added to the rollouts rather than taking their place, so the explored samples per
 step stay those of the other algorithms.
+
+`ExpertPass` brings the expert rows to the trainer's step (step_pass.py): the rows of
+buffer.expert_taskset in seeded batches (batch k of a stage is the same on every rank and after a
+resume), encoded as SFT encodes its rows (core/data/prompts.py), so the expert part of a mixed step
+trains on exactly what an SFT stage would.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
+from ..batch import Sequence
+from ..data.prompts import PromptFormat, model_chat_template
+from ..data.taskset import TaskStream, load_tasks
+from .aggregation import LossNorm
 from .losses import Batch, PolicyLoss, SFTLoss
+from .step_pass import PassContext, StepPass
+
+KEY = "buffer.expert_taskset"
 
 EXPERT = "expert"
 """The micro-batch field that marks the expert rows' micro-batches (all ones there)."""
@@ -48,3 +61,59 @@ class MixLoss:
             return self.mu * loss, {"mix/expert_nll": metrics["sft/loss"]}
         loss, metrics = self.policy(logprobs, entropy, batch)
         return (1.0 - self.mu) * loss, metrics
+
+
+class ExpertPass(StepPass):
+    name = "experts"
+
+    def __init__(self, ctx: PassContext):
+        super().__init__(ctx)
+        cfg = ctx.cfg
+        ts = cfg.buffer.expert_taskset
+        assert ts is not None, "config validation asks mix for buffer.expert_taskset"
+        self.per_step = expert_rows_per_step(ctx.rollouts_per_step, cfg.algorithm.mix_expert_ratio)
+        tasks = load_tasks(ts, KEY)
+        if len(tasks) < self.per_step:
+            raise ValueError(
+                f"{KEY}: {len(tasks)} rows, but each step takes {self.per_step} (algorithm.mix_expert_ratio "
+                f"{cfg.algorithm.mix_expert_ratio} of a train batch with {ctx.rollouts_per_step} rollouts): give "
+                "more rows or a lower mix_expert_ratio"
+            )
+        self.stream = TaskStream(tasks, self.per_step, cfg.seed, ts.shuffle)
+        self.format = PromptFormat(
+            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, model_chat_template(cfg.model),
+            ts.format.system_prompt,
+        )  # fmt: skip
+        self.response_key, self.mu = ts.format.response_key, cfg.algorithm.mix_mu
+
+    def sequences(self, step: int, first_index: int) -> list[Sequence]:
+        """Batch `step` of the expert rows, indexed from `first_index` on (after the rollouts)."""
+        out = []
+        for j, t in enumerate(self.stream.batch(step)):
+            if t.response is None:
+                raise ValueError(f"{KEY}: task {t.task_id} has no response (column '{self.response_key}')")
+            prompt, response = self.format.encode_sft_example(self.ctx.tokenizer, t.prompt, t.response)
+            out.append(Sequence(prompt, response, index=first_index + j))
+        return out
+
+    def extra_batches(
+        self, step: int, first_index: int, minis: int, metrics: dict[str, float]
+    ) -> list[tuple[list[Batch], list[Sequence]]]:
+        """This step's expert rows split over the mini-batches, as this rank's micro-batches (marked
+        EXPERT) and the rows themselves."""
+        rows = self.sequences(step, first_index)
+        metrics["mix/expert_rows"] = float(len(rows))
+        out = []
+        for k in range(minis):
+            part = rows[k * len(rows) // minis : (k + 1) * len(rows) // minis]
+            mbs = self.ctx.micro(part)[0] if part else []
+            for mb in mbs:
+                mb[EXPERT] = torch.ones_like(mb["loss_mask"])
+            out.append((mbs, part))
+        return out
+
+    def wrap_loss(self, loss: object, rows: list[Sequence], norm: Callable[[list[Sequence]], LossNorm]) -> object:
+        if not rows:
+            return loss
+        assert isinstance(loss, PolicyLoss), "mix trains a policy loss beside the expert rows"
+        return MixLoss(loss, SFTLoss(norm(rows)), self.mu)

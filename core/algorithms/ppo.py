@@ -15,15 +15,23 @@ and the critic regresses onto the returns R with PPO's clipped value loss
     L_V = 1/2 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)    (c: critic.cliprange_value)
 
 averaged over the trained tokens, V_old being the critic's values when the batch was scored.
+
+`CriticPass` is the critic as a step pass (step_pass.py): a second model of the policy's strategy
+(trainer.strategy), built with a value head from model.critic_model_path, its own optimizer
+(critic.optim) and lr schedule. It scores the policy's micro-batches before the advantages
+(`values`), trains on the returns written beside them (`returns`) before the policy steps, holds
+the policy back for critic.critic_warmup steps, and keeps its state in a checkpoint's `critic/`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..batch import Batch
 from .aggregation import LossNorm, aggregate
 from .reinforce import whiten_tokens
 from .scored import ScoredBatch
+from .step_pass import PassContext, StepPass, StepRows
 
 
 def gae(
@@ -93,3 +101,45 @@ class ValueLoss:
         return loss, dict(
             zip(("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"), metrics, strict=True)
         )
+
+
+class CriticPass(StepPass):
+    name = "critic"
+    folder = "critic"
+
+    def __init__(self, ctx: PassContext):
+        super().__init__(ctx)
+        cfg = ctx.cfg
+        self.cfg = cfg.critic
+        self.strategy = ctx.build_model(cfg.model.critic_model_path or ctx.model_path, cfg.critic.optim, value_head=True)
+
+    def score(self, mbs: list[Batch]) -> None:
+        """Write the critic's values of every position into each micro-batch (`values`)."""
+        for mb, values in zip(mbs, self.strategy.compute_values(mbs), strict=True):
+            mb["values"] = values
+
+    def before_advantages(self, batch: ScoredBatch, rows: StepRows) -> None:
+        width = batch.need("response_mask", "ppo").shape[1]
+        batch.values = rows.gather([mb["values"] for mb in rows.micro_batches()], width)
+
+    def after_advantages(self, batch: ScoredBatch, rows: StepRows, metrics: dict[str, float]) -> None:
+        returns = value_targets(batch)
+        rows.place(returns, "returns")
+        metrics["critic/returns_mean"] = float(returns.sum() / batch.need("response_mask", "ppo").sum().clamp(min=1))
+
+    def update(self, mbs: list[Batch], norm: LossNorm) -> dict[str, float]:
+        """One optimizer step of the value loss on the micro-batches' `returns`."""
+        metrics = self.strategy.forward_backward(mbs, ValueLoss(self.cfg.cliprange_value, norm), 1.0)
+        metrics["critic/lr"] = self.strategy.current_lr()
+        metrics["critic/grad_norm"] = self.strategy.optimizer_step()
+        return metrics
+
+    def holds_policy(self, step: int) -> bool:
+        """During critic.critic_warmup the policy waits for the critic's values to mean something."""
+        return step < self.cfg.critic_warmup
+
+    def save(self, path: str) -> None:
+        self.strategy.save_checkpoint(path)
+
+    def load(self, path: str) -> None:
+        self.strategy.load_checkpoint(path)

@@ -50,10 +50,8 @@ class Passes:
     """The reference model's log-probs (a KL term, KL in the reward, DPO, maxent's target)."""
     old_logprobs: bool
     """The trainer recomputes the log-probs the ratio divides by (else the engine's are used)."""
-    critic: bool
-    """A value model trained beside the policy (ppo)."""
-    experts: bool
-    """Expert demonstrations trained in the same step (mix)."""
+    extra: tuple[str, ...]
+    """The step passes the algorithm runs beside the policy (Algorithm.passes: critic, experts...)."""
     refill: bool
     """Dynamic sampling: groups that teach nothing are replaced by fresh rounds (dapo)."""
 
@@ -110,7 +108,8 @@ class StagePlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StagePlan:
-        return cls(**{**d, "passes": Passes(**d["passes"])})
+        passes = d["passes"]
+        return cls(**{**d, "passes": Passes(**{**passes, "extra": tuple(passes["extra"])})})
 
 
 @dataclass(frozen=True)
@@ -194,7 +193,7 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
     """The plan of one stage whose config is validated and filled (`filled`). `served`: the stage
     is trained by a TrainerService (`rlcore trainer serve`), which hosts no engine: whatever its
     client's config says, the stage's engines are rollout workers and its trainer remote."""
-    from ..algorithms import reads_reference, trains_critic, trains_on, trains_on_experts
+    from ..algorithms import algorithm_of, reads_reference, step_passes, trains_on
 
     algo = cfg.algorithm
     data = trains_on(algo)
@@ -220,9 +219,8 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
     passes = Passes(
         reference=reads_reference(algo),
         old_logprobs=bool(algo.do_old_log_prob_compute) and data == "rollouts",
-        critic=trains_critic(algo),
-        experts=trains_on_experts(algo),
-        refill=bool(algo.dynamic_sampling),
+        extra=step_passes(algo),
+        refill=algorithm_of(algo).refills(algo),
     )
     ex = cfg.explorer
     return StagePlan(

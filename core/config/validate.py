@@ -77,7 +77,7 @@ def _check_taskset(
     ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
     chat: bool = False,
 ) -> None:  # fmt: skip
-    """`trains_on`: what its rows give (AlgorithmSpec.data); `rewarded`: whether rewards score them;
+    """`trains_on`: what its rows give (Algorithm.data); `rewarded`: whether rewards score them;
     `chat`: model.apply_chat_template."""
     if ts.format.prompt_type not in PROMPT_TYPES:
         raise ConfigError(

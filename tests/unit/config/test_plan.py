@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rlcore.cli.main import main
-from rlcore.core.algorithms import reads_reference, trains_critic, trains_on, trains_on_experts, with_preset
+from rlcore.core.algorithms import reads_reference, trains_on, with_preset
 from rlcore.core.config import ConfigError, load_config, resolve_stages
 from rlcore.core.config.plan import RunPlan, StagePlan, plan_launch
 from rlcore.core.config.validate import validate_config
@@ -75,8 +75,8 @@ def before(cfg) -> dict:
         "trainer": "none" if cfg.mode == "explore" else "remote" if cfg.trainer.remote else "local",
         "reference": reads_reference(algo),
         "old_logprobs": old and data == "rollouts",
-        "critic": trains_critic(algo),
-        "experts": trains_on_experts(algo),
+        "critic": algo.algorithm_type == "ppo",  # the menu's only algorithms with a step pass
+        "experts": algo.algorithm_type == "mix",
         "max_staleness": staleness,
         "schedules_tasks": cfg.explorer.over_rollout.ratio > 0 or cfg.explorer.dynamic_timeout.enable,
         "every_rank": cfg.mode == "colocate" and cfg.explorer.rollout_model.engine_num > 1,
@@ -88,7 +88,7 @@ def decided(plan: StagePlan) -> dict:
         "reads_buffer": plan.reads_buffer, "explores": plan.explores, "engines": plan.engines,
         "explorer_engines": plan.explorer_engines, "on_workers": plan.on_workers, "weights": plan.weights,
         "publishes": plan.publishes, "trainer": plan.trainer, "reference": plan.passes.reference,
-        "old_logprobs": plan.passes.old_logprobs, "critic": plan.passes.critic, "experts": plan.passes.experts,
+        "old_logprobs": plan.passes.old_logprobs, "critic": "critic" in plan.passes.extra, "experts": "experts" in plan.passes.extra,
         "max_staleness": plan.max_staleness, "schedules_tasks": plan.schedules_tasks,
         "every_rank": plan.engine_per_rank,
     }  # fmt: skip
