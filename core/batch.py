@@ -3,7 +3,7 @@
 Layout: right-padded [B, T]; position t of every per-token field refers to predicting
 input_ids[:, t] from the tokens before it (so position 0 is never a target). Keys: input_ids,
 attention_mask, loss_mask (1.0 on the response tokens that train), and, when given, old_logprobs,
-advantages.
+advantages, and the per-row [B] temperature (rows sampled at different temperatures).
 
 The global train batch is split contiguously across data-parallel ranks, then each rank packs its
 share into micro-batches under a padded-token budget. FSDP-style backends run collectives in every
@@ -32,6 +32,9 @@ class Sequence:
     loss_mask: list[int] | None = None
     """Per response token, 1 to train it, 0 for context (a multi-turn conversation's environment
     turns); None trains every response token."""
+    temperature: float | None = None
+    """The temperature its response was sampled at, when a batch's rows differ in it (the batch's
+    `temperature` field, logprob.TEMPERATURE); None: the one temperature the strategy is given."""
 
     @property
     def length(self) -> int:
@@ -81,6 +84,10 @@ def pack(seqs: list[Sequence], pad_token_id: int) -> Batch:
     }
     if with_old:
         batch["old_logprobs"] = old
+    temps = [s.temperature for s in seqs]
+    if any(t is not None for t in temps):
+        assert None not in temps, "a batch gives every row its temperature, or none"
+        batch["temperature"] = torch.tensor(temps, dtype=torch.float32)
     return batch
 
 

@@ -120,6 +120,10 @@ class Experience:
     metrics: dict[str, float] = field(default_factory=dict)
     """What the workflow counted in this episode (turns, tool calls made and failed...); each name
     is averaged over a step's experiences into `rollout/<name>_mean`."""
+    temperature: float | None = None
+    """The sampling temperature its response was drawn at (its `logprobs` are of logits / temperature;
+    0: greedy, raw logits): the trainer scores it at the same one. None: not recorded (an agent's
+    episode through the OpenAI door); the trainer uses the training taskset's rollout_args.temperature."""
 
     @property
     def model_tokens(self) -> int:

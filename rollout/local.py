@@ -14,7 +14,7 @@ from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from .engines import in_process
 from .workflows import build_workflow
-from .workflows.base import Workflow
+from .workflows.base import Workflow, sampled_at
 
 
 def engine_dtype(cfg: RLCoreConfig, device: str) -> str:
@@ -48,7 +48,7 @@ class LocalRollout:
         if key not in self._workflows:
             self._workflows[key] = build_workflow(spec, self.engine, self.engine.tokenizer)
         self._awake()
-        experiences = self._workflows[key].run(tasks, sampling, self.engine.policy_version)
+        experiences = sampled_at(self._workflows[key].run(tasks, sampling, self.engine.policy_version), sampling)
         self.timing = dict(self._workflows[key].timing)
         if self.sleeps:  # the trainer gets the GPU until the next weight load
             self.engine.sleep()

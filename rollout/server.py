@@ -41,7 +41,7 @@ from .episodes import EpisodeRecorder
 from .gate import GenerationGate
 from .rewards.compose import resolve_reward
 from .workflows import WORKFLOWS, build_workflow, resolve_workflow
-from .workflows.base import Workflow
+from .workflows.base import Workflow, sampled_at
 
 log = logging.getLogger("rlcore.rollout.server")
 
@@ -136,7 +136,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 return
             version = self.engine.policy_version  # the version the chunk starts on (batching.py)
             try:
-                experiences = workflow.run([tasks[i] for i in indices], sampling, version)
+                experiences = sampled_at(workflow.run([tasks[i] for i in indices], sampling, version), sampling)
             except ValueError as e:  # a reward function refused a task (the engine's are validated)
                 raise InvalidArgument("workflow.reward_fn", str(e)) from e
             self.gate.count(sum(len(e.response_token_ids) for e in experiences))

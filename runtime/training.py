@@ -147,16 +147,14 @@ class StageTraining:
         """One RL step on scored experiences: old and reference log-probs, the rewards the algorithm
         sees, its advantages, then one optimizer step per mini-batch."""
         algo = self.algo
+        temperature, each = self.sampled_at(exps)
         seqs = [
             Sequence(
-                e.prompt_token_ids,
-                e.response_token_ids,
-                list(e.logprobs),
-                index=i,
-                loss_mask=e.loss_mask or None,
+                e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i, loss_mask=e.loss_mask or None,
+                temperature=None if each is None else each[i],
             )
             for i, e in enumerate(exps)
-        ]
+        ]  # fmt: skip
         keep = scoring.trained(exps, algo.overlong_filter)
 
         # Log-prob passes happen before any update, on this rank's share of every mini-batch.
@@ -168,12 +166,12 @@ class StageTraining:
         for mbs, _ in local:
             if self.needs_ref:
                 with timed(timers, "perf/ref_logprobs_s"):
-                    ref = self.strategy.compute_logprobs(mbs, self.temperature, reference=True)
+                    ref = self.strategy.compute_logprobs(mbs, temperature, reference=True)
                 for mb, lp in zip(mbs, ref, strict=True):
                     mb["ref_logprobs"] = lp
             if algo.do_old_log_prob_compute:
                 with timed(timers, "perf/old_logprobs_s"):
-                    old = self.strategy.compute_logprobs(mbs, self.temperature)
+                    old = self.strategy.compute_logprobs(mbs, temperature)
                 for mb, lp in zip(mbs, old, strict=True):
                     gap.add(mb["old_logprobs"], lp, mb["loss_mask"])
                     mb["old_logprobs"] = lp
@@ -203,7 +201,7 @@ class StageTraining:
 
         t1 = time.perf_counter()
         updates = [
-            self._update(mbs, [s for s in mini if keep[s.index]], timers, more)
+            self._update(mbs, [s for s in mini if keep[s.index]], timers, temperature, more)
             for (mbs, _), mini, more in zip(local, minis, extra, strict=True)
         ]
         metrics.update(mean_dicts(updates))
@@ -213,6 +211,15 @@ class StageTraining:
         trained = seqs + [s for _, more in extra for s in more]  # a pass's rows train too (mix's experts)
         metrics["perf/tokens"] = float(sum(s.length for s in trained))
         return metrics
+
+    def sampled_at(self, exps: list[Experience]) -> tuple[float, list[float] | None]:
+        """The temperature the step's experiences were sampled at, and each one's when they differ (a
+        mixture of tasksets that sample differently: every row is scored at its own). One that
+        recorded none (an agent's episode) counts as the training taskset's."""
+        each = [self.temperature if e.temperature is None else e.temperature for e in exps]
+        if len(set(each)) <= 1:
+            return (each[0] if each else self.temperature), None
+        return self.temperature, each
 
     def _extra_batches(
         self, first_index: int, minis: int, metrics: dict[str, float]
@@ -235,7 +242,7 @@ class StageTraining:
         )  # fmt: skip
 
     def _update(
-        self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float],
+        self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float], temperature: float,
         extra: tuple[list[Batch], list[Sequence]] = ([], []),
     ) -> dict[str, float]:  # fmt: skip
         """Forward/backward of the loss over one mini-batch (with the step passes' rows: mix's
@@ -254,7 +261,7 @@ class StageTraining:
         for p in self.passes:
             loss_fn = p.wrap_loss(loss_fn, extra_rows, self._norm)
         with timed(timers, "perf/forward_backward_s"):
-            metrics.update(self.strategy.forward_backward(mbs + extra_mbs, loss_fn, self.temperature))
+            metrics.update(self.strategy.forward_backward(mbs + extra_mbs, loss_fn, temperature))
         with timed(timers, "perf/optimizer_s"):
             grad_norm, lr = self.optimizer_step()
         metrics["actor/grad_norm"], metrics["actor/lr"] = grad_norm, lr

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ...core.algorithms.logprob import entropy_from_logits, token_logprobs
+from ...core.algorithms.logprob import at_temperature, entropy_from_logits, token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,7 +98,7 @@ def forward_logprobs(
     """Per-token log-probs [B, T] (position t: log p(input_ids[t] | <t)); position 0 is 0.
 
     Logits are divided by the sampling temperature so the trainer scores the same distribution the
-    engine sampled from.
+    engine sampled from (each row's, when the batch holds several: logprob.at_temperature).
 
     Batches are right-padded (core/batch.py), so plain causal attention gives every real position
     exactly what the padding mask would: padding only ever comes after it. Leaving the mask out lets
@@ -107,9 +107,7 @@ def forward_logprobs(
     """
     input_ids = batch["input_ids"]
     logits = model(input_ids=input_ids, use_cache=False).logits
-    logits = logits[:, :-1]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+    logits = at_temperature(logits[:, :-1], temperature, batch)
     lp = token_logprobs(logits, input_ids[:, 1:])
     zeros = lp.new_zeros((lp.shape[0], 1))
     logprobs = torch.cat([zeros, lp], dim=1)

@@ -30,6 +30,7 @@ from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from ...core.algorithms.logprob import at_temperature
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..base import Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
@@ -270,9 +271,7 @@ class MegatronStrategy(TrainingStrategy):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs [B, T] from [B, T, V_local] logits, position 0 being 0 (as in
         backends/common/hf_model.forward_logprobs)."""
-        logits = logits[:, :-1]
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
+        logits = at_temperature(logits[:, :-1], temperature, mb)
         lp, ent = token_logprobs_and_entropy(logits, mb["input_ids"][:, 1:], self.dims.vocab, with_entropy)
         zeros = lp.new_zeros((lp.shape[0], 1))
         return torch.cat([zeros, lp], dim=1), None if ent is None else torch.cat([zeros, ent], dim=1)
@@ -451,11 +450,16 @@ class MegatronStrategy(TrainingStrategy):
 
 
 def _pad(mb: Batch, rows: int, width: int) -> Batch:
-    """Right/bottom-pad every [B, T] field with zeros (padding rows have an all-zero loss mask)."""
+    """Right/bottom-pad every [B, T] field with zeros (padding rows have an all-zero loss mask), and
+    every per-row [B] field (TEMPERATURE) to `rows`."""
     out = {}
     for k, v in mb.items():
-        padded = v.new_zeros((rows, width) + tuple(v.shape[2:]))
-        padded[: v.shape[0], : v.shape[1]] = v
+        if v.dim() == 1:
+            padded = v.new_zeros(rows)
+            padded[: v.shape[0]] = v
+        else:
+            padded = v.new_zeros((rows, width) + tuple(v.shape[2:]))
+            padded[: v.shape[0], : v.shape[1]] = v
         out[k] = padded
     return out
 

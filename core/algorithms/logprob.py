@@ -10,6 +10,24 @@ from __future__ import annotations
 
 import torch
 
+TEMPERATURE = "temperature"
+"""The micro-batch field [B] of each row's sampling temperature, present when a step's rows were
+sampled at different ones (a mixture of tasksets); without it every row is scored at one."""
+
+
+def at_temperature(logits_BTV: torch.Tensor, temperature: float, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Logits divided by the temperature their tokens were sampled at, so the trainer scores the
+    distribution the engine sampled from: each row's batch[TEMPERATURE] when the micro-batch has it,
+    else `temperature`. 0 (greedy) and 1 leave the logits as they are. A row is divided by a Python
+    float, as one temperature divides them all: a row scores the same either way."""
+    rows = batch.get(TEMPERATURE)
+    if rows is None:
+        return logits_BTV / temperature if temperature > 0 and temperature != 1.0 else logits_BTV
+    return torch.stack(
+        [row if t <= 0 or t == 1.0 else row / t for row, t in zip(logits_BTV, rows.tolist(), strict=True)]
+    )
+
+
 _CHUNK_ELEMENTS = 1 << 25
 """Logit elements converted to float32 at a time (32M: 128 MiB per temporary)."""
 

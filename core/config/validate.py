@@ -145,8 +145,8 @@ def _check_taskset(
 
 
 def _check_mixture(cfg: RLCoreConfig, check_paths: bool, data: str, chat: bool) -> None:
-    """buffer.explorer_input.mixture: each taskset valid, named apart, sampled at the taskset's
-    temperature, and given at least one task of every batch by its weight."""
+    """buffer.explorer_input.mixture: each taskset valid, named apart, and given at least one task
+    of every batch by its weight (each samples at its own temperature: the experiences carry it)."""
     from ..data.taskset import mixture_counts
 
     ins = cfg.buffer.explorer_input
@@ -160,11 +160,6 @@ def _check_mixture(cfg: RLCoreConfig, check_paths: bool, data: str, chat: bool) 
                 f"{key}.name: '{ts.name}' names another training taskset too; give each its own name"
             )
         names.append(ts.name)
-        if ts.rollout_args.temperature != ins.taskset.rollout_args.temperature:
-            raise ConfigError(
-                f"{key}.rollout_args.temperature: {ts.rollout_args.temperature} differs from the taskset's "
-                f"{ins.taskset.rollout_args.temperature}; the trainer scores every rollout at one temperature"
-            )
     weights = [ins.taskset.weight] + [ts.weight for ts in ins.mixture]
     for i, count in enumerate(mixture_counts(cfg.buffer.batch_size, weights)):
         if count == 0:

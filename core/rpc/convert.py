@@ -128,7 +128,7 @@ def experience_to_proto(e: Experience) -> common_pb2.Experience:
         prompt_token_ids=e.prompt_token_ids, response_token_ids=e.response_token_ids, logprobs=e.logprobs,
         reward=e.reward, group_id=e.group_id, policy_version=e.policy_version,
         finish_reason=_FINISH[e.finish_reason], response_text=e.response_text,
-        reward_components=e.reward_components, loss_mask=e.loss_mask, metrics=e.metrics,
+        reward_components=e.reward_components, loss_mask=e.loss_mask, metrics=e.metrics, temperature=e.temperature,
     )  # fmt: skip
 
 
@@ -151,10 +151,15 @@ def experience_from_proto(msg: common_pb2.Experience, field: str = "experience")
     require(not mask or any(mask), f"{field}.loss_mask", "marks no token as the model's: nothing would train")
     bad = sorted(k for k, v in msg.metrics.items() if not math.isfinite(v))
     require(not bad, f"{field}.metrics", f"must be finite; {', '.join(bad)} are not")
+    temperature = msg.temperature if msg.HasField("temperature") else None
+    require(
+        temperature is None or (math.isfinite(temperature) and temperature >= 0), f"{field}.temperature",
+        f"must be a finite number >= 0 (0: greedy); got {temperature}",
+    )  # fmt: skip
     return Experience(
         prompt_token_ids=list(msg.prompt_token_ids), response_token_ids=list(msg.response_token_ids),
         logprobs=list(msg.logprobs), reward=msg.reward, group_id=msg.group_id,
         policy_version=msg.policy_version, finish_reason=finish_reason_from_proto(msg.finish_reason),
         response_text=msg.response_text, reward_components=dict(msg.reward_components), loss_mask=mask,
-        metrics=dict(msg.metrics),
+        metrics=dict(msg.metrics), temperature=temperature,
     )  # fmt: skip

@@ -82,3 +82,12 @@ class Workflow(ABC):
     @abstractmethod
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
         """Experiences task by task (`sampling.n` each, in order), tagged with `policy_version`."""
+
+
+def sampled_at(experiences: list[Experience], sampling: SamplingParams) -> list[Experience]:
+    """`experiences` with the temperature their responses were sampled at (a workflow's run with
+    `sampling`) where the workflow recorded none: the trainer scores each at its own."""
+    for e in experiences:
+        if e.temperature is None:
+            e.temperature = sampling.temperature
+    return experiences

@@ -135,11 +135,13 @@ def test_multi_turn_episodes_run_on_the_worker_and_train_on_the_models_turns(tmp
 
 def test_a_mixture_samples_each_taskset_by_weight_with_its_own_workflow(tmp_path):
     """Two training tasksets in every batch (3:1 of 4 tasks): the second runs a user's workflow
-    with its own args and rewards; each taskset's rewards are reported on their own."""
+    with its own args, rewards and sampling temperature; each taskset's rewards are reported on
+    their own, and the trainer scores each rollout at the temperature it was sampled at (its
+    log-probs match the engine's)."""
     root = str(tmp_path)
     bonus = {"name": "bonus", "path": os.path.join(root, "bonus.jsonl"), "generator": "arithmetic",
              "generator_args": {"num_tasks": 16, "max_operand": 9, "seed": 5}, "weight": 1.0,
-             "rollout_args": {"max_tokens": 8}, "reward_fn": ["format"], "default_workflow_type": BONUS,
+             "rollout_args": {"max_tokens": 8, "temperature": 0.6}, "reward_fn": ["format"], "default_workflow_type": BONUS,
              "workflow_args": {"bonus": 3.0}}  # fmt: skip
     cfg = tiny_grpo_config(
         root, **{"buffer.total_steps": 2, "buffer.explorer_input.taskset.weight": 3.0,
@@ -152,3 +154,4 @@ def test_a_mixture_samples_each_taskset_by_weight_with_its_own_workflow(tmp_path
         assert m["rollout/taskset/experiences"] == 12 and m["rollout/bonus/experiences"] == 4
         assert m["rollout/bonus/reward_mean"] >= 3.0 > m["rollout/taskset/reward_mean"]  # format <= 1, + 3 bonus
         assert m["rollout/reward_mean"] == pytest.approx((12 * m["rollout/taskset/reward_mean"] + 4 * m["rollout/bonus/reward_mean"]) / 16)
+        assert m["rollout/logprob_diff_max"] < 1e-3, m

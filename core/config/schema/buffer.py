@@ -93,7 +93,8 @@ class ExplorerInput:
     mixture: list[TasksetConfig] = field(default_factory=list)
     """More training tasksets, sampled with `taskset` into every batch by their `weight`s (each
     taskset's share of buffer.batch_size, by largest remainder); each keeps its own format,
-    workflow, reward functions and rollout_args (the sampling temperature must be the taskset's).
+    workflow, reward functions and rollout_args (its sampling temperature too: each experience
+    carries the one it was sampled at, and the trainer scores it at that one).
     An epoch ends when the taskset that takes longest has been seen once."""
 
 

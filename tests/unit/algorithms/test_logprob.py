@@ -88,3 +88,24 @@ def test_backward_keeps_at_most_one_float32_copy_of_bf16_logits(monkeypatch):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         token_logprobs(logits, torch.zeros(2, 8, dtype=torch.long))
     assert 0 < saved_float32_bytes <= 2 * 8 * 64 * 4 + 2 * 8 * 4  # logits copy + logsumexp results
+
+
+def test_rows_sampled_at_different_temperatures_score_as_each_would_alone(tiny_model_path):
+    """A batch whose rows carry their own temperatures (a mixture's) gives each row the log-probs
+    (and entropy) it gets in a batch of one at its temperature; 0 (greedy) is the raw logits."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.backends.common.hf_model import forward_logprobs
+    from rlcore.core.algorithms.logprob import TEMPERATURE
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5], [4, 6, 8, 10, 12]])
+    temps = [0.5, 1.0, 0.0]
+    with torch.no_grad():
+        mixed, mixed_ent = forward_logprobs(model, {"input_ids": ids, TEMPERATURE: torch.tensor(temps)}, 1.0, True)
+        for r, t in enumerate(temps):
+            alone, alone_ent = forward_logprobs(model, {"input_ids": ids[r : r + 1]}, t, True)
+            torch.testing.assert_close(mixed[r : r + 1], alone, rtol=0, atol=1e-6)
+            torch.testing.assert_close(mixed_ent[r : r + 1], alone_ent, rtol=0, atol=1e-6)
+        one, _ = forward_logprobs(model, {"input_ids": ids}, 1.0, False)
+    assert not torch.allclose(mixed[0], one[0])  # 0.5 is not 1.0: the field is read

@@ -353,3 +353,15 @@ def test_megatron_core_holds_the_mapped_shapes_and_layouts(case: str, tied: bool
         for index, total in mlp_sums.items():
             # TP partial sums add in another order than HF's one matmul: float32 rounding only
             torch.testing.assert_close(total, hf_model.model.layers[index].mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def test_pipeline_padding_pads_per_row_fields_by_rows() -> None:
+    """Pipelined stages pad every micro-batch to one shape: [B, T] fields to (rows, width), a per-row
+    [B] field (each row's sampling temperature) to rows; padding rows carry no loss."""
+    from rlcore.backends.megatron.strategy import _pad
+
+    mb = {"input_ids": torch.ones(2, 3, dtype=torch.long), "loss_mask": torch.ones(2, 3),
+          "temperature": torch.tensor([0.5, 1.0])}  # fmt: skip
+    out = _pad(mb, 4, 5)
+    assert out["input_ids"].shape == (4, 5) and out["loss_mask"][2:].sum() == 0
+    assert out["temperature"].tolist() == [0.5, 1.0, 0.0, 0.0]  # 0: the raw logits of a padding row

@@ -36,7 +36,6 @@ BAD_OVERRIDES = [
     ([f"{TASKSET}.format.prompt_type=chat"], rf"{TASKSET}\.format\.prompt_type must be one of plaintext, messages; got 'chat'$"),
     ([f"{TASKSET}.format.prompt_type=messages"], rf"{TASKSET}\.format\.prompt_type: messages need model\.apply_chat_template: true \(the chat template renders them\)$"),
     (["buffer.explorer_input.mixture=[{name: taskset, path: x.jsonl}]"], r"buffer\.explorer_input\.mixture\[0\]\.name: 'taskset' names another training taskset too; give each its own name$"),
-    (["buffer.explorer_input.mixture=[{name: b, path: x.jsonl, rollout_args: {temperature: 0.5}}]"], r"buffer\.explorer_input\.mixture\[0\]\.rollout_args\.temperature: 0\.5 differs from the taskset's 1\.0; the trainer scores every rollout at one temperature$"),
     (["buffer.explorer_input.mixture=[{name: b, path: x.jsonl, weight: 0.01}]"], r"buffer\.explorer_input\.mixture\[0\]\.weight: 0\.01 of 1\.01 gives it no task of a batch of \d+; raise its weight or buffer\.batch_size$"),
     (["model.chat_template_path=/no/such/template.jinja"], r"model\.chat_template_path: '/no/such/template\.jinja' is not a file$"),
     (["model.chat_template_path=/etc/hostname", "model.chat_template=x"], r"model\.chat_template_path: give the template inline \(model\.chat_template\) or as a file, not both$"),

@@ -38,3 +38,12 @@ def test_a_malformed_loss_mask_names_the_field(mask: list[int], message: str) ->
     with pytest.raises(InvalidArgument) as info:
         experience_from_proto(msg, "experiences[2]")
     assert info.value.field == "experiences[2].loss_mask" and message in str(info.value)
+
+
+def test_the_sampling_temperature_travels_with_the_experience() -> None:
+    for t in (0.0, 0.7, None):  # None: not recorded (the trainer uses the taskset's)
+        assert experience_from_proto(experience_to_proto(_exp(temperature=t))).temperature == t
+    msg = experience_to_proto(_exp(temperature=-0.5))
+    with pytest.raises(InvalidArgument) as info:
+        experience_from_proto(msg, "experiences[1]")
+    assert info.value.field == "experiences[1].temperature" and "must be a finite number >= 0" in str(info.value)
