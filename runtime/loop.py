@@ -9,33 +9,32 @@ and reads top to bottom:
 
 The sources (plan.source): rollouts explored in lock-step (lockstep_source.py, with rollout-ahead
 and dynamic sampling: `rl_step`), an experience buffer (buffer_source.py: `buffer_step`), the
-taskset's rows for SFT and DPO (taskset_rows.py: `offline_step`).
+taskset's rows for SFT and DPO (taskset_rows.py: `RowsSource`). Where progress goes (monitors,
+the progress bar, the controller's heartbeats) is stage_record.py; checkpoints, the resume and the
+stage's summary are stage_checkpoints.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
-import random
-import sys
 import time
 from typing import Any
 
 from ..core.config import Stage, inherits_previous_model
 from ..core.data.taskset import task_stream
-from ..core.hf_export import HF_DIR
-from ..core.monitor.jsonl import COMPLETIONS, drop_after
-from ..core.step_metrics import completion_rows, mean_dicts, memory_metrics, mixture_metrics
-from ..core.types import Experience, Task
+from ..core.step_metrics import memory_metrics, mixture_metrics
+from ..core.types import Experience
 from ..weights.schedule import SyncSchedule
 from .buffer_source import BufferSource, StopWhileWaiting
 from .engine_link import EngineLink, RunContext
 from .handles import TrainerHandle
 from .lockstep_source import LockstepSource
 from .paths import SUMMARY, published_dir, stage_dir
-from .taskset_rows import row_sequences, taskset_formats
+from .stage_checkpoints import StageCheckpoints
+from .stage_record import StageRecord
+from .taskset_rows import RowsSource, taskset_formats
 from .training import plan_steps
 
 log = logging.getLogger("rlcore.loop")
@@ -81,60 +80,46 @@ class StageLoop:
 
         cfg = self.cfg = stage.config
         plan = self.plan = stage.plan
-        self.stage, self.sdir, self.handle, self.run_ctx, self.is_last = stage, sdir, handle, run, is_last
+        self.stage, self.sdir, self.handle, self.run_ctx = stage, sdir, handle, run
         self.stream = task_stream(cfg)
         self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
             cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.formats = taskset_formats(cfg)
         self.source_of = {t.task_id: t.source for t in self.stream.tasks}  # a mixture's metrics
         handle.configure(cfg, plan, model_path, sdir, self.total_train_steps)
         prompt_format = self.formats[cfg.buffer.explorer_input.taskset.name][2]
-        probe_prompt = prompt_format.encode_prompt(self.tokenizer, self.stream.tasks[0].prompt)
+        probe_prompt = prompt_format.encode_prompt(tokenizer, self.stream.tasks[0].prompt)
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)
         self.schedule = SyncSchedule(cfg.synchronizer)
         self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None
+        self.rows = RowsSource(cfg, plan.source == "pairs", handle, self.formats, tokenizer, self.train_batch)
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
+        self.record = StageRecord(stage, sdir, run, self.total_train_steps, tokenizer)
+        self.checkpoints = StageCheckpoints(stage, sdir, handle, is_last)
         self.global_step = self.explore_step = 0
-        self.last_saved = 0
         self.published = -1
         """The newest version published for the explorers (plan.publishes)."""
-        self.final_checkpoint: str | None = None
-        self.final_model: str | None = None
-        self.monitor: Any = None
-        self.progress: Any = None
 
     # ------------------------------------------------------------------ the schedule
 
     def run(self) -> dict[str, Any]:
-        from ..core.monitor import build_monitors
-        from ..core.monitor.progress import StepProgress
-
-        cfg = self.cfg
         try:
             resumed = self._resume()  # before the monitors open metrics.jsonl, which it rewinds
             if self.plan.reads_buffer:
                 self.source = BufferSource(self.stage, self.sdir, self.run_ctx.run_dir, lambda: self._heartbeat(False))
-            self.monitor = build_monitors(
-                list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}",
-                dataclasses.asdict(cfg),
-            )  # fmt: skip
-            # stdout: a run's stderr is for what went wrong (trainer ranks send it to a log file)
-            self.progress = StepProgress(self.total_train_steps, desc=self.stage.name, file=sys.stdout)
+            self.record.open()
             last_eval, stopped = self._steps(resumed)
             self._heartbeat(wait=False)  # flush the last records
         finally:
-            if self.progress is not None:
-                self.progress.close()
-            if self.monitor is not None:
-                self.monitor.close()
+            self.record.close()
             if self.lockstep is not None:
                 self.lockstep.close()
             self.link.close()
             if self.source is not None:
                 self.source.close()
-        return self._summary(last_eval, stopped)
+        return self.checkpoints.summary(self.global_step, last_eval, stopped)
 
     def _steps(self, resumed: bool) -> tuple[dict[str, float], bool]:
         cfg, plan = self.cfg, self.plan
@@ -169,7 +154,7 @@ class StageLoop:
             if self._eval_due(done):
                 last_eval = self.evaluate()
                 metrics.update(last_eval)
-            self._checkpoint(final=done)
+            self.checkpoints.save(self.global_step, self.explore_step, final=done)
             self._log(metrics)
             if not done and self._heartbeat(wait=True) == "stop":
                 return last_eval, self._stop()
@@ -184,12 +169,13 @@ class StageLoop:
             return self.buffer_step()
         if self.plan.explores:
             return self.rl_step()
-        return self.offline_step(self.stream.batch(self.explore_step))
+        metrics, self.global_step = self.rows.step(self.stream.batch(self.explore_step), self.global_step)
+        return metrics
 
     def _stop(self) -> bool:
         """Stopped on the run's request: the step's checkpoint (if it has none yet)."""
-        if self.last_saved != self.global_step:
-            self._checkpoint(final=True)
+        if self.checkpoints.last_saved != self.global_step:
+            self.checkpoints.save(self.global_step, self.explore_step, final=True)
         log.info("stopped at step %d on the run's request", self.global_step)
         return True
 
@@ -200,23 +186,6 @@ class StageLoop:
         )
 
     # ------------------------------------------------------------------ steps
-
-    def offline_step(self, tasks: list[Task]) -> dict[str, float]:
-        """SFT on the tasks' reference responses, or DPO on their (chosen, rejected) pairs: one
-        optimizer step per train batch of tasks."""
-        pairs = self.plan.source == "pairs"
-        default = self.cfg.buffer.explorer_input.taskset.name
-        seqs = row_sequences(tasks, self.formats, default, self.tokenizer, pairs)
-        per_update = self.train_batch * (2 if pairs else 1)  # a pair's two sequences stay together
-        updates = []
-        for i in range(0, len(seqs), per_update):
-            result = self.handle.forward_backward(seqs[i : i + per_update], "dpo" if pairs else "cross_entropy")
-            step = self.handle.optim_step()
-            updates.append({**result.metrics, "actor/grad_norm": step.grad_norm, "actor/lr": step.lr})
-            self.global_step = step.global_step
-        metrics = mean_dicts(updates)
-        metrics["perf/tokens"] = float(sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in seqs))
-        return metrics
 
     def rl_step(self) -> dict[str, float]:
         """Lock-step: the step's rollout (lockstep_source.py), the next one started ahead, train."""
@@ -247,18 +216,10 @@ class StageLoop:
         if exps:
             train_metrics, self.global_step = self.handle.train_step(exps)
             metrics.update(train_metrics)
-            self._log_completions(exps)
+            self.record.completions(exps, self.explore_step, self.global_step)
         return metrics
 
-    def _log_completions(self, exps: list[Experience]) -> None:
-        """monitor.log_completions: a seeded sample of the step's rollouts."""
-        if self.cfg.monitor.log_completions:
-            rng = random.Random(f"{self.cfg.seed}/{self.explore_step}")
-            probability = self.cfg.monitor.save_completions_probability
-            if rows := completion_rows(exps, self.tokenizer, rng, probability):
-                self.monitor.log_completions(rows, self.global_step)
-
-    # ------------------------------------------------------------------ sync, evaluation, checkpoints
+    # ------------------------------------------------------------------ sync, evaluation, resume
 
     def _sync(self) -> dict[str, float]:
         return self.link.sync(self.global_step)
@@ -277,64 +238,17 @@ class StageLoop:
     def evaluate(self) -> dict[str, float]:
         return self.link.evaluate(self.global_step)
 
-    def _checkpoint(self, final: bool) -> None:
-        interval = self.cfg.trainer.save_interval
-        periodic = interval > 0 and self.global_step // interval > self.last_saved // interval
-        if not (final or periodic):
-            return
-        mode = self.cfg.trainer.save_hf_checkpoint
-        with_hf = mode == "always" or (final and (mode == "last" or not self.is_last))
-        self.final_checkpoint, hf = self.handle.save_checkpoint(with_hf, self.explore_step)
-        self.final_model = hf or None
-        self.last_saved = self.global_step
-
     def _resume(self) -> bool:
-        if not self.cfg.continue_from_checkpoint:
-            return False
-        restored = self.handle.load_checkpoint()
-        # what was logged past the checkpoint (past step 0 when the stage starts over) is logged again
-        step = 0 if restored is None else restored.global_step
-        dropped = drop_after(self.sdir, step)
-        drop_after(self.sdir, step, COMPLETIONS)
+        restored = self.checkpoints.resume()
         if restored is None:
             return False
         self.global_step, self.explore_step = restored.global_step, restored.explore_step
-        self.last_saved = self.global_step
-        self.final_checkpoint = restored.path
-        hf = os.path.join(restored.path, HF_DIR)
-        self.final_model = hf if os.path.isdir(hf) else None
-        log.info(
-            "resumed %s from %s (step %d)%s", self.stage.name, restored.path, self.global_step,
-            f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",
-        )  # fmt: skip
         if self.link.explorer is not None:  # with none, nothing holds weights to replace
             self._sync()
         return True
 
-    # ------------------------------------------------------------------ reporting
-
     def _heartbeat(self, wait: bool) -> str:
-        """Report the step to the run's controller; 'stop' when the run asks to stop."""
-        reporter = self.run_ctx.reporter
-        if reporter is None:
-            return "go"
-        return reporter.heartbeat(  # type: ignore[no-any-return]
-            self.stage.name, self.global_step, self.total_train_steps, self.link.synced_step, wait=wait
-        )
+        return self.record.heartbeat(self.global_step, self.link.synced_step, wait)
 
     def _log(self, metrics: dict[str, float]) -> None:
-        if not metrics:
-            return
-        if self.run_ctx.reporter is not None:
-            self.run_ctx.reporter.record(self.stage.name, self.global_step, metrics)
-        self.monitor.log(metrics, self.global_step)
-        self.progress.update(self.global_step, metrics)
-
-    def _summary(self, last_eval: dict[str, float], stopped: bool) -> dict[str, Any]:
-        summary = {
-            "stage": self.stage.name, "global_step": self.global_step, "stopped": stopped,
-            "eval": last_eval, "final_checkpoint": self.final_checkpoint, "final_model": self.final_model,
-        }  # fmt: skip
-        with open(os.path.join(self.sdir, SUMMARY), "w") as f:
-            json.dump(summary, f, indent=2)
-        return summary
+        self.record.log(metrics, self.global_step)

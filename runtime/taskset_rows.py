@@ -9,6 +9,7 @@ from ..client.trainer import TrainSequence
 from ..core.config import RLCoreConfig
 from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import preference_pair, training_tasksets
+from ..core.step_metrics import mean_dicts
 from ..core.types import Task
 from ..rollout.workflows import resolve_workflow
 
@@ -52,3 +53,27 @@ def row_sequences(tasks: list[Task], formats: Formats, default: str, tokenizer: 
             prompt_ids, response_ids = prompt_format.encode_sft_example(tokenizer, t.prompt, response)
             seqs.append(TrainSequence(prompt_ids, response_ids))
     return seqs
+
+
+class RowsSource:
+    """SFT on the tasks' reference responses, or DPO on their (chosen, rejected) pairs (plan.source
+    responses or pairs): one optimizer step per train batch of tasks, through the trainer handle."""
+
+    def __init__(self, cfg: RLCoreConfig, pairs: bool, handle: Any, formats: Formats, tokenizer: Any, train_batch: int):
+        self.handle, self.formats, self.tokenizer, self.pairs = handle, formats, tokenizer, pairs
+        self.default = cfg.buffer.explorer_input.taskset.name
+        self.per_update = train_batch * (2 if pairs else 1)  # a pair's two sequences stay together
+        self.loss = "dpo" if pairs else "cross_entropy"
+
+    def step(self, tasks: list[Task], global_step: int) -> tuple[dict[str, float], int]:
+        """The step's metrics and the trainer's global step after it."""
+        seqs = row_sequences(tasks, self.formats, self.default, self.tokenizer, self.pairs)
+        updates = []
+        for i in range(0, len(seqs), self.per_update):
+            result = self.handle.forward_backward(seqs[i : i + self.per_update], self.loss)
+            step = self.handle.optim_step()
+            updates.append({**result.metrics, "actor/grad_norm": step.grad_norm, "actor/lr": step.lr})
+            global_step = step.global_step
+        metrics = mean_dicts(updates)
+        metrics["perf/tokens"] = float(sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in seqs))
+        return metrics, global_step

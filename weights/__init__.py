@@ -2,9 +2,9 @@
 
     wire.py        the wire protocol: tensor specs, buckets, the process group, checksums
     schedule.py    when to sync, which experiences are too stale, the probe (versions: base.announce)
-    base.py        the WeightTransport interface (sender half), the engine's WeightSink (receiver half)
+    base.py        the WeightTransport interface (push; receiver_half), the engine's WeightSink
     sender.py      trainer rank 0's link to the rollout workers (`connect`)
-    receiver.py    a rollout worker's half: the state machine every transport's worker side runs
+    receiver.py    a rollout worker's update state machine; it runs the transport's receiver_half
     group.py       nccl: buckets broadcast over a process group (NCCL on GPU, gloo on CPU)
     checkpoint.py  checkpoint: an HF folder the workers load
     memory.py      memory: an in-process copy into the trainer's own engine

@@ -8,9 +8,10 @@ stay in step. Every transport follows one policy-version rule (`announce`).
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -96,7 +97,26 @@ def announce(step: int, served: int) -> int:
     return max(step, served + 1)
 
 
+@dataclass
+class PendingUpdate:
+    """A worker's weight update between BeginWeightUpdate and FinishWeightUpdate (receiver.py)."""
+
+    version: int
+    thread: threading.Thread | None = None
+    phase: str = "waiting for running generation to finish"
+    stats: dict[str, float] = field(default_factory=dict)
+    load_s: float = 0.0
+    error: BaseException | None = None
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
+
 class WeightTransport(ABC):
+    """A transport's two halves: `push` on the trainer ranks, and (for one that reaches rollout
+    workers) `receiver_half` on a worker, which receiver.py runs for the BeginWeightUpdate requests
+    the transport sends."""
+
     def __init__(self, endpoints: Endpoints):
         self.endpoints = endpoints
         self.version = -1
@@ -110,6 +130,16 @@ class WeightTransport(ABC):
     def close(self) -> None:
         if self.endpoints.sender is not None:
             self.endpoints.sender.close()
+
+    @staticmethod
+    def receiver_half(
+        sink: WeightSink, request: Any, update: PendingUpdate, joined: bool
+    ) -> tuple[int, Callable[[], None]]:
+        """A worker's half: check a BeginWeightUpdate `request` (ValueError-like rpc errors name the
+        field) and return (the buckets it announces, the work that receives and loads the version
+        into `sink`; receiver.py runs it on the update's thread, under the engine lock). `joined`:
+        whether the worker is in a weight-sync group (InitWeightSync)."""
+        raise NotImplementedError("this transport reaches no rollout worker")
 
 
 def drain(weights: Iterator[Any]) -> None:

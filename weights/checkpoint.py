@@ -1,16 +1,19 @@
 """sync_method checkpoint: the trainer ranks write an HF folder (rank 0 writes the files) that the
-rollout workers load from a shared file system; no process group with the workers."""
+rollout workers load from a shared file system; no process group with the workers. A worker's half
+loads the folder a request names (`receiver_half`; publish's explorers load theirs the same way)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
 from ..core.hf_export import export_hf
-from .base import WeightSource, WeightTransport, announce
+from .base import PendingUpdate, WeightSink, WeightSource, WeightTransport, announce
 
 
 class CheckpointTransport(WeightTransport):
@@ -46,3 +49,17 @@ class CheckpointTransport(WeightTransport):
                 shutil.rmtree(os.path.join(self.endpoints.folder, name), ignore_errors=True)
         exported = sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".safetensors"))
         return {"num_bytes": float(exported), "total_s": time.perf_counter() - start}
+
+    @staticmethod
+    def receiver_half(
+        sink: WeightSink, request: Any, update: PendingUpdate, joined: bool
+    ) -> tuple[int, Callable[[], None]]:
+        path = request.checkpoint_path
+
+        def load() -> None:
+            update.phase = f"loading {path}"
+            start = time.perf_counter()
+            sink.load_checkpoint(path, update.version)
+            update.load_s = time.perf_counter() - start
+
+        return 0, load

@@ -1,5 +1,6 @@
 """A rollout worker's side of weight sync (InitWeightSync / BeginWeightUpdate / FinishWeightUpdate;
-the protocol is in rlcore.weights.wire).
+the protocol is in rlcore.weights.wire): the state machine every transport's worker half runs in
+(the halves themselves: `receiver_half` in group.py and checkpoint.py).
 
 The engine owns the group membership and the receiving (the HF engine receives in this process, a
 vLLM engine in its worker processes); this class orchestrates: Begin closes the generation gate and
@@ -11,34 +12,18 @@ last good version.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from ..core.rpc.errors import DataLoss, DeadlineExceeded, FailedPrecondition, ServiceError, require
 from ..proto.v1 import rollout_pb2
-from .base import Gate, WeightSink
-from .wire import TensorSpec, WeightCorruption, plan_buckets, specs_from_proto
+from . import TRANSPORTS
+from .base import Gate, PendingUpdate, WeightSink
+from .wire import WeightCorruption
 
 log = logging.getLogger("rlcore.rollout.weights")
-
-
-@dataclass
-class _Update:
-    """A weight update between BeginWeightUpdate and FinishWeightUpdate."""
-
-    version: int
-    thread: threading.Thread | None = None
-    phase: str = "waiting for running generation to finish"
-    stats: dict[str, float] = field(default_factory=dict)
-    load_s: float = 0.0
-    error: BaseException | None = None
-
-    def set_phase(self, phase: str) -> None:
-        self.phase = phase
 
 
 class WeightReceiver:
@@ -47,7 +32,7 @@ class WeightReceiver:
         self._lock = threading.Lock()
         self._joined = False
         self._timeout_s = 600.0
-        self._update: _Update | None = None
+        self._update: PendingUpdate | None = None
 
     def open_gate(self) -> None:
         """Resume generation, unless an update is running (FinishWeightUpdate resumes then)."""
@@ -119,53 +104,26 @@ class WeightReceiver:
                 "policy_version",
                 f"must be greater than the version served now ({current}); got {request.policy_version}",
             )
-            update = _Update(request.policy_version)
-            path = request.checkpoint_path
-            if path:
-                num_buckets = 0
-                work = functools.partial(self._load_checkpoint, update, path)
-            else:
-                if not self._joined:
-                    raise FailedPrecondition("no weight-sync group: call InitWeightSync first")
-                specs = specs_from_proto(request.tensors, "tensors")
-                require(request.bucket_bytes > 0, "bucket_bytes", f"must be > 0; got {request.bucket_bytes}")
-                num_buckets = len(plan_buckets(specs, request.bucket_bytes))
-                work = functools.partial(
-                    self._receive_and_load, update, specs, request.bucket_bytes, request.checksums
-                )
+            update = PendingUpdate(request.policy_version)
+            # the transport that sent it: a folder to load (checkpoint, publish), or buckets (nccl)
+            kind = "checkpoint" if request.checkpoint_path else "nccl"
+            num_buckets, work = TRANSPORTS.resolve(kind).receiver_half(self.engine, request, update, self._joined)
             self.gate.close()
             update.thread = threading.Thread(
-                target=work, name=f"weight-update-v{request.policy_version}", daemon=True
+                target=self._apply, args=(update, work), name=f"weight-update-v{request.policy_version}", daemon=True
             )
             self._update = update
             update.thread.start()
         return rollout_pb2.BeginWeightUpdateResponse(num_buckets=num_buckets)
 
-    def _receive_and_load(
-        self, update: _Update, specs: list[TensorSpec], bucket_bytes: int, checksums: bool
-    ) -> None:
+    def _apply(self, update: PendingUpdate, work: Callable[[], None]) -> None:
+        """The update's thread: once running generation has finished, the transport's work under the
+        engine lock; what it raises is FinishWeightUpdate's to report."""
         try:
             self.gate.wait_idle()
             with self.engine_lock:
-                update.phase = "receiving"
-                start = time.perf_counter()
-                self.engine.receive_weights(
-                    specs, bucket_bytes, update.version, checksums=checksums, stats=update.stats,
-                    on_phase=update.set_phase,
-                )  # fmt: skip
-                update.load_s = time.perf_counter() - start - update.stats.get("receive_s", 0.0)
+                work()
         except BaseException as e:  # reported by FinishWeightUpdate
-            update.error = e
-
-    def _load_checkpoint(self, update: _Update, path: str) -> None:
-        try:
-            self.gate.wait_idle()
-            with self.engine_lock:
-                update.phase = f"loading {path}"
-                start = time.perf_counter()
-                self.engine.load_checkpoint(path, update.version)
-                update.load_s = time.perf_counter() - start
-        except BaseException as e:
             update.error = e
 
     def finish(

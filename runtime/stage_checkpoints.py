@@ -1,0 +1,70 @@
+"""A stage's checkpoints as the loop keeps them: when to save (trainer.save_interval, the final
+step), with an HF export or not (trainer.save_hf_checkpoint), the resume (metrics logged past the
+checkpoint are dropped, to be logged again), and the stage's summary (summary.json: what a later
+launch skips and what the next stage starts from)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from ..core.config import Stage
+from ..core.hf_export import HF_DIR
+from ..core.monitor.jsonl import COMPLETIONS, drop_after
+from .handles import Restored, TrainerHandle
+from .paths import SUMMARY
+
+log = logging.getLogger("rlcore.loop")
+
+
+class StageCheckpoints:
+    def __init__(self, stage: Stage, sdir: str, handle: TrainerHandle, is_last: bool):
+        self.stage, self.sdir, self.handle, self.is_last = stage, sdir, handle, is_last
+        self.last_saved = 0
+        self.final_checkpoint: str | None = None
+        self.final_model: str | None = None
+
+    def save(self, global_step: int, explore_step: int, final: bool) -> None:
+        """A checkpoint when `final` or trainer.save_interval says so."""
+        cfg = self.stage.config.trainer
+        interval = cfg.save_interval
+        periodic = interval > 0 and global_step // interval > self.last_saved // interval
+        if not (final or periodic):
+            return
+        mode = cfg.save_hf_checkpoint
+        with_hf = mode == "always" or (final and (mode == "last" or not self.is_last))
+        self.final_checkpoint, hf = self.handle.save_checkpoint(with_hf, explore_step)
+        self.final_model = hf or None
+        self.last_saved = global_step
+
+    def resume(self) -> Restored | None:
+        """The checkpoint the trainer resumed from (continue_from_checkpoint), if any; what was logged
+        past it (past step 0 when the stage starts over) is dropped, to be logged again."""
+        if not self.stage.config.continue_from_checkpoint:
+            return None
+        restored = self.handle.load_checkpoint()
+        step = 0 if restored is None else restored.global_step
+        dropped = drop_after(self.sdir, step)
+        drop_after(self.sdir, step, COMPLETIONS)
+        if restored is None:
+            return None
+        self.last_saved = restored.global_step
+        self.final_checkpoint = restored.path
+        hf = os.path.join(restored.path, HF_DIR)
+        self.final_model = hf if os.path.isdir(hf) else None
+        log.info(
+            "resumed %s from %s (step %d)%s", self.stage.name, restored.path, restored.global_step,
+            f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",
+        )  # fmt: skip
+        return restored
+
+    def summary(self, global_step: int, last_eval: dict[str, float], stopped: bool) -> dict[str, Any]:
+        summary = {
+            "stage": self.stage.name, "global_step": global_step, "stopped": stopped, "eval": last_eval,
+            "final_checkpoint": self.final_checkpoint, "final_model": self.final_model,
+        }  # fmt: skip
+        with open(os.path.join(self.sdir, SUMMARY), "w") as f:
+            json.dump(summary, f, indent=2)
+        return summary
