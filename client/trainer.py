@@ -58,11 +58,12 @@ class TrainStepResult:
 
 
 def configure_request(
-    config_yaml: str, model_path: str, checkpoint_dir: str, total_steps: int
+    config_yaml: str, model_path: str, checkpoint_dir: str, total_steps: int, plan_json: str = ""
 ) -> trainer_pb2.ConfigureRequest:
     return trainer_pb2.ConfigureRequest(
-        config_yaml=config_yaml, model_path=model_path, checkpoint_dir=checkpoint_dir, total_steps=total_steps
-    )
+        config_yaml=config_yaml, model_path=model_path, checkpoint_dir=checkpoint_dir, total_steps=total_steps,
+        plan_json=plan_json,
+    )  # fmt: skip
 
 
 def forward_backward_request(
@@ -133,11 +134,13 @@ class TrainerClient(BlockingClient):
         checkpoint_dir: str = "",
         total_steps: int = 1,
         timeout: float | None = None,
+        plan_json: str = "",
     ) -> trainer_pb2.ConfigureResponse:
         """Build (or rebuild) model, optimizer and lr schedule from a complete rlcore config (YAML,
         e.g. `rlcore config show`). Paths are on the trainer's machine; empty model_path means the
-        config's model.model_path, empty checkpoint_dir the run folder of the config."""
-        request = configure_request(config_yaml, model_path, checkpoint_dir, total_steps)
+        config's model.model_path, empty checkpoint_dir the run folder of the config. `plan_json`:
+        the client's plan of the stage, which the service checks against its own."""
+        request = configure_request(config_yaml, model_path, checkpoint_dir, total_steps, plan_json)
         return self._unary("Configure", request, timeout)
 
     def forward_backward(
@@ -214,8 +217,9 @@ class AsyncTrainerClient(AsyncClient):
         checkpoint_dir: str = "",
         total_steps: int = 1,
         timeout: float | None = None,
+        plan_json: str = "",
     ) -> trainer_pb2.ConfigureResponse:
-        request = configure_request(config_yaml, model_path, checkpoint_dir, total_steps)
+        request = configure_request(config_yaml, model_path, checkpoint_dir, total_steps, plan_json)
         return await self._unary("Configure", request, timeout)
 
     async def forward_backward(

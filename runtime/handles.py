@@ -10,6 +10,7 @@ Both run the same TrainerWorld methods on the trainer's ranks; the loop does not
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -171,8 +172,9 @@ class RemoteTrainer(TrainerHandle):
         self.client = client
 
     def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
-        # the service validates the config and plans the stage again: it answers any client
-        self.client.configure(to_yaml(cfg), model_path, stage_dir, total_steps)
+        # the service validates the config and plans the stage again (it answers any client), and
+        # refuses a plan that differs from this one
+        self.client.configure(to_yaml(cfg), model_path, stage_dir, total_steps, plan_json=json.dumps(plan.as_dict()))
 
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
         result = self.client.train_step(experiences)

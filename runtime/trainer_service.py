@@ -6,6 +6,8 @@ every rank (trainer_world.py).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import threading
@@ -16,7 +18,7 @@ import torch.distributed as dist
 from ..backends import check_strategy_runs
 from ..core.checkpoint import TRAINER_STATE, CheckpointError, resumable_checkpoint, verify_checkpoint
 from ..core.config import ConfigError, from_yaml
-from ..core.config.plan import filled, plan_stage
+from ..core.config.plan import StagePlan, filled, plan_stage
 from ..core.config.validate import validate_config
 from ..core.rpc.address import is_host_port
 from ..core.rpc.convert import experience_from_proto
@@ -152,7 +154,31 @@ def validate_configure(request: trainer_pb2.ConfigureRequest) -> ConfigureCall:
         f"'{model_path}' has no config.json (an HF model folder on the trainer's machine is needed)",
     )
     ckpt = request.checkpoint_dir or os.path.join(cfg.checkpoint_root_dir, cfg.project, cfg.name)
-    return ConfigureCall(cfg, plan_stage(cfg, served=True), model_path, os.path.abspath(ckpt), int(request.total_steps))
+    plan = plan_stage(cfg, served=True)
+    if request.plan_json:
+        plan = agreed_plan(request.plan_json, plan)
+    return ConfigureCall(cfg, plan, model_path, os.path.abspath(ckpt), int(request.total_steps))
+
+
+def agreed_plan(plan_json: str, ours: StagePlan) -> StagePlan:
+    """The client's plan of the stage (its index and name), once it agrees with the one this service
+    made from the same config; FailedPrecondition names the first decision that differs."""
+    try:
+        theirs = json.loads(plan_json)
+        require(isinstance(theirs, dict), "plan_json", "must be a JSON object (a StagePlan)")
+    except json.JSONDecodeError as e:
+        raise InvalidArgument("plan_json", f"is not JSON: {e}") from None
+    mine = ours.as_dict()
+    for key, value in mine.items():
+        if key in ("index", "name"):
+            continue
+        given = json.loads(json.dumps(theirs.get(key)))  # tuples and lists compare alike
+        if given != json.loads(json.dumps(value)):
+            raise FailedPrecondition(
+                f"plan_json.{key}: the client planned {given!r}, this service plans {value!r} from the same "
+                "config: client and service disagree on the shape of the run (run the same rlcore version on both)"
+            )
+    return dataclasses.replace(ours, index=int(theirs.get("index", 0)), name=str(theirs.get("name", ours.name)))
 
 
 def validate_experiences(
@@ -224,7 +250,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise FailedPrecondition(str(e)) from None
         with self._lock:
             out = self._run(call)
-        return trainer_pb2.ConfigureResponse(**out)
+        return trainer_pb2.ConfigureResponse(**out, plan_json=json.dumps(call.plan.as_dict()))
 
     def ForwardBackward(self, request, context):
         with self._lock:

@@ -8,26 +8,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ConfigureRequest(_message.Message):
-    __slots__ = ("config_yaml", "model_path", "checkpoint_dir", "total_steps")
+    __slots__ = ("config_yaml", "model_path", "checkpoint_dir", "total_steps", "plan_json")
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
     config_yaml: str
     model_path: str
     checkpoint_dir: str
     total_steps: int
-    def __init__(self, config_yaml: _Optional[str] = ..., model_path: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    plan_json: str
+    def __init__(self, config_yaml: _Optional[str] = ..., model_path: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., total_steps: _Optional[int] = ..., plan_json: _Optional[str] = ...) -> None: ...
 
 class ConfigureResponse(_message.Message):
-    __slots__ = ("strategy", "world_size", "num_parameters")
+    __slots__ = ("strategy", "world_size", "num_parameters", "plan_json")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
     strategy: str
     world_size: int
     num_parameters: int
-    def __init__(self, strategy: _Optional[str] = ..., world_size: _Optional[int] = ..., num_parameters: _Optional[int] = ...) -> None: ...
+    plan_json: str
+    def __init__(self, strategy: _Optional[str] = ..., world_size: _Optional[int] = ..., num_parameters: _Optional[int] = ..., plan_json: _Optional[str] = ...) -> None: ...
 
 class TrainSequence(_message.Message):
     __slots__ = ("prompt_token_ids", "response_token_ids", "loss_mask", "advantages", "old_logprobs")
