@@ -2,7 +2,7 @@
 trains: loop.py's buffer_step). Per step:
 
     load the newest weights the trainer published (waiting while they are more than
-    synchronizer.max_staleness steps behind)  ->  explore the step's tasks on the rollout workers
+    synchronizer.max_staleness versions behind)  ->  explore the step's tasks on the rollout workers
     ->  put the groups into the experience buffer  ->  save the position  ->  log, heartbeat
 
 With explorer.over_rollout or explorer.dynamic_timeout the step's tasks go one by one through the
@@ -38,6 +38,7 @@ from ..rollout.remote import RemoteRollout
 from ..rollout.scheduler import TaskScheduler
 from ..weights.base import announce
 from ..weights.publish import latest_published
+from ..weights.schedule import SyncSchedule
 from .paths import published_dir, stage_dir, trainer_stage_dir
 from .run_lock import PeerLaunch
 from .training import plan_steps
@@ -248,10 +249,11 @@ class ExploreLoop:
             self.stop.set()
 
     def _follow_trainer(self) -> dict[str, float]:
-        """Load the newest published weights; while they are more than max_staleness steps behind
-        the step about to be explored, wait for newer ones (until the stop event)."""
-        bound = self.cfg.synchronizer.max_staleness
-        need = 0 if bound is None else max(0, (self.explore_step - bound) * self.updates_per_step)
+        """Load the newest published weights; while they are more than max_staleness policy versions
+        behind the step about to be explored, wait for newer ones (until the stop event). Explore step
+        e is trained on from optimizer step e x (optimizer steps per explore step) on: its weights may
+        be up to max_staleness versions older than that, the unit the trainer drops in."""
+        need = SyncSchedule(self.cfg.synchronizer).oldest_for_explore(self.explore_step, self.updates_per_step)
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         self._watch_trainer()  # every step: it is seen alive, so that its end is noticed

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..core.config import Stage
@@ -249,35 +250,52 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
     return rc
 
 
-def _wait_world(
-    world: subprocess.Popen, heartbeat: NodeHeartbeat, cluster: Any, grace_s: float = 30.0
-) -> int:
-    """The world's exit code. One that outlives its run by `grace_s` (it waits at a rendezvous node 0
-    will not come to) is ended, and so is one whose controller has not answered for longer than
-    cluster.collective_timeout_s (this host's link is down: its ranks may wait for rank 0's next
-    command, which has no timeout, while the rest of the world has failed)."""
+def _wait_world(world: subprocess.Popen, heartbeat: NodeHeartbeat, cluster: Any) -> int:
+    """The world's exit code, watched (`watch_node`) by the run controller's answers to this node's
+    heartbeats, within cluster.collective_timeout_s."""
+    rc, _ = watch_node(
+        world, cluster.node_rank, lambda: heartbeat.heard, cluster.collective_timeout_s,
+        lambda silent_s: (
+            f"the run's controller has not answered for {silent_s:.0f} s (cluster.collective_timeout_s): this "
+            "host's link or node 0 is down"
+        ),
+        run_ended=heartbeat.run_ended,
+    )  # fmt: skip
+    return rc
+
+
+def watch_node(
+    world: subprocess.Popen, node_rank: int, heard: Callable[[], float], limit_s: float,
+    lost: Callable[[float], str], run_ended: Callable[[], bool] = lambda: False, poll_s: float = 1.0,
+    grace_s: float = 30.0, end_grace_s: float = 30.0,
+) -> tuple[int, str]:  # fmt: skip
+    """Trainer node K > 0 (`rlcore launch` and `rlcore trainer serve` alike) waiting for its share of
+    the world: the world's exit code, and why this node ended it ("" if it ended by itself).
+
+    Its ranks wait for rank 0's next command without a timeout, and torchrun's agent does not notice a
+    cut (seen: still waiting 200 s after one, torch 2.13). So once node 0 was heard from (`heard()`:
+    when it last answered, monotonic, 0 before the first answer; until then node 0 may still be
+    starting and torchrun's rendezvous timeout bounds the wait) and has been silent for more than
+    `limit_s`, this node ends its ranks, saying `lost(silent_s)`. A world that outlives its run
+    (`run_ended()`) by `grace_s` waits at a rendezvous node 0 will not come to: it is ended too."""
     ended_at = None
     while True:
         try:
-            return world.wait(timeout=1.0)
+            return world.wait(timeout=poll_s), ""
         except subprocess.TimeoutExpired:
-            silent_s = time.monotonic() - heartbeat.heard
-            if heartbeat.heard and silent_s > cluster.collective_timeout_s:
-                print(
-                    f"rlcore: trainer node {cluster.node_rank}: the run's controller has not answered for "
-                    f"{silent_s:.0f} s (cluster.collective_timeout_s): this host's link or node 0 is down; "
-                    "ending this node's ranks",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                end_process(world)
-                return world.returncode or 1
-            if not heartbeat.run_ended():
-                continue
+            pass
+        last = heard()
+        silent_s = time.monotonic() - last
+        if last and silent_s > limit_s:
+            why = lost(silent_s)
+            print(f"rlcore: trainer node {node_rank}: {why}; ending this node's ranks", file=sys.stderr, flush=True)
+            end_process(world, grace_s=end_grace_s)
+            return world.returncode or 1, why
+        if run_ended():
             ended_at = ended_at or time.monotonic()
             if time.monotonic() - ended_at > grace_s:
-                end_process(world)
-                return world.returncode or 1
+                end_process(world, grace_s=end_grace_s)
+                return world.returncode or 1, ""
 
 
 def _interrupt(signum: int, frame: Any) -> None:

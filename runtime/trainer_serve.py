@@ -38,8 +38,7 @@ from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
 from ..core.signals import StopFlag
 from ..proto.v1 import trainer_pb2_grpc
 from .child import wrap
-from .lifecycle import end_process
-from .nodes import torchrun_args
+from .nodes import torchrun_args, watch_node
 from .rank_entry import run_rank, sender_factory
 from .trainer_service import SERVICE_NAME, TrainerServicer
 from .trainer_world import Commander, TrainerWorld, exit_world
@@ -238,35 +237,29 @@ def serve_main(args: argparse.Namespace) -> int:
 
 
 def _wait_node(proc: subprocess.Popen, args: argparse.Namespace, probe_s: float = 5.0) -> tuple[int, str]:
-    """Node K > 0: the world's exit code, and why this node ended it ("" if it ended by itself).
-    Its ranks wait for rank 0's next command without a timeout (a served world idles between a
-    client's calls), so when node 0's rendezvous has not accepted a connection for
-    --collective-timeout seconds (node 0's host, or this host's link, is down) this node ends its
-    ranks instead of waiting for days; torchrun's agent does not (seen: still waiting 200 s after a
-    cut, torch 2.13). The clock starts once node 0 has answered: until then node 0 may still be
-    starting, and torchrun's --rdzv-timeout bounds the wait (a busy machine's healthy start was taken
-    for a cut when it started with this node)."""
+    """Node K > 0: the world's exit code, and why this node ended it ("" if it ended by itself),
+    watched (nodes.watch_node) by node 0's rendezvous accepting a connection, within
+    --collective-timeout: a served world idles between a client's calls, so no heartbeat of the
+    world's own says node 0 is there."""
     host, _, port = args.rdzv_endpoint.rpartition(":")
-    heard: float | None = None
-    while True:
-        try:
-            return proc.wait(timeout=probe_s), ""
-        except subprocess.TimeoutExpired:
-            pass
+    heard = [0.0]
+
+    def probe() -> float:
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=probe_s).close()
-            heard = time.monotonic()
+            heard[0] = time.monotonic()
         except OSError:
-            if heard is None:
-                continue
-            silent_s = time.monotonic() - heard
-            if silent_s > args.collective_timeout:
-                print(f"rlcore: trainer node {args.node_rank}: ending this node's ranks", flush=True)
-                end_process(proc, grace_s=5.0)
-                return 1, (
-                    f"node 0's rendezvous {args.rdzv_endpoint} has not answered for {silent_s:.0f} s "
-                    "(--collective-timeout): node 0 or this host's link is down"
-                )
+            pass
+        return heard[0]
+
+    return watch_node(
+        proc, args.node_rank, probe, args.collective_timeout,
+        lambda silent_s: (
+            f"node 0's rendezvous {args.rdzv_endpoint} has not answered for {silent_s:.0f} s "
+            "(--collective-timeout): node 0 or this host's link is down"
+        ),
+        poll_s=probe_s, end_grace_s=5.0,
+    )  # fmt: skip
 
 
 class _Terminated(Exception):

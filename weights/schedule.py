@@ -82,6 +82,14 @@ class SyncSchedule:
             return False
         return step >= self.sc.sync_offset and step - version > (self.max_staleness or 0)
 
+    def oldest_for_explore(self, explore_step: int, updates_per_step: int) -> int:
+        """The oldest version an explorer on the buffer may explore `explore_step` with (0: any):
+        what it explores is trained on from optimizer step explore_step x `updates_per_step` on, and
+        must be within max_staleness versions of that step, as `drop_stale` counts."""
+        if self.max_staleness is None:
+            return 0
+        return max(0, explore_step * updates_per_step - self.max_staleness)
+
     def drop_stale(
         self, exps: list[Experience], versions: list[int], step: int, metrics: dict[str, float],
         enforce: bool = True,

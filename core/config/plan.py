@@ -81,12 +81,12 @@ class StagePlan:
     """rollouts, responses (SFT) or pairs (DPO)."""
     passes: Passes
     max_staleness: int | None
-    """synchronizer.max_staleness with its default filled (asynchronous both: 1). Its unit is the
-    policy version (one optimizer step) where the trainer drops experiences (lock-step, or
-    algorithm.sample_strategy staleness_control on a buffer) and where sync_style explorer_driven
-    syncs; an explorer on the buffer (mode explore, asynchronous both) applies it per explore step:
-    it explores step e only with weights of version >= (e - max_staleness) x the optimizer steps of
-    an explore step. The two agree when an explore step is one optimizer step (the default)."""
+    """synchronizer.max_staleness with its default filled (asynchronous both: 1), in policy versions
+    (optimizer steps) everywhere: the trainer drops experiences generated more than this many versions
+    before the step that trains them (lock-step, or algorithm.sample_strategy staleness_control on a
+    buffer), sync_style explorer_driven syncs when the engines fall further behind, and an explorer on
+    the buffer (mode explore, asynchronous both) explores step e only with weights of version >=
+    e x (optimizer steps per explore step) - max_staleness, so that what it writes passes the filter."""
     schedules_tasks: bool
     """The explorer sends tasks one by one (explorer.over_rollout, explorer.dynamic_timeout)."""
     engine_per_rank: bool

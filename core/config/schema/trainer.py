@@ -77,9 +77,11 @@ class SynchronizerConfig:
     max_staleness: int | None = bounded(None, ge=0)
     """Train only on experiences at most this many policy versions older than the weights being
     trained; older ones are dropped and counted (rollout/stale_dropped). None: no bound. A run on
-    the experience buffer (mode explore/train, asynchronous both): the explorer runs at most this
-    many steps ahead of the weights it holds, and the trainer drops older experiences only with
-    algorithm.sample_strategy: staleness_control."""
+    the experience buffer (mode explore/train, asynchronous both): the explorer explores only with
+    weights at most this many versions older than the optimizer step that will train on what it
+    explores (one version per optimizer step, buffer.train_batch_size deciding how many an explore
+    step takes), and the trainer drops older experiences only with algorithm.sample_strategy:
+    staleness_control."""
     rollout_ahead: int = bounded(0, ge=0, le=1)
     """1: the rollout workers generate the next step's experiences while the trainer trains on this
     step's (one step off-policy: they are sync_interval versions old when trained on); the step then

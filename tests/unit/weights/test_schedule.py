@@ -45,3 +45,18 @@ def test_stale_experiences_are_dropped_and_counted() -> None:
     metrics = {}
     assert SyncSchedule(SynchronizerConfig()).drop_stale(exps, [5, 5, 5, 5], 6, metrics) == exps
     assert metrics == {"rollout/staleness_mean": 1.0}
+
+
+def test_an_explorer_on_the_buffer_is_bounded_in_the_versions_the_trainer_drops_in() -> None:
+    """max_staleness is one unit, policy versions: with 2 optimizer steps per explore step, explore
+    step 3 is trained on from step 6, so with max_staleness 1 it needs weights of version >= 5, and
+    what it explores with them passes the trainer's filter at step 6 (and one older would not)."""
+    schedule = SyncSchedule(SynchronizerConfig(max_staleness=1))
+    need = schedule.oldest_for_explore(3, 2)
+    assert need == 5
+    exps = [Experience([1], [2], [0.0], 1.0, f"g{v}", policy_version=v) for v in (need, need - 1)]
+    kept = schedule.drop_stale(exps, [e.policy_version for e in exps], 3 * 2, {})
+    assert [e.policy_version for e in kept] == [need]
+    assert schedule.oldest_for_explore(3, 1) == 2  # one optimizer step per explore step: as before
+    assert schedule.oldest_for_explore(0, 2) == 0
+    assert SyncSchedule(SynchronizerConfig()).oldest_for_explore(9, 2) == 0  # no bound
