@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..backends import STRATEGIES
 from ..backends.base import TrainingStrategy
-from ..core.algorithms import ADVANTAGE_FNS, STEP_PASSES, reference_in_advantage, trains_on, with_preset
+from ..core.algorithms import STEP_PASSES, advantage_fn_of, reference_in_advantage, trains_on, with_preset
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.kl import build_kl_controller
@@ -118,7 +118,7 @@ class StageTraining:
         self.syncs_ref = self.needs_ref and algo.sync_ref_model
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
         fn = self.algo.advantage_fn
-        self.advantage_fn = None if fn is None else ADVANTAGE_FNS.resolve(fn)
+        self.advantage_fn = None if fn is None else advantage_fn_of(fn)
         self.strategy = self._build_model(
             model_path, algo.optimizer, with_reference=self.needs_ref,
             lora=cfg.model.lora_configs[0] if cfg.model.lora_configs else None,
@@ -339,9 +339,10 @@ class StageTraining:
         policy = summed(self.logprobs(specs, temperature, reference=False))
         reference = summed(self.logprobs(specs, temperature, reference=True))
         algo = self.algo
-        chosen_tokens = sum(sum(s.loss_mask) for s in specs[0::2])
+        chosen_lengths = torch.tensor([sum(s.loss_mask) for s in specs[0::2]], dtype=torch.float64)
         pairs = dpo_pairs(
-            policy, reference, algo.dpo_beta, algo.dpo_label_smoothing, algo.dpo_nll_coef, max(chosen_tokens, 1.0)
+            policy, reference, algo.dpo_beta, algo.dpo_label_smoothing, algo.dpo_nll_coef, chosen_lengths,
+            algo.dpo_nll_norm,
         )  # fmt: skip
         weighted = [
             dataclasses.replace(s, advantages=[w] * len(s.response))

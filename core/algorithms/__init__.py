@@ -19,11 +19,12 @@ punishment (runtime/scoring.py) and dynamic sampling (runtime/loop.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..registry import Registry
+from ..registry import Registry, import_path
 
 ADVANTAGE_FNS = Registry(
     "algorithm.advantage_fn",
@@ -33,6 +34,9 @@ ADVANTAGE_FNS = Registry(
         "rloo": "rlcore.core.algorithms.rloo:rloo_advantages",
         "reinforce_plus_plus": "rlcore.core.algorithms.reinforce:reinforce_plus_plus_advantages",
         "reinforce_plus_plus_baseline": "rlcore.core.algorithms.reinforce:reinforce_plus_plus_baseline_advantages",
+        "reinforce_plus_plus_baseline_per_response": (
+            "rlcore.core.algorithms.reinforce:reinforce_plus_plus_baseline_per_response_advantages"
+        ),
         "opmd": "rlcore.core.algorithms.opmd:opmd_advantages",
         "maxent_grpo": "rlcore.core.algorithms.maxent:maxent_advantages",
         "gae": "rlcore.core.algorithms.ppo:gae_advantages",
@@ -41,7 +45,10 @@ ADVANTAGE_FNS = Registry(
 """fn(batch: scored.ScoredBatch) -> advantages, [N] (one per response) or [N, T] (one per token)."""
 
 GROUP_BASELINES = frozenset(
-    {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opmd", "maxent_grpo"}
+    {
+        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline_per_response",
+        "opmd", "maxent_grpo",
+    }
 )
 """Advantage functions whose baseline is the other responses to the same task (repeat_times >= 2)."""
 
@@ -173,8 +180,38 @@ def kl_in_loss(cfg: Any) -> bool:
 
 
 def algorithm_of(cfg: Any) -> Algorithm:
-    """The algorithm `cfg` (AlgorithmConfig) names by algorithm.algorithm_type."""
-    return ALGORITHMS[cfg.algorithm_type]
+    """The algorithm `cfg` (AlgorithmConfig) names by algorithm.algorithm_type: a preset, or your own
+    by import path (ValueError in one line when it does not name an Algorithm)."""
+    name = cfg.algorithm_type
+    return ALGORITHMS[name] if name in ALGORITHMS else _algorithm_at(name)
+
+
+@functools.cache
+def _algorithm_at(path: str) -> Algorithm:
+    found = import_path(path, what="algorithm.algorithm_type")
+    if isinstance(found, type) and issubclass(found, Algorithm):
+        try:
+            found = found()  # type: ignore[call-arg]  # a subclass whose fields all have defaults
+        except TypeError as e:
+            raise ValueError(f"algorithm.algorithm_type '{path}': cannot build it with no arguments ({e})") from None
+    if not isinstance(found, Algorithm):
+        raise ValueError(
+            f"algorithm.algorithm_type '{path}' is not an Algorithm (got {found!r}); give one, e.g. "
+            "Algorithm('grpo', 'ppo_clip', defaults={...}, passes=(...)) from rlcore.core.algorithms"
+        )
+    return found
+
+
+def advantage_fn_of(name: str) -> Callable[..., Any]:
+    """The advantage function algorithm.advantage_fn names: registered, or by import path."""
+    return ADVANTAGE_FNS.resolve(name) if name in ADVANTAGE_FNS else import_path(name, what="algorithm.advantage_fn")  # type: ignore[no-any-return]
+
+
+def policy_terms_of(name: str) -> Callable[..., Any]:
+    """The policy-gradient terms algorithm.policy_loss_fn names: registered, or by import path."""
+    if name in POLICY_LOSS_FNS:
+        return POLICY_LOSS_FNS.resolve(name)  # type: ignore[no-any-return]
+    return import_path(name, what="algorithm.policy_loss_fn")  # type: ignore[no-any-return]
 
 
 def step_passes(cfg: Any) -> tuple[str, ...]:

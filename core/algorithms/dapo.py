@@ -10,6 +10,11 @@ loss (the `dapo` preset's knobs):
 - soft overlong punishment: with budget L and buffer B, a response of length n > L - B loses
   factor * (n - (L - B)) / B of reward, all of `factor` at the budget (`overlong_penalty`).
 
+Normalisation: DAPO's equation takes the token mean within each question's group,
+1/sum_i |o_i| sum_i sum_t, then the mean over questions; the dapo preset (token-mean), as verl's and
+the paper's released code, takes one token mean over the whole train batch, so a question whose
+responses are long weighs more than in the equation.
+
 Plain Python (no torch): the loop, which may run without a model, calls `dynamic_sampling`.
 """
 

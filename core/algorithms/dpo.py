@@ -6,10 +6,16 @@ rejected one y_l,
     L = -(1 - eps) * log sigmoid(z) - eps * log sigmoid(-z),    averaged over the P pairs,
 
 log pi(y|x) being the sum of the response's token log-probs (algorithm.dpo_beta, dpo_label_smoothing).
-With algorithm.dpo_nll_coef = alpha > 0 the chosen responses' negative log-likelihood (per token,
-over the batch's chosen tokens) is added, as in RPO (Pang et al. 2024, "Iterative Reasoning
-Preference Optimization", arXiv:2404.19733): plain DPO can lower the chosen responses' likelihood
-along with the rejected ones' (the margin grows while both fall), and the NLL term holds it up.
+With algorithm.dpo_nll_coef = alpha > 0 the chosen responses' negative log-likelihood is added, as
+in RPO (Pang et al. 2024, "Iterative Reasoning Preference Optimization", arXiv:2404.19733): plain
+DPO can lower the chosen responses' likelihood along with the rejected ones' (the margin grows
+while both fall), and the NLL term holds it up. RPO's equation normalises each pair's NLL by its own
+chosen length and averages over pairs,
+
+    L_NLL = (1/P) sum_p -log pi(y_w^p|x^p) / |y_w^p|          (algorithm.dpo_nll_norm: pair, default)
+
+while TRL's rpo_alpha divides the chosen responses' summed NLL by all their tokens together
+(dpo_nll_norm: batch_tokens): the two agree when every chosen response has the same length.
 
 How rlcore trains it: pairs need not share a micro-batch or a rank. A first pass (no gradients)
 scores every response under the policy and the reference and gives each pair its dL/dz; then
@@ -42,11 +48,14 @@ def dpo_pairs(
     beta: float,
     label_smoothing: float = 0.0,
     nll_coef: float = 0.0,
-    chosen_tokens: float = 1.0,
+    chosen_lengths: torch.Tensor | None = None,
+    nll_norm: str = "pair",
 ) -> DPOPairs:
     """`policy`, `reference`: [2P] summed response log-probs, (chosen, rejected) alternating;
-    `chosen_tokens`: how many tokens the chosen responses have together (the NLL term's mean)."""
+    `chosen_lengths`: [P] the trained tokens of each chosen response (the NLL term's normaliser,
+    per pair or over the batch by `nll_norm`; None: 1 each)."""
     assert policy.shape == reference.shape and policy.numel() % 2 == 0, "pairs: chosen, rejected, ..."
+    assert nll_norm in ("pair", "batch_tokens"), nll_norm
     delta = (policy - reference).double()
     chosen, rejected = delta[0::2], delta[1::2]
     z = beta * (chosen - rejected)
@@ -55,8 +64,12 @@ def dpo_pairs(
     dl_dz = -(1 - eps) * torch.sigmoid(-z) + eps * torch.sigmoid(z)
     pairs = z.numel()
     w = dl_dz * beta / pairs
-    nll = -policy[0::2].double().sum() / chosen_tokens
-    weights = torch.stack([w - nll_coef / chosen_tokens, -w], dim=1).reshape(-1).float()
+    lengths = torch.ones(pairs, dtype=torch.float64) if chosen_lengths is None else chosen_lengths.double()
+    lengths = lengths.clamp(min=1.0)
+    # d(nll)/d(log pi(y_w^p)): -1 / (P |y_w^p|) per pair, or -1 / (all chosen tokens) over the batch
+    per_chosen = 1.0 / (pairs * lengths) if nll_norm == "pair" else torch.ones_like(lengths) / lengths.sum()
+    nll = -(policy[0::2].double() * per_chosen).sum()
+    weights = torch.stack([w - nll_coef * per_chosen, -w], dim=1).reshape(-1).float()
     metrics = {
         "dpo/loss": float(losses.mean() + nll_coef * nll),
         "dpo/pair_loss": float(losses.mean()),

@@ -4,7 +4,12 @@ same task (its group), broadcast over the response's tokens by the trainer.
 GRPO (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300): A_i = (r_i - mean(r_group)) / (std(r_group) + eps).
 Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783): A_i = r_i - mean(r_group),
 with the loss summed over tokens and divided by a constant budget (seq-mean-token-sum-norm): the
-std division and per-response length normalisation both bias the gradient."""
+std division and per-response length normalisation both bias the gradient.
+
+Normalisation: the std is the group's unbiased one (torch.std). The grpo preset aggregates the loss
+with token-mean over the whole train batch, as verl and TRL do by default (DAPO's token-level loss),
+not with GRPO's equation, 1/G sum_i 1/|o_i| sum_t (each response's token mean, then the mean over
+responses): that one is loss_agg_mode seq-mean-token-mean."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..config.schema import AlgorithmConfig
-from . import POLICY_LOSS_FNS, kl_in_loss, with_preset
+from . import kl_in_loss, policy_terms_of, with_preset
 from .aggregation import LossNorm, aggregate, check_loss_agg_mode
 from .kl import kl_estimate
 
@@ -51,7 +51,7 @@ class PolicyLoss:
         check_loss_agg_mode(cfg.loss_agg_mode)
         self.cfg, self.mode = cfg, cfg.loss_agg_mode
         self.norm = norm
-        self.terms = POLICY_LOSS_FNS.resolve(cfg.policy_loss_fn)
+        self.terms = policy_terms_of(cfg.policy_loss_fn)
         self.needs_entropy = cfg.entropy_coef > 0
 
     @property

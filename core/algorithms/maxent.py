@@ -12,7 +12,11 @@ tau = maxent_tau, beta = kl_loss_coef (its KL loss term applies too when kl_loss
 weights are constants (no gradient). Here the advantage of response i is K w_i, so that with the
 `weighted_likelihood` loss and seq-mean-token-mean the batch loss is the mean over groups above.
 A group that cannot rank its responses (one response, or all rewards equal so q is uniform) is
-left out (weight 0), as the repository's default (skip zero-variance groups) does."""
+left out (weight 0), as the repository's default (skip zero-variance groups) does.
+
+Normalisation: the smoothing q (1 - eps K) + eps (every candidate keeps at least eps, the total
+stays 1) and the per-group sum of w_i times each response's token mean are the repository's code;
+its write-up states the target without the smoothing."""
 
 from __future__ import annotations
 

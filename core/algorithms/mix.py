@@ -5,7 +5,8 @@ development guide): one optimizer step on both the explored rollouts and expert 
 
 the expert part being the likelihood of expert responses (buffer.expert_taskset). rlcore takes the
 policy part with the configured policy loss and aggregation, and the expert part as the mean NLL
-over the step's expert tokens (Trinity's token-level SFT loss). A train batch holds
+over the step's expert tokens (Trinity's token-level SFT loss), as Trinity-RFT's code does, not the
+equation's per-row mean (1/B' sum_b 1/T'_b sum_t): a long expert response weighs more. A train batch holds
 algorithm.mix_expert_ratio expert rows (Trinity's expert_data_ratio): ceil(r / (1 - r)) expert rows
 per rollout, added to the rollouts rather than taking their place, so the explored samples per
 step stay those of the other algorithms.

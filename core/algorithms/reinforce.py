@@ -8,13 +8,17 @@ discounted return, normalised over every trained token of the batch,
 with the KL to the reference model inside the reward (use_kl_in_reward; beta = kl_ctrl.kl_coef).
 
 Its group-baseline form (`reinforce_plus_plus_baseline`, for reasoning tasks with several samples
-per prompt) subtracts the group mean from each reward, then normalises over the whole batch,
+per prompt) subtracts the group mean from each reward, then normalises over every trained token of
+the batch, as the paper (its Algorithm 1), verl and OpenRLHF do,
 
-    a_i = r_i - mean(r_group),   A_i = (a_i - mean(a)) / (std(a) + eps),
+    a_i = r_i - mean(r_group),   A_{i,t} = (a_i - mean_tokens(a)) / (std_tokens(a) + eps),
 
-so the advantage scale does not depend on how spread one group's rewards are (GRPO's per-group std
-does). That form normalises over responses, each counting once (verl normalises over tokens, which
-weighs long responses more)."""
+the mean and (unbiased) std taken over the batch's trained tokens, response i's a_i counting once per
+token: so the advantage scale does not depend on how spread one group's rewards are (GRPO's per-group
+std does), and a long response weighs its share. Rewards [1,0,0,0 | 1,1,0,1] with lengths
+[2,10,10,10 | 3,3,10,4] give [2.61, -0.10, -0.10, -0.10, 1.25, 1.25, -1.46, 1.25]. The form that
+counts each response once (A_i = (a_i - mean(a)) / (std(a) + eps) over responses: [1.62, -0.54, ...])
+is advantage_fn `reinforce_plus_plus_baseline_per_response`."""
 
 from __future__ import annotations
 
@@ -52,6 +56,14 @@ def whiten_tokens(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -
 
 
 def reinforce_plus_plus_baseline_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:
+    """[N, T] group-centred rewards whitened over the batch's trained tokens (module docstring)."""
+    mask = batch.need("response_mask", "reinforce_plus_plus_baseline")
+    centred, _, _ = group_centred(batch.rewards, batch.group_ids)
+    return whiten_tokens(centred.double().unsqueeze(1) * mask, mask, eps).to(mask.dtype)
+
+
+def reinforce_plus_plus_baseline_per_response_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:
+    """[N] group-centred rewards whitened over responses, each counting once."""
     rewards = batch.rewards
     centred, _, _ = group_centred(rewards, batch.group_ids)
     if centred.numel() < 2:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..batch import Batch, Sequence
-    from ..config import RLCoreConfig
+    from ..config.schema import RLCoreConfig
     from .aggregation import LossNorm
     from .scored import ScoredBatch
 

@@ -32,8 +32,10 @@ def _check_field(path: str, value: Any, meta: dict[str, Any]) -> None:
         return
     if "choices" in meta:
         allowed = _choices(meta["choices"])
-        if value not in allowed:
-            raise ConfigError(f"{path} must be one of {', '.join(allowed)}; got '{value}'")
+        by_path = meta.get("by_path", False)
+        if value not in allowed and not (by_path and ":" in str(value)):
+            also = " (or an import path 'pkg.mod:name')" if by_path else ""
+            raise ConfigError(f"{path} must be one of {', '.join(allowed)}{also}; got '{value}'")
     bounds = {
         "ge": (">=", lambda a, b: a >= b),
         "gt": (">", lambda a, b: a > b),
@@ -187,6 +189,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"algorithm.optimizer.betas must be two numbers in [0, 1); got {list(opt.betas)}")
 
     check_model(cfg, check_paths)
+    check_algorithm_plugs(cfg)  # before anything asks the algorithm what it trains on
 
     buf = cfg.buffer
     group = buf.batch_size * cfg.algorithm.repeat_times
@@ -217,6 +220,16 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     _check_control(cfg, check_paths)
     _check_algorithm(cfg)
     check_shape(filled(cfg), data)  # as the plan fills it (a preset's dynamic_sampling, ...)
+
+
+def check_algorithm_plugs(cfg: RLCoreConfig) -> None:
+    """The algorithm parts given by import path import and work on a small batch (plugs.py)."""
+    from ..algorithms.plugs import check_plugs
+
+    try:
+        check_plugs(cfg.algorithm)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:

@@ -39,14 +39,20 @@ class KLControllerConfig:
 
 @dataclass
 class AlgorithmConfig:
-    algorithm_type: str = choice("grpo", "rlcore.core.algorithms:ALGORITHMS")
+    algorithm_type: str = choice("grpo", "rlcore.core.algorithms:ALGORITHMS", by_path=True)
     """The algorithm's preset (core/algorithms/__init__.py): grpo, dr_grpo, rloo,
     reinforce_plus_plus_baseline and gspo (policy gradient with a group baseline), or sft
-    (cross-entropy on the taskset's responses)."""
-    advantage_fn: str | None = choice(None, "rlcore.core.algorithms:ADVANTAGE_FNS")
-    """Replaces the preset's advantage function: grpo, dr_grpo, rloo, reinforce_plus_plus_baseline."""
-    policy_loss_fn: str | None = choice(None, "rlcore.core.algorithms:POLICY_LOSS_FNS")
-    """Replaces the preset's policy loss: ppo_clip (token ratios) or gspo (sequence ratios)."""
+    (cross-entropy on the taskset's responses)... Or your own, by import path 'pkg.mod:NAME': an
+    `Algorithm` (or a subclass of it, built with no arguments), with its step passes."""
+    advantage_fn: str | None = choice(None, "rlcore.core.algorithms:ADVANTAGE_FNS", by_path=True)
+    """Replaces the preset's advantage function: grpo, dr_grpo, rloo, reinforce_plus_plus_baseline...,
+    or your own by import path 'pkg.mod:fn': fn(batch: ScoredBatch) -> [N] (one advantage per
+    response) or [N, T] (per response token) tensor; checked on a small batch at validate time."""
+    policy_loss_fn: str | None = choice(None, "rlcore.core.algorithms:POLICY_LOSS_FNS", by_path=True)
+    """Replaces the preset's policy loss: ppo_clip (token ratios) or gspo (sequence ratios)..., or
+    your own by import path 'pkg.mod:fn': fn(logprobs, old_logprobs, advantages, mask, cfg) ->
+    (per-token loss, per-token clipped indicator), [B, T] each, aggregated by loss_agg_mode;
+    checked on a small batch at validate time."""
     repeat_times: int = bounded(8, ge=1)
     """Responses sampled per task (the GRPO group size)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -121,6 +127,10 @@ class AlgorithmConfig:
     """Conservative DPO: the probability that a pair's preference label is flipped (0: plain DPO)."""
     dpo_nll_coef: float = bounded(0.0, ge=0.0)
     """Weight of the chosen responses' per-token NLL added to DPO's loss (RPO; 0: plain DPO)."""
+    dpo_nll_norm: str = choice("pair", ("pair", "batch_tokens"))
+    """How the NLL term is normalised: pair (RPO's equation: each pair's chosen NLL over its own
+    length, averaged over pairs) or batch_tokens (TRL's rpo_alpha: the chosen responses' summed NLL
+    over all their tokens together)."""
     overlong_filter: bool | None = None
     """Leave responses the token budget cut off (finish reason 'length') out of the loss (DAPO);
     unset: the preset's (dapo: true, the others false)."""

@@ -71,9 +71,38 @@ def test_nll_term_adds_the_chosen_tokens_likelihood_gradient() -> None:
     nll = -sums[0::2].sum() / 6.0  # two chosen responses of 3 tokens
     loss = -F.logsigmoid(z).mean() + 0.5 * nll
     (want,) = torch.autograd.grad(loss, logits)
-    out = dpo_pairs(sums.detach(), ref, 0.2, nll_coef=0.5, chosen_tokens=6.0)
+    out = dpo_pairs(sums.detach(), ref, 0.2, nll_coef=0.5, chosen_lengths=torch.tensor([3.0, 3.0]), nll_norm="batch_tokens")
     assert out.loss == pytest.approx(float(loss), rel=1e-6)
     assert out.metrics["dpo/chosen_nll"] == pytest.approx(float(nll), rel=1e-6)
     batch = {"advantages": out.weights.unsqueeze(1).expand(-1, 3) * mask, "loss_mask": mask}
     (got,) = torch.autograd.grad(SequenceSurrogate()(token_logprobs(), None, batch)[0], logits)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_rpo_normalises_each_pairs_nll_by_its_own_chosen_length() -> None:
+    """RPO's equation, L = L_DPO + alpha (1/P) sum_p -log pi(y_w^p) / |y_w^p|, with chosen responses of
+    2 and 6 tokens: the loss and its gradient per pair; the batch-token mean (TRL's) differs."""
+    torch.manual_seed(2)
+    logits = torch.randn(4, 6, 5, requires_grad=True)
+    tokens = torch.randint(0, 5, (4, 6))
+    mask = torch.ones(4, 6)
+    mask[0, 2:] = 0.0  # pair 0's chosen response: 2 tokens; pair 1's: 6
+    ref = torch.randn(4)
+
+    def token_logprobs() -> torch.Tensor:
+        return torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+    sums = (token_logprobs() * mask).sum(-1)
+    z = 0.3 * ((sums[0::2] - ref[0::2]) - (sums[1::2] - ref[1::2]))
+    nll = (-sums[0] / 2 - sums[2] / 6) / 2
+    loss = -F.logsigmoid(z).mean() + 1.0 * nll
+    (want,) = torch.autograd.grad(loss, logits)
+    lengths = torch.tensor([2.0, 6.0])
+    out = dpo_pairs(sums.detach(), ref, 0.3, nll_coef=1.0, chosen_lengths=lengths)
+    assert out.loss == pytest.approx(float(loss), rel=1e-6)
+    batch = {"advantages": out.weights.unsqueeze(1).expand(-1, 6) * mask, "loss_mask": mask}
+    (got,) = torch.autograd.grad(SequenceSurrogate()(token_logprobs(), None, batch)[0], logits)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    trl = dpo_pairs(sums.detach(), ref, 0.3, nll_coef=1.0, chosen_lengths=lengths, nll_norm="batch_tokens")
+    assert trl.metrics["dpo/chosen_nll"] == pytest.approx(float(-(sums[0] + sums[2]) / 8), rel=1e-6)
+    assert abs(trl.loss - out.loss) > 1e-3

@@ -14,7 +14,10 @@ from rlcore.core.algorithms.aggregation import LossNorm
 from rlcore.core.algorithms.grpo import dr_grpo_advantages
 from rlcore.core.algorithms.gspo import gspo_terms
 from rlcore.core.algorithms.losses import PolicyLoss
-from rlcore.core.algorithms.reinforce import reinforce_plus_plus_baseline_advantages
+from rlcore.core.algorithms.reinforce import (
+    reinforce_plus_plus_baseline_advantages,
+    reinforce_plus_plus_baseline_per_response_advantages,
+)
 from rlcore.core.algorithms.rloo import rloo_advantages
 from rlcore.core.algorithms.scored import ScoredBatch
 from rlcore.core.config import ConfigError, load_config, resolve_stages
@@ -35,20 +38,36 @@ def test_rloo_subtracts_the_mean_of_the_others() -> None:
     assert got == pytest.approx([0.75, -0.75, 0.0, 0.0, 0.0, 0.0])
 
 
-def test_reinforce_plus_plus_baseline_normalises_over_the_batch() -> None:
+def test_reinforce_plus_plus_baseline_whitens_over_the_batchs_tokens_as_the_paper_does() -> None:
+    """The paper's Algorithm 1 (and verl, OpenRLHF): group-centred rewards, whitened over every
+    trained token; lengths [2, 10, 10, 10 | 3, 3, 10, 4] weigh each response by its tokens."""
+    lengths = [2, 10, 10, 10, 3, 3, 10, 4]
+    mask = torch.zeros(8, 10)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1.0
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    batch = ScoredBatch(rewards, ["a"] * 4 + ["b"] * 4, response_mask=mask)
+    adv = reinforce_plus_plus_baseline_advantages(batch)
+    # by hand: centred a = [.75, -.25, -.25, -.25, .25, .25, -.75, .25]; over the 52 tokens
+    centred = [0.75, -0.25, -0.25, -0.25, 0.25, 0.25, -0.75, 0.25]
+    tokens = [c for c, n in zip(centred, lengths, strict=True) for _ in range(n)]
+    mean = sum(tokens) / len(tokens)
+    std = math.sqrt(sum((t - mean) ** 2 for t in tokens) / (len(tokens) - 1))
+    expected = [(c - mean) / (std + 1e-6) for c in centred]
+    assert [float(adv[i, 0]) for i in range(8)] == pytest.approx(expected, abs=1e-6)
+    assert [round(x, 2) for x in expected] == [2.61, -0.10, -0.10, -0.10, 1.25, 1.25, -1.46, 1.25]
+    assert float((adv * (1 - mask)).abs().sum()) == 0.0  # nothing past a response's end
+    assert torch.allclose(adv[0, :2], adv[0, 0].expand(2))  # one value per response, on each token
+
+
+def test_reinforce_plus_plus_baseline_per_response_counts_each_response_once() -> None:
     centred = [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]  # group mean subtracted (dr_grpo's values)
     mean = sum(centred) / 6
     std = math.sqrt(sum((c - mean) ** 2 for c in centred) / 5)  # unbiased, as torch.std
     expected = [(c - mean) / (std + 1e-6) for c in centred]
-    assert reinforce_plus_plus_baseline_advantages(ScoredBatch(REWARDS, GROUPS)).tolist() == pytest.approx(
-        expected
-    )
-    assert reinforce_plus_plus_baseline_advantages(
-        ScoredBatch(torch.tensor([1.0, 1.0]), ["a", "a"])
-    ).tolist() == [
-        0.0,
-        0.0,
-    ]
+    fn = reinforce_plus_plus_baseline_per_response_advantages
+    assert fn(ScoredBatch(REWARDS, GROUPS)).tolist() == pytest.approx(expected)
+    assert fn(ScoredBatch(torch.tensor([1.0, 1.0]), ["a", "a"])).tolist() == [0.0, 0.0]
 
 
 def test_gspo_clips_whole_sequences_by_their_length_normalised_ratio() -> None:
