@@ -137,3 +137,38 @@ def completion_rows(
         for e in exps
         if rng.random() < probability
     ]  # fmt: skip
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from n samples of which c are correct (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", arXiv:2107.03374): 1 - C(n-c, k) / C(n, k),
+    computed as 1 - prod_{i=n-c+1..n} (1 - k/i) so large n does not overflow."""
+    assert 0 <= c <= n and 1 <= k <= n, (n, c, k)
+    if n - c < k:
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def sampled_eval_metrics(correct: list[list[bool]], answers: list[list[str]]) -> dict[str, float]:
+    """avg@n, pass@k (k = 1, 2, 4, ... and n) and maj@n over tasks of n samples each: `correct[t][j]`
+    whether sample j of task t is right, `answers[t][j]` its answer (maj@n votes on them: the most
+    frequent answer, the first seen on a tie, is the task's; right if its samples are)."""
+    n = len(correct[0])
+    assert all(len(c) == n for c in correct), "every task has n samples"
+    out = {f"avg@{n}": sum(map(sum, correct)) / (n * len(correct))}
+    ks = sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n})
+    for k in ks:
+        out[f"pass@{k}"] = sum(pass_at_k(n, sum(c), k) for c in correct) / len(correct)
+    votes = 0
+    for right, said in zip(correct, answers, strict=True):
+        counts: dict[str, int] = {}
+        for a in said:
+            counts[a] = counts.get(a, 0) + 1
+        top = max(counts.values())
+        winner = next(a for a in said if counts[a] == top)
+        votes += any(r for r, a in zip(right, said, strict=True) if a == winner)
+    out[f"maj@{n}"] = votes / len(correct)
+    return out

@@ -16,9 +16,11 @@ from ..core.config.plan import StagePlan
 from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
 from ..core.data.prompts import model_chat_template
 from ..core.data.taskset import load_tasks, training_tasksets
+from ..core.step_metrics import sampled_eval_metrics
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline
 from .engines import in_process
+from .rewards.answer import extract_answer
 from .rewards.compose import build_reward
 
 log = logging.getLogger("rlcore.explorer")
@@ -43,6 +45,12 @@ class Rollout(Protocol):
     def report(self) -> dict[str, float]:
         """The last batch's rollout metrics (core.step_metrics.rollout_report)."""
         ...
+
+
+def _vote_key(text: str) -> str:
+    """What maj@n votes on: the response's <answer>, else its whole text (stripped)."""
+    answer = extract_answer(text)
+    return (answer if answer is not None else text).strip()
 
 
 def rollout_seed(seed: int, explore_step: int, round_: int = 0) -> int:
@@ -175,17 +183,23 @@ class Explorer:
         return [e for group in per_task for e in group]
 
     def evaluate(self, seed: int) -> dict[str, float]:
-        """Mean reward, accuracy (mean of correctness rewards) and response length per eval taskset."""
+        """Mean reward, accuracy (mean of correctness rewards) and response length per eval taskset;
+        with repeat_times n > 1 also avg@n, pass@k and maj@n (core/step_metrics.py)."""
         metrics: dict[str, float] = {}
         for ts, tasks, spec, names in self.eval_sets:
             start = time.perf_counter()
-            sampling = sampling_params(ts.rollout_args, 1, self.cfg.model.max_response_tokens, seed)
+            k = ts.repeat_times
+            sampling = sampling_params(ts.rollout_args, k, self.cfg.model.max_response_tokens, seed)
             exps = self._run(self.eval_rollout, tasks, sampling, spec)
             prefix = f"eval/{ts.name}/"
             metrics[prefix + "reward_mean"] = sum(e.reward for e in exps) / len(exps)
             if names:
                 correct = [sum(e.reward_components[n] for n in names) / len(names) for e in exps]
                 metrics[prefix + "accuracy"] = sum(correct) / len(correct)
+                if k > 1:  # a sample is right when every correctness reward gave it full marks
+                    right = [[c >= 1.0 - 1e-9 for c in correct[i : i + k]] for i in range(0, len(exps), k)]
+                    said = [[_vote_key(e.response_text) for e in exps[i : i + k]] for i in range(0, len(exps), k)]
+                    metrics.update({prefix + k: v for k, v in sampled_eval_metrics(right, said).items()})
             metrics[prefix + "response_len_mean"] = sum(e.model_tokens for e in exps) / len(exps)
             metrics[prefix + "time_s"] = time.perf_counter() - start
         return metrics

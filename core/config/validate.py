@@ -77,10 +77,10 @@ def _readable_now(ts: TasksetConfig) -> bool:
 
 def _check_taskset(
     ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
-    chat: bool = False,
+    chat: bool = False, evaluated: bool = False,
 ) -> None:  # fmt: skip
     """`trains_on`: what its rows give (Algorithm.data); `rewarded`: whether rewards score them;
-    `chat`: model.apply_chat_template."""
+    `chat`: model.apply_chat_template; `evaluated`: an eval taskset."""
     if ts.format.prompt_type not in PROMPT_TYPES:
         raise ConfigError(
             f"{path}.format.prompt_type must be one of {', '.join(PROMPT_TYPES)}; got '{ts.format.prompt_type}'"
@@ -92,6 +92,11 @@ def _check_taskset(
     if ts.format.prompt_type == "messages" and trains_on == "pairs":
         raise ConfigError(
             f"{path}.format.prompt_type: DPO reads prompts as text; messages are for SFT and rollouts"
+        )
+    if ts.repeat_times != 1 and not evaluated:
+        raise ConfigError(
+            f"{path}.repeat_times: {ts.repeat_times} samples per task are for eval_tasksets; a training taskset "
+            "samples algorithm.repeat_times per task (leave repeat_times 1 here)"
         )
     # the reward registry, named as schema choices name theirs (names only; no heavy imports)
     REWARDS = _choices("rlcore.rollout.rewards:REWARDS")
@@ -212,7 +217,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             buf.expert_taskset, "buffer.expert_taskset", check_paths, "responses", rewarded=False, chat=chat
         )
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
-        _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat)
+        _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat, evaluated=True)
     _check_mixture(cfg, check_paths, data, chat)
 
     check_hosts(cfg)

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.integration
 
 def staged_config(root: str) -> dict:
     cfg = tiny_grpo_config(root)
-    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [heldout_taskset(root, num_tasks=12)]
+    sampled = {**heldout_taskset(root, num_tasks=12), "name": "sampled", "repeat_times": 4,
+               "rollout_args": {"temperature": 1.0, "max_tokens": 8}}  # fmt: skip
+    cfg["buffer"]["explorer_input"]["eval_tasksets"] = [heldout_taskset(root, num_tasks=12), sampled]
     cfg["stages"] = [
         {
             "name": "warmup",
@@ -44,6 +46,15 @@ def test_sft_then_grpo_chains_weights_evaluates_and_exports(tmp_path):
         rl_metrics[0]["eval/heldout/response_len_mean"]
         == sft_summary["eval"]["eval/heldout/response_len_mean"]
     )
+
+    # 4 samples per task: avg@4 (the accuracy over every sample, = the unbiased pass@1), pass@2, pass@4, maj@4
+    for m in (m for m in rl_metrics if "eval/sampled/accuracy" in m):
+        keys = {"avg@4", "pass@1", "pass@2", "pass@4", "maj@4"}
+        assert keys <= {k.rsplit("/", 1)[1] for k in m if k.startswith("eval/sampled/")}, m
+        assert m["eval/sampled/avg@4"] == pytest.approx(m["eval/sampled/accuracy"])
+        assert m["eval/sampled/pass@1"] == pytest.approx(m["eval/sampled/avg@4"])
+        assert m["eval/sampled/pass@1"] <= m["eval/sampled/pass@2"] <= m["eval/sampled/pass@4"] <= 1.0
+    assert not any(k.startswith("eval/heldout/pass@") for m in rl_metrics for k in m)  # one sample: none
 
     # the final HF export loads with plain transformers and holds the trained (not initial) weights
     from transformers import AutoModelForCausalLM

@@ -84,6 +84,11 @@ class TasksetConfig:
     (rlcore.rollout.workflows:WORKFLOWS) or an import path 'pkg.mod:Class' to a Workflow subclass."""
     workflow_args: dict[str, Any] = field(default_factory=dict)
     """Keyword settings the workflow reads (`Workflow.args`); JSON values, sent with every RunTasks."""
+    repeat_times: int = bounded(1, ge=1)
+    """Eval tasksets: responses sampled per task (n, at rollout_args.temperature), reported as
+    eval/<name>/avg@n, pass@k for k = 1, 2, 4, ... and n (the unbiased estimator), and maj@n (the
+    most frequent <answer> right); `accuracy` stays the mean over every sample. Training tasksets
+    sample algorithm.repeat_times per task: leave it 1 there."""
 
 
 @dataclass

@@ -35,6 +35,7 @@ BAD_OVERRIDES = [
     ([f"{TASKSET}.default_workflow_type=multi"], rf"{TASKSET}\.default_workflow_type must be one of single_turn, multi_turn, tool_call, adaptive_teaching or an import path 'pkg\.mod:Class'; got 'multi'$"),
     ([f"{TASKSET}.format.prompt_type=chat"], rf"{TASKSET}\.format\.prompt_type must be one of plaintext, messages; got 'chat'$"),
     ([f"{TASKSET}.format.prompt_type=messages"], rf"{TASKSET}\.format\.prompt_type: messages need model\.apply_chat_template: true \(the chat template renders them\)$"),
+    ([f"{TASKSET}.repeat_times=4"], rf"{TASKSET}\.repeat_times: 4 samples per task are for eval_tasksets; a training taskset samples algorithm\.repeat_times per task \(leave repeat_times 1 here\)$"),
     (["buffer.explorer_input.mixture=[{name: taskset, path: x.jsonl}]"], r"buffer\.explorer_input\.mixture\[0\]\.name: 'taskset' names another training taskset too; give each its own name$"),
     (["buffer.explorer_input.mixture=[{name: b, path: x.jsonl, weight: 0.01}]"], r"buffer\.explorer_input\.mixture\[0\]\.weight: 0\.01 of 1\.01 gives it no task of a batch of \d+; raise its weight or buffer\.batch_size$"),
     (["model.chat_template_path=/no/such/template.jinja"], r"model\.chat_template_path: '/no/such/template\.jinja' is not a file$"),
