@@ -18,8 +18,11 @@ from .workflows.base import Workflow, sampled_at
 
 
 def engine_dtype(cfg: RLCoreConfig, device: str) -> str:
-    """model.dtype, with auto resolved for the device (bfloat16 on CUDA, float32 elsewhere)."""
-    return cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    """explorer.rollout_model.dtype, else model.dtype, with auto resolved for the device (bfloat16 on
+    CUDA, float32 elsewhere)."""
+    dtype = cfg.explorer.rollout_model.dtype
+    dtype = dtype if dtype != "auto" else cfg.model.dtype
+    return dtype if dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
 
 
 class LocalRollout:

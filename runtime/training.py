@@ -25,6 +25,7 @@ from ..backends import STRATEGIES
 from ..backends.base import TrainingStrategy
 from ..core.algorithms import STEP_PASSES, advantage_fn_of, reference_in_advantage, trains_on, with_preset
 from ..core.algorithms.aggregation import LossNorm
+from ..core.algorithms.correction import IS_WEIGHT, MismatchStats, correction_weights
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
@@ -162,24 +163,7 @@ class StageTraining:
         local = [self.micro(m) for m in minis]
         scoring.mask_rows(local, keep)
         timers: dict[str, float] = {}
-        gap = LogprobGap()  # the engine's log-probs (in old_logprobs until recomputed) against ours
-        for mbs, _ in local:
-            if self.needs_ref:
-                with timed(timers, "perf/ref_logprobs_s"):
-                    ref = self.strategy.compute_logprobs(mbs, temperature, reference=True)
-                for mb, lp in zip(mbs, ref, strict=True):
-                    mb["ref_logprobs"] = lp
-            if algo.do_old_log_prob_compute:
-                with timed(timers, "perf/old_logprobs_s"):
-                    old = self.strategy.compute_logprobs(mbs, temperature)
-                for mb, lp in zip(mbs, old, strict=True):
-                    gap.add(mb["old_logprobs"], lp, mb["loss_mask"])
-                    mb["old_logprobs"] = lp
-            for p in self.passes:
-                with timed(timers, f"perf/{p.name}_score_s"):
-                    p.score(mbs)
-
-        metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
+        metrics = self._score(local, temperature, timers)
         scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
         batch, seq_kl = scoring.build_scored(
             exps, seqs, local, algo, self.kl_ctrl.value, self.strategy.dp_group, scores, keep, self.ref_in_advantage
@@ -210,6 +194,37 @@ class StageTraining:
         metrics["perf/train_s"] = time.perf_counter() - t1
         trained = seqs + [s for _, more in extra for s in more]  # a pass's rows train too (mix's experts)
         metrics["perf/tokens"] = float(sum(s.length for s in trained))
+        return metrics
+
+    def _score(self, local: scoring.Local, temperature: float, timers: dict[str, float]) -> dict[str, float]:
+        """The log-prob passes, before any update, on this rank's micro-batches: the reference's, the
+        recomputed old log-probs (with the engine's against them: logprob_diff, and the rollout
+        correction's weights) and the step passes' (a critic's values)."""
+        algo, rc = self.algo, self.algo.rollout_correction
+        gap = LogprobGap()  # the engine's log-probs (in old_logprobs until recomputed) against ours
+        mismatch = MismatchStats() if rc.kind != "none" else None
+        for mbs, _ in local:
+            if self.needs_ref:
+                with timed(timers, "perf/ref_logprobs_s"):
+                    ref = self.strategy.compute_logprobs(mbs, temperature, reference=True)
+                for mb, lp in zip(mbs, ref, strict=True):
+                    mb["ref_logprobs"] = lp
+            if algo.do_old_log_prob_compute:
+                with timed(timers, "perf/old_logprobs_s"):
+                    old = self.strategy.compute_logprobs(mbs, temperature)
+                for mb, lp in zip(mbs, old, strict=True):
+                    engine, mask = mb["old_logprobs"], mb["loss_mask"]
+                    gap.add(engine, lp, mask)
+                    if mismatch is not None:
+                        mb[IS_WEIGHT], changed = correction_weights(lp, engine, mask, rc)
+                        mismatch.add(lp, engine, mask, changed)
+                    mb["old_logprobs"] = lp
+            for p in self.passes:
+                with timed(timers, f"perf/{p.name}_score_s"):
+                    p.score(mbs)
+        metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
+        if mismatch is not None:
+            metrics.update(mismatch.metrics(self.strategy.dp_group, rc.kind))
         return metrics
 
     def sampled_at(self, exps: list[Experience]) -> tuple[float, list[float] | None]:

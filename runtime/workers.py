@@ -101,7 +101,7 @@ class RolloutWorkers:
         for i in range(count):
             cmd = [
                 *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", model_path,
-                "--engine", rm.engine_type, "--device", device, "--dtype", cfg.model.dtype,
+                "--engine", rm.engine_type, "--device", device, "--dtype", rm.dtype if rm.dtype != "auto" else cfg.model.dtype,
                 "--max-model-len", str(cfg.model.max_model_len), "--max-batch-size", str(rm.max_batch_size),
                 "--tensor-parallel-size", str(rm.tensor_parallel_size),
                 "--gpu-memory-utilization", str(rm.gpu_memory_utilization),

@@ -54,9 +54,12 @@ def judge_probe(
 
 
 def probe_tolerance(cfg: RLCoreConfig, device: str) -> float:
-    """synchronizer.probe_tolerance, or the default for the trainer's dtype (PROBE_TOLERANCE)."""
-    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    return cfg.synchronizer.probe_tolerance or PROBE_TOLERANCE[dtype]
+    """synchronizer.probe_tolerance, or the default for the coarser of the trainer's and the engines'
+    dtypes (PROBE_TOLERANCE)."""
+    dtypes = [cfg.model.dtype, cfg.explorer.rollout_model.dtype]
+    dtypes = [d if d != "auto" else cfg.model.dtype for d in dtypes]
+    dtypes = [d if d != "auto" else ("bfloat16" if device == "cuda" else "float32") for d in dtypes]
+    return cfg.synchronizer.probe_tolerance or max(PROBE_TOLERANCE[d] for d in dtypes)
 
 
 class SyncSchedule:

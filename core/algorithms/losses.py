@@ -9,6 +9,7 @@ import torch
 from ..config.schema import AlgorithmConfig
 from . import kl_in_loss, policy_terms_of, with_preset
 from .aggregation import LossNorm, aggregate, check_loss_agg_mode
+from .correction import IS_WEIGHT
 from .kl import kl_estimate
 
 Batch = dict[str, torch.Tensor]
@@ -65,6 +66,8 @@ class PolicyLoss:
         mask, adv, old = batch["loss_mask"], batch["advantages"], batch["old_logprobs"]
 
         pg, clipped = self.terms(logprobs, old, adv, mask, cfg)
+        if IS_WEIGHT in batch:  # rollout correction: the engine sampled these tokens (correction.py)
+            pg = pg * batch[IS_WEIGHT]
         pg_loss = aggregate(pg, mask, mode, norm)
         loss = pg_loss
         metrics = {

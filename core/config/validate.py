@@ -239,7 +239,14 @@ def check_algorithm_plugs(cfg: RLCoreConfig) -> None:
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
     """Refuse algorithm settings that cannot train (as the algorithm's preset fills them)."""
-    from ..algorithms import GROUP_BASELINES, reads_reference, trains_critic, trains_on_experts, with_preset
+    from ..algorithms import (
+        GROUP_BASELINES,
+        reads_reference,
+        trains_critic,
+        trains_on,
+        trains_on_experts,
+        with_preset,
+    )
 
     a = with_preset(cfg.algorithm)
     if a.repeat_times < 2 and a.advantage_fn in GROUP_BASELINES:
@@ -266,6 +273,18 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
         raise ConfigError(
             f"algorithm.sync_ref_model moves the reference model, but {a.algorithm_type} as configured reads none: "
             "set algorithm.kl_loss_coef > 0 (with a kl_loss_fn) or use_kl_in_reward true, or sync_ref_model false"
+        )
+    rc = a.rollout_correction
+    if rc.kind != "none" and not filled(cfg).algorithm.do_old_log_prob_compute:
+        raise ConfigError(
+            f"algorithm.rollout_correction.kind {rc.kind} weighs tokens by pi_old / pi_engine, and without recomputed "
+            "old log-probs (do_old_log_prob_compute false, a decoupled run's default) pi_old is the engine's: set "
+            "algorithm.do_old_log_prob_compute true, or kind none"
+        )
+    if rc.kind != "none" and trains_on(a) != "rollouts":
+        raise ConfigError(
+            f"algorithm.rollout_correction.kind {rc.kind} corrects for the engine that sampled the rollouts, and "
+            f"{a.algorithm_type} trains on the taskset's own rows: set kind none"
         )
     ts = cfg.buffer.explorer_input.taskset
     budget = ts.rollout_args.max_tokens or cfg.model.max_response_tokens

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithm import AlgorithmConfig, KLControllerConfig, OptimizerConfig
+from .algorithm import AlgorithmConfig, KLControllerConfig, OptimizerConfig, RolloutCorrectionConfig
 from .buffer import (
     BufferConfig,
     ExperienceBufferConfig,
@@ -50,6 +50,7 @@ __all__ = [
     "ExternalModelConfig",
     "FormatConfig",
     "KLControllerConfig",
+    "RolloutCorrectionConfig",
     "LogConfig",
     "LoraConfig",
     "MONITOR_TYPES",

@@ -38,6 +38,27 @@ class KLControllerConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Weigh each trained token by how far the engine that sampled it (the behaviour policy, its
+    log-probs travel with every experience) is from the trainer's policy before the update (the
+    proximal policy: the recomputed old log-probs), r = pi_old / pi_engine
+    (core/algorithms/correction.py)."""
+
+    kind: str = choice("none", ("none", "tis", "mis"))
+    """none; tis: truncated importance sampling, weight min(r, high); mis: masked importance
+    sampling, weight 1 where low <= r <= high, else 0 (the token or sequence leaves the loss)."""
+    level: str = choice("token", ("token", "sequence", "geometric"))
+    """Where r is taken: token (each token's own ratio; mis at token level with both bounds is
+    IcePop's two-sided mask), sequence (the product of the response's token ratios, one weight for all
+    its tokens) or geometric (their geometric mean, exp(mean log r): a length-independent sequence
+    ratio)."""
+    high: float = bounded(2.0, gt=1.0)
+    """The upper threshold C: tis truncates r at it, mis masks r above it."""
+    low: float | None = bounded(None, gt=0.0, lt=1.0)
+    """mis: the lower threshold (unset: 1 / high)."""
+
+
+@dataclass
 class AlgorithmConfig:
     algorithm_type: str = choice("grpo", "rlcore.core.algorithms:ALGORITHMS", by_path=True)
     """The algorithm's preset (core/algorithms/__init__.py): grpo, dr_grpo, rloo,
@@ -70,6 +91,9 @@ class AlgorithmConfig:
     kl_penalty_fn: str = choice("k1", ("k1", "abs", "k2", "mse", "k3", "low_var_kl"))
     """KL estimator used for the reward penalty."""
     kl_ctrl: KLControllerConfig = field(default_factory=KLControllerConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Rollout-training mismatch correction: truncated or masked importance weights of the engine's
+    log-probs against the trainer's (needs do_old_log_prob_compute); metrics rollout_correction/*."""
     entropy_coef: float = bounded(0.0, ge=0.0)
     """Weight of the entropy bonus (subtracted from the loss)."""
     clip_ratio_low: float | None = bounded(None, ge=0.0, lt=1.0)

@@ -23,6 +23,11 @@ class RolloutModelConfig:
     """Sequences generated together in one engine call."""
     gpu_memory_utilization: float = bounded(0.9, gt=0.0, le=1.0)
     """Share of each GPU's memory vLLM may take for weights and KV cache (vllm on GPU)."""
+    dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
+    """The engines' compute dtype; auto: model.dtype (the trainer's). Another one makes the engine's
+    log-probs differ from the trainer's (a real rollout-training mismatch: rollout/logprob_diff_*,
+    which algorithm.rollout_correction corrects for); the sync probe then accepts the coarser
+    dtype's tolerance."""
     enforce_eager: bool = False
     """Decode without CUDA graphs: vLLM without CUDA graphs / torch.compile (always on CPU); the HF
     engine with its eager loop over a dynamic cache instead of graph replays over a static one (always
