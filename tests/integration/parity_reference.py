@@ -2,9 +2,11 @@
 computed here with a plain HF model in one process (no torch.distributed).
 
 One fixed GRPO train batch, independent of rank and world size: 8 sequences with random token ids
-(prompts 3-6 tokens, responses 2-9), group-relative advantages of mixed sign, and old log-probs of
-the initial model, so the first step is on-policy (ratio 1) and later steps re-use the batch like
-PPO epochs (ratios move away from 1, the loss moves, clipping engages). The loss is core's own
+(prompts 3-6 tokens, responses 2-9), sampled at two temperatures (each row scored at its own, the
+batch's per-row `temperature` field), group-relative advantages of mixed sign, rollout-correction
+weights on every token (IS_WEIGHT), and old log-probs of the initial model, so the first step is
+on-policy (ratio 1) and later steps re-use the batch like PPO epochs (ratios move away from 1, the
+loss moves, clipping engages). The loss is core's own
 (`build_loss` with `LossNorm` of the whole batch) with an entropy bonus, so `needs_entropy` is True.
 Each data-parallel rank trains on `shard(...)` of the batch in a fixed number of micro-batches.
 
@@ -20,6 +22,7 @@ scores (`compute_values`), the targets are the batch's per-token advantages.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -28,6 +31,7 @@ from omegaconf import OmegaConf
 from rlcore.backends.common.hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
 from rlcore.backends.common.schedule import build_optimizer
 from rlcore.core.algorithms.aggregation import LossNorm
+from rlcore.core.algorithms.correction import IS_WEIGHT
 from rlcore.core.algorithms.grpo import grpo_advantages
 from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
 from rlcore.core.algorithms.ppo import ValueLoss
@@ -44,6 +48,8 @@ MICRO_BATCHES = 2
 """Micro-batches per rank (per step): gradient accumulation is always exercised."""
 TEMPERATURE = 0.8
 """Not 1, so a strategy that forgets to scale the logits fails the check."""
+TEMPERATURES = (TEMPERATURE, 1.25)
+"""The rows' own sampling temperatures (the batch's `temperature` field), alternating."""
 CLIPRANGE_VALUE = 0.5
 """The critic's values leave this range around the old ones within a few steps: the clip engages
 (the value loss then levels off near 0.79, from 1.26)."""
@@ -93,7 +99,12 @@ def parity_sequences(model_path: str) -> list[Sequence]:
     # A sampled response may contain the pad token itself: HF never trains its embedding row
     # (padding_idx), and every strategy must agree with that.
     ids[0][shapes[0][0]] = PAD_ID
-    seqs = [Sequence(x[:p], x[p:], index=i) for i, (x, (p, _)) in enumerate(zip(ids, shapes, strict=True))]
+    # rows sampled at two temperatures, as a mixture's are (each row scored at its own; not 1, so a
+    # strategy that ignores the per-row field fails the check)
+    seqs = [
+        Sequence(x[:p], x[p:], index=i, temperature=TEMPERATURES[i % 2])
+        for i, (x, (p, _)) in enumerate(zip(ids, shapes, strict=True))
+    ]
     rewards = torch.rand(NUM_SEQS, generator=gen)
     groups = [str(i // GROUP_SIZE) for i in range(NUM_SEQS)]
     adv = grpo_advantages(ScoredBatch(rewards, groups))
@@ -140,7 +151,11 @@ def rank_micro_batches(
     """This rank's share packed into `count` micro-batches (StageTraining.micro with the count
     already agreed on by all ranks)."""
     groups = equalize(plan_micro_batches(shard(seqs, dp_rank, dp_size), max_tokens), count)
-    return micro_batches(groups, PAD_ID, template=seqs[0])
+    mbs = micro_batches(groups, PAD_ID, template=seqs[0])
+    for mb in mbs:  # rollout correction's weights, a function of each token's position: 0.5, 1, 1.5
+        positions = torch.arange(mb["loss_mask"].shape[1], dtype=torch.float32).remainder(3)
+        mb[IS_WEIGHT] = mb["loss_mask"] * (0.5 + 0.5 * positions)
+    return mbs
 
 
 def micro_batch_count(seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int) -> int:
@@ -226,8 +241,6 @@ def _train(
 
 
 def dpo_algorithm_config() -> AlgorithmConfig:
-    import dataclasses
-
     return dataclasses.replace(algorithm_config(), algorithm_type="dpo", dpo_beta=DPO_BETA)
 
 
@@ -238,7 +251,8 @@ def dpo_reference_run(
     in this process, the pair loss differentiated by autograd: the ground truth of --dpo."""
     torch.manual_seed(SEED)
     model, reference = load_causal_lm(model_path), load_causal_lm(model_path)
-    seqs = parity_sequences(model_path)
+    # pairs scored at temperature 1, as train_sequences scores them (no per-row temperatures)
+    seqs = [dataclasses.replace(s, temperature=None) for s in parity_sequences(model_path)]
     batch = pack(seqs, PAD_ID)
     with torch.no_grad():
         ref_sums = _response_sums(reference, batch, seqs)
