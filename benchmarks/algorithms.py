@@ -12,6 +12,9 @@ before the first step and after the last) against steps and against the stage's 
 responses explored (tasks x repeat_times, plus DAPO's extra dynamic-sampling rounds; 0 for offline
 DPO, which trains on `batch_size` pairs a step) and the trained tokens. The table gives the final
 accuracy per seed, its mean, and the gain over the SFT checkpoint; the plot, the mean curves.
+
+A recipe that distills (its `rl` stage sets model.teacher_model_path: on_policy_distill) learns from
+the grpo run of the first seed, trained earlier in the same benchmark from the same SFT checkpoint.
 """
 
 from __future__ import annotations
@@ -154,6 +157,18 @@ def run_sft(args: argparse.Namespace, workdir: str) -> str:
     return checkpoint
 
 
+def teacher(args: argparse.Namespace, workdir: str, name: str) -> str:
+    """The teacher a distilling recipe learns from in the benchmark: the baseline's (grpo) final
+    export of the first seed, trained from the same SFT checkpoint earlier in this benchmark."""
+    tag = f"{BASELINE}_seed{args.seeds[0]}"
+    if BASELINE not in args.algorithms or not os.path.isdir(run_dir(workdir, tag)):
+        raise SystemExit(
+            f"rlcore bench algorithms: {name} distills from the {BASELINE} run of seed {args.seeds[0]}: include "
+            f"{BASELINE} in --algorithms (it runs first)"
+        )
+    return final_export(run_dir(workdir, tag))
+
+
 def run_algorithm(
     name: str, seed: int, checkpoint: str, args: argparse.Namespace, workdir: str
 ) -> dict[str, Any]:
@@ -161,6 +176,8 @@ def run_algorithm(
     recipe_path = args.base if name == BASELINE else os.path.join(args.recipes, f"{name}.yaml")
     recipe = read_recipe(recipe_path)
     stage = with_steps(rl_stage(recipe, recipe_path), args.steps)
+    if (stage.get("model") or {}).get("teacher_model_path"):
+        stage = {**stage, "model": {**stage["model"], "teacher_model_path": teacher(args, workdir, name)}}
     tag = f"{name}_seed{seed}"
     model = {**(recipe.get("model") or {}), "model_path": checkpoint, "scratch": {"enabled": False}}
     path = write_config(recipe, stage, os.path.join(workdir, f"{tag}.yaml"),

@@ -221,7 +221,7 @@ class StageTraining:
                     mb["old_logprobs"] = lp
             for p in self.passes:
                 with timed(timers, f"perf/{p.name}_score_s"):
-                    p.score(mbs)
+                    p.score(mbs, temperature)
         metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
         if mismatch is not None:
             metrics.update(mismatch.metrics(self.strategy.dp_group, rc.kind))

@@ -27,7 +27,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP = ("adaptive_teaching.yaml",)  # needs an OpenAI-compatible student service of its own
+SKIP = ("adaptive_teaching.yaml", "on_policy_distill.yaml")
+"""adaptive_teaching needs an OpenAI-compatible student service of its own; on_policy_distill the
+quickstart's trained model as its teacher."""
 TIMING = ("asynchronous.yaml", "replay.yaml", "long_tails.yaml", "decoupled.yaml")
 """Recipes whose records depend on timing (which step an experience lands in, which published
 version an explorer loads)."""

@@ -40,6 +40,7 @@ ADVANTAGE_FNS = Registry(
         "opmd": "rlcore.core.algorithms.opmd:opmd_advantages",
         "maxent_grpo": "rlcore.core.algorithms.maxent:maxent_advantages",
         "gae": "rlcore.core.algorithms.ppo:gae_advantages",
+        "zero": "rlcore.core.algorithms.distill:zero_advantages",
     },
 )
 """fn(batch: scored.ScoredBatch) -> advantages, [N] (one per response) or [N, T] (one per token)."""
@@ -70,6 +71,7 @@ STEP_PASSES = Registry(
     {
         "critic": "rlcore.core.algorithms.ppo:CriticPass",
         "experts": "rlcore.core.algorithms.mix:ExpertPass",
+        "teacher": "rlcore.core.algorithms.distill:TeacherPass",
     },
 )
 """Step passes by name (step_pass.py): a model or data a step runs beside the policy."""
@@ -110,7 +112,7 @@ class Algorithm:
         return dynamic_sampling(exps, want, cfg.dynamic_sampling_max_rounds, explore_round, metrics)
 
 
-_OFF = {"use_kl_in_reward": False, "overlong_filter": False, "dynamic_sampling": False}
+_OFF = {"use_kl_in_reward": False, "overlong_filter": False, "dynamic_sampling": False, "distill_coef": 0.0}
 _PPO_CLIP = {**_OFF, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -154,6 +156,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         defaults={**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-mean"},
         reference_in_advantage=True,
     ),  # fmt: skip
+    # on-policy distillation (distill.py): no reward advantage, the teacher's reverse KL per token
+    "on_policy_distill": Algorithm("zero", "ppo_clip", defaults={**_PPO_CLIP, "distill_coef": 1.0}),
     # Trinity-RFT's mix: GRPO on the rollouts plus the expert rows' likelihood in the same step
     "mix": Algorithm("grpo", "ppo_clip", defaults=_PPO_CLIP, passes=("experts",)),
     "sft": Algorithm(None, None, defaults=_PPO_CLIP, data="responses"),
@@ -215,8 +219,18 @@ def policy_terms_of(name: str) -> Callable[..., Any]:
 
 
 def step_passes(cfg: Any) -> tuple[str, ...]:
-    """The step passes a step of `cfg`'s algorithm runs beside the policy (Algorithm.passes)."""
-    return algorithm_of(cfg).passes
+    """The step passes a step of `cfg`'s algorithm runs beside the policy (Algorithm.passes), with
+    the teacher when algorithm.distill_coef (preset filled) adds on-policy distillation."""
+    passes = algorithm_of(cfg).passes
+    if distills(cfg) and "teacher" not in passes:
+        passes = (*passes, "teacher")
+    return passes
+
+
+def distills(cfg: Any) -> bool:
+    """Whether a step scores its tokens with a teacher (algorithm.distill_coef > 0, preset filled)."""
+    coef = with_preset(cfg).distill_coef
+    return bool(coef) and trains_on(cfg) == "rollouts"
 
 
 def trains_on_experts(cfg: Any) -> bool:

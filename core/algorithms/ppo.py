@@ -113,7 +113,7 @@ class CriticPass(StepPass):
         self.cfg = cfg.critic
         self.strategy = ctx.build_model(cfg.model.critic_model_path or ctx.model_path, cfg.critic.optim, value_head=True)
 
-    def score(self, mbs: list[Batch]) -> None:
+    def score(self, mbs: list[Batch], temperature: float) -> None:
         """Write the critic's values of every position into each micro-batch (`values`)."""
         for mb, values in zip(mbs, self.strategy.compute_values(mbs), strict=True):
             mb["values"] = values

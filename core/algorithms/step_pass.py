@@ -4,7 +4,7 @@ pass of the stage's plan (`Algorithm.passes`, resolved through STEP_PASSES or an
 point; a hook a pass does not need keeps its default, which does nothing.
 
     __init__(ctx)              build what the pass holds (a second model: ctx.build_model)
-    score(mbs)                 log-prob time: write per-position fields into this rank's micro-batches
+    score(mbs, temperature)    log-prob time: write per-position fields into this rank's micro-batches
     before_advantages(b, rows) the algorithm's ScoredBatch before its advantages (critic: values)
     after_advantages(b, rows)  after them (critic: the returns it trains on)
     extra_batches(step, ...)   rows trained in the same step, per mini-batch (mix: expert rows)
@@ -81,8 +81,8 @@ class StepPass:
     def __init__(self, ctx: PassContext):
         self.ctx = ctx
 
-    def score(self, mbs: list[Batch]) -> None:
-        pass
+    def score(self, mbs: list[Batch], temperature: float) -> None:
+        """`temperature`: the step's sampling temperature (rows with their own carry a field)."""
 
     def before_advantages(self, batch: ScoredBatch, rows: StepRows) -> None:
         pass

@@ -224,6 +224,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     check_engines(cfg)
     _check_control(cfg, check_paths)
     _check_algorithm(cfg)
+    _check_distillation(cfg, check_paths)
     check_shape(filled(cfg), data)  # as the plan fills it (a preset's dynamic_sampling, ...)
 
 
@@ -293,6 +294,40 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             f"algorithm.overlong_buffer_len is {a.overlong_buffer_len}, but responses may have only {budget} tokens "
             "(the taskset's rollout_args.max_tokens, else model.max_response_tokens): the buffer is the end part of "
             "that budget, so give fewer tokens (0 turns the punishment off)"
+        )
+
+
+def _check_distillation(cfg: RLCoreConfig, check_paths: bool) -> None:
+    """On-policy distillation needs a teacher and the student's recomputed log-probs; a teacher
+    without distillation is a mistake."""
+    from ..algorithms import distills, with_preset
+
+    a = with_preset(cfg.algorithm)
+    teacher = cfg.model.teacher_model_path
+    if not distills(a):
+        if a.algorithm_type == "on_policy_distill":
+            raise ConfigError(
+                "algorithm.algorithm_type on_policy_distill learns only from its teacher, and distill_coef 0 turns "
+                "the teacher off: set algorithm.distill_coef > 0 (unset: 1)"
+            )
+        if teacher:
+            raise ConfigError(
+                "model.teacher_model_path is set, but nothing distills from it: set algorithm.distill_coef > 0 "
+                "(or algorithm_type on_policy_distill), or leave teacher_model_path unset"
+            )
+        return
+    if not teacher:
+        raise ConfigError(
+            f"algorithm.distill_coef {a.distill_coef} distills from a teacher: set model.teacher_model_path (an HF "
+            "model folder with the student's tokenizer)"
+        )
+    if check_paths and not os.path.isfile(os.path.join(teacher, "config.json")):
+        raise ConfigError(f"model.teacher_model_path: '{teacher}' is not an HF model folder (no config.json)")
+    if not filled(cfg).algorithm.do_old_log_prob_compute:
+        raise ConfigError(
+            "on-policy distillation compares the student's log-probs with the teacher's, and without recomputed "
+            "old log-probs (do_old_log_prob_compute false) it has only the engine's: set "
+            "algorithm.do_old_log_prob_compute true"
         )
 
 

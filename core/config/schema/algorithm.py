@@ -145,6 +145,10 @@ class AlgorithmConfig:
     mix_expert_ratio: float = bounded(0.5, ge=0.0, lt=1.0)
     """mix: the fraction of each train batch that is expert rows (Trinity-RFT's expert_data_ratio);
     they are added to the explored rollouts, ceil(r / (1 - r)) per rollout."""
+    distill_coef: float | None = bounded(None, ge=0.0)
+    """On-policy distillation's weight: each token's advantage gains -distill_coef x (log pi_student
+    - log pi_teacher), the teacher being model.teacher_model_path (core/algorithms/distill.py); unset:
+    the preset's (on_policy_distill 1, the others 0: no teacher)."""
     dpo_beta: float = bounded(0.1, gt=0.0)
     """DPO's beta: how far from the reference the implicit reward lets the policy move (larger: less)."""
     dpo_label_smoothing: float = bounded(0.0, ge=0.0, lt=0.5)

@@ -120,6 +120,10 @@ class ModelConfig:
     lora_configs: list[LoraConfig] = field(default_factory=list)
     """LoRA: train one adapter instead of the full weights (a list of at most one, as in other
     frameworks' configs); empty: full fine-tuning."""
+    teacher_model_path: str | None = None
+    """HF model folder of the teacher that on-policy distillation scores the student's tokens with
+    (algorithm_type on_policy_distill, or algorithm.distill_coef > 0): frozen, built in the trainer
+    world beside the policy, with the student's tokenizer."""
     critic_model_path: str | None = None
     """HF model folder the critic (algorithm_type ppo) starts from: its trunk, with a value head
     read from the folder when it has one (`score.*`, as AutoModelForTokenClassification saves it) or

@@ -50,7 +50,7 @@ class TeacherPass(StepPass):
         self.model = ctx.build_model(ctx.model_path, ctx.cfg.algorithm.optimizer)
         CALLS.append("init")
 
-    def score(self, mbs):
+    def score(self, mbs, temperature):
         for mb, lp in zip(mbs, self.model.compute_logprobs(mbs, 1.0), strict=True):
             mb["teacher_logprobs"] = lp
         CALLS.append("score")

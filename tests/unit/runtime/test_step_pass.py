@@ -26,13 +26,14 @@ def world():
     dist.destroy_process_group()
 
 
-def one_step(tiny_model_path: str, tmp_path, algorithm: dict) -> dict[str, float]:
-    """One RL step of a validated stage with `algorithm` on four experiences in two groups."""
+def one_step(tiny_model_path: str, tmp_path, algorithm: dict, **model: str) -> dict[str, float]:
+    """One RL step of a validated stage with `algorithm` (and `model` keys) on four experiences in
+    two groups."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"prompt": "1+1=", "answer": "2"}\n' * 4)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump({
-        "model": {"model_path": tiny_model_path, "max_prompt_tokens": 8, "max_response_tokens": 4},
+        "model": {"model_path": tiny_model_path, "max_prompt_tokens": 8, "max_response_tokens": 4, **model},
         "cluster": {"device": "cpu"},
         "algorithm": {"repeat_times": 2, **algorithm},
         "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": str(tasks)}}},
@@ -65,3 +66,22 @@ def test_an_advantage_and_a_policy_loss_of_ones_own_train_a_step(tiny_model_path
     })  # fmt: skip
     assert user_parts.CALLS == ["centred", "vanilla_pg", "centred", "vanilla_pg"]  # validate, then the step
     assert metrics["actor/pg_clipfrac"] == 0.0 and torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
+
+
+def test_on_policy_distillation_learns_the_teachers_reverse_kl(tiny_model_path, tmp_path, world) -> None:
+    """on_policy_distill: a frozen teacher (the scratch model with another seed, the same tokenizer)
+    scores the step's tokens; with the student itself as the teacher the reverse KL is 0 and so is
+    every advantage (nothing to learn), with another it is not."""
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+
+    other = str(tmp_path / "teacher")
+    build_scratch_model(other, ScratchModelConfig(enabled=True), max_model_len=256, seed=1)
+    algo = {"algorithm_type": "on_policy_distill", "kl_loss_coef": 0.0}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    same = one_step(tiny_model_path, tmp_path / "a", algo, teacher_model_path=tiny_model_path)
+    assert same["distill/reverse_kl"] == pytest.approx(0.0, abs=1e-6) and same["distill/coef"] == 1.0
+    assert same["actor/pg_loss"] == pytest.approx(0.0, abs=1e-6)
+    taught = one_step(tiny_model_path, tmp_path / "b", algo, teacher_model_path=other)
+    assert abs(taught["distill/reverse_kl"]) > 1e-2 and taught["actor/pg_loss"] != 0.0
