@@ -1,8 +1,8 @@
 """The whole training loop (rollouts, advantages, updates, weight sync to the engine, checkpoints,
 HF export) on the megatron strategy with TP=2, against the same run on fsdp2, every case with the
 test config's KL loss (reference log-probs on megatron): PPO whose critic is a second megatron
-strategy in the same world, mix (expert rows beside the rollouts), and MaxEnt-GRPO with a reference
-model that follows the policy. Plain GRPO (each case above is GRPO's loss plus one thing), GSPO,
+strategy in the same world, mix (expert rows beside the rollouts) with on-policy distillation from a
+teacher (a third model), and MaxEnt-GRPO with a reference model that follows the policy. Plain GRPO (each case above is GRPO's loss plus one thing), GSPO,
 OPMD and DAPO ran here too until CI time ran short: their losses and DAPO's rounds are core's and the loop's, computed
 from the log-probs and gradients a strategy gives, which the cases above and the parity harness
 (test_strategy_parity.py) compare; the fsdp2 side of each runs in test_algorithm_menu.py.
@@ -24,6 +24,9 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from rlcore.core.config.schema import ScratchModelConfig
+from rlcore.core.scratch_model import build_scratch_model
+
 from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config
 
 pytestmark = pytest.mark.integration
@@ -44,7 +47,8 @@ def _megatron_plan(plan: dict, run_dir: str) -> dict:
 
 CASES: dict[str, dict] = {
     "ppo": {"algorithm.algorithm_type": "ppo"},  # a megatron critic beside the policy
-    "mix": {"algorithm.algorithm_type": "mix"},  # expert micro-batches beside the rollouts' (below)
+    # expert micro-batches beside the rollouts' and a teacher's reverse KL in the advantages (below)
+    "mix": {"algorithm.algorithm_type": "mix", "algorithm.distill_coef": 0.5},
     # the reference in the advantage, moved halfway to the policy after every step and checkpointed
     "maxent_grpo_ref_sync": {"algorithm.algorithm_type": "maxent_grpo", "algorithm.sync_ref_model": True,
                              "algorithm.ref_model_sync_steps": 1, "algorithm.ref_model_mixup_alpha": 0.5},
@@ -61,6 +65,12 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
             "path": os.path.join(root, "experts.jsonl"), "generator": "arithmetic",
             "generator_args": {"num_tasks": 64, "max_operand": 9},
         }  # fmt: skip
+        teacher = str(tmp_path / "teacher")  # the student's shape and tokenizer, another seed
+        build_scratch_model(teacher, ScratchModelConfig(
+            enabled=True, hidden_size=64, num_layers=2, num_attention_heads=2, num_key_value_heads=2,
+            intermediate_size=128,
+        ), max_model_len=48, seed=5)  # fmt: skip
+        sections["model.teacher_model_path"] = teacher
     cfg = tiny_grpo_config(
         root,
         **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
@@ -99,6 +109,8 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
             assert abs(x["critic/vf_loss"] - y["critic/vf_loss"]) <= 1e-4, (x["step"], x, y)
         if case == "mix":
             assert abs(x["mix/expert_nll"] - y["mix/expert_nll"]) <= 1e-4, (x["step"], x, y)
+            assert x["distill/reverse_kl"] != 0.0
+            assert abs(x["distill/reverse_kl"] - y["distill/reverse_kl"]) <= 1e-4, (x["step"], x, y)
 
     # the loop's checkpoint and final HF export came out of the megatron strategy
     final = f"global_step_{STEPS}"
