@@ -1,8 +1,8 @@
 """Reward functions tried before anything starts: each taskset's, built and called once on the
 first row of its file, folder or Hub dataset, by `rlcore config validate` and by every launch. A user function with the
-wrong signature (TRL's batch functions take lists), one that raises on real data or returns no
-finite number is then one line naming the taskset, instead of an error on a rollout worker after
-the run has started."""
+wrong signature, one that raises on real data or returns no finite number is then one line naming
+the taskset, instead of an error on a rollout worker after the run has started. TRL's batch
+functions (they take `completions`) are called with a batch of one."""
 
 from __future__ import annotations
 
@@ -45,5 +45,6 @@ def check_rewards(key: str, ts: TasksetConfig) -> None:
         raise ConfigError(
             f"{key}.reward_fn: {e} (called once on row 1 of {ts.path} with its "
             f"{'response' if task.response else 'answer'} as the completion, before the run starts; "
-            "a reward function is fn(response: str, task: Task) -> float)"
+            "a reward function is fn(response: str, task: Task) -> float, or TRL's batch form "
+            "fn(prompts, completions, **columns) -> list[float])"
         ) from None

@@ -1,10 +1,19 @@
-"""Combine several reward functions into one scalar, keeping each one's score for metrics."""
+"""Combine several reward functions into one scalar, keeping each one's score for metrics.
+
+A reward function is rlcore's per-response `fn(response: str, task: Task) -> float`, or TRL's batch
+form, `fn(prompts, completions, **columns) -> list[float]` (any function with a `completions`
+parameter): it is called once per batch with the prompts, the completions (text) and the task
+columns by name (`answer`, `task_id`, and every other column of the taskset's rows, a list each),
+only those it declares unless it takes **kwargs.
+"""
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ...core.registry import import_path
 from ...core.types import Task
@@ -16,31 +25,82 @@ CORRECTNESS_REWARDS = ("exact_match", "numeric", "math")
 """Registered rewards that say whether the answer is right; evaluation reports them as accuracy."""
 
 
+def is_batch_reward(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` is TRL's batch form (it has a `completions` parameter)."""
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: the per-response form
+        return False
+
+
+def _checked(name: str, value: Any, task: Task) -> float:
+    # a number, not something float() happens to accept ("1.0", a tensor): a bug would pass
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(
+            f"reward_fn '{name}' returned {value!r} ({type(value).__name__}) on task {task.task_id}: "
+            "a reward function must return a finite real number (bool, int, float)"
+        )
+    return float(value)
+
+
 class RewardComposer:
-    """`reward(response, task) -> (weighted sum, {name: unweighted score})`."""
+    """`reward(response, task) -> (weighted sum, {name: unweighted score})`; `score_batch` scores many
+    at once (a batch reward function is called once for them all)."""
 
     def __init__(self, names: list[str], fns: list[RewardFn], weights: list[float]):
         assert len(names) == len(fns) == len(weights)
         self.names = names
         self.fns = fns
         self.weights = weights
+        self.batched = [is_batch_reward(fn) for fn in fns]
 
     def __call__(self, response: str, task: Task) -> tuple[float, dict[str, float]]:
-        scores: dict[str, float] = {}
-        for name, fn in zip(self.names, self.fns, strict=True):
-            try:
-                value = fn(response, task)
-            except Exception as e:
-                raise ValueError(f"reward_fn '{name}' failed on task {task.task_id}: {e}") from e
-            # a number, not something float() happens to accept ("1.0", a tensor): a bug would pass
-            if not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise ValueError(
-                    f"reward_fn '{name}' returned {value!r} ({type(value).__name__}) on task {task.task_id}: "
-                    "a reward function must return a finite real number (bool, int, float)"
-                )
-            scores[name] = float(value)
-        total = sum(w * scores[name] for name, w in zip(self.names, self.weights, strict=True))
-        return total, scores
+        return self.score_batch([response], [task])[0]
+
+    def score_batch(self, responses: Sequence[str], tasks: Sequence[Task]) -> list[tuple[float, dict[str, float]]]:
+        """Each response's (weighted sum, {name: unweighted score}); `tasks[i]` is response i's task."""
+        assert len(responses) == len(tasks), "one task per response"
+        scores: list[dict[str, float]] = [{} for _ in responses]
+        for name, fn, batched in zip(self.names, self.fns, self.batched, strict=True):
+            values = (
+                self._batch(name, fn, responses, tasks) if batched
+                else [self._one(name, fn, r, t) for r, t in zip(responses, tasks, strict=True)]
+            )  # fmt: skip
+            for s, v in zip(scores, values, strict=True):
+                s[name] = v
+        weights = list(zip(self.names, self.weights, strict=True))
+        return [(sum(w * s[name] for name, w in weights), s) for s in scores]
+
+    @staticmethod
+    def _one(name: str, fn: RewardFn, response: str, task: Task) -> float:
+        try:
+            value = fn(response, task)
+        except Exception as e:
+            raise ValueError(f"reward_fn '{name}' failed on task {task.task_id}: {e}") from e
+        return _checked(name, value, task)
+
+    @staticmethod
+    def _batch(name: str, fn: Callable[..., Any], responses: Sequence[str], tasks: Sequence[Task]) -> list[float]:
+        columns: dict[str, list[Any]] = {
+            "prompts": [t.prompt for t in tasks], "completions": list(responses),
+            "answer": [t.answer for t in tasks], "task_id": [t.task_id for t in tasks],
+        }  # fmt: skip
+        for key in dict.fromkeys(k for t in tasks for k in t.metadata):
+            columns.setdefault(key, [t.metadata.get(key) for t in tasks])
+        params = inspect.signature(fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            columns = {k: v for k, v in columns.items() if k in params}
+        try:
+            values = fn(**columns)
+        except Exception as e:
+            raise ValueError(f"reward_fn '{name}' failed on a batch of {len(tasks)} (task {tasks[0].task_id} first): {e}") from e
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(tasks):
+            got = f"{len(values)} values" if isinstance(values, Sequence) else type(values).__name__
+            raise ValueError(
+                f"reward_fn '{name}' (a batch reward: it takes completions) returned {got} for {len(tasks)} "
+                "completions: return one number per completion, in order"
+            )
+        return [_checked(name, v, t) for v, t in zip(values, tasks, strict=True)]
 
     @property
     def correctness_names(self) -> list[str]:

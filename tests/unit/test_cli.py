@@ -76,8 +76,9 @@ def test_validate_prints_ok_with_the_stages(recipe: str, capsys: pytest.CaptureF
 def test_validate_calls_each_reward_function_once_on_a_real_row(
     recipe: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A reward with a bug, or with TRL's batch signature (lists in, a list out), is refused by
-    validate on the taskset's first row, not found by a rollout worker after the run started."""
+    """A reward with a bug, or a TRL batch reward (lists in, a list out) that answers with the wrong
+    count, is refused by validate on the taskset's first row, not found by a rollout worker after
+    the run started; a TRL batch reward that answers one number per completion passes."""
     key = "buffer.explorer_input.taskset.reward_fn"
     assert main(["config", "validate", recipe, f"{key}=[tests.integration.rewards:fails]"]) == 2
     err = capsys.readouterr().err
@@ -85,9 +86,11 @@ def test_validate_calls_each_reward_function_once_on_a_real_row(
         f"rlcore: error: {key}: reward_fn 'tests.integration.rewards:fails' failed on task "
     )
     assert "called once on row 1 of" in err and len(err.strip().splitlines()) == 1
-    assert main(["config", "validate", recipe, f"{key}=[{__name__}:batch_reward]"]) == 2
+    assert main(["config", "validate", recipe, f"{key}=[{__name__}:batch_reward]"]) == 0
+    capsys.readouterr()
+    assert main(["config", "validate", recipe, f"{key}=[{__name__}:batch_reward_of_one_too_many]"]) == 2
     err = capsys.readouterr().err
-    assert f"reward_fn '{__name__}:batch_reward' failed on task " in err and "positional argument" in err
+    assert f"reward_fn '{__name__}:batch_reward_of_one_too_many' (a batch reward: it takes completions) returned 2 values for 1" in err
     assert (
         main(["config", "validate", recipe, f"{key}=[tests.integration.rewards:fails_past_the_first_row]"])
         == 0
@@ -97,6 +100,10 @@ def test_validate_calls_each_reward_function_once_on_a_real_row(
 def batch_reward(completions: list, **kwargs: object) -> list[float]:
     """TRL's signature: a list of completions in, a list of rewards out."""
     return [float(len(c)) for c in completions]
+
+
+def batch_reward_of_one_too_many(completions: list, **kwargs: object) -> list[float]:
+    return [0.0] * (len(completions) + 1)
 
 
 def test_show_prints_the_resolved_config(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:

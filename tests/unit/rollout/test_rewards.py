@@ -248,3 +248,49 @@ def test_math_reward_runs_off_the_main_thread_and_needs_an_answer() -> None:
     with pytest.raises(ValueError, match="math needs task.answer"):
         REWARDS.resolve("math")("<answer>1</answer>", task(None))
     assert build_reward(["math", "format"]).correctness_names == ["math"]
+
+
+def trl_length(completions, **kwargs) -> list[float]:
+    """TRL's batch form, reading a column by name (`answer`) from its kwargs."""
+    return [float(len(c)) + (kwargs["answer"][i] == "42") for i, c in enumerate(completions)]
+
+
+def trl_declared(prompts, completions, answer) -> list[float]:
+    """TRL's batch form that declares its columns (no **kwargs): only those are passed."""
+    CALLS.append(len(completions))
+    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+
+def trl_short(completions, **kwargs) -> list[float]:
+    return [1.0]
+
+
+def trl_none(completions, **kwargs) -> list:
+    return [None for _ in completions]
+
+
+CALLS: list[int] = []
+
+
+def test_trl_batch_rewards_are_called_once_per_batch_with_the_columns_by_name() -> None:
+    CALLS.clear()
+    reward = build_reward(["format", f"{__name__}:trl_length", f"{__name__}:trl_declared"], [1.0, 0.5, 2.0])
+    scored = reward.score_batch(["<answer>42</answer>", "no"], [task("42"), task("7")])
+    assert CALLS == [2]  # one call for both completions
+    assert scored[0][1] == {"format": 1.0, f"{__name__}:trl_length": 20.0, f"{__name__}:trl_declared": 1.0}
+    assert scored[0][0] == 1.0 + 0.5 * 20.0 + 2.0 * 1.0
+    assert scored[1][1] == {"format": 0.0, f"{__name__}:trl_length": 2.0, f"{__name__}:trl_declared": 0.0}
+    assert reward("no", task("42"))[1][f"{__name__}:trl_length"] == 3.0  # one response: a batch of one
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("trl_short", r"returned 1 values for 2 completions: return one number per completion, in order$"),
+        ("trl_none", r"returned None \(NoneType\) on task t7: a reward function must return a finite real number"),
+    ],
+)
+def test_a_batch_reward_with_the_wrong_answer_names_itself(name: str, message: str) -> None:
+    reward = build_reward([f"{__name__}:{name}"])
+    with pytest.raises(ValueError, match=rf"reward_fn '{__name__}:{name}'.*{message}"):
+        reward.score_batch(["a", "b"], [task("1"), task("2")])
