@@ -208,6 +208,14 @@ class EngineLink:
         trainer = [next(ours) if tokens else [] for _, tokens, _ in answers]
         return judge_probe(answers, trainer, step, probe_tolerance(self.cfg, self.run_ctx.device))
 
+    def eval_due(self, explore_step: int, done: bool) -> bool:
+        """Whether the step just taken (the stage's last when `done`) evaluates: the stage has eval
+        tasksets, and it is the last step or explorer.eval_interval says so."""
+        if not self.cfg.buffer.explorer_input.eval_tasksets:
+            return False
+        interval = self.cfg.explorer.eval_interval
+        return done or (interval > 0 and explore_step % interval == 0)
+
     def evaluate(self, step: int) -> dict[str, float]:
         """Evaluate on the engines (the stage's eval tasksets), once they hold the weights of `step`."""
         if self.explorer is None or not self.cfg.buffer.explorer_input.eval_tasksets:

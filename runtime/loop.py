@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core.config import Stage, inherits_previous_model
 from ..core.data.taskset import task_stream
-from ..core.step_metrics import memory_metrics, mixture_metrics
+from ..core.step_metrics import memory_metrics
 from ..core.types import Experience
 from ..weights.schedule import SyncSchedule
 from .buffer_source import BufferSource, StopWhileWaiting
@@ -34,7 +34,7 @@ from .lockstep_source import LockstepSource
 from .paths import SUMMARY, published_dir, stage_dir
 from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
-from .taskset_rows import RowsSource, taskset_formats
+from .taskset_rows import RowsSource, mixture_report, taskset_formats
 from .training import plan_steps
 
 log = logging.getLogger("rlcore.loop")
@@ -86,15 +86,15 @@ class StageLoop:
             cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size
         )
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.formats = taskset_formats(cfg)
-        self.source_of = {t.task_id: t.source for t in self.stream.tasks}  # a mixture's metrics
+        formats = taskset_formats(cfg)
+        self.mixture = mixture_report(self.stream.tasks, formats)
         handle.configure(cfg, plan, model_path, sdir, self.total_train_steps)
-        prompt_format = self.formats[cfg.buffer.explorer_input.taskset.name][2]
+        prompt_format = formats[cfg.buffer.explorer_input.taskset.name][2]
         probe_prompt = prompt_format.encode_prompt(tokenizer, self.stream.tasks[0].prompt)
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)
         self.schedule = SyncSchedule(cfg.synchronizer)
         self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None
-        self.rows = RowsSource(cfg, plan.source == "pairs", handle, self.formats, tokenizer, self.train_batch)
+        self.rows = RowsSource(cfg, plan.source == "pairs", handle, formats, tokenizer, self.train_batch)
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
         self.record = StageRecord(stage, sdir, run, self.total_train_steps, tokenizer)
         self.checkpoints = StageCheckpoints(stage, sdir, handle, is_last)
@@ -124,9 +124,9 @@ class StageLoop:
     def _steps(self, resumed: bool) -> tuple[dict[str, float], bool]:
         cfg, plan = self.cfg, self.plan
         if not resumed and self.link.sync_on_start:
-            self._sync()
+            self.link.sync(self.global_step)
         if plan.source == "evaluation":
-            result = self.evaluate()
+            result = self.link.evaluate(self.global_step)
             self._log(result)
             return result, False
         if plan.publishes:  # the explorers wait for the weights they start from
@@ -134,7 +134,7 @@ class StageLoop:
         if self.source is not None and plan.source == "explorer_thread":
             self.source.start_explorer(self.link.explore_endpoints, self.explore_step)
         if cfg.explorer.eval_on_startup and self.global_step == 0:
-            self._log(self.evaluate())
+            self._log(self.link.evaluate(self.global_step))
         last_eval: dict[str, float] = {}
         while not self._done():
             start = time.perf_counter()
@@ -144,22 +144,22 @@ class StageLoop:
                 return last_eval, self._stop()
             self.explore_step += 1
             if plan.explores and self.schedule.due_after_step(self.global_step, self.link.synced_step):
-                metrics.update(self._sync())
+                metrics.update(self.link.sync(self.global_step))
             if plan.publishes and self.schedule.due_after_step(self.global_step, self.published):
                 metrics.update(self._publish())
             metrics["perf/step_time_s"] = time.perf_counter() - start
             metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens", 0.0) / metrics["perf/step_time_s"]
             metrics.update(memory_metrics(self.run_ctx.device))
             done = self._done()
-            if self._eval_due(done):
-                last_eval = self.evaluate()
+            if self.link.eval_due(self.explore_step, done):
+                last_eval = self.link.evaluate(self.global_step)
                 metrics.update(last_eval)
             self.checkpoints.save(self.global_step, self.explore_step, final=done)
             self._log(metrics)
             if not done and self._heartbeat(wait=True) == "stop":
                 return last_eval, self._stop()
         if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
-            last_eval = self.evaluate()
+            last_eval = self.link.evaluate(self.global_step)
             self._log(last_eval)
         return last_eval, False
 
@@ -181,16 +181,14 @@ class StageLoop:
 
     def _done(self) -> bool:
         exhausted = self.source is not None and self.source.exhausted
-        return (
-            exhausted or self.explore_step >= self.total_explore_steps or self.global_step >= self.total_train_steps
-        )
+        return exhausted or self.explore_step >= self.total_explore_steps or self.global_step >= self.total_train_steps
 
     # ------------------------------------------------------------------ steps
 
     def rl_step(self) -> dict[str, float]:
         """Lock-step: the step's rollout (lockstep_source.py), the next one started ahead, train."""
         assert self.lockstep is not None
-        exps, metrics = self.lockstep.take(self.explore_step, self.global_step, self._mixture)
+        exps, metrics = self.lockstep.take(self.explore_step, self.global_step, self.mixture)
         following, updates = self.explore_step + 1, -(-len(exps) // self.train_batch)
         last = following >= self.total_explore_steps or self.global_step + updates >= self.total_train_steps
         self.lockstep.start_ahead(following, last)
@@ -202,41 +200,24 @@ class StageLoop:
         """A step on the experience buffer's groups (plan.reads_buffer), trained on like explored ones."""
         assert self.source is not None
         exps, metrics = self.source.take(self.explore_step, self.global_step, self.schedule)
-        metrics.update(self._mixture(exps))
+        metrics.update(self.mixture(exps))
         metrics.update(self._train(exps))
         return metrics
 
-    def _mixture(self, exps: list[Experience]) -> dict[str, float]:
-        """A mixture's step: each taskset's rewards and count of its own."""
-        return mixture_metrics(exps, self.source_of, self.formats) if len(self.formats) > 1 else {}
-
     def _train(self, exps: list[Experience]) -> dict[str, float]:
         """The algorithm's step on the scored experiences (none: nothing to train)."""
-        metrics: dict[str, float] = {}
-        if exps:
-            train_metrics, self.global_step = self.handle.train_step(exps)
-            metrics.update(train_metrics)
-            self.record.completions(exps, self.explore_step, self.global_step)
+        if not exps:
+            return {}
+        metrics, self.global_step = self.handle.train_step(exps)
+        self.record.completions(exps, self.explore_step, self.global_step)
         return metrics
 
     # ------------------------------------------------------------------ sync, evaluation, resume
-
-    def _sync(self) -> dict[str, float]:
-        return self.link.sync(self.global_step)
 
     def _publish(self) -> dict[str, float]:
         metrics = self.link.publish(published_dir(self.sdir))
         self.published = self.global_step
         return metrics
-
-    def _eval_due(self, done: bool) -> bool:
-        if not self.cfg.buffer.explorer_input.eval_tasksets:
-            return False
-        interval = self.cfg.explorer.eval_interval
-        return done or (interval > 0 and self.explore_step % interval == 0)
-
-    def evaluate(self) -> dict[str, float]:
-        return self.link.evaluate(self.global_step)
 
     def _resume(self) -> bool:
         restored = self.checkpoints.resume()
@@ -244,7 +225,7 @@ class StageLoop:
             return False
         self.global_step, self.explore_step = restored.global_step, restored.explore_step
         if self.link.explorer is not None:  # with none, nothing holds weights to replace
-            self._sync()
+            self.link.sync(self.global_step)
         return True
 
     def _heartbeat(self, wait: bool) -> str:

@@ -3,14 +3,15 @@ own rows: each row encoded by its taskset's format (a mixture's tasksets keep th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..client.trainer import TrainSequence
 from ..core.config import RLCoreConfig
 from ..core.data.prompts import PromptFormat, model_chat_template
 from ..core.data.taskset import preference_pair, training_tasksets
-from ..core.step_metrics import mean_dicts
-from ..core.types import Task
+from ..core.step_metrics import mean_dicts, mixture_metrics
+from ..core.types import Experience, Task
 from ..rollout.workflows import resolve_workflow
 
 Formats = dict[str, tuple[str, Any, PromptFormat]]
@@ -53,6 +54,14 @@ def row_sequences(tasks: list[Task], formats: Formats, default: str, tokenizer: 
             prompt_ids, response_ids = prompt_format.encode_sft_example(tokenizer, t.prompt, response)
             seqs.append(TrainSequence(prompt_ids, response_ids))
     return seqs
+
+
+def mixture_report(tasks: list[Task], formats: Formats) -> Callable[[list[Experience]], dict[str, float]]:
+    """A step's per-taskset metrics (rewards and counts) when several tasksets train, else none."""
+    source_of = {t.task_id: t.source for t in tasks}
+    if len(formats) < 2:
+        return lambda exps: {}
+    return lambda exps: mixture_metrics(exps, source_of, formats)
 
 
 class RowsSource:
