@@ -31,17 +31,8 @@ from typing import Any
 
 import yaml
 
-from rlcore.benchmarks.common import (
-    comma_names,
-    int_list,
-    machine_info,
-    positive_int,
-    pyplot,
-    run_logged,
-    save_figure,
-    versions,
-    write_outputs,
-)
+from rlcore.benchmarks.cli_args import comma_names, int_list, positive_int
+from rlcore.benchmarks.common import machine_info, pyplot, run_logged, save_figure, versions, write_outputs
 from rlcore.core.config import load_config, read_recipe, resolve_stages
 
 BASELINE = "grpo"

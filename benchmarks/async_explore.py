@@ -26,13 +26,10 @@ import tempfile
 from collections import Counter
 from typing import Any
 
+from rlcore.benchmarks.cli_args import check_separate_cpus, cpu_list, int_list, positive_int
 from rlcore.benchmarks.common import (
     GRPORun,
-    check_separate_cpus,
-    cpu_list,
-    int_list,
     machine_info,
-    positive_int,
     prepare,
     pyplot,
     rlcore_config,

@@ -37,25 +37,27 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rlcore.benchmarks.cli_args import (
+    add_model_args,
+    check_device,
+    int_list,
+    missing_packages,
+    positive_int,
+    resolved_dtype,
+)
 from rlcore.benchmarks.common import (
     MAX_PROMPT_TOKENS,
     MODELS,
     PHASES,
     GRPORun,
-    add_model_args,
     alternating,
-    check_device,
     count_params,
-    int_list,
     launch_rlcore,
     machine_info,
     machine_line,
     measured_steps,
-    missing_packages,
-    positive_int,
     prepare,
     pyplot,
-    resolved_dtype,
     save_figure,
     spread,
     versions,

@@ -32,11 +32,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rlcore.benchmarks.cli_args import missing_packages, positive_int
 from rlcore.benchmarks.common import (
     machine_info,
     machine_line,
-    missing_packages,
-    positive_int,
     pyplot,
     run_sides,
     save_figure,

@@ -24,16 +24,8 @@ import tempfile
 import time
 from typing import Any
 
-from rlcore.benchmarks.common import (
-    check_separate_cpus,
-    machine_info,
-    positive_int,
-    prepare,
-    run_sides,
-    spread,
-    versions,
-    write_outputs,
-)
+from rlcore.benchmarks.cli_args import check_separate_cpus, positive_int
+from rlcore.benchmarks.common import machine_info, prepare, run_sides, spread, versions, write_outputs
 from rlcore.core.types import Experience, SamplingParams, Task
 from rlcore.rollout.workflows.single_turn import SingleTurnWorkflow
 

@@ -31,9 +31,9 @@ import tempfile
 import time
 from typing import Any
 
+from rlcore.benchmarks.cli_args import positive_int
 from rlcore.benchmarks.common import (
     machine_info,
-    positive_int,
     pyplot,
     run_sides,
     save_figure,

@@ -25,12 +25,10 @@ import sys
 import tempfile
 from typing import Any
 
+from rlcore.benchmarks.cli_args import check_separate_cpus, cpu_list, positive_int
 from rlcore.benchmarks.common import (
     GRPORun,
-    check_separate_cpus,
-    cpu_list,
     machine_info,
-    positive_int,
     prepare,
     pyplot,
     rlcore_config,

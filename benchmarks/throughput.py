@@ -41,13 +41,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rlcore.benchmarks.cli_args import (
+    add_model_args,
+    check_device,
+    comma_names,
+    missing_packages,
+    positive_int,
+    resolved_dtype,
+)
 from rlcore.benchmarks.common import (
     MAX_PROMPT_TOKENS,
     MODELS,
     GRPORun,
-    add_model_args,
-    check_device,
-    comma_names,
     count_params,
     count_tokens,
     launch_rlcore,
@@ -55,12 +60,9 @@ from rlcore.benchmarks.common import (
     machine_line,
     measured_steps,
     mfu,
-    missing_packages,
     model_len,
-    positive_int,
     prepare,
     pyplot,
-    resolved_dtype,
     run_sides,
     run_worker,
     save_figure,

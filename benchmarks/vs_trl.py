@@ -43,27 +43,29 @@ import tempfile
 import time
 from typing import Any
 
+from rlcore.benchmarks.cli_args import (
+    add_model_args,
+    check_device,
+    comma_names,
+    missing_packages,
+    positive_int,
+    resolved_dtype,
+)
 from rlcore.benchmarks.common import (
     LR,
     MODELS,
     PHASES,
     GRPORun,
-    add_model_args,
     alternating,
-    check_device,
-    comma_names,
     count_params,
     launch_rlcore,
     machine_info,
     machine_line,
     measured_steps,
     mfu,
-    missing_packages,
     model_len,
-    positive_int,
     prepare,
     pyplot,
-    resolved_dtype,
     run_worker,
     save_figure,
     spread,

@@ -9,20 +9,13 @@ from dataclasses import asdict
 
 import torch
 
+from ..core.config.dtypes import engine_dtype
 from ..core.config.schema import RLCoreConfig
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from .engines import in_process
 from .workflows import build_workflow
 from .workflows.base import Workflow, sampled_at
-
-
-def engine_dtype(cfg: RLCoreConfig, device: str) -> str:
-    """explorer.rollout_model.dtype, else model.dtype, with auto resolved for the device (bfloat16 on
-    CUDA, float32 elsewhere)."""
-    dtype = cfg.explorer.rollout_model.dtype
-    dtype = dtype if dtype != "auto" else cfg.model.dtype
-    return dtype if dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
 
 
 class LocalRollout:

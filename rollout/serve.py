@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from ..core.config.dtypes import compute_dtype
 from ..core.rpc.cli import tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions
@@ -142,7 +143,7 @@ def _engine(args: argparse.Namespace) -> Any:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    dtype = compute_dtype(args.dtype, device)
     try:
         return build_engine(
             args.engine, args.model, device=device, dtype=dtype, max_model_len=max_model_len,

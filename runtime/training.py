@@ -134,12 +134,14 @@ class StageTraining:
         ]
         self.state = TrainerState()
 
-    def _build_model(self, path: str, optim: Any, value_head: bool = False, **kw: Any) -> Any:
+    def _build_model(
+        self, path: str, optim: Any, value_head: bool = False, with_reference: bool = False, lora: Any = None
+    ) -> Any:
         """A model of the stage's strategy (trainer.strategy) from `path` with its own optimizer."""
         cfg = self.cfg
         return STRATEGIES.resolve(cfg.trainer.strategy)(
             path, cfg.trainer, optim, device=self.device, dtype=cfg.model.dtype, total_steps=self.total_steps,
-            with_reference=kw.pop("with_reference", False), seed=cfg.seed, value_head=value_head, **kw,
+            with_reference=with_reference, seed=cfg.seed, value_head=value_head, lora=lora,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the algorithm step
@@ -148,7 +150,7 @@ class StageTraining:
         """One RL step on scored experiences: old and reference log-probs, the rewards the algorithm
         sees, its advantages, then one optimizer step per mini-batch."""
         algo = self.algo
-        temperature, each = self.sampled_at(exps)
+        temperature, each = self.step_temperature(exps)
         seqs = [
             Sequence(
                 e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i, loss_mask=e.loss_mask or None,
@@ -227,7 +229,7 @@ class StageTraining:
             metrics.update(mismatch.metrics(self.strategy.dp_group, rc.kind))
         return metrics
 
-    def sampled_at(self, exps: list[Experience]) -> tuple[float, list[float] | None]:
+    def step_temperature(self, exps: list[Experience]) -> tuple[float, list[float] | None]:
         """The temperature the step's experiences were sampled at, and each one's when they differ (a
         mixture of tasksets that sample differently: every row is scored at its own). One that
         recorded none (an agent's episode) counts as the training taskset's."""

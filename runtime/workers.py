@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.config import ConfigError, Stage
+from ..core.config.dtypes import engine_dtype
 from ..core.config.plan import gpu_sharing
 from .child import process_env, wrap
 from .placement import GpuPlacement, place_gpus, visible_gpus
@@ -101,7 +102,7 @@ class RolloutWorkers:
         for i in range(count):
             cmd = [
                 *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", model_path,
-                "--engine", rm.engine_type, "--device", device, "--dtype", rm.dtype if rm.dtype != "auto" else cfg.model.dtype,
+                "--engine", rm.engine_type, "--device", device, "--dtype", engine_dtype(cfg, device),
                 "--max-model-len", str(cfg.model.max_model_len), "--max-batch-size", str(rm.max_batch_size),
                 "--tensor-parallel-size", str(rm.tensor_parallel_size),
                 "--gpu-memory-utilization", str(rm.gpu_memory_utilization),

@@ -19,6 +19,7 @@ import logging
 import torch
 
 from ..core.config import RLCoreConfig
+from ..core.config.dtypes import engine_dtype, trainer_dtype
 from ..core.config.schema import SynchronizerConfig
 from ..core.types import Experience
 from .wire import WeightSyncError
@@ -56,9 +57,7 @@ def judge_probe(
 def probe_tolerance(cfg: RLCoreConfig, device: str) -> float:
     """synchronizer.probe_tolerance, or the default for the coarser of the trainer's and the engines'
     dtypes (PROBE_TOLERANCE)."""
-    dtypes = [cfg.model.dtype, cfg.explorer.rollout_model.dtype]
-    dtypes = [d if d != "auto" else cfg.model.dtype for d in dtypes]
-    dtypes = [d if d != "auto" else ("bfloat16" if device == "cuda" else "float32") for d in dtypes]
+    dtypes = (trainer_dtype(cfg, device), engine_dtype(cfg, device))
     return cfg.synchronizer.probe_tolerance or max(PROBE_TOLERANCE[d] for d in dtypes)
 
 

@@ -8,14 +8,13 @@ from typing import Any
 import torch
 
 from ...core.algorithms.logprob import at_temperature, entropy_from_logits, token_logprobs
+from ...core.config.dtypes import compute_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
-    return DTYPES[dtype]
+    return DTYPES[compute_dtype(dtype, device)]
 
 
 def load_causal_lm(model_path: str, gradient_checkpointing: bool = False) -> torch.nn.Module:

@@ -18,6 +18,7 @@ Pure Python: a pass's module imports torch, this one does not.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -123,15 +124,11 @@ class WithPasses:
         self.policy, self.passes = policy, [p for p in passes if p.folder is not None]
 
     def save_checkpoint(self, path: str) -> None:
-        import os
-
         self.policy.save_checkpoint(path)
         for p in self.passes:
             p.save(os.path.join(path, str(p.folder)))
 
     def load_checkpoint(self, path: str) -> None:
-        import os
-
         self.policy.load_checkpoint(path)
         for p in self.passes:
             folder = os.path.join(path, str(p.folder))

@@ -223,9 +223,10 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     check_hosts(cfg)
     check_engines(cfg)
     _check_control(cfg, check_paths)
-    _check_algorithm(cfg)
-    _check_distillation(cfg, check_paths)
-    check_shape(filled(cfg), data)  # as the plan fills it (a preset's dynamic_sampling, ...)
+    full = filled(cfg)  # as the plan fills it (a preset's dynamic_sampling, do_old_log_prob_compute, ...)
+    _check_algorithm(full)
+    _check_distillation(full, check_paths)
+    check_shape(full, data)
 
 
 def check_algorithm_plugs(cfg: RLCoreConfig) -> None:
@@ -239,7 +240,7 @@ def check_algorithm_plugs(cfg: RLCoreConfig) -> None:
 
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:
-    """Refuse algorithm settings that cannot train (as the algorithm's preset fills them)."""
+    """Refuse algorithm settings that cannot train (`cfg` as the plan fills it: plan.filled)."""
     from ..algorithms import (
         GROUP_BASELINES,
         reads_reference,
@@ -276,7 +277,7 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             "set algorithm.kl_loss_coef > 0 (with a kl_loss_fn) or use_kl_in_reward true, or sync_ref_model false"
         )
     rc = a.rollout_correction
-    if rc.kind != "none" and not filled(cfg).algorithm.do_old_log_prob_compute:
+    if rc.kind != "none" and not a.do_old_log_prob_compute:
         raise ConfigError(
             f"algorithm.rollout_correction.kind {rc.kind} weighs tokens by pi_old / pi_engine, and without recomputed "
             "old log-probs (do_old_log_prob_compute false, a decoupled run's default) pi_old is the engine's: set "
@@ -299,7 +300,7 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
 
 def _check_distillation(cfg: RLCoreConfig, check_paths: bool) -> None:
     """On-policy distillation needs a teacher and the student's recomputed log-probs; a teacher
-    without distillation is a mistake."""
+    without distillation is a mistake (`cfg` as the plan fills it)."""
     from ..algorithms import distills, with_preset
 
     a = with_preset(cfg.algorithm)
@@ -323,7 +324,7 @@ def _check_distillation(cfg: RLCoreConfig, check_paths: bool) -> None:
         )
     if check_paths and not os.path.isfile(os.path.join(teacher, "config.json")):
         raise ConfigError(f"model.teacher_model_path: '{teacher}' is not an HF model folder (no config.json)")
-    if not filled(cfg).algorithm.do_old_log_prob_compute:
+    if not a.do_old_log_prob_compute:
         raise ConfigError(
             "on-policy distillation compares the student's log-probs with the teacher's, and without recomputed "
             "old log-probs (do_old_log_prob_compute false) it has only the engine's: set "
