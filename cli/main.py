@@ -346,11 +346,13 @@ def _key_yaml(config: DictConfig, key: str) -> str:
 def _validate(args: argparse.Namespace) -> int:
     _, stages = _load(args)
     from ..core.data.taskset import tasksets_of
+    from ..rollout.auxiliary import auxiliary_models
     from ..rollout.rewards.check import check_rewards  # the launch's preflight tries them too
 
     for stage in stages:
+        configured = [a["name"] for a in auxiliary_models(stage.config)]
         for key, ts in tasksets_of(stage.config):
-            check_rewards(key if len(stages) == 1 else f"stages[{stage.index}].{key}", ts)
+            check_rewards(key if len(stages) == 1 else f"stages[{stage.index}].{key}", ts, configured)
         trainer = stage.config.trainer
         if stage.plan.trainer == "local":  # what launch refuses, said here
             try:

@@ -91,6 +91,8 @@ class WorkflowSpec:
     auxiliary_models: list[dict[str, Any]] = field(default_factory=list)
     """OpenAI-compatible services the workflow may call, each an AuxiliaryModelConfig as a dict
     (URLs and keys named by environment variable are read on the worker)."""
+    judge: dict[str, Any] | None = None
+    """The `judge` reward's settings (a taskset's JudgeConfig as a dict), when reward_fn lists it."""
 
 
 @dataclass

@@ -40,6 +40,11 @@ def check_auxiliary(specs: list[dict[str, Any]]) -> None:
             raise ValueError(f"{where}: give base_url or base_url_env (the service's .../v1 address)")
 
 
+class AuxiliaryError(RuntimeError):
+    """The service failed (unreachable, an HTTP error, a timeout): one line naming it. A runtime
+    error, so a rollout batch that met it is retried (explorer.max_retry_times)."""
+
+
 class AuxiliaryModel:
     """One service: `chat(messages)` -> the reply text; `chat_many` runs several requests at once."""
 
@@ -87,7 +92,7 @@ class AuxiliaryModel:
         temperature: float = 0.0,
         seed: int | None = None,
     ) -> str:
-        """The assistant's reply text (RuntimeError naming the model on any failure of the service)."""
+        """The assistant's reply text (AuxiliaryError naming the model on any failure of the service)."""
         try:
             answer = self.client.chat.completions.create(
                 model=self.model_name,
@@ -99,7 +104,7 @@ class AuxiliaryModel:
         except ValueError:
             raise
         except Exception as e:  # openai.APIError and connection failures: one line naming the service
-            raise RuntimeError(
+            raise AuxiliaryError(
                 f"auxiliary model '{self.name}' ({self.model_name}) failed: {type(e).__name__}: {e}"
             ) from None
         return answer.choices[0].message.content or ""
@@ -110,6 +115,21 @@ class AuxiliaryModel:
             return []
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(conversations))) as pool:
             return list(pool.map(lambda m: self.chat(m, **kwargs), conversations))
+
+
+def auxiliary_models(cfg: Any) -> list[dict[str, Any]]:
+    """explorer.auxiliary_models, and model.external_model as 'external' when enabled."""
+    out: list[dict[str, Any]] = [
+        {"name": a.name, "model_name": a.model_name, "base_url": a.base_url, "base_url_env": a.base_url_env,
+         "api_key_env": a.api_key_env, "timeout_s": a.timeout_s, "max_retries": a.max_retries,
+         "max_concurrency": a.max_concurrency}
+        for a in cfg.explorer.auxiliary_models
+    ]  # fmt: skip
+    ext = cfg.model.external_model
+    if ext.enable:
+        out.append({"name": "external", "model_name": ext.model_name, "base_url": ext.base_url,
+                    "base_url_env": ext.base_url_env, "api_key_env": ext.api_key_env})  # fmt: skip
+    return out
 
 
 def build_auxiliary(specs: list[dict[str, Any]]) -> dict[str, AuxiliaryModel]:

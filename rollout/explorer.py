@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..client.base import RpcError
 from ..core.config.plan import StagePlan
@@ -19,9 +19,11 @@ from ..core.data.taskset import load_tasks, training_tasksets
 from ..core.step_metrics import sampled_eval_metrics
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline
+from .auxiliary import auxiliary_models
 from .engines import in_process
 from .rewards.answer import extract_answer
-from .rewards.compose import build_reward
+from .rewards.compose import correctness_names
+from .rewards.judge import JUDGE, judge_settings
 
 log = logging.getLogger("rlcore.explorer")
 
@@ -84,22 +86,8 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
         name=ts.default_workflow_type,
         args=dict(ts.workflow_args),
         auxiliary_models=auxiliary_models(cfg),
+        judge=judge_settings(ts.judge) if JUDGE in ts.reward_fn else None,
     )
-
-
-def auxiliary_models(cfg: RLCoreConfig) -> list[dict[str, Any]]:
-    """explorer.auxiliary_models, and model.external_model as 'external' when enabled."""
-    out: list[dict[str, Any]] = [
-        {"name": a.name, "model_name": a.model_name, "base_url": a.base_url, "base_url_env": a.base_url_env,
-         "api_key_env": a.api_key_env, "timeout_s": a.timeout_s, "max_retries": a.max_retries,
-         "max_concurrency": a.max_concurrency}
-        for a in cfg.explorer.auxiliary_models
-    ]  # fmt: skip
-    ext = cfg.model.external_model
-    if ext.enable:
-        out.append({"name": "external", "model_name": ext.model_name, "base_url": ext.base_url,
-                    "base_url_env": ext.base_url_env, "api_key_env": ext.api_key_env})  # fmt: skip
-    return out
 
 
 def engine_in_every_rank(cfg: RLCoreConfig, plan: StagePlan, world: int) -> bool:
@@ -128,7 +116,7 @@ class Explorer:
         self.eval_sets = []
         for i, ts in enumerate(cfg.buffer.explorer_input.eval_tasksets):
             spec = workflow_spec(cfg, ts)
-            correctness = build_reward(spec.reward_fn, spec.reward_weights or None).correctness_names
+            correctness = correctness_names(spec.reward_fn)
             self.eval_sets.append(
                 (ts, load_tasks(ts, f"buffer.explorer_input.eval_tasksets[{i}]"), spec, correctness)
             )
@@ -183,8 +171,9 @@ class Explorer:
         return [e for group in per_task for e in group]
 
     def evaluate(self, seed: int) -> dict[str, float]:
-        """Mean reward, accuracy (mean of correctness rewards) and response length per eval taskset;
-        with repeat_times n > 1 also avg@n, pass@k and maj@n (core/step_metrics.py)."""
+        """Mean reward, each reward function's mean (with several), accuracy (mean of correctness
+        rewards) and response length per eval taskset; with repeat_times n > 1 also avg@n, pass@k
+        and maj@n (core/step_metrics.py)."""
         metrics: dict[str, float] = {}
         for ts, tasks, spec, names in self.eval_sets:
             start = time.perf_counter()
@@ -193,6 +182,11 @@ class Explorer:
             exps = self._run(self.eval_rollout, tasks, sampling, spec)
             prefix = f"eval/{ts.name}/"
             metrics[prefix + "reward_mean"] = sum(e.reward for e in exps) / len(exps)
+            if len(spec.reward_fn) > 1:  # what each contributed (a judge's score beside the answer's)
+                for fn in spec.reward_fn:
+                    scores = [e.reward_components[fn] for e in exps if fn in e.reward_components]
+                    if scores:  # a workflow may score with its own components instead
+                        metrics[f"{prefix}{fn}_mean"] = sum(scores) / len(scores)
             if names:
                 correct = [sum(e.reward_components[n] for n in names) / len(names) for e in exps]
                 metrics[prefix + "accuracy"] = sum(correct) / len(correct)

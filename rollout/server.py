@@ -40,6 +40,7 @@ from .engines.base import RolloutEngine
 from .episodes import EpisodeRecorder
 from .gate import GenerationGate
 from .rewards.compose import resolve_reward
+from .rewards.judge import JUDGE, check_judge
 from .workflows import WORKFLOWS, build_workflow, resolve_workflow
 from .workflows.base import Workflow, sampled_at
 
@@ -208,7 +209,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         chat_template = spec.chat_template if spec.HasField("chat_template") else None
         system_prompt = spec.system_prompt if spec.HasField("system_prompt") else None
         key = (spec.name, tuple(names), tuple(weights), spec.max_prompt_tokens, spec.apply_chat_template,
-               chat_template, system_prompt, spec.args_json, spec.auxiliary_json)  # fmt: skip
+               chat_template, system_prompt, spec.args_json, spec.auxiliary_json, spec.judge_json)  # fmt: skip
         with self._workflows_lock:
             cached = self._workflows.get(key)
         if cached is not None:
@@ -223,8 +224,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         args = _workflow_args(spec.args_json)
         auxiliary = _auxiliary(spec.auxiliary_json)
         require(bool(names), "workflow.reward_fn", "must list at least one reward function")
+        judge = _judge(spec.judge_json, names, auxiliary)
         for i, name in enumerate(names):
             require(names.index(name) == i, f"workflow.reward_fn[{i}]", f"'{name}' is listed twice")
+            if name == JUDGE:
+                continue  # built from judge_json, checked above
             try:
                 # Import paths run user code on this worker: the token is the trust boundary.
                 resolve_reward(name)
@@ -244,7 +248,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             workflow = build_workflow(
                 WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
-                             system_prompt, spec.name, args, auxiliary),
+                             system_prompt, spec.name, args, auxiliary, judge),
                 cast(RolloutEngine, self.batching), self.tokenizer,
             )  # fmt: skip
         except ValueError as e:  # the workflow refuses its settings
@@ -363,6 +367,26 @@ def _workflow_args(text: str) -> dict[str, Any]:
         raise InvalidArgument("workflow.args_json", f"is not valid JSON ({e})") from None
     require(isinstance(args, dict), "workflow.args_json", f"must be a JSON object; got {type(args).__name__}")
     return cast(dict[str, Any], args)
+
+
+def _judge(text: str, names: list[str], auxiliary: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """RunTasks' workflow.judge_json as checked settings: given exactly when reward_fn lists 'judge'."""
+    if JUDGE not in names:
+        require(not text, "workflow.judge_json", "is set but reward_fn does not list 'judge'")
+        return None
+    require(bool(text), "workflow.judge_json", "reward_fn lists 'judge': give its settings (model, template, parse)")
+    try:
+        settings = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgument("workflow.judge_json", f"is not valid JSON ({e})") from None
+    require(
+        isinstance(settings, dict), "workflow.judge_json", f"must be a JSON object; got {type(settings).__name__}"
+    )
+    try:
+        check_judge(settings, [a["name"] for a in auxiliary])
+    except ValueError as e:
+        raise InvalidArgument("workflow.judge_json", str(e)) from None
+    return cast(dict[str, Any], settings)
 
 
 def _auxiliary(text: str) -> list[dict[str, Any]]:

@@ -66,7 +66,7 @@ def preflight(stages: list[Stage]) -> None:
     """Resolve everything a rank would otherwise discover minutes later: reward functions (user
     import paths included), monitor packages and the model folder."""
     from ..core.monitor import check_monitor_dependencies
-    from ..rollout.explorer import auxiliary_models
+    from ..rollout.auxiliary import auxiliary_models
     from ..rollout.rewards.check import check_rewards
     from ..rollout.workflows import resolve_workflow
 
@@ -74,8 +74,9 @@ def preflight(stages: list[Stage]) -> None:
         cfg = s.config
         check_monitor_dependencies(list(cfg.monitor.monitor_type))
         check_auxiliary_models(cfg)  # before the workflows that name them
+        configured = [a["name"] for a in auxiliary_models(cfg)]
         for key, ts in tasksets_of(cfg):
-            check_rewards(key, ts)  # built, and called once on the taskset's first row
+            check_rewards(key, ts, configured)  # built, and called once on the taskset's first row
             try:  # a user's workflow by import path: found here, not minutes later on a worker
                 workflow = resolve_workflow(ts.default_workflow_type)
             except ValueError as e:
@@ -84,7 +85,6 @@ def preflight(stages: list[Stage]) -> None:
                 workflow.check_args(dict(ts.workflow_args))
             except ValueError as e:
                 raise ConfigError(f"{key}.{e}") from None
-            configured = [a["name"] for a in auxiliary_models(cfg)]
             for name in workflow.auxiliary_needed(dict(ts.workflow_args)):
                 if name not in configured:
                     raise ConfigError(
@@ -110,8 +110,7 @@ def preflight(stages: list[Stage]) -> None:
 def check_auxiliary_models(cfg: Any) -> None:
     """explorer.auxiliary_models and model.external_model name a service each (one line naming
     the key otherwise); whether the service answers is seen when a workflow first calls it."""
-    from ..rollout.auxiliary import check_auxiliary
-    from ..rollout.explorer import auxiliary_models
+    from ..rollout.auxiliary import auxiliary_models, check_auxiliary
 
     ext = cfg.model.external_model
     if ext.enable and not ext.model_name:

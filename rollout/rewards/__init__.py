@@ -9,5 +9,6 @@ REWARDS = Registry(
         "numeric": "rlcore.rollout.rewards.answer:numeric_match",
         "format": "rlcore.rollout.rewards.answer:format_reward",
         "math": "rlcore.rollout.rewards.latex_math:math_verify",
+        "judge": "rlcore.rollout.rewards.judge:Judge",  # built from the taskset's judge block
     },
 )

@@ -2,9 +2,13 @@
 first row of its file, folder or Hub dataset, by `rlcore config validate` and by every launch. A user function with the
 wrong signature, one that raises on real data or returns no finite number is then one line naming
 the taskset, instead of an error on a rollout worker after the run has started. TRL's batch
-functions (they take `completions`) are called with a batch of one."""
+functions (they take `completions`) are called with a batch of one. The `judge` reward's settings
+are checked against the configured auxiliary models; the service itself is first asked at the
+first rollout."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ...core.config import ConfigError
 from ...core.config.schema import TasksetConfig
@@ -12,14 +16,30 @@ from ...core.data.dataset_files import readable_now
 from ...core.data.taskset_check import TasksetError, first_row, value_of
 from ...core.types import Task
 from .compose import build_reward
+from .judge import JUDGE, check_judge, judge_settings
 
 
-def check_rewards(key: str, ts: TasksetConfig) -> None:
+def check_rewards(key: str, ts: TasksetConfig, auxiliary: Sequence[str]) -> None:
     """Build `ts`'s reward functions (registered names, import paths) and, where its rows can be
     read (a file, a folder, a Hub id), call them once on its first row with the row's answer (or reference response) as the
-    completion; ConfigError names `key`."""
+    completion; `auxiliary`: the configured services' names, for the judge. ConfigError names `key`."""
+    names = list(ts.reward_fn)
+    if JUDGE in names:
+        try:
+            check_judge(judge_settings(ts.judge), auxiliary)
+        except ValueError as e:
+            raise ConfigError(f"{key}.{e}") from None
+    elif ts.judge.model is not None:
+        raise ConfigError(f"{key}.judge: model is set but reward_fn does not list 'judge'; add it there")
+    weights = list(ts.reward_weights)
+    if weights and len(weights) == len(names) and JUDGE in names:  # the judge is not called before the run
+        del weights[names.index(JUDGE)]
+    if JUDGE in names:
+        names.remove(JUDGE)
+        if not names:
+            return
     try:
-        composer = build_reward(list(ts.reward_fn), list(ts.reward_weights) or None)
+        composer = build_reward(names, weights or None)
     except ValueError as e:
         raise ConfigError(f"{key}.reward_fn: {e}") from None
     if not readable_now(ts):

@@ -17,7 +17,9 @@ from typing import Any
 
 from ...core.registry import import_path
 from ...core.types import Task
+from ..auxiliary import AuxiliaryError
 from . import REWARDS
+from .judge import JUDGE
 
 RewardFn = Callable[[str, Task], float]
 
@@ -47,7 +49,7 @@ class RewardComposer:
     """`reward(response, task) -> (weighted sum, {name: unweighted score})`; `score_batch` scores many
     at once (a batch reward function is called once for them all)."""
 
-    def __init__(self, names: list[str], fns: list[RewardFn], weights: list[float]):
+    def __init__(self, names: list[str], fns: list[Callable[..., Any]], weights: list[float]):
         assert len(names) == len(fns) == len(weights)
         self.names = names
         self.fns = fns
@@ -75,6 +77,8 @@ class RewardComposer:
     def _one(name: str, fn: RewardFn, response: str, task: Task) -> float:
         try:
             value = fn(response, task)
+        except AuxiliaryError:
+            raise  # a service failing names itself, and the batch is retried
         except Exception as e:
             raise ValueError(f"reward_fn '{name}' failed on task {task.task_id}: {e}") from e
         return _checked(name, value, task)
@@ -92,6 +96,8 @@ class RewardComposer:
             columns = {k: v for k, v in columns.items() if k in params}
         try:
             values = fn(**columns)
+        except AuxiliaryError:
+            raise
         except Exception as e:
             raise ValueError(f"reward_fn '{name}' failed on a batch of {len(tasks)} (task {tasks[0].task_id} first): {e}") from e
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(tasks):
@@ -104,11 +110,21 @@ class RewardComposer:
 
     @property
     def correctness_names(self) -> list[str]:
-        return [name for name in self.names if name in CORRECTNESS_REWARDS]
+        return correctness_names(self.names)
+
+
+def correctness_names(names: Sequence[str]) -> list[str]:
+    """The rewards among `names` that say whether the answer is right (reported as accuracy)."""
+    return [name for name in names if name in CORRECTNESS_REWARDS]
 
 
 def resolve_reward(name: str) -> RewardFn:
-    """A registered reward name, or an import path 'pkg.mod:fn' to a user function."""
+    """A registered reward name, or an import path 'pkg.mod:fn' to a user function. The judge is
+    built by build_reward, from its taskset's settings."""
+    if name == JUDGE:
+        raise ValueError(
+            "reward_fn 'judge' asks an auxiliary model: set the taskset's judge block (model, template, parse)"
+        )
     fn = REWARDS.resolve(name) if name in REWARDS or ":" not in name else import_path(name, what="reward_fn")
     if not callable(fn):
         raise ValueError(
@@ -118,8 +134,11 @@ def resolve_reward(name: str) -> RewardFn:
     return fn
 
 
-def build_reward(names: list[str], weights: list[float] | None = None) -> RewardComposer:
-    """Resolve `names` (see `resolve_reward`); `weights` None or empty means 1.0 each."""
+def build_reward(
+    names: list[str], weights: list[float] | None = None, judge: Callable[..., list[float]] | None = None
+) -> RewardComposer:
+    """Resolve `names` (see `resolve_reward`); `weights` None or empty means 1.0 each; `judge` is
+    the taskset's Judge, for 'judge' in `names`."""
     if not names:
         raise ValueError(f"reward_fn: give at least one reward function ({', '.join(REWARDS)})")
     if len(set(names)) != len(names):
@@ -131,4 +150,7 @@ def build_reward(names: list[str], weights: list[float] | None = None) -> Reward
             f"reward_weights has {len(weights)} entries but reward_fn has {len(names)}; "
             "give one weight per reward function or none"
         )
-    return RewardComposer(list(names), [resolve_reward(n) for n in names], [float(w) for w in weights])
+    if JUDGE in names and judge is None:
+        resolve_reward(JUDGE)  # says what it needs
+    fns = [judge if n == JUDGE and judge is not None else resolve_reward(n) for n in names]
+    return RewardComposer(list(names), fns, [float(w) for w in weights])

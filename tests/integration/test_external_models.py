@@ -6,6 +6,7 @@ real launch then trains a teacher whose student is another worker's door."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,13 +15,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from rlcore.core.config.schema import JudgeConfig
 from rlcore.core.types import SamplingParams, Task
-from rlcore.rollout.auxiliary import AuxiliaryModel, build_auxiliary
+from rlcore.rollout.auxiliary import AuxiliaryError, AuxiliaryModel, build_auxiliary
 from rlcore.rollout.engines.hf import HFEngine
 from rlcore.rollout.rewards.compose import build_reward
+from rlcore.rollout.rewards.judge import Judge, judge_settings
 from rlcore.rollout.workflows.adaptive_teaching import AdaptiveTeachingWorkflow
 
-from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config, wait_for_port_file
+from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo_config, wait_for_port_file
 from .vllm_support import require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -125,6 +128,42 @@ def test_a_workflow_calls_the_external_model(student_url: str, bpe_model_path: s
     assert workflow.timing["student_s"] > 0
 
 
+def test_the_judge_reward_asks_the_service_about_each_response_and_parses_its_reply(
+    door_student: str, monkeypatch
+) -> None:
+    """The `judge` reward against a real OpenAI-compatible door: each response's rendered template is
+    one request of the batch's round; its reward is what the parse rule reads in that reply (asked
+    again here, greedy), the unparsed reward where it reads nothing; a judge that is down is the
+    service's one line, which the explorer retries as a runtime failure."""
+    monkeypatch.setenv("STUDENT_URL", door_student)
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    spec = {"name": "grader", "model_name": "student", "base_url_env": "STUDENT_URL", "api_key_env": TOKEN_ENV}
+    settings = {**judge_settings(JudgeConfig(model="grader")), "template": "Grade: {prompt} -> {response} ({answer})",
+                "score_pattern": r"(\d)", "score_range": [0.0, 9.0], "unparsed_reward": -1.0, "max_tokens": 12}  # fmt: skip
+    auxiliary = build_auxiliary([spec])
+    judge = Judge(settings, auxiliary)
+    tasks = [Task(f"t{i}", f"What is {i}+{i}?", answer=str(2 * i)) for i in range(6)]
+    responses = [f"<answer>{2 * i + i % 2}</answer>" for i in range(6)]
+    composer = build_reward(["exact_match", "judge"], [1.0, 0.5], judge)
+    scored = composer.score_batch(responses, tasks)
+
+    grader = auxiliary["grader"]
+    for (total, parts), task, response in zip(scored, tasks, responses, strict=True):
+        reply = grader.chat([{"role": "user", "content": f"Grade: {task.prompt} -> {response} ({task.answer})"}], max_tokens=12)
+        digits = re.findall(r"\d", reply)
+        assert parts["judge"] == (int(digits[-1]) / 9.0 if digits else -1.0), reply
+        assert parts["exact_match"] == float(response == f"<answer>{task.answer}</answer>")
+        assert total == pytest.approx(parts["exact_match"] + 0.5 * parts["judge"])
+
+    strict = Judge({**settings, "unparsed_reward": None, "score_pattern": "NO SUCH SCORE: (\\d)"}, auxiliary)
+    with pytest.raises(ValueError, match=r"the judge's reply on task t0 has no match of score_pattern .*set taskset\.judge\.unparsed_reward"):
+        build_reward(["judge"], None, strict).score_batch(responses[:1], tasks[:1])
+    down = build_auxiliary([{**spec, "base_url_env": None, "base_url": f"http://127.0.0.1:{_free_port()}/v1",
+                             "max_retries": 0, "timeout_s": 5}])  # fmt: skip
+    with pytest.raises(AuxiliaryError, match=r"^auxiliary model 'grader' \(student\) failed: APIConnectionError"):
+        build_reward(["judge"], None, Judge(settings, down)).score_batch(responses[:2], tasks[:2])
+
+
 def test_an_unreachable_service_is_one_line_naming_it() -> None:
     dead = AuxiliaryModel({"name": "judge", "model_name": "m", "base_url": f"http://127.0.0.1:{_free_port()}/v1",
                            "max_retries": 0, "timeout_s": 5})  # fmt: skip
@@ -133,12 +172,18 @@ def test_an_unreachable_service_is_one_line_naming_it() -> None:
 
 
 def test_a_launch_trains_a_teacher_whose_student_is_another_workers_door(door_student: str, tmp_path, monkeypatch) -> None:
+    """adaptive_teaching trains against another worker's door; its evaluation is judged by that
+    door too (the `judge` reward configured in the taskset, sent to the launch's rollout worker)."""
     root = str(tmp_path)
+    judged = {**heldout_taskset(root, 4), "reward_fn": ["exact_match", "judge"], "reward_weights": [1.0, 0.5],
+              "judge": {"model": "student", "template": "Grade {response} against {answer}", "score_pattern": r"(\d)",
+                        "score_range": [0, 9], "unparsed_reward": 0.5, "max_tokens": 8}}  # fmt: skip
     cfg = tiny_grpo_config(
         root,
         **{"buffer.total_steps": 2, "buffer.explorer_input.taskset.default_workflow_type": "adaptive_teaching",
            "buffer.explorer_input.taskset.workflow_args": {"student": "student", "student_max_tokens": 8,
                                                           "max_probe_tokens": 8},
+           "buffer.explorer_input.eval_tasksets": [judged], "explorer.eval_interval": 2,
            "explorer.auxiliary_models": [{"name": "student", "model_name": "student", "base_url_env": "STUDENT_URL",
                                           "api_key_env": TOKEN_ENV}]},
     )  # fmt: skip
@@ -150,6 +195,13 @@ def test_a_launch_trains_a_teacher_whose_student_is_another_workers_door(door_st
     for m in steps:
         assert m["rollout/gain_mean"] == pytest.approx(m["rollout/student_with_teaching_mean"] - m["rollout/student_baseline_mean"])
         assert 0 <= m["rollout/improved_mean"] + m["rollout/degraded_mean"] <= 1
+    evals = [m for m in read_metrics(os.path.join(root, "it", "run")) if "eval/heldout/judge_mean" in m]
+    assert len(evals) == 1, evals
+    e = evals[0]
+    assert 0.0 <= e["eval/heldout/judge_mean"] <= 1.0
+    assert e["eval/heldout/reward_mean"] == pytest.approx(
+        e["eval/heldout/exact_match_mean"] + 0.5 * e["eval/heldout/judge_mean"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,29 @@ def test_validate_calls_each_reward_function_once_on_a_real_row(
     )
 
 
+def test_validate_checks_the_judge_against_the_configured_services(
+    recipe: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The `judge` reward: its block names a configured auxiliary model, its template only the
+    fields it fills, and it is listed in reward_fn when set; each a one-line error naming the key.
+    The service is not asked before the run (its first rollout is)."""
+    ts = "buffer.explorer_input.taskset"
+    judged = [f"{ts}.reward_fn=[exact_match,judge]", "explorer.auxiliary_models=[{name: grader, model_name: m, base_url: 'http://127.0.0.1:9/v1'}]"]
+    assert main(["config", "validate", recipe, *judged, f"{ts}.judge.model=grader"]) == 0
+    capsys.readouterr()
+    for overrides, error in [
+        ([*judged], f"{ts}.judge.model: name the auxiliary model that judges (explorer.auxiliary_models: grader)"),
+        ([*judged, f"{ts}.judge.model=other"], f"{ts}.judge.model: 'other' is not a configured auxiliary model"),
+        ([*judged, f"{ts}.judge.model=grader", f"{ts}.judge.template='{{response}} {{user}}'"],
+         f"{ts}.judge.template names {{user}}; it may name only {{prompt}}, {{response}}, {{answer}}"),
+        ([f"{ts}.judge.model=grader"], f"{ts}.judge: model is set but reward_fn does not list 'judge'"),
+        ([*judged, f"{ts}.judge.model=grader", f"{ts}.judge.parse=vote"], f"{ts}.judge.parse"),
+    ]:  # fmt: skip
+        assert main(["config", "validate", recipe, *overrides]) == 2, overrides
+        err = capsys.readouterr().err
+        assert err.startswith(f"rlcore: error: {error}") and len(err.strip().splitlines()) == 1, err
+
+
 def batch_reward(completions: list, **kwargs: object) -> list[float]:
     """TRL's signature: a list of completions in, a list of rewards out."""
     return [float(len(c)) for c in completions]

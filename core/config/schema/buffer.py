@@ -55,6 +55,36 @@ class RolloutArgs:
     """Stop strings (excluded from the returned text, like EOS)."""
 
 
+JUDGE_TEMPLATE = (
+    "Rate the response to the task below from 0 (wrong or useless) to 10 (correct and complete).\n\n"
+    "Task:\n{prompt}\n\nReference answer:\n{answer}\n\nResponse:\n{response}\n\n"
+    "Reply with the rating alone, a whole number from 0 to 10."
+)
+
+
+@dataclass
+class JudgeConfig:
+    """The `judge` reward (list 'judge' in reward_fn): an auxiliary model asked about each response
+    (rollout/rewards/judge.py)."""
+
+    model: str | None = None
+    """The service that judges: a name in explorer.auxiliary_models ('external': model.external_model)."""
+    template: str = JUDGE_TEMPLATE
+    """The user message; {prompt}, {response} and {answer} are filled in ({{ and }} for braces)."""
+    system_prompt: str | None = None
+    parse: str = choice("score", ("score", "verdict"))
+    """score: the last match of score_pattern, mapped from score_range onto [0, 1] and clipped;
+    verdict: of the verdicts words, the one said last (whole words, any case), its value."""
+    score_pattern: str = r"(-?\d+(?:\.\d+)?)"
+    """A regular expression with at most one group (the number)."""
+    score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
+    verdicts: dict[str, float] = field(default_factory=lambda: {"correct": 1.0, "incorrect": 0.0})
+    unparsed_reward: float | None = None
+    """The reward of a reply with no score or verdict; null: such a reply fails the batch, naming it."""
+    max_tokens: int = bounded(256, ge=1)
+    temperature: float = bounded(0.0, ge=0.0)
+
+
 @dataclass
 class TasksetConfig:
     name: str = "taskset"
@@ -70,6 +100,8 @@ class TasksetConfig:
     """Reward functions by registered name or import path 'pkg.mod:fn'."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward_fn; empty: all 1.0."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """The `judge` reward's service, template and parse rule (used when reward_fn lists 'judge')."""
     shuffle: bool = True
     """Shuffle each epoch (seeded by the global seed and the epoch)."""
     num_samples: int | None = bounded(None, gt=0)

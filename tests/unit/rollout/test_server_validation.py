@@ -16,12 +16,14 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlcore.client import AsyncRolloutClient, ClientOptions, RolloutClient, RpcError
+from rlcore.core.config.schema import JudgeConfig
 from rlcore.core.rpc.security import bearer
 from rlcore.core.rpc.server import MiB, RpcServer, ServerOptions
 from rlcore.core.types import SamplingParams, Task, WorkflowSpec
 from rlcore.proto.v1 import common_pb2, rollout_pb2
 from rlcore.rollout.engines.hf import HFEngine
 from rlcore.rollout.rewards.compose import build_reward
+from rlcore.rollout.rewards.judge import judge_settings
 from rlcore.rollout.server import build_rollout_server
 from rlcore.rollout.workflows.single_turn import SingleTurnWorkflow
 
@@ -96,6 +98,8 @@ def _sync(**fields: Any) -> rollout_pb2.InitWeightSyncRequest:
     return rollout_pb2.InitWeightSyncRequest(**{**good, **fields})
 
 
+JUDGE = judge_settings(JudgeConfig(model="j"))
+
 # (case id, call on the client, field the message must start with)
 MALFORMED: list[tuple[str, Callable[[RolloutClient], Any], str]] = [
     ("no-prompts", lambda c: _gen(c, []), "prompts"),
@@ -162,6 +166,12 @@ MALFORMED: list[tuple[str, Callable[[RolloutClient], Any], str]] = [
      "workflow.reward_fn[1]"),
     ("reward-weights", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["format"], reward_weights=[1, 2])),
      "workflow.reward_weights"),
+    ("judge-no-settings", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match", "judge"])),
+     "workflow.judge_json"),
+    ("judge-not-listed", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match"], judge=JUDGE)),
+     "workflow.judge_json"),
+    ("judge-unknown-model", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["judge"], judge=JUDGE)),
+     "workflow.judge_json"),  # no auxiliary model 'j' sent with it
     ("max-prompt-tokens", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["format"], max_prompt_tokens=0)),
      "workflow.max_prompt_tokens"),
     # the scratch tokenizer has no chat template
