@@ -8,36 +8,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-KEYS = (
-    "name",
-    "model_name",
-    "base_url",
-    "base_url_env",
-    "api_key_env",
-    "timeout_s",
-    "max_retries",
-    "max_concurrency",
-)
-
-
-def check_auxiliary(specs: list[dict[str, Any]]) -> None:
-    """ValueError naming `auxiliary_models[i].<field>` for a spec that cannot work."""
-    names = set()
-    for i, spec in enumerate(specs):
-        where = f"auxiliary_models[{i}]"
-        if not isinstance(spec, dict):
-            raise ValueError(f"{where} must be an object")
-        unknown = sorted(set(spec) - set(KEYS))
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
-        for key in ("name", "model_name"):
-            if not isinstance(spec.get(key), str) or not spec[key]:
-                raise ValueError(f"{where}.{key} must be a non-empty string")
-        if spec["name"] in names:
-            raise ValueError(f"{where}.name: '{spec['name']}' is used twice")
-        names.add(spec["name"])
-        if not spec.get("base_url") and not spec.get("base_url_env"):
-            raise ValueError(f"{where}: give base_url or base_url_env (the service's .../v1 address)")
+from ..core.config.services import check_auxiliary
 
 
 class AuxiliaryError(RuntimeError):
@@ -115,21 +86,6 @@ class AuxiliaryModel:
             return []
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(conversations))) as pool:
             return list(pool.map(lambda m: self.chat(m, **kwargs), conversations))
-
-
-def auxiliary_models(cfg: Any) -> list[dict[str, Any]]:
-    """explorer.auxiliary_models, and model.external_model as 'external' when enabled."""
-    out: list[dict[str, Any]] = [
-        {"name": a.name, "model_name": a.model_name, "base_url": a.base_url, "base_url_env": a.base_url_env,
-         "api_key_env": a.api_key_env, "timeout_s": a.timeout_s, "max_retries": a.max_retries,
-         "max_concurrency": a.max_concurrency}
-        for a in cfg.explorer.auxiliary_models
-    ]  # fmt: skip
-    ext = cfg.model.external_model
-    if ext.enable:
-        out.append({"name": "external", "model_name": ext.model_name, "base_url": ext.base_url,
-                    "base_url_env": ext.base_url_env, "api_key_env": ext.api_key_env})  # fmt: skip
-    return out
 
 
 def build_auxiliary(specs: list[dict[str, Any]]) -> dict[str, AuxiliaryModel]:

@@ -14,12 +14,12 @@ from typing import Protocol
 from ..client.base import RpcError
 from ..core.config.plan import StagePlan
 from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
+from ..core.config.services import auxiliary_models
 from ..core.data.prompts import model_chat_template
 from ..core.data.taskset import load_tasks, training_tasksets
 from ..core.step_metrics import sampled_eval_metrics
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline
-from .auxiliary import auxiliary_models
 from .engines import in_process
 from .rewards.answer import extract_answer
 from .rewards.compose import correctness_names

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import grpc
 
+from ..core.config.services import check_auxiliary
 from ..core.rpc.convert import (
     completion_to_proto,
     experience_to_proto,
@@ -34,7 +35,6 @@ from ..core.rpc.server import RpcServer, ServerOptions, Service
 from ..core.types import SamplingParams, Task, WorkflowSpec
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from ..weights.receiver import WeightReceiver
-from .auxiliary import check_auxiliary
 from .batching import BatchingEngine
 from .engines.base import RolloutEngine
 from .episodes import EpisodeRecorder

@@ -11,11 +11,14 @@ on_policy_distill` trains on it alone (no reward, distill_coef 1); `algorithm.di
 adds it to any RL algorithm's advantages, A_t + c * (-KL_t). The student's log-probs are the
 recomputed old ones (pi_old: the policy before the update), the teacher's come from a frozen model
 (`model.teacher_model_path`, same tokenizer) that the trainer world builds beside the policy, as it
-builds a reference: `TeacherPass`, a step pass (step_pass.py) that scores every micro-batch at the
-step's temperature and writes the advantages' distillation part.
+builds a reference, or from an OpenAI-compatible service returning prompt log-probs
+(`model.teacher_service`, teacher_service.py): `TeacherPass`, a step pass (step_pass.py) that
+scores every micro-batch at the step's temperature and writes the advantages' distillation part.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -43,8 +46,15 @@ class TeacherPass(StepPass):
     def __init__(self, ctx: PassContext):
         super().__init__(ctx)
         cfg = ctx.cfg
+        self.coef = float(cfg.algorithm.distill_coef or 0.0)
+        self.teacher: Any
+        if cfg.model.teacher_service:  # asked over HTTP by each rank (teacher_service.py)
+            from .teacher_service import ServiceTeacher
+
+            self.teacher = ServiceTeacher(cfg)
+            return
         path = cfg.model.teacher_model_path
-        assert path, "config validation asks distillation for model.teacher_model_path"
+        assert path, "config validation asks distillation for a teacher"
         from transformers import AutoTokenizer
 
         if AutoTokenizer.from_pretrained(path).get_vocab() != ctx.tokenizer.get_vocab():
@@ -52,7 +62,6 @@ class TeacherPass(StepPass):
                 f"model.teacher_model_path: {path}'s tokenizer is not the student's ({ctx.model_path}): the teacher "
                 "scores the student's token ids, so both need one vocabulary"
             )
-        self.coef = float(cfg.algorithm.distill_coef or 0.0)
         self.teacher = ctx.build_model(path, cfg.algorithm.optimizer)  # never stepped: frozen
 
     def score(self, mbs: list[Batch], temperature: float) -> None:

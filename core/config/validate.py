@@ -299,31 +299,53 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
 
 
 def _check_distillation(cfg: RLCoreConfig, check_paths: bool) -> None:
-    """On-policy distillation needs a teacher and the student's recomputed log-probs; a teacher
-    without distillation is a mistake (`cfg` as the plan fills it)."""
+    """On-policy distillation needs one teacher (a model folder or a service) and the student's
+    recomputed log-probs; a teacher without distillation is a mistake (`cfg` as the plan fills it)."""
     from ..algorithms import distills, with_preset
+    from ..data.taskset import training_tasksets
+    from .services import auxiliary_models
 
     a = with_preset(cfg.algorithm)
-    teacher = cfg.model.teacher_model_path
+    path, service = cfg.model.teacher_model_path, cfg.model.teacher_service
+    key = "model.teacher_service" if service else "model.teacher_model_path"
     if not distills(a):
         if a.algorithm_type == "on_policy_distill":
             raise ConfigError(
                 "algorithm.algorithm_type on_policy_distill learns only from its teacher, and distill_coef 0 turns "
                 "the teacher off: set algorithm.distill_coef > 0 (unset: 1)"
             )
-        if teacher:
+        if path or service:
             raise ConfigError(
-                "model.teacher_model_path is set, but nothing distills from it: set algorithm.distill_coef > 0 "
-                "(or algorithm_type on_policy_distill), or leave teacher_model_path unset"
+                f"{key} is set, but nothing distills from it: set algorithm.distill_coef > 0 "
+                f"(or algorithm_type on_policy_distill), or leave {key} unset"
             )
         return
-    if not teacher:
+    if path and service:
+        raise ConfigError(
+            "model.teacher_model_path and model.teacher_service are both set: the teacher is one of them, a model "
+            "folder scored in the trainer world or a service"
+        )
+    if not (path or service):
         raise ConfigError(
             f"algorithm.distill_coef {a.distill_coef} distills from a teacher: set model.teacher_model_path (an HF "
-            "model folder with the student's tokenizer)"
+            "model folder with the student's tokenizer) or model.teacher_service (an auxiliary model serving one)"
         )
-    if check_paths and not os.path.isfile(os.path.join(teacher, "config.json")):
-        raise ConfigError(f"model.teacher_model_path: '{teacher}' is not an HF model folder (no config.json)")
+    if service:
+        configured = [m["name"] for m in auxiliary_models(cfg)]
+        if service not in configured:
+            raise ConfigError(
+                f"model.teacher_service: '{service}' is not a configured auxiliary model (explorer.auxiliary_models: "
+                f"{', '.join(configured) or 'none'}; 'external' is model.external_model)"
+            )
+        for where, ts in training_tasksets(cfg):
+            if ts.rollout_args.temperature != 1.0:
+                raise ConfigError(
+                    f"{where}.rollout_args.temperature is {ts.rollout_args.temperature}, but a teacher service "
+                    "scores at temperature 1 (its raw log-probs): sample at 1.0, or use model.teacher_model_path, "
+                    "which the trainer scores at the sampling temperature"
+                )
+    elif check_paths and path and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"model.teacher_model_path: '{path}' is not an HF model folder (no config.json)")
     if not a.do_old_log_prob_compute:
         raise ConfigError(
             "on-policy distillation compares the student's log-probs with the teacher's, and without recomputed "

@@ -124,6 +124,11 @@ class ModelConfig:
     """HF model folder of the teacher that on-policy distillation scores the student's tokens with
     (algorithm_type on_policy_distill, or algorithm.distill_coef > 0): frozen, built in the trainer
     world beside the policy, with the student's tokenizer."""
+    teacher_service: str | None = None
+    """Instead of a folder: the teacher behind an OpenAI-compatible service, a name in
+    explorer.auxiliary_models ('external': model.external_model) whose /v1/completions returns the
+    log-prob of each prompt token (echo with logprobs: vLLM's and SGLang's servers), serving a model
+    with the student's tokenizer; scored at temperature 1 (core/algorithms/teacher_service.py)."""
     critic_model_path: str | None = None
     """HF model folder the critic (algorithm_type ppo) starts from: its trunk, with a value head
     read from the folder when it has one (`score.*`, as AutoModelForTokenClassification saves it) or
