@@ -4,11 +4,10 @@ simulator), through the `openai` package. Configured in `explorer.auxiliary_mode
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..core.config.services import check_auxiliary
+from ..core.config.services import check_auxiliary, openai_client
 
 
 class AuxiliaryError(RuntimeError):
@@ -30,29 +29,7 @@ class AuxiliaryModel:
         """The openai client, made on first use (the URL and key are read from this process's
         environment when named by variable)."""
         if self._client is None:
-            try:
-                import openai
-            except ImportError as e:
-                raise ValueError(
-                    f"auxiliary model '{self.name}' needs the openai package: pip install 'rlcore[http]'"
-                ) from e
-            spec = self.spec
-            base_url = spec.get("base_url") or os.environ.get(spec.get("base_url_env") or "")
-            if not base_url:
-                raise ValueError(
-                    f"auxiliary model '{self.name}': environment variable {spec.get('base_url_env')} (base_url_env) is "
-                    "not set on this worker"
-                )
-            key_env = spec.get("api_key_env")
-            api_key = os.environ.get(key_env) if key_env else "none"
-            if api_key is None:
-                raise ValueError(
-                    f"auxiliary model '{self.name}': environment variable {key_env} (api_key_env) is not set on this worker"
-                )
-            self._client = openai.OpenAI(
-                base_url=base_url, api_key=api_key, timeout=float(spec.get("timeout_s") or 120),
-                max_retries=int(spec.get("max_retries", 2)),
-            )  # fmt: skip
+            self._client = openai_client(self.spec, f"auxiliary model '{self.name}'")
         return self._client
 
     def chat(

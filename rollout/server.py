@@ -357,16 +357,23 @@ def build_rollout_server(
     return RpcServer(options, [rollout_service(servicer)])
 
 
-def _workflow_args(text: str) -> dict[str, Any]:
-    """RunTasks' workflow.args_json as a dict (empty: none); INVALID_ARGUMENT unless a JSON object."""
+def _json_field(text: str, field: str, kind: type) -> Any:
+    """A RunTasks JSON field decoded (None when empty); INVALID_ARGUMENT naming `field` unless it is
+    valid JSON of `kind` (dict: an object, list: a list)."""
     if not text:
-        return {}
+        return None
     try:
-        args = json.loads(text)
+        value = json.loads(text)
     except ValueError as e:
-        raise InvalidArgument("workflow.args_json", f"is not valid JSON ({e})") from None
-    require(isinstance(args, dict), "workflow.args_json", f"must be a JSON object; got {type(args).__name__}")
-    return cast(dict[str, Any], args)
+        raise InvalidArgument(field, f"is not valid JSON ({e})") from None
+    shape = "a JSON object" if kind is dict else "a JSON list"
+    require(isinstance(value, kind), field, f"must be {shape}; got {type(value).__name__}")
+    return value
+
+
+def _workflow_args(text: str) -> dict[str, Any]:
+    """RunTasks' workflow.args_json as a dict (empty: none)."""
+    return cast(dict[str, Any], _json_field(text, "workflow.args_json", dict) or {})
 
 
 def _judge(text: str, names: list[str], auxiliary: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -375,13 +382,7 @@ def _judge(text: str, names: list[str], auxiliary: list[dict[str, Any]]) -> dict
         require(not text, "workflow.judge_json", "is set but reward_fn does not list 'judge'")
         return None
     require(bool(text), "workflow.judge_json", "reward_fn lists 'judge': give its settings (model, template, parse)")
-    try:
-        settings = json.loads(text)
-    except ValueError as e:
-        raise InvalidArgument("workflow.judge_json", f"is not valid JSON ({e})") from None
-    require(
-        isinstance(settings, dict), "workflow.judge_json", f"must be a JSON object; got {type(settings).__name__}"
-    )
+    settings = _json_field(text, "workflow.judge_json", dict)
     try:
         check_judge(settings, [a["name"] for a in auxiliary])
     except ValueError as e:
@@ -391,15 +392,7 @@ def _judge(text: str, names: list[str], auxiliary: list[dict[str, Any]]) -> dict
 
 def _auxiliary(text: str) -> list[dict[str, Any]]:
     """RunTasks' workflow.auxiliary_json as a checked list of service specs (empty: none)."""
-    if not text:
-        return []
-    try:
-        specs = json.loads(text)
-    except ValueError as e:
-        raise InvalidArgument("workflow.auxiliary_json", f"is not valid JSON ({e})") from None
-    require(
-        isinstance(specs, list), "workflow.auxiliary_json", f"must be a JSON list; got {type(specs).__name__}"
-    )
+    specs = _json_field(text, "workflow.auxiliary_json", list) or []
     try:
         check_auxiliary(specs)
     except ValueError as e:

@@ -12,13 +12,12 @@ prompt log-probs is one line naming it.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from ..batch import Batch
-from ..config.services import auxiliary_models
+from ..config.services import auxiliary_models, openai_client
 
 
 class TeacherServiceError(RuntimeError):
@@ -39,21 +38,10 @@ class ServiceTeacher:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import openai
-
-            spec = self.spec
-            base_url = spec.get("base_url") or os.environ.get(spec.get("base_url_env") or "")
-            key_env = spec.get("api_key_env")
-            api_key = os.environ.get(key_env) if key_env else "none"
-            if not base_url or api_key is None:
-                missing = spec.get("base_url_env") if not base_url else key_env
-                raise TeacherServiceError(
-                    f"teacher service '{self.name}': environment variable {missing} is not set in the trainer world"
-                )
-            self._client = openai.OpenAI(
-                base_url=base_url, api_key=api_key, timeout=float(spec.get("timeout_s") or 120),
-                max_retries=int(spec.get("max_retries", 2)),
-            )  # fmt: skip
+            try:
+                self._client = openai_client(self.spec, f"teacher service '{self.name}'")
+            except ValueError as e:
+                raise TeacherServiceError(str(e)) from None
         return self._client
 
     def _ask(self, prompts: list[list[int]]) -> list[list[float]]:

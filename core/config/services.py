@@ -5,6 +5,7 @@ model.external_model as 'external'. Workflows and the judge reach them on the ro
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 KEYS = (
@@ -53,3 +54,25 @@ def auxiliary_models(cfg: Any) -> list[dict[str, Any]]:
         out.append({"name": "external", "model_name": ext.model_name, "base_url": ext.base_url,
                     "base_url_env": ext.base_url_env, "api_key_env": ext.api_key_env})  # fmt: skip
     return out
+
+
+def openai_client(spec: dict[str, Any], who: str) -> Any:
+    """An `openai.OpenAI` client for one service spec (its URL and key read from this process's
+    environment when named by variable); ValueError naming `who` and what is missing."""
+    try:
+        import openai
+    except ImportError as e:
+        raise ValueError(f"{who} needs the openai package: pip install 'rlcore[http]'") from e
+    base_url = spec.get("base_url") or os.environ.get(spec.get("base_url_env") or "")
+    if not base_url:
+        raise ValueError(
+            f"{who}: environment variable {spec.get('base_url_env')} (base_url_env) is not set in this process"
+        )
+    key_env = spec.get("api_key_env")
+    api_key = os.environ.get(key_env) if key_env else "none"
+    if api_key is None:
+        raise ValueError(f"{who}: environment variable {key_env} (api_key_env) is not set in this process")
+    return openai.OpenAI(
+        base_url=base_url, api_key=api_key, timeout=float(spec.get("timeout_s") or 120),
+        max_retries=int(spec.get("max_retries", 2)),
+    )  # fmt: skip
