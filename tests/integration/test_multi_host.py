@@ -355,12 +355,12 @@ def test_a_rollout_host_cut_off_is_left_out_and_rejoins_when_its_link_returns(tm
     heartbeats keep it out of the next steps; once its link returns it rejoins with the current
     weights. Every step is trained once, the first ones with the numbers of the one-host run (one
     worker; the learning rate is constant, so a longer run starts the same)."""
-    rl_steps = 40  # time for the cut worker to come back before the end
+    rl_steps = 14  # time for the cut worker to come back before the end (it rejoins a step or two after)
     cfg = quickstart(str(tmp_path / "multi"), SFT_STEPS, rl_steps)
     cfg["cluster"]["ranks_per_node"] = 2  # as the one-host run
     cfg["control"] = {"host": "10.77.0.1", "run_port": RUN_PORT, "heartbeat_interval": 1.0}
-    cfg["explorer"] = {"rollout_model": {"start_workers": False, "engine_num": 2}, "max_timeout": 15}
-    cfg["synchronizer"] = {"sync_timeout": 10}
+    cfg["explorer"] = {"rollout_model": {"start_workers": False, "engine_num": 2}, "max_timeout": 10}
+    cfg["synchronizer"] = {"sync_timeout": 6}
     run_dir = os.path.join(cfg["checkpoint_root_dir"], "quickstart", "arithmetic")
     path = _config_file(cfg, str(tmp_path))
     with netns.Hosts(3) as hosts:
