@@ -124,7 +124,15 @@ class ConversationWorkflow(Workflow):
             engine_s += time.perf_counter() - t0
             for ep in live:
                 self.observe(ep)
-        experiences = [self.experience(ep, policy_version) for ep in episodes]
+        for ep in episodes:
+            if not ep.response:
+                raise ValueError(
+                    f"task {ep.task.task_id}: its first observation ({len(ep.prompt)} tokens) leaves no room for a "
+                    f"reply within max_model_len {self.max_model_len}"
+                )
+        # the last replies scored as one batch (a judge asks about them in one concurrent round)
+        scored = self.reward.score_batch([ep.last_reply for ep in episodes], [ep.task for ep in episodes])
+        experiences = [self.experience(ep, policy_version, *s) for ep, s in zip(episodes, scored, strict=True)]
         self.timing = {"engine_s": engine_s, "reward_s": time.perf_counter() - start - engine_s}
         return experiences
 
@@ -166,13 +174,10 @@ class ConversationWorkflow(Workflow):
             return
         ep.add(ids, None)
 
-    def experience(self, ep: Episode, policy_version: int) -> Experience:
-        if not ep.response:
-            raise ValueError(
-                f"task {ep.task.task_id}: its first observation ({len(ep.prompt)} tokens) leaves no room for a reply "
-                f"within max_model_len {self.max_model_len}"
-            )
-        reward, components = self.reward(ep.last_reply, ep.task)
+    def experience(
+        self, ep: Episode, policy_version: int, reward: float, components: dict[str, float]
+    ) -> Experience:
+        """The episode as one experience; `reward` and `components`: the taskset's rewards of its last reply."""
         components = {"env": ep.env_reward, **components}
         return Experience(
             prompt_token_ids=ep.prompt,
