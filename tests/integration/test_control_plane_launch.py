@@ -126,38 +126,6 @@ def _trainer_server(root: str) -> Iterator[str]:
         assert server.wait(timeout=60) == 0
 
 
-def test_launch_drives_a_separately_started_trainer_with_rollouts_ahead(tmp_path, monkeypatch) -> None:
-    """trainer.remote: the loop runs in the launch process; a trainer world started by hand with
-    `rlcore trainer serve` does every update; rollout workers get weights from it after every step,
-    and after each sync the probe compares the worker's greedy log-probs with the trainer's
-    (ComputeLogprobs). With synchronizer.rollout_ahead the workers generate step k+1's experiences
-    while the trainer world trains on step k's: those come from the weights one step older."""
-    root = str(tmp_path)
-    with _trainer_server(root) as address:
-        cfg = tiny_grpo_config(
-            root,
-            **{"buffer.total_steps": 3, "trainer.remote": address, "synchronizer.probe": True,
-               "synchronizer.rollout_ahead": 1, "synchronizer.max_staleness": 1},
-        )  # fmt: skip
-        monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
-        proc = launch(cfg, os.path.join(root, "cfg.yaml"))
-        rows = [r for r in read_metrics(os.path.join(root, "it", "run")) if "rollout/reward_mean" in r]
-        assert [r["step"] for r in rows] == [1, 2, 3]
-        assert all(abs(x) < 1e3 for x in _keys(rows, "actor/pg_loss"))
-        assert _keys(rows, "sync/probe_engines") == [1.0, 1.0, 1.0]
-        assert all(x < 1e-3 for x in _keys(rows, "sync/probe_logprob_diff")), rows
-        assert _keys(rows, "rollout/generated_ahead") == [0.0, 1.0, 1.0]
-        assert _keys(rows, "rollout/staleness_mean") == [0.0, 1.0, 1.0]
-        assert _keys(rows, "rollout/stale_dropped") == [0.0, 0.0, 0.0]
-        # waited for at the end of steps 1 and 2 (step 3 is the last: nothing started ahead)
-        assert ["perf/rollout_ahead_wait_s" in r for r in rows] == [True, True, False]
-        # the engine's log-probs equal the trainer's on the first step and lag one update behind
-        # on the steps generated ahead (sampled before the previous step's sync)
-        gap = _keys(rows, "rollout/logprob_diff_mean")
-        assert gap[0] < 1e-4 and gap[1] > 1e-3 and gap[2] > 1e-3, gap
-        assert "after stage 0 main (step 3)" in proc.stdout
-
-
 def test_remote_trainer_serves_a_later_stage_with_explorer_driven_checkpoint_syncs(
     tmp_path, monkeypatch
 ) -> None:

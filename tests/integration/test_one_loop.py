@@ -5,7 +5,9 @@ run: the same checkpoints, rewards, losses and logged metric keys.
 The plan is the one the two former loops disagreed on (with a teacher pass and the rollout correction): an SFT stage, then GRPO with two optimizer
 steps per explore step (buffer.train_batch_size half the step's experiences) and save_interval 3,
 which must save when a multiple of 3 is reached or passed: at steps 4 and 6 of 6 (the former remote
-loop saved only at 6; seen failing on the code before the one loop).
+loop saved only at 6; seen failing on the code before the one loop). With the probe on, each sync
+checks the worker's greedy log-probs against the trainer's (ComputeLogprobs, remotely), and the
+steps generated ahead show the engine one update behind.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 def _plan(root: str, rollout_ahead: bool, teacher: str, **extra) -> dict:
     # two optimizer steps per explore step: a rollout started ahead is two versions old when trained on
-    sync = {"rollout_ahead": 1, "max_staleness": 2} if rollout_ahead else {}
+    # the probe: after each sync the worker's greedy log-probs are compared with the trainer's
+    sync = {"probe": True, **({"rollout_ahead": 1, "max_staleness": 2} if rollout_ahead else {})}
     cfg = tiny_grpo_config(root, **{"cluster.ranks_per_node": 2, "trainer.save_interval": 3, **extra})
     cfg["stages"] = [
         {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
@@ -82,5 +85,15 @@ def test_one_plan_in_process_and_through_a_remote_trainer_is_one_run(
                     assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), (stage, a["step"], key)
     rl = local["stage1_rl"][1]
     assert all(r["distill/reverse_kl"] > 0 and "rollout_correction/k3_kl" in r for r in rl)
+    for run in (rl, remote["stage1_rl"][1]):
+        assert [r["sync/probe_engines"] for r in run] == [1.0, 1.0, 1.0]
+        assert [r.get("rollout/stale_dropped", 0.0) for r in run] == [0.0, 0.0, 0.0]
+        assert all(r["sync/probe_logprob_diff"] < 1e-3 for r in run), run
+        # the engine's log-probs equal the trainer's on the first step and lag behind on the steps
+        # generated ahead (sampled before the previous step's updates reached the worker)
+        gap = [r["rollout/logprob_diff_mean"] for r in run]
+        assert gap[0] < 1e-4 and (gap[1] > 1e-3 and gap[2] > 1e-3) == rollout_ahead, gap
+        # waited for at the end of steps 1 and 2 (step 3 is the last: nothing started ahead)
+        assert ["perf/rollout_ahead_wait_s" in r for r in run] == [rollout_ahead, rollout_ahead, False]
     assert [r["rollout/generated_ahead"] for r in rl] == ([0.0, 1.0, 1.0] if rollout_ahead else [0.0] * 3)
     assert [r["rollout/staleness_mean"] for r in rl] == ([0.0, 2.0, 2.0] if rollout_ahead else [0.0] * 3)
