@@ -21,7 +21,7 @@ from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
 from . import failure, paths
 from .child import process_env, rank_threads
-from .control_plane import control_plane
+from .control_plane import control_plane, ensure_token
 from .explore_loop import drive_explorer, wait_for_weights
 from .lifecycle import StopSignals, end_process
 from .loop import planned_steps
@@ -142,24 +142,34 @@ def launch(cfg: Any, stages: list[Stage]) -> int:
         print(f"rlcore: warning: {took_over}", file=sys.stderr, flush=True)
     launch_dir = os.path.join(run_dir, "launch")
     failure.clear(launch_dir)
+    world: WorldProcess | None = None
     try:
-        check_run_dir(run_dir, stages, base.continue_from_checkpoint)
-        if explorer:  # its model is what the trainer publishes; the trainer checks the lengths
-            prepare_assets(stages, model=False)
-        else:
-            prepare_assets(stages)
-            check_model_lengths(stages)
-            check_prompt_lengths(stages)
-            if base.continue_from_checkpoint and finished(run_dir, stages):
-                print(
-                    f"rlcore: nothing to resume: every stage of the run in {run_dir} trained all its steps "
-                    "already (raise buffer.total_steps or total_epochs to train on, or start a new run with "
-                    "name=<new name>)",
-                    flush=True,
-                )
-                return 0
-        assert lock.fd is not None
-        return run(stages, run_plan, device, placement, run_dir, lock.fd, num_stages)
+        try:
+            check_run_dir(run_dir, stages, base.continue_from_checkpoint)
+            assert lock.fd is not None
+            if run_plan.role == "trainer" and not base.continue_from_checkpoint:
+                # the world's ranks import (seconds of CPU each) while this process prepares the
+                # assets; they wait for the plan. A resume first checks that steps are left.
+                world = trainer_world(base, placement, launch_dir, lock.fd)
+            if explorer:  # its model is what the trainer publishes; the trainer checks the lengths
+                prepare_assets(stages, model=False)
+            else:
+                prepare_assets(stages)
+                check_model_lengths(stages)
+                check_prompt_lengths(stages)
+                if base.continue_from_checkpoint and finished(run_dir, stages):
+                    print(
+                        f"rlcore: nothing to resume: every stage of the run in {run_dir} trained all its "
+                        "steps already (raise buffer.total_steps or total_epochs to train on, or start a new "
+                        "run with name=<new name>)",
+                        flush=True,
+                    )
+                    return 0
+            return run(stages, run_plan, device, placement, run_dir, lock.fd, num_stages, world)
+        except BaseException:
+            if world is not None:
+                world.end()  # a launch that fails before or beside its world leaves no rank waiting
+            raise
     except ValueError:  # the user's to fix: the command line says it in one line
         raise
     except Exception as e:  # anything else, in this process (e.g. the loop driving a remote trainer)
@@ -171,11 +181,12 @@ def launch(cfg: Any, stages: list[Stage]) -> int:
 
 def run(
     stages: list[Stage], run_plan: RunPlan, device: str, placement: GpuPlacement | None, run_dir: str,
-    lock_fd: int, num_stages: int | None = None,
+    lock_fd: int, num_stages: int | None = None, world: WorldProcess | None = None,
 ) -> int:  # fmt: skip
-    """Serve the control plane, start the workers and the trainer world (or drive a remote one, or
-    explore: mode explore) and wait; SIGINT/SIGTERM stop the run after its current step
-    (lifecycle.StopSignals). `num_stages`: the config's stages, of which `stages` may be some."""
+    """Serve the control plane, start the workers and the trainer world (`world` when the launch
+    started it already; or drive a remote one, or explore: mode explore) and wait; SIGINT/SIGTERM
+    stop the run after its current step (lifecycle.StopSignals). `num_stages`: the config's stages,
+    of which `stages` may be some."""
     base = stages[0].config
     num_stages = num_stages or len(stages)
     worker_version, worker_model = (
@@ -186,20 +197,16 @@ def run(
     _announce(stages, run_plan, device, run_dir)
     start = time.time()
     lost_nodes = ""
-    world: WorldProcess | None = None
     try:
         with control_plane(
             base, stages, device, launch_dir, placement, keep_fds=(lock_fd,), worker_model=worker_model
         ) as plane:
             controller = plane["run"]
             plan_path = os.path.join(launch_dir, PLAN)
-            if run_plan.role == "trainer":
-                # The trainer world starts beside the rollout workers (each takes seconds of imports
-                # and set-up); its ranks wait for the plan, written once the workers are ready.
-                if os.path.exists(plan_path):
-                    os.remove(plan_path)  # an earlier launch's: the ranks must wait for this one's
-                env = process_env(base.cluster, threads, None if placement is None else placement.trainer)
-                world = WorldProcess(base, plan_path, launch_dir, env, lock_fd)
+            if run_plan.role == "trainer" and world is None:
+                # the trainer world starts beside the rollout workers (each takes seconds of imports
+                # and set-up); its ranks wait for the plan, written once the workers are ready
+                world = trainer_world(base, placement, launch_dir, lock_fd)
             try:
                 plane["workers_ready"]()
                 plan = _rank_plan(stages, run_plan, base, run_dir, device, threads, plane, worker_version)
@@ -242,6 +249,17 @@ def run(
         return rc
     print_summary(run_dir, stages, time.time() - start)
     return 0 if stops.received is None else stops.exit_code
+
+
+def trainer_world(base: Any, placement: GpuPlacement | None, launch_dir: str, lock_fd: int) -> WorldProcess:
+    """This node's trainer world, started now; its ranks import, then wait for launch/plan.json."""
+    plan_path = os.path.join(launch_dir, PLAN)
+    if os.path.exists(plan_path):
+        os.remove(plan_path)  # an earlier launch's: the ranks must wait for this one's
+    os.makedirs(launch_dir, exist_ok=True)
+    ensure_token(base.control.token_env)  # the ranks inherit the run's token (control_plane keeps it)
+    env = process_env(base.cluster, rank_threads(base.cluster), None if placement is None else placement.trainer)
+    return WorldProcess(base, plan_path, launch_dir, env, lock_fd)
 
 
 def _published_start(first: Stage, num_stages: int) -> tuple[int, str | None]:

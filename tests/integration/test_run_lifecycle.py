@@ -128,3 +128,21 @@ def test_a_second_launch_on_a_live_run_is_refused_in_one_line(tmp_path) -> None:
         first.kill()
         first.wait()
     _none_left(root)
+
+
+def test_a_launch_that_fails_its_checks_ends_the_world_it_started(tmp_path) -> None:
+    """The trainer world starts while the launch prepares the run (its ranks import meanwhile); a
+    check that fails then (here a prompt longer than model.max_prompt_tokens, found once the
+    taskset is generated) is one line, and the world's torchrun and ranks end with the launch."""
+    root = str(tmp_path)
+    proc = _start(root, "model.max_prompt_tokens=3", "model.enable_prompt_truncation=false")
+    seen: set[str] = set()
+    while proc.poll() is None:  # the world was started before the check failed
+        seen.update(" ".join(p.info["cmdline"] or ()) for p in _run_processes(root))
+        time.sleep(0.1)
+    out, err = proc.communicate()
+    assert proc.returncode == 2, (out, err)
+    assert err.strip().count("\n") == 0 and "more than model.max_prompt_tokens (3)" in err, err
+    assert any("torch.distributed.run" in c for c in seen), seen
+    _none_left(root)
+
