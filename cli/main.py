@@ -345,8 +345,8 @@ def _key_yaml(config: DictConfig, key: str) -> str:
 
 def _validate(args: argparse.Namespace) -> int:
     _, stages = _load(args)
-    from ..core.config.services import auxiliary_models
     from ..core.data.taskset import tasksets_of
+    from ..core.services import auxiliary_models
     from ..rollout.rewards.check import check_rewards  # the launch's preflight tries them too
 
     for stage in stages:

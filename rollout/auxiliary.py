@@ -7,7 +7,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..core.config.services import check_auxiliary, openai_client
+from ..core.services import check_auxiliary, openai_client
 
 
 class AuxiliaryError(RuntimeError):

@@ -14,9 +14,9 @@ from typing import Protocol
 from ..client.base import RpcError
 from ..core.config.plan import StagePlan
 from ..core.config.schema import RLCoreConfig, RolloutArgs, TasksetConfig
-from ..core.config.services import auxiliary_models
 from ..core.data.prompts import model_chat_template
 from ..core.data.taskset import load_tasks, training_tasksets
+from ..core.services import auxiliary_models
 from ..core.step_metrics import sampled_eval_metrics
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from ..core.watchdog import deadline

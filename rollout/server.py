@@ -23,7 +23,6 @@ from typing import Any, cast
 
 import grpc
 
-from ..core.config.services import check_auxiliary
 from ..core.rpc.convert import (
     completion_to_proto,
     experience_to_proto,
@@ -32,6 +31,7 @@ from ..core.rpc.convert import (
 )
 from ..core.rpc.errors import DeadlineExceeded, InvalidArgument, NotFound, require
 from ..core.rpc.server import RpcServer, ServerOptions, Service
+from ..core.services import check_auxiliary
 from ..core.types import SamplingParams, Task, WorkflowSpec
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from ..weights.receiver import WeightReceiver

@@ -65,8 +65,8 @@ def prepare_assets(stages: list[Stage], model: bool = True) -> None:
 def preflight(stages: list[Stage]) -> None:
     """Resolve everything a rank would otherwise discover minutes later: reward functions (user
     import paths included), monitor packages and the model folder."""
-    from ..core.config.services import auxiliary_models
     from ..core.monitor import check_monitor_dependencies
+    from ..core.services import auxiliary_models
     from ..rollout.rewards.check import check_rewards
     from ..rollout.workflows import resolve_workflow
 
@@ -110,7 +110,7 @@ def preflight(stages: list[Stage]) -> None:
 def check_auxiliary_models(cfg: Any) -> None:
     """explorer.auxiliary_models and model.external_model name a service each (one line naming
     the key otherwise); whether the service answers is seen when a workflow first calls it."""
-    from ..core.config.services import auxiliary_models, check_auxiliary
+    from ..core.services import auxiliary_models, check_auxiliary
 
     ext = cfg.model.external_model
     if ext.enable and not ext.model_name:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..batch import Batch
-from ..config.services import auxiliary_models, openai_client
+from ..services import auxiliary_models, openai_client
 
 
 class TeacherServiceError(RuntimeError):

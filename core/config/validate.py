@@ -303,7 +303,7 @@ def _check_distillation(cfg: RLCoreConfig, check_paths: bool) -> None:
     recomputed log-probs; a teacher without distillation is a mistake (`cfg` as the plan fills it)."""
     from ..algorithms import distills, with_preset
     from ..data.taskset import training_tasksets
-    from .services import auxiliary_models
+    from ..services import auxiliary_models
 
     a = with_preset(cfg.algorithm)
     path, service = cfg.model.teacher_model_path, cfg.model.teacher_service

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.integration import netns
-from tests.integration.launch_utils import REPO, launch
+from tests.integration.launch_utils import REPO
 from tests.integration.quickstart_runs import (
     RL_STEPS,
     SFT_STEPS,
@@ -143,17 +143,6 @@ def multi_host_config(cfg: dict, node0: netns.Host, tls: dict) -> dict:
     cfg["control"] = {"host": node0.address, "run_port": RUN_PORT, "heartbeat_interval": 1.0, "tls": tls}
     cfg["explorer"] = {"rollout_model": {"start_workers": False}}
     return cfg
-
-
-@pytest.fixture(scope="module")
-def one_host(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The shortened quickstart on one host (two ranks, a rollout worker the launch starts): the
-    run folder the multi-host runs are compared with."""
-    root = str(tmp_path_factory.mktemp("one_host"))
-    cfg = quickstart(root, SFT_STEPS, RL_STEPS)
-    cfg["cluster"]["ranks_per_node"] = 2
-    launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=600)
-    return os.path.join(root, "quickstart", "arithmetic")
 
 
 def _config_file(cfg: dict, folder: str) -> str:

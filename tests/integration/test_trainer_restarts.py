@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from tests.integration.launch_utils import REPO, launch
+from tests.integration.launch_utils import REPO
 from tests.integration.quickstart_runs import (
     RL_STEPS,
     SFT_STEPS,
@@ -20,15 +20,10 @@ from tests.integration.quickstart_runs import (
 )
 
 
-def test_a_failed_trainer_world_restarts_from_its_checkpoint_and_trains_no_step_twice(tmp_path) -> None:
+def test_a_failed_trainer_world_restarts_from_its_checkpoint_and_trains_no_step_twice(tmp_path, one_host) -> None:
     """Rank 1 killed mid-GRPO fails the world; torchrun restarts both ranks, which resume from the
     last checkpoint (every 2 steps) with the rollout worker that kept running; the run then matches
-    an uninterrupted one step for step, each step logged once."""
-    straight = quickstart(str(tmp_path / "straight"), SFT_STEPS, RL_STEPS)
-    straight["cluster"]["ranks_per_node"] = 2
-    straight["trainer"].update(save_interval=2)
-    launch(straight, str(tmp_path / "straight.yaml"))
-
+    an uninterrupted one (`one_host`, conftest.py) step for step, each step logged once."""
     cfg = quickstart(str(tmp_path / "restarted"), SFT_STEPS, RL_STEPS)
     cfg["cluster"]["ranks_per_node"] = 2
     cfg["trainer"].update(save_interval=2, max_restarts=1)
@@ -57,4 +52,4 @@ def test_a_failed_trainer_world_restarts_from_its_checkpoint_and_trains_no_step_
     ), output
     assert "the trainer world failed (trainer rank 1 (pid " in output and "ended by SIGKILL" in output, output
     assert output.count("rollout workers ready") == 1  # the worker served both worlds
-    same_training(os.path.join(straight["checkpoint_root_dir"], "quickstart", "arithmetic"), run_dir)
+    same_training(one_host, run_dir)
