@@ -55,12 +55,17 @@ def missing_packages(*modules: str) -> list[str]:
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """--device, --dtype and --model, shared by the benchmarks that train or generate."""
+    add_device_args(parser)
+    parser.add_argument("--model", default="tiny", choices=tuple(MODELS), help="the scratch model's shape")
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype."""
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
     parser.add_argument(
         "--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
         help="weights and compute of both sides (auto: bfloat16 on cuda, float32 on cpu)",
     )  # fmt: skip
-    parser.add_argument("--model", default="tiny", choices=tuple(MODELS), help="the scratch model's shape")
 
 
 def resolved_dtype(args: argparse.Namespace) -> str:

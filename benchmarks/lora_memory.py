@@ -15,6 +15,7 @@ per repeat (min / median / max).
 
     rlcore bench lora                       # 2 repeats, 113M parameters, rank 16 on every linear layer
     rlcore bench lora --repeats 1 --hidden 128 --layers 2 --steps 2 --out /tmp/lora.json
+    rlcore bench lora --device cuda --model 0.5b     # bf16 on a GPU, Qwen2-0.5B's shape
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import tempfile
 import time
 from typing import Any
 
-from rlcore.benchmarks.cli_args import positive_int
+from rlcore.benchmarks.cli_args import add_device_args, check_device, positive_int, resolved_dtype
 from rlcore.benchmarks.common import (
+    MODELS,
     machine_info,
+    machine_line,
     pyplot,
     run_sides,
     save_figure,
@@ -64,7 +67,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     from rlcore.core.config.schema import LoraConfig, RLCoreConfig
     from rlcore.runtime.training import StageTraining, sequence_spec
 
-    cuda = torch.cuda.is_available()
+    cuda = args.device == "cuda"
     torch.set_num_threads(args.threads)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,7 +75,8 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("nccl" if cuda else "gloo")
     cfg = RLCoreConfig(seed=0)
-    cfg.model.model_path = args.model
+    cfg.model.model_path = args.model_dir
+    cfg.model.dtype = args.dtype
     cfg.algorithm.kl_loss_coef, cfg.algorithm.kl_loss_fn = 0.01, "k3"
     cfg.algorithm.optimizer.lr = 1e-5
     if args.side == "lora":
@@ -95,7 +99,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as stage_dir:
-        training = StageTraining(cfg, stage_dir, args.model, "cuda" if cuda else "cpu", args.steps)
+        training = StageTraining(cfg, stage_dir, args.model_dir, args.device, args.steps)
         trained = sum(p.numel() for p in training.strategy.model.parameters() if p.requires_grad)
         times = []
         for _ in range(args.steps):
@@ -131,12 +135,17 @@ def build_model(path: str, args: argparse.Namespace) -> int:
     from rlcore.core.config.schema import ScratchModelConfig
     from rlcore.core.scratch_model import build_scratch_model
 
-    spec = ScratchModelConfig(
-        enabled=True, hidden_size=args.hidden, num_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.heads, intermediate_size=4 * args.hidden,
-    )  # fmt: skip
+    spec = ScratchModelConfig(enabled=True, **shape(args))
     build_scratch_model(path, spec, max_model_len=args.prompt_tokens + args.response_tokens, seed=0)
     return count_params(path)
+
+
+def shape(args: argparse.Namespace) -> dict[str, int]:
+    """The scratch Llama's shape: a named one (--model), else --hidden/--layers/--heads."""
+    if args.model is not None:
+        return dict(MODELS[args.model])
+    return {"hidden_size": args.hidden, "num_layers": args.layers, "num_attention_heads": args.heads,
+            "num_key_value_heads": args.heads, "intermediate_size": 4 * args.hidden}  # fmt: skip
 
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
@@ -147,7 +156,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
 
     def one(side: str, rep: int) -> dict[str, Any]:
         out = os.path.join(workdir, f"{side}-{rep}.json")
-        cmd = [sys.executable, "-m", "rlcore.benchmarks.lora_memory", "--side", side, "--model", model,
+        cmd = [sys.executable, "-m", "rlcore.benchmarks.lora_memory", "--side", side, "--model-dir", model,
                "--side-out", out, *args.passthrough]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
         if proc.returncode != 0:
@@ -176,6 +185,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "versions": versions(),
         "params": params,
         "settings": {k: v for k, v in vars(args).items() if k not in ("passthrough",)},
+        "shape": shape(args),
         "runs": runs,
         "lora_over_full": ratios,
     }
@@ -183,19 +193,24 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     s, runs = result["settings"], result["runs"]
+    cuda = "cuda_peak_gib" in runs["full"][0]
+    shape = result.get("shape") or {"num_layers": s["layers"], "hidden_size": s["hidden"]}
     lines = [
-        f"# LoRA against full fine-tuning: trainer memory and step time ({'CUDA' if 'cuda_peak_gib' in result['runs']['full'][0] else 'CPU'})",
+        f"# LoRA against full fine-tuning: trainer memory and step time ({'CUDA' if cuda else 'CPU'})",
         "",
-        f"{result['params'] / 1e6:.0f}M-parameter scratch Llama ({s['layers']} layers, hidden {s['hidden']}), "
+        f"{result['params'] / 1e6:.0f}M-parameter scratch Llama ({shape['num_layers']} layers, hidden "
+        f"{shape['hidden_size']}), {s.get('dtype', 'float32')} on {machine_line(result['machine'])}; "
         f"KL on (k3, reference model), {s['seqs']} sequences x ({s['prompt_tokens']} + {s['response_tokens']}) "
         f"tokens per step, {s['steps']} steps per run; LoRA rank {s['rank']} on every linear layer. "
         f"{s['repeats']} repeats, sides alternating, each a fresh process. Trainer peak = the process's "
         "peak resident memory less its resident memory just before the trainer was built; trainer held = "
         "its resident memory after the last step, less the same (the state it keeps, without the load's "
-        "transients).",
+        "transients)."
+        + (" CUDA peak allocated = the caching allocator's peak from the trainer's build to its last step." if cuda else ""),
         "",
-        "| side | trained parameters | trainer peak GiB | trainer held GiB | process peak GiB | step s (median) |",
-        "|---|---|---|---|---|---|",
+        "| side | trained parameters | trainer peak GiB | trainer held GiB | process peak GiB | "
+        + ("CUDA peak allocated GiB | " if cuda else "") + "step s (median) |",
+        "|---|---|---|---|---|" + ("---|" if cuda else "") + "---|",
     ]
     for side in SIDES:
         rs = runs[side]
@@ -203,7 +218,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {side} | {rs[0]['trained_params'] / 1e6:.2f}M | "
             f"{statistics.median(r['trainer_peak_gib'] for r in rs):.2f} | "
             f"{statistics.median(r['trainer_held_gib'] for r in rs):.2f} | "
-            f"{statistics.median(r['peak_rss_gib'] for r in rs):.2f} | {statistics.median(r['step_s'] for r in rs):.2f} |"
+            f"{statistics.median(r['peak_rss_gib'] for r in rs):.2f} | "
+            + (f"{statistics.median(r['cuda_peak_gib'] for r in rs):.2f} | " if cuda else "")
+            + f"{statistics.median(r['step_s'] for r in rs):.2f} |"
         )
     lines += ["", "LoRA / full per repeat (min / median / max):", ""]
     for key, sp in result["lora_over_full"].items():
@@ -238,9 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one side may take")
     parser.add_argument("--out", default="benchmarks/results/lora.json", help="where the JSON result goes")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a side's own process
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--model", default=None, choices=tuple(MODELS),
+        help="a named scratch shape (overrides --hidden, --layers and --heads)",
+    )  # fmt: skip
+    add_device_args(parser)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--side-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    check_device(parser, args.device)
+    args.dtype = resolved_dtype(args)
     if args.hidden % args.heads:
         parser.error("--hidden must be divisible by --heads")
     if args.side is not None:
@@ -249,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.passthrough = [
         f"--{k.replace('_', '-')}={getattr(args, k)}"
-        for k in ("steps", "rank", "seqs", "prompt_tokens", "response_tokens", "threads")
+        for k in ("steps", "rank", "seqs", "prompt_tokens", "response_tokens", "threads", "device", "dtype")
     ]
     with tempfile.TemporaryDirectory(prefix="rlcore-lora-") as workdir:
         result = measure(args, workdir)

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # One command for a GPU machine without internet: install rlcore (from a folder of wheels when given
-# one: scripts/download_wheels.sh fills it on a machine with internet), then run
+# one: scripts/download_wheels.sh fills it on a machine with internet), then run these parts:
 #   engine      the HF engine's CUDA-graph decode against its eager loop (tests/gpu/test_hf_engine_cuda.py)
-#   bench       rlcore bench trl (GRPO step against TRL's) and rlcore bench throughput (rollout tokens/s
-#               of the HF engine, its eager loop and model.generate) on CUDA at --model (default 0.5b)
+#   bench_trl   rlcore bench trl: the GRPO step against TRL's on CUDA at --model (default 0.5b), 3
+#               alternating pairs; its report gives each side's rollout tokens/s (TRL's is
+#               model.generate's) and the update's MFU
+#   bench_lora  rlcore bench lora: LoRA against full fine-tuning, CUDA peak memory and step time
+#   throughput  rlcore bench throughput (rollout tokens/s of the HF engine, its eager loop and
+#               model.generate; greedy agreement of the first two) at --model; not in the default
+#               parts (bench trl reports the same rollout speeds)
 #   tests       the rest of tests/gpu
 #   quickstarts the quickstart on CUDA with megatron (rollout worker on the same GPU, checkpoint sync)
 #               and with fsdp2 (stage rl colocated), bf16
-# The engine check and the benchmarks run one at a time; the tests and the two quickstarts (tiny
-# models) then run side by side.
-# writing benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
-# result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the results and logs
-# are also packed into DIR/gpu_check.tar.gz.
+# (bench = bench_trl,bench_lora.) The engine check and the benchmarks run one at a time; the tests and
+# the two quickstarts (tiny models) then run side by side.
+# Writes benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
+# result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the logs go to
+# DIR/logs as they are written and the results are copied to DIR/results after every part, so a run
+# stopped from outside still leaves what it finished.
 #
 #   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b] [--out DIR]
 #
@@ -27,19 +33,24 @@ while [ $# -gt 0 ]; do
     --parts) parts="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (allowed: --wheels DIR, --parts LIST, --model NAME, --out DIR)" >&2; exit 2 ;;
   esac
 done
+parts=${parts//bench,/bench_trl,bench_lora,}
+[[ "$parts" == *,bench || "$parts" == bench ]] && parts="${parts%bench}bench_trl,bench_lora"
 for part in ${parts//,/ }; do
-  case "$part" in engine|bench|tests|quickstarts) ;; *)
-    echo "gpu_check.sh: --parts takes engine, bench, tests, quickstarts; got '$part'" >&2; exit 2 ;;
+  case "$part" in engine|bench_trl|bench_lora|throughput|tests|quickstarts) ;; *)
+    echo "gpu_check.sh: --parts takes engine, bench (bench_trl,bench_lora), throughput, tests, quickstarts; got '$part'" >&2
+    exit 2 ;;
   esac
 done
 
 results=benchmarks/results/gpu
-logs=$(mktemp -d /tmp/rlcore-gpu-check.XXXXXX)
-mkdir -p "$results"
+scratch=$(mktemp -d /tmp/rlcore-gpu-check.XXXXXX)  # the quickstarts' run folders (checkpoints)
+logs="${out:+$out/logs}"
+logs="${logs:-$scratch}"
+mkdir -p "$results" "$logs"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 # ---------------------------------------------------------------- install
@@ -87,7 +98,8 @@ run_part() {  # name, command...: runs it with its log in $logs/<name>.log, its 
   local t0=$SECONDS
   timeout -k 10 "${PART_TIMEOUT_S:-1800}" "$@" > "$logs/$name.log" 2>&1
   echo "$? $(( SECONDS - t0 ))" > "$logs/$name.rc"
-  echo "gpu_check: $name done (exit $(cut -d' ' -f1 "$logs/$name.rc"))"
+  echo "gpu_check: $name done (exit $(cut -d' ' -f1 "$logs/$name.rc"), $(( SECONDS - t0 )) s)"
+  if [ -n "$out" ]; then mkdir -p "$out/results" && cp -r "$results"/. "$out/results"/; fi
 }
 
 want() { [[ ",$parts," == *",$1,"* ]]; }
@@ -98,13 +110,21 @@ if want engine; then
   names+=(engine)
   run_part engine python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py
 fi
-if want bench; then
-  names+=(bench_trl bench_throughput)
+if want bench_trl; then
+  names+=(bench_trl)
   run_part bench_trl python3 -m rlcore.cli bench trl --device cuda --model "$model" --comparisons same_engine \
     --prompts 8 --group 8 --max-tokens 96 --steps 3 --repeats 3 --out "$results/vs_trl.json"
-  run_part bench_throughput python3 -m rlcore.cli bench throughput --device cuda --model "$model" \
+fi
+if want throughput; then
+  names+=(throughput)
+  run_part throughput python3 -m rlcore.cli bench throughput --device cuda --model "$model" \
     --engines hf,hf-eager,hf-generate --strategies '' --prompts 8 --n 8 --max-tokens 96 \
-    --calls 3 --repeats 2 --out "$results/throughput.json"
+    --calls 2 --repeats 1 --out "$results/throughput.json"
+fi
+if want bench_lora; then
+  names+=(bench_lora)
+  run_part bench_lora python3 -m rlcore.cli bench lora --device cuda --model "$model" --repeats 2 --steps 3 \
+    --out "$results/lora.json"
 fi
 # ... the functional checks side by side (tiny models: the GPU has room for all three)
 if want tests; then
@@ -115,10 +135,10 @@ if want tests; then
 fi
 if want quickstarts; then
   names+=(quickstart_megatron quickstart_fsdp2)
-  RLCORE_CHECKPOINT_DIR="$logs/qs-megatron" run_part quickstart_megatron python3 -m rlcore.cli launch \
+  RLCORE_CHECKPOINT_DIR="$scratch/qs-megatron" run_part quickstart_megatron python3 -m rlcore.cli launch \
     --strategy megatron configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16 \
     synchronizer.sync_method=checkpoint &
-  RLCORE_CHECKPOINT_DIR="$logs/qs-fsdp2" run_part quickstart_fsdp2 python3 -m rlcore.cli launch \
+  RLCORE_CHECKPOINT_DIR="$scratch/qs-fsdp2" run_part quickstart_fsdp2 python3 -m rlcore.cli launch \
     --strategy fsdp2 configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16 stages.1.mode=colocate &
 fi
 wait
@@ -143,23 +163,18 @@ if want quickstarts; then
       echo
       echo "- $strategy:"
       grep -E "rlcore: finished|after stage" "$logs/quickstart_$strategy.log" | sed 's/^/    /'
-      trainer_log=$(find "$logs/qs-$strategy" -name trainer.log | head -1)
+      trainer_log=$(find "$scratch/qs-$strategy" -name trainer.log | head -1)
+      [ -n "$trainer_log" ] && cp "$trainer_log" "$logs/quickstart_$strategy.trainer.log"
       echo "    library log records on stdout: $(grep -c -E "$library" "$logs/quickstart_$strategy.log" || true)," \
         "in launch/trainer.log: $(grep -c -E "$library" "${trainer_log:-/dev/null}" || true)"
     done
   } >> "$summary"
 fi
 
-if want bench; then
-  for f in vs_trl throughput; do
-    [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
-  done
-fi
+for f in vs_trl throughput lora; do
+  want "${f/vs_trl/bench_trl}" || want "${f/lora/bench_lora}" || continue
+  [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
+done
 cat "$summary"
-if [ -n "$out" ]; then
-  mkdir -p "$out"
-  tar -czf "$out/gpu_check.tar.gz" --exclude='global_step_*' --exclude='*.safetensors' --exclude='assets' \
-    "$results" -C "$logs" .
-  echo "gpu_check: results and logs in $out/gpu_check.tar.gz"
-fi
+if [ -n "$out" ]; then mkdir -p "$out/results" && cp -r "$results"/. "$out/results"/; fi
 exit "$status"
