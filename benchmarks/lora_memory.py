@@ -1,6 +1,6 @@
 """LoRA against full fine-tuning: the trainer's peak memory and step time, with a KL penalty on.
 
-Each side is a fresh process holding a one-rank trainer world (gloo on CPU, NCCL on CUDA) that
+Each side is a fresh process holding a one-rank trainer world (gloo on CPU; NCCL beside gloo on CUDA, as the trainer world) that
 takes --steps steps through the trainer's own path (StageTraining.train_sequences with GRPO's
 policy loss and a k3 KL term, then its optimizer step) on --seqs random sequences of --prompt-tokens
 + --response-tokens, on a scratch Llama of about 113M parameters (--hidden 768, --layers 12).
@@ -65,6 +65,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     from rlcore.core.config.schema import LoraConfig, RLCoreConfig
+    from rlcore.runtime.trainer_world import world_backend
     from rlcore.runtime.training import StageTraining, sequence_spec
 
     cuda = args.device == "cuda"
@@ -73,7 +74,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group(world_backend(args.device))  # the trainer world's: gloo beside NCCL on CUDA
     cfg = RLCoreConfig(seed=0)
     cfg.model.model_path = args.model_dir
     cfg.model.dtype = args.dtype

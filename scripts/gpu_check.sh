@@ -15,9 +15,9 @@
 # (bench = bench_trl,bench_lora.) The engine check and the benchmarks run one at a time; the tests and
 # the two quickstarts (tiny models) then run side by side.
 # Writes benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
-# result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the logs go to
-# DIR/logs as they are written and the results are copied to DIR/results after every part, so a run
-# stopped from outside still leaves what it finished.
+# result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the results and logs
+# are packed into DIR/gpu_check.tar.gz after every part (one file: a machine that hands back a few
+# files only still returns all of it), so a run stopped from outside still leaves what it finished.
 #
 #   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b] [--out DIR]
 #
@@ -47,10 +47,15 @@ for part in ${parts//,/ }; do
 done
 
 results=benchmarks/results/gpu
-scratch=$(mktemp -d /tmp/rlcore-gpu-check.XXXXXX)  # the quickstarts' run folders (checkpoints)
-logs="${out:+$out/logs}"
-logs="${logs:-$scratch}"
+scratch=$(mktemp -d /tmp/rlcore-gpu-check.XXXXXX)  # the logs, and the quickstarts' run folders
+logs="$scratch/logs"
 mkdir -p "$results" "$logs"
+pack() {  # the results and logs so far into $out/gpu_check.tar.gz (replaced whole)
+  [ -n "$out" ] || return 0
+  mkdir -p "$out"
+  local part="$out/.gpu_check.$BASHPID.tar.gz"  # parts running side by side pack at once
+  tar -czf "$part" "$results" -C "$scratch" logs 2>/dev/null && mv "$part" "$out/gpu_check.tar.gz"
+}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 # ---------------------------------------------------------------- install
@@ -99,7 +104,7 @@ run_part() {  # name, command...: runs it with its log in $logs/<name>.log, its 
   timeout -k 10 "${PART_TIMEOUT_S:-1800}" "$@" > "$logs/$name.log" 2>&1
   echo "$? $(( SECONDS - t0 ))" > "$logs/$name.rc"
   echo "gpu_check: $name done (exit $(cut -d' ' -f1 "$logs/$name.rc"), $(( SECONDS - t0 )) s)"
-  if [ -n "$out" ]; then mkdir -p "$out/results" && cp -r "$results"/. "$out/results"/; fi
+  pack
 }
 
 want() { [[ ",$parts," == *",$1,"* ]]; }
@@ -129,7 +134,7 @@ fi
 # ... the functional checks side by side (tiny models: the GPU has room for all three)
 if want tests; then
   names+=(tests)
-  run_part tests python3 -m pytest -q -p no:cacheprovider tests/gpu \
+  run_part tests python3 -m pytest -v -p no:cacheprovider tests/gpu \
     --deselect tests/gpu/test_hf_engine_cuda.py \
     --deselect tests/gpu/test_strategy_parity_cuda.py::test_quickstart_trains_with_megatron_on_cuda &
 fi
@@ -176,5 +181,5 @@ for f in vs_trl throughput lora; do
   [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
 done
 cat "$summary"
-if [ -n "$out" ]; then mkdir -p "$out/results" && cp -r "$results"/. "$out/results"/; fi
+pack && [ -n "$out" ] && echo "gpu_check: results and logs in $out/gpu_check.tar.gz"
 exit "$status"
