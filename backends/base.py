@@ -8,12 +8,25 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class AdamHparams:
+    """One step's AdamW hyperparameters (a Tinker client's AdamParams)."""
+
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    grad_clip: float
+    """Max global gradient norm; 0 clips nothing."""
 
 
 class LossFn(Protocol):
@@ -102,6 +115,15 @@ class TrainingStrategy(ABC):
 
     @abstractmethod
     def current_lr(self) -> float: ...
+
+    def reset_optimizer(self) -> None:
+        """Drop the optimizer's state (moments, step counts): the next step starts it afresh."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart its optimizer")
+
+    def set_step_hparams(self, adam: AdamHparams | None) -> None:
+        """The next optimizer_step's AdamW hyperparameters in place of the configured optimizer's
+        and lr schedule's (None: the configured ones again)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no per-step optimizer hyperparameters")
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:

@@ -141,7 +141,7 @@ def build_model(path: str, args: argparse.Namespace) -> int:
     return count_params(path)
 
 
-def shape(args: argparse.Namespace) -> dict[str, int]:
+def shape(args: argparse.Namespace) -> dict[str, Any]:
     """The scratch Llama's shape: a named one (--model), else --hidden/--layers/--heads."""
     if args.model is not None:
         return dict(MODELS[args.model])

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rlcore {_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{launch,config,rollout,trainer,bench}"
+        dest="command", required=True, metavar="{launch,config,rollout,trainer,tinker,bench}"
     )
 
     launch = commands.add_parser("launch", help="validate the config, then run every stage")
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_parser(commands)
     _add_rollout_parser(commands)
     _add_trainer_parser(commands)
+    _add_tinker_parser(commands)
     _add_bench_parser(commands)
     return parser
 
@@ -222,6 +223,33 @@ def _add_trainer_parser(commands: Any) -> None:
         help="seconds the hosts wait for each other at the rendezvous",
     )
     _add_server_args(tserve)
+
+
+def _add_tinker_parser(commands: Any) -> None:
+    tinker = commands.add_parser("tinker", help="serve the Tinker API (the official `tinker` SDK's)")
+    sub = tinker.add_subparsers(dest="tinker_command", required=True, metavar="{serve}")
+    serve = sub.add_parser("serve", help="serve the Tinker API over a trainer world and a sampling engine")
+    serve.add_argument(
+        "--base-model", action="append", required=True, metavar="NAME=PATH",
+        help="a model clients may train and sample: the name they give as base_model, and its HF folder "
+        "(PATH alone: named after its folder); repeat for several",
+    )  # fmt: skip
+    serve.add_argument("--strategy", default="fsdp2", choices=["fsdp", "fsdp2", "megatron"])
+    serve.add_argument("--ranks", type=int, default=1, help="trainer processes")
+    serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    serve.add_argument("--threads", type=int, default=0, help="CPU threads per trainer rank (0: cores / ranks)")
+    serve.add_argument("--max-model-len", type=int, default=2048, help="longest sequence trained or sampled")
+    serve.add_argument("--trainer", default="", help="host:port of a running `rlcore trainer serve` to use")
+    serve.add_argument("--trainer-token-env", default="", help="with --trainer: the variable holding its token")
+    serve.add_argument("--workdir", default="tinker", help="checkpoints, sampler weights and the trainer's logs")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0: any free port (see --port-file)")
+    serve.add_argument("--port-file", default="", help="write host:port here once serving")
+    serve.add_argument(
+        "--api-key-env", default="TINKER_API_KEY",
+        help="the variable holding the key clients must send (X-API-Key; the SDK wants it to start with tml-)",
+    )  # fmt: skip
 
 
 def _add_bench_parser(commands: Any) -> None:
@@ -409,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
             from ..runtime.trainer_serve import serve_main as trainer_serve_main
 
             return trainer_serve_main(args)
+        if args.command == "tinker":
+            from ..runtime.tinker.serve import serve_main as tinker_serve_main
+
+            return tinker_serve_main(args)
         if args.config_command == "show":
             return _show(args)
         return _validate(args)

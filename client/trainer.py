@@ -67,9 +67,12 @@ def configure_request(
 
 
 def forward_backward_request(
-    sequences: Sequence[TrainSequence], loss: str, temperature: float, normalize_tokens: float
-) -> trainer_pb2.ForwardBackwardRequest:
+    sequences: Sequence[TrainSequence], loss: str, temperature: float, normalize_tokens: float,
+    clip_ratio_low: float | None = None, clip_ratio_high: float | None = None,
+) -> trainer_pb2.ForwardBackwardRequest:  # fmt: skip
     return trainer_pb2.ForwardBackwardRequest(
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
         sequences=[
             trainer_pb2.TrainSequence(
                 prompt_token_ids=s.prompt_token_ids,
@@ -150,12 +153,17 @@ class TrainerClient(BlockingClient):
         temperature: float = 1.0,
         normalize_tokens: float = 0.0,
         timeout: float | None = None,
+        clip_ratio_low: float | None = None,
+        clip_ratio_high: float | None = None,
     ) -> ForwardBackwardResult:
-        """Accumulate gradients of `loss` (grpo, ppo, cross_entropy, or dpo: `sequences` are (chosen,
-        rejected) pairs, pair k at 2k and 2k + 1, on a stage with a reference model) over `sequences`;
-        no optimizer step. `normalize_tokens` > 0 divides by that many tokens (a step spanning several
-        calls)."""
-        request = forward_backward_request(sequences, loss, temperature, normalize_tokens)
+        """Accumulate gradients of `loss` (grpo, ppo, importance_sampling, cispo, gspo, cross_entropy,
+        or dpo: `sequences` are (chosen, rejected) pairs, pair k at 2k and 2k + 1, on a stage with a
+        reference model) over `sequences`; no optimizer step. `normalize_tokens` > 0 divides by that
+        many tokens (a step spanning several calls; 1: the sum). `clip_ratio_low/high`: a policy
+        loss's clip range [1 - low, 1 + high] (None: the configured one)."""
+        request = forward_backward_request(
+            sequences, loss, temperature, normalize_tokens, clip_ratio_low, clip_ratio_high
+        )
         return _fb_result(self._unary("ForwardBackward", request, timeout))
 
     def compute_logprobs(
@@ -171,8 +179,15 @@ class TrainerClient(BlockingClient):
         request = compute_logprobs_request(sequences, temperature, reference)
         return _logprobs_result(self._unary("ComputeLogprobs", request, timeout))
 
-    def optim_step(self, timeout: float | None = None) -> OptimStepResult:
-        return _optim_result(self._unary("OptimStep", trainer_pb2.OptimStepRequest(), timeout))
+    def optim_step(self, timeout: float | None = None, adam: dict[str, float] | None = None) -> OptimStepResult:
+        """Step on the gradients accumulated so far; `adam` (AdamParams' fields: learning_rate, beta1,
+        beta2, eps, weight_decay, grad_clip_norm) in place of the configured optimizer and schedule."""
+        request = trainer_pb2.OptimStepRequest(adam=None if adam is None else trainer_pb2.AdamParams(**adam))
+        return _optim_result(self._unary("OptimStep", request, timeout))
+
+    def export_weights(self, folder: str, timeout: float | None = None) -> trainer_pb2.ExportWeightsResponse:
+        """Write the current weights as an HF folder at `folder` (on the trainer's file system)."""
+        return self._unary("ExportWeights", trainer_pb2.ExportWeightsRequest(folder=folder), timeout)
 
     def train_step(self, experiences: Sequence[Experience], timeout: float | None = None) -> TrainStepResult:
         """One full RL step (log-probs, advantages, the configured mini-batch updates). Gradients a
@@ -188,10 +203,12 @@ class TrainerClient(BlockingClient):
         return msg.path, msg.hf_path
 
     def load_checkpoint(
-        self, path: str = "", timeout: float | None = None
+        self, path: str = "", timeout: float | None = None, weights_only: bool = False
     ) -> trainer_pb2.LoadCheckpointResponse:
-        """Restore `path` (empty: the newest checkpoint of the configured checkpoint_dir)."""
-        return self._unary("LoadCheckpoint", trainer_pb2.LoadCheckpointRequest(path=path), timeout)
+        """Restore `path` (empty: the newest checkpoint of the configured checkpoint_dir);
+        `weights_only`: the optimizer starts afresh."""
+        request = trainer_pb2.LoadCheckpointRequest(path=path, weights_only=weights_only)
+        return self._unary("LoadCheckpoint", request, timeout)
 
     def get_state(self, timeout: float | None = None) -> trainer_pb2.GetStateResponse:
         return self._unary("GetState", trainer_pb2.GetStateRequest(), timeout)

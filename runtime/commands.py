@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from ..backends.base import AdamHparams
 from ..core.config import RLCoreConfig
 from ..core.config.plan import StagePlan
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
@@ -38,6 +39,9 @@ class ForwardBackwardCall:
     loss: str
     temperature: float
     normalize_tokens: float
+    clip: tuple[float | None, float | None] = (None, None)
+    """Policy losses: (clip_ratio_low, clip_ratio_high) in place of the configured ones (None: the
+    configured one)."""
 
 
 @dataclass
@@ -49,7 +53,10 @@ class LogprobsCall:
 
 @dataclass
 class OptimStepCall:
-    """Step the optimizer on the gradients accumulated so far."""
+    """Step the optimizer on the gradients accumulated so far (with `adam`'s hyperparameters in
+    place of the configured optimizer's and schedule's, when given)."""
+
+    adam: AdamHparams | None = None
 
 
 @dataclass
@@ -68,6 +75,8 @@ class SaveCheckpointCall:
 @dataclass
 class LoadCheckpointCall:
     path: str
+    weights_only: bool = False
+    """The optimizer starts afresh (its moments and step counts dropped)."""
 
 
 @dataclass
@@ -78,6 +87,13 @@ class SyncWeightsCall:
 
 @dataclass
 class PublishWeightsCall:
+    folder: str
+
+
+@dataclass
+class ExportWeightsCall:
+    """Write the current weights as an HF folder (rank 0 writes) at `folder`."""
+
     folder: str
 
 
@@ -104,6 +120,6 @@ class ShutdownCall:
 
 Command = Union[  # noqa: UP007 (a runtime alias)
     ConfigureCall, StartEnginesCall, ForwardBackwardCall, LogprobsCall, OptimStepCall, TrainStepCall,
-    SaveCheckpointCall, LoadCheckpointCall, SyncWeightsCall, PublishWeightsCall, RolloutCall, ProbeCall,
-    ShutdownCall,
+    SaveCheckpointCall, LoadCheckpointCall, SyncWeightsCall, PublishWeightsCall, ExportWeightsCall, RolloutCall,
+    ProbeCall, ShutdownCall,
 ]  # fmt: skip

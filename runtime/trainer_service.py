@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..backends import check_strategy_runs
+from ..backends.base import AdamHparams
 from ..core.checkpoint import TRAINER_STATE, CheckpointError, resumable_checkpoint, verify_checkpoint
 from ..core.config import ConfigError, from_yaml
 from ..core.config.plan import StagePlan, filled, plan_stage
@@ -28,6 +29,7 @@ from ..proto.v1 import trainer_pb2, trainer_pb2_grpc
 from .commands import (
     Command,
     ConfigureCall,
+    ExportWeightsCall,
     ForwardBackwardCall,
     LoadCheckpointCall,
     LogprobsCall,
@@ -37,10 +39,10 @@ from .commands import (
     TrainStepCall,
 )
 from .trainer_world import Commander
-from .training import SequenceSpec, StageTraining, sequence_spec
+from .training import POLICY_TERMS, SequenceSpec, StageTraining, sequence_spec
 
-LOSSES = ("grpo", "ppo", "cross_entropy", "dpo")
-POLICY_LOSSES = ("grpo", "ppo")
+POLICY_LOSSES = tuple(POLICY_TERMS)
+LOSSES = (*POLICY_LOSSES, "cross_entropy", "dpo")
 SERVICE_NAME = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
 
 
@@ -105,7 +107,34 @@ def validate_forward_backward(
         request.loss != "dpo" or len(seqs) % 2 == 0, "sequences",
         f"loss dpo takes (chosen, rejected) pairs, pair k at 2k and 2k+1; got an odd count ({len(seqs)})",
     )  # fmt: skip
-    return ForwardBackwardCall(seqs, request.loss, temperature, norm)
+    clip: list[float | None] = []
+    for name in ("clip_ratio_low", "clip_ratio_high"):
+        if not request.HasField(name):
+            clip.append(None)
+            continue
+        value = getattr(request, name)
+        require(request.loss in POLICY_LOSSES, name, f"applies to the policy losses only, not {request.loss}")
+        upper = 1.0 if name == "clip_ratio_low" else math.inf
+        require(math.isfinite(value) and 0 <= value < upper, name, f"must be in [0, {upper}); got {value}")
+        clip.append(value)
+    return ForwardBackwardCall(seqs, request.loss, temperature, norm, (clip[0], clip[1]))
+
+
+def validate_optim_step(request: trainer_pb2.OptimStepRequest) -> OptimStepCall:
+    if not request.HasField("adam"):
+        return OptimStepCall()
+    a = request.adam
+    require(math.isfinite(a.learning_rate) and a.learning_rate >= 0, "adam.learning_rate",
+            f"must be >= 0; got {a.learning_rate}")  # fmt: skip
+    for name in ("beta1", "beta2"):
+        value = getattr(a, name)
+        require(0 <= value < 1, f"adam.{name}", f"must be in [0, 1); got {value}")
+    require(math.isfinite(a.eps) and a.eps > 0, "adam.eps", f"must be > 0; got {a.eps}")
+    require(math.isfinite(a.weight_decay) and a.weight_decay >= 0, "adam.weight_decay",
+            f"must be >= 0; got {a.weight_decay}")  # fmt: skip
+    require(math.isfinite(a.grad_clip_norm) and a.grad_clip_norm >= 0, "adam.grad_clip_norm",
+            f"must be >= 0 (0 clips nothing); got {a.grad_clip_norm}")  # fmt: skip
+    return OptimStepCall(AdamHparams(a.learning_rate, (a.beta1, a.beta2), a.eps, a.weight_decay, a.grad_clip_norm))
 
 
 def validate_compute_logprobs(
@@ -276,9 +305,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     def OptimStep(self, request, context):
+        call = validate_optim_step(request)
         with self._lock:
             self._configured()
-            out = self._run(OptimStepCall())
+            out = self._run(call)
         return trainer_pb2.OptimStepResponse(**out)
 
     def TrainStep(self, request, context):
@@ -318,7 +348,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 verify_checkpoint(path)
             except CheckpointError as e:
                 raise InvalidArgument("path", str(e)) from None
-            state = self._run(LoadCheckpointCall(path))
+            state = self._run(LoadCheckpointCall(path, request.weights_only))
         return trainer_pb2.LoadCheckpointResponse(
             path=path, global_step=state.global_step, explore_step=state.explore_step
         )
@@ -331,6 +361,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             configured=True, global_step=t.state.global_step, policy_version=t.state.policy_version,
             strategy=t.cfg.trainer.strategy, world_size=dist.get_world_size(), model_path=self.world.model_path,
         )  # fmt: skip
+
+    def ExportWeights(self, request, context):
+        require(bool(request.folder), "folder", "must name the folder to write (on the trainer's file system)")
+        with self._lock:
+            self._configured()
+            out = self._run(ExportWeightsCall(request.folder))
+        return trainer_pb2.ExportWeightsResponse(**out)
 
     def SyncWeights(self, request, context):
         endpoints = list(request.endpoints)

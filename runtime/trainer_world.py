@@ -25,13 +25,14 @@ from ..core.batch import shard
 from ..core.checkpoint import TrainerState
 from ..core.config import RLCoreConfig
 from ..core.fast_exit import exit_now
-from ..core.hf_export import HF_DIR
+from ..core.hf_export import HF_DIR, export_hf
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience
 from ..core.watchdog import deadline
 from .commands import (
     Command,
     ConfigureCall,
+    ExportWeightsCall,
     ForwardBackwardCall,
     LoadCheckpointCall,
     LogprobsCall,
@@ -151,14 +152,16 @@ class TrainerWorld:
         return bool(box[0])
 
     def forward_backward(self, call: ForwardBackwardCall) -> dict[str, Any]:
-        return self._t().train_sequences(call.sequences, call.loss, call.temperature, call.normalize_tokens)
+        return self._t().train_sequences(
+            call.sequences, call.loss, call.temperature, call.normalize_tokens, call.clip
+        )
 
     def compute_logprobs(self, call: LogprobsCall) -> list[list[float]]:
         return self._t().logprobs(call.sequences, call.temperature, call.reference)
 
-    def optim_step(self, _: OptimStepCall) -> dict[str, Any]:
+    def optim_step(self, call: OptimStepCall) -> dict[str, Any]:
         t = self._t()
-        grad_norm, lr = t.optimizer_step()
+        grad_norm, lr = t.optimizer_step(call.adam)
         return {"grad_norm": grad_norm, "lr": lr, "global_step": t.state.global_step}
 
     def train_step(self, call: TrainStepCall) -> dict[str, Any]:
@@ -171,7 +174,10 @@ class TrainerWorld:
         return {"path": path, "hf_path": os.path.join(path, HF_DIR) if call.export_hf else ""}
 
     def load_checkpoint(self, call: LoadCheckpointCall) -> TrainerState:
-        return self._t().load(call.path)
+        state = self._t().load(call.path)
+        if call.weights_only:
+            self._t().strategy.reset_optimizer()
+        return state
 
     def sync_weights(self, call: SyncWeightsCall) -> dict[str, Any]:
         """Push the current weights to the engines: the rollout workers at `endpoints` (rank 0
@@ -236,6 +242,26 @@ class TrainerWorld:
             "seconds": stats.get("total_s", time.perf_counter() - start),
         }
 
+    def export_weights(self, call: ExportWeightsCall) -> dict[str, Any]:
+        """The current weights as an HF folder at `folder` (written beside it, then renamed over it):
+        every rank walks the weights, rank 0 writes."""
+        import shutil
+
+        t, folder = self._t(), os.path.abspath(call.folder)
+        rank0 = dist.get_rank() == 0
+        partial = folder + ".partial"
+        if rank0:
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+        export_hf(t.strategy.iter_full_weights(), partial, t.strategy.hf_config(), self.model_path, write=rank0)
+        dist.barrier()
+        if not rank0:
+            return {}
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(partial, folder)
+        size = sum(e.stat().st_size for e in os.scandir(folder) if e.name.endswith(".safetensors"))
+        return {"folder": folder, "num_bytes": size}
+
     def rollout(self, call: RolloutCall) -> tuple[list[Experience], dict[str, float], str | None] | None:
         """The engines in every rank: each rank generates its contiguous share (whole groups)
         within explorer.max_timeout (a seeded prompt samples the same in any rank). Rank 0 gets all experiences in task order, the
@@ -292,6 +318,7 @@ METHODS: dict[type, Callable[[TrainerWorld, Any], Any]] = {
     LoadCheckpointCall: TrainerWorld.load_checkpoint,
     SyncWeightsCall: TrainerWorld.sync_weights,
     PublishWeightsCall: TrainerWorld.publish_weights,
+    ExportWeightsCall: TrainerWorld.export_weights,
     RolloutCall: TrainerWorld.rollout,
     ProbeCall: TrainerWorld.probe,
 }

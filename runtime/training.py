@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..backends import STRATEGIES
-from ..backends.base import TrainingStrategy
+from ..backends.base import AdamHparams, TrainingStrategy
 from ..core.algorithms import STEP_PASSES, advantage_fn_of, reference_in_advantage, trains_on, with_preset
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.correction import IS_WEIGHT, MismatchStats, correction_weights
@@ -38,6 +38,10 @@ from ..core.hf_export import ADAPTER_DIR, HF_DIR, export_adapter, export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
 from . import scoring
+
+POLICY_TERMS = {"grpo": "ppo_clip", "ppo": "ppo_clip", "importance_sampling": "importance_sampling",
+                "cispo": "cispo", "gspo": "gspo"}  # fmt: skip
+"""The policy losses train_sequences takes by name -> their terms (algorithm.policy_loss_fn)."""
 
 
 @dataclass
@@ -289,18 +293,22 @@ class StageTraining:
 
     # ------------------------------------------------------------------ building blocks
 
-    def optimizer_step(self) -> tuple[float, float]:
-        """Clip, step and zero; returns the gradient norm and the learning rate the step used."""
+    def optimizer_step(self, adam: AdamHparams | None = None) -> tuple[float, float]:
+        """Clip, step and zero (with `adam`'s hyperparameters in place of the configured ones, when
+        given); returns the gradient norm and the learning rate the step used."""
+        self.strategy.set_step_hparams(adam)
         lr = self.strategy.current_lr()  # the scheduler moves on inside optimizer_step
         grad_norm = self.strategy.optimizer_step()
         self.state.global_step += 1
         return grad_norm, lr
 
     def train_sequences(
-        self, specs: list[SequenceSpec], loss: str, temperature: float, normalize_tokens: float
-    ) -> dict[str, Any]:
-        """Accumulate the gradients of `loss` (cross_entropy, dpo, or the configured policy loss) over
-        `specs`; no optimizer step."""
+        self, specs: list[SequenceSpec], loss: str, temperature: float, normalize_tokens: float,
+        clip: tuple[float | None, float | None] = (None, None),
+    ) -> dict[str, Any]:  # fmt: skip
+        """Accumulate the gradients of `loss` (cross_entropy, dpo, or a policy loss: POLICY_TERMS)
+        over `specs`; no optimizer step. `clip`: the policy loss's (clip_ratio_low, clip_ratio_high),
+        None for the configured one."""
         if loss == "dpo":
             return self._dpo(specs, temperature)
         mbs = self._spec_batches(specs)
@@ -308,11 +316,14 @@ class StageTraining:
         if loss == "cross_entropy":
             algo = dataclasses.replace(algo, algorithm_type="sft")
         else:  # the KL term needs the reference model, which only an RL config builds
+            low, high = clip
             algo = dataclasses.replace(
                 algo,
                 algorithm_type="grpo",
-                policy_loss_fn="ppo_clip",
+                policy_loss_fn=POLICY_TERMS[loss],
                 kl_loss_fn=algo.kl_loss_fn if self.needs_ref else "none",
+                clip_ratio_low=algo.clip_ratio_low if low is None else low,
+                clip_ratio_high=algo.clip_ratio_high if high is None else high,
             )
         num_tokens = sum(sum(s.loss_mask) for s in specs)
         norm = LossNorm(

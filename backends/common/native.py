@@ -24,7 +24,7 @@ import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ...core.config.schema import LoraConfig
-from ..base import Batch, LossFn, TrainingStrategy
+from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
 from .lora import LoraLayout, apply_lora
@@ -57,6 +57,8 @@ class NativeStrategy(TrainingStrategy):
     """With a LoRA adapter: its layout (the policy is then a peft model)."""
     _peft: Any = None
     """The peft model itself (FSDP1 wraps it), for switching the adapter off."""
+    _step_hparams: AdamHparams | None = None
+    """The next steps' AdamW hyperparameters in place of the configured ones (set_step_hparams)."""
 
     def _load(
         self, model_path: str, seed: int, gradient_checkpointing: bool, lora: LoraConfig | None = None
@@ -111,7 +113,12 @@ class NativeStrategy(TrainingStrategy):
         out and afterwards updates it (halved after an overflow)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        norm = self._clip_grad_norm(self.grad_clip if self.grad_clip > 0 else float("inf"))
+        adam, grad_clip = self._step_hparams, self.grad_clip
+        if adam is not None:
+            grad_clip = adam.grad_clip
+            for group in self.optimizer.param_groups:
+                group.update(lr=adam.lr, betas=adam.betas, eps=adam.eps, weight_decay=adam.weight_decay)
+        norm = self._clip_grad_norm(grad_clip if grad_clip > 0 else float("inf"))
         if torch.isfinite(norm):  # a float16 overflow shows here too: the norm is global
             self.optimizer.step()  # (not scaler.step: on CPU it breaks the fused AdamW)
         if self.scaler is not None:
@@ -145,7 +152,15 @@ class NativeStrategy(TrainingStrategy):
         return [forward_values(self.model, self._to_device(mb)).cpu() for mb in micro_batches]
 
     def current_lr(self) -> float:
+        if self._step_hparams is not None:
+            return self._step_hparams.lr
         return float(self.scheduler.get_last_lr()[0])
+
+    def set_step_hparams(self, adam: AdamHparams | None) -> None:
+        self._step_hparams = adam
+
+    def reset_optimizer(self) -> None:
+        self.optimizer.state.clear()  # AdamW builds a parameter's state again on its next step
 
     def _loss_scale(self) -> float:
         """What the gradients are multiplied by between forward_backward and optimizer_step."""

@@ -32,7 +32,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ...core.algorithms.logprob import at_temperature
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
-from ..base import Batch, LossFn, TrainingStrategy
+from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
 from ..common.schedule import FP16_INITIAL_LOSS_SCALE, lr_lambda
@@ -94,6 +94,7 @@ class MegatronStrategy(TrainingStrategy):
         self.dims = ModelDims.from_hf_config(self._hf_config, value_head=value_head)
         check_layout(self.dims, tp, pp)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
+        self._step_hparams: AdamHparams | None = None
         self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
@@ -181,8 +182,9 @@ class MegatronStrategy(TrainingStrategy):
         overflow = self.optimizer.prepare_grads()  # float16: unscaled; an overflow lowers the scale
         # the pre-clip norm either way; an inf/nan norm clips nothing and the step is skipped
         # (a bad batch must not poison the weights), as on the other strategies
-        if self.grad_clip > 0:
-            grad_norm = float(self.optimizer.clip_grad_norm(self.grad_clip))
+        grad_clip = self.grad_clip if self._step_hparams is None else self._step_hparams.grad_clip
+        if grad_clip > 0:
+            grad_norm = float(self.optimizer.clip_grad_norm(grad_clip))
         else:
             grad_norm = float(self.optimizer.get_grad_norm())
         if not overflow and math.isfinite(grad_norm):
@@ -228,12 +230,21 @@ class MegatronStrategy(TrainingStrategy):
 
     def current_lr(self) -> float:
         """The lr of the next optimizer step (what LambdaLR reports for the FSDP strategies)."""
+        if self._step_hparams is not None:
+            return self._step_hparams.lr
         return self.optimizer_cfg.lr * self._lr_multiplier(self.step)
 
+    def set_step_hparams(self, adam: AdamHparams | None) -> None:
+        self._step_hparams = adam
+
     def _set_lr(self) -> None:
-        lr = self.current_lr()
+        lr, adam = self.current_lr(), self._step_hparams
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+            if adam is not None:  # groups without weight decay (norms, biases) keep none
+                group.update(betas=adam.betas, eps=adam.eps)
+                if group.get("weight_decay", 0.0):
+                    group["weight_decay"] = adam.weight_decay
 
     # ------------------------------------------------------------------ the schedule
 

@@ -60,6 +60,8 @@ POLICY_LOSS_FNS = Registry(
         "gspo": "rlcore.core.algorithms.gspo:gspo_terms",
         "opmd": "rlcore.core.algorithms.opmd:opmd_terms",
         "weighted_likelihood": "rlcore.core.algorithms.maxent:weighted_likelihood_terms",
+        "importance_sampling": "rlcore.core.algorithms.importance:importance_sampling_terms",
+        "cispo": "rlcore.core.algorithms.importance:cispo_terms",
     },
 )
 """Policy-gradient terms: (logprobs, old logprobs, advantages, mask, algorithm config) ->

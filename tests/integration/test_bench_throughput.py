@@ -1,6 +1,7 @@
 """`rlcore bench throughput` end to end at its smallest size: each engine generates in its own
 process, each strategy trains through a real `rlcore launch`, megatron is reported as not measured
-where it cannot run; then the JSON, the markdown tables and the plot."""
+where it cannot run; then the JSON, the markdown tables and the plot. (vLLM is left out here: its
+start costs CI 20 s, and its rollout path runs in the weight-sync bench and the vLLM loop tests.)"""
 
 from __future__ import annotations
 
@@ -11,17 +12,15 @@ import sys
 import pytest
 
 from tests.integration.launch_utils import REPO
-from tests.integration.vllm_support import require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def test_bench_throughput_measures_every_engine_and_strategy(tmp_path) -> None:
     pytest.importorskip("matplotlib", reason="the benchmark plots: pip install 'rlcore[bench]'")
-    require_vllm()
     out = tmp_path / "throughput.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "rlcore.cli", "bench", "throughput", "--engines", "hf,hf-eager,vllm,hf-generate", "--prompts", "2", "--n", "2",
+        [sys.executable, "-m", "rlcore.cli", "bench", "throughput", "--engines", "hf,hf-eager,hf-generate", "--prompts", "2", "--n", "2",
          "--max-tokens", "4", "--calls", "2", "--steps", "1", "--repeats", "1", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=840,
     )  # fmt: skip
@@ -29,7 +28,7 @@ def test_bench_throughput_measures_every_engine_and_strategy(tmp_path) -> None:
     result = json.loads(out.read_text())
 
     rollout = result["rollout"]
-    assert list(rollout) == ["hf", "hf-eager", "vllm", "hf-generate"]  # hf-generate: model.generate
+    assert list(rollout) == ["hf", "hf-eager", "hf-generate"]  # hf-generate: model.generate
     # on CPU both HF loops are the eager one: the report's greedy check must find them equal
     assert result["greedy_agreement"] == {"rows": 2, "equal_rows": 2, "mean_equal_prefix": 1.0}
     for row in rollout.values():
@@ -38,9 +37,9 @@ def test_bench_throughput_measures_every_engine_and_strategy(tmp_path) -> None:
         assert row["tokens_per_s"]["median"] == pytest.approx(
             row["tokens_per_call"]["median"] / row["call_s"]["median"], rel=0.01
         )
-    vllm_over_hf = rollout["vllm"]["ratio_to_reference"]["median"]
-    assert vllm_over_hf == pytest.approx(
-        rollout["vllm"]["tokens_per_s"]["median"] / rollout["hf"]["tokens_per_s"]["median"]
+    generate_over_hf = rollout["hf-generate"]["ratio_to_reference"]["median"]
+    assert generate_over_hf == pytest.approx(
+        rollout["hf-generate"]["tokens_per_s"]["median"] / rollout["hf"]["tokens_per_s"]["median"]
     )
 
     train = result["train"]

@@ -48,16 +48,20 @@ class TrainSequence(_message.Message):
     def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., old_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ForwardBackwardRequest(_message.Message):
-    __slots__ = ("sequences", "loss", "temperature", "normalize_tokens")
+    __slots__ = ("sequences", "loss", "temperature", "normalize_tokens", "clip_ratio_low", "clip_ratio_high")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CLIP_RATIO_LOW_FIELD_NUMBER: _ClassVar[int]
+    CLIP_RATIO_HIGH_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedCompositeFieldContainer[TrainSequence]
     loss: str
     temperature: float
     normalize_tokens: float
-    def __init__(self, sequences: _Optional[_Iterable[_Union[TrainSequence, _Mapping]]] = ..., loss: _Optional[str] = ..., temperature: _Optional[float] = ..., normalize_tokens: _Optional[float] = ...) -> None: ...
+    clip_ratio_low: float
+    clip_ratio_high: float
+    def __init__(self, sequences: _Optional[_Iterable[_Union[TrainSequence, _Mapping]]] = ..., loss: _Optional[str] = ..., temperature: _Optional[float] = ..., normalize_tokens: _Optional[float] = ..., clip_ratio_low: _Optional[float] = ..., clip_ratio_high: _Optional[float] = ...) -> None: ...
 
 class ForwardBackwardResponse(_message.Message):
     __slots__ = ("loss", "metrics", "num_tokens")
@@ -99,8 +103,26 @@ class ComputeLogprobsResponse(_message.Message):
     def __init__(self, sequences: _Optional[_Iterable[_Union[ResponseLogprobs, _Mapping]]] = ...) -> None: ...
 
 class OptimStepRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("adam",)
+    ADAM_FIELD_NUMBER: _ClassVar[int]
+    adam: AdamParams
+    def __init__(self, adam: _Optional[_Union[AdamParams, _Mapping]] = ...) -> None: ...
+
+class AdamParams(_message.Message):
+    __slots__ = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    BETA1_FIELD_NUMBER: _ClassVar[int]
+    BETA2_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    GRAD_CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    learning_rate: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip_norm: float
+    def __init__(self, learning_rate: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ...) -> None: ...
 
 class OptimStepResponse(_message.Message):
     __slots__ = ("grad_norm", "lr", "global_step")
@@ -150,10 +172,12 @@ class SaveCheckpointResponse(_message.Message):
     def __init__(self, path: _Optional[str] = ..., hf_path: _Optional[str] = ...) -> None: ...
 
 class LoadCheckpointRequest(_message.Message):
-    __slots__ = ("path",)
+    __slots__ = ("path", "weights_only")
     PATH_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ONLY_FIELD_NUMBER: _ClassVar[int]
     path: str
-    def __init__(self, path: _Optional[str] = ...) -> None: ...
+    weights_only: bool
+    def __init__(self, path: _Optional[str] = ..., weights_only: _Optional[bool] = ...) -> None: ...
 
 class LoadCheckpointResponse(_message.Message):
     __slots__ = ("path", "global_step", "explore_step")
@@ -200,3 +224,17 @@ class SyncWeightsResponse(_message.Message):
     num_bytes: int
     seconds: float
     def __init__(self, policy_version: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ExportWeightsRequest(_message.Message):
+    __slots__ = ("folder",)
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    folder: str
+    def __init__(self, folder: _Optional[str] = ...) -> None: ...
+
+class ExportWeightsResponse(_message.Message):
+    __slots__ = ("folder", "num_bytes")
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    folder: str
+    num_bytes: int
+    def __init__(self, folder: _Optional[str] = ..., num_bytes: _Optional[int] = ...) -> None: ...

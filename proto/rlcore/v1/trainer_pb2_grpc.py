@@ -79,6 +79,11 @@ class TrainerServiceStub:
                 request_serializer=rlcore_dot_v1_dot_trainer__pb2.SyncWeightsRequest.SerializeToString,
                 response_deserializer=rlcore_dot_v1_dot_trainer__pb2.SyncWeightsResponse.FromString,
                 _registered_method=True)
+        self.ExportWeights = channel.unary_unary(
+                '/rlcore.v1.TrainerService/ExportWeights',
+                request_serializer=rlcore_dot_v1_dot_trainer__pb2.ExportWeightsRequest.SerializeToString,
+                response_deserializer=rlcore_dot_v1_dot_trainer__pb2.ExportWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -151,6 +156,14 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportWeights(self, request, context):
+        """Write the current weights as an HF folder (with the tokenizer) on the trainer's file system:
+        what an engine loads (LoRA: merged into the base). No optimizer state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +211,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.SyncWeights,
                     request_deserializer=rlcore_dot_v1_dot_trainer__pb2.SyncWeightsRequest.FromString,
                     response_serializer=rlcore_dot_v1_dot_trainer__pb2.SyncWeightsResponse.SerializeToString,
+            ),
+            'ExportWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportWeights,
+                    request_deserializer=rlcore_dot_v1_dot_trainer__pb2.ExportWeightsRequest.FromString,
+                    response_serializer=rlcore_dot_v1_dot_trainer__pb2.ExportWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +461,33 @@ class TrainerService:
             '/rlcore.v1.TrainerService/SyncWeights',
             rlcore_dot_v1_dot_trainer__pb2.SyncWeightsRequest.SerializeToString,
             rlcore_dot_v1_dot_trainer__pb2.SyncWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlcore.v1.TrainerService/ExportWeights',
+            rlcore_dot_v1_dot_trainer__pb2.ExportWeightsRequest.SerializeToString,
+            rlcore_dot_v1_dot_trainer__pb2.ExportWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,97 @@
+"""The Tinker server's sampling engine: rlcore's HF engine over the served base model, loading the
+weights a sampler names (an HF folder the trainer exported, or the base model's own) before it
+samples. One engine, one set of weights at a time: requests for other weights wait their turn."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from ...core.algorithms.logprob import token_logprobs
+from ...core.types import SamplingParams
+from ...rollout.engines.base import iter_safetensors
+from .errors import UserError
+from .wire import Sampled, sample_response
+
+
+def sampling_params(params: Any, num_samples: int, eos_ids: list[int]) -> SamplingParams:
+    """Tinker's SamplingParams (max_tokens, seed, stop, temperature, top_k, top_p) as rlcore's.
+    `stop`: strings, or token ids (each ends a sample like EOS); [] turns every stop off, EOS too."""
+    stop = params.stop
+    strings: list[str] = []
+    stop_ids: list[int] = []
+    if isinstance(stop, str):
+        strings = [stop]
+    elif stop:
+        if all(isinstance(s, str) for s in stop):
+            strings = list(stop)
+        elif all(isinstance(s, int) for s in stop):
+            stop_ids = [int(s) for s in stop]
+        else:
+            raise UserError("sampling_params.stop: strings or token ids, not both")
+    if params.max_tokens is None:
+        raise UserError("sampling_params.max_tokens: required here (the largest number of tokens to sample)")
+    if params.max_tokens < 1:
+        raise UserError(f"sampling_params.max_tokens: must be >= 1; got {params.max_tokens}")
+    if not params.temperature >= 0:
+        raise UserError(f"sampling_params.temperature: must be >= 0; got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise UserError(f"sampling_params.top_p: must be in (0, 1]; got {params.top_p}")
+    if num_samples < 1:
+        raise UserError(f"num_samples: must be >= 1; got {num_samples}")
+    return SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, n=num_samples,
+        max_tokens=params.max_tokens, stop=strings, seed=params.seed, stop_token_ids=stop_ids,
+        ignore_eos=stop is not None and len(stop) == 0,
+    )  # fmt: skip
+
+
+class Sampler:
+    """The engine and the folder whose weights it holds."""
+
+    def __init__(self, base_path: str, device: str, dtype: str, max_model_len: int):
+        from ...rollout.engines.hf import HFEngine
+
+        self.base_path = base_path
+        self.engine = HFEngine(base_path, device=device, dtype=dtype, max_model_len=max_model_len)
+        self.holds = base_path
+        self.version = 0
+        self.lock = threading.Lock()
+
+    def _hold(self, folder: str) -> None:
+        if self.holds != folder:
+            self.version += 1
+            self.engine.load_weights(iter_safetensors(folder), self.version)
+            self.holds = folder
+
+    def sample(
+        self, folder: str, prompt: list[int], params: Any, num_samples: int, prompt_logprobs: bool
+    ) -> bytes:
+        """SampleResponse bytes of `num_samples` samples of `prompt` under the weights in `folder`."""
+        if not prompt:
+            raise UserError("prompt: holds no tokens")
+        vocab = self.engine.model.config.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise UserError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
+        limit = self.engine.max_model_len
+        sampling = sampling_params(params, num_samples, [])
+        if len(prompt) + sampling.max_tokens > limit:
+            raise UserError(f"prompt ({len(prompt)} tokens) + sampling_params.max_tokens ({sampling.max_tokens}) "
+                            f"exceeds the served context of {limit} tokens")  # fmt: skip
+        with self.lock:
+            self._hold(folder)
+            (completions,) = self.engine.generate([prompt], sampling)
+            scored = self._prompt_logprobs(prompt) if prompt_logprobs else None
+        samples = [Sampled(c.token_ids, c.logprobs, c.finish_reason == "stop") for c in completions]
+        return sample_response(samples, scored)
+
+    @torch.no_grad()
+    def _prompt_logprobs(self, prompt: list[int]) -> list[float]:
+        """log p(prompt[i] | prompt[:i]) for i >= 1, by the function the trainer scores with."""
+        model = self.engine.model
+        ids = torch.tensor([prompt], device=model.device)
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        return token_logprobs(logits, ids[:, 1:])[0].tolist()

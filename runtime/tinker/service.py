@@ -1,0 +1,408 @@
+"""The Tinker service behind the HTTP routes (app.py): sessions, the training model, checkpoints,
+samplers and futures, over rlcore's trainer world (TrainerService, through TrainerClient) and a
+sampling engine (sampler.py).
+
+One trainer world trains one model at a time: a new model (create_model, or one created from a
+checkpoint) replaces the live one, whose later requests then fail naming the model that replaced
+it. Training requests run one at a time in the order they arrive (the SDK sends a model's
+requests in seq_id order and waits for each to be accepted; client/config turns its parallel
+chunk sends off); a request sent again with a seq_id already taken gets the first one's future.
+Sampling runs on its own thread, beside training. Checkpoints are named
+`tinker://<model_id>/weights/<name>` (training state: weights and optimizer) and
+`tinker://<model_id>/sampler_weights/<name>` (an HF folder of the weights), recorded in
+`<workdir>/checkpoints.json` so a restarted server still finds them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ...client.trainer import TrainerClient
+from ...core.config.loader import to_yaml
+from ...core.config.schema import LoraConfig, RLCoreConfig
+from ...core.rpc.cli import write_atomic
+from .errors import NotFound, UserError
+from .losses import loss_sum, plan_loss, required_inputs
+from .sampler import Sampler
+from .wire import decode_datums, forward_backward_output, loss_config
+
+LORA_ALPHA = 32
+"""Every adapter's alpha (Tinker's LoraConfig has a rank only): the update is scaled by 32 / rank."""
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+FINISHED_KEPT = 10_000
+"""Results of finished futures kept for the client to fetch (a client may fetch one again)."""
+
+
+@dataclass
+class ModelSpec:
+    """What a training model is: its base model (by the served name) and its adapter."""
+
+    base_model: str
+    lora_rank: int
+    """0: full fine-tuning."""
+    train_attn: bool = True
+    train_mlp: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Checkpoint:
+    tinker_path: str
+    kind: str
+    """weights (a training checkpoint folder) or sampler_weights (an HF folder)."""
+    folder: str
+    model_id: str
+    spec: ModelSpec
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
+class Result:
+    """A finished future: JSON, protobuf bytes, or an error line with its category."""
+
+    json: dict[str, Any] | None = None
+    proto: bytes | None = None
+    error: str | None = None
+    category: str = "user"
+
+
+class TinkerService:
+    def __init__(
+        self, trainer: TrainerClient, base_models: dict[str, str], workdir: str, device: str, dtype: str,
+        max_model_len: int, strategy: str,
+    ):  # fmt: skip
+        self.trainer, self.base_models, self.workdir = trainer, base_models, os.path.abspath(workdir)
+        self.device, self.dtype, self.max_model_len, self.strategy = device, dtype, max_model_len, strategy
+        os.makedirs(self.workdir, exist_ok=True)
+        self.lock = threading.Lock()
+        self.sessions: dict[str, float] = {}
+        self.live: str | None = None
+        self.models: dict[str, ModelSpec] = {}
+        self.replaced: dict[str, str] = {}
+        self.seq_requests: dict[tuple[str, int], str] = {}
+        self.samplers: dict[str, tuple[str, str]] = {}
+        """sampling session -> (base model name, the HF folder its weights are in)."""
+        self.futures: dict[str, Future] = {}
+        self.train_queue = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
+        self.sample_queue = ThreadPoolExecutor(1, thread_name_prefix="tinker-sample")
+        self.checkpoints: dict[str, Checkpoint] = self._read_checkpoints()
+        self._sampler: Sampler | None = None
+
+    # ------------------------------------------------------------------ sessions and models
+
+    def create_session(self) -> str:
+        session = f"s{uuid.uuid4().hex[:12]}"
+        with self.lock:
+            self.sessions[session] = time.time()
+        return session
+
+    def heartbeat(self, session: str) -> None:
+        with self.lock:
+            if session not in self.sessions:
+                raise NotFound(f"session_id: no session {session} on this server")
+            self.sessions[session] = time.time()
+
+    def base_path(self, name: str, field_name: str = "base_model") -> str:
+        path = self.base_models.get(name)
+        if path is None:
+            raise UserError(f"{field_name}: {name} is not served here; served: {', '.join(self.base_models)}")
+        return path
+
+    def model(self, model_id: str) -> ModelSpec:
+        with self.lock:
+            if model_id in self.replaced:
+                raise UserError(f"model_id: {model_id} was replaced by {self.replaced[model_id]} (this server "
+                                "trains one model at a time; save_state before creating another)")  # fmt: skip
+            spec = self.models.get(model_id)
+        if spec is None:
+            raise NotFound(f"model_id: no model {model_id} on this server")
+        return spec
+
+    def spec_of(self, base_model: str, lora: Any) -> ModelSpec:
+        self.base_path(base_model)
+        if lora is None:
+            return ModelSpec(base_model, 0)
+        if lora.rank < 0:
+            raise UserError(f"lora_config.rank: must be >= 0 (0: full fine-tuning); got {lora.rank}")
+        if lora.rank and not (lora.train_attn or lora.train_mlp):
+            raise UserError("lora_config: train_attn and train_mlp are both false: the adapter would train nothing")
+        return ModelSpec(base_model, lora.rank, lora.train_attn, lora.train_mlp, lora.seed or 0)
+
+    def create_model(self, model_id: str, spec: ModelSpec) -> str:
+        """Queue the model's construction (it replaces the live one); the future's request id."""
+
+        def run() -> dict[str, Any]:
+            self._configure(model_id, spec)
+            return {"model_id": model_id}
+
+        return self._train(model_id, None, run)
+
+    def _configure(self, model_id: str, spec: ModelSpec) -> None:
+        cfg = RLCoreConfig(seed=spec.seed, project="tinker", name=model_id)
+        m = cfg.model
+        m.model_path = self.base_path(spec.base_model)
+        m.max_model_len, m.dtype = self.max_model_len, self.dtype
+        m.max_prompt_tokens = m.max_response_tokens = self.max_model_len // 2
+        if spec.lora_rank:
+            targets: Any = "all-linear" if spec.train_attn and spec.train_mlp else (ATTENTION if spec.train_attn else MLP)
+            m.lora_configs = [LoraConfig(lora_rank=spec.lora_rank, lora_alpha=LORA_ALPHA, target_modules=targets)]
+        cfg.algorithm.algorithm_type, cfg.algorithm.kl_loss_coef = "grpo", 0.0
+        cfg.algorithm.loss_agg_mode = "token-mean"  # with normalize_tokens 1: Tinker's sums
+        cfg.algorithm.optimizer.lr_scheduler_type = "constant"
+        cfg.trainer.strategy, cfg.trainer.save_hf_checkpoint = self.strategy, "never"
+        cfg.cluster.device = self.device
+        cfg.buffer.explorer_input.taskset.path = "(a Tinker client sends the data)"
+        folder = os.path.join(self.workdir, "models", _safe(model_id))
+        self.trainer.configure(to_yaml(cfg), checkpoint_dir=folder, total_steps=1_000_000)
+        with self.lock:
+            if self.live is not None and self.live != model_id:
+                self.replaced[self.live] = model_id
+                self.models.pop(self.live, None)
+            self.live = model_id
+            self.models[model_id] = spec
+
+    def info(self, model_id: str) -> dict[str, Any]:
+        spec = self.model(model_id)
+        path = self.base_path(spec.base_model)
+        return {
+            "model_id": model_id,
+            "model_data": {"arch": None, "model_name": spec.base_model, "tokenizer_id": path},
+            "is_lora": spec.lora_rank > 0, "lora_rank": spec.lora_rank or None, "model_name": spec.base_model,
+            "type": "get_info",
+        }  # fmt: skip
+
+    # ------------------------------------------------------------------ training requests
+
+    def forward_backward(self, request: Any) -> str:
+        model_id = request.model_id
+        self.model(model_id)
+        datums = decode_datums(request, required_inputs(request.loss_fn))
+        plan = plan_loss(request.loss_fn, loss_config(request), datums)
+        limit = self.max_model_len
+        for d, datum in enumerate(datums):
+            if len(datum.tokens) > limit:
+                raise UserError(f"data[{d}]: {len(datum.tokens) - 1} input tokens and a target exceed the served "
+                                f"context of {limit} tokens")  # fmt: skip
+
+        def run() -> Result:
+            # the learner's log-probs of the targets, before the update (the same weights)
+            logprobs = self.trainer.compute_logprobs(plan.sequences)
+            if request.forward_only:
+                value = loss_sum(plan, logprobs)
+            else:
+                value = self.trainer.forward_backward(
+                    plan.sequences, plan.loss, normalize_tokens=1.0, clip_ratio_low=plan.clip_ratio_low,
+                    clip_ratio_high=plan.clip_ratio_high,
+                ).loss  # fmt: skip
+            tokens = float(sum(len(s.response_token_ids) for s in plan.sequences))
+            return Result(proto=forward_backward_output(logprobs, {"loss:sum": value, "num_tokens:sum": tokens}))
+
+        return self._train(model_id, request.seq_id, run)
+
+    def optim_step(self, model_id: str, seq_id: int | None, params: Any) -> str:
+        self.model(model_id)
+        if getattr(params, "type", "adam") not in ("adam", "adamw"):
+            raise UserError(f"optim_params: {params.type} is not served (AdamW only)")
+        adam = {"learning_rate": params.learning_rate, "beta1": params.beta1, "beta2": params.beta2,
+                "eps": params.eps, "weight_decay": params.weight_decay, "grad_clip_norm": params.grad_clip_norm}  # fmt: skip
+
+        def run() -> dict[str, Any]:
+            out = self.trainer.optim_step(adam=adam)
+            return {"metrics": {"grad_norm:mean": out.grad_norm, "lr:mean": out.lr, "step:max": float(out.global_step)}}
+
+        return self._train(model_id, seq_id, run)
+
+    def save_weights(self, model_id: str, seq_id: int | None, name: str) -> str:
+        spec = self.model(model_id)
+        path = self._path(model_id, "weights", name)
+
+        def run() -> dict[str, Any]:
+            folder, _ = self.trainer.save_checkpoint()
+            self._record(Checkpoint(path, "weights", folder, model_id, spec))
+            return {"path": path, "type": "save_weights"}
+
+        return self._train(model_id, seq_id, run)
+
+    def save_for_sampler(self, model_id: str, seq_id: int | None, name: str | None, session_seq: int | None,
+                         session: str | None) -> str:  # fmt: skip
+        spec = self.model(model_id)
+        if name is None and session_seq is None:
+            raise UserError("path: name the sampler weights (or give sampling_session_seq_id)")
+        label = name if name is not None else f"sampler-{uuid.uuid4().hex[:8]}"
+        path = self._path(model_id, "sampler_weights", label)
+
+        def run() -> dict[str, Any]:
+            folder = os.path.join(self.workdir, "sampler_weights", _safe(model_id), label)
+            self.trainer.export_weights(folder)
+            self._record(Checkpoint(path, "sampler_weights", folder, model_id, spec))
+            out: dict[str, Any] = {"path": path, "type": "save_weights_for_sampler"}
+            if name is None:  # save_weights_and_get_sampling_client: a sampler of these weights at once
+                sampler = f"{session or model_id.split(':')[0]}:sample:{session_seq}"
+                with self.lock:
+                    self.samplers[sampler] = (spec.base_model, folder)
+                out["sampling_session_id"] = sampler
+            return out
+
+        return self._train(model_id, seq_id, run)
+
+    def load_weights(self, model_id: str, seq_id: int | None, path: str, optimizer: bool, create: bool) -> str:
+        """Restore a training checkpoint into `model_id`: a new model built from it (`create`, the
+        SDK's create_training_client_from_state) or the live one."""
+        ckpt = self.checkpoint(path, "weights")
+        if not create:
+            self.model(model_id)
+
+        def run() -> dict[str, Any]:
+            if create:
+                self._configure(model_id, ckpt.spec)
+            self.trainer.load_checkpoint(ckpt.folder, weights_only=not optimizer)
+            return {"path": path, "model_id": model_id, "type": "load_weights"}
+
+        return self._train(model_id, seq_id, run)
+
+    def _train(self, model_id: str, seq_id: int | None, fn: Any) -> str:
+        """Queue `fn` on the training thread; a (model, seq_id) already queued gets its first future."""
+        with self.lock:
+            if seq_id is not None and (model_id, seq_id) in self.seq_requests:
+                return self.seq_requests[(model_id, seq_id)]
+            request_id = self._submit(self.train_queue, fn)
+            if seq_id is not None:
+                self.seq_requests[(model_id, seq_id)] = request_id
+        return request_id
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _path(self, model_id: str, kind: str, name: str) -> str:
+        if not name or "/" in name or not re.fullmatch(r"[\w.:+=@-]+", name):
+            raise UserError(f"path: '{name}' is not a checkpoint name (letters, digits and . _ - : + = @; no /)")
+        return f"tinker://{model_id}/{kind}/{name}"
+
+    def checkpoint(self, path: str, kind: str | None = None) -> Checkpoint:
+        with self.lock:
+            ckpt = self.checkpoints.get(path)
+        if ckpt is None:
+            raise NotFound(f"path: no checkpoint {path} on this server")
+        if kind is not None and ckpt.kind != kind:
+            raise UserError(f"path: {path} holds {ckpt.kind}, not {kind}")
+        return ckpt
+
+    def _record(self, ckpt: Checkpoint) -> None:
+        with self.lock:
+            self.checkpoints[ckpt.tinker_path] = ckpt
+            rows = [asdict(c) for c in self.checkpoints.values()]
+        write_atomic(os.path.join(self.workdir, "checkpoints.json"), json.dumps(rows, indent=1))
+
+    def _read_checkpoints(self) -> dict[str, Checkpoint]:
+        try:
+            with open(os.path.join(self.workdir, "checkpoints.json")) as f:
+                rows = json.load(f)
+        except FileNotFoundError:
+            return {}
+        return {r["tinker_path"]: Checkpoint(**{**r, "spec": ModelSpec(**r["spec"])}) for r in rows}
+
+    # ------------------------------------------------------------------ sampling
+
+    def create_sampler(self, session: str, seq: int, model_path: str | None, base_model: str | None) -> str:
+        if model_path is not None:
+            ckpt = self.checkpoint(model_path)
+            if ckpt.kind != "sampler_weights":
+                raise UserError(f"model_path: {model_path} is a training checkpoint; sample from "
+                                "save_weights_for_sampler's path")  # fmt: skip
+            target = (ckpt.spec.base_model, ckpt.folder)
+        elif base_model is not None:
+            target = (base_model, self.base_path(base_model))
+        else:
+            raise UserError("model_path or base_model: one is needed")
+        sampler = f"{session}:sample:{seq}"
+        with self.lock:
+            self.samplers[sampler] = target
+        return sampler
+
+    def sampler(self, sampler_id: str) -> tuple[str, str]:
+        with self.lock:
+            target = self.samplers.get(sampler_id)
+        if target is None:
+            raise NotFound(f"sampling_session_id: no sampler {sampler_id} on this server")
+        return target
+
+    def sample(self, request: Any) -> str:
+        if request.sampling_session_id is None:
+            raise UserError("sampling_session_id: required (create a sampling client first)")
+        base_model, folder = self.sampler(request.sampling_session_id)
+        prompt: list[int] = []
+        for c, chunk in enumerate(request.prompt.chunks):
+            if getattr(chunk, "type", None) != "encoded_text":
+                raise UserError(f"prompt.chunks[{c}]: {chunk.type} chunks are not served (text tokens only)")
+            prompt.extend(chunk.tokens)
+        for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if getattr(request, name):
+                raise UserError(f"{name}: not served (0 only)")
+        if request.target_prompt_logprobs is not None or request.prompt_logprobs_last_n is not None:
+            raise UserError("target_prompt_logprobs / prompt_logprobs_last_n: not served")
+        engine = self._engine(base_model)
+
+        def run() -> Result:
+            return Result(
+                proto=engine.sample(folder, prompt, request.sampling_params, request.num_samples,
+                                    bool(request.prompt_logprobs))  # fmt: skip
+            )
+
+        return self._submit(self.sample_queue, run)
+
+    def _engine(self, base_model: str) -> Sampler:
+        path = self.base_path(base_model)
+        with self.lock:
+            if self._sampler is None or self._sampler.base_path != path:
+                self._sampler = Sampler(path, self.device, self.dtype, self.max_model_len)
+            return self._sampler
+
+    # ------------------------------------------------------------------ futures
+
+    def _submit(self, queue: ThreadPoolExecutor, fn: Any) -> str:
+        request_id = uuid.uuid4().hex
+        self.futures[request_id] = queue.submit(_as_result, fn)
+        if len(self.futures) > FINISHED_KEPT:
+            for key in [k for k, f in self.futures.items() if f.done()][: len(self.futures) - FINISHED_KEPT]:
+                del self.futures[key]
+        return request_id
+
+    def future(self, request_id: str) -> Future:
+        fut = self.futures.get(request_id)
+        if fut is None:
+            raise NotFound(f"request_id: no request {request_id} on this server (or its result was dropped)")
+        return fut
+
+    def close(self) -> None:
+        self.train_queue.shutdown(wait=False, cancel_futures=True)
+        self.sample_queue.shutdown(wait=False, cancel_futures=True)
+
+
+def _as_result(fn: Any) -> Result:
+    """Run a queued request: its JSON or protobuf answer, or the error that ended it in one line."""
+    from ...client.base import RpcError
+
+    try:
+        out = fn()
+    except UserError as e:
+        return Result(error=str(e))
+    except NotFound as e:
+        return Result(error=str(e))
+    except RpcError as e:  # the trainer refused it (bad input) or failed
+        user = getattr(e, "code", None) is not None and e.code.name in ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
+        return Result(error=f"trainer: {e}", category="user" if user else "server")
+    except Exception as e:
+        return Result(error=f"{type(e).__name__}: {e}", category="server")
+    return out if isinstance(out, Result) else Result(json=out)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.-]", "_", name)

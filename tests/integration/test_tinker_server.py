@@ -1,0 +1,152 @@
+"""`rlcore tinker serve` driven by the official `tinker` SDK, unmodified, on loopback: a trainer
+world (fsdp2, LoRA) and the HF engine behind the Tinker HTTP API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from .launch_utils import REPO, wait_for_port_file
+
+tinker = pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'rlcore[tinker]'")
+from tinker import types  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+KEY = "tml-rlcore-test"
+MODEL = "rlcore/tiny"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinker")
+    port_file, log = str(root / "port"), str(root / "server.log")
+    cmd = [sys.executable, "-m", "rlcore.cli", "tinker", "serve", "--base-model", f"{MODEL}={tiny_model_path}",
+           "--port", "0", "--port-file", port_file, "--workdir", str(root / "work"), "--max-model-len", "256",
+           "--threads", "1"]  # fmt: skip
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"},
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    url = "http://" + wait_for_port_file(port_file, proc, "tinker serve", log_file=log)
+    yield url
+    proc.terminate()
+    proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def service(server):
+    client = tinker.ServiceClient(base_url=server, api_key=KEY)
+    yield client
+    client.close("success").result()
+
+
+def _datum(ids: list[int], weights: list[float] | None = None, **inputs) -> types.Datum:
+    n = len(ids) - 1
+    fields = {"target_tokens": ids[1:], **inputs}
+    if weights is not None or not inputs:
+        fields["weights"] = weights if weights is not None else [1.0] * n
+    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs=fields)
+
+
+def _lps(out, i: int = 0) -> np.ndarray:
+    return np.asarray(out.loss_fn_outputs[i]["logprobs"].tolist(), dtype=np.float64)
+
+
+def test_supervised_loop_sampling_and_exact_resume(service) -> None:
+    tc = service.create_lora_training_client(base_model=MODEL, rank=8, seed=0).result()
+    tok = tc.get_tokenizer()
+    texts = ["1+2=3. 4+4=8.", "7*6=42. 9-3=6.", "12+30=42."]
+    data = [_datum(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    adam = types.AdamParams(learning_rate=5e-3)
+    losses = []
+    for _ in range(12):
+        fb = tc.forward_backward(data, "cross_entropy")  # queued without waiting, as Tinker loops do
+        tc.optim_step(adam)
+        out = fb.result()
+        # loss:sum is Tinker's sum over tokens of -weight * logprob, the logprobs the learner's
+        assert out.metrics["loss:sum"] == pytest.approx(-sum(_lps(out, i).sum() for i in range(3)), rel=1e-5)
+        losses.append(out.metrics["loss:sum"])
+    assert losses[-1] < 0.8 * losses[0], losses
+
+    # a sampler of the trained weights: its prompt log-probs are the trainer's
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    ids = tok(texts[0], add_special_tokens=False)["input_ids"]
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
+    learner = _lps(tc.forward([_datum(ids)], "cross_entropy").result())
+    assert scored[0] is None and np.allclose(scored[1:], learner, atol=1e-5)
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    got = sampler.sample(types.ModelInput.from_ints(ids[:4]), num_samples=3, sampling_params=params).result()
+    assert len(got.sequences) == 3
+    for s in got.sequences:
+        assert 1 <= len(s.tokens) <= 12 and len(s.logprobs) == len(s.tokens)
+        assert s.stop_reason == ("length" if len(s.tokens) == 12 else "stop")
+    again = sampler.sample(types.ModelInput.from_ints(ids[:4]), num_samples=3, sampling_params=params).result()
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in got.sequences]  # seeded
+
+    # a training checkpoint resumes exactly: the same next steps from the saved state, twice
+    path = tc.save_state("mid").result().path
+    assert path.endswith("/weights/mid")
+
+    def next_losses(client) -> list[float]:
+        out = []
+        for _ in range(2):
+            fb = client.forward_backward(data, "cross_entropy")
+            client.optim_step(adam).result()
+            out.append(fb.result().metrics["loss:sum"])
+        return out
+
+    first = next_losses(tc)
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    assert next_losses(resumed) == pytest.approx(first, rel=1e-6, abs=1e-6)
+    with pytest.raises(tinker.BadRequestError, match="replaced by"):  # one model at a time
+        tc.forward([data[0]], "cross_entropy").result()
+
+
+def test_policy_losses_are_tinkers_sums(service) -> None:
+    tc = service.create_lora_training_client(base_model=MODEL, rank=4, seed=1).result()
+    ids = tc.get_tokenizer()("3+4=7 and 5+5=10", add_special_tokens=False)["input_ids"]
+    n = len(ids) - 1
+    rng = np.random.default_rng(0)
+    sampled = (-4.0 + 0.3 * rng.standard_normal(n)).tolist()
+    adv = np.where(np.arange(n) >= 4, rng.standard_normal(n), 0.0).tolist()
+    datum = _datum(ids, logprobs=sampled, advantages=adv)
+    for loss, config in (("importance_sampling", None), ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+                         ("cispo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})):  # fmt: skip
+        out = tc.forward_backward([datum], loss, loss_fn_config=config).result()
+        lp, a, ratio = _lps(out), np.asarray(adv), np.exp(_lps(out) - np.asarray(sampled))
+        lo, hi = (config or {}).get("clip_low_threshold", 0), (config or {}).get("clip_high_threshold", np.inf)
+        expected = {
+            "importance_sampling": -(ratio * a).sum(),
+            "ppo": np.maximum(-a * ratio, -a * np.clip(ratio, lo, hi)).sum(),
+            "cispo": -(np.clip(ratio, lo, hi) * a * lp).sum(),
+        }[loss]
+        assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-5), loss
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+
+
+def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, server) -> None:
+    tc = service.create_lora_training_client(base_model=MODEL, rank=4).result()
+    ids = tc.get_tokenizer()("2+2=4", add_special_tokens=False)["input_ids"]
+    good = _datum(ids)
+    with pytest.raises(tinker.BadRequestError, match="loss_fn: dro is not served"):
+        tc.forward_backward([good], "dro").result()
+    short = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": ids[1:3], "weights": [1.0, 1.0]})  # fmt: skip
+    with pytest.raises(tinker.BadRequestError, match=r"shape \[2\]; it needs one entry per model_input token"):
+        tc.forward_backward([short], "cross_entropy").result()
+    with pytest.raises(tinker.BadRequestError, match="advantages missing"):
+        tc.forward_backward([good], "importance_sampling").result()
+    with pytest.raises(tinker.BadRequestError, match="base_model: nobody/none is not served"):
+        service.create_lora_training_client(base_model="nobody/none", rank=4).result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        service.create_sampling_client(model_path="tinker://x:train:0/sampler_weights/none").result()
+    with pytest.raises(tinker.AuthenticationError, match="X-API-Key"):
+        tinker.ServiceClient(base_url=server, api_key="tml-wrong").create_lora_training_client(
+            base_model=MODEL, rank=4
+        ).result()
+    out = tc.forward_backward([good], "cross_entropy").result()  # still serving
+    assert out.metrics["loss:sum"] > 0
