@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..core.rpc.cli import await_port_file
+
 if TYPE_CHECKING:
     from rlcore.core.types import Completion
 
@@ -395,14 +397,7 @@ def start_server(
             [sys.executable, "-m", "rlcore.cli", *argv, "--port", "0", "--port-file", port_file],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, preexec_fn=pinned(cpus),
         )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(port_file):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"rlcore {' '.join(argv[:2])} did not start; see {log_path}")
-        time.sleep(0.2)
-    with open(port_file) as f:  # written atomically: it exists only once whole
-        return proc, f.read().strip()
+    return proc, await_port_file(port_file, proc, timeout_s, f"rlcore {' '.join(argv[:2])} (log: {log_path})")
 
 
 def pinned(cpus: set[int] | None) -> Callable[[], None] | None:

@@ -44,6 +44,7 @@ from rlcore.benchmarks.common import (
     versions,
     write_outputs,
 )
+from rlcore.core.rpc.cli import await_port_file
 
 SIDES = ("n", "concurrent", "sequential")
 TOKEN_ENV = "RLCORE_BENCH_TOKEN"
@@ -65,14 +66,7 @@ def serve(args: argparse.Namespace, model: str, token: str, workdir: str) -> tup
             "--served-model-name", "bench", "--http-port", "0", "--http-port-file", http_file,
             "--http-batch-wait-ms", str(args.batch_wait_ms)]  # fmt: skip
     proc, _ = start_server(argv, workdir, "worker", set(os.sched_getaffinity(0)), {TOKEN_ENV: token}, START_TIMEOUT_S)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(http_file):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the HTTP door did not start; see {workdir}/worker.log")
-        time.sleep(0.1)
-    with open(http_file) as f:
-        return proc, f"http://{f.read().strip()}/v1"
+    return proc, f"http://{await_port_file(http_file, proc, 30, f'the HTTP door (log: {workdir}/worker.log)')}/v1"
 
 
 def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:

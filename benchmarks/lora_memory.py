@@ -105,7 +105,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
         times = []
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            out = training.train_sequences(specs, "policy", 1.0, 0.0)
+            out = training.train_sequences(specs, "grpo", 1.0, 0.0)
             training.optimizer_step()
             if cuda:
                 torch.cuda.synchronize()

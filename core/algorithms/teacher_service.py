@@ -83,6 +83,6 @@ class ServiceTeacher:
             if rows:
                 prompts = [mb["input_ids"][b, : lengths[b]].tolist() for b in rows]
                 for b, lps in zip(rows, self._ask(prompts), strict=True):
-                    lp[b, 1 : lengths[b]] = torch.tensor([v for v in lps[1:]], dtype=torch.float32)
+                    lp[b, 1 : lengths[b]] = torch.tensor(lps[1:], dtype=torch.float32)
             out.append(lp)
         return out

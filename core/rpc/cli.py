@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import time
 
 from .security import TLSFiles
 
@@ -34,3 +36,17 @@ def write_atomic(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def await_port_file(port_file: str, proc: subprocess.Popen, timeout_s: float, what: str) -> str:
+    """The host:port a server started as `proc` writes to its port file (atomically) once it serves;
+    RuntimeError("<what> did not start ...") when it exits first or takes longer than `timeout_s`
+    (it is killed then)."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(port_file):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{what} did not start (exit code {proc.wait()})")
+        time.sleep(0.1)
+    with open(port_file) as f:
+        return f.read().strip()

@@ -1,9 +1,14 @@
 """The Tinker server's sampling engine: rlcore's HF engine over the served base model, loading the
 weights a sampler names (an HF folder the trainer exported, or the base model's own) before it
-samples. One engine, one set of weights at a time: requests for other weights wait their turn."""
+samples. One engine, one set of weights at a time: requests for other weights wait their turn.
+Concurrent requests for the same weights and sampling parameters share engine calls (rlcore's
+BatchingEngine, as the OpenAI door's do): an RL loop's prompts of one step are one batch. The
+engine seeds each prompt by itself, so a request samples the same tokens whatever it shares a
+call with."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -11,6 +16,7 @@ import torch
 
 from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
+from ...rollout.batching import BatchingEngine
 from ...rollout.engines.base import iter_safetensors
 from .errors import UserError
 from .wire import Sampled, sample_response
@@ -48,8 +54,27 @@ def sampling_params(params: Any, num_samples: int, eos_ids: list[int]) -> Sampli
     )  # fmt: skip
 
 
+LINGER_S = 0.01
+"""How long a request that finds the engine idle waits for others to share its call."""
+
+
+class _WithWeights:
+    """The engine as it generates under one folder's weights (loaded first, under the engine lock
+    the BatchingEngine holds around each call)."""
+
+    def __init__(self, sampler: Sampler, folder: str):
+        self.sampler, self.folder = sampler, folder
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Any:
+        self.sampler._hold(self.folder)
+        return self.sampler.engine.generate(prompts, sampling)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler.engine, name)
+
+
 class Sampler:
-    """The engine and the folder whose weights it holds."""
+    """The engine, the folder whose weights it holds, and a BatchingEngine per folder."""
 
     def __init__(self, base_path: str, device: str, dtype: str, max_model_len: int):
         from ...rollout.engines.hf import HFEngine
@@ -59,9 +84,15 @@ class Sampler:
         self.holds = base_path
         self.version = 0
         self.lock = threading.Lock()
+        """The engine's: every engine call and weight load holds it."""
+        self._batchers: dict[str, BatchingEngine] = {}
+        self._batchers_lock = threading.Lock()
 
     def _hold(self, folder: str) -> None:
         if self.holds != folder:
+            if not os.path.isdir(folder):
+                raise UserError(f"sampling_session_id: its weights ({folder}) were dropped: sample from a newer "
+                                "save_weights_and_get_sampling_client, or save named sampler weights")  # fmt: skip
             self.version += 1
             self.engine.load_weights(iter_safetensors(folder), self.version)
             self.holds = folder
@@ -81,10 +112,18 @@ class Sampler:
         if len(prompt) + sampling.max_tokens > limit:
             raise UserError(f"prompt ({len(prompt)} tokens) + sampling_params.max_tokens ({sampling.max_tokens}) "
                             f"exceeds the served context of {limit} tokens")  # fmt: skip
-        with self.lock:
-            self._hold(folder)
-            (completions,) = self.engine.generate([prompt], sampling)
-            scored = self._prompt_logprobs(prompt) if prompt_logprobs else None
+        with self._batchers_lock:
+            batcher = self._batchers.get(folder)
+            if batcher is None:
+                for gone in [f for f in self._batchers if not os.path.isdir(f)]:
+                    del self._batchers[gone]
+                batcher = self._batchers[folder] = BatchingEngine(_WithWeights(self, folder), self.lock)  # type: ignore[arg-type]
+        (completions,), _ = batcher.generate_versioned([prompt], sampling, LINGER_S)
+        scored = None
+        if prompt_logprobs:
+            with self.lock:
+                self._hold(folder)
+                scored = self._prompt_logprobs(prompt)
         samples = [Sampled(c.token_ids, c.logprobs, c.finish_reason == "stop") for c in completions]
         return sample_response(samples, scored)
 

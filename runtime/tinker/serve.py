@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from ...core.rpc.cli import EXIT_USAGE, usage_error, write_atomic
+from ...core.rpc.cli import EXIT_USAGE, await_port_file, usage_error, write_atomic
 from ..child import wrap
 
 TRAINER_TOKEN_ENV = "RLCORE_TINKER_TRAINER_TOKEN"
@@ -55,14 +55,7 @@ def _start_trainer(args: argparse.Namespace, device: str, workdir: str) -> tuple
                "--token-env", TRAINER_TOKEN_ENV)  # fmt: skip
     with open(log_path, "a") as log:
         proc = subprocess.Popen(cmd, env={**os.environ, TRAINER_TOKEN_ENV: token}, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not os.path.exists(port_file):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the trainer world did not start (exit code {proc.poll()}); see {log_path}")
-        time.sleep(0.2)
-    with open(port_file) as f:
-        return proc, f.read().strip(), token
+    return proc, await_port_file(port_file, proc, START_TIMEOUT_S, f"the trainer world (log: {log_path})"), token
 
 
 def serve_main(args: argparse.Namespace) -> int:

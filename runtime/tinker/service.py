@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -40,6 +41,12 @@ ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
 FINISHED_KEPT = 10_000
 """Results of finished futures kept for the client to fetch (a client may fetch one again)."""
+SAMPLE_THREADS = 64
+"""Sampling requests served at once (they share engine calls: sampler.py); as many as client/config
+lets the SDK send."""
+UNNAMED_KEPT = 3
+"""Unnamed sampler weights (save_weights_and_get_sampling_client, one per RL step) kept per model:
+older folders are deleted, and their samplers answer that their weights were dropped."""
 
 
 @dataclass
@@ -92,8 +99,10 @@ class TinkerService:
         self.samplers: dict[str, tuple[str, str]] = {}
         """sampling session -> (base model name, the HF folder its weights are in)."""
         self.futures: dict[str, Future] = {}
+        self.unnamed: dict[str, list[str]] = {}
+        """model -> its unnamed sampler folders, oldest first."""
         self.train_queue = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
-        self.sample_queue = ThreadPoolExecutor(1, thread_name_prefix="tinker-sample")
+        self.sample_queue = ThreadPoolExecutor(SAMPLE_THREADS, thread_name_prefix="tinker-sample")
         self.checkpoints: dict[str, Checkpoint] = self._read_checkpoints()
         self._sampler: Sampler | None = None
 
@@ -144,7 +153,7 @@ class TinkerService:
             self._configure(model_id, spec)
             return {"model_id": model_id}
 
-        return self._train(model_id, None, run)
+        return self._train(model_id, None, run, creates=True)
 
     def _configure(self, model_id: str, spec: ModelSpec) -> None:
         cfg = RLCoreConfig(seed=spec.seed, project="tinker", name=model_id)
@@ -249,6 +258,12 @@ class TinkerService:
                 sampler = f"{session or model_id.split(':')[0]}:sample:{session_seq}"
                 with self.lock:
                     self.samplers[sampler] = (spec.base_model, folder)
+                    kept = self.unnamed.setdefault(model_id, [])
+                    kept.append(folder)
+                    dropped = kept[:-UNNAMED_KEPT]
+                    del kept[:-UNNAMED_KEPT]
+                for old in dropped:
+                    shutil.rmtree(old, ignore_errors=True)
                 out["sampling_session_id"] = sampler
             return out
 
@@ -267,14 +282,21 @@ class TinkerService:
             self.trainer.load_checkpoint(ckpt.folder, weights_only=not optimizer)
             return {"path": path, "model_id": model_id, "type": "load_weights"}
 
-        return self._train(model_id, seq_id, run)
+        return self._train(model_id, seq_id, run, creates=create)
 
-    def _train(self, model_id: str, seq_id: int | None, fn: Any) -> str:
-        """Queue `fn` on the training thread; a (model, seq_id) already queued gets its first future."""
+    def _train(self, model_id: str, seq_id: int | None, fn: Any, creates: bool = False) -> str:
+        """Queue `fn` on the training thread; a (model, seq_id) already queued gets its first future.
+        Unless it `creates` the model, it fails if another model took the world before its turn."""
+
+        def guarded() -> Any:
+            if not creates:
+                self.model(model_id)
+            return fn()
+
         with self.lock:
             if seq_id is not None and (model_id, seq_id) in self.seq_requests:
                 return self.seq_requests[(model_id, seq_id)]
-            request_id = self._submit(self.train_queue, fn)
+            request_id = self._submit(self.train_queue, guarded)
             if seq_id is not None:
                 self.seq_requests[(model_id, seq_id)] = request_id
         return request_id

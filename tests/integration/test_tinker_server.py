@@ -86,6 +86,9 @@ def test_supervised_loop_sampling_and_exact_resume(service) -> None:
         assert s.stop_reason == ("length" if len(s.tokens) == 12 else "stop")
     again = sampler.sample(types.ModelInput.from_ints(ids[:4]), num_samples=3, sampling_params=params).result()
     assert [s.tokens for s in again.sequences] == [s.tokens for s in got.sequences]  # seeded
+    burst = [sampler.sample(types.ModelInput.from_ints(ids[:4]), num_samples=3, sampling_params=params) for _ in range(4)]
+    for f in burst:  # concurrent requests share engine calls and sample as they would alone
+        assert [s.tokens for s in f.result().sequences] == [s.tokens for s in got.sequences]
 
     # a training checkpoint resumes exactly: the same next steps from the saved state, twice
     path = tc.save_state("mid").result().path
