@@ -116,6 +116,9 @@ class TrainingStrategy(ABC):
     @abstractmethod
     def current_lr(self) -> float: ...
 
+    can_reset_optimizer = False
+    """Whether reset_optimizer works here."""
+
     def reset_optimizer(self) -> None:
         """Drop the optimizer's state (moments, step counts): the next step starts it afresh."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart its optimizer")

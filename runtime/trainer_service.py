@@ -344,6 +344,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             if path is None:
                 return trainer_pb2.LoadCheckpointResponse()
             _check_checkpoint(path, dist.get_world_size())
+            if request.weights_only and not t.strategy.can_reset_optimizer:
+                raise FailedPrecondition(
+                    f"weights_only: strategy {t.cfg.trainer.strategy} cannot restart its optimizer; load with "
+                    "the optimizer's state (weights_only false) or train with fsdp or fsdp2"
+                )
             try:
                 verify_checkpoint(path)
             except CheckpointError as e:

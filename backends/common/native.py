@@ -59,6 +59,8 @@ class NativeStrategy(TrainingStrategy):
     """The peft model itself (FSDP1 wraps it), for switching the adapter off."""
     _step_hparams: AdamHparams | None = None
     """The next steps' AdamW hyperparameters in place of the configured ones (set_step_hparams)."""
+    _configured: list[tuple[Any, float, float]] | None = None
+    """The configured betas, eps and weight decay per group, once a step overrode them."""
 
     def _load(
         self, model_path: str, seed: int, gradient_checkpointing: bool, lora: LoraConfig | None = None
@@ -114,10 +116,16 @@ class NativeStrategy(TrainingStrategy):
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         adam, grad_clip = self._step_hparams, self.grad_clip
+        groups = self.optimizer.param_groups
         if adam is not None:
             grad_clip = adam.grad_clip
-            for group in self.optimizer.param_groups:
+            if self._configured is None:  # what a step without hyperparameters of its own goes back to
+                self._configured = [(g["betas"], g["eps"], g["weight_decay"]) for g in groups]
+            for group in groups:
                 group.update(lr=adam.lr, betas=adam.betas, eps=adam.eps, weight_decay=adam.weight_decay)
+        elif self._configured is not None:  # the schedule sets lr; LambdaLR leaves the rest
+            for group, (betas, eps, weight_decay) in zip(groups, self._configured, strict=True):
+                group.update(betas=betas, eps=eps, weight_decay=weight_decay)
         norm = self._clip_grad_norm(grad_clip if grad_clip > 0 else float("inf"))
         if torch.isfinite(norm):  # a float16 overflow shows here too: the norm is global
             self.optimizer.step()  # (not scaler.step: on CPU it breaks the fused AdamW)
@@ -158,6 +166,8 @@ class NativeStrategy(TrainingStrategy):
 
     def set_step_hparams(self, adam: AdamHparams | None) -> None:
         self._step_hparams = adam
+
+    can_reset_optimizer = True
 
     def reset_optimizer(self) -> None:
         self.optimizer.state.clear()  # AdamW builds a parameter's state again on its next step

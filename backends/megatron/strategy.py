@@ -95,6 +95,8 @@ class MegatronStrategy(TrainingStrategy):
         check_layout(self.dims, tp, pp)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         self._step_hparams: AdamHparams | None = None
+        self._decays: list[bool] | None = None
+        """Which parameter groups take weight decay (norms and biases do not), read once."""
         self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
@@ -239,11 +241,14 @@ class MegatronStrategy(TrainingStrategy):
 
     def _set_lr(self) -> None:
         lr, adam = self.current_lr(), self._step_hparams
-        for group in self.optimizer.param_groups:
+        groups = self.optimizer.param_groups
+        if self._decays is None:
+            self._decays = [bool(g.get("weight_decay", 0.0)) for g in groups]
+        for group, decays in zip(groups, self._decays, strict=True):
             group["lr"] = lr
             if adam is not None:  # groups without weight decay (norms, biases) keep none
                 group.update(betas=adam.betas, eps=adam.eps)
-                if group.get("weight_decay", 0.0):
+                if decays:
                     group["weight_decay"] = adam.weight_decay
 
     # ------------------------------------------------------------------ the schedule

@@ -123,6 +123,7 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
 
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish(session_id: str) -> dict[str, Any]:
+        service.finish_session(session_id)
         return {}
 
     @app.post("/api/v1/telemetry")
@@ -160,7 +161,7 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
         r = _validated(types.SaveWeightsRequest, await body(request))
-        return future(service.save_weights(r.model_id, r.seq_id, r.path), r.model_id)
+        return future(service.save_weights(r.model_id, r.seq_id, r.path, bool(r.overwrite)), r.model_id)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict[str, Any]:

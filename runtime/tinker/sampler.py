@@ -81,7 +81,7 @@ class Sampler:
 
         self.base_path = base_path
         self.engine = HFEngine(base_path, device=device, dtype=dtype, max_model_len=max_model_len)
-        self.holds = base_path
+        self.holds: str | None = base_path
         self.version = 0
         self.lock = threading.Lock()
         """The engine's: every engine call and weight load holds it."""
@@ -94,6 +94,7 @@ class Sampler:
                 raise UserError(f"sampling_session_id: its weights ({folder}) were dropped: sample from a newer "
                                 "save_weights_and_get_sampling_client, or save named sampler weights")  # fmt: skip
             self.version += 1
+            self.holds = None  # a load that fails halfway leaves weights of no folder
             self.engine.load_weights(iter_safetensors(folder), self.version)
             self.holds = folder
 

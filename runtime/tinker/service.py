@@ -22,6 +22,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -95,10 +96,12 @@ class TinkerService:
         self.live: str | None = None
         self.models: dict[str, ModelSpec] = {}
         self.replaced: dict[str, str] = {}
-        self.seq_requests: dict[tuple[str, int], str] = {}
+        self.seq_requests: OrderedDict[tuple[str, int], str] = OrderedDict()
         self.samplers: dict[str, tuple[str, str]] = {}
         """sampling session -> (base model name, the HF folder its weights are in)."""
-        self.futures: dict[str, Future] = {}
+        self.futures: OrderedDict[str, Future] = OrderedDict()
+        self._futures_lock = threading.Lock()
+        self._engine_lock = threading.Lock()
         self.unnamed: dict[str, list[str]] = {}
         """model -> its unnamed sampler folders, oldest first."""
         self.train_queue = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
@@ -119,6 +122,10 @@ class TinkerService:
             if session not in self.sessions:
                 raise NotFound(f"session_id: no session {session} on this server")
             self.sessions[session] = time.time()
+
+    def finish_session(self, session: str) -> None:
+        with self.lock:
+            self.sessions.pop(session, None)
 
     def base_path(self, name: str, field_name: str = "base_model") -> str:
         path = self.base_models.get(name)
@@ -205,8 +212,8 @@ class TinkerService:
         def run() -> Result:
             # the learner's log-probs of the targets, before the update (the same weights)
             logprobs = self.trainer.compute_logprobs(plan.sequences)
-            if request.forward_only:
-                value = loss_sum(plan, logprobs)
+            if request.forward_only or not any(max(s.loss_mask) > 0 for s in plan.sequences):
+                value = loss_sum(plan, logprobs)  # nothing to train (no weight, no advantage): no gradient
             else:
                 value = self.trainer.forward_backward(
                     plan.sequences, plan.loss, normalize_tokens=1.0, clip_ratio_low=plan.clip_ratio_low,
@@ -230,9 +237,9 @@ class TinkerService:
 
         return self._train(model_id, seq_id, run)
 
-    def save_weights(self, model_id: str, seq_id: int | None, name: str) -> str:
+    def save_weights(self, model_id: str, seq_id: int | None, name: str, overwrite: bool = False) -> str:
         spec = self.model(model_id)
-        path = self._path(model_id, "weights", name)
+        path = self._path(model_id, "weights", name, overwrite)
 
         def run() -> dict[str, Any]:
             folder, _ = self.trainer.save_checkpoint()
@@ -263,7 +270,7 @@ class TinkerService:
                     dropped = kept[:-UNNAMED_KEPT]
                     del kept[:-UNNAMED_KEPT]
                 for old in dropped:
-                    shutil.rmtree(old, ignore_errors=True)
+                    self._drop(old)
                 out["sampling_session_id"] = sampler
             return out
 
@@ -299,14 +306,22 @@ class TinkerService:
             request_id = self._submit(self.train_queue, guarded)
             if seq_id is not None:
                 self.seq_requests[(model_id, seq_id)] = request_id
+                while len(self.seq_requests) > FINISHED_KEPT:
+                    self.seq_requests.popitem(last=False)
         return request_id
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _path(self, model_id: str, kind: str, name: str) -> str:
+    def _path(self, model_id: str, kind: str, name: str, overwrite: bool = False) -> str:
         if not name or "/" in name or not re.fullmatch(r"[\w.:+=@-]+", name):
             raise UserError(f"path: '{name}' is not a checkpoint name (letters, digits and . _ - : + = @; no /)")
-        return f"tinker://{model_id}/{kind}/{name}"
+        path = f"tinker://{model_id}/{kind}/{name}"
+        with self.lock:
+            taken = path in self.checkpoints
+        if taken and not overwrite:
+            raise UserError(f"path: {path} exists; save under another name" +
+                            (" (or with overwrite)" if kind == "weights" else ""))  # fmt: skip
+        return path
 
     def checkpoint(self, path: str, kind: str | None = None) -> Checkpoint:
         with self.lock:
@@ -322,6 +337,18 @@ class TinkerService:
             self.checkpoints[ckpt.tinker_path] = ckpt
             rows = [asdict(c) for c in self.checkpoints.values()]
         write_atomic(os.path.join(self.workdir, "checkpoints.json"), json.dumps(rows, indent=1))
+
+    def _drop(self, folder: str) -> None:
+        """Delete an unnamed sampler folder and its record (a sampler still naming it says so)."""
+        with self.lock:
+            for path in [p for p, c in self.checkpoints.items() if c.folder == folder]:
+                del self.checkpoints[path]
+        sampler = self._sampler
+        if sampler is not None:
+            with sampler.lock:  # not while the engine loads it
+                shutil.rmtree(folder, ignore_errors=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _read_checkpoints(self) -> dict[str, Checkpoint]:
         try:
@@ -382,8 +409,9 @@ class TinkerService:
 
     def _engine(self, base_model: str) -> Sampler:
         path = self.base_path(base_model)
-        with self.lock:
+        with self._engine_lock:  # not self.lock: building it takes seconds, and routes read state meanwhile
             if self._sampler is None or self._sampler.base_path != path:
+                self._sampler = None  # the previous one's memory goes before the next one loads
                 self._sampler = Sampler(path, self.device, self.dtype, self.max_model_len)
             return self._sampler
 
@@ -391,14 +419,16 @@ class TinkerService:
 
     def _submit(self, queue: ThreadPoolExecutor, fn: Any) -> str:
         request_id = uuid.uuid4().hex
-        self.futures[request_id] = queue.submit(_as_result, fn)
-        if len(self.futures) > FINISHED_KEPT:
-            for key in [k for k, f in self.futures.items() if f.done()][: len(self.futures) - FINISHED_KEPT]:
-                del self.futures[key]
+        future = queue.submit(_as_result, fn)
+        with self._futures_lock:
+            self.futures[request_id] = future
+            while len(self.futures) > FINISHED_KEPT and next(iter(self.futures.values())).done():
+                self.futures.popitem(last=False)  # the oldest finished results go first
         return request_id
 
     def future(self, request_id: str) -> Future:
-        fut = self.futures.get(request_id)
+        with self._futures_lock:
+            fut = self.futures.get(request_id)
         if fut is None:
             raise NotFound(f"request_id: no request {request_id} on this server (or its result was dropped)")
         return fut

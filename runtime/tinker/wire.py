@@ -70,43 +70,47 @@ def decode_datums(request: Any, required: tuple[str, ...]) -> list[Datum]:
     entry per input token, targets that are the next inputs, finite floats."""
     if not request.data:
         raise UserError("data: must hold at least one datum")
-    datums = []
-    for d, msg in enumerate(request.data):
-        where = f"data[{d}]"
-        tokens: list[int] = []
-        for c, chunk in enumerate(msg.model_input):
-            kind = chunk.WhichOneof("chunk")
-            if kind != "encoded_text":
-                raise UserError(f"{where}.model_input[{c}]: {kind} chunks are not served (text tokens only)")
-            tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype="<i4").tolist())
-        n = len(tokens)
-        if n == 0:
-            raise UserError(f"{where}.model_input: holds no tokens")
-        inputs = {}
-        for name, tensor in msg.loss_fn_inputs.items():
-            array = tensor_array(tensor, f"{where}.loss_fn_inputs.{name}")
-            if array.ndim != 1 or array.shape[0] != n:
-                raise UserError(
-                    f"{where}.loss_fn_inputs.{name}: shape {list(array.shape)}; it needs one entry per "
-                    f"model_input token ([{n}])"
-                )
-            if array.dtype == np.float32 and not np.isfinite(array).all():
-                raise UserError(f"{where}.loss_fn_inputs.{name}: values must be finite")
-            inputs[name] = array
-        missing = [k for k in required if k not in inputs]
-        if missing:
-            raise UserError(f"{where}.loss_fn_inputs: {', '.join(missing)} missing (loss {request.loss_fn} needs "
-                            f"{', '.join(required)})")  # fmt: skip
-        targets = inputs["target_tokens"].astype(np.int64)
-        shifted = np.asarray(tokens[1:], dtype=np.int64)
-        if not np.array_equal(targets[:-1], shifted):
-            i = int(np.argmax(targets[:-1] != shifted))
+    try:
+        return [_decode(d, msg, request.loss_fn, required) for d, msg in enumerate(request.data)]
+    except ValueError as e:  # bytes of a length their dtype cannot have, malformed sparse indices
+        raise UserError(f"data: {e}") from None
+
+
+def _decode(d: int, msg: Any, loss_fn: str, required: tuple[str, ...]) -> Datum:
+    where = f"data[{d}]"
+    tokens: list[int] = []
+    for c, chunk in enumerate(msg.model_input):
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise UserError(f"{where}.model_input[{c}]: {kind} chunks are not served (text tokens only)")
+        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype="<i4").tolist())
+    n = len(tokens)
+    if n == 0:
+        raise UserError(f"{where}.model_input: holds no tokens")
+    inputs = {}
+    for name, tensor in msg.loss_fn_inputs.items():
+        array = tensor_array(tensor, f"{where}.loss_fn_inputs.{name}")
+        if array.ndim != 1 or array.shape[0] != n:
             raise UserError(
-                f"{where}.loss_fn_inputs.target_tokens[{i}] is {targets[i]}, not the next input token "
-                f"{shifted[i]}: rlcore trains next-token targets (target i = model_input token i + 1)"
+                f"{where}.loss_fn_inputs.{name}: shape {list(array.shape)}; it needs one entry per "
+                f"model_input token ([{n}])"
             )
-        datums.append(Datum(tokens + [int(targets[-1])], inputs))
-    return datums
+        if array.dtype == np.float32 and not np.isfinite(array).all():
+            raise UserError(f"{where}.loss_fn_inputs.{name}: values must be finite")
+        inputs[name] = array
+    missing = [k for k in required if k not in inputs]
+    if missing:
+        raise UserError(f"{where}.loss_fn_inputs: {', '.join(missing)} missing (loss {loss_fn} needs "
+                        f"{', '.join(required)})")  # fmt: skip
+    targets = inputs["target_tokens"].astype(np.int64)
+    shifted = np.asarray(tokens[1:], dtype=np.int64)
+    if not np.array_equal(targets[:-1], shifted):
+        i = int(np.argmax(targets[:-1] != shifted))
+        raise UserError(
+            f"{where}.loss_fn_inputs.target_tokens[{i}] is {targets[i]}, not the next input token "
+            f"{shifted[i]}: rlcore trains next-token targets (target i = model_input token i + 1)"
+        )
+    return Datum(tokens + [int(targets[-1])], inputs)
 
 
 def loss_config(request: Any) -> dict[str, float]:

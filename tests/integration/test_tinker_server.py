@@ -151,5 +151,10 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
         tinker.ServiceClient(base_url=server, api_key="tml-wrong").create_lora_training_client(
             base_model=MODEL, rank=4
         ).result()
+    tc.save_weights_for_sampler("once").result()
+    with pytest.raises(tinker.BadRequestError, match="exists; save under another name"):
+        tc.save_weights_for_sampler("once").result()
+    silent = _datum(ids, weights=[0.0] * (len(ids) - 1))  # nothing to train: loss 0, not an error
+    assert tc.forward_backward([silent], "cross_entropy").result().metrics["loss:sum"] == 0.0
     out = tc.forward_backward([good], "cross_entropy").result()  # still serving
     assert out.metrics["loss:sum"] > 0

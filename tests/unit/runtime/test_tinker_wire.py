@@ -65,3 +65,10 @@ def test_the_output_decodes_in_the_sdk_as_each_datums_logprobs() -> None:
     out = deserialize_forward_backward_output(forward_backward_output([[-1.0, -2.5], [-0.5]], {"loss:sum": 4.0}))
     assert isinstance(out, types.ForwardBackwardOutput) and out.metrics == {"loss:sum": 4.0}
     assert [o["logprobs"].tolist() for o in out.loss_fn_outputs] == [[-1.0, -2.5], [-0.5]]
+
+
+def test_token_bytes_of_a_wrong_length_are_bad_input_not_a_server_error() -> None:
+    request = _request({"target_tokens": _dense([6], pb.DTYPE_INT64), "weights": _dense([1])}, [5])
+    request.data[0].model_input[0].encoded_text.tokens = b"\x05\x00\x00"  # 3 bytes: not int32s
+    with pytest.raises(UserError, match="data: buffer size must be a multiple"):
+        decode_datums(request, required_inputs("cross_entropy"))
