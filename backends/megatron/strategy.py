@@ -19,14 +19,13 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.distributed import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
 from megatron.core.distributed.param_and_grad_buffer import shard_buffer
-from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -35,7 +34,7 @@ from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
-from ..common.schedule import FP16_INITIAL_LOSS_SCALE, lr_lambda
+from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
 from .logprobs import token_logprobs_and_entropy
 from .mapping import (
@@ -57,6 +56,7 @@ from .model import (
     load_hf_weights,
     transformer_config,
 )
+from .setup import model_parallel, optimizer_config
 
 
 class MegatronStrategy(TrainingStrategy):
@@ -100,7 +100,7 @@ class MegatronStrategy(TrainingStrategy):
         self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
-        _model_parallel(tp, pp, seed)
+        model_parallel(tp, pp, seed)
         self.tp, self.pp = tp, pp
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
@@ -123,7 +123,7 @@ class MegatronStrategy(TrainingStrategy):
         )
         self.model = DistributedDataParallel(self.config, ddp_config, module)
         self.optimizer = get_megatron_optimizer(
-            _optimizer_config(optimizer_cfg, trainer_cfg, self.dtype),
+            optimizer_config(optimizer_cfg, trainer_cfg, self.dtype),
             [self.model],
             config_overrides={},  # weight decay on every parameter, as the other strategies do
         )
@@ -478,35 +478,3 @@ def _pad(mb: Batch, rows: int, width: int) -> Batch:
             padded[: v.shape[0], : v.shape[1]] = v
         out[k] = padded
     return out
-
-
-def _model_parallel(tp: int, pp: int, seed: int) -> None:
-    """megatron-core's model-parallel groups for (tp, pp), formed again when an earlier stage's layout
-    differs (the policy's, for a critic, is also its own), and its seeded RNG tracker."""
-    if parallel_state.model_parallel_is_initialized() and (
-        parallel_state.get_tensor_model_parallel_world_size(),
-        parallel_state.get_pipeline_model_parallel_world_size(),
-    ) != (tp, pp):
-        parallel_state.destroy_model_parallel()
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tp, pp)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
-
-
-def _optimizer_config(
-    optimizer_cfg: OptimizerConfig, trainer_cfg: TrainerConfig, dtype: torch.dtype
-) -> MegatronOptimizerConfig:
-    return MegatronOptimizerConfig(
-        optimizer="adam",
-        lr=optimizer_cfg.lr,
-        weight_decay=optimizer_cfg.weight_decay,
-        adam_beta1=optimizer_cfg.betas[0],
-        adam_beta2=optimizer_cfg.betas[1],
-        adam_eps=optimizer_cfg.eps,
-        clip_grad=trainer_cfg.grad_clip,
-        use_distributed_optimizer=trainer_cfg.megatron.use_distributed_optimizer,
-        bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16,
-        initial_loss_scale=FP16_INITIAL_LOSS_SCALE,
-        params_dtype=dtype,
-    )

@@ -54,13 +54,12 @@ def _validated(model: Any, body: Any) -> Any:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise UserError(f"{where}: {first.get('msg', 'invalid')} ({len(e.errors())} error(s) in the request)") from None
+        raise UserError(
+            f"{where}: {first.get('msg', 'invalid')} ({len(e.errors())} error(s) in the request)"
+        ) from None
 
 
 def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]) -> FastAPI:
-    from tinker import types
-    from tinker.proto import tinker_public_pb2 as pb
-
     app = FastAPI(title="rlcore tinker", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
@@ -68,7 +67,9 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
         if request.url.path != "/api/v1/healthz":
             given = request.headers.get("x-api-key", "")
             if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return _error(401, "X-API-Key: missing or wrong (give the key `rlcore tinker serve` was started with)")
+                return _error(
+                    401, "X-API-Key: missing or wrong (give the key `rlcore tinker serve` was started with)"
+                )
         try:
             return await call_next(request)
         except UserError as e:
@@ -84,16 +85,27 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
             return _error(405, f"{request.method} {request.url.path}: method not allowed")
         return _error(e.status_code, str(e.detail))
 
-    async def body(request: Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError:
-            raise UserError("body: is not JSON") from None
+    _service_routes(app, service, models)
+    _training_routes(app, service)
+    _sampling_routes(app, service)
+    _future_routes(app, service)
+    return app
 
-    def future(request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
-        return {"request_id": request_id, "model_id": model_id, **extra}
 
-    # ------------------------------------------------------------------ service and sessions
+async def body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        raise UserError("body: is not JSON") from None
+
+
+def future(request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"request_id": request_id, "model_id": model_id, **extra}
+
+
+def _service_routes(app: FastAPI, service: TinkerService, models: list[dict[str, Any]]) -> None:
+    """Health, the client's configuration, sessions and telemetry."""
+    from tinker import types
 
     @app.get("/api/v1/healthz")
     async def healthz() -> dict[str, str]:
@@ -130,7 +142,11 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
     async def telemetry() -> dict[str, Any]:
         return {"status": "accepted"}
 
-    # ------------------------------------------------------------------ training
+
+def _training_routes(app: FastAPI, service: TinkerService) -> None:
+    """Models, forward/backward, optimizer steps, checkpoints."""
+    from tinker import types
+    from tinker.proto import tinker_public_pb2 as pb
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict[str, Any]:
@@ -167,7 +183,9 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
     async def save_for_sampler(request: Request) -> dict[str, Any]:
         r = _validated(types.SaveWeightsForSamplerRequest, await body(request))
         session = r.model_id.split(":train:")[0]
-        request_id = service.save_for_sampler(r.model_id, r.seq_id, r.path, r.sampling_session_seq_id, session)
+        request_id = service.save_for_sampler(
+            r.model_id, r.seq_id, r.path, r.sampling_session_seq_id, session
+        )
         return future(request_id, r.model_id)
 
     @app.post("/api/v1/load_weights")
@@ -177,10 +195,17 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
             model_id = f"{r.session_id}:train:{r.model_seq_id}"
             return future(service.load_weights(model_id, None, r.path, r.optimizer, create=True), model_id)
         if r.model_id is None:
-            raise UserError("model_id: required (or session_id with model_seq_id to create a model from the checkpoint)")
-        return future(service.load_weights(r.model_id, r.seq_id, r.path, r.optimizer, create=False), r.model_id)
+            raise UserError(
+                "model_id: required (or session_id with model_seq_id to create a model from the checkpoint)"
+            )
+        return future(
+            service.load_weights(r.model_id, r.seq_id, r.path, r.optimizer, create=False), r.model_id
+        )
 
-    # ------------------------------------------------------------------ sampling
+
+def _sampling_routes(app: FastAPI, service: TinkerService) -> None:
+    """Sampling sessions and samples."""
+    from tinker import types
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict[str, Any]:
@@ -198,9 +223,14 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
     async def asample(request: Request) -> dict[str, Any]:
         r = _validated(types.SampleRequest, await body(request))
         request_id = await run_in_threadpool(service.sample, r)
-        return future(request_id, None, sample_sequence_ids=[f"{request_id}-{i}" for i in range(r.num_samples)])
+        return future(
+            request_id, None, sample_sequence_ids=[f"{request_id}-{i}" for i in range(r.num_samples)]
+        )
 
-    # ------------------------------------------------------------------ futures
+
+def _future_routes(app: FastAPI, service: TinkerService) -> None:
+    """Results, long-polled."""
+    from tinker import types
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
@@ -216,5 +246,3 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
         if result.proto is not None:
             return Response(result.proto, media_type=PROTO)
         return JSONResponse(result.json)
-
-    return app
