@@ -87,12 +87,15 @@ def failed_ranks(log_path: str, since: int = 0) -> list[tuple[int, int, int, boo
 def world_failure(launch_dir: str, log_path: str, since: int = 0) -> str | None:
     """The one line of a failed trainer world: of the rank that failed first by torchrun's report
     (one ended by the agent's own SIGTERM only when no other failed), its .error line when it wrote
-    one, else how it ended; without a report, `first_failure`."""
+    one, else how it ended; without a report, `first_failure`. A rank ended by a signal comes before
+    one that exited: the others fail as a consequence (their peer is gone), never by a signal, and
+    torchrun may time a rank's own error before it notices the killed one."""
     entries = failed_ranks(log_path, since)
     own = [e for e in entries if e[1] != -signal.SIGTERM] or entries  # the agent SIGTERMs the rest
     if not own:
         return first_failure(launch_dir)
-    rank, code, pid, _ = next((e for e in own if e[3]), own[0])
+    signalled = [e for e in own if e[1] < 0]
+    rank, code, pid, _ = next((e for e in signalled or own if e[3]), (signalled or own)[0])
     line = os.path.join(launch_dir, f"rank{rank}.error")
     if os.path.exists(line):
         with open(line) as f:

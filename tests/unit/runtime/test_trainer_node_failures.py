@@ -95,3 +95,18 @@ def test_node_0_ends_its_share_of_the_world_when_another_node_reports_its_share_
         assert 1.4 < took_s < 10, took_s
     finally:
         server.stop(grace=0.5)
+
+
+def test_a_killed_rank_is_named_even_when_torchrun_times_a_peers_error_first(tmp_path) -> None:
+    """Rank 1 killed, rank 0 then failing in its collective: torchrun's report may call rank 0's
+    error the root cause (it timed it before it noticed the kill); the line names the killed rank."""
+    from rlcore.runtime import failure
+
+    entry = "[{i}]:\n  time      : 2026-11-28_03:48:05\n  host      : h\n  rank      : {r} (local_rank: {r})\n" \
+            "  exitcode  : {c} (pid: {p})\n  error_file: <N/A>\n  traceback : -\n"  # fmt: skip
+    report = ("rank.py FAILED\n" + "-" * 20 + "\nFailures:\n" + entry.format(i=1, r=1, c=-9, p=222) + "-" * 20
+              + "\nRoot Cause (first observed failure):\n" + entry.format(i=0, r=0, c=1, p=111))  # fmt: skip
+    (tmp_path / "trainer.log").write_text(report)
+    (tmp_path / "rank0.error").write_text("RuntimeError: Connection reset by peer (rank0)")
+    line = failure.world_failure(str(tmp_path), str(tmp_path / "trainer.log"))
+    assert line is not None and line.startswith("trainer rank 1 (pid 222) was ended by SIGKILL"), line
