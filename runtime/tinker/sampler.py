@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from ...core.algorithms.logprob import token_logprobs
+from ...core.rpc.convert import sampling_from_proto, sampling_to_proto
+from ...core.rpc.errors import InvalidArgument
 from ...core.types import SamplingParams
 from ...rollout.batching import BatchingEngine
 from ...rollout.engines.base import iter_safetensors
@@ -22,9 +24,10 @@ from .errors import UserError
 from .wire import Sampled, sample_response
 
 
-def sampling_params(params: Any, num_samples: int, eos_ids: list[int]) -> SamplingParams:
-    """Tinker's SamplingParams (max_tokens, seed, stop, temperature, top_k, top_p) as rlcore's.
-    `stop`: strings, or token ids (each ends a sample like EOS); [] turns every stop off, EOS too."""
+def sampling_params(params: Any, num_samples: int) -> SamplingParams:
+    """Tinker's SamplingParams (max_tokens, seed, stop, temperature, top_k, top_p) as rlcore's, checked
+    by the rule every rlcore door applies (core/rpc/convert.sampling_from_proto). `stop`: strings, or
+    token ids (each ends a sample like EOS); [] turns every stop off, EOS too."""
     stop = params.stop
     strings: list[str] = []
     stop_ids: list[int] = []
@@ -39,19 +42,21 @@ def sampling_params(params: Any, num_samples: int, eos_ids: list[int]) -> Sampli
             raise UserError("sampling_params.stop: strings or token ids, not both")
     if params.max_tokens is None:
         raise UserError("sampling_params.max_tokens: required here (the largest number of tokens to sample)")
-    if params.max_tokens < 1:
-        raise UserError(f"sampling_params.max_tokens: must be >= 1; got {params.max_tokens}")
-    if not params.temperature >= 0:
-        raise UserError(f"sampling_params.temperature: must be >= 0; got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise UserError(f"sampling_params.top_p: must be in (0, 1]; got {params.top_p}")
     if num_samples < 1:
         raise UserError(f"num_samples: must be >= 1; got {num_samples}")
-    return SamplingParams(
+    if not 0 < params.top_p <= 1:  # on the wire 0 means unset (1): here it is a mistake
+        raise UserError(f"sampling_params.top_p: must be in (0, 1]; got {params.top_p}")
+    sampling = SamplingParams(
         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, n=num_samples,
         max_tokens=params.max_tokens, stop=strings, seed=params.seed, stop_token_ids=stop_ids,
         ignore_eos=stop is not None and len(stop) == 0,
     )  # fmt: skip
+    try:
+        return sampling_from_proto(sampling_to_proto(sampling), "sampling_params")
+    except InvalidArgument as e:
+        raise UserError(str(e)) from None
+    except ValueError as e:  # a value the wire's type cannot hold (a negative seed)
+        raise UserError(f"sampling_params: {e}") from None
 
 
 LINGER_S = 0.01
@@ -109,7 +114,10 @@ class Sampler:
         if bad is not None:
             raise UserError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
         limit = self.engine.max_model_len
-        sampling = sampling_params(params, num_samples, [])
+        sampling = sampling_params(params, num_samples)
+        bad = next((t for t in sampling.stop_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise UserError(f"sampling_params.stop: token id {bad} is outside the vocabulary [0, {vocab})")
         if len(prompt) + sampling.max_tokens > limit:
             raise UserError(f"prompt ({len(prompt)} tokens) + sampling_params.max_tokens ({sampling.max_tokens}) "
                             f"exceeds the served context of {limit} tokens")  # fmt: skip

@@ -444,9 +444,7 @@ def _as_result(fn: Any) -> Result:
 
     try:
         out = fn()
-    except UserError as e:
-        return Result(error=str(e))
-    except NotFound as e:
+    except (UserError, NotFound) as e:
         return Result(error=str(e))
     except RpcError as e:  # the trainer refused it (bad input) or failed
         user = getattr(e, "code", None) is not None and e.code.name in ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
