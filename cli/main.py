@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from typing import Any, NoReturn
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_config_parser(commands: Any) -> None:
     config = commands.add_parser("config", help="inspect a config without running it")
-    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="{show,validate}")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="{show,validate,prepare}")
     show = config_commands.add_parser(
         "show", help="print the resolved config (and each resolved stage) as YAML; paths are not checked"
     )
@@ -115,6 +116,10 @@ def _add_config_parser(commands: Any) -> None:
         "validate", help="check keys, types, values, paths and monitor packages; print OK on success"
     )
     _add_config_args(validate)
+    prepare = config_commands.add_parser(
+        "prepare", help="generate the config's synthetic tasksets and scratch model (as a launch would) and print where"
+    )
+    _add_config_args(prepare)
 
 
 def _add_rollout_parser(commands: Any) -> None:
@@ -153,6 +158,15 @@ def _add_rollout_parser(commands: Any) -> None:
     )
     serve.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (vllm only)")
     serve.add_argument("--seed", type=int, default=0, help="engine seed (vllm)")
+    serve.add_argument(
+        "--service-url", default="", help="the Tinker service the tinker engine samples from (tinker only)"
+    )
+    serve.add_argument(
+        "--service-model", default="", help="the base model's name at --service-url (default: --model)"
+    )
+    serve.add_argument(
+        "--service-key-env", default="TINKER_API_KEY", help="environment variable holding that service's API key"
+    )
     serve.add_argument(
         "--threads", type=int, default=0, help="CPU threads for the engine (0: torch's default)"
     )
@@ -335,6 +349,23 @@ def _sets(node: Any, parts: list[str]) -> bool:
     return True
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    """`rlcore config prepare`: the assets a launch generates, made now (e.g. a scratch model for a
+    service to serve before the launch that trains on it)."""
+    from ..core.data.taskset import tasksets_of
+    from ..runtime.preflight import prepare_assets
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # one line per stage below says what was made
+    _, stages = _load(args, check_machine=False)
+    prepare_assets(stages)
+    for stage in stages:
+        paths = [stage.config.model.model_path] + [ts.path for _, ts in tasksets_of(stage.config)]
+        print(f"{stage.name}: " + ", ".join(p for p in dict.fromkeys(paths) if os.path.exists(p)))
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     cfg, stages = _load(args, check_machine=False)
     if args.plan:
@@ -443,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
             return tinker_serve_main(args)
         if args.config_command == "show":
             return _show(args)
+        if args.config_command == "prepare":
+            return _prepare(args)
         return _validate(args)
     except ConfigError as e:  # user input: one line, no traceback
         print(f"rlcore: error: {e}", file=sys.stderr)

@@ -144,12 +144,19 @@ def _engine(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = compute_dtype(args.dtype, device)
+    service = None
+    if args.engine == "tinker":
+        from .engines.tinker import ServiceSpec
+
+        if not args.service_url:
+            raise ValueError("--engine tinker samples from a Tinker service: give --service-url http://HOST:PORT")
+        service = ServiceSpec(args.service_url, args.service_model or args.model, args.service_key_env)
     try:
         return build_engine(
             args.engine, args.model, device=device, dtype=dtype, max_model_len=max_model_len,
             max_batch_size=args.max_batch_size, tensor_parallel_size=args.tensor_parallel_size,
             gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-            seed=args.seed,
+            seed=args.seed, service=service,
         )  # fmt: skip
     except (OSError, ValueError, ImportError) as e:
         raise ValueError(f"cannot load --model {args.model} with the {args.engine} engine: {e}") from None

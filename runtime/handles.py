@@ -4,8 +4,10 @@
                     the command channel (`rlcore launch`, trainer_rank.py)
     RemoteTrainer   a world started elsewhere (`rlcore trainer serve`), over TrainerService
                     (trainer.remote)
+    TinkerTrainer   a Tinker service (trainer.remote tinker://..., tinker/trainer.py): the
+                    algorithm's step computed here, its updates as Tinker requests
 
-Both run the same TrainerWorld methods on the trainer's ranks; the loop does not know which.
+The first two run the same TrainerWorld methods on the trainer's ranks; the loop does not know which.
 """
 
 from __future__ import annotations

@@ -89,14 +89,24 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
     address = str(base.trainer.remote)  # the plan's role remote: the first stage sets it
     options = ClientOptions.from_control(base.control)
     reporter = RunReporter(plan["run_address"], options, base.control.heartbeat_interval)
+    run = RunContext(
+        plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter,
+        workers=reporter.rollout_workers if plan["workers_managed"] else None,
+    )  # fmt: skip
     try:
+        if stages[0].plan.trainer == "tinker":
+            from .tinker.trainer import TinkerTrainer
+
+            tinker = TinkerTrainer(address, base.trainer.tinker.api_key_env)
+            print(f"rlcore: training on the Tinker service at {tinker.url}", flush=True)
+            try:
+                run_stages(stages, tinker, run)
+            finally:
+                tinker.close()
+            return 0
         with TrainerClient(address, options) as client:
             world_size = client.get_state(timeout=30).world_size
             print(f"rlcore: remote trainer {address}: {world_size} rank(s)", flush=True)
-            run = RunContext(
-                plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter,
-                workers=reporter.rollout_workers if plan["workers_managed"] else None,
-            )  # fmt: skip
             run_stages(stages, RemoteTrainer(client), run)
     finally:
         reporter.close()
@@ -275,11 +285,12 @@ def _published_start(first: Stage, num_stages: int) -> tuple[int, str | None]:
 
 def _announce(stages: list[Stage], run_plan: RunPlan, device: str, run_dir: str) -> None:
     base = stages[0].config
-    what = (
-        f"explore only, rollout on {device} (the trainer runs in its own launch)"
-        if run_plan.role == "explorer"
-        else f"strategy {base.trainer.strategy}, {base.cluster.ranks} trainer rank(s) on {device}"
-    )
+    if run_plan.role == "explorer":
+        what = f"explore only, rollout on {device} (the trainer runs in its own launch)"
+    elif run_plan.role == "remote":
+        what = f"trained by {base.trainer.remote}"
+    else:
+        what = f"strategy {base.trainer.strategy}, {base.cluster.ranks} trainer rank(s) on {device}"
     print(
         f"rlcore: {len(stages)} stage(s) [{', '.join(s.name for s in stages)}], {what}; run folder {run_dir}",
         flush=True,

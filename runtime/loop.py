@@ -66,7 +66,9 @@ def run_stages(stages: list[Stage], handle: TrainerHandle, run: RunContext) -> N
             if not previous_model:
                 raise ValueError(f"stage {stage.name} inherits weights but the previous stage exported none")
             model_path = previous_model
-        summary = StageLoop(stage, sdir, model_path, handle, run, is_last=stage is stages[-1]).run()
+        # a model a service holds (tinker://..., the previous stage's) has the first stage's tokenizer
+        tokenizer = stages[0].config.model.model_path if "://" in model_path else None
+        summary = StageLoop(stage, sdir, model_path, handle, run, stage is stages[-1], tokenizer).run()
         previous_model = summary["final_model"]
         if summary["stopped"]:
             break
@@ -74,8 +76,11 @@ def run_stages(stages: list[Stage], handle: TrainerHandle, run: RunContext) -> N
 
 class StageLoop:
     def __init__(
-        self, stage: Stage, sdir: str, model_path: str, handle: TrainerHandle, run: RunContext, is_last: bool
-    ):
+        self, stage: Stage, sdir: str, model_path: str, handle: TrainerHandle, run: RunContext, is_last: bool,
+        tokenizer_path: str | None = None,
+    ):  # fmt: skip
+        """`tokenizer_path`: where the model's tokenizer is, when `model_path` has none (a model a
+        service holds, tinker://...)."""
         from transformers import AutoTokenizer
 
         cfg = self.cfg = stage.config
@@ -85,7 +90,7 @@ class StageLoop:
         self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
             cfg, self.stream.batches_per_epoch * cfg.buffer.batch_size
         )
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
         formats = taskset_formats(cfg)
         self.mixture = mixture_report(self.stream.tasks, formats)
         handle.configure(cfg, plan, model_path, sdir, self.total_train_steps)

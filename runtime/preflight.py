@@ -38,7 +38,7 @@ def check_strategies(stages: list[Stage], device: str) -> None:
     from ..backends import check_strategy_runs
 
     for s in stages:
-        if s.plan.trainer == "remote":
+        if s.plan.trainer != "local":
             continue  # the remote trainer's own machine decides
         try:
             check_strategy_runs(s.config.trainer.strategy, device)

@@ -70,6 +70,12 @@ def sequence_spec(
     return SequenceSpec(prompt, response, mask, list(advantages) or [0.0] * n, old_logprobs)
 
 
+def max_response_len(cfg: RLCoreConfig) -> int:
+    """The longest response any training taskset (a mixture's too) samples: Dr. GRPO's divisor."""
+    ts = cfg.buffer.explorer_input.taskset
+    return max(t.rollout_args.max_tokens or cfg.model.max_response_tokens for t in [ts, *cfg.buffer.explorer_input.mixture])
+
+
 def experiences_per_step(cfg: RLCoreConfig) -> int:
     """What one explore step hands the trainer: batch_size tasks x repeat_times rollouts, or without
     rollouts batch_size taskset rows."""
@@ -109,10 +115,7 @@ class StageTraining:
         self.pad_token_id = tokenizer.pad_token_id
         ts = cfg.buffer.explorer_input.taskset
         self.temperature = ts.rollout_args.temperature or 1.0
-        self.max_response_len = max(  # the longest any training taskset (a mixture's too) samples
-            t.rollout_args.max_tokens or cfg.model.max_response_tokens
-            for t in [ts, *cfg.buffer.explorer_input.mixture]
-        )
+        self.max_response_len = max_response_len(cfg)
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.algo = with_preset(algo)
         passes = passes or plan_stage(filled(cfg)).passes

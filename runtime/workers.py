@@ -12,6 +12,7 @@ from typing import Any
 
 from ..core.config import ConfigError, Stage
 from ..core.config.dtypes import engine_dtype
+from ..core.config.host_checks import tinker_url
 from ..core.config.plan import gpu_sharing
 from .child import process_env, wrap
 from .placement import GpuPlacement, place_gpus, visible_gpus
@@ -26,6 +27,16 @@ def _tls_flags(tls: Any) -> list[str]:
     if tls.require_client_cert:
         flags.append("--tls-require-client-cert")
     return flags
+
+
+def _service_flags(cfg: Any) -> list[str]:
+    """The Tinker service a tinker engine samples from: the one trainer.remote names."""
+    url = tinker_url(cfg.trainer.remote)
+    if cfg.explorer.rollout_model.engine_type != "tinker" or url is None:
+        return []
+    tk = cfg.trainer.tinker
+    return ["--service-url", url, "--service-model", tk.base_model or cfg.model.model_path,
+            "--service-key-env", tk.api_key_env]  # fmt: skip
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -71,7 +82,7 @@ def gpu_placement(
     first, count = started
     return place_gpus(
         visible_gpus(env, device_count),
-        trainer_ranks=0 if stages[0].plan.trainer == "remote" else stages[0].config.cluster.ranks_per_node,
+        trainer_ranks=0 if stages[0].plan.trainer != "local" else stages[0].config.cluster.ranks_per_node,
         engine_num=count,
         gpus_per_engine=first.explorer.rollout_model.tensor_parallel_size,
         may_share=gpu_sharing([s.plan for s in stages]),
@@ -109,7 +120,7 @@ class RolloutWorkers:
                 *(["--enforce-eager"] if rm.enforce_eager else []), "--seed", str(cfg.seed + i),
                 "--threads", str(threads), "--host", control.host, "--port", "0", "--register", run_address,
                 "--index", str(i), "--token-env", control.token_env,
-                "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls),
+                "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls), *_service_flags(cfg),
             ]  # fmt: skip
             self._commands.append((cmd, process_env(cfg.cluster, threads, None if gpus is None else gpus[i])))
         self.procs = [self._start(i, "w") for i in range(count)]

@@ -61,3 +61,19 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, norm: LossNor
     if mode == "seq-mean-token-mean":
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / norm.num_seqs
     return masked.sum() / norm.max_response_len / norm.num_seqs
+
+
+def token_weights(mask: torch.Tensor, mode: str, norm: LossNorm) -> torch.Tensor:
+    """[B, T] each token's weight in `aggregate`: sum(values * token_weights) == aggregate(values,
+    mask, mode, norm) for any values. A service that sums its loss over tokens (Tinker's losses)
+    computes rlcore's aggregate when the per-token inputs it multiplies (advantages, weights) carry
+    these weights."""
+    check_loss_agg_mode(mode)
+    mask = mask.float()
+    if mode == "token-mean":
+        return mask / norm.num_tokens
+    if mode == "seq-mean-token-sum":
+        return mask / norm.num_seqs
+    if mode == "seq-mean-token-mean":
+        return mask / mask.sum(-1, keepdim=True).clamp(min=1) / norm.num_seqs
+    return mask / norm.max_response_len / norm.num_seqs

@@ -61,3 +61,20 @@ def check_address(value: str, path: str) -> None:
     """`host:port` with a port in 1..65535 (IPv6 hosts in brackets: [::1]:50051)."""
     if not is_host_port(value):
         raise ConfigError(f"{path} must be host:port with a port in 1..65535; got '{value}'")
+
+
+TINKER_SCHEMES = {"tinker://": "http://", "tinker+https://": "https://"}
+"""How trainer.remote names a Tinker service, and the scheme of its base URL."""
+
+
+def tinker_url(remote: str | None) -> str | None:
+    """The base URL of the Tinker service trainer.remote names (tinker://host:port ->
+    http://host:port; tinker+https://host/path -> https://host/path); None: it names none."""
+    for scheme, web in TINKER_SCHEMES.items():
+        if remote is not None and remote.startswith(scheme):
+            rest = remote[len(scheme) :]
+            host = rest.split("/", 1)[0]
+            if not host or any(c.isspace() for c in rest):
+                raise ConfigError(f"trainer.remote must be {scheme}host[:port][/path]; got '{remote}'")
+            return web + rest
+    return None

@@ -17,7 +17,9 @@ where engines live, how weights travel); the plan says what the run does with it
                 resolved): nccl (a process group), checkpoint (an HF folder), memory (an in-process
                 copy), publish (an explore launch's workers load the folders the trainer publishes),
                 none; `publishes`: the trainer also publishes versions for an explorer
-    trainer     local (this launch's trainer world), remote (trainer.remote), none (an explore launch)
+    trainer     local (this launch's trainer world), remote (trainer.remote), tinker (trainer.remote
+                names a Tinker service: the engines are its samplers, loading the sampler paths it
+                saves by the checkpoint transport), none (an explore launch)
     algorithm   the preset-filled algorithm section and the passes it needs
 
 This module (with shape_checks.py, which refuses the impossible combinations) is the only one that
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .host_checks import tinker_url
 from .schema import RLCoreConfig
 
 SOURCES = ("rollouts", "explorer_thread", "buffer", "explore", "responses", "pairs", "evaluation")
@@ -76,7 +79,8 @@ class StagePlan:
     publishes: bool
     """The trainer publishes its weights as folders for an explorer (source buffer or explorer_thread)."""
     trainer: str
-    """local, remote (trainer.remote) or none (the stage runs in an explore launch)."""
+    """local, remote (trainer.remote), tinker (trainer.remote tinker://...) or none (the stage runs in an
+    explore launch)."""
     trains_on: str
     """rollouts, responses (SFT) or pairs (DPO)."""
     passes: Passes
@@ -208,14 +212,22 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
         engines, explorer_engines = ("workers" if workers else "in_process"), "none"
     else:
         engines, explorer_engines = "none", "none"
+    tinker = tinker_url(cfg.trainer.remote) is not None
     if source == "explore":  # the explore launch has its workers load the folders the trainer publishes
         weights = "publish"
+    elif engines == "workers" and tinker:  # the service's sampler paths (shape_checks: no other method)
+        weights = "checkpoint"
     elif engines == "workers":  # auto: a process group (shape_checks refuses memory here)
         method = cfg.synchronizer.sync_method
         weights = "nccl" if method == "auto" else method
     else:
         weights = "memory" if engines == "in_process" else "none"
-    trainer = "none" if source == "explore" else "remote" if cfg.trainer.remote is not None or served else "local"
+    if source == "explore":
+        trainer = "none"
+    elif tinker:
+        trainer = "tinker"
+    else:
+        trainer = "remote" if cfg.trainer.remote is not None or served else "local"
     passes = Passes(
         reference=reads_reference(algo),
         old_logprobs=bool(algo.do_old_log_prob_compute) and data == "rollouts",
@@ -243,7 +255,7 @@ def launch_role(explorer: bool, first: StagePlan) -> str:
     loop against a remote trainer when its first stage's trainer is remote; else a trainer world."""
     if explorer:
         return "explorer"
-    return "remote" if first.trainer == "remote" else "trainer"
+    return "remote" if first.trainer in ("remote", "tinker") else "trainer"
 
 
 def gpu_sharing(stages: list[StagePlan]) -> bool:

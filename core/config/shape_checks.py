@@ -5,7 +5,7 @@ three keys (plan.py decides what a valid combination does)."""
 from __future__ import annotations
 
 from .errors import ConfigError
-from .host_checks import check_address
+from .host_checks import check_address, tinker_url
 from .plan import max_staleness
 from .schema import RLCoreConfig
 
@@ -40,6 +40,8 @@ def check_shape(cfg: RLCoreConfig, data: str) -> None:
         _check_asynchronous(cfg)
     _check_long_tails(cfg)
     _check_buffer_sampling(cfg, data)
+    if tinker_url(cfg.trainer.remote) is not None:
+        _check_tinker_algorithm(cfg, data)
     if cfg.mode == "bench" and not cfg.buffer.explorer_input.eval_tasksets:
         raise ConfigError("mode bench evaluates buffer.explorer_input.eval_tasksets; give at least one")
 
@@ -140,7 +142,14 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
     rm = cfg.explorer.rollout_model
     for i, address in enumerate(rm.endpoints):
         check_address(address, f"explorer.rollout_model.endpoints[{i}]")
-    if cfg.trainer.remote is not None:
+    if rm.engine_type == "tinker" and tinker_url(cfg.trainer.remote) is None:
+        raise ConfigError(
+            "explorer.rollout_model.engine_type tinker samples from the Tinker service that trains the run: set "
+            "trainer.remote=tinker://host:port (or another engine_type)"
+        )
+    if tinker_url(cfg.trainer.remote) is not None:
+        _check_tinker_run(cfg)
+    elif cfg.trainer.remote is not None:
         check_address(cfg.trainer.remote, "trainer.remote")
         if cfg.continue_from_checkpoint or cfg.mode not in ("both", "train"):
             raise ConfigError(
@@ -170,6 +179,67 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
             "mode both uses nccl (or auto)"
         )
     _check_engine_and_sync(cfg)
+
+
+def _check_tinker_run(cfg: RLCoreConfig) -> None:
+    """trainer.remote tinker://...: the loop here, training and sampling on the Tinker service."""
+    rm, lora = cfg.explorer.rollout_model, cfg.model.lora_configs
+    problems = [
+        (cfg.mode not in ("both", "train"), f"mode {cfg.mode}: use mode both (RL) or train (SFT)"),
+        (rm.engine_type != "tinker",
+         f"explorer.rollout_model.engine_type {rm.engine_type} (the service keeps the weights it trains; its "
+         "samplers serve them): set explorer.rollout_model.engine_type=tinker"),
+        (cfg.synchronizer.sync_method not in ("auto", "checkpoint"),
+         f"synchronizer.sync_method {cfg.synchronizer.sync_method} (the engines load the service's sampler paths): "
+         "set it auto"),
+        (len(lora) > 1, "more than one model.lora_configs entry (a Tinker model has one adapter): keep one"),
+        (bool(lora) and lora[0].target_modules != "all-linear",
+         "model.lora_configs[0].target_modules other than all-linear (Tinker adapts attention and MLP layers, "
+         "not named modules): set all-linear"),
+        (bool(lora) and lora[0].path is not None,
+         "model.lora_configs[0].path (Tinker starts an adapter afresh, or from a tinker:// checkpoint): drop it"),
+    ]  # fmt: skip
+    for bad, what in problems:
+        if bad:
+            raise ConfigError(f"trainer.remote {cfg.trainer.remote} (a Tinker service) does not go with {what}")
+
+
+TINKER_LOSSES = {"ppo_clip": "ppo", "importance_sampling": "importance_sampling", "cispo": "cispo", "gspo": "gspo"}
+"""algorithm.policy_loss_fn -> the Tinker loss that computes it (summed, with rlcore's aggregation
+weights folded into the advantages)."""
+
+
+def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
+    """What a Tinker service trains: SFT (cross_entropy) and policy gradients with Tinker's losses,
+    without a reference model or a pass of rlcore's beside the policy."""
+    from ..algorithms import reads_reference, step_passes
+
+    algo = cfg.algorithm
+    if data == "pairs":
+        raise ConfigError(
+            f"algorithm.algorithm_type {algo.algorithm_type} needs a reference model, which a Tinker service does "
+            "not hold: train it with rlcore's own trainer (drop trainer.remote)"
+        )
+    if data != "rollouts":
+        return
+    ts = [cfg.buffer.explorer_input.taskset, *cfg.buffer.explorer_input.mixture]
+    problems = [
+        (algo.policy_loss_fn not in TINKER_LOSSES,
+         f"algorithm.policy_loss_fn {algo.policy_loss_fn} (Tinker's losses serve {', '.join(TINKER_LOSSES)})"),
+        (algo.clip_ratio_c is not None, "algorithm.clip_ratio_c (Tinker's ppo has no dual clip): drop it"),
+        (reads_reference(algo),
+         "a reference model (the KL loss, KL in the reward, or an advantage that reads it): set "
+         "algorithm.kl_loss_coef=0 and use_kl_in_reward false"),
+        (bool(step_passes(algo)), f"the pass(es) {', '.join(step_passes(algo))} beside the policy"),
+        (algo.entropy_coef > 0, "algorithm.entropy_coef (Tinker's losses have no entropy term): set it 0"),
+        (algo.rollout_correction.kind != "none", "algorithm.rollout_correction: set kind none"),
+        (any((t.rollout_args.temperature or 1.0) != 1.0 for t in ts),
+         "a training taskset sampled at a temperature other than 1 (Tinker's log-probs are at temperature 1, "
+         "the ratio would compare different distributions): set rollout_args.temperature 1.0"),
+    ]  # fmt: skip
+    for bad, what in problems:
+        if bad:
+            raise ConfigError(f"trainer.remote {cfg.trainer.remote} (a Tinker service) does not go with {what}")
 
 
 def _check_engine_and_sync(cfg: RLCoreConfig) -> None:

@@ -8,12 +8,14 @@ from ...core.registry import Registry
 
 if TYPE_CHECKING:
     from .base import RolloutEngine
+    from .tinker import ServiceSpec
 
 ENGINES = Registry(
     "explorer.rollout_model.engine_type",
     {
         "hf": "rlcore.rollout.engines.hf:HFEngine",
         "vllm": "rlcore.rollout.engines.vllm:VLLMEngine",
+        "tinker": "rlcore.rollout.engines.tinker:TinkerEngine",
     },
 )
 
@@ -32,10 +34,12 @@ def build_engine(
     enable_sleep_mode: bool = False,
     in_process: bool = False,
     seed: int = 0,
+    service: ServiceSpec | None = None,
 ) -> RolloutEngine:
     """Construct the engine `engine_type` names; the vLLM-only options go to vLLM only (the HF
     engine refuses a tensor-parallel size above 1; enforce_eager goes to both). `max_model_len` None
-    takes the model's own position limit; one above it is refused (ValueError)."""
+    takes the model's own position limit; one above it is refused (ValueError). `service`: the Tinker
+    service the tinker engine samples from (that engine only)."""
     cls = ENGINES.resolve(engine_type)
     common = {
         "device": device,
@@ -43,6 +47,8 @@ def build_engine(
         "max_model_len": max_model_len,
         "max_batch_size": max_batch_size,
     }
+    if engine_type == "tinker":
+        return cls(model_path, **common, service=service)
     if engine_type != "vllm":
         if tensor_parallel_size != 1:
             raise ValueError(

@@ -3,6 +3,7 @@ world (fsdp2, LoRA) and the HF engine behind the Tinker HTTP API."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from .launch_utils import REPO, wait_for_port_file
+from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo_config, wait_for_port_file
 
 tinker = pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'rlcore[tinker]'")
 from tinker import types  # noqa: E402
@@ -158,3 +159,57 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
     assert tc.forward_backward([silent], "cross_entropy").result().metrics["loss:sum"] == 0.0
     out = tc.forward_backward([good], "cross_entropy").result()  # still serving
     assert out.metrics["loss:sum"] > 0
+
+
+def _plan(root: str, model: str, **extra) -> dict:
+    """An SFT warm-up of 2 steps, then 2 GRPO steps of 4 tasks x 4 answers, on the served model."""
+    cfg = tiny_grpo_config(
+        root, **{"model.model_path": model, "model.scratch": {"enabled": False}, "algorithm.kl_loss_coef": 0.0,
+                 "buffer.explorer_input.eval_tasksets": [heldout_taskset(root, 8)], **extra}
+    )  # fmt: skip
+    cfg["stages"] = [
+        {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
+         "buffer": {"batch_size": 8, "total_steps": 2}},
+        {"name": "rl", "mode": "both", "buffer": {"total_steps": 2}},
+    ]  # fmt: skip
+    return cfg
+
+
+def test_launch_through_a_tinker_service_is_the_run_rlcore_trains_itself(
+    server, tiny_model_path, tmp_path, monkeypatch
+) -> None:
+    """trainer.remote tinker://: the loop runs in the launch, training through the service and
+    sampling from it. The same plan trained by rlcore's own trainer and through the Tinker service
+    gives the same SFT losses (the lr schedule and the token mean computed client-side) and the same
+    first GRPO step (the seeded samples, their rewards, the clipped loss with the advantages carrying
+    the aggregation weights)."""
+    monkeypatch.setenv("TINKER_API_KEY", KEY)
+    local_root, remote_root = str(tmp_path / "local"), str(tmp_path / "tinker")
+    launch(_plan(local_root, tiny_model_path), os.path.join(tmp_path, "local.yaml"))
+    remote = _plan(
+        remote_root, tiny_model_path, **{"trainer.remote": "tinker://" + server.removeprefix("http://"),
+                                         "trainer.tinker": {"base_model": MODEL},
+                                         "explorer.rollout_model.engine_type": "tinker"}
+    )  # fmt: skip
+    out = launch(remote, os.path.join(tmp_path, "tinker.yaml"))
+    assert "trained by tinker://" in out.stdout
+
+    def rows(root: str, stage: str) -> list[dict]:
+        return read_metrics(os.path.join(root, "it", "run", stage))
+
+    for a, b in zip(rows(local_root, "stage0_warmup"), rows(remote_root, "stage0_warmup"), strict=True):
+        if "sft/loss" in a:
+            assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-5), (a, b)
+            assert b["actor/lr"] == pytest.approx(a["actor/lr"], rel=1e-9)
+    local_rl = [r for r in rows(local_root, "stage1_rl") if "actor/loss" in r]
+    tinker_rl = [r for r in rows(remote_root, "stage1_rl") if "actor/loss" in r]
+    assert len(local_rl) == len(tinker_rl) == 2
+    first, other = local_rl[0], tinker_rl[0]
+    assert other["rollout/reward_mean"] == first["rollout/reward_mean"]
+    assert other["actor/loss"] == pytest.approx(first["actor/loss"], rel=1e-4, abs=1e-6)
+    assert other["actor/grad_norm"] == pytest.approx(first["actor/grad_norm"], rel=1e-4)
+    assert "eval/heldout/accuracy" in rows(remote_root, "stage1_rl")[-1]
+    # each stage's checkpoints are the service's; the RL stage started from the warm-up's last
+    with open(os.path.join(remote_root, "it", "run", "stage1_rl", "tinker_checkpoints.json")) as f:
+        saved = json.load(f)
+    assert saved[-1]["global_step"] == 2 and saved[-1]["path"].startswith("tinker://")

@@ -362,3 +362,15 @@ def test_the_tool_call_format_choices_are_the_workflows() -> None:
     )
     flag = next(a for a in serve._actions if a.dest == "tool_call_format")
     assert tuple(flag.choices) == CHOICES and flag.default == "auto"
+
+
+def test_config_prepare_makes_the_assets_a_launch_would(tmp_path, monkeypatch, capsys) -> None:
+    """`rlcore config prepare`: the scratch model and generated tasksets exist before any launch (a
+    Tinker service serves the model before the launch that trains it starts)."""
+    monkeypatch.setenv("RLCORE_CHECKPOINT_DIR", str(tmp_path))
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "tinker.yaml")
+    assert main(["config", "prepare", recipe, "model.scratch.num_layers=1"]) == 0
+    out = capsys.readouterr().out
+    model = tmp_path / "assets" / "tiny-llama-char"
+    assert (model / "config.json").is_file() and (tmp_path / "assets" / "arithmetic" / "test.jsonl").is_file()
+    assert f"\nsft_warmup: {model}, " in out and "\nrl: " in out

@@ -35,7 +35,7 @@ from .model import (
     ModelConfig,
     ScratchModelConfig,
 )
-from .trainer import MegatronConfig, SynchronizerConfig, TrainerConfig
+from .trainer import MegatronConfig, SynchronizerConfig, TinkerConfig, TrainerConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -70,6 +70,7 @@ __all__ = [
     "TLSConfig",
     "JudgeConfig",
     "TasksetConfig",
+    "TinkerConfig",
     "TrainerConfig",
     "TrainerInput",
     "bounded",

@@ -21,6 +21,17 @@ class MegatronConfig:
 
 
 @dataclass
+class TinkerConfig:
+    """How a run meets the Tinker service its trainer.remote names (tinker://...)."""
+
+    base_model: str | None = None
+    """The base model's name on the service, trained and sampled there (unset: model.model_path,
+    which is read here for the tokenizer and the tasks' prompts either way)."""
+    api_key_env: str = "TINKER_API_KEY"
+    """The environment variable holding the service's API key (the SDK's own default)."""
+
+
+@dataclass
 class TrainerConfig:
     strategy: str = choice("fsdp2", "rlcore.backends:STRATEGIES")
     """Training strategy (`--strategy` on the command line overrides it)."""
@@ -47,8 +58,11 @@ class TrainerConfig:
     from its last verified checkpoint, the explorer's and the experience buffer's position
     included; the launch's rollout workers keep running. 0: a failure ends the launch."""
     remote: str | None = None
-    """host:port of a TrainerService started with `rlcore trainer serve`: the loop runs in the
-    launch process and drives that trainer over gRPC instead of starting a trainer world."""
+    """host:port of a TrainerService started with `rlcore trainer serve`, or tinker://host:port
+    (tinker+https://host/path) of a Tinker service (`rlcore tinker serve`, or Tinker itself): the loop
+    runs in the launch process and drives that trainer instead of starting a trainer world."""
+    tinker: TinkerConfig = field(default_factory=TinkerConfig)
+    """Only read with trainer.remote tinker://..."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Only read by `strategy: megatron`."""
 

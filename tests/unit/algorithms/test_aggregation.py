@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rlcore.core.algorithms.aggregation import LOSS_AGG_MODES, LossNorm, aggregate
+from rlcore.core.algorithms.aggregation import LOSS_AGG_MODES, LossNorm, aggregate, token_weights
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -38,6 +38,18 @@ def test_halves_with_global_norm_sum_to_whole(mode):
     whole = aggregate(values, mask, mode, norm)
     halves = aggregate(values[:2], mask[:2], mode, norm) + aggregate(values[2:], mask[2:], mode, norm)
     torch.testing.assert_close(halves, whole)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_token_weights_sum_to_the_aggregate(mode):
+    """A service that sums per-token terms (Tinker) gets rlcore's aggregate from these weights."""
+    torch.manual_seed(1)
+    values = torch.randn(4, 5)
+    mask = (torch.arange(5) < torch.tensor([5, 1, 3, 0])[:, None]).float()
+    norm = LossNorm.local(mask, max_response_len=6)
+    weights = token_weights(mask, mode, norm)
+    torch.testing.assert_close((values * weights).sum(), aggregate(values, mask, mode, norm))
+    assert (weights[mask == 0] == 0).all()
 
 
 def test_unknown_mode_lists_valid():

@@ -161,6 +161,24 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
             "explorer.rollout_model.endpoints[0] must be host:port",
         ),
         (["trainer.remote=nohost"], "trainer.remote must be host:port"),
+        (["trainer.remote=tinker://"], "trainer.remote must be tinker://host[:port][/path]"),
+        (["explorer.rollout_model.engine_type=tinker"],
+         "explorer.rollout_model.engine_type tinker samples from the Tinker service that trains the run: set "
+         "trainer.remote=tinker://host:port"),
+        (["trainer.remote=tinker://h:1"],
+         "trainer.remote tinker://h:1 (a Tinker service) does not go with explorer.rollout_model.engine_type hf"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "synchronizer.sync_method=nccl"],
+         "trainer.remote tinker://h:1 (a Tinker service) does not go with synchronizer.sync_method nccl"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker"],
+         "trainer.remote tinker://h:1 (a Tinker service) does not go with a reference model (the KL loss"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
+          "buffer.explorer_input.taskset.rollout_args.temperature=0.7"],
+         "trainer.remote tinker://h:1 (a Tinker service) does not go with a training taskset sampled at a "
+         "temperature other than 1"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
+          "algorithm.policy_loss_fn=opmd"],
+         "trainer.remote tinker://h:1 (a Tinker service) does not go with algorithm.policy_loss_fn opmd (Tinker's "
+         "losses serve ppo_clip, importance_sampling, cispo, gspo)"),
         (
             ["mode=colocate", "explorer.rollout_model.engine_num=2"],
             "mode colocate runs its engines inside the trainer: explorer.rollout_model.engine_num must be 1 (in "

@@ -55,7 +55,8 @@ def before(cfg) -> dict:
         engines = "workers"
     else:
         engines = "in_process" if has_engine else "none"
-    weights = {"workers": "checkpoint" if cfg.synchronizer.sync_method == "checkpoint" else "nccl",
+    tinker = str(cfg.trainer.remote).startswith("tinker")  # a Tinker service: engines load its sampler paths
+    weights = {"workers": "checkpoint" if cfg.synchronizer.sync_method == "checkpoint" or tinker else "nccl",
                "in_process": "memory", "none": "none"}[engines]  # fmt: skip
     decoupled = cfg.mode in ("train", "explore") or asynchronous
     old = algo.do_old_log_prob_compute
@@ -72,7 +73,7 @@ def before(cfg) -> dict:
         "on_workers": explores_on_workers,
         "weights": "publish" if cfg.mode == "explore" else weights,
         "publishes": data == "rollouts" and (cfg.mode == "train" or asynchronous),
-        "trainer": "none" if cfg.mode == "explore" else "remote" if cfg.trainer.remote else "local",
+        "trainer": "none" if cfg.mode == "explore" else "tinker" if tinker else "remote" if cfg.trainer.remote else "local",
         "reference": reads_reference(algo),
         "old_logprobs": old and data == "rollouts",
         "critic": algo.algorithm_type == "ppo",  # the menu's only algorithms with a step pass

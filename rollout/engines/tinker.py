@@ -1,0 +1,162 @@
+"""engine_type tinker: generation by a Tinker service's sampler (the official `tinker` SDK's
+SamplingClient), for runs whose trainer is that service (trainer.remote: tinker://...).
+
+A Tinker service keeps the weights it trains: the engines of such a run cannot receive tensors, and
+load a version by the path `save_weights_for_sampler` returned (`load_checkpoint("tinker://...")`,
+the checkpoint transport's receiving half). Everything around generation stays rlcore's: the rollout
+worker, its workflows, rewards, tools and OpenAI door; the tokenizer is the local model folder's.
+
+Each prompt is one `sample` request (num_samples = n), all of a call's requests in flight at once,
+each with the call's seed: a sampler seeds a request by its seed and prompt (rlcore's server derives
+each prompt's seed as rlcore's engines do, so a seeded rollout samples what the local HF engine would
+with the same weights). The log-probs are the sampler's, at the request's temperature.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.types import Completion, SamplingParams
+from .base import RolloutEngine, resolve_max_model_len, stop_token_ids
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """The Tinker service an engine samples from."""
+
+    url: str
+    """Its base URL (http://host:port or https://host/path)."""
+    base_model: str
+    """The base model's name there (what create_lora_training_client was given)."""
+    api_key_env: str = "TINKER_API_KEY"
+    """The environment variable holding its API key."""
+
+
+UNSERVED = {
+    "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
+}  # fmt: skip
+"""SamplingParams fields a Tinker sampler has no counterpart for, with the value that means "off"."""
+
+
+class TinkerEngine(RolloutEngine):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        service: ServiceSpec | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        max_batch_size: int = 256,
+        enforce_eager: bool = False,
+    ):
+        """`model_path`: a local HF folder (or hub id) of the service's base model, for the tokenizer
+        and the position limit; `service`: where to sample. device, dtype and the batch size are the
+        service's business and ignored here."""
+        if service is None:
+            raise ValueError("the tinker engine samples from a Tinker service: give its URL (--service-url)")
+        try:
+            import tinker
+        except ImportError as e:
+            raise ImportError(f"the tinker engine needs the tinker SDK ({e}): pip install 'rlcore[tinker]'") from None
+        from transformers import AutoTokenizer
+
+        api_key = os.environ.get(service.api_key_env, "")
+        if not api_key:
+            raise ValueError(f"${service.api_key_env} is empty: set the Tinker service's API key there")
+        self.max_model_len = resolve_max_model_len(model_path, max_model_len)
+        self.max_batch_size = max_batch_size
+        """Sequences one call holds (the rollout worker splits its work by it)."""
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.eos_token_ids = stop_token_ids(None, self.tokenizer, model_path)
+        self.service = service
+        self._types = tinker.types
+        try:
+            self._client = tinker.ServiceClient(base_url=service.url, api_key=api_key)
+            self._sampler = self._client.create_sampling_client(base_model=service.base_model).result()
+        except tinker.APIError as e:
+            raise ValueError(f"the Tinker service at {service.url} refused a sampler of {service.base_model}: {e}") from None
+        self.sampler_path = ""
+        """The sampler weights served now ("": the base model)."""
+        self.policy_version = 0
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        params = self._params(sampling)
+        for i, ids in enumerate(prompt_token_ids):
+            if not ids:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if len(ids) + sampling.max_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt {i}: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed "
+                    f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens"
+                )
+        sampler = self._sampler  # a load between the requests must not split one call's prompts
+        futures = [
+            sampler.sample(self._types.ModelInput.from_ints(list(ids)), sampling.n, params) for ids in prompt_token_ids
+        ]
+        out = []
+        for ids, future in zip(prompt_token_ids, futures, strict=True):
+            completions = []
+            for s in future.result().sequences:
+                if s.logprobs is None:
+                    raise RuntimeError(f"the Tinker sampler at {self.service.url} returned a sample without log-probs")
+                completions.append(Completion(
+                    prompt_token_ids=list(ids), token_ids=list(s.tokens), logprobs=[float(x) for x in s.logprobs],
+                    finish_reason=s.stop_reason, text=self._decode(list(s.tokens), sampling.stop),
+                ))  # fmt: skip
+            out.append(completions)
+        return out
+
+    def _params(self, sampling: SamplingParams) -> Any:
+        """Tinker's SamplingParams for `sampling`; ValueError naming a field Tinker cannot honour."""
+        if sampling.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1; got {sampling.max_tokens}")
+        for name, off in UNSERVED.items():
+            if getattr(sampling, name) != off:
+                raise ValueError(f"{name}: a Tinker sampler has none; leave it at {off} with engine_type tinker")
+        if sampling.logit_bias:
+            raise ValueError("logit_bias: a Tinker sampler has none; leave it empty with engine_type tinker")
+        stop: list[Any] | None = None
+        if sampling.stop and sampling.stop_token_ids:
+            raise ValueError("a Tinker sampler stops on strings or on token ids, not both: give one of them")
+        if sampling.stop:
+            stop = list(sampling.stop)
+        elif sampling.stop_token_ids or sampling.ignore_eos:
+            eos = [] if sampling.ignore_eos else self.eos_token_ids
+            stop = sorted(set(eos + list(sampling.stop_token_ids)))  # [] stops nowhere, EOS included
+        return self._types.SamplingParams(
+            max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, seed=sampling.seed, stop=stop,
+        )  # fmt: skip
+
+    def _decode(self, token_ids: list[int], stop: list[str]) -> str:
+        text = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+        return text[: min(cuts)] if cuts else text
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        """Serve the sampler weights at `path` (a tinker:// path save_weights_for_sampler returned)."""
+        if not path.startswith("tinker://"):
+            raise ValueError(f"the tinker engine loads sampler weights by tinker:// path; got {path}")
+        self._sampler = self._client.create_sampling_client(model_path=path).result()
+        self.sampler_path = path
+        self.policy_version = policy_version
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]], policy_version: int) -> None:
+        raise ValueError(
+            "the tinker engine's weights stay in the Tinker service: they reach it as sampler paths "
+            "(synchronizer.sync_method checkpoint), not as tensors"
+        )
+
+    def join_weight_sync(self, *args: Any, **kwargs: Any) -> None:
+        self.load_weights((), 0)
+
+    def close(self) -> None:
+        """Finish this engine's session with the service (its heartbeats stop)."""
+        try:
+            self._client.close("success").result(timeout=10)
+        except Exception:  # the service may be gone already; nothing of ours is left open
+            pass
