@@ -352,10 +352,10 @@ def _sets(node: Any, parts: list[str]) -> bool:
 def _prepare(args: argparse.Namespace) -> int:
     """`rlcore config prepare`: the assets a launch generates, made now (e.g. a scratch model for a
     service to serve before the launch that trains on it)."""
+    from transformers.utils import logging as transformers_logging
+
     from ..core.data.taskset import tasksets_of
     from ..runtime.preflight import prepare_assets
-
-    from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # one line per stage below says what was made
     _, stages = _load(args, check_machine=False)

@@ -99,10 +99,12 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
 
             tinker = TinkerTrainer(address, base.trainer.tinker.api_key_env)
             print(f"rlcore: training on the Tinker service at {tinker.url}", flush=True)
+            ok = False
             try:
                 run_stages(stages, tinker, run)
+                ok = True
             finally:
-                tinker.close()
+                tinker.close(ok)
             return 0
         with TrainerClient(address, options) as client:
             world_size = client.get_state(timeout=30).world_size

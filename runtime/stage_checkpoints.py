@@ -53,7 +53,10 @@ class StageCheckpoints:
         self.last_saved = restored.global_step
         self.final_checkpoint = restored.path
         hf = os.path.join(restored.path, HF_DIR)
-        self.final_model = hf if os.path.isdir(hf) else None
+        if "://" in restored.path:  # a checkpoint a service holds (tinker://...) is the model itself
+            self.final_model = restored.path
+        else:
+            self.final_model = hf if os.path.isdir(hf) else None
         log.info(
             "resumed %s from %s (step %d)%s", self.stage.name, restored.path, restored.global_step,
             f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",

@@ -331,9 +331,17 @@ SHARED_ENGINE_KEYS = (
 
 
 def check_stages(stages: list[RLCoreConfig]) -> None:
-    """Checks across stages. The stages that run vLLM in the trainer's process (mode colocate, and
-    evaluation in modes train and bench) share one engine, built once per launch: vLLM cannot be
-    torn down while the trainer runs (rollout/engines/in_process.py). They must ask for the same one."""
+    """Checks across stages. A run on a Tinker service runs every stage there. The stages that run
+    vLLM in the trainer's process (mode colocate, and evaluation in modes train and bench) share one
+    engine, built once per launch: vLLM cannot be torn down while the trainer runs
+    (rollout/engines/in_process.py). They must ask for the same one."""
+    tinker = [i for i, cfg in enumerate(stages) if tinker_url(cfg.trainer.remote) is not None]
+    for i, cfg in enumerate(stages):
+        if tinker and (cfg.trainer.remote, cfg.trainer.tinker) != (stages[0].trainer.remote, stages[0].trainer.tinker):
+            raise ConfigError(
+                f"stages[{i}].trainer: a run trains on one Tinker service (stage {tinker[0]} names "
+                f"{stages[tinker[0]].trainer.remote}): give every stage the same trainer.remote and trainer.tinker"
+            )
     first: tuple[int, RLCoreConfig] | None = None
     for i, cfg in enumerate(stages):
         if not _runs_vllm_in_process(cfg):

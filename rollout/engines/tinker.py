@@ -62,7 +62,7 @@ class TinkerEngine(RolloutEngine):
             import tinker
         except ImportError as e:
             raise ImportError(f"the tinker engine needs the tinker SDK ({e}): pip install 'rlcore[tinker]'") from None
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, GenerationConfig
 
         api_key = os.environ.get(service.api_key_env, "")
         if not api_key:
@@ -71,7 +71,11 @@ class TinkerEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         """Sequences one call holds (the rollout worker splits its work by it)."""
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.eos_token_ids = stop_token_ids(None, self.tokenizer, model_path)
+        try:  # a chat model may end turns on several ids (its generation config names them)
+            generation_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        except OSError:
+            generation_eos = None
+        self.eos_token_ids = stop_token_ids(generation_eos, self.tokenizer, model_path)
         self.service = service
         self._types = tinker.types
         try:
@@ -123,6 +127,8 @@ class TinkerEngine(RolloutEngine):
         if sampling.stop and sampling.stop_token_ids:
             raise ValueError("a Tinker sampler stops on strings or on token ids, not both: give one of them")
         if sampling.stop:
+            if sampling.ignore_eos:
+                raise ValueError("a Tinker sampler stopping on strings stops on EOS too: drop ignore_eos or the stop strings")
             stop = list(sampling.stop)
         elif sampling.stop_token_ids or sampling.ignore_eos:
             eos = [] if sampling.ignore_eos else self.eos_token_ids

@@ -22,6 +22,7 @@ one from Tinker itself).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -47,6 +48,8 @@ from .. import scoring
 from ..handles import Restored, Synced, TrainerHandle
 from ..training import max_response_len, plan_steps
 
+log = logging.getLogger("rlcore.loop")
+
 RECORD = "tinker_checkpoints.json"
 """The stage's Tinker checkpoints, oldest first: [{path, global_step, explore_step}]."""
 
@@ -62,14 +65,29 @@ class TinkerTrainer(TrainerHandle):
             raise ValueError(f"trainer.tinker.api_key_env: ${api_key_env} is empty; set the service's API key there")
         self.url, self.types = url, tinker.types
         self.service = tinker.ServiceClient(base_url=url, api_key=api_key)
-        self.training: Any = None
+        self._training: Any = None
+        self._create: Any = None
+        """Creates the stage's training client on first use (a resume creates it from its checkpoint
+        instead: no model is made on the service only to be replaced)."""
         self._sender: WeightSender | None = None
         self._syncs = 0
 
-    def close(self) -> None:
+    def close(self, ok: bool) -> None:
+        """Finish the session with the service: successful or errored (`ok`). The service gone
+        already is logged, not raised over the run's own outcome."""
         if self._sender is not None:
             self._sender.close()
-        self.service.close("success").result(timeout=30)
+        try:
+            self.service.close("success" if ok else "errored").result(timeout=30)
+        except Exception as e:
+            log.warning("closing the session with the Tinker service at %s: %s", self.url, e)
+
+    @property
+    def training(self) -> Any:
+        """The stage's TrainingClient."""
+        if self._training is None:
+            self._training = self._create().result()
+        return self._training
 
     # ------------------------------------------------------------------ the stage
 
@@ -83,14 +101,15 @@ class TinkerTrainer(TrainerHandle):
         if self._sender is not None:  # each stage links to its workers afresh
             self._sender.close()
             self._sender = None
-        if model_path.startswith("tinker://"):  # the previous stage's last checkpoint
-            self.training = self.service.create_training_client_from_state(model_path).result()
+        self._training = None
+        if model_path.startswith("tinker://"):  # the previous stage's last checkpoint, weights only
+            self._create = lambda: self.service.create_training_client_from_state(model_path)
             return
-        lora = cfg.model.lora_configs
-        self.training = self.service.create_lora_training_client(
+        lora = cfg.model.lora_configs  # none: rank 0, full fine-tuning (rlcore's server; Tinker trains LoRA)
+        self._create = lambda: self.service.create_lora_training_client(
             base_model=cfg.trainer.tinker.base_model or cfg.model.model_path, rank=lora[0].lora_rank if lora else 0,
             seed=cfg.seed, train_mlp=True, train_attn=True, train_unembed=False,
-        ).result()  # fmt: skip
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ training
 
@@ -99,30 +118,40 @@ class TinkerTrainer(TrainerHandle):
         start = time.perf_counter()
         algo, exps = self.algo, experiences
         metrics: dict[str, float] = {}
+        hot = next((e.temperature for e in exps if e.temperature not in (None, 1.0)), None)
+        if hot is not None:  # an agent's episode through the door may say so
+            raise ValueError(
+                f"an experience sampled at temperature {hot}: a Tinker service scores at temperature 1, the ratio "
+                "would compare different distributions; sample at temperature 1"
+            )
         keep = scoring.trained(exps, algo.overlong_filter)
+        if algo.overlong_filter:
+            metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
         scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
         mask = scoring.response_mask(exps, keep)
         batch = ScoredBatch(scores, [e.group_id for e in exps], response_mask=mask, cfg=algo)
         adv = advantage_fn_of(algo.advantage_fn)(batch)
         adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * mask
         seqs = [TrainSequence(e.prompt_token_ids, e.response_token_ids) for e in exps]
+        old = [list(e.logprobs) for e in exps]
         if self.plan.passes.old_logprobs:
-            old = self.compute_logprobs(seqs)
-        else:
-            old = [list(e.logprobs) for e in exps]
+            old = self._recomputed(seqs, old, mask, metrics)
         loss, config = TINKER_LOSSES[algo.policy_loss_fn], _clip_config(algo)
-        pending = []
+        losses, optims = [], []
         for lo in range(0, len(exps), self.train_batch):
             rows = range(lo, min(lo + self.train_batch, len(exps)))
             weights = self._weights(mask[lo : rows.stop])
-            datums = [
-                self._datum(seqs[i], {"logprobs": old[i], "advantages": (adv[i] * weights[i - lo]).tolist()})
-                for i in rows
-            ]
-            pending.append((self.training.forward_backward(datums, loss, config), self._optim()))
-        losses, norms = [], []
-        for fb, (optim, lr) in pending:
-            losses.append(fb.result().metrics.get("loss:sum", math.nan))
+            datums = []
+            for i in rows:
+                inputs = {"logprobs": old[i], "advantages": (adv[i] * weights[i - lo]).tolist()}
+                if loss == "gspo":  # the tokens whose ratios the sequence's ratio averages
+                    inputs["sequence_ratio_mask"] = mask[i].tolist()
+                datums.append(self._datum(seqs[i], inputs))
+            # each update waits for its gradients: a failed forward_backward steps nothing after it
+            losses.append(self.training.forward_backward(datums, loss, config).result().metrics.get("loss:sum", math.nan))
+            optims.append(self._optim())
+        norms = []
+        for optim, lr in optims:
             norms.append(_grad_norm(optim.result()))
             metrics["actor/lr"] = lr
         metrics["actor/loss"], metrics["actor/grad_norm"] = sum(losses) / len(losses), sum(norms) / len(norms)
@@ -159,18 +188,40 @@ class TinkerTrainer(TrainerHandle):
         self.global_step += 1
         return self.training.optim_step(params), lr
 
+    def _recomputed(
+        self, seqs: list[TrainSequence], engine: list[list[float]], mask: torch.Tensor, metrics: dict[str, float]
+    ) -> list[list[float]]:  # fmt: skip
+        """The old log-probs under the weights before the step's updates, and how far the
+        sampler's are from them (rollout/logprob_diff_*, as rlcore's trainer reports)."""
+        ours = self.compute_logprobs(seqs)
+        diffs = [
+            abs(a - b)
+            for e, o, m in zip(engine, ours, mask.tolist(), strict=True)
+            if len(e) == len(o)  # an experience may come without the sampler's log-probs
+            for a, b, k in zip(e, o, m[: len(e)], strict=True)
+            if k
+        ]
+        if diffs:
+            metrics["rollout/logprob_diff_mean"] = sum(diffs) / len(diffs)
+            metrics["rollout/logprob_diff_max"] = max(diffs)
+        return ours
+
     def compute_logprobs(self, sequences: list[TrainSequence]) -> list[list[float]]:
         """Response log-probs under the current weights (a forward with cross_entropy)."""
         datums = [self._datum(s, {"weights": [0.0] * len(s.response_token_ids)}) for s in sequences]
         out = self.training.forward(datums, "cross_entropy").result()
         return [
-            ([0.0] if not s.prompt_token_ids else []) + out.loss_fn_outputs[i]["logprobs"].tolist()[len(s.prompt_token_ids) - 1 :]
+            ([0.0] if not s.prompt_token_ids else [])  # nothing predicts a first token without a prompt
+            + out.loss_fn_outputs[i]["logprobs"].tolist()[max(len(s.prompt_token_ids) - 1, 0) :]
             for i, s in enumerate(sequences)
         ]  # fmt: skip
 
     def _weights(self, mask: torch.Tensor) -> torch.Tensor:
         """[B, T] each response token's weight in the mini-batch's aggregate (loss_agg_mode)."""
-        norm = LossNorm.local(mask, self.max_response_len)
+        norm = LossNorm(  # a mini-batch with nothing to train (all filtered) still steps, as rlcore's trainer
+            num_tokens=float(mask.sum()) or 1.0, num_seqs=float((mask.sum(-1) > 0).sum()) or 1.0,
+            max_response_len=self.max_response_len,
+        )  # fmt: skip
         return token_weights(mask, self.algo.loss_agg_mode, norm)
 
     def _datum(self, seq: TrainSequence, response_inputs: dict[str, list[float]]) -> Any:
@@ -205,7 +256,7 @@ class TinkerTrainer(TrainerHandle):
         if not record:
             return None
         last = record[-1]
-        self.training = self.service.create_training_client_from_state_with_optimizer(last["path"]).result()
+        self._training = self.service.create_training_client_from_state_with_optimizer(last["path"]).result()
         self.global_step = last["global_step"]
         return Restored(last["path"], last["global_step"], last["explore_step"])
 

@@ -205,3 +205,13 @@ def test_rollout_sync_and_control_errors_name_the_key(
     assert main(["config", "validate", recipe, *override]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"rlcore: error: {expected}"), err
+
+
+def test_a_run_trains_on_one_tinker_service(tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RLCORE_CHECKPOINT_DIR", str(tmp_path))
+    tinker = str(Path(__file__).resolve().parents[3] / "configs" / "tinker.yaml")
+    message = one_error_line(capsys, ["config", "show", tinker, "stages.1.trainer.remote=tinker://other:1"])
+    assert message == (
+        "stages[1].trainer: a run trains on one Tinker service (stage 0 names tinker://127.0.0.1:8000): give "
+        "every stage the same trainer.remote and trainer.tinker"
+    )
