@@ -83,9 +83,14 @@ def _check_asynchronous(cfg: RLCoreConfig) -> None:
          "buffer.trainer_input.experience_buffer other than the in-memory queue (a persistent buffer is for "
          "mode explore + mode train launches): storage_type queue, no path"),
     ]  # fmt: skip
+    _refuse(problems, "synchronizer.asynchronous")
+
+
+def _refuse(problems: list[tuple[bool, str]], setting: str) -> None:
+    """The first of `problems` (bad?, what and its fix) that holds, as `setting` does not go with it."""
     for bad, what in problems:
         if bad:
-            raise ConfigError(f"synchronizer.asynchronous does not go with {what}")
+            raise ConfigError(f"{setting} does not go with {what}")
 
 
 def _check_long_tails(cfg: RLCoreConfig) -> None:
@@ -199,9 +204,7 @@ def _check_tinker_run(cfg: RLCoreConfig) -> None:
         (bool(lora) and lora[0].path is not None,
          "model.lora_configs[0].path (Tinker starts an adapter afresh, or from a tinker:// checkpoint): drop it"),
     ]  # fmt: skip
-    for bad, what in problems:
-        if bad:
-            raise ConfigError(f"trainer.remote {cfg.trainer.remote} (a Tinker service) does not go with {what}")
+    _refuse(problems, f"trainer.remote {cfg.trainer.remote} (a Tinker service)")
 
 
 TINKER_LOSSES = {"ppo_clip": "ppo", "importance_sampling": "importance_sampling", "cispo": "cispo", "gspo": "gspo"}
@@ -237,9 +240,7 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
          "a training taskset sampled at a temperature other than 1 (Tinker's log-probs are at temperature 1, "
          "the ratio would compare different distributions): set rollout_args.temperature 1.0"),
     ]  # fmt: skip
-    for bad, what in problems:
-        if bad:
-            raise ConfigError(f"trainer.remote {cfg.trainer.remote} (a Tinker service) does not go with {what}")
+    _refuse(problems, f"trainer.remote {cfg.trainer.remote} (a Tinker service)")
 
 
 def _check_engine_and_sync(cfg: RLCoreConfig) -> None:

@@ -126,6 +126,28 @@ def stop_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model
     return ids
 
 
+def check_prompts(prompt_token_ids: list[list[int]], max_tokens: int, max_model_len: int) -> None:
+    """ValueError in one line for a request no engine can serve: no token to generate, an empty
+    prompt, or a prompt whose response budget runs past max_model_len."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1; got {max_tokens}")
+    for i, ids in enumerate(prompt_token_ids):
+        if not ids:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if len(ids) + max_tokens > max_model_len:
+            raise ValueError(
+                f"prompt {i}: {len(ids)} prompt tokens + max_tokens {max_tokens} exceed "
+                f"max_model_len {max_model_len}; shorten the prompt or lower max_tokens"
+            )
+
+
+def response_text(tokenizer: Any, token_ids: list[int], stop: list[str]) -> str:
+    """A response's text: special tokens dropped, cut before the first stop string it holds."""
+    text = str(tokenizer.decode(token_ids, skip_special_tokens=True))
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
 def ending_tokens(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
     """The tokens that end a response under `sampling`: EOS unless ignored, and stop_token_ids."""
     return sorted(set(([] if sampling.ignore_eos else eos_token_ids) + sampling.stop_token_ids))

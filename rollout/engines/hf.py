@@ -21,7 +21,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine, copy_completion, prompt_seed, resolve_max_model_len, stop_token_ids
+from .base import (
+    RolloutEngine,
+    check_prompts,
+    copy_completion,
+    prompt_seed,
+    resolve_max_model_len,
+    response_text,
+    stop_token_ids,
+)
 from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode, decode_static
 from .hf_sampling import TextStopStrings
@@ -83,16 +91,7 @@ class HFEngine(RolloutEngine):
     # generation
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        if sampling.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1; got {sampling.max_tokens}")
-        for i, ids in enumerate(prompt_token_ids):
-            if not ids:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if len(ids) + sampling.max_tokens > self.max_model_len:
-                raise ValueError(
-                    f"prompt {i}: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed "
-                    f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens"
-                )
+        check_prompts(prompt_token_ids, sampling.max_tokens, self.max_model_len)
         # Greedy samples are all equal: decode once per prompt and copy.
         n = 1 if sampling.temperature == 0 else sampling.n
         matcher = TextStopStrings(self.tokenizer, sampling.stop) if sampling.stop else None
@@ -151,17 +150,12 @@ class HFEngine(RolloutEngine):
                 token_ids=tokens,
                 logprobs=logprobs,
                 finish_reason=finish,
-                text=self._decode(tokens, sampling.stop),
+                text=response_text(self.tokenizer, tokens, sampling.stop),
             )
             for row, (tokens, logprobs, finish) in enumerate(
                 zip(rows.tokens, rows.logprobs, rows.finish_reasons, strict=True)
             )
         ]
-
-    def _decode(self, token_ids: list[int], stop: list[str]) -> str:
-        text = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
-        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-        return text[: min(cuts)] if cuts else text
 
     # ------------------------------------------------------------------------------------------
     # weights

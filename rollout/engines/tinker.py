@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine, resolve_max_model_len, stop_token_ids
+from .base import RolloutEngine, check_prompts, resolve_max_model_len, response_text, stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,8 @@ class TinkerEngine(RolloutEngine):
         self.policy_version = 0
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        check_prompts(prompt_token_ids, sampling.max_tokens, self.max_model_len)
         params = self._params(sampling)
-        for i, ids in enumerate(prompt_token_ids):
-            if not ids:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if len(ids) + sampling.max_tokens > self.max_model_len:
-                raise ValueError(
-                    f"prompt {i}: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed "
-                    f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens"
-                )
         sampler = self._sampler  # a load between the requests must not split one call's prompts
         futures = [
             sampler.sample(self._types.ModelInput.from_ints(list(ids)), sampling.n, params) for ids in prompt_token_ids
@@ -109,15 +102,13 @@ class TinkerEngine(RolloutEngine):
                     raise RuntimeError(f"the Tinker sampler at {self.service.url} returned a sample without log-probs")
                 completions.append(Completion(
                     prompt_token_ids=list(ids), token_ids=list(s.tokens), logprobs=[float(x) for x in s.logprobs],
-                    finish_reason=s.stop_reason, text=self._decode(list(s.tokens), sampling.stop),
+                    finish_reason=s.stop_reason, text=response_text(self.tokenizer, list(s.tokens), sampling.stop),
                 ))  # fmt: skip
             out.append(completions)
         return out
 
     def _params(self, sampling: SamplingParams) -> Any:
         """Tinker's SamplingParams for `sampling`; ValueError naming a field Tinker cannot honour."""
-        if sampling.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1; got {sampling.max_tokens}")
         for name, off in UNSERVED.items():
             if getattr(sampling, name) != off:
                 raise ValueError(f"{name}: a Tinker sampler has none; leave it at {off} with engine_type tinker")
@@ -137,11 +128,6 @@ class TinkerEngine(RolloutEngine):
             max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, seed=sampling.seed, stop=stop,
         )  # fmt: skip
-
-    def _decode(self, token_ids: list[int], stop: list[str]) -> str:
-        text = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
-        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-        return text[: min(cuts)] if cuts else text
 
     def load_checkpoint(self, path: str, policy_version: int) -> None:
         """Serve the sampler weights at `path` (a tinker:// path save_weights_for_sampler returned)."""
