@@ -12,7 +12,8 @@ as `tool_calls`.
 A request tagged with an episode id (body field `episode_id`, or header `X-Episode-Id`) is
 recorded token by token (episodes.py); the gRPC call FinishEpisode scores the record and turns it
 into experiences a trainer takes. Each choice also carries the ids of its tokens (`token_ids`,
-an rlcore field) and the response the version of the weights that generated it.
+an rlcore field) and the response the version of the weights that generated it. `stream: true`
+sends the finished answer as OpenAI's server-sent events (openai_stream.py).
 
 FastAPI and uvicorn are imported only when a worker serves the door (`pip install 'rlcore[http]'`).
 """
@@ -27,7 +28,7 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -37,6 +38,7 @@ from ..core.rpc.errors import InvalidArgument, ServiceError, Unavailable
 from ..core.types import Completion, SamplingParams
 from .episodes import EpisodeRecorder
 from .openai_schema import BodyError, check
+from .openai_stream import sse_events
 from .server import RolloutServicer
 from .workflows.tool_formats import resolve
 from .workflows.turns import TurnFormat
@@ -444,7 +446,9 @@ def build_app(door: OpenAIDoor) -> FastAPI:
         error = DoorError(e.status_code, what.get(e.status_code, str(e.detail)), kind="invalid_request_error")
         return JSONResponse(error.body(), status_code=e.status_code)
 
-    async def handle(request: Request, fn: Any, *args: Any) -> JSONResponse:
+    async def handle(request: Request, fn: Any, *args: Any) -> Any:
+        """`fn`'s answer to the request's body (JSON, or its events with stream: true); None: the
+        GET `args[0]()` answers, or the model list."""
         try:
             door.check_token(request.headers.get("authorization"))
             if fn is None:
@@ -454,6 +458,9 @@ def build_app(door: OpenAIDoor) -> FastAPI:
             except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested past the parser
                 raise _invalid("body", f"is not valid JSON ({type(e).__name__})") from None
             result = await run_in_threadpool(fn, body, *args)
+            if body.get("stream"):  # checked by `fn`: a finished answer, sent as OpenAI's events
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return StreamingResponse(sse_events(result, usage), media_type="text/event-stream")
             return JSONResponse(result)
         except DoorError as e:
             return JSONResponse(e.body(), status_code=e.status)
@@ -475,11 +482,11 @@ def build_app(door: OpenAIDoor) -> FastAPI:
         return await handle(request, None, lambda: door.model(model_id))
 
     @app.post("/v1/completions")
-    async def completions(request: Request, x_episode_id: str | None = Header(None)) -> JSONResponse:
+    async def completions(request: Request, x_episode_id: str | None = Header(None)) -> Any:
         return await handle(request, door.completions, x_episode_id)
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request, x_episode_id: str | None = Header(None)) -> JSONResponse:
+    async def chat(request: Request, x_episode_id: str | None = Header(None)) -> Any:
         return await handle(request, door.chat, x_episode_id)
 
     return app

@@ -24,6 +24,12 @@ class BodyError(Exception):
         self.param = param
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    include_usage: bool | None = None
+
+
 class _Body(BaseModel):
     """What both endpoints serve: the sampling parameters both engines honour."""
 
@@ -47,6 +53,8 @@ class _Body(BaseModel):
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32)]] | None = None  # vLLM's
     user: str | None = None
     episode_id: str | None = Field(None, min_length=1)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
 
 
 class CompletionBody(_Body):
@@ -65,10 +73,10 @@ class ChatBody(_Body):
 
 UNSERVED: dict[str, dict[str, Any]] = {
     "completions": {
-        "best_of": 1, "echo": False, "stream": False, "stream_options": None, "suffix": None,
+        "best_of": 1, "echo": False, "suffix": None,
     },
     "chat": {
-        "stream": False, "stream_options": None, "response_format": {"type": "text"}, "parallel_tool_calls": True,
+        "response_format": {"type": "text"}, "parallel_tool_calls": True,
         "functions": None, "function_call": None, "audio": None, "modalities": ["text"],
         "prediction": None, "reasoning_effort": None, "service_tier": None, "store": False,
         "metadata": None, "web_search_options": None,
@@ -99,13 +107,16 @@ def check(kind: str, body: Any) -> CompletionBody | ChatBody:
         endpoint = "/v1/completions" if kind == "completions" else "/v1/chat/completions"
         raise BodyError(key, f"is not a parameter of {endpoint}")
     try:
-        return model.model_validate(body)
+        checked = model.model_validate(body)
     except ValidationError as e:
         first = e.errors()[0]
         param = ".".join(_loc(first["loc"])) or "body"
         if param in UNIONS and param in body:
             raise BodyError(param, f"must be {UNIONS[param]}; got {_shown(body[param])}") from None
         raise BodyError(param, _message(dict(first))) from None
+    if checked.stream_options is not None and not checked.stream:
+        raise BodyError("stream_options", "is taken only with stream: true")
+    return checked
 
 
 def _loc(loc: tuple[Any, ...]) -> list[str]:
@@ -144,6 +155,8 @@ def _message(error: dict[str, Any]) -> str:
         return f"must be {types[kind]}; got {shown}"
     if kind == "missing":
         return "is required"
+    if kind == "extra_forbidden":
+        return f"is not an option of this parameter; got {shown}"
     if kind == "literal_error":
         return f"must be {ctx.get('expected')}; got {shown}"
     if kind in ("too_short", "string_too_short"):

@@ -125,6 +125,36 @@ def test_concurrent_requests_share_engine_calls_and_answer_as_alone(api: openai.
         assert list(pool.map(ask, prompts)) == alone
 
 
+def test_streamed_answers_are_the_answers_in_openais_events(api: openai.OpenAI) -> None:
+    """stream: true, through the SDK's own stream readers: a seeded chat answer and a completion
+    reassemble to the unstreamed answers (content, log-probs, token ids, finish reason), with the
+    usage in a last chunk when asked; chat tool calls stream with their index; an episode records a
+    streamed turn as it records any."""
+    messages = [{"role": "user", "content": "What is 37*46?"}]
+    kwargs = dict(model="tiny", messages=messages, tools=TOOLS, max_tokens=12, seed=11, logprobs=True)
+    whole = api.chat.completions.create(**kwargs).choices[0]
+    chunks = list(api.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].model_extra["policy_version"] == 0 and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == len(whole.model_extra["token_ids"])
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == (whole.message.content or "")
+    streamed_lps = [t.logprob for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert streamed_lps == [t.logprob for t in whole.logprobs.content]
+    finish = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [f.finish_reason for f in finish] == [whole.finish_reason]
+    assert finish[0].model_extra["token_ids"] == whole.model_extra["token_ids"]
+    calls = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.function.name) for d in calls] == [
+        (k, t.function.name) for k, t in enumerate(whole.message.tool_calls or [])
+    ]
+    text = api.completions.create(model="tiny", prompt="12+7=", max_tokens=6, seed=5, n=2)
+    parts: dict[int, str] = {}
+    for c in api.completions.create(model="tiny", prompt="12+7=", max_tokens=6, seed=5, n=2, stream=True):
+        for choice in c.choices:
+            parts[choice.index] = parts.get(choice.index, "") + choice.text
+    assert parts == {c.index: c.text for c in text.choices}
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
@@ -184,7 +214,9 @@ MALFORMED: list[tuple[str, Any, str | None]] = [
     ("chat", {"n": 8, "max_tokens": 20}, "max_tokens"),  # 160 tokens: past --http-max-request-tokens
     ("chat", {"stop": [1, 2]}, "stop"),
     ("chat", {"user": 5}, "user"),
-    ("chat", {"model": None, "stream": True}, "stream"),
+    ("chat", {"model": None, "stream": 1}, "stream"),
+    ("chat", {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ("chat", {"stream": True, "stream_options": {"continuous": True}}, "stream_options.continuous"),
     ("chat", {"presence_penalty": 2.5}, "presence_penalty"),
     ("chat", {"frequency_penalty": -3}, "frequency_penalty"),
     ("chat", {"logit_bias": {"x": 10}}, "logit_bias"),
@@ -237,7 +269,7 @@ BAD_VALUES: dict[str, list[Any]] = {
 }
 UNKNOWN_OR_UNSERVED: dict[str, list[tuple[str, Any]]] = {
     "chat": [("no_such_parameter", 1), ("temperaturee", 1.0), ("max_token", 4), ("prompt", "x"),
-             ("response_format", {"type": "json_object"}), ("parallel_tool_calls", False), ("stream", True),
+             ("response_format", {"type": "json_object"}), ("parallel_tool_calls", False), ("stream", "yes"),
              ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "x"}),
              ("modalities", ["audio"]), ("store", True), ("stream_options", {"include_usage": True}),
              ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"),
@@ -245,7 +277,7 @@ UNKNOWN_OR_UNSERVED: dict[str, list[tuple[str, Any]]] = {
              ("tool_choice", "required"), ("top_logprobs", 3), ("top_logprobs", -1), ("logprobs", "yes"),
              ("max_completion_tokens", 0), ("max_completion_tokens", "4"), ("tools", "calculator")],
     "completions": [("no_such_parameter", 1), ("messages", []), ("echo", True), ("best_of", 3), ("suffix", "y"),
-                    ("logprobs", 5), ("logprobs", -1), ("logprobs", "1"), ("stream", True),
+                    ("logprobs", 5), ("logprobs", -1), ("logprobs", "1"), ("stream", 1),
                     ("stream_options", {"include_usage": True}), ("tools", []), ("max_completion_tokens", 4)],
 }  # fmt: skip
 BAD_BODIES = [b"{not json", b"", b"null", b"[]", b"1", b'"just a string"', b"\xff\xfe\x00garbage",
