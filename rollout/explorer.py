@@ -187,6 +187,7 @@ class Explorer:
                     scores = [e.reward_components[fn] for e in exps if fn in e.reward_components]
                     if scores:  # a workflow may score with its own components instead
                         metrics[f"{prefix}{fn}_mean"] = sum(scores) / len(scores)
+            names = [n for n in names if all(n in e.reward_components for e in exps)]  # a workflow's own scoring: none
             if names:
                 correct = [sum(e.reward_components[n] for n in names) / len(names) for e in exps]
                 metrics[prefix + "accuracy"] = sum(correct) / len(correct)

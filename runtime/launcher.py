@@ -65,11 +65,16 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
         if s.index not in summaries:
             continue
         summary = summaries[s.index]
-        accs = {k: v for k, v in summary["eval"].items() if k.endswith("/accuracy")}
+        accs = {k: v for k, v in summary["eval"].items() if k.endswith("/accuracy")} or {
+            k: v for k, v in summary["eval"].items() if k.endswith("/reward_mean")
+        }  # an environment that scores itself reports its reward
         parts = []
         for k, v in accs.items():
-            delta = f" ({(v - previous[k]) * 100:+.1f} points)" if k in previous else ""
-            parts.append(f"{k.removeprefix('eval/')} {v * 100:.1f}%{delta}")
+            if k.endswith("/accuracy"):
+                delta = f" ({(v - previous[k]) * 100:+.1f} points)" if k in previous else ""
+                parts.append(f"{k.removeprefix('eval/')} {v * 100:.1f}%{delta}")
+            else:
+                parts.append(f"{k.removeprefix('eval/')} {v:.3f}" + (f" ({v - previous[k]:+.3f})" if k in previous else ""))
         print(
             f"  after stage {s.index} {s.name} (step {summary['global_step']}): "
             + ("; ".join(parts) or "no evaluation")

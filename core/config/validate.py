@@ -75,6 +75,10 @@ def _readable_now(ts: TasksetConfig) -> bool:
     return readable_now(ts)
 
 
+SELF_SCORED = ("verifiers",)
+"""Workflows whose environment scores the rollouts itself (the taskset's reward_fn is not used)."""
+
+
 def _check_taskset(
     ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
     chat: bool = False, evaluated: bool = False,
@@ -144,7 +148,8 @@ def _check_taskset(
         correctness = import_path("rlcore.rollout.rewards.compose:CORRECTNESS_REWARDS", what="registry")
         try:
             check_taskset(
-                ts, path, needs_answer=rewarded and any(n in correctness for n in ts.reward_fn),
+                ts, path, needs_answer=rewarded and ts.default_workflow_type not in SELF_SCORED
+                and any(n in correctness for n in ts.reward_fn),
                 needs_response=trains_on == "responses", needs_pair=trains_on == "pairs",
             )  # fmt: skip
         except TasksetError as e:

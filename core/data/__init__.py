@@ -8,5 +8,6 @@ GENERATORS = Registry(
         "arithmetic": "rlcore.core.data.synthetic:write_arithmetic_taskset",
         "arithmetic_chain": "rlcore.core.data.synthetic:write_arithmetic_chain_taskset",
         "tool_arithmetic": "rlcore.core.data.synthetic:write_tool_arithmetic_taskset",
+        "verifiers": "rlcore.core.data.verifiers_tasks:write_verifiers_taskset",
     },
 )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ...core.config import ConfigError
 from ...core.config.schema import TasksetConfig
+from ...core.config.validate import SELF_SCORED
 from ...core.data.dataset_files import readable_now
 from ...core.data.taskset_check import TasksetError, first_row, value_of
 from ...core.types import Task
@@ -22,7 +23,10 @@ from .judge import JUDGE, check_judge, judge_settings
 def check_rewards(key: str, ts: TasksetConfig, auxiliary: Sequence[str]) -> None:
     """Build `ts`'s reward functions (registered names, import paths) and, where its rows can be
     read (a file, a folder, a Hub id), call them once on its first row with the row's answer (or reference response) as the
-    completion; `auxiliary`: the configured services' names, for the judge. ConfigError names `key`."""
+    completion; `auxiliary`: the configured services' names, for the judge. ConfigError names `key`.
+    A workflow whose environment scores its rollouts (SELF_SCORED) runs none of them."""
+    if ts.default_workflow_type in SELF_SCORED:
+        return
     names = list(ts.reward_fn)
     if JUDGE in names:
         try:

@@ -19,6 +19,7 @@ WORKFLOWS = Registry(
         "multi_turn": "rlcore.rollout.workflows.multi_turn:MultiTurnWorkflow",
         "tool_call": "rlcore.rollout.workflows.tool_call:ToolCallWorkflow",
         "adaptive_teaching": "rlcore.rollout.workflows.adaptive_teaching:AdaptiveTeachingWorkflow",
+        "verifiers": "rlcore.rollout.workflows.verifiers:VerifiersWorkflow",
     },
 )
 

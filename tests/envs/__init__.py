@@ -1,0 +1,1 @@
+"""Environments written for rlcore's tests against other libraries' interfaces (verifiers)."""
