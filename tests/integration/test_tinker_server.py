@@ -162,7 +162,7 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
 
 
 def _plan(root: str, model: str, **extra) -> dict:
-    """An SFT warm-up of 2 steps, then 2 GRPO steps of 4 tasks x 4 answers, on the served model."""
+    """An SFT warm-up of 2 steps, then a GRPO step of 4 tasks x 4 answers, on the served model."""
     cfg = tiny_grpo_config(
         root, **{"model.model_path": model, "model.scratch": {"enabled": False}, "algorithm.kl_loss_coef": 0.0,
                  "buffer.explorer_input.eval_tasksets": [heldout_taskset(root, 8)], **extra}
@@ -170,7 +170,7 @@ def _plan(root: str, model: str, **extra) -> dict:
     cfg["stages"] = [
         {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
          "buffer": {"batch_size": 8, "total_steps": 2}},
-        {"name": "rl", "mode": "both", "buffer": {"total_steps": 2}},
+        {"name": "rl", "mode": "both", "buffer": {"total_steps": 1}},
     ]  # fmt: skip
     return cfg
 
@@ -203,7 +203,7 @@ def test_launch_through_a_tinker_service_is_the_run_rlcore_trains_itself(
             assert b["actor/lr"] == pytest.approx(a["actor/lr"], rel=1e-9)
     local_rl = [r for r in rows(local_root, "stage1_rl") if "actor/loss" in r]
     tinker_rl = [r for r in rows(remote_root, "stage1_rl") if "actor/loss" in r]
-    assert len(local_rl) == len(tinker_rl) == 2
+    assert len(local_rl) == len(tinker_rl) == 1
     first, other = local_rl[0], tinker_rl[0]
     assert other["rollout/reward_mean"] == first["rollout/reward_mean"]
     assert other["actor/loss"] == pytest.approx(first["actor/loss"], rel=1e-4, abs=1e-6)
@@ -212,4 +212,4 @@ def test_launch_through_a_tinker_service_is_the_run_rlcore_trains_itself(
     # each stage's checkpoints are the service's; the RL stage started from the warm-up's last
     with open(os.path.join(remote_root, "it", "run", "stage1_rl", "tinker_checkpoints.json")) as f:
         saved = json.load(f)
-    assert saved[-1]["global_step"] == 2 and saved[-1]["path"].startswith("tinker://")
+    assert saved[-1]["global_step"] == 1 and saved[-1]["path"].startswith("tinker://")
