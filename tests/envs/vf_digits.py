@@ -1,8 +1,8 @@
 """A two-turn `verifiers` environment (v1 API) for rlcore's tests: the model is asked for a number;
 a reply that is not a short number is told so and gets one more turn, the environment's. Each
-reply scores the mean of its share of digits and its brevity (1 for an empty reply, 0 from 24
-characters on); the reward is the first reply's score counted twice and the second's once, over
-three: a signal a scratch model starts to learn on CPU.
+reply scores its share of digits times (1 + its brevity) / 2 (brevity: 1 for an empty reply, 0 from
+24 characters on), so only digits earn anything; the reward is the first reply's score counted
+twice and the second's once, over three: a signal a scratch model learns on CPU.
 
     workflow_args: {env: tests.envs.vf_digits, env_args: {num_tasks: 64}}
 """
@@ -22,7 +22,8 @@ def digit_share(text: str) -> float:
 
 
 def score(reply: str) -> float:
-    return (digit_share(reply) + max(0.0, 1.0 - len(reply.strip()) / 24)) / 2
+    """Digits, and short: an empty reply scores 0, a 2-digit number 0.96."""
+    return digit_share(reply) * (1.0 + max(0.0, 1.0 - len(reply.strip()) / 24)) / 2
 
 
 class DigitsData(vf.TaskData):
