@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.types import Completion, SamplingParams
-from .base import RolloutEngine, check_prompts, resolve_max_model_len, response_text, stop_token_ids
+from .base import (
+    RolloutEngine,
+    check_prompts,
+    ending_tokens,
+    resolve_max_model_len,
+    response_text,
+    stop_token_ids,
+)
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,7 @@ class TinkerEngine(RolloutEngine):
                 raise ValueError("a Tinker sampler stopping on strings stops on EOS too: drop ignore_eos or the stop strings")
             stop = list(sampling.stop)
         elif sampling.stop_token_ids or sampling.ignore_eos:
-            eos = [] if sampling.ignore_eos else self.eos_token_ids
-            stop = sorted(set(eos + list(sampling.stop_token_ids)))  # [] stops nowhere, EOS included
+            stop = ending_tokens(sampling, self.eos_token_ids)  # [] stops nowhere, EOS included
         return self._types.SamplingParams(
             max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, seed=sampling.seed, stop=stop,
