@@ -60,6 +60,11 @@ class TrainingStrategy(ABC):
     model parallelism keep the defaults (every rank is its own data-parallel rank).
     """
 
+    packs_sequences: bool = False
+    """Whether the model runs on each micro-batch's real tokens only (trainer.use_remove_padding on a
+    strategy that can: backends/common/packed.py); the loop then budgets micro-batches by their
+    summed lengths instead of rows x the longest."""
+
     reference_in_checkpoint: bool = False
     """Whether checkpoints hold the reference model too (the loop sets it when the reference moves:
     algorithm.sync_ref_model); otherwise the reference is the stage's initial weights."""

@@ -5,9 +5,11 @@ input_ids[:, t] from the tokens before it (so position 0 is never a target). Key
 attention_mask, loss_mask (1.0 on the response tokens that train), and, when given, old_logprobs,
 advantages, and the per-row [B] temperature (rows sampled at different temperatures).
 
-The global train batch is split contiguously across data-parallel ranks, then each rank packs its
-share into micro-batches under a padded-token budget. FSDP-style backends run collectives in every
-forward, so all ranks must run the same number of micro-batches: `equalize` pads the count.
+The global train batch is split across data-parallel ranks (contiguously, or dealt so that token
+counts balance), then each rank groups its share into micro-batches under a token budget (padded
+size, or summed lengths when the strategy packs sequences: backends/common/packed.py). FSDP-style
+backends run collectives in every forward, so all ranks must run the same number of micro-batches:
+`equalize` pads the count.
 """
 
 from __future__ import annotations
@@ -91,22 +93,61 @@ def pack(seqs: list[Sequence], pad_token_id: int) -> Batch:
     return batch
 
 
-def plan_micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]]:
-    """Greedy contiguous packing: a micro-batch grows while (count * longest) stays <= max_tokens.
-    A single sequence longer than the budget gets a micro-batch of its own."""
+def plan_micro_batches(
+    seqs: list[Sequence], max_tokens: int, packed: bool = False, by_length: bool = False
+) -> list[list[Sequence]]:
+    """Group sequences into micro-batches under `max_tokens`: the sum of their lengths when
+    `packed` (the model runs on the real tokens only), else rows x the longest (the padded size). A
+    single sequence longer than the budget gets a micro-batch of its own.
+
+    In order (by_length False): a micro-batch grows while the next sequence fits. `by_length`: longest
+    first, padded groups then hold similar lengths (little padding) and packed ones are filled
+    first-fit (fewest micro-batches)."""
+    if by_length:
+        seqs = sorted(seqs, key=lambda s: -s.length)
+        if packed:
+            return _first_fit(seqs, max_tokens)
     groups: list[list[Sequence]] = []
     current: list[Sequence] = []
-    longest = 0
+    size = longest = 0
     for s in seqs:
         longest_if_added = max(longest, s.length)
-        if current and (len(current) + 1) * longest_if_added > max_tokens:
+        size_if_added = size + s.length if packed else (len(current) + 1) * longest_if_added
+        if current and size_if_added > max_tokens:
             groups.append(current)
-            current, longest_if_added = [], s.length
+            current, longest_if_added, size_if_added = [], s.length, s.length
         current.append(s)
-        longest = longest_if_added
+        longest, size = longest_if_added, size_if_added
     if current:
         groups.append(current)
     return groups
+
+
+def _first_fit(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]]:
+    groups: list[list[Sequence]] = []
+    sizes: list[int] = []
+    for s in seqs:
+        i = next((i for i, size in enumerate(sizes) if size + s.length <= max_tokens), None)
+        if i is None:
+            groups.append([s])
+            sizes.append(s.length)
+        else:
+            groups[i].append(s)
+            sizes[i] += s.length
+    return groups
+
+
+def deal(seqs: list[Sequence], world_size: int) -> list[list[Sequence]]:
+    """Each data-parallel rank's share with balanced token counts: longest first, each sequence to
+    the rank holding the fewest tokens so far (then the fewest sequences, then the lowest rank).
+    Deterministic, so every rank computes the same deal."""
+    shares: list[list[Sequence]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for s in sorted(seqs, key=lambda s: -s.length):
+        r = min(range(world_size), key=lambda r: (loads[r], len(shares[r]), r))
+        shares[r].append(s)
+        loads[r] += s.length
+    return shares
 
 
 def equalize(groups: list[list[Sequence]], count: int) -> list[list[Sequence]]:

@@ -30,7 +30,7 @@ from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
 from ..core.algorithms.step_pass import PassContext, StepPass, WithPasses, timed
-from ..core.batch import Batch, Sequence, equalize, micro_batches, plan_micro_batches, shard
+from ..core.batch import Batch, Sequence, deal, equalize, micro_batches, plan_micro_batches, shard
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from ..core.config import RLCoreConfig
 from ..core.config.plan import Passes, filled, plan_stage
@@ -73,7 +73,10 @@ def sequence_spec(
 def max_response_len(cfg: RLCoreConfig) -> int:
     """The longest response any training taskset (a mixture's too) samples: Dr. GRPO's divisor."""
     ts = cfg.buffer.explorer_input.taskset
-    return max(t.rollout_args.max_tokens or cfg.model.max_response_tokens for t in [ts, *cfg.buffer.explorer_input.mixture])
+    return max(
+        t.rollout_args.max_tokens or cfg.model.max_response_tokens
+        for t in [ts, *cfg.buffer.explorer_input.mixture]
+    )
 
 
 def experiences_per_step(cfg: RLCoreConfig) -> int:
@@ -404,8 +407,17 @@ class StageTraining:
     def micro(self, mini: list[Sequence]) -> tuple[list[Batch], list[list[int]]]:
         """This rank's share of a mini-batch as micro-batches, with the same count on every rank.
         Ranks that hold parts of one model replica (tensor/pipeline parallel) share one share."""
-        mine = shard(mini, self.strategy.dp_rank, self.strategy.dp_size)
-        groups = plan_micro_batches(mine, self.cfg.trainer.max_token_len_per_gpu)
+        trainer, strategy = self.cfg.trainer, self.strategy
+        if trainer.balance_batch:
+            mine = deal(mini, strategy.dp_size)[strategy.dp_rank]
+        else:
+            mine = shard(mini, strategy.dp_rank, strategy.dp_size)
+        groups = plan_micro_batches(
+            mine,
+            trainer.max_token_len_per_gpu,
+            packed=strategy.packs_sequences,
+            by_length=trainer.balance_batch,
+        )
         count = torch.tensor([len(groups)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         groups = equalize(groups, int(count))

@@ -9,6 +9,7 @@ import torch
 
 from ...core.algorithms.logprob import at_temperature, entropy_from_logits, token_logprobs
 from ...core.config.dtypes import compute_dtype
+from .packed import Packed, at_temperature_packed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,10 +75,17 @@ def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = 
     return model
 
 
-def forward_values(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def forward_values(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], packed: bool = False
+) -> torch.Tensor:
     """Per-token values [B, T] in the layout of `forward_logprobs`: position t holds the value of the
     state before input_ids[t] (the head's output at t - 1); position 0 is 0. Causal attention without
-    a mask, as there (padding only ever comes after the real tokens)."""
+    a mask, as there (padding only ever comes after the real tokens); `packed`: the model runs on the
+    real tokens only (packed.py)."""
+    if packed:
+        layout = Packed.of(batch)
+        out_N = _packed_outputs(model, layout)[0, :, 0].float()
+        return layout.to_rows(layout.shifted(out_N))
     out = model(input_ids=batch["input_ids"], use_cache=False).logits[:, :-1, 0].float()
     return torch.cat([out.new_zeros((out.shape[0], 1)), out], dim=1)
 
@@ -91,8 +99,18 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
+def _packed_outputs(model: torch.nn.Module, layout: Packed) -> torch.Tensor:
+    """The model's outputs [1, N, ...] on a packed row: restarting position ids make HF attend
+    within each sequence (a block-diagonal causal mask; flash-attention's varlen path on CUDA)."""
+    return model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits
+
+
 def forward_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    with_entropy: bool,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [B, T] (position t: log p(input_ids[t] | <t)); position 0 is 0.
 
@@ -103,7 +121,12 @@ def forward_logprobs(
     exactly what the padding mask would: padding only ever comes after it. Leaving the mask out lets
     SDPA run its causal kernel without building a [B, 1, T, T] mask (10% of a small model's
     forward/backward on CPU); padding positions get values the loss mask ignores.
+
+    `packed`: the model runs on the rows' real tokens laid end to end (packed.py); the results come
+    back in the same [B, T] layout, 0 at padding.
     """
+    if packed:
+        return _packed_logprobs(model, batch, temperature, with_entropy)
     input_ids = batch["input_ids"]
     logits = model(input_ids=input_ids, use_cache=False).logits
     logits = at_temperature(logits[:, :-1], temperature, batch)
@@ -114,4 +137,24 @@ def forward_logprobs(
     if with_entropy:
         ent = entropy_from_logits(logits)
         entropy = torch.cat([zeros, ent], dim=1)
+    return logprobs, entropy
+
+
+def _packed_logprobs(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    layout = Packed.of(batch)
+    logits_NV = at_temperature_packed(_packed_outputs(model, layout)[0], temperature, layout, batch)
+    return packed_logprobs(logits_NV[None], layout, with_entropy)
+
+
+def packed_logprobs(
+    logits_1NV: torch.Tensor, layout: Packed, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, T] log-probs (and entropies) from a packed row's tempered logits [1, N, V], in
+    forward_logprobs' layout."""
+    logprobs = layout.from_predictions(token_logprobs(logits_1NV[:, :-1], layout.input_ids[:, 1:])[0])
+    entropy = None
+    if with_entropy:
+        entropy = layout.from_predictions(entropy_from_logits(logits_1NV[:, :-1])[0])
     return logprobs, entropy

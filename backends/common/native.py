@@ -77,8 +77,8 @@ class NativeStrategy(TrainingStrategy):
         self, model: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.value_head:
-            return forward_values(model, mb), None
-        return forward_logprobs(model, mb, temperature, with_entropy)
+            return forward_values(model, mb, self.packs_sequences), None
+        return forward_logprobs(model, mb, temperature, with_entropy, self.packs_sequences)
 
     @abstractmethod
     def _gradient_sync(self, last: bool) -> AbstractContextManager:
@@ -150,14 +150,19 @@ class NativeStrategy(TrainingStrategy):
         out = []
         with view:
             for mb in micro_batches:
-                logprobs, _ = forward_logprobs(model, self._to_device(mb), temperature, with_entropy=False)
+                logprobs, _ = forward_logprobs(
+                    model, self._to_device(mb), temperature, with_entropy=False, packed=self.packs_sequences
+                )
                 out.append(logprobs.float().cpu())
         return out
 
     @torch.no_grad()
     def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
         assert self.value_head, "compute_values on a policy (build the strategy with value_head=True)"
-        return [forward_values(self.model, self._to_device(mb)).cpu() for mb in micro_batches]
+        return [
+            forward_values(self.model, self._to_device(mb), self.packs_sequences).cpu()
+            for mb in micro_batches
+        ]
 
     def current_lr(self) -> float:
         if self._step_hparams is not None:

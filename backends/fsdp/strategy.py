@@ -47,6 +47,7 @@ class FSDP1Strategy(NativeStrategy):
     ):
         assert not (value_head and with_reference), "a critic has no reference model"
         self.grad_clip, self.value_head = trainer_cfg.grad_clip, value_head
+        self.packs_sequences = trainer_cfg.use_remove_padding
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()
         compute_dtype = resolve_dtype(dtype, self.device.type)

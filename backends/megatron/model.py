@@ -73,16 +73,20 @@ def build_gpt(
     dims: ModelDims,
     first_stage: bool | None = None,
     last_stage: bool | None = None,
+    packed: bool = False,
 ) -> GPTModel:
     """This rank's part of the model: its pipeline stage's layers, its tensor-parallel slices (the
-    stage position defaults to this rank's in parallel_state)."""
+    stage position defaults to this rank's in parallel_state). `packed`: its attention also takes
+    packed sequences (packing.py)."""
+    from .packing import packed_layer_spec
+
     if first_stage is None:
         first_stage = parallel_state.is_pipeline_first_stage()
     if last_stage is None:
         last_stage = parallel_state.is_pipeline_last_stage()
     model = GPTModel(
         config,
-        get_gpt_layer_local_spec(normalization="RMSNorm"),
+        packed_layer_spec() if packed else get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab(dims.vocab, config.tensor_model_parallel_size),
         max_sequence_length=dims.max_positions,
         pre_process=first_stage,

@@ -34,6 +34,7 @@ from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
+from ..common.packed import at_temperature_packed
 from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
 from .logprobs import token_logprobs_and_entropy
@@ -56,6 +57,7 @@ from .model import (
     load_hf_weights,
     transformer_config,
 )
+from .packing import PackedInput, schedule_inputs
 from .setup import model_parallel, optimizer_config
 
 
@@ -88,6 +90,7 @@ class MegatronStrategy(TrainingStrategy):
                 f"must divide the number of trainer ranks ({world})"
             )
         self.value_head = value_head
+        self.packs_sequences = trainer_cfg.use_remove_padding
         self._hf_config = (
             value_model_config(model_path) if value_head else AutoConfig.from_pretrained(model_path)
         )
@@ -113,7 +116,7 @@ class MegatronStrategy(TrainingStrategy):
             weight, bias = value_head_init(self.dims.hidden, seed)
             fresh = {VALUE_HEAD + ".weight": weight, VALUE_HEAD + ".bias": bias}
             hf = ChainMap(fresh, cast(MutableMapping[str, torch.Tensor], hf))  # read-only: lookups
-        module = self._on_device(build_gpt(self.config, self.dims))
+        module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)
         freeze_padding_embedding(module, self._hf_config.pad_token_id)
         ddp_config = DistributedDataParallelConfig(
@@ -135,7 +138,7 @@ class MegatronStrategy(TrainingStrategy):
         self._set_lr()
         self.reference = None
         if with_reference:
-            self.reference = self._on_device(build_gpt(self.config, self.dims))
+            self.reference = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
             load_hf_weights(self.reference, hf, self.dims)
             self.reference.requires_grad_(False)
 
@@ -200,26 +203,27 @@ class MegatronStrategy(TrainingStrategy):
         model = self.reference if reference else self.model
         assert model is not None, "compute_logprobs(reference=True) without a reference model"
         return self._per_token(
-            model, micro_batches, lambda mb, out: self._logprobs(out, mb, temperature, with_entropy=False)[0]
-        )
+            model, micro_batches,
+            lambda mb, packed, out: self._logprobs(out, mb, packed, temperature, with_entropy=False)[0],
+        )  # fmt: skip
 
     def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
         assert self.value_head, "compute_values on a policy (build the strategy with value_head=True)"
-        return self._per_token(self.model, micro_batches, lambda mb, out: self._values(out))
+        return self._per_token(self.model, micro_batches, lambda mb, packed, out: self._values(out, packed))
 
     @torch.no_grad()
     def _per_token(
         self,
         model: torch.nn.Module,
         micro_batches: list[Batch],
-        of: Callable[[Batch, torch.Tensor], torch.Tensor],
+        of: Callable[[Batch, PackedInput | None, torch.Tensor], torch.Tensor],
     ) -> list[torch.Tensor]:
-        """A forward-only pass of megatron's schedule: `of(mb, output)` [B, T] for each micro-batch,
-        computed on the last stage and handed to every stage, in float32 on the CPU."""
+        """A forward-only pass of megatron's schedule: `of(mb, packed, output)` [B, T] for each
+        micro-batch, computed on the last stage and handed to every stage, in float32 on the CPU."""
         model.eval()
 
-        def keep(mb: Batch, output: torch.Tensor):
-            values = of(mb, output).float()
+        def keep(mb: Batch, packed: PackedInput | None, output: torch.Tensor):
+            values = of(mb, packed, output).float()
             return values.sum() * 0, torch.tensor(1), {"per_token": values}
 
         outputs = self._run_schedule(model, micro_batches, keep, forward_only=True)
@@ -257,24 +261,33 @@ class MegatronStrategy(TrainingStrategy):
         self, model: torch.nn.Module, micro_batches: list[Batch], loss_of: Callable, forward_only: bool
     ) -> list[dict[str, Any]]:
         """Run megatron's (pipeline) schedule over the micro-batches; returns, on the last stage, what
-        `loss_of(mb, output)` reported for each. Pipelined stages exchange fixed-shape activations,
-        so there every micro-batch is padded to the largest (padding rows carry no loss)."""
+        `loss_of(mb, packed, output)` reported for each (`packed`: the micro-batch's packed input when
+        the strategy packs sequences, else None). Pipelined stages exchange fixed-shape activations,
+        so there every micro-batch is padded to the largest (padding rows carry no loss; a packed row
+        gets a padding tail)."""
         mbs = [{k: v.to(self.device) for k, v in mb.items()} for mb in micro_batches]
-        if self.pp > 1:
-            rows = max(mb["input_ids"].shape[0] for mb in mbs)
-            width = max(mb["input_ids"].shape[1] for mb in mbs)
-            mbs = [_pad(mb, rows, width) for mb in mbs]
-        rows, width = mbs[0]["input_ids"].shape
+        mbs, inputs = schedule_inputs(mbs, self.packs_sequences, self.pp > 1)
+        rows, width = (inputs[0].input_ids if inputs[0] is not None else mbs[0]["input_ids"]).shape
 
-        def forward_step(data_iterator: Iterator[Batch], chunk: torch.nn.Module):
-            mb = next(data_iterator)
-            positions = torch.arange(mb["input_ids"].shape[1], device=self.device).expand_as(mb["input_ids"])
-            output = chunk(mb["input_ids"], positions, attention_mask=None)
-            return output, partial(loss_of, mb)
+        def forward_step(data_iterator: Iterator[tuple[Batch, PackedInput | None]], chunk: torch.nn.Module):
+            mb, packed = next(data_iterator)
+            if packed is not None:
+                output = chunk(
+                    packed.input_ids,
+                    packed.position_ids,
+                    attention_mask=None,
+                    packed_seq_params=packed.params,
+                )
+            else:
+                positions = torch.arange(mb["input_ids"].shape[1], device=self.device).expand_as(
+                    mb["input_ids"]
+                )
+                output = chunk(mb["input_ids"], positions, attention_mask=None)
+            return output, partial(loss_of, mb, packed)
 
         return get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(mbs),
+            data_iterator=iter(list(zip(mbs, inputs, strict=True))),
             model=[model],
             num_microbatches=len(mbs),
             seq_length=width,
@@ -283,27 +296,43 @@ class MegatronStrategy(TrainingStrategy):
         )
 
     def _logprobs(
-        self, logits: torch.Tensor, mb: Batch, temperature: float, with_entropy: bool
+        self,
+        logits: torch.Tensor,
+        mb: Batch,
+        packed: PackedInput | None,
+        temperature: float,
+        with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs [B, T] from [B, T, V_local] logits, position 0 being 0 (as in
-        backends/common/hf_model.forward_logprobs)."""
+        """Per-token log-probs [B, T] from [B, T, V_local] logits (a packed row's [1, width, V_local]),
+        position 0 being 0 (as in backends/common/hf_model.forward_logprobs)."""
+        if packed is not None:
+            layout = packed.layout
+            logits = at_temperature_packed(packed.real(logits)[0], temperature, layout, mb)[None, :-1]
+            lp, ent = token_logprobs_and_entropy(
+                logits, layout.input_ids[:, 1:], self.dims.vocab, with_entropy
+            )
+            return layout.from_predictions(lp[0]), None if ent is None else layout.from_predictions(ent[0])
         logits = at_temperature(logits[:, :-1], temperature, mb)
         lp, ent = token_logprobs_and_entropy(logits, mb["input_ids"][:, 1:], self.dims.vocab, with_entropy)
         zeros = lp.new_zeros((lp.shape[0], 1))
         return torch.cat([zeros, lp], dim=1), None if ent is None else torch.cat([zeros, ent], dim=1)
 
     @staticmethod
-    def _values(output: torch.Tensor) -> torch.Tensor:
+    def _values(output: torch.Tensor, packed: PackedInput | None) -> torch.Tensor:
         """A critic's per-token values [B, T] from its head's [B, T, 1] output, in the layout of
         `_logprobs` (position t: the value of the state before input_ids[t]; position 0 is 0)."""
+        if packed is not None:
+            return packed.layout.from_predictions(packed.real(output)[0, :-1, 0].float())
         values = output[:, :-1, 0].float()
         return torch.cat([values.new_zeros((values.shape[0], 1)), values], dim=1)
 
-    def _loss(self, loss_fn: LossFn, temperature: float, mb: Batch, output: torch.Tensor):
+    def _loss(
+        self, loss_fn: LossFn, temperature: float, mb: Batch, packed: PackedInput | None, output: torch.Tensor
+    ):
         if self.value_head:
-            loss, metrics = loss_fn(self._values(output), None, mb)
+            loss, metrics = loss_fn(self._values(output, packed), None, mb)
         else:
-            logprobs, entropy = self._logprobs(output, mb, temperature, loss_fn.needs_entropy)
+            logprobs, entropy = self._logprobs(output, mb, packed, temperature, loss_fn.needs_entropy)
             loss, metrics = loss_fn(logprobs, entropy, mb)
         # (loss, token count, metrics): with calculate_per_token_loss the schedule does not rescale
         return loss, torch.tensor(1, dtype=torch.int), metrics
@@ -463,18 +492,3 @@ class MegatronStrategy(TrainingStrategy):
                         state["step"] = torch.tensor(0.0)
                         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-
-def _pad(mb: Batch, rows: int, width: int) -> Batch:
-    """Right/bottom-pad every [B, T] field with zeros (padding rows have an all-zero loss mask), and
-    every per-row [B] field (TEMPERATURE) to `rows`."""
-    out = {}
-    for k, v in mb.items():
-        if v.dim() == 1:
-            padded = v.new_zeros(rows)
-            padded[: v.shape[0]] = v
-        else:
-            padded = v.new_zeros((rows, width) + tuple(v.shape[2:]))
-            padded[: v.shape[0], : v.shape[1]] = v
-        out[k] = padded
-    return out

@@ -8,7 +8,9 @@ weights on every token (IS_WEIGHT), and old log-probs of the initial model, so t
 on-policy (ratio 1) and later steps re-use the batch like PPO epochs (ratios move away from 1, the
 loss moves, clipping engages). The loss is core's own
 (`build_loss` with `LossNorm` of the whole batch) with an entropy bonus, so `needs_entropy` is True.
-Each data-parallel rank trains on `shard(...)` of the batch in a fixed number of micro-batches.
+Each data-parallel rank trains on its share of the batch in a fixed number of micro-batches: the
+reference contiguous and padded, the workers as their trainer config says (by default dealt by
+token counts, grouped by length, and packed: trainer.balance_batch, trainer.use_remove_padding).
 
 The DPO run (`dpo_reference_run`, the worker's --dpo) reads the batch as 4 (chosen, rejected)
 pairs, sequences 2k and 2k + 1, scored at temperature 1 against a reference model that starts as
@@ -36,7 +38,7 @@ from rlcore.core.algorithms.grpo import grpo_advantages
 from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
 from rlcore.core.algorithms.ppo import ValueLoss
 from rlcore.core.algorithms.scored import ScoredBatch
-from rlcore.core.batch import Batch, Sequence, equalize, micro_batches, pack, plan_micro_batches, shard
+from rlcore.core.batch import Batch, Sequence, deal, equalize, micro_batches, pack, plan_micro_batches, shard
 from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
 
 SEED = 1234
@@ -145,12 +147,22 @@ def with_value_targets(mbs: list[Batch], values: list[torch.Tensor]) -> None:
         mb["values"], mb["returns"] = v.float().cpu(), mb["advantages"].clone()
 
 
+def _rank_groups(
+    seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int, balance: bool, packed: bool
+) -> list[list[Sequence]]:
+    """This rank's micro-batch groups as StageTraining.micro plans them (trainer.balance_batch:
+    dealt by token counts and grouped by length; else contiguous)."""
+    mine = deal(seqs, dp_size)[dp_rank] if balance else shard(seqs, dp_rank, dp_size)
+    return plan_micro_batches(mine, max_tokens, packed=packed, by_length=balance)
+
+
 def rank_micro_batches(
-    seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int, count: int
-) -> list[Batch]:
+    seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int, count: int,
+    balance: bool = False, packed: bool = False,
+) -> list[Batch]:  # fmt: skip
     """This rank's share packed into `count` micro-batches (StageTraining.micro with the count
     already agreed on by all ranks)."""
-    groups = equalize(plan_micro_batches(shard(seqs, dp_rank, dp_size), max_tokens), count)
+    groups = equalize(_rank_groups(seqs, dp_rank, dp_size, max_tokens, balance, packed), count)
     mbs = micro_batches(groups, PAD_ID, template=seqs[0])
     for mb in mbs:  # rollout correction's weights, a function of each token's position: 0.5, 1, 1.5
         positions = torch.arange(mb["loss_mask"].shape[1], dtype=torch.float32).remainder(3)
@@ -158,9 +170,16 @@ def rank_micro_batches(
     return mbs
 
 
-def micro_batch_count(seqs: list[Sequence], dp_rank: int, dp_size: int, max_tokens: int) -> int:
+def micro_batch_count(
+    seqs: list[Sequence],
+    dp_rank: int,
+    dp_size: int,
+    max_tokens: int,
+    balance: bool = False,
+    packed: bool = False,
+) -> int:
     """This rank's wish: at least MICRO_BATCHES (the ranks then agree on the maximum)."""
-    return max(MICRO_BATCHES, len(plan_micro_batches(shard(seqs, dp_rank, dp_size), max_tokens)))
+    return max(MICRO_BATCHES, len(_rank_groups(seqs, dp_rank, dp_size, max_tokens, balance, packed)))
 
 
 def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

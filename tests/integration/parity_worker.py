@@ -100,9 +100,11 @@ def run(args: argparse.Namespace) -> None:
 
     seqs = parity_sequences(args.model)
     loss_fn = parity_loss(seqs, args.critic)
-    count = torch.tensor([micro_batch_count(seqs, strategy.dp_rank, strategy.dp_size, max_tokens)])
+    layout = (strategy.dp_rank, strategy.dp_size, max_tokens)
+    plan = {"balance": trainer_cfg.balance_batch, "packed": strategy.packs_sequences}
+    count = torch.tensor([micro_batch_count(seqs, *layout, **plan)])
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    mbs = rank_micro_batches(seqs, strategy.dp_rank, strategy.dp_size, max_tokens, int(count))
+    mbs = rank_micro_batches(seqs, *layout, int(count), **plan)
 
     result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": [], "logprob_diffs": []}
     if lora is not None:  # the reference is the model with the adapter off: the HF model's old_logprobs

@@ -4,7 +4,9 @@ Each case runs tests/integration/parity_worker.py under torchrun once (20 steps,
 step 10) and is compared with `reference_run` (parity_reference.py): first-step loss within 1e-5,
 every first-step gradient by HF name within 1e-4 of that gradient's largest magnitude, the
 untrained policy's `compute_logprobs` within 1e-5 of the HF model's, the loss at
-every one of the 20 steps within 1e-3. Resume parity: 10 steps resumed from the step-10 checkpoint
+every one of the 20 steps within 1e-3. The reference pads every row and splits the batch
+contiguously; the cases pack sequences and deal the batch by token counts (trainer.use_remove_padding,
+trainer.balance_batch, on by default) unless their overrides say otherwise. Resume parity: 10 steps resumed from the step-10 checkpoint
 give the same losses and final weights (1e-6) as the uninterrupted run's steps 11-20.
 """
 
@@ -31,12 +33,14 @@ SAVE_AT = 10
 
 CASES: list[tuple[str, str, int, list[str]]] = [
     # (id, strategy, ranks, TrainerConfig overrides for parity_worker --set)
-    ("fsdp-1", "fsdp", 1, []),
+    # (fsdp and fsdp2 pack sequences and every case deals the batch by token counts, by default;
+    # this one pads and shares contiguously)
+    ("fsdp-1-padded", "fsdp", 1, ["use_remove_padding=false", "balance_batch=false"]),
     ("fsdp-2", "fsdp", 2, []),
     ("fsdp2-1", "fsdp2", 1, []),
     ("fsdp2-2", "fsdp2", 2, []),
     # megatron-core on CPU through tests/megatron_cpu_shim.py (parity_worker installs it)
-    ("megatron-tp1", "megatron", 1, []),
+    ("megatron-tp1-padded", "megatron", 1, ["use_remove_padding=false"]),
     ("megatron-tp2", "megatron", 2, ["megatron.tensor_model_parallel_size=2"]),
     ("megatron-pp2", "megatron", 2, ["megatron.pipeline_model_parallel_size=2"]),
     ("megatron-dp2", "megatron", 2, []),  # data parallel with the distributed optimizer

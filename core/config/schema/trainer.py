@@ -50,7 +50,18 @@ class TrainerConfig:
     grad_clip: float = bounded(1.0, ge=0.0)
     """Max global gradient norm (0 disables clipping)."""
     max_token_len_per_gpu: int = bounded(16384, gt=0)
-    """Micro-batch token budget per rank: sequences are grouped so each forward stays under it."""
+    """Micro-batch token budget per rank: sequences are grouped so each forward stays under it (the
+    sum of their lengths when packed, else rows x the longest)."""
+    use_remove_padding: bool = True
+    """Pack each micro-batch's sequences end to end with no padding for every forward (policy,
+    reference, critic; RL, SFT and DPO): attention stays within each sequence, so the numbers are the
+    padded ones up to float rounding, and a long tail of lengths no longer costs padding. false: pad
+    every row to the micro-batch's longest."""
+    balance_batch: bool = True
+    """Deal a mini-batch's sequences to the data-parallel ranks so their token counts balance
+    (longest first, to the least loaded rank), and group each rank's share into micro-batches by
+    length; false: contiguous shares in rollout order. The loss is normalised over the whole batch
+    either way."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     max_restarts: int = bounded(0, ge=0)

@@ -28,3 +28,45 @@ def test_causal_attention_on_right_padded_batch_equals_the_padding_mask(tiny_mod
         want = token_logprobs(logits[:, :-1] / 0.7, batch["input_ids"][:, 1:])
     real = batch["attention_mask"][:, 1:].bool()
     torch.testing.assert_close(got[:, 1:][real], want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_forward_equals_the_padded_one(tiny_model_path):
+    """The model run on the real tokens only (packed, position ids restarting per sequence) gives
+    the padded forward's log-probs, entropies, gradients and a critic's values, 0 at padding and at
+    position 0; rows keep their own sampling temperatures."""
+    from rlcore.backends.common.hf_model import forward_values, load_value_model
+
+    model = load_causal_lm(tiny_model_path)
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(5, 30, 1.0), (7, 3, 0.7), (4, 60, 1.0), (3, 1, 1.3)]
+    seqs = [
+        Sequence(
+            torch.randint(5, 40, (p,), generator=gen).tolist(),
+            torch.randint(5, 40, (r,), generator=gen).tolist(),
+            temperature=t,
+        )
+        for p, r, t in shapes
+    ]
+    batch = pack(seqs, pad_token_id=0)
+    real = batch["attention_mask"].bool()
+    for rows in (batch, {k: v for k, v in batch.items() if k != "temperature"}):
+        with torch.no_grad():
+            want, want_ent = forward_logprobs(model, rows, 0.9, with_entropy=True)
+            got, got_ent = forward_logprobs(model, rows, 0.9, with_entropy=True, packed=True)
+        assert got_ent is not None and want_ent is not None
+        torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-5)
+        torch.testing.assert_close(got_ent[real], want_ent[real], rtol=0, atol=1e-5)
+        assert not got[~real].any() and not got[:, 0].any()
+
+    grads = []
+    for packed in (False, True):
+        model.zero_grad()
+        (forward_logprobs(model, batch, 1.0, False, packed=packed)[0] * batch["loss_mask"]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        assert (grads[1][name] - g).abs().max() <= 1e-4 * g.abs().max(), name
+
+    critic = load_value_model(tiny_model_path, seed=0)
+    with torch.no_grad():
+        values = forward_values(critic, batch), forward_values(critic, batch, packed=True)
+    torch.testing.assert_close(values[1][real], values[0][real], rtol=0, atol=1e-5)

@@ -358,7 +358,7 @@ def test_megatron_core_holds_the_mapped_shapes_and_layouts(case: str, tied: bool
 def test_pipeline_padding_pads_per_row_fields_by_rows() -> None:
     """Pipelined stages pad every micro-batch to one shape: [B, T] fields to (rows, width), a per-row
     [B] field (each row's sampling temperature) to rows; padding rows carry no loss."""
-    from rlcore.backends.megatron.strategy import _pad
+    from rlcore.backends.megatron.packing import _pad
 
     mb = {"input_ids": torch.ones(2, 3, dtype=torch.long), "loss_mask": torch.ones(2, 3),
           "temperature": torch.tensor([0.5, 1.0])}  # fmt: skip

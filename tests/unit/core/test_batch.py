@@ -1,6 +1,6 @@
 import torch
 
-from rlcore.core.batch import Sequence, equalize, micro_batches, pack, plan_micro_batches, shard
+from rlcore.core.batch import Sequence, deal, equalize, micro_batches, pack, plan_micro_batches, shard
 
 
 def seq(p: int, r: int, **kw) -> Sequence:
@@ -54,3 +54,29 @@ def test_empty_group_becomes_zero_loss_dummy():
     mbs = micro_batches([[template], []], pad_token_id=0, template=template)
     assert len(mbs) == 2
     assert mbs[1]["loss_mask"].sum() == 0 and torch.equal(mbs[1]["input_ids"], mbs[0]["input_ids"])
+
+
+def test_packed_budget_counts_real_tokens():
+    seqs = [seq(2, 2), seq(2, 2), seq(3, 3), seq(1, 1), seq(10, 10)]
+    groups = plan_micro_batches(seqs, max_tokens=12, packed=True)
+    # 4 + 4 + (6 > 12) | 6 + 2 | 20 alone
+    assert [[s.length for s in g] for g in groups] == [[4, 4], [6, 2], [20]]
+    # longest first, first fit: the 2 joins the 6 and the two 4s share a micro-batch
+    groups = plan_micro_batches(seqs, max_tokens=12, packed=True, by_length=True)
+    assert [[s.length for s in g] for g in groups] == [[20], [6, 4, 2], [4]]
+    # padded, by length: similar lengths share a row count
+    groups = plan_micro_batches(seqs, max_tokens=12, by_length=True)
+    assert [[s.length for s in g] for g in groups] == [[20], [6, 4], [4, 2]]
+
+
+def test_deal_balances_token_counts_over_ranks():
+    """A long tail: contiguous shares put the long ones together; the deal balances tokens."""
+    lengths = [2000, 1500, 100, 100, 90, 80, 60, 50, 40, 30]
+    seqs = [seq(1, n - 1, index=i) for i, n in enumerate(lengths)]
+    contiguous = [sum(s.length for s in shard(seqs, r, 2)) for r in range(2)]
+    shares = deal(seqs, 2)
+    loads = [sum(s.length for s in share) for share in shares]
+    assert sorted(s.index for share in shares for s in share) == list(range(len(seqs)))
+    assert max(loads) - min(loads) <= 500 < max(contiguous) - min(contiguous)
+    assert deal(seqs, 2) == shares  # every rank computes the same deal
+    assert deal(seqs[:1], 3)[1:] == [[], []]  # fewer sequences than ranks: empty shares
