@@ -13,5 +13,6 @@ BENCHMARKS = {
     "tails": "rlcore.benchmarks.long_tails",
     "lora": "rlcore.benchmarks.lora_memory",
     "door": "rlcore.benchmarks.door_concurrency",
+    "packing": "rlcore.benchmarks.packing",
 }
 """`rlcore bench` name -> module."""

@@ -190,6 +190,28 @@ def run_sides(
     return runs
 
 
+def rss_gib() -> float:
+    """This process's resident memory now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def one_rank_world(device: str) -> None:
+    """A one-rank trainer world in this process, on a free loopback port, with the trainer world's
+    backends (gloo on CPU; NCCL beside gloo on CUDA)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from ..runtime.trainer_world import world_backend
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group(world_backend(device))
+
+
 # ---------------------------------------------------------------------------- command line
 
 

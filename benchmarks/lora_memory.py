@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,9 @@ from rlcore.benchmarks.common import (
     MODELS,
     machine_info,
     machine_line,
+    one_rank_world,
     pyplot,
+    rss_gib,
     run_sides,
     save_figure,
     spread,
@@ -54,27 +55,17 @@ tokenizer's 87 tokens): the ratio and its clip then work as on real rollouts."""
 # ---------------------------------------------------------------------------- one side, one process
 
 
-def _rss_gib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-
-
 def run_side(args: argparse.Namespace) -> dict[str, Any]:
     """In this process: a one-rank world, the trainer of one side, --steps steps."""
     import torch
     import torch.distributed as dist
 
     from rlcore.core.config.schema import LoraConfig, RLCoreConfig
-    from rlcore.runtime.trainer_world import world_backend
     from rlcore.runtime.training import StageTraining, sequence_spec
 
     cuda = args.device == "cuda"
     torch.set_num_threads(args.threads)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group(world_backend(args.device))  # the trainer world's: gloo beside NCCL on CUDA
+    one_rank_world(args.device)
     cfg = RLCoreConfig(seed=0)
     cfg.model.model_path = args.model_dir
     cfg.model.dtype = args.dtype
@@ -96,7 +87,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     import peft  # noqa: F401  (the code both sides load, loaded before the baseline)
     import transformers.models.llama.modeling_llama  # noqa: F401
 
-    base_gib = _rss_gib()
+    base_gib = rss_gib()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as stage_dir:
@@ -110,7 +101,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        held_gib = _rss_gib() - base_gib  # the trainer's state after its steps (no load transients)
+        held_gib = rss_gib() - base_gib  # the trainer's state after its steps (no load transients)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     result = {
         "side": args.side,

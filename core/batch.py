@@ -100,13 +100,13 @@ def plan_micro_batches(
     `packed` (the model runs on the real tokens only), else rows x the longest (the padded size). A
     single sequence longer than the budget gets a micro-batch of its own.
 
-    In order (by_length False): a micro-batch grows while the next sequence fits. `by_length`: longest
-    first, padded groups then hold similar lengths (little padding) and packed ones are filled
-    first-fit (fewest micro-batches)."""
+    In order (by_length False): a micro-batch grows while the next sequence fits. `by_length`:
+    padded groups are runs of the sequences sorted by length, cut where the padded total is least
+    (`_least_padding`); packed ones are filled first-fit, longest first (the fewest micro-batches)."""
     if by_length:
-        seqs = sorted(seqs, key=lambda s: -s.length)
         if packed:
-            return _first_fit(seqs, max_tokens)
+            return _first_fit(sorted(seqs, key=lambda s: -s.length), max_tokens)
+        return _least_padding(sorted(seqs, key=lambda s: s.length), max_tokens)
     groups: list[list[Sequence]] = []
     current: list[Sequence] = []
     size = longest = 0
@@ -121,6 +121,26 @@ def plan_micro_batches(
     if current:
         groups.append(current)
     return groups
+
+
+def _least_padding(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]]:
+    """Sequences sorted by length, cut into runs whose padded sizes (rows x the longest) stay under
+    the budget: the fewest runs (forwards), and of those the least padded total; a dynamic programme
+    over where the last run starts."""
+    n = len(seqs)
+    best: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # (runs, padded tokens) of seqs[:i]
+    start = [0] * (n + 1)
+    for i in range(1, n + 1):  # seqs[:i] grouped, the last run seqs[j:i] padded to seqs[i - 1]
+        longest = seqs[i - 1].length
+        rows = max(1, max_tokens // longest)  # a sequence over the budget runs alone
+        j = min(range(max(0, i - rows), i), key=lambda j: (best[j][0], best[j][1] + (i - j) * longest))
+        best[i] = (best[j][0] + 1, best[j][1] + (i - j) * longest)
+        start[i] = j
+    groups, i = [], n
+    while i > 0:
+        groups.append(seqs[start[i] : i])
+        i = start[i]
+    return groups[::-1]
 
 
 def _first_fit(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]]:

@@ -28,6 +28,7 @@ from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
 from .lora import LoraLayout, apply_lora
+from .packed import check_packable
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
 
@@ -66,8 +67,13 @@ class NativeStrategy(TrainingStrategy):
         self, model_path: str, seed: int, gradient_checkpointing: bool, lora: LoraConfig | None = None
     ) -> torch.nn.Module:
         if self.value_head:
-            return load_value_model(model_path, seed, gradient_checkpointing)
-        model = load_causal_lm(model_path, gradient_checkpointing)
+            model = load_value_model(model_path, seed, gradient_checkpointing)
+        else:
+            model = load_causal_lm(model_path, gradient_checkpointing)
+        if self.packs_sequences:
+            check_packable(model)
+        if self.value_head:
+            return model
         if lora is not None:
             model = self._peft = apply_lora(model, lora, seed)
             self.lora = LoraLayout.of(model, lora.name)

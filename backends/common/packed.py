@@ -22,6 +22,22 @@ import torch
 
 from ...core.algorithms.logprob import TEMPERATURE
 
+PACKED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""HF attention implementations that keep packed sequences apart when position ids restart."""
+
+
+def check_packable(model: torch.nn.Module) -> None:
+    """Refuse, in one line, a model not known to attend within each packed sequence: one whose
+    code is not transformers' own (remote code builds its own masks) or whose attention
+    implementation is not one of PACKED_ATTENTION."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    where = type(model).__module__
+    if not where.startswith("transformers.") or impl not in PACKED_ATTENTION:
+        raise ValueError(
+            f"trainer.use_remove_padding: {type(model).__name__} ({where}, attention {impl!r}) is not known "
+            f"to keep packed sequences apart; set trainer.use_remove_padding=false"
+        )
+
 
 @dataclass
 class Packed:

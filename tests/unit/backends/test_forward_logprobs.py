@@ -70,3 +70,15 @@ def test_packed_forward_equals_the_padded_one(tiny_model_path):
     with torch.no_grad():
         values = forward_values(critic, batch), forward_values(critic, batch, packed=True)
     torch.testing.assert_close(values[1][real], values[0][real], rtol=0, atol=1e-5)
+
+
+def test_packing_refuses_a_model_not_known_to_keep_sequences_apart(tiny_model_path):
+    import pytest
+
+    from rlcore.backends.common.packed import check_packable
+
+    model = load_causal_lm(tiny_model_path)
+    check_packable(model)  # transformers' Llama with SDPA
+    model.config._attn_implementation = "paged|my_kernel"
+    with pytest.raises(ValueError, match=r"^trainer.use_remove_padding: LlamaForCausalLM .*=false$"):
+        check_packable(model)

@@ -64,9 +64,9 @@ def test_packed_budget_counts_real_tokens():
     # longest first, first fit: the 2 joins the 6 and the two 4s share a micro-batch
     groups = plan_micro_batches(seqs, max_tokens=12, packed=True, by_length=True)
     assert [[s.length for s in g] for g in groups] == [[20], [6, 4, 2], [4]]
-    # padded, by length: similar lengths share a row count
+    # padded, by length: shortest first, so that rows of similar length share a micro-batch
     groups = plan_micro_batches(seqs, max_tokens=12, by_length=True)
-    assert [[s.length for s in g] for g in groups] == [[20], [6, 4], [4, 2]]
+    assert [[s.length for s in g] for g in groups] == [[2, 4, 4], [6], [20]]
 
 
 def test_deal_balances_token_counts_over_ranks():
@@ -80,3 +80,35 @@ def test_deal_balances_token_counts_over_ranks():
     assert max(loads) - min(loads) <= 500 < max(contiguous) - min(contiguous)
     assert deal(seqs, 2) == shares  # every rank computes the same deal
     assert deal(seqs[:1], 3)[1:] == [[], []]  # fewer sequences than ranks: empty shares
+
+
+def _padded(groups) -> tuple[int, int]:
+    return len(groups), sum(len(g) * max(s.length for s in g) for g in groups)
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    for rest in _partitions(items[1:]):
+        for k in range(len(rest)):
+            yield rest[:k] + [[items[0], *rest[k]]] + rest[k + 1 :]
+        yield [[items[0]], *rest]
+
+
+def test_padded_by_length_takes_the_fewest_micro_batches_then_the_least_padding():
+    """Against every grouping of a few sequences: the fewest micro-batches under the padded budget,
+    and among those the least padding; never more micro-batches than the in-order plan."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        budget = rng.randint(8, 60)
+        seqs = [seq(1, rng.randint(0, 30)) for _ in range(rng.randint(1, 7))]
+        got = plan_micro_batches(seqs, budget, by_length=True)
+        assert sorted(id(s) for g in got for s in g) == sorted(id(s) for s in seqs)
+        fits = [
+            p for p in _partitions(seqs) if all(len(g) == 1 or len(g) * max(s.length for s in g) <= budget for g in p)
+        ]
+        assert _padded(got) == min(_padded(p) for p in fits)
+        assert len(got) <= len(plan_micro_batches(seqs, budget))
