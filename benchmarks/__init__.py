@@ -14,5 +14,6 @@ BENCHMARKS = {
     "lora": "rlcore.benchmarks.lora_memory",
     "door": "rlcore.benchmarks.door_concurrency",
     "packing": "rlcore.benchmarks.packing",
+    "ulysses": "rlcore.benchmarks.ulysses",
 }
 """`rlcore bench` name -> module."""

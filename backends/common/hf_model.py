@@ -10,6 +10,7 @@ import torch
 from ...core.algorithms.logprob import at_temperature, entropy_from_logits, token_logprobs
 from ...core.config.dtypes import compute_dtype
 from .packed import Packed, at_temperature_packed
+from .ulysses import SequenceParallel, sequence_parallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -76,12 +77,16 @@ def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = 
 
 
 def forward_values(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], packed: bool = False
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], packed: bool = False, sp: SequenceParallel | None = None
 ) -> torch.Tensor:
     """Per-token values [B, T] in the layout of `forward_logprobs`: position t holds the value of the
     state before input_ids[t] (the head's output at t - 1); position 0 is 0. Causal attention without
     a mask, as there (padding only ever comes after the real tokens); `packed`: the model runs on the
-    real tokens only (packed.py)."""
+    real tokens only (packed.py); `sp`: sliced over a sequence-parallel group (ulysses.py)."""
+    if sp is not None:
+        layout = Packed.of(batch)
+        out, _ = _sliced_outputs(model, layout, sp)
+        return layout.from_predictions(sp.gather(out[:, 0].float())[: layout.num_tokens - 1])
     if packed:
         layout = Packed.of(batch)
         out_N = _packed_outputs(model, layout)[0, :, 0].float()
@@ -111,6 +116,7 @@ def forward_logprobs(
     temperature: float,
     with_entropy: bool,
     packed: bool = False,
+    sp: SequenceParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [B, T] (position t: log p(input_ids[t] | <t)); position 0 is 0.
 
@@ -123,8 +129,11 @@ def forward_logprobs(
     forward/backward on CPU); padding positions get values the loss mask ignores.
 
     `packed`: the model runs on the rows' real tokens laid end to end (packed.py); the results come
-    back in the same [B, T] layout, 0 at padding.
+    back in the same [B, T] layout, 0 at padding. `sp`: packed and sliced over a sequence-parallel
+    group (ulysses.py); every rank of the group gets the whole micro-batch's results.
     """
+    if sp is not None:
+        return _sliced_logprobs(model, batch, temperature, with_entropy, sp)
     if packed:
         return _packed_logprobs(model, batch, temperature, with_entropy)
     input_ids = batch["input_ids"]
@@ -157,4 +166,37 @@ def packed_logprobs(
     entropy = None
     if with_entropy:
         entropy = layout.from_predictions(entropy_from_logits(logits_1NV[:, :-1])[0])
+    return logprobs, entropy
+
+
+def _sliced_outputs(
+    model: torch.nn.Module, layout: Packed, sp: SequenceParallel
+) -> tuple[torch.Tensor, slice]:
+    """The model's outputs [chunk, ...] on this rank's slice of the packed row (padded to a multiple
+    of the group's size with a tail that is a sequence of its own), and the slice."""
+    ids, positions, cu = layout.padded(sp.size)
+    part = sp.slice_of(ids.shape[1])
+    with sequence_parallel(sp, cu):
+        out = model(input_ids=ids[:, part], position_ids=positions[:, part], use_cache=False).logits
+    return out[0], part
+
+
+def _sliced_logprobs(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool,
+    sp: SequenceParallel,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """forward_logprobs over a sequence-parallel group: each rank scores the next token of every
+    position of its slice; the group gathers the row."""
+    layout = Packed.of(batch)
+    logits, part = _sliced_outputs(model, layout, sp)
+    ids = layout.padded(sp.size)[0][0]
+    divisors = layout.temperatures(batch, temperature, len(ids))
+    if divisors is not None:
+        logits = logits / divisors[part, None]
+    nexts = torch.cat([ids[1:], ids.new_zeros(1)])[part]  # the token after each position of the slice
+    n = layout.num_tokens - 1  # the row's predictions (the tail's are dropped)
+    logprobs = layout.from_predictions(sp.gather(token_logprobs(logits[None], nexts[None])[0])[:n])
+    entropy = None
+    if with_entropy:
+        entropy = layout.from_predictions(sp.gather(entropy_from_logits(logits[None])[0])[:n])
     return logprobs, entropy

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ...core.config.schema import LoraConfig
@@ -31,6 +32,7 @@ from .lora import LoraLayout, apply_lora
 from .packed import check_packable
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
+from .ulysses import SequenceParallel, use_ulysses
 
 
 def float16_scaler(compute_dtype: torch.dtype, device: torch.device) -> ShardedGradScaler | None:
@@ -62,6 +64,36 @@ class NativeStrategy(TrainingStrategy):
     """The next steps' AdamW hyperparameters in place of the configured ones (set_step_hparams)."""
     _configured: list[tuple[Any, float, float]] | None = None
     """The configured betas, eps and weight decay per group, once a step overrode them."""
+    sp: SequenceParallel | None = None
+    """With trainer.ulysses_sequence_parallel_size > 1: this rank's sequence-parallel group (its
+    ranks share one data-parallel share, each forward sliced over them: ulysses.py)."""
+    _dp: dist.ProcessGroup | None = None
+    """With `sp`: the ranks at this rank's place in every sequence-parallel group."""
+
+    def _sequence_parallel(self, size: int) -> None:
+        """Build the sequence-parallel groups (collective; nothing with size 1)."""
+        if size > 1:
+            self.sp, self._dp = SequenceParallel.build(size)
+
+    @property
+    def dp_rank(self) -> int:
+        return dist.get_rank() if self.sp is None else dist.get_rank() // self.sp.size
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size if self.sp is None else self.world_size // self.sp.size
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return self._dp
+
+    def _prepared(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A loaded HF model checked for packing and switched to Ulysses attention as configured."""
+        if self.packs_sequences:
+            check_packable(model)
+        if self.sp is not None:
+            use_ulysses(model, self.sp.size)
+        return model
 
     def _load(
         self, model_path: str, seed: int, gradient_checkpointing: bool, lora: LoraConfig | None = None
@@ -70,8 +102,7 @@ class NativeStrategy(TrainingStrategy):
             model = load_value_model(model_path, seed, gradient_checkpointing)
         else:
             model = load_causal_lm(model_path, gradient_checkpointing)
-        if self.packs_sequences:
-            check_packable(model)
+        self._prepared(model)
         if self.value_head:
             return model
         if lora is not None:
@@ -83,8 +114,8 @@ class NativeStrategy(TrainingStrategy):
         self, model: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.value_head:
-            return forward_values(model, mb, self.packs_sequences), None
-        return forward_logprobs(model, mb, temperature, with_entropy, self.packs_sequences)
+            return forward_values(model, mb, self.packs_sequences, self.sp), None
+        return forward_logprobs(model, mb, temperature, with_entropy, self.packs_sequences, self.sp)
 
     @abstractmethod
     def _gradient_sync(self, last: bool) -> AbstractContextManager:
@@ -109,11 +140,13 @@ class NativeStrategy(TrainingStrategy):
                 loss, metrics = loss_fn(logprobs, entropy, mb)
                 # FSDP averages gradients over ranks while the loss is already this rank's share of
                 # the global mean: scaling by the world size turns the average back into the sum
-                loss = loss * self.world_size
+                # (with sequence parallelism every rank of a group computes its share's loss and the
+                # all-gather's backward sums their gradients: by the data-parallel size, then)
+                loss = loss * self.dp_size
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             for k, v in metrics.items():
                 totals[k] += v
-        return all_reduce_sum(dict(totals), self.device)
+        return all_reduce_sum(dict(totals), self.device, self.dp_group)
 
     def optimizer_step(self) -> float:
         """Clip, then step unless the norm is inf/nan (a bad batch must not poison the weights); zero
@@ -157,7 +190,7 @@ class NativeStrategy(TrainingStrategy):
         with view:
             for mb in micro_batches:
                 logprobs, _ = forward_logprobs(
-                    model, self._to_device(mb), temperature, with_entropy=False, packed=self.packs_sequences
+                    model, self._to_device(mb), temperature, False, self.packs_sequences, self.sp
                 )
                 out.append(logprobs.float().cpu())
         return out
@@ -166,7 +199,7 @@ class NativeStrategy(TrainingStrategy):
     def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
         assert self.value_head, "compute_values on a policy (build the strategy with value_head=True)"
         return [
-            forward_values(self.model, self._to_device(mb), self.packs_sequences).cpu()
+            forward_values(self.model, self._to_device(mb), self.packs_sequences, self.sp).cpu()
             for mb in micro_batches
         ]
 

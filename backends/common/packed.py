@@ -98,6 +98,30 @@ class Packed:
         out = values_N.new_zeros(self.real.shape)
         return out.masked_scatter(self.real, values_N)
 
+    def padded(self, multiple: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """(input ids [1, M], position ids [1, M], sequence offsets) with M the token count rounded
+        up to `multiple`: the extra tokens are a sequence of their own at the end (the tail)."""
+        tail = -self.num_tokens % multiple
+        ids, positions = self.input_ids, self.position_ids
+        cu = self.cu_seqlens.tolist()
+        if tail:
+            ids = torch.cat([ids, ids.new_zeros(1, tail)], dim=1)
+            positions = torch.cat([positions, torch.arange(tail, device=positions.device)[None]], dim=1)
+            cu.append(self.num_tokens + tail)
+        return ids, positions, cu
+
+    def temperatures(self, batch: dict[str, torch.Tensor], temperature: float, width: int) -> torch.Tensor | None:
+        """[width] what each position's logits are divided by (1 where they stay: temperature 0 or 1,
+        and past the real tokens); None when nothing is divided."""
+        spans = self.row_temperature(batch) or [(0, self.num_tokens, temperature)]
+        if all(t <= 0 or t == 1.0 for _, _, t in spans):
+            return None
+        out = torch.ones(width, device=self.input_ids.device)
+        for a, b, t in spans:
+            if t > 0 and t != 1.0:
+                out[a:b] = t
+        return out
+
     def row_temperature(self, batch: dict[str, torch.Tensor]) -> list[tuple[int, int, float]] | None:
         """(start, end, temperature) of each sequence with a row temperature of its own
         (batch[TEMPERATURE]); None when the batch has one temperature."""

@@ -50,6 +50,7 @@ class FSDP1Strategy(NativeStrategy):
         self.packs_sequences = trainer_cfg.use_remove_padding
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()
+        self._sequence_parallel(trainer_cfg.ulysses_sequence_parallel_size)
         compute_dtype = resolve_dtype(dtype, self.device.type)
         # buffers (rotary frequencies) keep their dtype, as under FSDP2's MixedPrecisionPolicy
         self.mixed_precision = (
@@ -76,7 +77,7 @@ class FSDP1Strategy(NativeStrategy):
         self.scaler = float16_scaler(compute_dtype, self.device)
         self.reference = None
         if with_reference and self.lora is None:  # LoRA's reference: the adapter switched off
-            ref = load_causal_lm(model_path)
+            ref = self._prepared(load_causal_lm(model_path))
             ref.requires_grad_(False)
             self.reference = self._wrap(ref)
 

@@ -46,6 +46,7 @@ class FSDP2Strategy(NativeStrategy):
         self.packs_sequences = trainer_cfg.use_remove_padding
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()
+        self._sequence_parallel(trainer_cfg.ulysses_sequence_parallel_size)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         compute_dtype = resolve_dtype(dtype, self.device.type)
         self.mp_policy = (
@@ -61,7 +62,7 @@ class FSDP2Strategy(NativeStrategy):
         self.scaler = float16_scaler(compute_dtype, self.device)
         self.reference = None
         if with_reference and self.lora is None:  # LoRA's reference: the adapter switched off
-            ref = load_causal_lm(model_path)
+            ref = self._prepared(load_causal_lm(model_path))
             ref.requires_grad_(False)
             self.reference = self._shard(ref)
 

@@ -1,5 +1,5 @@
 """Checks of the `model` section: lengths, the chat template, the scratch model, the model folder and
-LoRA (`model.lora_configs`)."""
+LoRA (`model.lora_configs`); and how the trainer lays the model's sequences out (packing, Ulysses)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,33 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
         )
     if model.lora_configs:
         _check_lora(cfg, check_paths)
+    _check_sequence_parallel(cfg)
+
+
+SEQUENCE_PARALLEL_STRATEGIES = ("fsdp", "fsdp2")
+"""The strategies with Ulysses sequence parallelism (trainer.ulysses_sequence_parallel_size)."""
+
+
+def _check_sequence_parallel(cfg: RLCoreConfig) -> None:
+    t = cfg.trainer
+    size = t.ulysses_sequence_parallel_size
+    if size == 1:
+        return
+    if t.strategy not in SEQUENCE_PARALLEL_STRATEGIES:
+        raise ConfigError(
+            f"trainer.ulysses_sequence_parallel_size: Ulysses runs on {' and '.join(SEQUENCE_PARALLEL_STRATEGIES)}, "
+            f"not {t.strategy}; use --strategy fsdp2, or set it to 1"
+        )
+    if not t.use_remove_padding:
+        raise ConfigError(
+            f"trainer.ulysses_sequence_parallel_size: {size} slices packed sequences; set "
+            "trainer.use_remove_padding=true (or the size to 1)"
+        )
+    if cfg.model.scratch.enabled and cfg.model.scratch.num_attention_heads % size:
+        raise ConfigError(
+            f"trainer.ulysses_sequence_parallel_size: {size} must divide model.scratch.num_attention_heads "
+            f"({cfg.model.scratch.num_attention_heads})"
+        )
 
 
 def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:

@@ -39,6 +39,9 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     ("fsdp-2", "fsdp", 2, []),
     ("fsdp2-1", "fsdp2", 1, []),
     ("fsdp2-2", "fsdp2", 2, []),
+    # Ulysses: both ranks share one data-parallel share, each forward sliced over them
+    ("fsdp2-sp2", "fsdp2", 2, ["ulysses_sequence_parallel_size=2"]),
+    ("fsdp-sp2", "fsdp", 2, ["ulysses_sequence_parallel_size=2"]),
     # megatron-core on CPU through tests/megatron_cpu_shim.py (parity_worker installs it)
     ("megatron-tp1-padded", "megatron", 1, ["use_remove_padding=false"]),
     ("megatron-tp2", "megatron", 2, ["megatron.tensor_model_parallel_size=2"]),
@@ -51,8 +54,8 @@ CASES: list[tuple[str, str, int, list[str]]] = [
         ["megatron.tensor_model_parallel_size=2", "gradient_checkpointing=true"],
     ),
 ]
-RESUME_CASES = ["fsdp-2", "megatron-tp2", "megatron-pp2", "megatron-dp2"]
-"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's and megatron's three layouts. fsdp2's
+RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-dp2"]
+"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses' and megatron's three layouts. fsdp2's
 resume is proven in whole launches, a resumed run ending on the straight run's weights
 (test_algorithm_menu.py: with a reference, a critic and expert rows)."""
 
@@ -252,7 +255,7 @@ def test_tied_embeddings_across_pipeline_stages(tmp_path_factory):
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
 
 
-CRITIC_CASES = ["fsdp-2", "fsdp2-2", "megatron-tp2", "megatron-pp2"]
+CRITIC_CASES = ["fsdp-2", "fsdp2-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2"]
 """Ids of CASES whose strategy also trains PPO's critic (its value head across data-parallel ranks,
 tensor-parallel ranks and pipeline stages; one-rank and distributed-optimizer layouts are the
 policy's cases above)."""

@@ -57,6 +57,12 @@ class TrainerConfig:
     reference, critic; RL, SFT and DPO): attention stays within each sequence, so the numbers are the
     padded ones up to float rounding, and a long tail of lengths no longer costs padding. false: pad
     every row to the micro-batch's longest."""
+    ulysses_sequence_parallel_size: int = bounded(1, ge=1)
+    """fsdp and fsdp2: ranks that split each packed micro-batch's tokens between them (Ulysses
+    sequence parallelism: attention trades token slices for heads by all-to-all), so a sequence this
+    many times longer than one rank's memory allows trains; the ranks of a group share one
+    data-parallel share. Must divide the trainer ranks and the model's attention heads; needs
+    use_remove_padding."""
     balance_batch: bool = True
     """Deal a mini-batch's sequences to the data-parallel ranks so their token counts balance
     (longest first, to the least loaded rank), and group each rank's share into micro-batches by
