@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -144,7 +145,7 @@ def use_ulysses(model: torch.nn.Module, sp_size: int) -> None:
     """Switch an HF model (a peft model's base included) to ulysses_attention; its heads must split
     evenly over the group."""
     register()
-    config = model.config
+    config: Any = model.config
     heads = config.num_attention_heads
     if heads % sp_size:
         raise ValueError(
