@@ -9,8 +9,9 @@ import torch
 
 from ...core.algorithms.logprob import at_temperature, entropy_from_logits, token_logprobs
 from ...core.config.dtypes import compute_dtype
+from .attention import packed_rows
 from .packed import Packed, at_temperature_packed
-from .ulysses import SequenceParallel, sequence_parallel
+from .ulysses import SequenceParallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -105,9 +106,11 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _packed_outputs(model: torch.nn.Module, layout: Packed) -> torch.Tensor:
-    """The model's outputs [1, N, ...] on a packed row: restarting position ids make HF attend
-    within each sequence (a block-diagonal causal mask; flash-attention's varlen path on CUDA)."""
-    return model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits
+    """The model's outputs [1, N, ...] on a packed row, attending within each sequence: through
+    attention.packed_attention once the strategy has switched the model to it (one causal attention
+    per sequence), else through the block-diagonal mask HF derives from restarting position ids."""
+    with packed_rows(layout.cu_seqlens.tolist()):
+        return model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits
 
 
 def forward_logprobs(
@@ -176,7 +179,7 @@ def _sliced_outputs(
     of the group's size with a tail that is a sequence of its own), and the slice."""
     ids, positions, cu = layout.padded(sp.size)
     part = sp.slice_of(ids.shape[1])
-    with sequence_parallel(sp, cu):
+    with packed_rows(cu, sp):
         out = model(input_ids=ids[:, part], position_ids=positions[:, part], use_cache=False).logits
     return out[0], part
 

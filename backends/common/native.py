@@ -26,13 +26,13 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ...core.config.schema import LoraConfig
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
+from .attention import use_packed_attention
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
 from .lora import LoraLayout, apply_lora
-from .packed import check_packable
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
-from .ulysses import SequenceParallel, use_ulysses
+from .ulysses import SequenceParallel
 
 
 def float16_scaler(compute_dtype: torch.dtype, device: torch.device) -> ShardedGradScaler | None:
@@ -88,11 +88,10 @@ class NativeStrategy(TrainingStrategy):
         return self._dp
 
     def _prepared(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A loaded HF model checked for packing and switched to Ulysses attention as configured."""
-        if self.packs_sequences:
-            check_packable(model)
-        if self.sp is not None:
-            use_ulysses(model, self.sp.size)
+        """A loaded HF model switched to packed attention (attention.py) when the strategy packs
+        sequences or slices them over a sequence-parallel group."""
+        if self.packs_sequences or self.sp is not None:
+            use_packed_attention(model, 1 if self.sp is None else self.sp.size)
         return model
 
     def _load(

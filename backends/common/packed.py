@@ -3,8 +3,8 @@
 The loop's micro-batches stay right-padded [B, T] (core/batch.py): every loss, metric and per-row
 reduction reads that layout. Only the model runs packed: `Packed.of(batch)` lays the rows' real
 tokens out as one row [1, N] (N = the sum of the lengths) with position ids restarting at 0 for
-each sequence, the model attends within each sequence only (HF: the block-diagonal mask it derives
-from restarting position ids, or flash-attention's varlen path; megatron: THD with cu_seqlens), and
+each sequence, the model attends within each sequence only (HF: attention.py's packed attention,
+one causal attention per sequence; megatron: THD with cu_seqlens, megatron/packing.py), and
 `to_rows` scatters its per-token outputs back to [B, T], zeros at padding. With a long tail of
 lengths most of a padded forward's tokens are padding; packed, the forward costs what the real
 tokens cost.
@@ -21,22 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from ...core.algorithms.logprob import TEMPERATURE
-
-PACKED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
-"""HF attention implementations that keep packed sequences apart when position ids restart."""
-
-
-def check_packable(model: torch.nn.Module) -> None:
-    """Refuse, in one line, a model not known to attend within each packed sequence: one whose
-    code is not transformers' own (remote code builds its own masks) or whose attention
-    implementation is not one of PACKED_ATTENTION."""
-    impl = getattr(model.config, "_attn_implementation", None)
-    where = type(model).__module__
-    if not where.startswith("transformers.") or impl not in PACKED_ATTENTION:
-        raise ValueError(
-            f"trainer.use_remove_padding: {type(model).__name__} ({where}, attention {impl!r}) is not known "
-            f"to keep packed sequences apart; set trainer.use_remove_padding=false"
-        )
 
 
 @dataclass

@@ -31,12 +31,15 @@ def test_causal_attention_on_right_padded_batch_equals_the_padding_mask(tiny_mod
 
 
 def test_packed_forward_equals_the_padded_one(tiny_model_path):
-    """The model run on the real tokens only (packed, position ids restarting per sequence) gives
-    the padded forward's log-probs, entropies, gradients and a critic's values, 0 at padding and at
-    position 0; rows keep their own sampling temperatures."""
+    """The model run on the real tokens only (packed, position ids restarting per sequence, packed
+    attention) gives the padded forward's log-probs, entropies, gradients and a critic's values, 0 at
+    padding and at position 0; rows keep their own sampling temperatures."""
+    from rlcore.backends.common.attention import use_packed_attention
     from rlcore.backends.common.hf_model import forward_values, load_value_model
 
+    hf = load_causal_lm(tiny_model_path)  # HF's own attention, on the padded batch
     model = load_causal_lm(tiny_model_path)
+    use_packed_attention(model)  # one causal attention per sequence, as the strategies run it
     gen = torch.Generator().manual_seed(1)
     shapes = [(5, 30, 1.0), (7, 3, 0.7), (4, 60, 1.0), (3, 1, 1.3)]
     seqs = [
@@ -51,7 +54,7 @@ def test_packed_forward_equals_the_padded_one(tiny_model_path):
     real = batch["attention_mask"].bool()
     for rows in (batch, {k: v for k, v in batch.items() if k != "temperature"}):
         with torch.no_grad():
-            want, want_ent = forward_logprobs(model, rows, 0.9, with_entropy=True)
+            want, want_ent = forward_logprobs(hf, rows, 0.9, with_entropy=True)
             got, got_ent = forward_logprobs(model, rows, 0.9, with_entropy=True, packed=True)
         assert got_ent is not None and want_ent is not None
         torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-5)
@@ -59,26 +62,36 @@ def test_packed_forward_equals_the_padded_one(tiny_model_path):
         assert not got[~real].any() and not got[:, 0].any()
 
     grads = []
-    for packed in (False, True):
-        model.zero_grad()
-        (forward_logprobs(model, batch, 1.0, False, packed=packed)[0] * batch["loss_mask"]).sum().backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for m, packed in ((hf, False), (model, True)):
+        (forward_logprobs(m, batch, 1.0, False, packed=packed)[0] * batch["loss_mask"]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters()})
     for name, g in grads[0].items():
         assert (grads[1][name] - g).abs().max() <= 1e-4 * g.abs().max(), name
 
-    critic = load_value_model(tiny_model_path, seed=0)
+    critic_hf, critic = load_value_model(tiny_model_path, seed=0), load_value_model(tiny_model_path, seed=0)
+    use_packed_attention(critic)
     with torch.no_grad():
-        values = forward_values(critic, batch), forward_values(critic, batch, packed=True)
+        values = forward_values(critic_hf, batch), forward_values(critic, batch, packed=True)
     torch.testing.assert_close(values[1][real], values[0][real], rtol=0, atol=1e-5)
 
 
-def test_packing_refuses_a_model_not_known_to_keep_sequences_apart(tiny_model_path):
+def test_packed_attention_refuses_what_it_cannot_apply(tiny_model_path):
+    """A model that is not transformers' own, and attention arguments packed attention does not
+    apply (a sliding window here), are refused in one line naming the key."""
     import pytest
 
-    from rlcore.backends.common.packed import check_packable
+    from rlcore.backends.common.attention import packed_attention, packed_rows, use_packed_attention
 
+    class Remote(torch.nn.Module):  # what trust_remote_code loads: the model's own module
+        config = load_causal_lm(tiny_model_path).config
+
+    with pytest.raises(ValueError, match=r"^trainer\.use_remove_padding: Remote \(.*\) is not a transformers model"):
+        use_packed_attention(Remote())
     model = load_causal_lm(tiny_model_path)
-    check_packable(model)  # transformers' Llama with SDPA
-    model.config._attn_implementation = "paged|my_kernel"
-    with pytest.raises(ValueError, match=r"^trainer.use_remove_padding: LlamaForCausalLM .*=false$"):
-        check_packable(model)
+    use_packed_attention(model)
+    attn = model.model.layers[0].self_attn
+    q = torch.zeros(1, 4, 6, 16)
+    with packed_rows([0, 4, 6]), pytest.raises(
+        ValueError, match=r"^trainer\.use_remove_padding: LlamaAttention attends with sliding_window"
+    ):
+        packed_attention(attn, q, q[:, :2], q[:, :2], None, sliding_window=8)  # as Qwen2 and Mistral pass theirs

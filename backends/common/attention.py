@@ -1,0 +1,111 @@
+"""The attention the native strategies give HF models on packed rows (packed.py): causal within each
+packed sequence, one scaled-dot-product attention per sequence, so its cost is the sum of the
+squared lengths (not the square of the row's) and SDPA keeps its causal kernel (no mask is built).
+With Ulysses (ulysses.py) it first trades the rank's token slice for a share of the heads over the
+sequence-parallel group, and trades back after.
+
+It is an HF attention function (`ATTENTION` in transformers' AttentionInterface): the strategy
+switches a model to it (`use_packed_attention`) and runs each packed forward inside `packed_rows`,
+which says where the row's sequences start. Models whose attention needs more than a causal mask
+and a scale (a sliding window, logit soft-capping, attention sinks) are refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .ulysses import SequenceParallel
+
+ATTENTION = "rlcore_packed"
+"""The attention implementation's name in HF's AttentionInterface."""
+
+_rows: list[tuple[list[int], SequenceParallel | None]] = []
+"""The sequence offsets of the packed row being run, and its sequence-parallel group (or None)."""
+
+
+@contextmanager
+def packed_rows(cu_seqlens: list[int], sp: SequenceParallel | None = None) -> Iterator[None]:
+    """Within: packed_attention attends within the sequences starting at `cu_seqlens` of the whole
+    row (over `sp`: the row is sliced over its ranks)."""
+    _rows.append((cu_seqlens, sp))
+    try:
+        yield
+    finally:
+        _rows.pop()
+
+
+UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
+"""Attention arguments of HF models that packed_attention does not apply (refused when set)."""
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """HF's attention-function interface: query [1, H, n, D], key and value [1, H_kv, n, D] of the
+    packed row (this rank's slice of it with Ulysses) -> [1, n, H, D]. Outside packed_rows: [B, H, n,
+    D] of right-padded rows, causal over each (what a padded forward computes)."""
+    unsupported = [k for k in UNSUPPORTED if kwargs.get(k) is not None]
+    if unsupported:
+        raise ValueError(
+            f"trainer.use_remove_padding: {type(module).__name__} attends with {', '.join(unsupported)}, "
+            "which packed attention does not apply; set trainer.use_remove_padding=false"
+        )
+    # outside packed_rows: a right-padded batch, each row one sequence from its first position
+    cu, sp = _rows[-1] if _rows else ([0, query.shape[2]], None)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if sp is not None:
+        if kv_heads % sp.size:  # fewer KV heads than ranks: each rank takes the KV heads its queries read
+            key = key.repeat_interleave(heads // kv_heads, dim=1)
+            value = value.repeat_interleave(heads // kv_heads, dim=1)
+        query, key, value = (sp.seq_to_heads(t) for t in (query, key, value))
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    p = dropout if module.training else 0.0
+    out = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=p, is_causal=True, scale=scaling
+            )
+            for a, b in zip(cu[:-1], cu[1:], strict=True)
+            if b > a
+        ],
+        dim=2,
+    )
+    if sp is not None:
+        out = sp.heads_to_seq(out)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_packed_attention(model: torch.nn.Module, sp_size: int = 1) -> None:
+    """Switch an HF model (a peft model's base included) to packed_attention; with Ulysses its heads
+    must split evenly over the group. A model whose code is not transformers' own (remote code may
+    not dispatch attention through AttentionInterface) is refused in one line."""
+    from transformers import AttentionInterface
+
+    config: Any = model.config
+    where = type(model).__module__
+    if not where.startswith("transformers."):
+        raise ValueError(
+            f"trainer.use_remove_padding: {type(model).__name__} ({where}) is not a transformers model, "
+            "whose attention packed sequences need; set trainer.use_remove_padding=false"
+        )
+    if config.num_attention_heads % sp_size:
+        raise ValueError(
+            f"trainer.ulysses_sequence_parallel_size: {sp_size} must divide the model's "
+            f"{config.num_attention_heads} attention heads"
+        )
+    AttentionInterface.register(ATTENTION, packed_attention)
+    config._attn_implementation = ATTENTION
