@@ -5,15 +5,14 @@ With Ulysses (ulysses.py) it first trades the rank's token slice for a share of 
 sequence-parallel group, and trades back after.
 
 It is an HF attention function (`ATTENTION` in transformers' AttentionInterface): the strategy
-switches a model to it (`use_packed_attention`) and runs each packed forward inside `packed_rows`,
-which says where the row's sequences start. Models whose attention needs more than a causal mask
+switches a model to it (`use_packed_attention`) and passes each packed forward `row_kwargs`, which
+say where the row's sequences start (keywords, not state: a layer recomputed by gradient
+checkpointing gets them again). Models whose attention needs more than a causal mask
 and a scale (a sliding window, logit soft-capping, attention sinks) are refused in one line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -24,19 +23,17 @@ from .ulysses import SequenceParallel
 ATTENTION = "rlcore_packed"
 """The attention implementation's name in HF's AttentionInterface."""
 
-_rows: list[tuple[list[int], SequenceParallel | None]] = []
-"""The sequence offsets of the packed row being run, and its sequence-parallel group (or None)."""
+ROW = "rlcore_cu_seqlens"
+"""The model-call keyword holding the packed row's sequence offsets (a list of ints). HF passes a
+model call's extra keywords down to every attention call, so they travel with the layer's inputs and
+come back with them when gradient checkpointing recomputes a layer in the backward pass."""
+GROUP = "rlcore_sequence_parallel"
+"""The model-call keyword holding the row's SequenceParallel group (Ulysses), or None."""
 
 
-@contextmanager
-def packed_rows(cu_seqlens: list[int], sp: SequenceParallel | None = None) -> Iterator[None]:
-    """Within: packed_attention attends within the sequences starting at `cu_seqlens` of the whole
-    row (over `sp`: the row is sliced over its ranks)."""
-    _rows.append((cu_seqlens, sp))
-    try:
-        yield
-    finally:
-        _rows.pop()
+def row_kwargs(cu_seqlens: list[int], sp: SequenceParallel | None = None) -> dict[str, Any]:
+    """The keywords a packed forward passes to the model: model(..., **row_kwargs(cu, sp))."""
+    return {ROW: cu_seqlens, GROUP: sp}
 
 
 UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
@@ -54,16 +51,17 @@ def packed_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-function interface: query [1, H, n, D], key and value [1, H_kv, n, D] of the
-    packed row (this rank's slice of it with Ulysses) -> [1, n, H, D]. Outside packed_rows: [B, H, n,
-    D] of right-padded rows, causal over each (what a padded forward computes)."""
+    packed row (this rank's slice of it with Ulysses) -> [1, n, H, D]; the row's offsets and group
+    come in the ROW and GROUP keywords. Without them: [B, H, n, D] of right-padded rows, causal over
+    each (what a padded forward computes)."""
     unsupported = [k for k in UNSUPPORTED if kwargs.get(k) is not None]
     if unsupported:
         raise ValueError(
             f"trainer.use_remove_padding: {type(module).__name__} attends with {', '.join(unsupported)}, "
             "which packed attention does not apply; set trainer.use_remove_padding=false"
         )
-    # outside packed_rows: a right-padded batch, each row one sequence from its first position
-    cu, sp = _rows[-1] if _rows else ([0, query.shape[2]], None)
+    # without a packed row: a right-padded batch, each row one sequence from its first position
+    cu, sp = kwargs.get(ROW) or [0, query.shape[2]], kwargs.get(GROUP)
     heads, kv_heads = query.shape[1], key.shape[1]
     if sp is not None:
         if kv_heads % sp.size:  # fewer KV heads than ranks: each rank takes the KV heads its queries read

@@ -9,7 +9,7 @@ import torch
 
 from ...core.algorithms.logprob import at_temperature, entropy_from_logits, token_logprobs
 from ...core.config.dtypes import compute_dtype
-from .attention import packed_rows
+from .attention import row_kwargs
 from .packed import Packed, at_temperature_packed
 from .ulysses import SequenceParallel
 
@@ -108,9 +108,10 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def _packed_outputs(model: torch.nn.Module, layout: Packed) -> torch.Tensor:
     """The model's outputs [1, N, ...] on a packed row, attending within each sequence: through
     attention.packed_attention once the strategy has switched the model to it (one causal attention
-    per sequence), else through the block-diagonal mask HF derives from restarting position ids."""
-    with packed_rows(layout.cu_seqlens.tolist()):
-        return model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits
+    per sequence, told where they start by row_kwargs), else through the block-diagonal mask HF
+    derives from restarting position ids (other attentions ignore the extra keywords)."""
+    rows = row_kwargs(layout.cu_seqlens.tolist())
+    return model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False, **rows).logits
 
 
 def forward_logprobs(
@@ -179,8 +180,8 @@ def _sliced_outputs(
     of the group's size with a tail that is a sequence of its own), and the slice."""
     ids, positions, cu = layout.padded(sp.size)
     part = sp.slice_of(ids.shape[1])
-    with packed_rows(cu, sp):
-        out = model(input_ids=ids[:, part], position_ids=positions[:, part], use_cache=False).logits
+    rows = row_kwargs(cu, sp)
+    out = model(input_ids=ids[:, part], position_ids=positions[:, part], use_cache=False, **rows).logits
     return out[0], part
 
 

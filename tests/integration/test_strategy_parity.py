@@ -39,8 +39,9 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     ("fsdp-2", "fsdp", 2, []),
     ("fsdp2-2", "fsdp2", 2, []),
     # Ulysses: both ranks share one data-parallel share, each forward sliced over them (fsdp's
-    # Ulysses is NativeStrategy's too: checked by hand, `--set ulysses_sequence_parallel_size=2`)
-    ("fsdp2-sp2", "fsdp2", 2, ["ulysses_sequence_parallel_size=2"]),
+    # Ulysses is NativeStrategy's too: checked by hand, `--set ulysses_sequence_parallel_size=2`),
+    # with gradient checkpointing (each layer recomputed in backward, its all-to-alls with it)
+    ("fsdp2-sp2", "fsdp2", 2, ["ulysses_sequence_parallel_size=2", "gradient_checkpointing=true"]),
     # megatron-core on CPU through tests/megatron_cpu_shim.py (parity_worker installs it); one-rank
     # fsdp2 is what most launch tests run
     ("megatron-tp1-padded", "megatron", 1, ["use_remove_padding=false"]),

@@ -62,11 +62,17 @@ def test_packed_forward_equals_the_padded_one(tiny_model_path):
         assert not got[~real].any() and not got[:, 0].any()
 
     grads = []
-    for m, packed in ((hf, False), (model, True)):
+    # gradient checkpointing recomputes each layer in the backward pass: the packed row's offsets
+    # must come back with it (they travel as the model call's keywords)
+    recomputed = load_causal_lm(tiny_model_path, gradient_checkpointing=True)
+    use_packed_attention(recomputed)
+    for m, packed in ((hf, False), (model, True), (recomputed, True)):
+        m.train()
         (forward_logprobs(m, batch, 1.0, False, packed=packed)[0] * batch["loss_mask"]).sum().backward()
         grads.append({n: p.grad.clone() for n, p in m.named_parameters()})
-    for name, g in grads[0].items():
-        assert (grads[1][name] - g).abs().max() <= 1e-4 * g.abs().max(), name
+    for other in grads[1:]:
+        for name, g in grads[0].items():
+            assert (other[name] - g).abs().max() <= 1e-4 * g.abs().max(), name
 
     critic_hf, critic = load_value_model(tiny_model_path, seed=0), load_value_model(tiny_model_path, seed=0)
     use_packed_attention(critic)
@@ -80,7 +86,7 @@ def test_packed_attention_refuses_what_it_cannot_apply(tiny_model_path):
     apply (a sliding window here), are refused in one line naming the key."""
     import pytest
 
-    from rlcore.backends.common.attention import packed_attention, packed_rows, use_packed_attention
+    from rlcore.backends.common.attention import packed_attention, row_kwargs, use_packed_attention
 
     class Remote(torch.nn.Module):  # what trust_remote_code loads: the model's own module
         config = load_causal_lm(tiny_model_path).config
@@ -91,7 +97,6 @@ def test_packed_attention_refuses_what_it_cannot_apply(tiny_model_path):
     use_packed_attention(model)
     attn = model.model.layers[0].self_attn
     q = torch.zeros(1, 4, 6, 16)
-    with packed_rows([0, 4, 6]), pytest.raises(
-        ValueError, match=r"^trainer\.use_remove_padding: LlamaAttention attends with sliding_window"
-    ):
-        packed_attention(attn, q, q[:, :2], q[:, :2], None, sliding_window=8)  # as Qwen2 and Mistral pass theirs
+    with pytest.raises(ValueError, match=r"^trainer\.use_remove_padding: LlamaAttention attends with sliding_window"):
+        # as Qwen2 and Mistral pass theirs
+        packed_attention(attn, q, q[:, :2], q[:, :2], None, sliding_window=8, **row_kwargs([0, 4, 6]))
