@@ -245,6 +245,34 @@ def count_params(model_dir: str) -> int:
     return total
 
 
+def scratch_shape(args: Any) -> dict[str, Any]:
+    """The scratch Llama a benchmark with --model/--hidden/--layers/--heads trains: the named shape,
+    else those sizes with as many KV heads as heads and a 4x MLP."""
+    if args.model is not None:
+        return dict(MODELS[args.model])
+    return {"hidden_size": args.hidden, "num_layers": args.layers, "num_attention_heads": args.heads,
+            "num_key_value_heads": args.heads, "intermediate_size": 4 * args.hidden}  # fmt: skip
+
+
+def build_scratch(path: str, args: Any, max_model_len: int) -> int:
+    """scratch_shape(args)'s model at `path` (seed 0, char tokenizer); its parameter count."""
+    from ..core.config.schema import ScratchModelConfig
+    from ..core.scratch_model import build_scratch_model
+
+    build_scratch_model(path, ScratchModelConfig(enabled=True, **scratch_shape(args)), max_model_len, seed=0)
+    return count_params(path)
+
+
+def run_helper(cmd: list[str], out: str, timeout: float, what: str, env: dict[str, str] | None = None) -> Any:
+    """Run a benchmark's helper process that writes its JSON result to `out`, and read it back; a
+    failure raises naming `what`, with the end of the helper's stderr."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
 # ---------------------------------------------------------------------------- one rlcore GRPO run
 
 

@@ -25,7 +25,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,13 +33,16 @@ from typing import Any
 from rlcore.benchmarks.cli_args import add_device_args, check_device, positive_int, resolved_dtype
 from rlcore.benchmarks.common import (
     MODELS,
+    build_scratch,
     machine_info,
     machine_line,
     one_rank_world,
     pyplot,
     rss_gib,
+    run_helper,
     run_sides,
     save_figure,
+    scratch_shape,
     spread,
     versions,
     write_outputs,
@@ -122,27 +124,9 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the benchmark
 
 
-def build_model(path: str, args: argparse.Namespace) -> int:
-    from rlcore.benchmarks.common import count_params
-    from rlcore.core.config.schema import ScratchModelConfig
-    from rlcore.core.scratch_model import build_scratch_model
-
-    spec = ScratchModelConfig(enabled=True, **shape(args))
-    build_scratch_model(path, spec, max_model_len=args.prompt_tokens + args.response_tokens, seed=0)
-    return count_params(path)
-
-
-def shape(args: argparse.Namespace) -> dict[str, Any]:
-    """The scratch Llama's shape: a named one (--model), else --hidden/--layers/--heads."""
-    if args.model is not None:
-        return dict(MODELS[args.model])
-    return {"hidden_size": args.hidden, "num_layers": args.layers, "num_attention_heads": args.heads,
-            "num_key_value_heads": args.heads, "intermediate_size": 4 * args.hidden}  # fmt: skip
-
-
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     model = os.path.join(workdir, "model")
-    params = build_model(model, args)
+    params = build_scratch(model, args, args.prompt_tokens + args.response_tokens)
     print(f"lora: {params / 1e6:.0f}M parameters, {args.seqs} x ({args.prompt_tokens} + {args.response_tokens}) "
           f"tokens per step, {args.steps} steps, {args.repeats} repeats", flush=True)  # fmt: skip
 
@@ -150,11 +134,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         out = os.path.join(workdir, f"{side}-{rep}.json")
         cmd = [sys.executable, "-m", "rlcore.benchmarks.lora_memory", "--side", side, "--model-dir", model,
                "--side-out", out, *args.passthrough]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the {side} side failed ({proc.returncode}): {proc.stderr[-3000:]}")
-        with open(out) as f:
-            return dict(json.load(f))
+        return dict(run_helper(cmd, out, args.run_timeout, f"the {side} side"))
 
     def describe(r: dict[str, Any]) -> str:
         return f"trainer peak {r['trainer_peak_gib']:.2f} GiB, step {r['step_s']:.2f} s"
@@ -177,7 +157,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "versions": versions(),
         "params": params,
         "settings": {k: v for k, v in vars(args).items() if k not in ("passthrough",)},
-        "shape": shape(args),
+        "shape": scratch_shape(args),
         "runs": runs,
         "lora_over_full": ratios,
     }

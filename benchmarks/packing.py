@@ -29,7 +29,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,11 +37,13 @@ from typing import Any
 from rlcore.benchmarks.cli_args import add_device_args, check_device, positive_int, resolved_dtype
 from rlcore.benchmarks.common import (
     MODELS,
+    build_scratch,
     machine_info,
     machine_line,
     one_rank_world,
     pyplot,
     rss_gib,
+    run_helper,
     run_sides,
     save_figure,
     spread,
@@ -143,26 +144,12 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the benchmark
 
 
-def build_model(path: str, args: argparse.Namespace) -> int:
-    from rlcore.benchmarks.common import count_params
-    from rlcore.core.config.schema import ScratchModelConfig
-    from rlcore.core.scratch_model import build_scratch_model
-
-    shape = dict(MODELS[args.model]) if args.model else {
-        "hidden_size": args.hidden, "num_layers": args.layers, "num_attention_heads": args.heads,
-        "num_key_value_heads": args.heads, "intermediate_size": 4 * args.hidden,
-    }  # fmt: skip
-    spec = ScratchModelConfig(enabled=True, **shape)
-    build_scratch_model(path, spec, max_model_len=args.prompt_tokens + args.long[1], seed=0)
-    return count_params(path)
-
-
 RATIO_KEYS = ("tokens_per_s", "trainer_peak_gib", "cuda_peak_gib")
 
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     model = os.path.join(workdir, "model")
-    params = build_model(model, args)
+    params = build_scratch(model, args, args.prompt_tokens + args.long[1])
     lens = lengths(args)
     print(f"packing: {params / 1e6:.1f}M parameters, {args.seqs} sequences of {args.prompt_tokens} + "
           f"{min(lens)}..{max(lens)} tokens ({sum(lens) + args.seqs * args.prompt_tokens} per step), "
@@ -172,11 +159,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         out = os.path.join(workdir, f"{side}-{rep}.json")
         cmd = [sys.executable, "-m", "rlcore.benchmarks.packing", "--side", side, "--model-dir", model,
                "--side-out", out, *args.passthrough]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the {side} side failed ({proc.returncode}): {proc.stderr[-3000:]}")
-        with open(out) as f:
-            return dict(json.load(f))
+        return dict(run_helper(cmd, out, args.run_timeout, f"the {side} side"))
 
     def describe(r: dict[str, Any]) -> str:
         return f"{r['tokens_per_s']:.0f} tokens/s, trainer peak {r['trainer_peak_gib']:.2f} GiB"

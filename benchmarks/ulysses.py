@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,10 +34,12 @@ from typing import Any
 from rlcore.benchmarks.cli_args import add_device_args, check_device, positive_int, resolved_dtype
 from rlcore.benchmarks.common import (
     MODELS,
+    build_scratch,
     machine_info,
     machine_line,
     pyplot,
     rss_gib,
+    run_helper,
     save_figure,
     versions,
     write_outputs,
@@ -137,19 +138,6 @@ PROMPT_TOKENS = 8
 # ---------------------------------------------------------------------------- the benchmark
 
 
-def build_model(path: str, args: argparse.Namespace) -> int:
-    from rlcore.benchmarks.common import count_params
-    from rlcore.core.config.schema import ScratchModelConfig
-    from rlcore.core.scratch_model import build_scratch_model
-
-    shape = dict(MODELS[args.model]) if args.model else {
-        "hidden_size": args.hidden, "num_layers": args.layers, "num_attention_heads": args.heads,
-        "num_key_value_heads": args.heads, "intermediate_size": 4 * args.hidden,
-    }  # fmt: skip
-    build_scratch_model(path, ScratchModelConfig(enabled=True, **shape), max_model_len=args.max, seed=0)
-    return count_params(path)
-
-
 def one(args: argparse.Namespace, workdir: str, side: str, length: int) -> dict[str, Any]:
     """One side's world at one length: each rank's peak and step time, and the larger peak."""
     out = os.path.join(workdir, f"{side}-{length}.json")
@@ -159,17 +147,13 @@ def one(args: argparse.Namespace, workdir: str, side: str, length: int) -> dict[
         "--model-dir", os.path.join(workdir, "model"), "--side-out", out, *args.passthrough,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{side} at {length} tokens failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    with open(out) as f:
-        ranks = json.load(f)
+    ranks = run_helper(cmd, out, args.run_timeout, f"{side} at {length} tokens", env)
     return {"length": length, "ranks": ranks, "peak_gib": max(r["peak_gib"] for r in ranks),
             "step_s": max(r["step_s"] for r in ranks), "loss": ranks[0]["loss"]}  # fmt: skip
 
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
-    params = build_model(os.path.join(workdir, "model"), args)
+    params = build_scratch(os.path.join(workdir, "model"), args, args.max)
     print(f"ulysses: {params / 1e6:.1f}M parameters, {RANKS} ranks, 2 sequences from {args.start} tokens, "
           f"per-rank budget {args.budget_gib} GiB", flush=True)  # fmt: skip
     points: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
