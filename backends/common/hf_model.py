@@ -84,14 +84,10 @@ def forward_values(
     state before input_ids[t] (the head's output at t - 1); position 0 is 0. Causal attention without
     a mask, as there (padding only ever comes after the real tokens); `packed`: the model runs on the
     real tokens only (packed.py); `sp`: sliced over a sequence-parallel group (ulysses.py)."""
-    if sp is not None:
+    if packed or sp is not None:
         layout = Packed.of(batch)
-        out, _ = _sliced_outputs(model, layout, sp)
-        return layout.from_predictions(sp.gather(out[:, 0].float())[: layout.num_tokens - 1])
-    if packed:
-        layout = Packed.of(batch)
-        out_N = _packed_outputs(model, layout)[0, :, 0].float()
-        return layout.to_rows(layout.shifted(out_N))
+        out, _, _ = _row_outputs(model, layout, sp)
+        return layout.from_predictions(_gathered(out[:, 0].float(), sp)[: layout.num_tokens - 1])
     out = model(input_ids=batch["input_ids"], use_cache=False).logits[:, :-1, 0].float()
     return torch.cat([out.new_zeros((out.shape[0], 1)), out], dim=1)
 
@@ -103,15 +99,6 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     if not blocks:
         raise ValueError(f"cannot find the decoder blocks of {type(model).__name__} (no _no_split_modules)")
     return blocks
-
-
-def _packed_outputs(model: torch.nn.Module, layout: Packed) -> torch.Tensor:
-    """The model's outputs [1, N, ...] on a packed row, attending within each sequence: through
-    attention.packed_attention once the strategy has switched the model to it (one causal attention
-    per sequence, told where they start by row_kwargs), else through the block-diagonal mask HF
-    derives from restarting position ids (other attentions ignore the extra keywords)."""
-    rows = row_kwargs(layout.cu_seqlens.tolist())
-    return model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False, **rows).logits
 
 
 def forward_logprobs(
@@ -136,10 +123,8 @@ def forward_logprobs(
     back in the same [B, T] layout, 0 at padding. `sp`: packed and sliced over a sequence-parallel
     group (ulysses.py); every rank of the group gets the whole micro-batch's results.
     """
-    if sp is not None:
-        return _sliced_logprobs(model, batch, temperature, with_entropy, sp)
-    if packed:
-        return _packed_logprobs(model, batch, temperature, with_entropy)
+    if packed or sp is not None:
+        return _packed_logprobs(model, batch, temperature, with_entropy, sp)
     input_ids = batch["input_ids"]
     logits = model(input_ids=input_ids, use_cache=False).logits
     logits = at_temperature(logits[:, :-1], temperature, batch)
@@ -153,54 +138,41 @@ def forward_logprobs(
     return logprobs, entropy
 
 
-def _packed_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    layout = Packed.of(batch)
-    logits_NV = at_temperature_packed(_packed_outputs(model, layout)[0], temperature, layout, batch)
-    return packed_logprobs(logits_NV[None], layout, with_entropy)
-
-
-def packed_logprobs(
-    logits_1NV: torch.Tensor, layout: Packed, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B, T] log-probs (and entropies) from a packed row's tempered logits [1, N, V], in
-    forward_logprobs' layout."""
-    logprobs = layout.from_predictions(token_logprobs(logits_1NV[:, :-1], layout.input_ids[:, 1:])[0])
-    entropy = None
-    if with_entropy:
-        entropy = layout.from_predictions(entropy_from_logits(logits_1NV[:, :-1])[0])
-    return logprobs, entropy
-
-
-def _sliced_outputs(
-    model: torch.nn.Module, layout: Packed, sp: SequenceParallel
-) -> tuple[torch.Tensor, slice]:
-    """The model's outputs [chunk, ...] on this rank's slice of the packed row (padded to a multiple
-    of the group's size with a tail that is a sequence of its own), and the slice."""
-    ids, positions, cu = layout.padded(sp.size)
-    part = sp.slice_of(ids.shape[1])
+def _row_outputs(
+    model: torch.nn.Module, layout: Packed, sp: SequenceParallel | None
+) -> tuple[torch.Tensor, slice, torch.Tensor]:
+    """The model's outputs [n, ...] on the packed row, or with `sp` on this rank's slice of it (the
+    row padded to a multiple of the group's size: Packed.padded), attending within each sequence:
+    through attention.packed_attention once the strategy has switched the model to it (told where
+    the sequences start by row_kwargs), else through the block-diagonal mask HF derives from
+    restarting position ids (other attentions ignore the extra keywords). Also the slice of the row
+    they cover and the row's ids [M]."""
+    size = 1 if sp is None else sp.size
+    ids, positions, cu = layout.padded(-(-layout.num_tokens // size) * size)
+    part = slice(0, ids.shape[1]) if sp is None else sp.slice_of(ids.shape[1])
     rows = row_kwargs(cu, sp)
     out = model(input_ids=ids[:, part], position_ids=positions[:, part], use_cache=False, **rows).logits
-    return out[0], part
+    return out[0], part, ids[0]
 
 
-def _sliced_logprobs(
+def _gathered(local: torch.Tensor, sp: SequenceParallel | None) -> torch.Tensor:
+    """The row's per-position values from each rank's slice of them (the slice itself without `sp`)."""
+    return local if sp is None else sp.gather(local)
+
+
+def _packed_logprobs(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool,
-    sp: SequenceParallel,
+    sp: SequenceParallel | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """forward_logprobs over a sequence-parallel group: each rank scores the next token of every
-    position of its slice; the group gathers the row."""
+    """forward_logprobs on the packed row: each position scores the token after it (over a
+    sequence-parallel group each rank its slice's positions, then the group gathers the row)."""
     layout = Packed.of(batch)
-    logits, part = _sliced_outputs(model, layout, sp)
-    ids = layout.padded(sp.size)[0][0]
-    divisors = layout.temperatures(batch, temperature, len(ids))
-    if divisors is not None:
-        logits = logits / divisors[part, None]
-    nexts = torch.cat([ids[1:], ids.new_zeros(1)])[part]  # the token after each position of the slice
-    n = layout.num_tokens - 1  # the row's predictions (the tail's are dropped)
-    logprobs = layout.from_predictions(sp.gather(token_logprobs(logits[None], nexts[None])[0])[:n])
+    logits, part, ids = _row_outputs(model, layout, sp)
+    logits = at_temperature_packed(logits, temperature, layout, batch, part.start)
+    nexts = torch.cat([ids[1:], ids.new_zeros(1)])[part]  # the token after each position
+    n = layout.num_tokens - 1  # the row's predictions (the last token's and a tail's are dropped)
+    logprobs = layout.from_predictions(_gathered(token_logprobs(logits[None], nexts[None])[0], sp)[:n])
     entropy = None
     if with_entropy:
-        entropy = layout.from_predictions(sp.gather(entropy_from_logits(logits[None])[0])[:n])
+        entropy = layout.from_predictions(_gathered(entropy_from_logits(logits[None])[0], sp)[:n])
     return logprobs, entropy

@@ -65,27 +65,25 @@ class Packed:
         first[self.cu_seqlens[:-1][self.lengths > 0].long()] = True
         return first
 
-    def shifted(self, values_N: torch.Tensor) -> torch.Tensor:
-        """[N] from per-position outputs [N] of the predictions they make: position j gets
-        values_N[j - 1], the first token of each sequence 0."""
-        out = torch.cat([values_N.new_zeros(1), values_N[:-1]])
-        return out.masked_fill(self.starts(), 0.0)
-
     def from_predictions(self, preds: torch.Tensor) -> torch.Tensor:
         """[B, T] in the trainer's layout from [N - 1] values computed at positions 0..N-2 about the
-        token after each (log-probs of the next token, the entropy of its distribution): each moves
-        to the position of the token it is about, 0 at sequence starts and at padding."""
-        return self.to_rows(self.shifted(torch.cat([preds, preds.new_zeros(1)])))
+        token after each (log-probs of the next token, the entropy of its distribution, a critic's
+        value of the state): each moves to the position of the token it is about, 0 at sequence
+        starts (whose predecessor is another sequence's last token) and at padding."""
+        shifted = torch.cat([preds.new_zeros(1), preds]).masked_fill(self.starts(), 0.0)
+        return self.to_rows(shifted)
 
     def to_rows(self, values_N: torch.Tensor) -> torch.Tensor:
         """[B, T] with `values_N` [N] at the real positions, 0 at padding (differentiable)."""
         out = values_N.new_zeros(self.real.shape)
         return out.masked_scatter(self.real, values_N)
 
-    def padded(self, multiple: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """(input ids [1, M], position ids [1, M], sequence offsets) with M the token count rounded
-        up to `multiple`: the extra tokens are a sequence of their own at the end (the tail)."""
-        tail = -self.num_tokens % multiple
+    def padded(self, width: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """(input ids [1, width], position ids [1, width], sequence offsets) of the row made `width`
+        long (>= its tokens) with a padding tail that is a sequence of its own at the end, attending
+        only to itself (shapes a pipeline or a sequence-parallel group needs; its outputs are dropped)."""
+        tail = width - self.num_tokens
+        assert tail >= 0, (width, self.num_tokens)
         ids, positions = self.input_ids, self.position_ids
         cu = self.cu_seqlens.tolist()
         if tail:
@@ -93,18 +91,6 @@ class Packed:
             positions = torch.cat([positions, torch.arange(tail, device=positions.device)[None]], dim=1)
             cu.append(self.num_tokens + tail)
         return ids, positions, cu
-
-    def temperatures(self, batch: dict[str, torch.Tensor], temperature: float, width: int) -> torch.Tensor | None:
-        """[width] what each position's logits are divided by (1 where they stay: temperature 0 or 1,
-        and past the real tokens); None when nothing is divided."""
-        spans = self.row_temperature(batch) or [(0, self.num_tokens, temperature)]
-        if all(t <= 0 or t == 1.0 for _, _, t in spans):
-            return None
-        out = torch.ones(width, device=self.input_ids.device)
-        for a, b, t in spans:
-            if t > 0 and t != 1.0:
-                out[a:b] = t
-        return out
 
     def row_temperature(self, batch: dict[str, torch.Tensor]) -> list[tuple[int, int, float]] | None:
         """(start, end, temperature) of each sequence with a row temperature of its own
@@ -117,13 +103,19 @@ class Packed:
 
 
 def at_temperature_packed(
-    logits_NV: torch.Tensor, temperature: float, packed: Packed, batch: dict[str, torch.Tensor]
+    logits: torch.Tensor, temperature: float, packed: Packed, batch: dict[str, torch.Tensor], start: int = 0
 ) -> torch.Tensor:
-    """Packed logits [N, V] divided by the temperature each sequence was sampled at (as
-    logprob.at_temperature does row by row): 0 (greedy) and 1 leave them as they are."""
+    """Logits [n, V] of the packed row's positions start..start+n-1 divided by the temperature each
+    sequence was sampled at (as logprob.at_temperature does row by row, by a Python float): 0
+    (greedy) and 1 leave them as they are, and so do positions past the real tokens (a tail)."""
     spans = packed.row_temperature(batch)
     if spans is None:
-        return logits_NV / temperature if temperature > 0 and temperature != 1.0 else logits_NV
-    return torch.cat([
-        logits_NV[a:b] if t <= 0 or t == 1.0 else logits_NV[a:b] / t for a, b, t in spans
-    ])  # fmt: skip
+        return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+    end = start + logits.shape[0]
+    pieces = []
+    for a, b, t in [*spans, (packed.num_tokens, max(end, packed.num_tokens), 1.0)]:
+        a, b = max(a, start), min(b, end)
+        if b > a:
+            piece = logits[a - start : b - start]
+            pieces.append(piece if t <= 0 or t == 1.0 else piece / t)
+    return torch.cat(pieces)

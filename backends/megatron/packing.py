@@ -68,13 +68,10 @@ class PackedInput:
     @classmethod
     def of(cls, batch: dict[str, torch.Tensor], width: int | None = None) -> PackedInput:
         layout = Packed.of(batch)
-        ids, pos, cu = layout.input_ids, layout.position_ids, layout.cu_seqlens
-        tail = (width or layout.num_tokens) - layout.num_tokens
-        if tail > 0:  # a sequence of its own, attending only to itself
-            ids = torch.cat([ids, ids.new_zeros(1, tail)], dim=1)
-            pos = torch.cat([pos, torch.arange(tail, device=pos.device)[None]], dim=1)
-            cu = torch.cat([cu, cu.new_tensor([layout.num_tokens + tail])])
-        longest = max(layout.max_seqlen, tail)
+        width = width or layout.num_tokens
+        ids, pos, offsets = layout.padded(width)  # a tail: a sequence of its own, attending only to itself
+        cu = torch.tensor(offsets, dtype=torch.int32, device=ids.device)
+        longest = max(layout.max_seqlen, width - layout.num_tokens)
         params = PackedSeqParams(
             qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest,
             cp_group=parallel_state.get_context_parallel_group(),
