@@ -65,6 +65,10 @@ class TrainingStrategy(ABC):
     strategy that can: backends/common/packed.py); the loop then budgets micro-batches by their
     summed lengths instead of rows x the longest."""
 
+    sequence_split: int = 1
+    """How many ranks each packed micro-batch is split over (Ulysses, context parallelism): each holds
+    1/sequence_split of its tokens, so a micro-batch may hold that many times a rank's budget."""
+
     reference_in_checkpoint: bool = False
     """Whether checkpoints hold the reference model too (the loop sets it when the reference moves:
     algorithm.sync_ref_model); otherwise the reference is the stage's initial weights."""

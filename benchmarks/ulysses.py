@@ -96,7 +96,7 @@ def run_rank(args: argparse.Namespace) -> None:
     cfg.model.model_path, cfg.model.dtype = args.model_dir, args.dtype
     cfg.trainer.strategy = "fsdp2"
     cfg.trainer.ulysses_sequence_parallel_size = SIDES[args.side]
-    cfg.trainer.max_token_len_per_gpu = args.length  # one sequence per micro-batch
+    cfg.trainer.max_token_len_per_gpu = args.length // SIDES[args.side]  # one sequence per micro-batch
     gen = torch.Generator().manual_seed(0)
 
     def specs(n: int) -> list:

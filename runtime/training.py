@@ -414,7 +414,7 @@ class StageTraining:
             mine = shard(mini, strategy.dp_rank, strategy.dp_size)
         groups = plan_micro_batches(
             mine,
-            trainer.max_token_len_per_gpu,
+            trainer.max_token_len_per_gpu * strategy.sequence_split,  # a rank holds 1/split of a row
             packed=strategy.packs_sequences,
             by_length=trainer.balance_batch,
         )

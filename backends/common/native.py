@@ -74,6 +74,7 @@ class NativeStrategy(TrainingStrategy):
         """Build the sequence-parallel groups (collective; nothing with size 1)."""
         if size > 1:
             self.sp, self._dp = SequenceParallel.build(size)
+            self.sequence_split = size
 
     @property
     def dp_rank(self) -> int:

@@ -102,20 +102,34 @@ class Packed:
         return [(cu[i], cu[i + 1], t) for i, t in enumerate(rows.tolist())]
 
 
+def at_temperatures(logits: torch.Tensor, pieces: list[tuple[int, float]]) -> torch.Tensor:
+    """Logits [n, V] cut into consecutive pieces (length, temperature), the lengths summing to n,
+    each divided by its temperature by a Python float (as logprob.at_temperature divides a row):
+    0 (greedy) and 1 leave a piece as it is."""
+    out, a = [], 0
+    for n, t in pieces:
+        piece = logits[a : a + n]
+        out.append(piece if t <= 0 or t == 1.0 else piece / t)
+        a += n
+    assert a == logits.shape[0], (a, logits.shape)
+    if len(out) <= 1:
+        return out[0] if out else logits
+    return torch.cat(out)
+
+
 def at_temperature_packed(
     logits: torch.Tensor, temperature: float, packed: Packed, batch: dict[str, torch.Tensor], start: int = 0
 ) -> torch.Tensor:
     """Logits [n, V] of the packed row's positions start..start+n-1 divided by the temperature each
-    sequence was sampled at (as logprob.at_temperature does row by row, by a Python float): 0
-    (greedy) and 1 leave them as they are, and so do positions past the real tokens (a tail)."""
+    sequence was sampled at (`at_temperatures`): positions past the real tokens (a tail) stay as
+    they are."""
     spans = packed.row_temperature(batch)
     if spans is None:
-        return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+        return at_temperatures(logits, [(logits.shape[0], temperature)])
     end = start + logits.shape[0]
     pieces = []
     for a, b, t in [*spans, (packed.num_tokens, max(end, packed.num_tokens), 1.0)]:
         a, b = max(a, start), min(b, end)
         if b > a:
-            piece = logits[a - start : b - start]
-            pieces.append(piece if t <= 0 or t == 1.0 else piece / t)
-    return torch.cat(pieces)
+            pieces.append((b - a, t))
+    return at_temperatures(logits, pieces)

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
+from .collectives import all_gather_summed
+
 
 @dataclass
 class SequenceParallel:
@@ -60,7 +62,7 @@ class SequenceParallel:
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """The group's slices [chunk] of a row, in order, as one [size x chunk] (with gradients)."""
-        return torch.cat(dist_fn.all_gather(local.contiguous(), group=self.group))
+        return all_gather_summed(local, self.group).flatten(0, 1)
 
     def seq_to_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[1, H, chunk, D] of this rank's slice -> [1, H / S, S x chunk, D]: the whole row, its heads."""

@@ -23,7 +23,7 @@ from .mapping import ModelDims, hf_to_megatron, padded_vocab, stage_layers, to_g
 
 
 def transformer_config(
-    dims: ModelDims, tp: int, pp: int, dtype: torch.dtype, on_cpu: bool, recompute: bool
+    dims: ModelDims, tp: int, pp: int, dtype: torch.dtype, on_cpu: bool, recompute: bool, cp: int = 1
 ) -> TransformerConfig:
     """Everything numerically relevant matches the HF model: no dropout, fp32 softmax, the HF eps.
     Fused kernels are off (they need Apex/TransformerEngine); losses are summed, not averaged, by
@@ -46,6 +46,8 @@ def transformer_config(
         attention_softmax_in_fp32=True,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        cp_comm_type="all_gather" if cp > 1 else None,  # what context_parallel.attend does
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,

@@ -4,6 +4,7 @@ settings (from rlcore's optimizer and trainer config)."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 
@@ -11,16 +12,35 @@ from ...core.config.schema import OptimizerConfig, TrainerConfig
 from ..common.schedule import FP16_INITIAL_LOSS_SCALE
 
 
-def model_parallel(tp: int, pp: int, seed: int) -> None:
-    """megatron-core's model-parallel groups for (tp, pp), formed again when an earlier stage's layout
-    differs (the policy's, for a critic, is also its own), and its seeded RNG tracker."""
+def parallel_sizes(trainer_cfg: TrainerConfig) -> tuple[int, int, int]:
+    """(tensor, pipeline, context) parallel sizes, checked against the world (the data-parallel size
+    is what remains)."""
+    mcfg = trainer_cfg.megatron
+    tp, pp, cp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size, mcfg.context_parallel_size
+    world = dist.get_world_size()
+    if world % (tp * pp * cp):
+        raise ValueError(
+            f"trainer.megatron: tensor_model_parallel_size * pipeline_model_parallel_size * "
+            f"context_parallel_size = {tp * pp * cp} must divide the number of trainer ranks ({world})"
+        )
+    if cp > 1 and not trainer_cfg.use_remove_padding:  # the config check refuses it first
+        raise ValueError(
+            "trainer.megatron.context_parallel_size: splits packed rows; set trainer.use_remove_padding=true"
+        )
+    return tp, pp, cp
+
+
+def model_parallel(tp: int, pp: int, cp: int, seed: int) -> None:
+    """megatron-core's model-parallel groups for (tp, pp, cp), formed again when an earlier stage's
+    layout differs (the policy's, for a critic, is also its own), and its seeded RNG tracker."""
     if parallel_state.model_parallel_is_initialized() and (
         parallel_state.get_tensor_model_parallel_world_size(),
         parallel_state.get_pipeline_model_parallel_world_size(),
-    ) != (tp, pp):
+        parallel_state.get_context_parallel_world_size(),
+    ) != (tp, pp, cp):
         parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tp, pp)
+        parallel_state.initialize_model_parallel(tp, pp, context_parallel_size=cp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 

@@ -34,7 +34,6 @@ from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
-from ..common.packed import at_temperature_packed
 from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
 from .logprobs import token_logprobs_and_entropy
@@ -58,7 +57,7 @@ from .model import (
     transformer_config,
 )
 from .packing import PackedInput, schedule_inputs
-from .setup import model_parallel, optimizer_config
+from .setup import model_parallel, optimizer_config, parallel_sizes
 
 
 class MegatronStrategy(TrainingStrategy):
@@ -81,16 +80,9 @@ class MegatronStrategy(TrainingStrategy):
         if lora is not None:  # the config check refuses it first (core/config/model_checks.py)
             raise ValueError("model.lora_configs: megatron trains no LoRA adapter; use --strategy fsdp2")
 
-        mcfg = trainer_cfg.megatron
-        tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
-        world = dist.get_world_size()
-        if world % (tp * pp):
-            raise ValueError(
-                f"trainer.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = {tp * pp} "
-                f"must divide the number of trainer ranks ({world})"
-            )
+        tp, pp, cp = parallel_sizes(trainer_cfg)
         self.value_head = value_head
-        self.packs_sequences = trainer_cfg.use_remove_padding
+        self.packs_sequences, self.sequence_split = trainer_cfg.use_remove_padding, cp
         self._hf_config = (
             value_model_config(model_path) if value_head else AutoConfig.from_pretrained(model_path)
         )
@@ -103,12 +95,12 @@ class MegatronStrategy(TrainingStrategy):
         self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
-        model_parallel(tp, pp, seed)
+        model_parallel(tp, pp, cp, seed)
         self.tp, self.pp = tp, pp
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         self.config = transformer_config(
-            self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu",
+            self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu", cp=cp,
             recompute=trainer_cfg.gradient_checkpointing,
         )  # fmt: skip
         hf: Mapping[str, torch.Tensor] = HFWeights(model_path)
@@ -122,7 +114,7 @@ class MegatronStrategy(TrainingStrategy):
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
-            use_distributed_optimizer=mcfg.use_distributed_optimizer,
+            use_distributed_optimizer=trainer_cfg.megatron.use_distributed_optimizer,
         )
         self.model = DistributedDataParallel(self.config, ddp_config, module)
         self.optimizer = get_megatron_optimizer(
@@ -267,7 +259,8 @@ class MegatronStrategy(TrainingStrategy):
         gets a padding tail)."""
         mbs = [{k: v.to(self.device) for k, v in mb.items()} for mb in micro_batches]
         mbs, inputs = schedule_inputs(mbs, self.packs_sequences, self.pp > 1)
-        rows, width = (inputs[0].input_ids if inputs[0] is not None else mbs[0]["input_ids"]).shape
+        first = inputs[0]  # the whole row's width (a context-parallel rank holds a part of it)
+        rows, width = (1, first.row_width) if first is not None else mbs[0]["input_ids"].shape
 
         def forward_step(data_iterator: Iterator[tuple[Batch, PackedInput | None]], chunk: torch.nn.Module):
             mb, packed = next(data_iterator)
@@ -303,15 +296,12 @@ class MegatronStrategy(TrainingStrategy):
         temperature: float,
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs [B, T] from [B, T, V_local] logits (a packed row's [1, width, V_local]),
-        position 0 being 0 (as in backends/common/hf_model.forward_logprobs)."""
+        """Per-token log-probs [B, T] from [B, T, V_local] logits (a packed row's [1, row / C, V_local],
+        this rank's part of it), position 0 being 0 (as in backends/common/hf_model.forward_logprobs)."""
         if packed is not None:
-            layout = packed.layout
-            logits = at_temperature_packed(packed.real(logits)[0], temperature, layout, mb)[None, :-1]
-            lp, ent = token_logprobs_and_entropy(
-                logits, layout.input_ids[:, 1:], self.dims.vocab, with_entropy
-            )
-            return layout.from_predictions(lp[0]), None if ent is None else layout.from_predictions(ent[0])
+            logits = packed.tempered(logits[0], temperature, mb)
+            lp, ent = token_logprobs_and_entropy(logits, packed.targets, self.dims.vocab, with_entropy)
+            return packed.to_rows(lp), None if ent is None else packed.to_rows(ent)
         logits = at_temperature(logits[:, :-1], temperature, mb)
         lp, ent = token_logprobs_and_entropy(logits, mb["input_ids"][:, 1:], self.dims.vocab, with_entropy)
         zeros = lp.new_zeros((lp.shape[0], 1))
@@ -322,7 +312,7 @@ class MegatronStrategy(TrainingStrategy):
         """A critic's per-token values [B, T] from its head's [B, T, 1] output, in the layout of
         `_logprobs` (position t: the value of the state before input_ids[t]; position 0 is 0)."""
         if packed is not None:
-            return packed.layout.from_predictions(packed.real(output)[0, :-1, 0].float())
+            return packed.to_rows(output[0, :, 0].float())
         values = output[:, :-1, 0].float()
         return torch.cat([values.new_zeros((values.shape[0], 1)), values], dim=1)
 

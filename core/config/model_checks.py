@@ -49,6 +49,7 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
     if model.lora_configs:
         _check_lora(cfg, check_paths)
     _check_sequence_parallel(cfg)
+    _check_context_parallel(cfg)
 
 
 SEQUENCE_PARALLEL_STRATEGIES = ("fsdp", "fsdp2")
@@ -74,6 +75,23 @@ def _check_sequence_parallel(cfg: RLCoreConfig) -> None:
         raise ConfigError(
             f"trainer.ulysses_sequence_parallel_size: {size} must divide model.scratch.num_attention_heads "
             f"({cfg.model.scratch.num_attention_heads})"
+        )
+
+
+def _check_context_parallel(cfg: RLCoreConfig) -> None:
+    t = cfg.trainer
+    size = t.megatron.context_parallel_size
+    if size == 1:
+        return
+    if t.strategy != "megatron":
+        raise ConfigError(
+            f"trainer.megatron.context_parallel_size: context parallelism runs on megatron, not {t.strategy}; "
+            "use --strategy megatron, or trainer.ulysses_sequence_parallel_size on fsdp/fsdp2"
+        )
+    if not t.use_remove_padding:
+        raise ConfigError(
+            f"trainer.megatron.context_parallel_size: {size} splits packed sequences; set "
+            "trainer.use_remove_padding=true (or the size to 1)"
         )
 
 

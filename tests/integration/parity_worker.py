@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
         dtype=args.dtype, total_steps=args.total_steps, with_reference=False, seed=SEED, value_head=args.critic,
         lora=lora,
     )  # fmt: skip
-    max_tokens = trainer_cfg.max_token_len_per_gpu
+    max_tokens = trainer_cfg.max_token_len_per_gpu * strategy.sequence_split  # as runtime/training.py budgets
 
     seqs = parity_sequences(args.model)
     loss_fn = parity_loss(seqs, args.critic)

@@ -49,9 +49,12 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     ("megatron-tp2", "megatron", 2, ["megatron.tensor_model_parallel_size=2", "gradient_checkpointing=true"]),
     ("megatron-pp2", "megatron", 2, ["megatron.pipeline_model_parallel_size=2"]),
     ("megatron-dp2", "megatron", 2, []),  # data parallel with the distributed optimizer
+    # context parallel: both ranks share one data-parallel share, each holds 2 of every sequence's 4
+    # chunks, with activation recompute (each layer's key/value all-gathers again in backward)
+    ("megatron-cp2", "megatron", 2, ["megatron.context_parallel_size=2", "gradient_checkpointing=true"]),
 ]
-RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-dp2"]
-"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses' and megatron's three layouts. fsdp2's
+RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-dp2", "megatron-cp2"]
+"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses' and megatron's four layouts. fsdp2's
 resume is proven in whole launches, a resumed run ending on the straight run's weights
 (test_algorithm_menu.py: with a reference, a critic and expert rows)."""
 
@@ -251,7 +254,7 @@ def test_tied_embeddings_across_pipeline_stages(tmp_path_factory):
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
 
 
-CRITIC_CASES = ["fsdp-2", "fsdp2-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2"]
+CRITIC_CASES = ["fsdp-2", "fsdp2-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-cp2"]
 """Ids of CASES whose strategy also trains PPO's critic (its value head across data-parallel ranks,
 tensor-parallel ranks and pipeline stages; one-rank and distributed-optimizer layouts are the
 policy's cases above)."""

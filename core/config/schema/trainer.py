@@ -10,12 +10,16 @@ from .fields import bounded, choice
 @dataclass
 class MegatronConfig:
     """Parallel layout of `trainer.strategy: megatron`; the data-parallel size is what remains:
-    ranks / (tensor_model_parallel_size * pipeline_model_parallel_size)."""
+    ranks / (tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size)."""
 
     tensor_model_parallel_size: int = bounded(1, ge=1)
     """Ranks that split each layer's matrices (attention heads, MLP columns, vocabulary)."""
     pipeline_model_parallel_size: int = bounded(1, ge=1)
     """Ranks that split the layers into consecutive stages."""
+    context_parallel_size: int = bounded(1, ge=1)
+    """Ranks that split each packed micro-batch's sequences between them (each rank holds 2 of every
+    sequence's 2 x size chunks; attention gathers the rest): a sequence that many times longer than
+    one rank's budget trains. Needs trainer.use_remove_padding."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state and master weights over the data-parallel ranks (ZeRO-1)."""
 
@@ -51,7 +55,8 @@ class TrainerConfig:
     """Max global gradient norm (0 disables clipping)."""
     max_token_len_per_gpu: int = bounded(16384, gt=0)
     """Micro-batch token budget per rank: sequences are grouped so each forward stays under it (the
-    sum of their lengths when packed, else rows x the longest)."""
+    sum of their lengths when packed, else rows x the longest); a micro-batch split over S ranks
+    (ulysses_sequence_parallel_size, megatron.context_parallel_size) holds up to S times it."""
     use_remove_padding: bool = True
     """Pack each micro-batch's sequences end to end with no padding for every forward (policy,
     reference, critic; RL, SFT and DPO): attention stays within each sequence, so the numbers are the
