@@ -4,6 +4,12 @@ Each decoder block is its own FSDP unit, the root holds embeddings, final norm a
 Parameters stay float32 (master weights); with a lower compute dtype a MixedPrecisionPolicy casts
 them for forward/backward and reduces gradients in float32. Checkpoints are sharded through
 torch.distributed.checkpoint (DCP), so no rank ever holds the full optimizer state.
+
+With trainer.fsdp_config.param_offload the policy's shards (parameters, gradients, and so the
+optimizer's state and step) live on the CPU, and with trainer.offload_untrained_models the
+reference's: FSDP2's CPUOffloadPolicy copies each block's parameters to the device for its forward
+and backward. Collectives over CPU shards of a device mesh go through the device (the gradient
+norm, full tensors).
 """
 
 from __future__ import annotations
@@ -15,7 +21,13 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
@@ -55,7 +67,9 @@ class FSDP2Strategy(NativeStrategy):
             else MixedPrecisionPolicy()
         )
         torch.manual_seed(seed)
-        self.model = self._shard(self._load(model_path, seed, trainer_cfg.gradient_checkpointing, lora))
+        self.offload = trainer_cfg.fsdp_config.param_offload
+        model = self._load(model_path, seed, trainer_cfg.gradient_checkpointing, lora)
+        self.model = self._shard(model, self.offload)
         self.optimizer, self.scheduler = build_optimizer(
             trainable(self.model.parameters()), optimizer_cfg, total_steps
         )
@@ -64,13 +78,17 @@ class FSDP2Strategy(NativeStrategy):
         if with_reference and self.lora is None:  # LoRA's reference: the adapter switched off
             ref = self._prepared(load_causal_lm(model_path))
             ref.requires_grad_(False)
-            self.reference = self._shard(ref)
+            self.reference = self._shard(ref, trainer_cfg.offload_untrained_models)
 
-    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        model.to(self.device)
+    def _shard(self, model: torch.nn.Module, offload: bool) -> torch.nn.Module:
+        """Each block its own FSDP unit, then the root; `offload`: the shards on the CPU (the model
+        is not moved to the device first: FSDP moves what it computes with)."""
+        policy = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if offload else OffloadPolicy()
+        if not offload:
+            model.to(self.device)
         for block in transformer_blocks(model):
-            fully_shard(block, mesh=self.mesh, mp_policy=self.mp_policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy)
+            fully_shard(block, mesh=self.mesh, mp_policy=self.mp_policy, offload_policy=policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy, offload_policy=policy)
         return model
 
     # ------------------------------------------------------------------ what differs from FSDP1
@@ -80,8 +98,19 @@ class FSDP2Strategy(NativeStrategy):
         return nullcontext()
 
     def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return _full(norm)
+        if not self.offload:
+            return _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        # offloaded: each rank's gradient shards are CPU tensors of a device mesh; their squared
+        # norms are summed over the ranks on the device, and the shards clipped where they are
+        shards = [p.grad.to_local() for p in self.model.parameters() if isinstance(p.grad, DTensor)]
+        local = torch.nn.utils.get_total_norm(shards).to(self.device)
+        total = local.square()
+        dist.all_reduce(total)
+        norm = total.sqrt()
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0).cpu()  # torch's clip_grads_with_norm_ rule
+        for shard in shards:
+            shard.mul_(coef)
+        return norm
 
     def policy_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         """Both sharded: FSDP2 leaves the root's parameters whole after a forward without backward
@@ -133,9 +162,14 @@ class FSDP2Strategy(NativeStrategy):
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of a possibly sharded tensor. On a one-rank mesh the local shard already is the
-    whole tensor: returned as it is (a view of the parameter), without a collective per tensor."""
+    whole tensor: returned as it is (a view of the parameter), without a collective per tensor. An
+    offloaded (CPU) shard of a device mesh is gathered on the device."""
     if not isinstance(tensor, DTensor):
         return tensor
     if tensor.device_mesh.size() == 1:
         return tensor.to_local()
+    mesh = tensor.device_mesh
+    if tensor.device.type != mesh.device_type:
+        local = tensor.to_local().to(mesh.device_type)
+        tensor = DTensor.from_local(local, mesh, tensor.placements, shape=tensor.shape, stride=tensor.stride())
     return tensor.full_tensor()

@@ -50,6 +50,7 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
         _check_lora(cfg, check_paths)
     _check_sequence_parallel(cfg)
     _check_context_parallel(cfg)
+    _check_offload(cfg)
 
 
 SEQUENCE_PARALLEL_STRATEGIES = ("fsdp", "fsdp2")
@@ -93,6 +94,21 @@ def _check_context_parallel(cfg: RLCoreConfig) -> None:
             f"trainer.megatron.context_parallel_size: {size} splits packed sequences; set "
             "trainer.use_remove_padding=true (or the size to 1)"
         )
+
+
+OFFLOAD_STRATEGIES = ("fsdp2",)
+"""The strategies that offload models to the CPU (FSDP2's CPUOffloadPolicy)."""
+
+
+def _check_offload(cfg: RLCoreConfig) -> None:
+    t = cfg.trainer
+    for key, on in (("fsdp_config.param_offload", t.fsdp_config.param_offload),
+                    ("offload_untrained_models", t.offload_untrained_models)):  # fmt: skip
+        if on and t.strategy not in OFFLOAD_STRATEGIES:
+            raise ConfigError(
+                f"trainer.{key}: offloading to the CPU runs on {' and '.join(OFFLOAD_STRATEGIES)} "
+                f"(FSDP2's CPUOffloadPolicy), not {t.strategy}; use --strategy fsdp2, or set it false"
+            )
 
 
 def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:

@@ -20,13 +20,17 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU tier)"),
 ]
 
+GPU_CASES = [("fsdp2-1-offload", "fsdp2", 1, ["fsdp_config.param_offload=true", "offload_untrained_models=true"])]
+"""Cases for one GPU only: offloading to the CPU is a copy there, and CPU shards of a device mesh
+take the device path (the gradient norm on the device); the CPU tier runs it on two ranks."""
+
 # dtype -> (first-step loss, gradient relative, loss curve) tolerances
 TOLERANCES = {"float32": (1e-5, 1e-4, 1e-3), "bfloat16": (3e-2, 8e-2, 1e-1)}
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("dtype", list(TOLERANCES))
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES + GPU_CASES, ids=[c[0] for c in CASES + GPU_CASES])
 def test_strategy_matches_reference_on_cuda(case, dtype, reference, tiny_model_path, tmp_path):  # noqa: F811
     case_id, strategy, ranks, sets = case
     if ranks > torch.cuda.device_count():
@@ -42,6 +46,8 @@ def test_strategy_matches_reference_on_cuda(case, dtype, reference, tiny_model_p
     assert rel <= grad_tol, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
     diffs = [abs(a - b) for a, b in zip(run.result["losses"], ref_losses, strict=True)]
     assert max(diffs) <= curve_tol, diffs
+    for key in ("reference_logprob_diffs", "trained_reference_logprob_diffs"):  # an offloaded reference
+        assert max(run.result.get(key, [0.0])) <= loss_tol, (key, run.result[key])
 
 
 @pytest.mark.timeout(1800)

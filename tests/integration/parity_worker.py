@@ -12,7 +12,9 @@ peft's saved names), the weights the merged ones, DIR/adapter its export; result
 "reference_logprob_diffs" (the adapter switched off against the HF model's old_logprobs).
 `--save-at K` writes a checkpoint to DIR/ckpt after step K and goes on; `--resume-from` loads one
 before the first step. `--set` overrides TrainerConfig fields (e.g. megatron.tensor_model_parallel_size=2).
-`--critic` trains the strategy's value model on the value loss instead; `--dpo` trains DPO on the
+With `--set offload_untrained_models=true` the strategy also builds the (offloaded) reference, and
+result.json adds "reference_logprob_diffs" before training and "trained_reference_logprob_diffs"
+after it (the reference is the HF model throughout). `--critic` trains the strategy's value model on the value loss instead; `--dpo` trains DPO on the
 batch's pairs through the trainer's own path (StageTraining), no checkpoint (parity_reference.py).
 """
 
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> None:
     lora = LoraConfig(path=args.lora) if args.lora else None
     strategy = STRATEGIES.resolve(args.strategy)(
         args.model, trainer_cfg, algorithm_config().optimizer, device=args.device,
-        dtype=args.dtype, total_steps=args.total_steps, with_reference=False, seed=SEED, value_head=args.critic,
+        dtype=args.dtype, total_steps=args.total_steps, with_reference=trainer_cfg.offload_untrained_models,
+        seed=SEED, value_head=args.critic,
         lora=lora,
     )  # fmt: skip
     max_tokens = trainer_cfg.max_token_len_per_gpu * strategy.sequence_split  # as runtime/training.py budgets
@@ -107,12 +110,9 @@ def run(args: argparse.Namespace) -> None:
     mbs = rank_micro_batches(seqs, *layout, int(count), **plan)
 
     result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": [], "logprob_diffs": []}
-    if lora is not None:  # the reference is the model with the adapter off: the HF model's old_logprobs
-        ref = strategy.compute_logprobs(mbs, TEMPERATURE, reference=True)
-        result["reference_logprob_diffs"] = [
-            float(((lp.float().cpu() - mb["old_logprobs"]).abs() * mb["loss_mask"]).max())
-            for mb, lp in zip(mbs, ref, strict=True)
-        ]
+    has_reference = lora is not None or trainer_cfg.offload_untrained_models
+    if has_reference:  # the HF model's old_logprobs (LoRA's reference: the model with the adapter off)
+        result["reference_logprob_diffs"] = reference_diffs(strategy, mbs)
     if args.critic:  # the untrained critic's values (a resumed run still needs the same ones)
         with_value_targets(mbs, strategy.compute_values(mbs))
     if args.resume_from:
@@ -133,6 +133,8 @@ def run(args: argparse.Namespace) -> None:
         result["lrs"].append(strategy.current_lr())
         if step == args.save_at:
             strategy.save_checkpoint(os.path.join(args.out, "ckpt"))
+    if has_reference and lora is None:  # training moved the policy, never the reference
+        result["trained_reference_logprob_diffs"] = reference_diffs(strategy, mbs)
 
     specs = strategy.weight_specs()
     names = []
@@ -161,6 +163,15 @@ def run(args: argparse.Namespace) -> None:
     )
 
     write_results(args.out, result, grads, weights)
+
+
+def reference_diffs(strategy, mbs: list[dict[str, torch.Tensor]]) -> list[float]:
+    """Per micro-batch, the largest |reference log-prob - old_logprobs| over the loss mask."""
+    ref = strategy.compute_logprobs(mbs, TEMPERATURE, reference=True)
+    return [
+        float(((lp.float().cpu() - mb["old_logprobs"]).abs() * mb["loss_mask"]).max())
+        for mb, lp in zip(mbs, ref, strict=True)
+    ]
 
 
 def write_results(

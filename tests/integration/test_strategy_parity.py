@@ -38,6 +38,8 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     ("fsdp-1-padded", "fsdp", 1, ["use_remove_padding=false", "balance_batch=false"]),
     ("fsdp-2", "fsdp", 2, []),
     ("fsdp2-2", "fsdp2", 2, []),
+    # the policy's shards and the reference's on the CPU (FSDP2's CPUOffloadPolicy): the same numbers
+    ("fsdp2-2-offload", "fsdp2", 2, ["fsdp_config.param_offload=true", "offload_untrained_models=true"]),
     # Ulysses: both ranks share one data-parallel share, each forward sliced over them (fsdp's
     # Ulysses is NativeStrategy's too: checked by hand, `--set ulysses_sequence_parallel_size=2`),
     # with gradient checkpointing (each layer recomputed in backward, its all-to-alls with it)
@@ -53,7 +55,7 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     # chunks, with activation recompute (each layer's key/value all-gathers again in backward)
     ("megatron-cp2", "megatron", 2, ["megatron.context_parallel_size=2", "gradient_checkpointing=true"]),
 ]
-RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-dp2", "megatron-cp2"]
+RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "fsdp2-2-offload", "megatron-tp2", "megatron-pp2", "megatron-dp2", "megatron-cp2"]
 """Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses' and megatron's four layouts. fsdp2's
 resume is proven in whole launches, a resumed run ending on the straight run's weights
 (test_algorithm_menu.py: with a reference, a critic and expert rows)."""
@@ -129,6 +131,8 @@ def test_first_step_loss_and_gradients(case_id, case_run, reference):
     assert abs(result["losses"][0] - ref_losses[0]) <= 1e-5, (result["losses"][0], ref_losses[0])
     # compute_logprobs of the untrained policy equals the HF model's (which gave old_logprobs)
     assert result["logprob_diffs"] and max(result["logprob_diffs"]) <= 1e-5, result["logprob_diffs"]
+    for key in ("reference_logprob_diffs", "trained_reference_logprob_diffs"):  # an offloaded reference
+        assert max(result.get(key, [0.0])) <= 1e-5, (key, result[key])
     # each strategy has its own (fixed) order; the names are the HF model's
     assert sorted(grads) == sorted(ref_grads), "gradient names differ from the HF state dict's"
     for name, g in grads.items():

@@ -35,7 +35,7 @@ from .model import (
     ModelConfig,
     ScratchModelConfig,
 )
-from .trainer import MegatronConfig, SynchronizerConfig, TinkerConfig, TrainerConfig
+from .trainer import FsdpConfig, MegatronConfig, SynchronizerConfig, TinkerConfig, TrainerConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -56,6 +56,7 @@ __all__ = [
     "LoraConfig",
     "MONITOR_TYPES",
     "MegatronConfig",
+    "FsdpConfig",
     "ModelConfig",
     "MonitorConfig",
     "OptimizerConfig",

@@ -25,6 +25,17 @@ class MegatronConfig:
 
 
 @dataclass
+class FsdpConfig:
+    """Where `trainer.strategy: fsdp2` keeps the policy: CPU memory in place of the device's, paid
+    for in copies each step."""
+
+    param_offload: bool = False
+    """The policy's parameters, gradients and optimizer state live on the CPU (FSDP2's
+    CPUOffloadPolicy): each block's parameters are copied to the device for its forward and
+    backward, its gradients copied back, and the optimizer steps on the CPU."""
+
+
+@dataclass
 class TinkerConfig:
     """How a run meets the Tinker service its trainer.remote names (tinker://...)."""
 
@@ -87,6 +98,11 @@ class TrainerConfig:
     """Only read with trainer.remote tinker://..."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Only read by `strategy: megatron`."""
+    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+    """Only read by `strategy: fsdp2`."""
+    offload_untrained_models: bool = False
+    """fsdp2: the reference model (which no step trains) lives on the CPU, each block's parameters
+    copied to the device for its forward (FSDP2's CPUOffloadPolicy)."""
 
 
 @dataclass
