@@ -101,6 +101,23 @@ class RemoteRollout:
             self.lost.append(client.address)
         log.warning("%s; its tasks go to the other rollout workers", error)
 
+    def forget(self, addresses: list[str]) -> None:
+        """Leave out these workers (the launch removed them: they died), as `drop` would on a call."""
+        with self._lock:
+            for c in [c for c in self.clients if c.address in addresses]:
+                self.clients.remove(c)
+                self.lost.append(c.address)
+                c.close()
+
+    def adopt(self, other: RemoteRollout) -> None:
+        """Take `other`'s workers (ready to serve: their weights loaded) into the batches from now on."""
+        other._pool.shutdown(wait=False)
+        with self._lock:
+            self.clients.extend(other.clients)
+            old, self._pool = self._pool, ThreadPoolExecutor(max_workers=max(1, len(self.clients)))
+        old.shutdown(wait=False)
+        log.info("exploring on %d rollout worker(s): %s", len(self.clients), ", ".join(c.address for c in self.clients))
+
     def report(self) -> dict[str, float]:
         return rollout_report(1, [])  # the workers report no engine/reward split
 

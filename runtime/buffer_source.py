@@ -33,7 +33,7 @@ class BufferSource:
         returns 'stop' when the run asks to stop (asked while waiting for an explore launch)."""
         cfg = self.cfg = stage.config
         self.stage, self.sdir, self.heartbeat = stage, sdir, heartbeat
-        self.explorer_thread: Any = None  # explorer_thread: the ExploreLoop, started by `start_explorer`
+        self.explorer_thread: Any = None  # explorer_thread: its ExplorerThread, started by `start_explorer`
         self.explore_launch: Any = None  # buffer: the explore launch, watched through its lock
         eb = cfg.buffer.trainer_input.experience_buffer
         self.buffer: Any
@@ -56,11 +56,15 @@ class BufferSource:
     def start_explorer(self, endpoints: list[str], start_step: int) -> None:
         """plan.source explorer_thread: explore from `start_step` on the workers at `endpoints`."""
         from .explore_loop import ExploreLoop
+        from .explorer_thread import ExplorerThread
 
-        self.explorer_thread = ExploreLoop(
-            self.stage, os.path.join(self.sdir, "explorer"), published_dir(self.sdir), endpoints,
-            buffer=self.buffer, start_step=start_step,
-        )  # fmt: skip
+        def build(step: int, resume_from: dict[str, Any] | None) -> ExploreLoop:
+            return ExploreLoop(
+                self.stage, os.path.join(self.sdir, "explorer"), published_dir(self.sdir), endpoints,
+                buffer=self.buffer, start_step=step, resume_from=resume_from,
+            )  # fmt: skip
+
+        self.explorer_thread = ExplorerThread(build, start_step, self.cfg.explorer.max_restarts)
         self.explorer_thread.start()
 
     def close(self) -> None:
@@ -101,7 +105,10 @@ class BufferSource:
         while True:
             thread, peer = self.explorer_thread, self.explore_launch
             if thread is not None and thread.error is not None:
-                raise RuntimeError(f"the explorer thread failed: {thread.error}") from thread.error
+                raise RuntimeError(
+                    f"the explorer thread failed: {thread.error} (after {thread.restarts} restart(s), "
+                    "explorer.max_restarts)"
+                ) from thread.error
             if peer is not None:
                 if (change := peer.poll(wait_s)) is not None:
                     log.warning("%s", change)  # said within seconds, not after max_wait_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,7 +25,7 @@ def ensure_token(token_env: str) -> None:
 @contextmanager
 def control_plane(
     base: Any, stages: list[Stage], device: str, launch_dir: str, placement: GpuPlacement | None = None,
-    keep_fds: tuple[int, ...] = (), worker_model: str | None = None,
+    keep_fds: tuple[int, ...] = (), worker_model: Callable[[], str] | None = None,
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Serve RunService (and a buffer queue that a mode-train stage reads) for the run's lifetime and
     start (then stop) the rollout workers it needs, from `worker_model` (default: the first stage's
@@ -123,7 +123,7 @@ def _leave_addresses(queues: dict[str, Any], run_address: str, token: str) -> No
 
 def _workers(
     stages: list[Stage], started: tuple[Any, int] | None, joining: int, device: str, run_address: str,
-    launch_dir: str, placement: GpuPlacement | None, keep_fds: tuple[int, ...], worker_model: str | None,
+    launch_dir: str, placement: GpuPlacement | None, keep_fds: tuple[int, ...], worker_model: Callable[[], str] | None,
 ) -> tuple[bool, RolloutWorkers | None]:  # fmt: skip
     """The rollout workers of a launch whose stages run on workers: (whether the launch keeps track
     of them, the ones it starts). Those on other hosts join; configured endpoints must answer."""

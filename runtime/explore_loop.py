@@ -28,6 +28,7 @@ from typing import Any
 
 from ..buffer import open_buffer
 from ..buffer.base import BufferError, Group
+from ..core.algorithms.dpo import best_and_worst
 from ..core.config import Stage
 from ..core.data.taskset import task_stream
 from ..core.rpc.cli import write_atomic
@@ -93,8 +94,12 @@ class ExploreLoop:
     def __init__(
         self, stage: Stage, sdir: str, published: str, endpoints: list[str], holds: int = -1,
         reporter: Any = None, buffer: Any = None, start_step: int | None = None, trainer: PeerLaunch | None = None,
+        resume_from: dict[str, Any] | None = None, registered: Callable[[], list[str] | None] | None = None,
     ):  # fmt: skip
-        """`holds`: the published version the workers started from (-1: none of this stage's)."""
+        """`holds`: the published version the workers started from (-1: none of this stage's);
+        `resume_from`: a failed loop's `saved` position (explorer_thread.py restarts it from there);
+        `registered()`: the launch's rollout workers as the run lists them now (workers it restarts
+        come back at new addresses), None where it does not manage them."""
         from ..weights.sender import connect
 
         cfg = self.cfg = stage.config
@@ -112,6 +117,7 @@ class ExploreLoop:
         self.sender = connect(self.workers.clients, cfg.synchronizer)
         self.version = holds
         """The published version the workers hold."""
+        self.registered = registered
         self.served = max(c.get_info().policy_version for c in self.workers.clients)
         """The version number the workers were last given (theirs only grow: announce)."""
         self.given_buffer = buffer
@@ -124,28 +130,11 @@ class ExploreLoop:
         keeps them): a resumed explorer checks that the buffer still holds them."""
         self.dropped = 0
         """Tasks the scheduler left out so far."""
+        self.saved: dict[str, Any] | None = None
+        """The position written after the last step (explore step, running tasks, groups put)."""
         self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    # ------------------------------------------------------------------ in a thread (asynchronous both)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run_in_thread, name="rlcore-explorer", daemon=True)
-        self._thread.start()
-
-    def _run_in_thread(self) -> None:
-        try:
-            self.run()
-        except BaseException as e:  # the trainer raises it when it next waits for experiences
-            log.error("the explorer stopped: %s", e)
-            self.error = e
-
-    def close(self, timeout_s: float = 60.0) -> None:
-        """Stop the thread after its current step and wait for it."""
-        self.stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if resume_from is not None:
+            self._restore(resume_from)
 
     # ------------------------------------------------------------------ the steps
 
@@ -201,7 +190,9 @@ class ExploreLoop:
 
     def _resume(self, state_file: str) -> None:
         with open(state_file) as f:
-            saved = json.load(f)
+            self._restore(json.load(f))
+
+    def _restore(self, saved: dict[str, Any]) -> None:
         self.explore_step = int(saved["explore_step"])
         self.resend = [Task(**t) for t in saved.get("running", [])]
         self.put = {str(w): int(n) for w, n in saved.get("put", {}).items()}
@@ -214,6 +205,7 @@ class ExploreLoop:
         """One explore step: the newest weights, the step's groups into the buffer, the position
         saved; its metrics (None: stopped while waiting for weights)."""
         start = time.perf_counter()
+        self._follow_workers()
         metrics = self._follow_trainer()
         if self.stop.is_set():
             return None
@@ -221,21 +213,26 @@ class ExploreLoop:
         metrics.update(explored)
         self.dropped += int(explored.get("rollout/tasks_dropped", 0))
         groups = grouped(exps)
+        if self.stage.plan.trains_on == "pairs":  # DPO's (algorithm.dpo_pairs buffer): a pair per task
+            pairs = [p for p in map(best_and_worst, groups) if p is not None]
+            metrics["buffer/groups_tied"] = float(len(groups) - len(pairs))
+            groups = pairs
         if groups:
             buffer.put(groups)
             self.put[buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
         else:
-            log.warning("explore step %d: every task was left out; nothing put", self.explore_step)
+            log.warning("explore step %d: every task was left out (or tied); nothing put", self.explore_step)
         self.explore_step += 1
-        state: dict[str, Any] = {"explore_step": self.explore_step, "policy_version": self.version, "put": self.put}
+        state: dict[str, Any] = {"explore_step": self.explore_step, "policy_version": self.version, "put": dict(self.put)}
         if self.scheduler is not None:  # tasks left running: a resumed explorer sends them again
             state["running"] = [dataclasses.asdict(t) for t in self.scheduler.running_tasks()]
         write_atomic(state_file, json.dumps(state))
+        self.saved = state
         metrics.update(rollout_metrics(exps))
         metrics.update(self.explorer.report())
         metrics["rollout/policy_version"] = float(self.version)
         metrics["buffer/groups_put"] = float(len(groups))
-        metrics["buffer/experiences_put"] = float(len(exps))
+        metrics["buffer/experiences_put"] = float(sum(len(g) for g in groups))
         metrics["perf/step_time_s"] = time.perf_counter() - start
         return metrics
 
@@ -253,7 +250,10 @@ class ExploreLoop:
         behind the step about to be explored, wait for newer ones (until the stop event). Explore step
         e is trained on from optimizer step e x (optimizer steps per explore step) on: its weights may
         be up to max_staleness versions older than that, the unit the trainer drops in."""
-        need = SyncSchedule(self.cfg.synchronizer).oldest_for_explore(self.explore_step, self.updates_per_step)
+        position = self.explore_step
+        if self.stage.plan.trains_on == "pairs":  # tied groups give no pair: the trainer's step that reads next
+            position = sum(self.put.values()) // self.cfg.buffer.batch_size
+        need = SyncSchedule(self.cfg.synchronizer).oldest_for_explore(position, self.updates_per_step)
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         self._watch_trainer()  # every step: it is seen alive, so that its end is noticed
@@ -267,11 +267,62 @@ class ExploreLoop:
         version, path = latest
         if version > self.version:  # tasks left running go on (their next engine calls wait for it)
             self.served = announce(version, self.served)
-            stats = self.sender.send_checkpoint(path, self.served)
+            stats = self._load(path)
             self.version = version
             metrics["perf/load_weights_s"] = stats.get("total_s", 0.0)
             log.info("the rollout workers hold version %d (%s)", version, path)
         return metrics
+
+    def _load(self, path: str) -> dict[str, float]:
+        """Have the workers load a published folder; a worker that died meanwhile is left out (the
+        launch restarts it and `_follow_workers` takes it back) and the others load it."""
+        from ..client.base import RpcError
+        from ..rollout.remote import GONE
+        from ..weights.sender import connect
+
+        try:
+            return self.sender.send_checkpoint(path, self.served)
+        except Exception:
+            gone = []
+            for c in self.workers.clients:
+                try:
+                    c.get_info(timeout=10.0)
+                except RpcError as e:
+                    if e.code.name not in GONE:
+                        raise
+                    gone.append(c.address)
+            if not gone or len(gone) == len(self.workers.clients):
+                raise
+            log.warning("rollout worker(s) %s stopped answering; the others load %s", ", ".join(gone), path)
+            self.workers.forget(gone)
+            self.sender.close()
+            self.sender = connect(self.workers.clients, self.cfg.synchronizer)
+            self.served = announce(self.served, self.served)  # some took the version number already
+            return self.sender.send_checkpoint(path, self.served)
+
+    def _follow_workers(self) -> None:
+        """The launch's rollout workers as the run lists them now: the ones it removed (dead) left
+        out, the ones it restarted (at new addresses) taken in; those then get the newest published
+        weights, with the others, before any task (`_follow_trainer` reloads them all)."""
+        from ..weights.sender import connect
+
+        listed = self.registered() if self.registered is not None else None
+        if listed is None:
+            return
+        were = [c.address for c in self.workers.clients]
+        self.workers.forget([a for a in were if a not in listed])
+        new = [a for a in listed if a not in were and a not in self.workers.lost]
+        fresh = RemoteRollout(self.cfg, new, skip_unreachable=True) if new else None  # not up yet: next step
+        if fresh is not None and fresh.clients:
+            self.workers.adopt(fresh)
+            self.sender.close()
+            self.sender = connect(self.workers.clients, self.cfg.synchronizer)
+            self.version = -1  # the restarted ones hold the weights they started from
+        elif fresh is not None:
+            fresh.close()
+        now = [c.address for c in self.workers.clients]
+        if now != were:
+            log.info("rollout workers now: %s (were: %s)", ", ".join(now), ", ".join(were))
 
     def _watch_trainer(self) -> None:
         """Say when the trainer launch went (and came back): the explorer waits for it meanwhile."""
@@ -346,7 +397,8 @@ def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -
             holds = plan["worker_version"] if stage is stages[0] else -1
             trainer = PeerLaunch(os.path.dirname(plan["run_dir"]), "mode-train launch")
             summary = ExploreLoop(
-                stage, sdir, published, plan["rollout_endpoints"], holds, reporter, trainer=trainer
+                stage, sdir, published, plan["rollout_endpoints"], holds, reporter, trainer=trainer,
+                registered=reporter.rollout_workers if plan["workers_managed"] else None,
             ).run()
             if summary["stopped"]:
                 break

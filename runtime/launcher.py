@@ -13,12 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..core.config import ConfigError, Stage, to_yaml
 from ..core.config.plan import RunPlan, explores_only, plan_launch
 from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
+from ..weights.publish import latest_published
 from . import failure, paths
 from .child import process_env, rank_threads
 from .control_plane import control_plane, ensure_token
@@ -279,15 +281,16 @@ def trainer_world(base: Any, placement: GpuPlacement | None, launch_dir: str, lo
     return WorldProcess(base, plan_path, launch_dir, env, lock_fd)
 
 
-def _published_start(first: Stage, num_stages: int) -> tuple[int, str | None]:
-    """Mode explore: the (version, folder) of the first weights the trainer publishes, which the
-    rollout workers start from."""
+def _published_start(first: Stage, num_stages: int) -> tuple[int, Callable[[], str] | None]:
+    """Mode explore: the version of the first weights the trainer publishes, which the rollout
+    workers start from, and what gives a (re)started worker the newest ones (older are pruned)."""
     base = first.config
     folder = published_dir(trainer_stage_dir(base, first, num_stages))
     print(f"rlcore: waiting for the trainer's weights in {folder}", flush=True)
     weights = wait_for_weights(folder, -1, base.buffer.trainer_input.experience_buffer.max_wait_s, f"stage {first.name}")
     assert weights is not None  # no stop event: it returns weights or raises
-    return weights
+    version, path = weights
+    return version, lambda: (latest_published(folder) or (version, path))[1]
 
 
 def _announce(stages: list[Stage], run_plan: RunPlan, device: str, run_dir: str) -> None:

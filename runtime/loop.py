@@ -34,7 +34,7 @@ from .lockstep_source import LockstepSource
 from .paths import SUMMARY, published_dir, stage_dir
 from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
-from .taskset_rows import RowsSource, mixture_report, taskset_formats
+from .taskset_rows import RowsSource, explored_pairs, mixture_report, taskset_formats
 from .training import plan_steps
 
 log = logging.getLogger("rlcore.loop")
@@ -99,7 +99,7 @@ class StageLoop:
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)
         self.schedule = SyncSchedule(cfg.synchronizer)
         self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None
-        self.rows = RowsSource(cfg, plan.source == "pairs", handle, formats, tokenizer, self.train_batch)
+        self.rows = RowsSource(cfg, plan.trains_on == "pairs", handle, formats, tokenizer, self.train_batch)
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
         self.record = StageRecord(stage, sdir, run, self.total_train_steps, tokenizer)
         self.checkpoints = StageCheckpoints(stage, sdir, handle, is_last)
@@ -206,7 +206,12 @@ class StageLoop:
         assert self.source is not None
         exps, metrics = self.source.take(self.explore_step, self.global_step, self.schedule)
         metrics.update(self.mixture(exps))
-        metrics.update(self._train(exps))
+        if self.plan.trains_on == "pairs" and exps:  # DPO on the pairs the explorer formed
+            trained, self.global_step = self.rows.train(explored_pairs(exps), self.global_step)
+            metrics.update(trained)
+            self.record.completions(exps, self.explore_step, self.global_step)
+        else:
+            metrics.update(self._train(exps))
         return metrics
 
     def _train(self, exps: list[Experience]) -> dict[str, float]:

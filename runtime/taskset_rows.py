@@ -1,5 +1,6 @@
 """The sequences an SFT or DPO step trains on (plan.source responses or pairs), from the taskset's
-own rows: each row encoded by its taskset's format (a mixture's tasksets keep theirs)."""
+own rows: each row encoded by its taskset's format (a mixture's tasksets keep theirs); or DPO's
+pairs an explorer wrote to the experience buffer (algorithm.dpo_pairs buffer: `explored_pairs`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ def row_sequences(tasks: list[Task], formats: Formats, default: str, tokenizer: 
     return seqs
 
 
+def explored_pairs(exps: list[Experience]) -> list[TrainSequence]:
+    """DPO's sequences from the experience buffer's pairs (algorithm.dpo_pairs buffer): each group an
+    explorer wrote is [chosen, rejected] of one task (dpo.best_and_worst), trained as it was sampled."""
+    if len(exps) % 2 or any(
+        a.group_id != b.group_id or a.reward <= b.reward for a, b in zip(exps[::2], exps[1::2], strict=True)
+    ):
+        groups = sorted({e.group_id for e in exps})
+        raise ValueError(
+            f"the experience buffer holds groups that are not (chosen, rejected) pairs ({len(exps)} experiences in "
+            f"{len(groups)} groups): algorithm.dpo_pairs buffer trains on what an explorer of the same config "
+            "writes; point buffer.trainer_input.experience_buffer at a new buffer for it"
+        )
+    return [TrainSequence(e.prompt_token_ids, e.response_token_ids, [float(m) for m in e.loss_mask]) for e in exps]
+
+
 def mixture_report(tasks: list[Task], formats: Formats) -> Callable[[list[Experience]], dict[str, float]]:
     """A step's per-taskset metrics (rewards and counts) when several tasksets train, else none."""
     source_of = {t.task_id: t.source for t in tasks}
@@ -76,7 +92,11 @@ class RowsSource:
 
     def step(self, tasks: list[Task], global_step: int) -> tuple[dict[str, float], int]:
         """The step's metrics and the trainer's global step after it."""
-        seqs = row_sequences(tasks, self.formats, self.default, self.tokenizer, self.pairs)
+        return self.train(row_sequences(tasks, self.formats, self.default, self.tokenizer, self.pairs), global_step)
+
+    def train(self, seqs: list[TrainSequence], global_step: int) -> tuple[dict[str, float], int]:
+        """A step on these sequences (a DPO pair's two one after the other): its metrics and the
+        trainer's global step after it."""
         updates = []
         for i in range(0, len(seqs), self.per_update):
             result = self.handle.forward_backward(seqs[i : i + self.per_update], self.loss)

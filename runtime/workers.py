@@ -7,7 +7,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.config import ConfigError, Stage
@@ -97,10 +97,13 @@ class RolloutWorkers:
     the restarted worker registers under the same index."""
 
     def __init__(
-        self, cfg: Any, model_path: str, count: int, device: str, run_address: str, log_dir: str,
+        self, cfg: Any, model_path: str | Callable[[], str], count: int, device: str, run_address: str, log_dir: str,
         gpus: list[list[str]] | None = None, keep_fds: tuple[int, ...] = (),
     ):  # fmt: skip
-        """`keep_fds`: descriptors the workers inherit (the run lock: a live worker keeps the run live)."""
+        """`model_path`: the model a worker starts from, or what gives it at each (re)start (mode
+        explore: the newest published weights, since older versions are pruned); `keep_fds`:
+        descriptors the workers inherit (the run lock: a live worker keeps the run live)."""
+        self._model = model_path if callable(model_path) else (lambda: model_path)
         self.logs = [os.path.join(log_dir, f"rollout_worker_{i}.log") for i in range(count)]
         threads = max(1, (os.cpu_count() or 1) // count)
         rm, control = cfg.explorer.rollout_model, cfg.control
@@ -112,7 +115,7 @@ class RolloutWorkers:
         self._commands: list[tuple[list[str], dict[str, str]]] = []
         for i in range(count):
             cmd = [
-                *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", model_path,
+                *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", "",  # _start fills it
                 "--engine", rm.engine_type, "--device", device, "--dtype", engine_dtype(cfg, device),
                 "--max-model-len", str(cfg.model.max_model_len), "--max-batch-size", str(rm.max_batch_size),
                 "--tensor-parallel-size", str(rm.tensor_parallel_size),
@@ -127,6 +130,8 @@ class RolloutWorkers:
 
     def _start(self, i: int, mode: str) -> subprocess.Popen:
         cmd, env = self._commands[i]
+        cmd = list(cmd)
+        cmd[cmd.index("--model") + 1] = self._model()
         with open(self.logs[i], mode) as log_file:
             return subprocess.Popen(
                 cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True,

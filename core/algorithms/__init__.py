@@ -245,6 +245,12 @@ def trains_on(cfg: Any) -> str:
     return algorithm_of(cfg).data
 
 
+def pairs_from_buffer(cfg: Any) -> bool:
+    """Whether DPO trains on the pairs an explorer forms from its groups (algorithm.dpo_pairs: buffer):
+    the taskset's rows are then prompts to explore, as an RL algorithm's are."""
+    return trains_on(cfg) == "pairs" and cfg.dpo_pairs == "buffer"
+
+
 def reference_in_advantage(cfg: Any) -> bool:
     """Whether the advantage reads the reference model's log-probs (maxent_grpo with beta > 0)."""
     return algorithm_of(cfg).reference_in_advantage and cfg.kl_loss_coef > 0

@@ -28,6 +28,7 @@ strategy, micro-batching and data-parallel split trains DPO unchanged, for one e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,3 +95,14 @@ class SequenceSurrogate:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         surrogate = (batch["advantages"] * logprobs * batch["loss_mask"]).sum()
         return surrogate, {"dpo/surrogate": float(surrogate.detach())}
+
+
+def best_and_worst(group: list[Any]) -> list[Any] | None:
+    """A task's group of scored experiences as a DPO pair [chosen, rejected]: its highest and lowest
+    reward (the first of equals, in group order); None when every reward ties (no preference) or the
+    two responses are the same tokens (algorithm.dpo_pairs buffer)."""
+    chosen = max(group, key=lambda e: e.reward)
+    rejected = min(group, key=lambda e: e.reward)
+    if chosen.reward == rejected.reward or chosen.response_token_ids == rejected.response_token_ids:
+        return None
+    return [chosen, rejected]

@@ -7,7 +7,8 @@ where engines live, how weights travel); the plan says what the run does with it
                   rollouts          explored in lock-step on the stage's engines (modes both, colocate)
                   explorer_thread   an explorer thread of this launch, through an in-memory buffer
                                     (asynchronous both)
-                  buffer            the experience buffer an explore launch writes (mode train, RL)
+                  buffer            the experience buffer an explore launch writes (mode train: RL, or
+                                    DPO on the pairs it forms with algorithm.dpo_pairs buffer)
                   explore           none: this stage explores into the buffer (a mode-explore launch)
                   responses, pairs  the taskset's own rows (SFT, DPO)
                   evaluation        none: the stage evaluates only (mode bench)
@@ -182,7 +183,9 @@ def on_workers(cfg: RLCoreConfig, served: bool = False) -> bool:
 
 
 def source_of(cfg: RLCoreConfig, data: str) -> str:
-    if data != "rollouts":
+    from ..algorithms import pairs_from_buffer
+
+    if data != "rollouts" and not pairs_from_buffer(cfg.algorithm):  # DPO's pairs may be explored
         return data
     if cfg.mode == "bench":
         return "evaluation"

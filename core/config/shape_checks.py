@@ -23,18 +23,24 @@ def check_engines(cfg: RLCoreConfig) -> None:
 def check_shape(cfg: RLCoreConfig, data: str) -> None:
     """What the stage's mode runs with the algorithm (which trains on `data`: rollouts, responses or
     pairs) and the explorer's settings."""
+    from ..algorithms import pairs_from_buffer
+
     algo = cfg.algorithm.algorithm_type
+    if cfg.algorithm.dpo_pairs == "buffer":
+        _check_explored_pairs(cfg, data)
+    explored = data == "rollouts" or pairs_from_buffer(cfg.algorithm)  # what an explorer writes
     if cfg.mode in ("both", "colocate") and data != "rollouts":
         raise ConfigError(
             f"mode '{cfg.mode}' explores, and algorithm.algorithm_type {algo} trains on the taskset's own "
             f"{data} instead: set mode train (or an RL algorithm_type: grpo, ppo, rloo, ...)"
         )
-    if cfg.mode == "explore" and data != "rollouts":
+    if cfg.mode == "explore" and not explored:
         raise ConfigError(
             f"mode explore writes rollouts for an RL algorithm; algorithm.algorithm_type {algo} trains on the "
             f"taskset's own {data}: set an RL algorithm_type (grpo, ppo, rloo, ...) or mode train"
+            + (" (or algorithm.dpo_pairs buffer: DPO on pairs it explores)" if data == "pairs" else "")
         )
-    if cfg.mode in ("train", "explore") and data == "rollouts":
+    if cfg.mode in ("train", "explore") and explored:
         _check_decoupled(cfg)
     if cfg.synchronizer.asynchronous:
         _check_asynchronous(cfg)
@@ -109,6 +115,26 @@ def _check_long_tails(cfg: RLCoreConfig) -> None:
             f"from it: mode explore (a mode-train launch of the same config ignores it), or mode both with "
             f"synchronizer.asynchronous: true; got mode {cfg.mode}"
             + (" (lock-step)" if cfg.mode == "both" else "")
+        )
+
+
+def _check_explored_pairs(cfg: RLCoreConfig, data: str) -> None:
+    """algorithm.dpo_pairs buffer: DPO, in a decoupled run, on groups of two responses or more."""
+    key = "algorithm.dpo_pairs"
+    if data != "pairs":
+        raise ConfigError(
+            f"{key}: buffer is where DPO's pairs come from; algorithm.algorithm_type {cfg.algorithm.algorithm_type} "
+            "trains on no pairs: set algorithm_type dpo, or dpo_pairs taskset"
+        )
+    if cfg.mode not in ("train", "explore"):
+        raise ConfigError(
+            f"{key}: buffer pairs come from a decoupled run's explorer: mode explore for it and mode train for "
+            f"the trainer (one config); got mode {cfg.mode}"
+        )
+    if cfg.algorithm.repeat_times < 2:
+        raise ConfigError(
+            f"{key}: buffer pairs are the best and the worst of each task's responses: "
+            f"algorithm.repeat_times must be 2 or more; got {cfg.algorithm.repeat_times}"
         )
 
 

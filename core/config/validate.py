@@ -201,18 +201,19 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     check_model(cfg, check_paths)
     check_algorithm_plugs(cfg)  # before anything asks the algorithm what it trains on
 
-    buf = cfg.buffer
-    group = buf.batch_size * cfg.algorithm.repeat_times
-    if buf.train_batch_size and group % buf.train_batch_size:
-        raise ConfigError(
-            f"buffer.train_batch_size ({buf.train_batch_size}) must divide buffer.batch_size * "
-            f"algorithm.repeat_times ({group}), or be 0"
-        )
-    from ..algorithms import trains_on
+    from ..algorithms import pairs_from_buffer, trains_on
 
+    buf = cfg.buffer
     data = trains_on(cfg.algorithm)
+    rows = "rollouts" if pairs_from_buffer(cfg.algorithm) else data  # what the taskset's rows are for
+    if data == "rollouts":
+        group, what = buf.batch_size * cfg.algorithm.repeat_times, "buffer.batch_size * algorithm.repeat_times"
+    else:  # SFT's responses, DPO's pairs (explored ones too): a step trains batch_size of them
+        group, what = buf.batch_size, "buffer.batch_size"
+    if buf.train_batch_size and group % buf.train_batch_size:
+        raise ConfigError(f"buffer.train_batch_size ({buf.train_batch_size}) must divide {what} ({group}), or be 0")
     chat = cfg.model.apply_chat_template
-    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, data, chat=chat)
+    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, rows, chat=chat)
     if buf.expert_taskset is not None:
         if buf.expert_taskset.format.prompt_type == "messages":
             raise ConfigError(
@@ -223,7 +224,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         )
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
         _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat, evaluated=True)
-    _check_mixture(cfg, check_paths, data, chat)
+    _check_mixture(cfg, check_paths, rows, chat)
 
     check_hosts(cfg)
     check_engines(cfg)

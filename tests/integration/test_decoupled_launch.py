@@ -80,16 +80,50 @@ SLOW_TAIL = {  # a quarter of the tasks wait a second after generating; steps le
 }  # fmt: skip
 
 
-def test_an_explore_and_a_train_launch_meet_in_the_buffer(tmp_path) -> None:
-    """The queue storage (file: with the explorer killed and resumed below; sql: the trainer's)."""
-    path = _config(str(tmp_path), "queue")
+def test_an_explore_and_a_train_launch_meet_in_the_buffer_and_a_killed_explore_worker_comes_back(tmp_path) -> None:
+    """The queue storage (file: with the explorer killed and resumed below; sql: the trainer's). The
+    explore launch has 2 rollout workers, one killed (-9) once the explorer holds version 4: the next
+    load goes to the other one; the launch restarts the killed one from the newest published weights
+    (the folder both started from is pruned by then), and the explorer takes it in and loads the
+    newest weights into both before its next tasks; every step trains."""
+    from tests.integration.test_worker_failover import _read, _until, _worker
+
+    root, steps = str(tmp_path), 40
+    path = _config(root, "queue", **{
+        "buffer.total_steps": steps, "buffer.total_epochs": 3, "explorer.rollout_model.engine_num": 2,
+    })  # fmt: skip
     trainer = _start(path, "train")
-    explorer = _start(path, "explore")  # it waits for the trainer's first weights
-    out = _finish(explorer, "mode explore")
-    assert "explore only, rollout on cpu (the trainer runs in its own launch)" in out, out[-3000:]
-    assert "trainer rank" not in out.split("run folder")[0]
+    explorer = subprocess.Popen(  # it waits for the trainer's first weights
+        [sys.executable, "-m", "rlcore.cli", "launch", path, "mode=explore"], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    (out, errs), readers = _read(explorer)
+    _until(lambda: max(_held(out), default=-1) >= 4, "the explorer to hold version 4", explorer)
+    started = next(line for line in out if "rollout workers ready: " in line).split("ready: ")[1].strip().split(", ")
+    _worker(root, 1).kill()
+    explorer.wait(timeout=300)
+    for r in readers:
+        r.join(timeout=10)
+    text = "".join(out)
+    assert explorer.returncode == 0, (text[-3000:], "".join(errs)[-3000:])
+    assert "explore only, rollout on cpu (the trainer runs in its own launch)" in text, text[-3000:]
+    assert "trainer rank" not in text.split("run folder")[0]
     _finish(trainer, "mode train")
-    _check_run(os.path.join(str(tmp_path), "it", "run"), STEPS)
+    joined = [i for i, line in enumerate(out) if "rollout workers now: " in line]
+    assert joined, text[-4000:]
+    now = out[joined[-1]].split("rollout workers now: ")[1].split(" (were")[0].split(", ")
+    assert len(now) == 2 and started[1] not in now and started[0] in now, out[joined[-1]]
+    after = _held(out[joined[-1] :])
+    assert after and after[0] >= 4, (after, text[-4000:])  # both loaded the newest before the next tasks
+    log = open(os.path.join(root, "it", "run", "explorer", "launch", "rollout_worker_1.log")).read()
+    restarted_from = [line.split("serving ")[1].split(" on ")[0] for line in log.splitlines() if "serving" in line]
+    assert len(restarted_from) == 2 and not restarted_from[1].endswith("version_0"), restarted_from
+    _check_run(os.path.join(root, "it", "run"), steps)
+
+
+def _held(lines: list[str]) -> list[int]:
+    """The versions an explorer said its rollout workers hold, in order."""
+    return [int(line.split("hold version ")[1].split()[0]) for line in lines if "the rollout workers hold version" in line]
 
 
 def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> None:
@@ -167,18 +201,56 @@ def _lines(run_dir: str) -> list[dict]:
         return []
 
 
-def test_asynchronous_both_explores_ahead_in_one_launch(tmp_path) -> None:
+def test_dpo_trains_on_the_pairs_an_explorer_forms(tmp_path) -> None:
+    """algorithm.dpo_pairs buffer: the explore launch writes each task's best and worst responses as
+    a pair (half the tasks reward every response alike and give none), the train launch trains DPO
+    on them, 4 pairs a step, until the explorer finishes; each pair once (the sql buffer's ledger)."""
+    import sqlite3
+
+    path = _config(str(tmp_path), "sql", **{
+        "algorithm.algorithm_type": "dpo", "algorithm.dpo_pairs": "buffer", "algorithm.dpo_beta": 0.5,
+        "buffer.explorer_input.taskset.reward_fn": ["tests.integration.rewards:half_constant"],
+    })  # fmt: skip
+    run_dir = os.path.join(str(tmp_path), "it", "run")
+    trainer = _start(path, "train")
+    _finish(_start(path, "explore"), "mode explore")
+    _finish(trainer, "mode train")
+    train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
+    explore = read_metrics(os.path.join(run_dir, "explorer"))
+    pairs = sum(m["buffer/groups_put"] for m in explore)
+    tied = sum(m["buffer/groups_tied"] for m in explore)  # the even-numbered tasks' groups at least
+    assert tied >= 1 and pairs >= 4 and pairs + tied == 4 * STEPS, (pairs, tied)
+    assert [m["step"] for m in train] == list(range(1, len(train) + 1)) and len(train) == -(-pairs // 4)
+    assert sum(m["buffer/experiences"] for m in train) == 2 * pairs  # every pair, chosen and rejected
+    assert abs(train[0]["dpo/loss"] - 0.693147) < 1e-4  # the reference is the starting policy
+    with sqlite3.connect(os.path.join(run_dir, "buffer", "experiences.db")) as db:
+        taken = [key for (key,) in db.execute("SELECT group_key FROM rlcore_buffer_steps")]
+    assert len(taken) == len(set(taken)) == pairs
+
+
+def test_asynchronous_both_explores_ahead_in_one_launch_and_restarts_its_failed_explorer(tmp_path) -> None:
+    """The explorer thread's workflow fails once, at its third call (a fault the explorer cannot
+    retry): the thread is restarted from its saved position and the run still trains every step on
+    every task's group once."""
     from tests.integration.launch_utils import heldout_taskset, launch
 
     root = str(tmp_path)
+    marker = os.path.join(root, "failed_once")
     cfg = tiny_grpo_config(
         root,
         **{
             "buffer.total_steps": STEPS, "synchronizer.asynchronous": True, "synchronizer.max_staleness": 2,
             "buffer.explorer_input.eval_tasksets": [heldout_taskset(root, 8)], "explorer.eval_interval": 2,
+            "buffer.explorer_input.taskset.default_workflow_type": "tests.integration.workflows:FailsOnceWorkflow",
+            "buffer.explorer_input.taskset.workflow_args": {"marker": marker, "at_call": 3},
         },
     )  # fmt: skip
-    launch(cfg, os.path.join(root, "cfg.yaml"))
+    proc = launch(cfg, os.path.join(root, "cfg.yaml"))
+    assert os.path.exists(marker)  # the fault happened
+    said = proc.stdout + proc.stderr + proc.trainer_log  # type: ignore[attr-defined]
+    assert "the explorer thread failed at explore step" in said, said[-3000:]
+    failed = next(line for line in said.splitlines() if "the explorer thread failed at explore step" in line)
+    assert "injected failure" in failed and "restarting it in 1 s (1 of 3, explorer.max_restarts)" in failed, failed
     run_dir = os.path.join(root, "it", "run")
     train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
     explore = read_metrics(os.path.join(run_dir, "explorer"))

@@ -258,7 +258,7 @@ def test_tied_embeddings_across_pipeline_stages(tmp_path_factory):
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
 
 
-CRITIC_CASES = ["fsdp-2", "fsdp2-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-cp2"]
+CRITIC_CASES = ["fsdp-2", "fsdp2-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2"]
 """Ids of CASES whose strategy also trains PPO's critic (its value head across data-parallel ranks,
 tensor-parallel ranks and pipeline stages; one-rank and distributed-optimizer layouts are the
 policy's cases above)."""

@@ -28,6 +28,24 @@ class BonusWorkflow(SingleTurnWorkflow):
         return experiences
 
 
+class FailsOnceWorkflow(SingleTurnWorkflow):
+    """single_turn, except that its `workflow_args.at_call`-th run (counted in this worker process)
+    raises, once per run: `workflow_args.marker` (a file it creates) says it already failed. A fault
+    the explorer cannot retry (the worker answers INVALID_ARGUMENT), injected into a real run."""
+
+    calls = 0
+
+    def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
+        import os
+
+        FailsOnceWorkflow.calls += 1
+        marker = str(self.args["marker"])
+        if FailsOnceWorkflow.calls >= int(self.args["at_call"]) and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise ValueError("injected failure (tests.integration.workflows:FailsOnceWorkflow)")
+        return super().run(tasks, sampling, policy_version)
+
+
 class TwoTurnWorkflow(Workflow):
     """A conversation of two model turns around an environment turn: the model answers, the
     environment replies `workflow_args.reply` (its tokens stay in the sequence, out of the loss), the

@@ -155,6 +155,11 @@ class AlgorithmConfig:
     """Conservative DPO: the probability that a pair's preference label is flipped (0: plain DPO)."""
     dpo_nll_coef: float = bounded(0.0, ge=0.0)
     """Weight of the chosen responses' per-token NLL added to DPO's loss (RPO; 0: plain DPO)."""
+    dpo_pairs: str = choice("taskset", ("taskset", "buffer"))
+    """Where DPO's (chosen, rejected) pairs come from: taskset (its rows' chosen and rejected
+    columns) or buffer (a decoupled run: the mode-explore launch samples algorithm.repeat_times
+    responses per task and writes the best and the worst by reward as a pair, a group whose rewards
+    all tie gives none; the mode-train launch trains on them)."""
     dpo_nll_norm: str = choice("pair", ("pair", "batch_tokens"))
     """How the NLL term is normalised: pair (RPO's equation: each pair's chosen NLL over its own
     length, averaged over pairs) or batch_tokens (TRL's rpo_alpha: the chosen responses' summed NLL

@@ -86,6 +86,10 @@ class ExplorerConfig:
     max_retry_times: int = bounded(2, ge=0)
     """Retries of a failed rollout batch; with the task scheduler, of a failed or cut task, which
     is then left out of the run (counted in rollout/tasks_dropped)."""
+    max_restarts: int = bounded(3, ge=0)
+    """Asynchronous `both`: how often the explorer thread is restarted after it fails (after 1, 2,
+    4, ... s), from the position it last saved (the step it failed in is explored again, the tasks
+    then still running sent again); past it the run stops in one line. 0: never."""
     over_rollout: OverRolloutConfig = field(default_factory=OverRolloutConfig)
     dynamic_timeout: DynamicTimeoutConfig = field(default_factory=DynamicTimeoutConfig)
     auxiliary_models: list[AuxiliaryModelConfig] = field(default_factory=list)

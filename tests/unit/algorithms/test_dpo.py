@@ -106,3 +106,16 @@ def test_rpo_normalises_each_pairs_nll_by_its_own_chosen_length() -> None:
     trl = dpo_pairs(sums.detach(), ref, 0.3, nll_coef=1.0, chosen_lengths=lengths, nll_norm="batch_tokens")
     assert trl.metrics["dpo/chosen_nll"] == pytest.approx(float(-(sums[0] + sums[2]) / 8), rel=1e-6)
     assert abs(trl.loss - out.loss) > 1e-3
+
+
+def test_a_group_gives_its_best_and_worst_response_as_a_pair_and_a_tie_gives_none() -> None:
+    from rlcore.core.algorithms.dpo import best_and_worst
+    from rlcore.core.types import Experience
+
+    def exp(reward: float, tokens: list[int]) -> Experience:
+        return Experience([1], tokens, [0.0] * len(tokens), reward, "t")
+
+    group = [exp(0.5, [2]), exp(1.0, [3]), exp(0.0, [4]), exp(1.0, [5]), exp(0.0, [6])]
+    assert best_and_worst(group) == [group[1], group[2]]  # the first of equals, in group order
+    assert best_and_worst([exp(1.0, [2]), exp(1.0, [3])]) is None  # no preference
+    assert best_and_worst([exp(1.0, [2]), exp(0.0, [2])]) is None  # the same response twice

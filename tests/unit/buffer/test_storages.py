@@ -58,6 +58,26 @@ def test_groups_come_back_whole_in_order_once_with_every_field(storage) -> None:
     reader.close()
 
 
+def test_dpo_pairs_come_back_as_the_pairs_a_trainer_reads(storage) -> None:
+    """algorithm.dpo_pairs buffer: an explorer's (chosen, rejected) pairs through every storage are
+    DPO's sequences, chosen then rejected, as sampled (loss masks kept)."""
+    from rlcore.core.algorithms.dpo import best_and_worst
+    from rlcore.runtime.taskset_rows import explored_pairs
+
+    memory: dict[str, MemoryBuffer] = {}
+    writer, reader = _open(storage, memory, "w1"), _open(storage, memory)
+    pairs = [best_and_worst(group(f"t{i}", n=3)) for i in range(3)]
+    writer.put(pairs)
+    taken = reader.take(0, 3, timeout_s=5)
+    seqs = explored_pairs([e for g in taken.groups for e in g])
+    assert [s.response_token_ids for s in seqs] == [[4, 7, 6], [4, 5, 6]] * 3
+    assert all(s.loss_mask == [1.0, 0.0, 1.0] for s in seqs)
+    with pytest.raises(ValueError, match=r"^the experience buffer holds groups that are not \(chosen, rejected\) pairs"):
+        explored_pairs(group("rl", n=3))  # an RL explorer's group
+    writer.close()
+    reader.close()
+
+
 def test_a_step_asked_again_gives_the_same_groups(storage) -> None:
     memory: dict[str, MemoryBuffer] = {}
     writer = _open(storage, memory, "w1")

@@ -43,7 +43,9 @@ def before(cfg) -> dict:
     algo = with_preset(cfg.algorithm)
     data = trains_on(algo)
     asynchronous = cfg.synchronizer.asynchronous
-    reads_buffer = data == "rollouts" and (cfg.mode == "train" or asynchronous)
+    # what an explorer writes: rollouts, or DPO's pairs (algorithm.dpo_pairs buffer, added since)
+    buffered = data == "rollouts" or (data == "pairs" and cfg.algorithm.dpo_pairs == "buffer")
+    reads_buffer = buffered and (cfg.mode == "train" or asynchronous)
     explores = data == "rollouts" and not reads_buffer
     has_engine = explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
     explores_on_workers = cfg.mode in ("both", "explore") or cfg.trainer.remote is not None
@@ -72,7 +74,7 @@ def before(cfg) -> dict:
         "explorer_engines": "workers" if asynchronous and on_workers else "none",
         "on_workers": explores_on_workers,
         "weights": "publish" if cfg.mode == "explore" else weights,
-        "publishes": data == "rollouts" and (cfg.mode == "train" or asynchronous),
+        "publishes": buffered and (cfg.mode == "train" or asynchronous),
         "trainer": "none" if cfg.mode == "explore" else "tinker" if tinker else "remote" if cfg.trainer.remote else "local",
         "reference": reads_reference(algo),
         "old_logprobs": old and data == "rollouts",
