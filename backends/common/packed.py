@@ -81,7 +81,7 @@ class Packed:
     def padded(self, width: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """(input ids [1, width], position ids [1, width], sequence offsets) of the row made `width`
         long (>= its tokens) with a padding tail that is a sequence of its own at the end, attending
-        only to itself (shapes a pipeline or a sequence-parallel group needs; its outputs are dropped)."""
+        only to itself (the shape a Ulysses group needs; its outputs are dropped)."""
         tail = width - self.num_tokens
         assert tail >= 0, (width, self.num_tokens)
         ids, positions = self.input_ids, self.position_ids

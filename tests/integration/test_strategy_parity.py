@@ -55,8 +55,9 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     # chunks, with activation recompute (each layer's key/value all-gathers again in backward)
     ("megatron-cp2", "megatron", 2, ["megatron.context_parallel_size=2", "gradient_checkpointing=true"]),
 ]
-RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "fsdp2-2-offload", "megatron-tp2", "megatron-pp2", "megatron-dp2", "megatron-cp2"]
-"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses' and megatron's four layouts. fsdp2's
+RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-dp2"]
+"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses' and megatron's three layouts
+(megatron-cp2's and fsdp2-2-offload's resumes passed too, then were left out of CI for time). fsdp2's
 resume is proven in whole launches, a resumed run ending on the straight run's weights
 (test_algorithm_menu.py: with a reference, a critic and expert rows)."""
 
