@@ -94,20 +94,23 @@ class RemoteRollout:
 
     def drop(self, client: RolloutClient, error: RpcError) -> None:
         """Leave out a worker that stopped answering (its tasks go to the others)."""
-        with self._lock:
-            if client not in self.clients:
-                return
-            self.clients.remove(client)
-            self.lost.append(client.address)
-        log.warning("%s; its tasks go to the other rollout workers", error)
+        if self._leave_out(client):
+            log.warning("%s; its tasks go to the other rollout workers", error)
 
     def forget(self, addresses: list[str]) -> None:
-        """Leave out these workers (the launch removed them: they died), as `drop` would on a call."""
-        with self._lock:
-            for c in [c for c in self.clients if c.address in addresses]:
-                self.clients.remove(c)
-                self.lost.append(c.address)
+        """Leave out these workers (the launch removed them: they died), as `drop` does on a call."""
+        for c in [c for c in self.clients if c.address in addresses]:
+            if self._leave_out(c):
                 c.close()
+
+    def _leave_out(self, client: RolloutClient) -> bool:
+        """Move a worker from `clients` to `lost`; False when it was gone already."""
+        with self._lock:
+            if client not in self.clients:
+                return False
+            self.clients.remove(client)
+            self.lost.append(client.address)
+            return True
 
     def adopt(self, other: RemoteRollout) -> None:
         """Take `other`'s workers (ready to serve: their weights loaded) into the batches from now on."""

@@ -278,7 +278,6 @@ class ExploreLoop:
         launch restarts it and `_follow_workers` takes it back) and the others load it."""
         from ..client.base import RpcError
         from ..rollout.remote import GONE
-        from ..weights.sender import connect
 
         try:
             return self.sender.send_checkpoint(path, self.served)
@@ -295,17 +294,21 @@ class ExploreLoop:
                 raise
             log.warning("rollout worker(s) %s stopped answering; the others load %s", ", ".join(gone), path)
             self.workers.forget(gone)
-            self.sender.close()
-            self.sender = connect(self.workers.clients, self.cfg.synchronizer)
+            self._reconnect()
             self.served = announce(self.served, self.served)  # some took the version number already
             return self.sender.send_checkpoint(path, self.served)
+
+    def _reconnect(self) -> None:
+        """The weight sender again, to the workers as they are now."""
+        from ..weights.sender import connect
+
+        self.sender.close()
+        self.sender = connect(self.workers.clients, self.cfg.synchronizer)
 
     def _follow_workers(self) -> None:
         """The launch's rollout workers as the run lists them now: the ones it removed (dead) left
         out, the ones it restarted (at new addresses) taken in; those then get the newest published
         weights, with the others, before any task (`_follow_trainer` reloads them all)."""
-        from ..weights.sender import connect
-
         listed = self.registered() if self.registered is not None else None
         if listed is None:
             return
@@ -315,8 +318,7 @@ class ExploreLoop:
         fresh = RemoteRollout(self.cfg, new, skip_unreachable=True) if new else None  # not up yet: next step
         if fresh is not None and fresh.clients:
             self.workers.adopt(fresh)
-            self.sender.close()
-            self.sender = connect(self.workers.clients, self.cfg.synchronizer)
+            self._reconnect()
             self.version = -1  # the restarted ones hold the weights they started from
         elif fresh is not None:
             fresh.close()
