@@ -136,6 +136,8 @@ def _engine(args: argparse.Namespace) -> Any:
     from .engines import build_engine
     from .engines.base import resolve_max_model_len
 
+    if os.path.isabs(args.model) and not os.path.isdir(args.model):  # else HF reads it as a repo id
+        raise ValueError(f"--model {args.model}: no such folder; give an HF model folder or a hub id")
     try:
         max_model_len = resolve_max_model_len(args.model, args.max_model_len, "--max-model-len")
     except OSError as e:

@@ -274,11 +274,14 @@ class ExploreLoop:
         return metrics
 
     def _load(self, path: str) -> dict[str, float]:
-        """Have the workers load a published folder; a worker that died meanwhile is left out (the
-        launch restarts it and `_follow_workers` takes it back) and the others load it."""
+        """Have the workers load a published folder; a worker that died meanwhile (here, or in a
+        rollout that dropped it) is left out (the launch restarts it and `_follow_workers` takes it
+        back) and the others load it."""
         from ..client.base import RpcError
         from ..rollout.remote import GONE
 
+        if self.sender.clients != self.workers.clients:  # a rollout dropped a worker that stopped answering
+            self._reconnect()
         try:
             return self.sender.send_checkpoint(path, self.served)
         except Exception:

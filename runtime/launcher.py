@@ -20,7 +20,7 @@ from ..core.config import ConfigError, Stage, to_yaml
 from ..core.config.plan import RunPlan, explores_only, plan_launch
 from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
-from ..weights.publish import latest_published
+from ..weights.publish import pin_newest
 from . import failure, paths
 from .child import process_env, rank_threads
 from .control_plane import control_plane, ensure_token
@@ -208,10 +208,10 @@ def run(
     of which `stages` may be some."""
     base = stages[0].config
     num_stages = num_stages or len(stages)
-    worker_version, worker_model = (
-        _published_start(stages[0], num_stages) if run_plan.role == "explorer" else (-1, None)
-    )
     launch_dir = os.path.join(run_dir, "launch")
+    worker_version, worker_model = (
+        _published_start(stages[0], num_stages, launch_dir) if run_plan.role == "explorer" else (-1, None)
+    )
     threads = rank_threads(base.cluster)
     _announce(stages, run_plan, device, run_dir)
     start = time.time()
@@ -281,16 +281,18 @@ def trainer_world(base: Any, placement: GpuPlacement | None, launch_dir: str, lo
     return WorldProcess(base, plan_path, launch_dir, env, lock_fd)
 
 
-def _published_start(first: Stage, num_stages: int) -> tuple[int, Callable[[], str] | None]:
+def _published_start(first: Stage, num_stages: int, launch_dir: str) -> tuple[int, Callable[[], str] | None]:
     """Mode explore: the version of the first weights the trainer publishes, which the rollout
-    workers start from, and what gives a (re)started worker the newest ones (older are pruned)."""
+    workers start from, and what gives a (re)started worker the newest ones: pinned under
+    launch/pinned_weights, since the trainer prunes older versions (maybe before the worker read it)."""
     base = first.config
     folder = published_dir(trainer_stage_dir(base, first, num_stages))
     print(f"rlcore: waiting for the trainer's weights in {folder}", flush=True)
     weights = wait_for_weights(folder, -1, base.buffer.trainer_input.experience_buffer.max_wait_s, f"stage {first.name}")
     assert weights is not None  # no stop event: it returns weights or raises
     version, path = weights
-    return version, lambda: (latest_published(folder) or (version, path))[1]
+    pins = os.path.join(launch_dir, "pinned_weights")
+    return version, lambda: pin_newest(folder, pins, keep=base.explorer.rollout_model.engine_num + 1)
 
 
 def _announce(stages: list[Stage], run_plan: RunPlan, device: str, run_dir: str) -> None:

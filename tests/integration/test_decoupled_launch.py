@@ -105,7 +105,7 @@ def test_an_explore_and_a_train_launch_meet_in_the_buffer_and_a_killed_explore_w
     for r in readers:
         r.join(timeout=10)
     text = "".join(out)
-    assert explorer.returncode == 0, (text[-3000:], "".join(errs)[-3000:])
+    assert explorer.returncode == 0, text[-3000:] + "\n" + "".join(errs)[-3000:]  # a str: shown whole
     assert "explore only, rollout on cpu (the trainer runs in its own launch)" in text, text[-3000:]
     assert "trainer rank" not in text.split("run folder")[0]
     _finish(trainer, "mode train")

@@ -193,3 +193,15 @@ def test_serve_without_token_exits_2_naming_the_variable(tiny_model_path: str) -
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlcore: error: ") and TOKEN_ENV in lines[0], proc.stderr
+
+
+def test_serve_of_a_missing_model_folder_exits_2_naming_it(tmp_path) -> None:
+    """A path that is not there (say, weights pruned before the worker read them) is named as a
+    missing folder, not passed to HF as a malformed hub id."""
+    missing = str(tmp_path / "version_5")
+    env = {**os.environ, TOKEN_ENV: "t"}
+    proc = subprocess.run(_serve_cmd(missing), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"rlcore: error: --model {missing}: no such folder; give an HF model folder or a hub id"
+    ), proc.stderr
