@@ -30,6 +30,7 @@ from rlcore.benchmarks.cli_args import check_separate_cpus, cpu_list, int_list, 
 from rlcore.benchmarks.common import (
     GRPORun,
     machine_info,
+    model_len,
     prepare,
     pyplot,
     rlcore_config,
@@ -132,7 +133,9 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     sides = ["lockstep"] + [f"async-{s}" for s in args.staleness]
-    assets = prepare(workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 2)
+    assets = prepare(
+        workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 2, max_model_len=model_len(args.max_tokens)
+    )  # the model's positions fit --max-tokens
     runs = run_sides(
         sides, args.repeats, lambda side, rep: run_side(side, assets, workdir, f"{side}-{rep}", args),
         lambda r: f"{r['tokens_per_s']:.0f} trained tokens/s, step {r['step_s']:.3f} s, waited {r['wait_s']:.3f} s",

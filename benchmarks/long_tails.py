@@ -25,7 +25,15 @@ import time
 from typing import Any
 
 from rlcore.benchmarks.cli_args import check_separate_cpus, positive_int
-from rlcore.benchmarks.common import machine_info, prepare, run_sides, spread, versions, write_outputs
+from rlcore.benchmarks.common import (
+    machine_info,
+    model_len,
+    prepare,
+    run_sides,
+    spread,
+    versions,
+    write_outputs,
+)
 from rlcore.core.types import Experience, SamplingParams, Task
 from rlcore.rollout.workflows.single_turn import SingleTurnWorkflow
 
@@ -110,7 +118,9 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     from rlcore.benchmarks.async_explore import WARM_STEPS
 
-    assets = prepare(workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 4)
+    assets = prepare(
+        workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 4, max_model_len=model_len(args.max_tokens)
+    )  # the model's positions fit --max-tokens
     runs = run_sides(
         SIDES, args.repeats, lambda side, rep: run_side(side, assets, workdir, f"{side}-{rep}", args),
         lambda r: f"{r['tokens_per_s']:.0f} trained tokens/s, explore step {r['explore_step_s']:.2f} s, "

@@ -157,6 +157,10 @@ def _add_rollout_parser(commands: Any) -> None:
         help="share of GPU memory vLLM may take (vllm only)",
     )
     serve.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (vllm only)")
+    serve.add_argument(
+        "--partial-rollout", action="store_true",
+        help="a weight update interrupts running tasks' generation, which continues under the new weights (hf only)",
+    )  # fmt: skip
     serve.add_argument("--seed", type=int, default=0, help="engine seed (vllm)")
     serve.add_argument(
         "--service-url", default="", help="the Tinker service the tinker engine samples from (tinker only)"

@@ -35,6 +35,8 @@ def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
     }
     if any(e.finish_reason == "max_turns" for e in exps):
         out["rollout/max_turns_frac"] = sum(e.finish_reason == "max_turns" for e in exps) / len(exps)
+    if any(e.segments for e in exps):  # partial rollouts: responses a weight update interrupted
+        out["rollout/interrupted_frac"] = sum(bool(e.segments) for e in exps) / len(exps)
     # each over the experiences that have it (a mixture's tasksets score with their own functions)
     counted: dict[str, list[float]] = defaultdict(list)
     for e in exps:

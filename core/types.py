@@ -66,9 +66,13 @@ class Completion:
     """Log-probability of each sampled token under the temperature-scaled policy
     (log_softmax(logits / temperature); raw logits when greedy). Same length as token_ids."""
     finish_reason: str
-    """'stop' (EOS or a stop string) or 'length' (budget reached)."""
+    """'stop' (EOS or a stop string) or 'length' (budget reached); inside a rollout worker also
+    'interrupted' (a weight update ended the engine call: rollout/batching.py continues it)."""
     text: str = ""
     """Decoded response, special tokens and stop string removed."""
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    """(policy version, tokens) of each stretch of `token_ids` sampled by one version of the weights,
+    in order, when a weight update interrupted the sequence (partial rollouts); empty: one version."""
 
 
 @dataclass
@@ -126,6 +130,10 @@ class Experience:
     """The sampling temperature its response was drawn at (its `logprobs` are of logits / temperature;
     0: greedy, raw logits): the trainer scores it at the same one. None: not recorded (an agent's
     episode through the OpenAI door); the trainer uses the training taskset's rollout_args.temperature."""
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    """Partial rollouts: (policy version, tokens) of each stretch of the response sampled by one
+    version of the weights (Completion.segments); empty: not interrupted. `policy_version` stays the
+    first (the oldest weights in it: what staleness counts)."""
 
     @property
     def model_tokens(self) -> int:
@@ -137,4 +145,6 @@ class Experience:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Experience:
-        return cls(**d)
+        e = cls(**d)
+        e.segments = [(int(v), int(n)) for v, n in e.segments]  # JSON gives lists
+        return e

@@ -12,6 +12,12 @@ Each engine call passes the worker's generation gate: a weight update waits for 
 running, not for whole tasks, and a task's next engine call waits for the update to finish (its
 tokens then come from the new weights, their log-probs with them: the trainer's off-policy
 correction reads each token's own). A task is tagged with the version it started on.
+
+Partial rollouts (a gate that interrupts, and an interruptible engine): a weight update does not
+wait for the engine call either. The call ends at its next token, the update loads, and each
+unfinished sequence continues from its tokens so far under the new weights (its KV cache
+recomputed by the continuation's prefill); the completion's `segments` name the version of each
+stretch, and its log-probs are each token's under the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.types import Completion, SamplingParams
-from .engines.base import RolloutEngine
+from .engines.base import RolloutEngine, response_text
 from .gate import GenerationGate
 
 GATE_WAIT_S = 600.0
@@ -54,6 +60,8 @@ class BatchingEngine:
         self._leading = False
         self.calls = 0
         """Engine calls made (a test's and a metric's view of how much was merged)."""
+        self.interrupted = 0
+        """Sequences continued after a weight update interrupted them (partial rollouts)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -64,9 +72,49 @@ class BatchingEngine:
     def generate_versioned(
         self, prompt_token_ids: list[list[int]], sampling: SamplingParams, linger_s: float = 0.0
     ) -> tuple[list[list[Completion]], int]:
-        """`generate`, and the policy version of the weights that generated the completions.
-        `linger_s`: a call that finds the engine idle waits this long for others to join it (the
-        HTTP door's requests arrive one by one; the explorer's tasks queue while the engine runs)."""
+        """`generate`, and the policy version of the weights that began the completions (a sequence a
+        weight update interrupted names the versions of its stretches in `segments`). `linger_s`: a
+        call that finds the engine idle waits this long for others to join it (the HTTP door's
+        requests arrive one by one; the explorer's tasks queue while the engine runs)."""
+        results, version = self._generate_once(prompt_token_ids, sampling, linger_s)
+        if any(c.finish_reason == "interrupted" for cs in results for c in cs):
+            self._continue([c for cs in results for c in cs], sampling, version)
+        return results, version
+
+    def _continue(self, completions: list[Completion], sampling: SamplingParams, version: int) -> None:
+        """Continue the interrupted `completions` in place, once the weight update is done (the
+        gate's admission waits for it), from their tokens so far: each continuation's prompt is the
+        prompt and those tokens, its budget what max_tokens and min_tokens leave. Sequences with the
+        same tokens so far continue as one prompt's samples (so their draws differ), and continue
+        again if interrupted again."""
+        for c in completions:
+            if c.finish_reason == "interrupted":
+                c.segments = [(version, len(c.token_ids))]
+        while todo := [c for c in completions if c.finish_reason == "interrupted"]:
+            self.interrupted += len(todo)
+            by_done: dict[int, dict[tuple[int, ...], list[Completion]]] = {}
+            for c in todo:  # as many tokens so far: one engine call; the same tokens: one prompt's samples
+                prefixes = by_done.setdefault(len(c.token_ids), {})
+                prefixes.setdefault(tuple(c.prompt_token_ids + c.token_ids), []).append(c)
+            for done, prefixes in by_done.items():
+                for n in sorted({len(group) for group in prefixes.values()}):
+                    groups = [(p, g) for p, g in prefixes.items() if len(g) == n]
+                    more = replace(sampling, n=n, max_tokens=sampling.max_tokens - done,
+                                   min_tokens=max(0, sampling.min_tokens - done))  # fmt: skip
+                    outs, now = self._generate_once([list(p) for p, _ in groups], more)
+                    for (_, group), samples in zip(groups, outs, strict=True):
+                        for c, o in zip(group, samples, strict=True):
+                            c.token_ids, c.logprobs = c.token_ids + o.token_ids, c.logprobs + o.logprobs
+                            c.finish_reason = o.finish_reason
+                            c.segments.append((now, len(o.token_ids)))
+        for c in completions:
+            if c.segments:
+                c.text = response_text(self.engine.tokenizer, c.token_ids, sampling.stop)
+
+    def _generate_once(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, linger_s: float = 0.0
+    ) -> tuple[list[list[Completion]], int]:
+        """One engine call's share: the completions as the engine returned them, and its version."""
         call = _Call([list(p) for p in prompt_token_ids], sampling)
         with self._cond:
             self._queue.append(call)
@@ -96,7 +144,11 @@ class BatchingEngine:
         try:
             with admitted, self.lock:
                 batch = self._take(sampling)
-                results = self.engine.generate([p for c in batch for p in c.prompts], sampling)
+                self.engine.interrupt = None if self.gate is None else self.gate.interrupt
+                try:
+                    results = self.engine.generate([p for c in batch for p in c.prompts], sampling)
+                finally:
+                    self.engine.interrupt = None
                 version = self.engine.policy_version
                 self.calls += 1
         except BaseException as e:  # every merged call sees the error (the gate's, the engine's)

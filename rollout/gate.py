@@ -1,5 +1,8 @@
 """Admission of generation calls on a rollout worker: counted while they run, refused while closed
-(between Pause and Resume, or during a weight update)."""
+(between Pause and Resume, or during a weight update). With partial rollouts, closing also sets
+the engine's interrupt: the engine calls running end at their next token and continue once it
+opens (rollout/batching.py), instead of holding the weight update until they finish. Direct
+Generate calls are never interrupted: they finish first, as without partial rollouts."""
 
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ from ..core.rpc.errors import Unavailable
 
 
 class GenerationGate:
-    def __init__(self) -> None:
+    def __init__(self, interrupts: bool = False) -> None:
+        """`interrupts`: partial rollouts (`interrupt`, set while the gate is closed, is what the
+        batching engine hands an interruptible engine for its calls)."""
+        self.interrupt = threading.Event() if interrupts else None
         self._cond = threading.Condition()
         self.closed = False
         self.active = 0
@@ -44,10 +50,14 @@ class GenerationGate:
     def close(self) -> None:
         with self._cond:
             self.closed = True
+            if self.interrupt is not None:
+                self.interrupt.set()
 
     def open(self) -> None:
         with self._cond:
             self.closed = False
+            if self.interrupt is not None:
+                self.interrupt.clear()
             self._cond.notify_all()
 
     def check(self) -> None:

@@ -179,12 +179,16 @@ def serve_main(args: argparse.Namespace) -> int:
         engine = _engine(args)
     except ValueError as e:
         return usage_error(str(e))
+    if args.partial_rollout and not engine.interruptible:
+        engine.close()
+        return usage_error(f"--partial-rollout: the {args.engine} engine cannot interrupt its calls; use --engine hf")
     options = ServerOptions(
         token=token, host=args.host, port=args.port, max_message_bytes=args.max_message_mb * MiB, tls=tls
     )
     servicer = RolloutServicer(
-        engine, engine_name=args.engine, model_path=args.model, max_message_bytes=options.max_message_bytes
-    )
+        engine, engine_name=args.engine, model_path=args.model, max_message_bytes=options.max_message_bytes,
+        partial_rollout=args.partial_rollout,
+    )  # fmt: skip
     try:
         server = RpcServer(options, [rollout_service(servicer)])
     except OSError as e:

@@ -65,7 +65,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         model_path: str,
         worker_id: str = "",
         max_message_bytes: int = 0,
+        partial_rollout: bool = False,
     ):
+        """`partial_rollout`: a weight update interrupts the tasks' engine calls (rollout/gate.py)."""
         self.engine = engine
         self.engine_name = engine_name
         self.model_path = model_path
@@ -79,7 +81,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.max_model_len: int = attrs.max_model_len
         self.max_batch_size: int = attrs.max_batch_size
         self._engine_lock = threading.Lock()
-        self.gate = GenerationGate()
+        self.gate = GenerationGate(interrupts=partial_rollout)
         self.batching = BatchingEngine(engine, self._engine_lock, self.gate)
         """What workflows generate through (concurrent tasks' calls merged, each engine call gated)."""
         self._workflows: OrderedDict[tuple, Workflow] = OrderedDict()
@@ -347,12 +349,13 @@ def rollout_service(servicer: RolloutServicer) -> Service:
 
 
 def build_rollout_server(
-    engine: RolloutEngine, *, engine_name: str, model_path: str, options: ServerOptions, worker_id: str = ""
+    engine: RolloutEngine, *, engine_name: str, model_path: str, options: ServerOptions, worker_id: str = "",
+    partial_rollout: bool = False,
 ) -> RpcServer:
     """A started server for `engine` (health, reflection, token and limits from `options`)."""
     servicer = RolloutServicer(
         engine, engine_name=engine_name, model_path=model_path, worker_id=worker_id,
-        max_message_bytes=options.max_message_bytes,
+        max_message_bytes=options.max_message_bytes, partial_rollout=partial_rollout,
     )  # fmt: skip
     return RpcServer(options, [rollout_service(servicer)])
 

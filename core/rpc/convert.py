@@ -129,6 +129,7 @@ def experience_to_proto(e: Experience) -> common_pb2.Experience:
         reward=e.reward, group_id=e.group_id, policy_version=e.policy_version,
         finish_reason=_FINISH[e.finish_reason], response_text=e.response_text,
         reward_components=e.reward_components, loss_mask=e.loss_mask, metrics=e.metrics, temperature=e.temperature,
+        segments=[common_pb2.VersionSegment(policy_version=v, num_tokens=n) for v, n in e.segments],
     )  # fmt: skip
 
 
@@ -156,10 +157,15 @@ def experience_from_proto(msg: common_pb2.Experience, field: str = "experience")
         temperature is None or (math.isfinite(temperature) and temperature >= 0), f"{field}.temperature",
         f"must be a finite number >= 0 (0: greedy); got {temperature}",
     )  # fmt: skip
+    segments = [(s.policy_version, s.num_tokens) for s in msg.segments]
+    require(
+        not segments or (sum(n for _, n in segments) == len(msg.response_token_ids) and min(n for _, n in segments) >= 0),
+        f"{field}.segments", f"must count the {len(msg.response_token_ids)} response tokens; got {segments}",
+    )  # fmt: skip
     return Experience(
         prompt_token_ids=list(msg.prompt_token_ids), response_token_ids=list(msg.response_token_ids),
         logprobs=list(msg.logprobs), reward=msg.reward, group_id=msg.group_id,
         policy_version=msg.policy_version, finish_reason=finish_reason_from_proto(msg.finish_reason),
         response_text=msg.response_text, reward_components=dict(msg.reward_components), loss_mask=mask,
-        metrics=dict(msg.metrics), temperature=temperature,
+        metrics=dict(msg.metrics), temperature=temperature, segments=segments,
     )  # fmt: skip

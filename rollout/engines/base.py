@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -35,6 +36,11 @@ class RolloutEngine(ABC):
     """The served model's HF tokenizer (workflows encode prompts and decode with it)."""
     sleeping: bool = False
     """Whether `sleep` has released the engine's memory."""
+    interruptible: bool = False
+    """Whether `generate` ends early once `interrupt` is set (partial rollouts): the sequences still
+    decoding then come back with their tokens so far and finish_reason "interrupted"."""
+    interrupt: threading.Event | None = None
+    """Set by the worker's generation gate when a weight update waits (interruptible engines)."""
     _sync_group: SyncGroup | None = None
 
     @abstractmethod

@@ -46,6 +46,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class HFEngine(RolloutEngine):
     """A causal LM decoded with its KV cache, in batches of at most `max_batch_size` sequences."""
 
+    interruptible = True
+
     def __init__(
         self,
         model_path: str,
@@ -105,7 +107,10 @@ class HFEngine(RolloutEngine):
             row_seeds = (
                 None if seeds is None else [seeds[i] + len(out[i]) + j for i in indices for j in range(count)]
             )
-            completions = self._generate_chunk(chunk, count, sampling, matcher, row_seeds)
+            if self.interrupt is not None and self.interrupt.is_set():  # not started: all of it continues later
+                completions = [Completion(list(p), [], [], "interrupted") for p in chunk for _ in range(count)]
+            else:
+                completions = self._generate_chunk(chunk, count, sampling, matcher, row_seeds)
             for j, i in enumerate(indices):
                 out[i].extend(completions[j * count : (j + 1) * count])
         if n != sampling.n:
@@ -140,10 +145,11 @@ class HFEngine(RolloutEngine):
         eos, pad = self.eos_token_ids, self.pad_token_id
         if self._static is not None:
             rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
-                                 stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY)  # fmt: skip
+                                 stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
+                                 interrupt=self.interrupt)  # fmt: skip
         else:
             rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
-                          stop_matcher=matcher, row_seeds=row_seeds)  # fmt: skip
+                          stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt)  # fmt: skip
         return [
             Completion(
                 prompt_token_ids=list(prompts[row // n]),

@@ -16,10 +16,15 @@ distribution the trainer recomputes, whatever the sampler's rules and filters di
 A row stops on EOS (unless `ignore_eos`), on one of `stop_token_ids`, or on a stop string; before
 `min_tokens` none of them can stop it (EOS and the stop tokens are held back, ignored EOS too, and stop
 strings are looked for once the response is longer than min_tokens, as in vLLM).
+
+An `interrupt` event set while decoding (a weight update is waiting: partial rollouts) ends the call
+at the next token boundary; the rows still decoding come back with the tokens so far and finish
+reason "interrupted" (rollout/batching.py continues them under the new weights).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +46,7 @@ class DecodedRows:
     """Response tokens, the stopping token (EOS, or the last of a stop string) included."""
     logprobs: list[list[float]]
     finish_reasons: list[str]
-    """"stop" (EOS or a stop string) or "length"."""
+    """"stop" (EOS or a stop string), "length" or "interrupted" (see the module's docstring)."""
 
 
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,9 +103,10 @@ def decode(
     pad_token_id: int,
     stop_matcher: StopStringCriteria | None,
     row_seeds: list[int] | None = None,
+    interrupt: threading.Event | None = None,
 ) -> DecodedRows:
     """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped);
-    `row_seeds` (one per row) makes each row's draws its own."""
+    `row_seeds` (one per row) makes each row's draws its own; `interrupt`: see the module's docstring."""
     device = next(model.parameters()).device
     input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
     # every sample of a prompt starts from the same prefill
@@ -139,6 +145,10 @@ def decode(
                 lengths[row], finish[row] = t + 1, "stop"
         if t == steps - 1 or num_done == len(done_A):
             break
+        if interrupt is not None and interrupt.is_set():
+            for row in active[~done_A].tolist():
+                lengths[row], finish[row] = t + 1, "interrupted"
+            break
         if num_done:  # finished rows leave the batch, and their KV cache with them
             keep_A = ~done_A
             active, token_A = active[keep_A], token_A[keep_A]
@@ -158,13 +168,7 @@ def decode(
             use_cache=True,
         ).logits[:, -1]
 
-    tokens = tokens_RT.cpu().tolist()
-    logprobs = logprobs_RT.cpu().tolist()
-    return DecodedRows(
-        tokens=[tokens[r][: lengths[r]] for r in range(rows)],
-        logprobs=[logprobs[r][: lengths[r]] for r in range(rows)],
-        finish_reasons=finish,
-    )
+    return _cut(tokens_RT, logprobs_RT, lengths, finish)
 
 
 @torch.inference_mode()
@@ -179,11 +183,12 @@ def decode_static(
     stop_matcher: StopStringCriteria | None,
     row_seeds: list[int] | None = None,
     check_every: int = 1,
+    interrupt: threading.Event | None = None,
 ) -> DecodedRows:
     """`decode` over a static cache (hf_static.py): the same prefill, sampler and draws, but every
     row stays in the batch to the end (a finished row's tokens are ignored), each step is the same
     shapes (a CUDA graph replay on a GPU) and the host learns whether all rows are done only every
-    `check_every` steps: the steps in between need no host sync."""
+    `check_every` steps: the steps in between need no host sync (an `interrupt` is seen then too)."""
     model = states.model
     device = model.device
     input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
@@ -200,6 +205,7 @@ def decode_static(
     length_B = torch.full((batch,), steps, dtype=torch.long, device=device)
     done_B = torch.arange(batch, device=device) >= rows  # idle rows are done from the start
     stopped_B = torch.zeros(batch, dtype=torch.bool, device=device)
+    interrupted_B = torch.zeros(batch, dtype=torch.bool, device=device)
     stops = ending_tokens(sampling, eos_token_ids)
     stops_t = torch.tensor(stops, dtype=torch.long, device=device)
     prompt_seen = None
@@ -228,16 +234,24 @@ def decode_static(
         done_B |= stop_B
         if t == steps - 1 or ((t + 1) % check_every == 0 and bool(done_B.all())):
             break
+        if (t + 1) % check_every == 0 and interrupt is not None and interrupt.is_set():
+            length_B.masked_fill_(~done_B, t + 1)
+            interrupted_B = ~done_B
+            break
         if rules is not None:
             rules.observe(token_B)
         logits_BV = state.step(token_B, width + t)
 
-    tokens = tokens_BT[:rows].cpu().tolist()
-    logprobs = logprobs_BT[:rows].cpu().tolist()
-    lengths = length_B[:rows].cpu().tolist()
-    stopped = stopped_B[:rows].cpu().tolist()
+    stopped, interrupted = stopped_B[:rows].cpu().tolist(), interrupted_B[:rows].cpu().tolist()
+    finish = ["stop" if s else "interrupted" if i else "length" for s, i in zip(stopped, interrupted, strict=True)]
+    return _cut(tokens_BT[:rows], logprobs_BT[:rows], length_B[:rows].cpu().tolist(), finish)
+
+
+def _cut(tokens_RT: torch.Tensor, logprobs_RT: torch.Tensor, lengths: list[int], finish: list[str]) -> DecodedRows:
+    """Each row's tokens and log-probs up to its length."""
+    tokens, logprobs = tokens_RT.cpu().tolist(), logprobs_RT.cpu().tolist()
     return DecodedRows(
-        tokens=[tokens[r][: lengths[r]] for r in range(rows)],
-        logprobs=[logprobs[r][: lengths[r]] for r in range(rows)],
-        finish_reasons=["stop" if s else "length" for s in stopped],
+        tokens=[row[:n] for row, n in zip(tokens, lengths, strict=True)],
+        logprobs=[row[:n] for row, n in zip(logprobs, lengths, strict=True)],
+        finish_reasons=finish,
     )

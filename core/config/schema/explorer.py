@@ -90,6 +90,14 @@ class ExplorerConfig:
     """Asynchronous `both`: how often the explorer thread is restarted after it fails (after 1, 2,
     4, ... s), from the position it last saved (the step it failed in is explored again, the tasks
     then still running sent again); past it the run stops in one line. 0: never."""
+    partial_rollout: bool = False
+    """A weight update reaching a rollout worker interrupts its tasks' generation at the next token
+    instead of waiting for it; each unfinished sequence then continues from its tokens so far under
+    the new weights (its per-token log-probs are the weights' that sampled each token, which the
+    off-policy correction reads; the experience keeps the version it started on, for staleness).
+    Modes explore and asynchronous `both` on rollout workers, the hf engine. Two rules restart at an
+    interruption: presence/frequency penalties count the continuation's tokens only, and a stop
+    string split across it is not seen (min_tokens, max_tokens and the repetition penalty hold)."""
     over_rollout: OverRolloutConfig = field(default_factory=OverRolloutConfig)
     dynamic_timeout: DynamicTimeoutConfig = field(default_factory=DynamicTimeoutConfig)
     auxiliary_models: list[AuxiliaryModelConfig] = field(default_factory=list)

@@ -94,7 +94,7 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., prompt: _Optional[str] = ..., answer: _Optional[str] = ..., response: _Optional[str] = ..., metadata_json: _Optional[str] = ...) -> None: ...
 
 class Experience(_message.Message):
-    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask", "metrics", "temperature")
+    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask", "metrics", "temperature", "segments")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class Experience(_message.Message):
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -133,7 +134,16 @@ class Experience(_message.Message):
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
     metrics: _containers.ScalarMap[str, float]
     temperature: float
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., temperature: _Optional[float] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[VersionSegment]
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., temperature: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ...) -> None: ...
+
+class VersionSegment(_message.Message):
+    __slots__ = ("policy_version", "num_tokens")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    num_tokens: int
+    def __init__(self, policy_version: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class TensorMeta(_message.Message):
     __slots__ = ("name", "dtype", "shape")

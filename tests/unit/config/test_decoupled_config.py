@@ -64,6 +64,8 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
         (["algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer"], r"^algorithm\.dpo_pairs: buffer pairs come from a decoupled run's explorer: .*; got mode both$"),
         (["mode=explore", "algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer", "algorithm.repeat_times=1"], r"^algorithm\.dpo_pairs: .*algorithm\.repeat_times must be 2 or more; got 1$"),
         (["mode=train", "algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer", "trainer.remote=127.0.0.1:5000"], r"is half of a decoupled run.*drop trainer\.remote"),
+        (["explorer.partial_rollout=true"], r"^explorer\.partial_rollout continues generation across weight updates .*got mode both \(lock-step\)$"),
+        (["mode=explore", "explorer.partial_rollout=true", "explorer.rollout_model.engine_type=vllm"], r"^explorer\.partial_rollout: only the hf engine .*got explorer\.rollout_model\.engine_type vllm"),
     ],
 )  # fmt: skip
 def test_what_a_decoupled_run_refuses(tmp_path, overrides: list[str], message: str) -> None:
@@ -89,6 +91,8 @@ def test_the_long_tail_settings_go_with_an_explorer_that_feeds_the_buffer(tmp_pa
     assert explore.dynamic_timeout.enable and explore.dynamic_timeout.ratio == 3.0
     assert resolve(tmp_path, "synchronizer.asynchronous=true", *keys).explorer.over_rollout.ratio == 0.25
     assert resolve(tmp_path, "mode=train", *keys).explorer.over_rollout.ratio == 0.25  # shared, unused
+    assert resolve(tmp_path, "mode=explore", "explorer.partial_rollout=true").explorer.partial_rollout
+    assert resolve(tmp_path, "synchronizer.asynchronous=true", "explorer.partial_rollout=true").explorer.partial_rollout
 
 
 def test_a_trainer_on_the_buffer_may_replay_and_control_staleness(tmp_path) -> None:

@@ -260,3 +260,26 @@ def test_static_decode_refuses_what_it_cannot_run() -> None:
     assert "gpt2" in (supports(AutoConfig.for_model("gpt2")) or "")
     assert supports(AutoConfig.for_model("qwen2", use_sliding_window=True)) == "sliding-window attention"
     assert [batch_bucket(r, 48) for r in (1, 2, 3, 5, 16, 17, 48)] == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_an_interrupt_ends_both_loops_at_a_token_boundary_with_the_tokens_so_far(tiny_model_path: str) -> None:
+    """Set before the call, the eager loop stops after one token and the static one after
+    `check_every` (the host looks only then); rows that stopped earlier keep their own reason."""
+    import threading
+
+    from rlcore.rollout.engines.hf_decode import decode_static
+    from rlcore.rollout.engines.hf_static import StaticDecodeStates
+
+    engine = HFEngine(tiny_model_path, max_model_len=256)
+    prompts, sampling = [[5, 6, 7], [9, 10]], SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
+    options = dict(eos_token_ids=engine.eos_token_ids, pad_token_id=engine.pad_token_id, stop_matcher=None,
+                   row_seeds=[1, 2])  # fmt: skip
+    whole = decode(engine.model, prompts, 1, sampling, **options)
+    interrupt = threading.Event()
+    interrupt.set()
+    eager = decode(engine.model, prompts, 1, sampling, interrupt=interrupt, **options)
+    states = StaticDecodeStates(engine.model, max_batch_size=8, max_model_len=256, use_graphs=False)
+    static = decode_static(states, prompts, 1, sampling, check_every=4, interrupt=interrupt, **options)
+    assert eager.tokens == [row[:1] for row in whole.tokens] and eager.finish_reasons == ["interrupted"] * 2
+    assert static.tokens == [row[:4] for row in whole.tokens] and static.finish_reasons == ["interrupted"] * 2
+    assert [len(x) for x in static.logprobs] == [4, 4]
