@@ -11,6 +11,7 @@ BENCHMARKS = {
     "algorithms": "rlcore.benchmarks.algorithms",
     "async": "rlcore.benchmarks.async_explore",
     "tails": "rlcore.benchmarks.long_tails",
+    "partial": "rlcore.benchmarks.partial_rollouts",
     "lora": "rlcore.benchmarks.lora_memory",
     "door": "rlcore.benchmarks.door_concurrency",
     "packing": "rlcore.benchmarks.packing",

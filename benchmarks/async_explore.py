@@ -52,11 +52,12 @@ TOKEN_ENV = ControlConfig.token_env
 
 
 def start_worker(
-    root: str, model: str, max_model_len: int, cpus: set[int], env: dict[str, str], timeout_s: float
-):
-    """`rlcore rollout serve` (HF engine) on `cpus`; the process and its address."""
+    root: str, model: str, max_model_len: int, cpus: set[int], env: dict[str, str], timeout_s: float,
+    more: tuple[str, ...] = (),
+):  # fmt: skip
+    """`rlcore rollout serve` (HF engine, flags `more`) on `cpus`; the process and its address."""
     argv = ["rollout", "serve", "--model", model, "--engine", "hf", "--device", "cpu",
-            "--max-model-len", str(max_model_len), "--threads", str(len(cpus))]  # fmt: skip
+            "--max-model-len", str(max_model_len), "--threads", str(len(cpus)), *more]  # fmt: skip
     return start_server(argv, root, "worker", cpus, env, timeout_s)
 
 
@@ -67,17 +68,18 @@ def side_staleness(side: str) -> int | None:
 
 def launch_against_worker(
     assets: tuple[str, str], workdir: str, tag: str, args: argparse.Namespace, configure: Any,
-    every_step: bool = True,
+    every_step: bool = True, worker_args: tuple[str, ...] = (), on_worker: Any = None,
 ) -> tuple[str, list[dict]]:  # fmt: skip
     """One asynchronous-or-lock-step launch (mode both, `configure(cfg)` edits its config) against a
-    fresh rollout worker: the run folder and the trainer's step rows (all planned, or with
-    `every_step` false as many as it trained)."""
+    fresh rollout worker (started with `worker_args` more): the run folder and the trainer's step
+    rows (all planned, or with `every_step` false as many as it trained). `on_worker(address,
+    token)` is called once the launch is done, while the worker still serves."""
     root = os.path.join(workdir, tag)
     os.makedirs(root)
     env = {TOKEN_ENV: os.environ.get(TOKEN_ENV) or secrets.token_hex(16)}
     run = GRPORun(prompts=args.prompts, group=args.group, max_tokens=args.max_tokens, steps=args.steps)
     worker, address = start_worker(
-        root, assets[0], run.max_model_len, set(args.rollout_cpus), env, args.run_timeout
+        root, assets[0], run.max_model_len, set(args.rollout_cpus), env, args.run_timeout, worker_args
     )
     total = WARM_STEPS + args.steps + 1
     try:
@@ -95,6 +97,8 @@ def launch_against_worker(
         log = os.path.join(root, "launch.log")
         cmd = [sys.executable, "-m", "rlcore.cli", "launch", path]
         run_logged(cmd, log, f"rlcore launch {tag}", args.run_timeout, env, set(args.trainer_cpus))
+        if on_worker is not None:
+            on_worker(address, env[TOKEN_ENV])
     finally:
         worker.terminate()
         worker.wait(timeout=60)

@@ -159,7 +159,7 @@ def _add_rollout_parser(commands: Any) -> None:
     serve.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (vllm only)")
     serve.add_argument(
         "--partial-rollout", action="store_true",
-        help="a weight update interrupts running tasks' generation, which continues under the new weights (hf only)",
+        help="a weight update interrupts running tasks' generation, which continues under the new weights (hf, vllm)",
     )  # fmt: skip
     serve.add_argument("--seed", type=int, default=0, help="engine seed (vllm)")
     serve.add_argument(

@@ -22,6 +22,7 @@ stretch, and its log-probs are each token's under the weights that sampled it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import nullcontext
@@ -31,6 +32,8 @@ from typing import Any
 from ..core.types import Completion, SamplingParams
 from .engines.base import RolloutEngine, response_text
 from .gate import GenerationGate
+
+log = logging.getLogger("rlcore.rollout.batching")
 
 GATE_WAIT_S = 600.0
 """How long an engine call of a running task waits for a weight update (or a Pause) to end."""
@@ -92,6 +95,7 @@ class BatchingEngine:
                 c.segments = [(version, len(c.token_ids))]
         while todo := [c for c in completions if c.finish_reason == "interrupted"]:
             self.interrupted += len(todo)
+            log.info("continuing %d sequence(s) a weight update interrupted", len(todo))
             by_done: dict[int, dict[tuple[int, ...], list[Completion]]] = {}
             for c in todo:  # as many tokens so far: one engine call; the same tokens: one prompt's samples
                 prefixes = by_done.setdefault(len(c.token_ids), {})

@@ -7,6 +7,7 @@ Generate calls are never interrupted: they finish first, as without partial roll
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,6 +25,10 @@ class GenerationGate:
         """Generation calls running now."""
         self.completed = 0
         self.generated_tokens = 0
+        self._busy_s = 0.0
+        self._first: float | None = None  # when the first call began
+        self._since = 0.0  # when active last went from 0 to 1
+        self._last = 0.0  # when active last went back to 0
 
     @contextmanager
     def admit(self, wait_s: float = 0.0) -> Iterator[None]:
@@ -34,6 +39,9 @@ class GenerationGate:
                 self._cond.wait_for(lambda: not self.closed, timeout=wait_s)
             if self.closed:
                 raise Unavailable("worker paused (Pause or a weight update); retry after Resume")
+            if self.active == 0:
+                self._since = time.monotonic()
+                self._first = self._since if self._first is None else self._first
             self.active += 1
         try:
             yield
@@ -41,6 +49,9 @@ class GenerationGate:
             with self._cond:
                 self.active -= 1
                 self.completed += 1
+                if self.active == 0:
+                    self._last = time.monotonic()
+                    self._busy_s += self._last - self._since
                 self._cond.notify_all()
 
     def count(self, num_tokens: int) -> None:
@@ -75,3 +86,13 @@ class GenerationGate:
         """(closed, active, completed, generated_tokens), read together."""
         with self._cond:
             return self.closed, self.active, self.completed, self.generated_tokens
+
+    def busy(self) -> tuple[float, float]:
+        """(seconds with a generation call running, seconds from the first call's start to the
+        latest's end, or to now while one runs)."""
+        with self._cond:
+            if self._first is None:
+                return 0.0, 0.0
+            now = time.monotonic()
+            running = now - self._since if self.active else 0.0
+            return self._busy_s + running, (now if self.active else self._last) - self._first

@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -129,6 +130,16 @@ def _join_run(run: Any, address: str, index: int, servicer: Any, stop: threading
         ).start()  # fmt: skip
 
 
+def _log_rlcore_records() -> None:
+    """rlcore's records from INFO on to stderr (the worker's log: the launch writes it to
+    launch/rollout_worker_<i>.log), as the explorer and the trainer ranks log theirs."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[worker] %(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    rlcore_log = logging.getLogger("rlcore")
+    rlcore_log.addHandler(handler)
+    rlcore_log.setLevel(logging.INFO)
+
+
 def _engine(args: argparse.Namespace) -> Any:
     """The engine the flags ask for; ValueError says in one line why it cannot load."""
     import torch
@@ -181,7 +192,7 @@ def serve_main(args: argparse.Namespace) -> int:
         return usage_error(str(e))
     if args.partial_rollout and not engine.interruptible:
         engine.close()
-        return usage_error(f"--partial-rollout: the {args.engine} engine cannot interrupt its calls; use --engine hf")
+        return usage_error(f"--partial-rollout: the {args.engine} engine cannot interrupt its calls; use --engine hf or vllm")
     options = ServerOptions(
         token=token, host=args.host, port=args.port, max_message_bytes=args.max_message_mb * MiB, tls=tls
     )
@@ -189,6 +200,7 @@ def serve_main(args: argparse.Namespace) -> int:
         engine, engine_name=args.engine, model_path=args.model, max_message_bytes=options.max_message_bytes,
         partial_rollout=args.partial_rollout,
     )  # fmt: skip
+    _log_rlcore_records()
     try:
         server = RpcServer(options, [rollout_service(servicer)])
     except OSError as e:

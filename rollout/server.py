@@ -297,12 +297,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def GetInfo(self, request: rollout_pb2.GetInfoRequest, context: grpc.ServicerContext) -> Any:
         paused, active, completed, tokens = self.gate.snapshot()
+        busy_s, busy_span_s = self.gate.busy()
         return rollout_pb2.GetInfoResponse(
             model_path=self.model_path, engine=self.engine_name, max_model_len=self.max_model_len,
             max_batch_size=self.max_batch_size, policy_version=self.engine.policy_version, paused=paused,
             active_requests=active, completed_requests=completed, generated_tokens=tokens,
             vocab_size=self.vocab_size, worker_id=self.worker_id, max_message_bytes=self.max_message_bytes,
-            weight_sync_ranks=self.engine.weight_sync_ranks,
+            weight_sync_ranks=self.engine.weight_sync_ranks, busy_s=busy_s, busy_span_s=busy_span_s,
+            interrupted_sequences=self.batching.interrupted,
         )  # fmt: skip
 
     def Pause(self, request: rollout_pb2.PauseRequest, context: grpc.ServicerContext) -> Any:

@@ -121,18 +121,14 @@ def _check_long_tails(cfg: RLCoreConfig) -> None:
 
 
 def _check_partial_rollout(cfg: RLCoreConfig) -> None:
-    """explorer.partial_rollout: rollout workers whose weights change while they generate."""
+    """explorer.partial_rollout: rollout workers whose weights change while they generate (an
+    engine that cannot interrupt its calls is refused by the worker: rollout serve)."""
     key = "explorer.partial_rollout"
     if cfg.mode not in ("explore", "train") and not (cfg.mode == "both" and cfg.synchronizer.asynchronous):
         raise ConfigError(
             f"{key} continues generation across weight updates that reach rollout workers while they run "
             f"tasks: mode explore (a mode-train launch of the same config ignores it), or mode both with "
             f"synchronizer.asynchronous: true; got mode {cfg.mode}" + (" (lock-step)" if cfg.mode == "both" else "")
-        )
-    if cfg.explorer.rollout_model.engine_type != "hf":
-        raise ConfigError(
-            f"{key}: only the hf engine interrupts its calls at a token; got explorer.rollout_model.engine_type "
-            f"{cfg.explorer.rollout_model.engine_type}: set engine_type hf or partial_rollout false"
         )
 
 

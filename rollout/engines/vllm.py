@@ -74,6 +74,8 @@ def import_vllm() -> Any:
 class VLLMEngine(RolloutEngine):
     """A vLLM `LLM` serving token-id prompts; `max_batch_size` bounds the sequences run together."""
 
+    interruptible = True
+
     def __init__(
         self,
         model_path: str,
@@ -145,6 +147,7 @@ class VLLMEngine(RolloutEngine):
             **options,
         )
         self._sampling_params = vllm.SamplingParams
+        self._requests = 0  # requests this engine added itself (_stepped)
         self.policy_version = 0
         if in_process:
             self._live_until_exit()
@@ -203,16 +206,59 @@ class VLLMEngine(RolloutEngine):
             )
             for ids in prompt_token_ids
         ]
-        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        results = []
-        for ids, out in zip(prompt_token_ids, outputs, strict=True):
-            samples = [
-                self._completion(ids, c, detokenize) for c in sorted(out.outputs, key=lambda c: c.index)
+        if self.interrupt is not None:
+            stepped = self._stepped(prompt_token_ids, params, detokenize)
+        else:
+            prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            stepped = [
+                [self._completion(ids, c, detokenize) for c in sorted(out.outputs, key=lambda c: c.index)]
+                for ids, out in zip(prompt_token_ids, outputs, strict=True)
             ]
+        results = []
+        for samples in stepped:
             if n != sampling.n:
                 samples = [samples[0]] + [copy_completion(samples[0]) for _ in range(sampling.n - 1)]
             results.append(samples)
+        return results
+
+    def _stepped(self, prompt_token_ids: list[list[int]], params: list[Any], detokenize: bool) -> list[list[Completion]]:
+        """`generate` with the engine stepped here, so that a set `interrupt` ends the call between two
+        steps: the requests not finished are aborted and come back with their tokens so far, finish
+        reason "interrupted". Each sample is a request of its own (a prompt's sample j draws from
+        seed + j, as vLLM's j-th child of the prompt's request does: the same samples)."""
+        from types import SimpleNamespace
+
+        from vllm.sampling_params import RequestOutputKind
+
+        engine, requests = self.llm.llm_engine, {}
+        for i, (ids, p) in enumerate(zip(prompt_token_ids, params, strict=True)):
+            for j in range(p.n):
+                one = p.clone()
+                one.n, one.output_kind = 1, RequestOutputKind.DELTA  # each step's new tokens
+                one.seed = None if p.seed is None else p.seed + j
+                self._requests += 1
+                request_id = f"rlcore-{self._requests}"
+                engine.add_request(request_id, {"prompt_token_ids": list(ids)}, one)
+                requests[request_id] = SimpleNamespace(prompt=i, token_ids=[], logprobs=[], text="", finish_reason=None)
+        unfinished = set(requests)
+        while engine.has_unfinished_requests():
+            if self.interrupt is not None and self.interrupt.is_set():
+                engine.abort_request(sorted(unfinished))
+                break
+            for out in engine.step():
+                so_far, delta = requests[out.request_id], out.outputs[0]
+                so_far.token_ids += delta.token_ids
+                so_far.logprobs += delta.logprobs or []
+                so_far.text += delta.text
+                if out.finished:
+                    so_far.finish_reason = delta.finish_reason
+                    unfinished.discard(out.request_id)
+        results: list[list[Completion]] = [[] for _ in prompt_token_ids]
+        for request_id, so_far in requests.items():  # in sample order
+            c = self._completion(prompt_token_ids[so_far.prompt], so_far, detokenize)
+            c.finish_reason = "interrupted" if request_id in unfinished else c.finish_reason
+            results[so_far.prompt].append(c)
         return results
 
     def _completion(self, prompt: list[int], c: Any, detokenized: bool) -> Completion:

@@ -182,3 +182,67 @@ def test_weights_reach_the_vllm_worker_over_gloo_and_a_corrupted_bucket_is_refus
     assert isinstance(error, WeightCorruption) and [b for b, _, _ in error.bad] == [3]
     assert vllm_engine.policy_version == 1
     assert [c.token_ids for c in _greedy(vllm_engine, prompts)] == [c.token_ids for c in expected]
+
+
+def test_partial_rollouts_on_vllm_continue_an_interrupted_call_under_the_new_weights(
+    engines, prompts, tmp_path
+) -> None:
+    """Stepped by rlcore (an interrupt set), vLLM samples what its own generate does; a weight load
+    that interrupts the call after 6 engine steps leaves each sequence the tokens it had, which
+    continue under the new weights as vLLM samples them from there."""
+    from dataclasses import replace
+
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+    from rlcore.rollout.batching import BatchingEngine
+    from rlcore.rollout.gate import GenerationGate
+
+    vllm_engine, _ = engines
+    new_weights = str(tmp_path / "v_next")
+    build_scratch_model(new_weights, ScratchModelConfig(enabled=True), max_model_len=256, seed=1)
+    sampling = SamplingParams(temperature=1.0, n=2, max_tokens=24, seed=3, ignore_eos=True)
+    whole = vllm_engine.generate(prompts[:2], sampling)
+    vllm_engine.interrupt = threading.Event()  # not set: stepped by rlcore, to the end
+    try:
+        stepped = vllm_engine.generate(prompts[:2], sampling)
+    finally:
+        vllm_engine.interrupt = None
+    assert [[(c.token_ids, c.logprobs) for c in cs] for cs in stepped] == [
+        [(c.token_ids, c.logprobs) for c in cs] for cs in whole
+    ]
+
+    lock, gate, version = threading.Lock(), GenerationGate(interrupts=True), vllm_engine.policy_version
+    batching, engine, steps, updates = BatchingEngine(vllm_engine, lock, gate), vllm_engine.llm.llm_engine, [0], []
+    real_step = engine.step
+
+    def update() -> None:  # a worker's weight update: wait for the call running, load, open
+        gate.wait_idle()
+        with lock:
+            vllm_engine.load_checkpoint(new_weights, version + 1)
+        gate.open()
+
+    def step():
+        steps[0] += 1
+        if steps[0] == 6:
+            gate.close()
+            updates.append(threading.Thread(target=update))
+            updates[-1].start()
+        return real_step()
+
+    engine.step = step
+    try:
+        results, began = batching.generate_versioned(prompts[:2], sampling)
+    finally:
+        engine.step = real_step
+    for t in updates:
+        t.join()
+    assert began == version and vllm_engine.policy_version == version + 1 and batching.interrupted == 4
+    for prompt, samples, references in zip(prompts[:2], results, whole, strict=True):
+        for c, reference in zip(samples, references, strict=True):
+            (v0, first), (v1, rest) = c.segments
+            assert (v0, v1) == (version, version + 1) and first >= 1 and first + rest == len(c.token_ids) == 24
+            assert c.token_ids[:first] == reference.token_ids[:first]
+            assert c.logprobs[:first] == pytest.approx(reference.logprobs[:first], abs=1e-5)
+            (continued,) = vllm_engine.generate([prompt + c.token_ids[:first]], replace(sampling, n=1, max_tokens=rest))[0]
+            assert c.token_ids[first:] == continued.token_ids
+            assert c.logprobs[first:] == pytest.approx(continued.logprobs, abs=1e-5)

@@ -95,7 +95,8 @@ class ExplorerConfig:
     instead of waiting for it; each unfinished sequence then continues from its tokens so far under
     the new weights (its per-token log-probs are the weights' that sampled each token, which the
     off-policy correction reads; the experience keeps the version it started on, for staleness).
-    Modes explore and asynchronous `both` on rollout workers, the hf engine. Two rules restart at an
+    Modes explore and asynchronous `both` on rollout workers, the hf and vllm engines (a vLLM call
+    ends between two of its engine steps). Two rules restart at an
     interruption: presence/frequency penalties count the continuation's tokens only, and a stop
     string split across it is not seen (min_tokens, max_tokens and the repetition penalty hold)."""
     over_rollout: OverRolloutConfig = field(default_factory=OverRolloutConfig)

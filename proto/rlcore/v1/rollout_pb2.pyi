@@ -112,7 +112,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model_path", "engine", "max_model_len", "max_batch_size", "policy_version", "paused", "active_requests", "completed_requests", "generated_tokens", "vocab_size", "worker_id", "max_message_bytes", "weight_sync_ranks")
+    __slots__ = ("model_path", "engine", "max_model_len", "max_batch_size", "policy_version", "paused", "active_requests", "completed_requests", "generated_tokens", "vocab_size", "worker_id", "max_message_bytes", "weight_sync_ranks", "busy_s", "busy_span_s", "interrupted_sequences")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,9 @@ class GetInfoResponse(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_SYNC_RANKS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SPAN_S_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     engine: str
     max_model_len: int
@@ -139,7 +142,10 @@ class GetInfoResponse(_message.Message):
     worker_id: str
     max_message_bytes: int
     weight_sync_ranks: int
-    def __init__(self, model_path: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., policy_version: _Optional[int] = ..., paused: _Optional[bool] = ..., active_requests: _Optional[int] = ..., completed_requests: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., worker_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., weight_sync_ranks: _Optional[int] = ...) -> None: ...
+    busy_s: float
+    busy_span_s: float
+    interrupted_sequences: int
+    def __init__(self, model_path: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., policy_version: _Optional[int] = ..., paused: _Optional[bool] = ..., active_requests: _Optional[int] = ..., completed_requests: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., worker_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., weight_sync_ranks: _Optional[int] = ..., busy_s: _Optional[float] = ..., busy_span_s: _Optional[float] = ..., interrupted_sequences: _Optional[int] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ()

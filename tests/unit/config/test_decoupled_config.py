@@ -65,7 +65,6 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
         (["mode=explore", "algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer", "algorithm.repeat_times=1"], r"^algorithm\.dpo_pairs: .*algorithm\.repeat_times must be 2 or more; got 1$"),
         (["mode=train", "algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer", "trainer.remote=127.0.0.1:5000"], r"is half of a decoupled run.*drop trainer\.remote"),
         (["explorer.partial_rollout=true"], r"^explorer\.partial_rollout continues generation across weight updates .*got mode both \(lock-step\)$"),
-        (["mode=explore", "explorer.partial_rollout=true", "explorer.rollout_model.engine_type=vllm"], r"^explorer\.partial_rollout: only the hf engine .*got explorer\.rollout_model\.engine_type vllm"),
     ],
 )  # fmt: skip
 def test_what_a_decoupled_run_refuses(tmp_path, overrides: list[str], message: str) -> None:

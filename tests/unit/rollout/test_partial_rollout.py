@@ -122,3 +122,21 @@ def test_a_call_the_gate_closed_before_it_began_samples_each_prompt_n_ways(tiny_
     assert [c.token_ids for c in copies] == [c.token_ids for c in direct]
     assert copies[0].token_ids != copies[1].token_ids
     assert [c.segments for c in copies] == [[(0, 0), (0, SAMPLING.max_tokens)]] * 2
+
+
+def test_the_gate_counts_the_time_a_generation_call_runs_and_the_span_since_the_first() -> None:
+    import time
+
+    gate = GenerationGate()
+    assert gate.busy() == (0.0, 0.0)
+    with gate.admit(), gate.admit():  # overlapping calls count once
+        time.sleep(0.05)
+    time.sleep(0.05)  # idle
+    with gate.admit():
+        time.sleep(0.05)
+        running_busy, running_span = gate.busy()  # counted while it runs
+    busy, span = gate.busy()
+    assert 0.05 <= running_busy < busy and running_span < span
+    assert 0.1 <= busy and busy + 0.05 <= span
+    time.sleep(0.02)
+    assert gate.busy() == (busy, span)  # nothing runs: nothing changes
