@@ -1,4 +1,4 @@
-"""LoRA against full fine-tuning: the trainer's peak memory and step time, with a KL penalty on.
+"""LoRA and offloading against full fine-tuning: the trainer's peak memory and step time, KL on.
 
 Each side is a fresh process holding a one-rank trainer world (gloo on CPU; NCCL beside gloo on CUDA, as the trainer world) that
 takes --steps steps through the trainer's own path (StageTraining.train_sequences with GRPO's
@@ -6,16 +6,19 @@ policy loss and a k3 KL term, then its optimizer step) on --seqs random sequence
 + --response-tokens, on a scratch Llama of about 113M parameters (--hidden 768, --layers 12).
 Full fine-tuning holds float32 master weights, their gradients, AdamW's two moments and a frozen
 reference copy for the KL term; LoRA holds the frozen base once, the adapter with its gradients
-and moments, and takes the reference by switching the adapter off.
+and moments, and takes the reference by switching the adapter off. The `offload` side (--sides full,lora,offload)
+is full fine-tuning with the policy's shards and the reference on the CPU
+(trainer.fsdp_config.param_offload, trainer.offload_untrained_models): the device memory it saves.
 
 Reported per side, over --repeats runs in alternating order: peak memory (CPU: the process's
 ru_maxrss, and that less the resident memory just before the trainer was built; CUDA: the
-allocator's peak), the resident memory the trainer holds after its last step, the median step time after the first step, and LoRA's ratio to full fine-tuning
-per repeat (min / median / max).
+allocator's peak), the resident memory the trainer holds after its last step, the median step time
+after the first step, and each side's ratio to full fine-tuning per repeat (min / median / max).
 
     rlcore bench lora                       # 2 repeats, 113M parameters, rank 16 on every linear layer
     rlcore bench lora --repeats 1 --hidden 128 --layers 2 --steps 2 --out /tmp/lora.json
     rlcore bench lora --device cuda --model 0.5b     # bf16 on a GPU, Qwen2-0.5B's shape
+    rlcore bench lora --device cuda --model 0.5b --sides full,lora,offload
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from rlcore.benchmarks.common import (
     write_outputs,
 )
 
-SIDES = ("full", "lora")
+SIDES = ("full", "lora", "offload")
 OLD_LOGPROB = -4.0
 """The behaviour policy's log-prob of every response token (about a uniform choice among the char
 tokenizer's 87 tokens): the ratio and its clip then work as on real rollouts."""
@@ -75,6 +78,8 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     cfg.algorithm.optimizer.lr = 1e-5
     if args.side == "lora":
         cfg.model.lora_configs = [LoraConfig(lora_rank=args.rank, lora_alpha=2 * args.rank)]
+    if args.side == "offload":
+        cfg.trainer.fsdp_config.param_offload = cfg.trainer.offload_untrained_models = True
     gen = torch.Generator().manual_seed(0)
     specs = [
         sequence_spec(
@@ -104,6 +109,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         held_gib = rss_gib() - base_gib  # the trainer's state after its steps (no load transients)
+        cuda_held_gib = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     result = {
         "side": args.side,
@@ -117,6 +123,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     }
     if cuda:
         result["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["cuda_held_gib"] = cuda_held_gib
     dist.destroy_process_group()
     return result
 
@@ -139,18 +146,15 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     def describe(r: dict[str, Any]) -> str:
         return f"trainer peak {r['trainer_peak_gib']:.2f} GiB, step {r['step_s']:.2f} s"
 
-    runs = run_sides(SIDES, args.repeats, one, describe)
+    runs = run_sides(args.sides, args.repeats, one, describe)
+    keys = ["trainer_peak_gib", "trainer_held_gib", "peak_rss_gib", "step_s"]
+    keys += ["cuda_peak_gib", "cuda_held_gib"] if "cuda_peak_gib" in runs["full"][0] else []
     ratios = {
-        key: spread([lo[key] / fu[key] for fu, lo in zip(runs["full"], runs["lora"], strict=True)])
-        for key in ("trainer_peak_gib", "trainer_held_gib", "peak_rss_gib", "step_s")
+        f"{side}_over_full": {
+            key: spread([r[key] / fu[key] for fu, r in zip(runs["full"], runs[side], strict=True)]) for key in keys
+        }
+        for side in args.sides[1:]
     }
-    if "cuda_peak_gib" in runs["full"][0]:
-        ratios["cuda_peak_gib"] = spread(
-            [
-                lo["cuda_peak_gib"] / fu["cuda_peak_gib"]
-                for fu, lo in zip(runs["full"], runs["lora"], strict=True)
-            ]
-        )
     return {
         "benchmark": "lora",
         "machine": machine_info(),
@@ -159,7 +163,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(args).items() if k not in ("passthrough",)},
         "shape": scratch_shape(args),
         "runs": runs,
-        "lora_over_full": ratios,
+        **ratios,
     }
 
 
@@ -168,23 +172,26 @@ def markdown(result: dict[str, Any]) -> str:
     cuda = "cuda_peak_gib" in runs["full"][0]
     shape = result.get("shape") or {"num_layers": s["layers"], "hidden_size": s["hidden"]}
     lines = [
-        f"# LoRA against full fine-tuning: trainer memory and step time ({'CUDA' if cuda else 'CPU'})",
+        f"# {' and '.join(s['sides'][1:])} against full fine-tuning: trainer memory and step time "
+        f"({'CUDA' if cuda else 'CPU'})",
         "",
         f"{result['params'] / 1e6:.0f}M-parameter scratch Llama ({shape['num_layers']} layers, hidden "
         f"{shape['hidden_size']}), {s.get('dtype', 'float32')} on {machine_line(result['machine'])}; "
         f"KL on (k3, reference model), {s['seqs']} sequences x ({s['prompt_tokens']} + {s['response_tokens']}) "
-        f"tokens per step, {s['steps']} steps per run; LoRA rank {s['rank']} on every linear layer. "
+        f"tokens per step, {s['steps']} steps per run; LoRA rank {s['rank']} on every linear layer; offload: "
+        "the policy's shards and the reference on the CPU (fsdp2's CPUOffloadPolicy). "
         f"{s['repeats']} repeats, sides alternating, each a fresh process. Trainer peak = the process's "
         "peak resident memory less its resident memory just before the trainer was built; trainer held = "
         "its resident memory after the last step, less the same (the state it keeps, without the load's "
         "transients)."
-        + (" CUDA peak allocated = the caching allocator's peak from the trainer's build to its last step." if cuda else ""),
+        + (" CUDA peak allocated = the caching allocator's peak from the trainer's build to its last step; CUDA "
+          "held = what stays allocated after it." if cuda else ""),
         "",
         "| side | trained parameters | trainer peak GiB | trainer held GiB | process peak GiB | "
-        + ("CUDA peak allocated GiB | " if cuda else "") + "step s (median) |",
-        "|---|---|---|---|---|" + ("---|" if cuda else "") + "---|",
+        + ("CUDA peak allocated GiB | CUDA held GiB | " if cuda else "") + "step s (median) |",
+        "|---|---|---|---|---|" + ("---|---|" if cuda else "") + "---|",
     ]
-    for side in SIDES:
+    for side in s["sides"]:
         rs = runs[side]
         lines.append(
             f"| {side} | {rs[0]['trained_params'] / 1e6:.2f}M | "
@@ -192,20 +199,25 @@ def markdown(result: dict[str, Any]) -> str:
             f"{statistics.median(r['trainer_held_gib'] for r in rs):.2f} | "
             f"{statistics.median(r['peak_rss_gib'] for r in rs):.2f} | "
             + (f"{statistics.median(r['cuda_peak_gib'] for r in rs):.2f} | " if cuda else "")
+            + (f"{statistics.median(r['cuda_held_gib'] for r in rs):.2f} | " if cuda else "")
             + f"{statistics.median(r['step_s'] for r in rs):.2f} |"
         )
-    lines += ["", "LoRA / full per repeat (min / median / max):", ""]
-    for key, sp in result["lora_over_full"].items():
-        lines.append(f"- {key}: {sp['min']:.3f} / {sp['median']:.3f} / {sp['max']:.3f}")
+    for side in s["sides"][1:]:
+        lines += ["", f"{side} / full per repeat (min / median / max):", ""]
+        for key, sp in result[f"{side}_over_full"].items():
+            lines.append(f"- {key}: {sp['min']:.3f} / {sp['median']:.3f} / {sp['max']:.3f}")
     return "\n".join(lines)
 
 
 def plot(result: dict[str, Any], path: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for ax, key, label in ((axes[0], "trainer_peak_gib", "trainer peak GiB"), (axes[1], "step_s", "step s")):
-        values = [statistics.median(r[key] for r in result["runs"][side]) for side in SIDES]
-        ax.bar(SIDES, values, color=["tab:gray", "tab:blue"])
+    sides = result["settings"]["sides"]
+    cuda = "cuda_peak_gib" in result["runs"]["full"][0]
+    peak = ("cuda_peak_gib", "CUDA peak allocated GiB") if cuda else ("trainer_peak_gib", "trainer peak GiB")
+    for ax, (key, label) in zip(axes, (peak, ("step_s", "step s")), strict=True):
+        values = [statistics.median(r[key] for r in result["runs"][side]) for side in sides]
+        ax.bar(sides, values, color=["tab:gray", "tab:blue", "tab:orange"][: len(sides)])
         ax.set_title(label)
     save_figure(fig, path)
 
@@ -213,6 +225,10 @@ def plot(result: dict[str, Any], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=2, help="measured repeats of each side")
+    parser.add_argument(
+        "--sides", default="full,lora",
+        help=f"comma-separated sides, full first (of {', '.join(SIDES)})",
+    )  # fmt: skip
     parser.add_argument(
         "--steps", type=positive_int, default=4, help="steps per run (the first is not timed)"
     )
@@ -239,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     args.dtype = resolved_dtype(args)
     if args.hidden % args.heads:
         parser.error("--hidden must be divisible by --heads")
+    args.sides = tuple(args.sides.split(","))
+    if args.sides[0] != "full" or len(args.sides) < 2 or not set(args.sides) <= set(SIDES):
+        parser.error(f"--sides: full first, then one or more of lora, offload; got {','.join(args.sides)}")
     if args.side is not None:
         with open(args.side_out, "w") as f:
             json.dump(run_side(args), f)

@@ -5,43 +5,49 @@
 #   bench_trl   rlcore bench trl: the GRPO step against TRL's on CUDA at --model (default 0.5b), 3
 #               alternating pairs; its report gives each side's rollout tokens/s (TRL's is
 #               model.generate's) and the update's MFU
-#   bench_lora  rlcore bench lora: LoRA against full fine-tuning, CUDA peak memory and step time
+#   bench_lora  rlcore bench lora: LoRA and offloading (fsdp2's CPUOffloadPolicy) against full
+#               fine-tuning, CUDA peak memory and step time
+#   bench_packing  rlcore bench packing: packed against padded micro-batches on a long tail (most
+#               responses 32-128 tokens, 1 in 12 of 4-8k), train tokens/s and CUDA peak memory
 #   throughput  rlcore bench throughput (rollout tokens/s of the HF engine, its eager loop and
 #               model.generate; greedy agreement of the first two) at --model; not in the default
 #               parts (bench trl reports the same rollout speeds)
-#   tests       the rest of tests/gpu
+#   tests       the rest of tests/gpu (--tests-k EXPR: only those pytest -k selects)
 #   quickstarts the quickstart on CUDA with megatron (rollout worker on the same GPU, checkpoint sync)
 #               and with fsdp2 (stage rl colocated), bf16
-# (bench = bench_trl,bench_lora.) The engine check and the benchmarks run one at a time; the tests and
+# (bench = bench_trl,bench_lora,bench_packing.) The engine check and the benchmarks run one at a time; the tests and
 # the two quickstarts (tiny models) then run side by side.
 # Writes benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
 # result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the results and logs
 # are packed into DIR/gpu_check.tar.gz after every part (one file: a machine that hands back a few
 # files only still returns all of it), so a run stopped from outside still leaves what it finished.
 #
-#   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b] [--out DIR]
+#   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b]
+#                             [--tests-k EXPR] [--out DIR]
 #
 # Exit status: 0 when every part passed, 1 otherwise (each part runs even when an earlier one failed).
-# PART_TIMEOUT_S (default 1800) bounds each part: one that runs longer is stopped and counts as failed.
+# PART_TIMEOUT_S (default 1800) bounds each part, TIMEOUT_<part> (TIMEOUT_bench_trl=300) one part: a
+# part that runs longer is stopped and counts as failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-wheels="" parts="engine,bench,tests,quickstarts" model="0.5b" out="${OUT:-}"
+wheels="" parts="engine,bench,tests,quickstarts" model="0.5b" out="${OUT:-}" tests_k=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="$2"; shift 2 ;;
     --parts) parts="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument $1 (allowed: --wheels DIR, --parts LIST, --model NAME, --out DIR)" >&2; exit 2 ;;
+    --tests-k) tests_k="$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (allowed: --wheels DIR, --parts LIST, --model NAME, --tests-k EXPR, --out DIR)" >&2; exit 2 ;;
   esac
 done
-parts=${parts//bench,/bench_trl,bench_lora,}
-[[ "$parts" == *,bench || "$parts" == bench ]] && parts="${parts%bench}bench_trl,bench_lora"
+parts=${parts//bench,/bench_trl,bench_lora,bench_packing,}
+[[ "$parts" == *,bench || "$parts" == bench ]] && parts="${parts%bench}bench_trl,bench_lora,bench_packing"
 for part in ${parts//,/ }; do
-  case "$part" in engine|bench_trl|bench_lora|throughput|tests|quickstarts) ;; *)
-    echo "gpu_check.sh: --parts takes engine, bench (bench_trl,bench_lora), throughput, tests, quickstarts; got '$part'" >&2
+  case "$part" in engine|bench_trl|bench_lora|bench_packing|throughput|tests|quickstarts) ;; *)
+    echo "gpu_check.sh: --parts takes engine, bench (bench_trl,bench_lora,bench_packing), throughput, tests, quickstarts; got '$part'" >&2
     exit 2 ;;
   esac
 done
@@ -100,8 +106,8 @@ EOF
 run_part() {  # name, command...: runs it with its log in $logs/<name>.log, its exit status and minutes beside
   local name="$1"; shift
   echo "gpu_check: $name ..."
-  local t0=$SECONDS
-  timeout -k 10 "${PART_TIMEOUT_S:-1800}" "$@" > "$logs/$name.log" 2>&1
+  local t0=$SECONDS limit="TIMEOUT_$name"
+  timeout -k 10 "${!limit:-${PART_TIMEOUT_S:-1800}}" "$@" > "$logs/$name.log" 2>&1
   echo "$? $(( SECONDS - t0 ))" > "$logs/$name.rc"
   echo "gpu_check: $name done (exit $(cut -d' ' -f1 "$logs/$name.rc"), $(( SECONDS - t0 )) s)"
   pack
@@ -129,12 +135,17 @@ fi
 if want bench_lora; then
   names+=(bench_lora)
   run_part bench_lora python3 -m rlcore.cli bench lora --device cuda --model "$model" --repeats 2 --steps 3 \
-    --out "$results/lora.json"
+    --sides full,lora,offload --out "$results/lora.json"
+fi
+if want bench_packing; then
+  names+=(bench_packing)
+  run_part bench_packing python3 -m rlcore.cli bench packing --device cuda --model "$model" --repeats 2 \
+    --long 4096,8192 --max-tokens 32768 --out "$results/packing.json"
 fi
 # ... the functional checks side by side (tiny models: the GPU has room for all three)
 if want tests; then
   names+=(tests)
-  run_part tests python3 -m pytest -v -p no:cacheprovider tests/gpu \
+  run_part tests python3 -m pytest -v -p no:cacheprovider tests/gpu ${tests_k:+-k "$tests_k"} \
     --deselect tests/gpu/test_hf_engine_cuda.py \
     --deselect tests/gpu/test_strategy_parity_cuda.py::test_quickstart_trains_with_megatron_on_cuda &
 fi
@@ -176,8 +187,8 @@ if want quickstarts; then
   } >> "$summary"
 fi
 
-for f in vs_trl throughput lora; do
-  want "${f/vs_trl/bench_trl}" || want "${f/lora/bench_lora}" || continue
+for f in vs_trl throughput lora packing; do
+  want "${f/vs_trl/bench_trl}" || want "${f/lora/bench_lora}" || want "${f/packing/bench_packing}" || continue
   [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
 done
 cat "$summary"

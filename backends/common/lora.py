@@ -14,6 +14,7 @@ adapter `<layer>.lora_A.<name>.weight` / `<layer>.lora_B.<name>.weight`, all und
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +173,19 @@ def adapter_modules(peft_model: torch.nn.Module, adapter: str) -> list[torch.nn.
         for factor in (m.lora_A, m.lora_B)
         if adapter in factor
     ]
+
+
+@contextmanager
+def adapter_off(peft_model: torch.nn.Module) -> Iterator[None]:
+    """The base model (LoRA's reference): peft's disable_adapter, the adapter's parameters left
+    trainable. peft clears their requires_grad, and FSDP2 takes each unit's gradient dtypes from the
+    parameters requiring grad at the model's first forward: a first forward here left bfloat16
+    gradients uncast for float32 parameters ("a gradient with dtype BFloat16 ... grad_dtype Float")."""
+    trained = [p for p in peft_model.parameters() if p.requires_grad]
+    with peft_model.disable_adapter():
+        for p in trained:
+            p.requires_grad_(True)
+        yield
 
 
 def trainable(params: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:

@@ -29,7 +29,7 @@ from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from .attention import use_packed_attention
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
-from .lora import LoraLayout, apply_lora
+from .lora import LoraLayout, adapter_off, apply_lora
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
 from .ulysses import SequenceParallel
@@ -181,7 +181,7 @@ class NativeStrategy(TrainingStrategy):
         model: torch.nn.Module | None = self.model
         view: AbstractContextManager = nullcontext()
         if reference and self.lora is not None:
-            view = self._peft.disable_adapter()  # the reference: the base model under the adapter
+            view = adapter_off(self._peft)  # the reference: the base model under the adapter
         elif reference:
             model = self.reference
         assert model is not None, "compute_logprobs(reference=True) without a reference model"

@@ -5,8 +5,12 @@ root unit holds embeddings, final norm and LM head. Parameters stay float32 (mas
 lower compute dtype MixedPrecision casts them for forward/backward and reduces gradients in float32.
 Checkpoints are sharded through torch.distributed.checkpoint, like FSDP2's. Full tensors for weight
 sync, HF export and gradient checks are gathered one unit at a time (a block with the LoRA factors
-inside it), never the whole model (and
-never with CPU offload, which segfaults on CPU-resident parameters).
+inside it), never the whole model.
+
+With trainer.fsdp_config.param_offload the policy's flat parameters (so its gradients and the
+optimizer's state and step) live on the CPU, and with trainer.offload_untrained_models the frozen
+reference's: FSDP1's CPUOffload, which copies a unit's shard to the device for its forward and
+backward. It needs an accelerator (torch refuses it on a CPU device).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
@@ -49,6 +53,12 @@ class FSDP1Strategy(NativeStrategy):
         self.grad_clip, self.value_head = trainer_cfg.grad_clip, value_head
         self.packs_sequences = trainer_cfg.use_remove_padding
         self.device = rank_device(device)
+        self.offload = trainer_cfg.fsdp_config.param_offload
+        if (self.offload or trainer_cfg.offload_untrained_models) and self.device.type == "cpu":
+            raise ValueError(
+                "trainer.fsdp_config.param_offload / offload_untrained_models: FSDP1's CPU offload needs a "
+                "GPU (torch refuses it on a CPU device); use --strategy fsdp2 on a CPU, or set them false"
+            )
         self.world_size = dist.get_world_size()
         self._sequence_parallel(trainer_cfg.ulysses_sequence_parallel_size)
         compute_dtype = resolve_dtype(dtype, self.device.type)
@@ -67,7 +77,7 @@ class FSDP1Strategy(NativeStrategy):
         own = adapter_modules(model, self.lora.adapter) if self.lora is not None else []
         in_blocks = {id(m) for b in blocks for m in b.modules()}
         self.layout = UnitLayout(model, blocks + [m for m in own if id(m) not in in_blocks])
-        self.model = self._wrap(model, own)
+        self.model = self._wrap(model, own, offload=self.offload)
         self._runs = self.layout.runs(self.model)
         for handle in self._frozen_units():
             handle._skip_writeback_check = True
@@ -79,18 +89,21 @@ class FSDP1Strategy(NativeStrategy):
         if with_reference and self.lora is None:  # LoRA's reference: the adapter switched off
             ref = self._prepared(load_causal_lm(model_path))
             ref.requires_grad_(False)
-            self.reference = self._wrap(ref)
+            self.reference = self._wrap(ref, offload=trainer_cfg.offload_untrained_models)
 
-    def _wrap(self, model: torch.nn.Module, own: list[torch.nn.Module] | None = None) -> FSDP:
-        """FSDP units: every decoder block, and each module of `own`; the root holds the rest."""
+    def _wrap(self, model: torch.nn.Module, own: list[torch.nn.Module] | None = None, *, offload: bool = False) -> FSDP:
+        """FSDP units: every decoder block, and each module of `own`; the root holds the rest.
+        `offload`: the flat parameters on the CPU (FSDP moves the CPU model to `device_id` to shard
+        it, then the shards back)."""
         block_classes = {type(b) for b in transformer_blocks(model)}
         policy: ModuleWrapPolicy | CustomPolicy = ModuleWrapPolicy(block_classes)
         if own:
             ids = {id(m) for m in own}
             policy = CustomPolicy(lambda m: type(m) in block_classes or id(m) in ids)
         return FSDP(
-            model.to(self.device),
+            model if offload else model.to(self.device),
             auto_wrap_policy=policy,
+            cpu_offload=CPUOffload(offload_params=offload),
             sharding_strategy=ShardingStrategy.FULL_SHARD,
             mixed_precision=self.mixed_precision,
             device_id=self.device,

@@ -45,8 +45,15 @@ def model_parallel(tp: int, pp: int, cp: int, seed: int) -> None:
 
 
 def optimizer_config(
-    optimizer_cfg: OptimizerConfig, trainer_cfg: TrainerConfig, dtype: torch.dtype
+    optimizer_cfg: OptimizerConfig, trainer_cfg: TrainerConfig, dtype: torch.dtype, device: torch.device
 ) -> MegatronOptimizerConfig:
+    offload = trainer_cfg.megatron.optimizer_offload_fraction
+    if offload > 0 and (device.type != "cuda" or dtype == torch.float32):
+        raise ValueError(
+            f"trainer.megatron.optimizer_offload_fraction={offload}: megatron-core offloads the optimizer "
+            f"of 16-bit parameters on a GPU only (here {dtype} on {device.type}); use model.dtype=bfloat16 "
+            "on cuda, or set it 0"
+        )
     return MegatronOptimizerConfig(
         optimizer="adam",
         lr=optimizer_cfg.lr,
@@ -60,4 +67,6 @@ def optimizer_config(
         fp16=dtype == torch.float16,
         initial_loss_scale=FP16_INITIAL_LOSS_SCALE,
         params_dtype=dtype,
+        optimizer_cpu_offload=offload > 0,
+        optimizer_offload_fraction=offload,
     )

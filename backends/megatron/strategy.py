@@ -118,7 +118,7 @@ class MegatronStrategy(TrainingStrategy):
         )
         self.model = DistributedDataParallel(self.config, ddp_config, module)
         self.optimizer = get_megatron_optimizer(
-            optimizer_config(optimizer_cfg, trainer_cfg, self.dtype),
+            optimizer_config(optimizer_cfg, trainer_cfg, self.dtype, self.device),
             [self.model],
             config_overrides={},  # weight decay on every parameter, as the other strategies do
         )

@@ -96,8 +96,8 @@ def _check_context_parallel(cfg: RLCoreConfig) -> None:
         )
 
 
-OFFLOAD_STRATEGIES = ("fsdp2",)
-"""The strategies that offload models to the CPU (FSDP2's CPUOffloadPolicy)."""
+OFFLOAD_STRATEGIES = ("fsdp", "fsdp2")
+"""The strategies that offload models to the CPU (FSDP1's CPUOffload, FSDP2's CPUOffloadPolicy)."""
 
 
 def _check_offload(cfg: RLCoreConfig) -> None:
@@ -106,9 +106,24 @@ def _check_offload(cfg: RLCoreConfig) -> None:
                     ("offload_untrained_models", t.offload_untrained_models)):  # fmt: skip
         if on and t.strategy not in OFFLOAD_STRATEGIES:
             raise ConfigError(
-                f"trainer.{key}: offloading to the CPU runs on {' and '.join(OFFLOAD_STRATEGIES)} "
-                f"(FSDP2's CPUOffloadPolicy), not {t.strategy}; use --strategy fsdp2, or set it false"
+                f"trainer.{key}: offloading a model to the CPU runs on {' and '.join(OFFLOAD_STRATEGIES)}, "
+                f"not {t.strategy}; use --strategy fsdp2, or set it false (megatron offloads its "
+                "optimizer: trainer.megatron.optimizer_offload_fraction)"
             )
+        if on and t.strategy == "fsdp" and cfg.cluster.device == "cpu":  # "auto": the strategy says it
+            raise ConfigError(
+                f"trainer.{key}: FSDP1's CPU offload needs a GPU (torch refuses it on a CPU device); "
+                "use --strategy fsdp2 with cluster.device=cpu, or set it false"
+            )
+
+
+    offload = t.megatron.optimizer_offload_fraction
+    if offload > 0 and t.strategy == "megatron" and (cfg.cluster.device == "cpu" or cfg.model.dtype == "float32"):
+        raise ConfigError(
+            f"trainer.megatron.optimizer_offload_fraction={offload}: megatron-core offloads the optimizer "
+            f"of 16-bit parameters on a GPU only (here model.dtype={cfg.model.dtype}, "
+            f"cluster.device={cfg.cluster.device}); use model.dtype=bfloat16 on cuda, or set it 0"
+        )
 
 
 def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:

@@ -22,17 +22,21 @@ class MegatronConfig:
     one rank's budget trains. Needs trainer.use_remove_padding."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state and master weights over the data-parallel ranks (ZeRO-1)."""
+    optimizer_offload_fraction: float = bounded(0.0, ge=0.0, le=1.0)
+    """The share of the optimizer's state (master weights and Adam's moments) kept and stepped on the
+    CPU (megatron-core's HybridDeviceOptimizer: gradients copied to the host, updated parameters
+    back); 0 keeps it all on the device. Needs a GPU."""
 
 
 @dataclass
 class FsdpConfig:
-    """Where `trainer.strategy: fsdp2` keeps the policy: CPU memory in place of the device's, paid
-    for in copies each step."""
+    """Where `trainer.strategy: fsdp2` (or `fsdp`) keeps the policy: CPU memory in place of the
+    device's, paid for in copies each step."""
 
     param_offload: bool = False
     """The policy's parameters, gradients and optimizer state live on the CPU (FSDP2's
-    CPUOffloadPolicy): each block's parameters are copied to the device for its forward and
-    backward, its gradients copied back, and the optimizer steps on the CPU."""
+    CPUOffloadPolicy; FSDP1's CPUOffload, GPU only): each block's parameters are copied to the device
+    for its forward and backward, its gradients copied back, and the optimizer steps on the CPU."""
 
 
 @dataclass
@@ -99,10 +103,10 @@ class TrainerConfig:
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Only read by `strategy: megatron`."""
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
-    """Only read by `strategy: fsdp2`."""
+    """Only read by `strategy: fsdp2` and `fsdp`."""
     offload_untrained_models: bool = False
-    """fsdp2: the reference model (which no step trains) lives on the CPU, each block's parameters
-    copied to the device for its forward (FSDP2's CPUOffloadPolicy)."""
+    """fsdp2 and fsdp (GPU only): the reference model (which no step trains) lives on the CPU, each
+    block's parameters copied to the device for its forward."""
 
 
 @dataclass
