@@ -28,11 +28,15 @@ class StopWhileWaiting(Exception):
 
 
 class BufferSource:
-    def __init__(self, stage: Stage, sdir: str, run_dir: str, heartbeat: Callable[[], str]):
+    def __init__(
+        self, stage: Stage, sdir: str, run_dir: str, heartbeat: Callable[[], str],
+        while_waiting: Callable[[], None] | None = None,
+    ):  # fmt: skip
         """Open the stage's buffer. `heartbeat()` reports to the run's controller without waiting and
-        returns 'stop' when the run asks to stop (asked while waiting for an explore launch)."""
+        returns 'stop' when the run asks to stop (asked while waiting for an explore launch);
+        `while_waiting()` runs between the polls of a wait for an explore launch's experiences."""
         cfg = self.cfg = stage.config
-        self.stage, self.sdir, self.heartbeat = stage, sdir, heartbeat
+        self.stage, self.sdir, self.heartbeat, self.while_waiting = stage, sdir, heartbeat, while_waiting
         self.explorer_thread: Any = None  # explorer_thread: its ExplorerThread, started by `start_explorer`
         self.explore_launch: Any = None  # buffer: the explore launch, watched through its lock
         eb = cfg.buffer.trainer_input.experience_buffer
@@ -114,6 +118,8 @@ class BufferSource:
                     log.warning("%s", change)  # said within seconds, not after max_wait_s
                 if self.heartbeat() == "stop":  # a Ctrl-C reaches the waiting trainer too
                     raise StopWhileWaiting
+                if self.while_waiting is not None:
+                    self.while_waiting()
             left = deadline - time.monotonic()
             chunk = 1.0 if peer is not None else 5.0 if thread is not None else left  # how often to look
             try:

@@ -83,6 +83,11 @@ class LoadCheckpointCall:
 class SyncWeightsCall:
     endpoints: list[str]
     """The rollout workers to push to; empty: the stage's in-process engines."""
+    transport: str = ""
+    """A transport of rlcore.weights.TRANSPORTS; empty: the stage's (plan.weights). A decoupled run's
+    trainer pushes to its explorer's workers by nccl (plan.explorer_weights)."""
+    token: str = ""
+    """The workers' token where they are another launch's (a decoupled run's explorer); "": the run's."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The trainer's link to a stage's engines, as its plan places them: which rollout workers serve
 (following the launch's restarts of those that exit), pushing the trainer's weights to them (and
-checking them with the probe), publishing versions for an explorer, and exploring on them.
+checking them with the probe), and exploring on them (publishing for an explorer: publisher.py).
 
     workers      rollout workers over gRPC (plan.engines workers); their clients close with the stage
     in process   engines in the trainer's ranks (plan.engines in_process): built by the trainer world
@@ -224,9 +224,3 @@ class EngineLink:
         if self.synced_step != step:
             self.sync(step)
         return self.explorer.evaluate(seed=self.cfg.seed)
-
-    def publish(self, folder: str) -> dict[str, float]:
-        """Publish the trainer's weights in `folder` for the explorers (plan.publishes)."""
-        version, synced = self.handle.publish_weights(folder)
-        log.info("published version %d of the weights for the explorers", version)
-        return {"perf/publish_s": synced.seconds, "sync/published_version": float(version)}

@@ -38,7 +38,7 @@ from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.remote import RemoteRollout
 from ..rollout.scheduler import TaskScheduler
 from ..weights.base import announce
-from ..weights.publish import latest_published
+from ..weights.publish import last_push, latest_published, register_receivers, unregister_receivers
 from ..weights.schedule import SyncSchedule
 from .paths import published_dir, stage_dir, trainer_stage_dir
 from .run_lock import PeerLaunch
@@ -54,14 +54,16 @@ POLL_S = 0.5
 
 def wait_for_weights(
     folder: str, after: int, wait_s: float, what: str, stop: threading.Event | None = None,
-    check: Callable[[], bool] | None = None,
+    check: Callable[[], bool] | None = None, newest: Callable[[], tuple[int, str] | None] | None = None,
 ) -> tuple[int, str] | None:  # fmt: skip
     """The newest published (version, path) in `folder` once one newer than `after` is there;
     None when `stop` is set first. `check`, called at once and then about once a second, returns
-    True when the run asks to stop (then None too)."""
+    True when the run asks to stop (then None too). `newest()`: what is newest instead of the
+    folder's latest version (path "" for weights the workers already hold)."""
     deadline = time.monotonic() + wait_s
     checked = -CHECK_S  # at once, then about once a second
-    while (latest := latest_published(folder)) is None or latest[0] <= after:
+    look = newest or (lambda: latest_published(folder))
+    while (latest := look()) is None or latest[0] <= after:
         if check is not None and time.monotonic() - checked >= CHECK_S:
             checked = time.monotonic()
             if check():
@@ -117,6 +119,9 @@ class ExploreLoop:
         self.sender = connect(self.workers.clients, cfg.synchronizer)
         self.version = holds
         """The published version the workers hold."""
+        self.by_group = stage.plan.explorer_weights == "nccl"
+        """The trainer pushes its versions to the workers registered in the folder (else: folders only)."""
+        self.registered_workers: list[str] | None = None
         self.registered = registered
         self.served = max(c.get_info().policy_version for c in self.workers.clients)
         """The version number the workers were last given (theirs only grow: announce)."""
@@ -186,6 +191,8 @@ class ExploreLoop:
                 self.scheduler.close()
             self.sender.close()
             self.workers.close()
+            if self.registered_workers is not None:  # the trainer publishes folders again
+                unregister_receivers(self.folder)
         return {"stage": self.stage.name, "explore_step": self.explore_step, "stopped": self.stop.is_set()}
 
     def _resume(self, state_file: str) -> None:
@@ -259,13 +266,20 @@ class ExploreLoop:
         self._watch_trainer()  # every step: it is seen alive, so that its end is noticed
         wait_s = self.cfg.buffer.trainer_input.experience_buffer.max_wait_s
         what = f"explore step {self.explore_step} of {self.stage.name}"
-        latest = wait_for_weights(self.folder, need - 1, wait_s, what, self.stop, self._waiting)
+        newest = None
+        if self.by_group:
+            self._register()
+            newest = self._newest
+        latest = wait_for_weights(self.folder, need - 1, wait_s, what, self.stop, self._waiting, newest)
         if latest is None:  # stopped while waiting
             return metrics
         if time.perf_counter() - start > POLL_S:
             metrics["perf/wait_for_weights_s"] = time.perf_counter() - start
         version, path = latest
-        if version > self.version:  # tasks left running go on (their next engine calls wait for it)
+        if version > self.version and not path:  # the trainer pushed it to every worker
+            self.version = version
+            log.info("the rollout workers hold version %d (pushed over a group)", version)
+        elif version > self.version:  # tasks left running go on (their next engine calls wait for it)
             self.served = announce(version, self.served)
             stats = self._load(path)
             self.version = version
@@ -300,6 +314,31 @@ class ExploreLoop:
             self._reconnect()
             self.served = announce(self.served, self.served)  # some took the version number already
             return self.sender.send_checkpoint(path, self.served)
+
+    def _register(self) -> None:
+        """plan.explorer_weights nccl: tell the trainer which workers to push to (when they change),
+        and the version they all hold (-1: a restarted one holds older weights)."""
+        from ..core.rpc.security import read_token
+
+        now = [c.address for c in self.workers.clients]
+        if now != self.registered_workers:
+            register_receivers(self.folder, now, self.version, read_token(self.cfg.control.token_env) or "")
+            self.registered_workers = now
+
+    def _newest(self) -> tuple[int, str] | None:
+        """plan.explorer_weights nccl: the trainer's newest push once every worker serves it (path
+        ""), else the newest published folder (what it publishes when no group forms)."""
+        from ..client.base import RpcError
+
+        folder, push = latest_published(self.folder), last_push(self.folder)
+        if push is None or (folder is not None and folder[0] > push[0]):
+            return folder
+        try:
+            served = [c.get_info(timeout=10.0).policy_version for c in self.workers.clients]
+        except RpcError:  # a worker went: the next step leaves it out
+            return folder
+        self.served = max(self.served, *served)  # folder loads announce past the pushed numbers
+        return (push[0], "") if min(served) >= push[1] else folder
 
     def _reconnect(self) -> None:
         """The weight sender again, to the workers as they are now."""

@@ -106,6 +106,14 @@ class TrainerHandle(ABC):
             "a remote trainer does not publish weights for mode explore yet: run mode train with `rlcore launch`"
         )
 
+    def push_weights(self, endpoints: list[str], transport: str, token: str) -> tuple[int, float]:
+        """Push the weights to the rollout workers at `endpoints` by `transport` (a decoupled run's
+        explorer's workers, plan.explorer_weights, which take their launch's `token`); (the policy
+        version they got, seconds)."""
+        raise ValueError(
+            "a remote trainer does not push weights to an explorer yet: run mode train with `rlcore launch`"
+        )
+
     def start_engines(self, plan: StagePlan) -> Engines:
         """Start the configured stage's engines inside the trainer (plan.engines in_process: mode
         colocate, and evaluation in modes train and bench)."""
@@ -154,6 +162,12 @@ class LocalTrainer(TrainerHandle):
         if "failed" in out:  # raised here, outside the command every rank has finished
             raise RuntimeError(out["failed"])
         return Synced(out["num_bytes"], out["seconds"])
+
+    def push_weights(self, endpoints: list[str], transport: str, token: str) -> tuple[int, float]:
+        out = self.command(SyncWeightsCall(endpoints, transport, token))
+        if "failed" in out:
+            raise RuntimeError(out["failed"])
+        return out["policy_version"], out["seconds"]
 
     def publish_weights(self, folder: str) -> tuple[int, Synced]:
         out = self.command(PublishWeightsCall(folder))

@@ -32,6 +32,7 @@ from .engine_link import EngineLink, RunContext
 from .handles import TrainerHandle
 from .lockstep_source import LockstepSource
 from .paths import SUMMARY, published_dir, stage_dir
+from .publisher import Publisher
 from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
 from .taskset_rows import RowsSource, explored_pairs, mixture_report, taskset_formats
@@ -106,6 +107,7 @@ class StageLoop:
         self.global_step = self.explore_step = 0
         self.published = -1
         """The newest version published for the explorers (plan.publishes)."""
+        self.publisher = Publisher(plan, handle, published_dir(sdir)) if plan.publishes else None
 
     # ------------------------------------------------------------------ the schedule
 
@@ -113,7 +115,9 @@ class StageLoop:
         try:
             resumed = self._resume()  # before the monitors open metrics.jsonl, which it rewinds
             if self.plan.reads_buffer:
-                self.source = BufferSource(self.stage, self.sdir, self.run_ctx.run_dir, lambda: self._heartbeat(False))
+                self.source = BufferSource(
+                    self.stage, self.sdir, self.run_ctx.run_dir, lambda: self._heartbeat(False), self._while_waiting
+                )
             self.record.open()
             last_eval, stopped = self._steps(resumed)
             self._heartbeat(wait=False)  # flush the last records
@@ -225,9 +229,15 @@ class StageLoop:
     # ------------------------------------------------------------------ sync, evaluation, resume
 
     def _publish(self) -> dict[str, float]:
-        metrics = self.link.publish(published_dir(self.sdir))
+        assert self.publisher is not None
+        metrics = self.publisher.publish(self.global_step)
         self.published = self.global_step
         return metrics
+
+    def _while_waiting(self) -> None:
+        """Between the buffer's polls: an explorer's restarted workers get the newest weights."""
+        if self.publisher is not None and (metrics := self.publisher.on_wait()):
+            self._log(metrics)
 
     def _resume(self) -> bool:
         restored = self.checkpoints.resume()

@@ -49,9 +49,13 @@ def sender_factory(options: Callable[[RLCoreConfig], Any], device: str, master_a
     """Rank 0's way to reach rollout workers (weights.sender.connect): the client options a stage's
     config gets (`options`), joining the weight-sync group at `master_address`."""
 
-    def make(endpoints: list[str], cfg: RLCoreConfig) -> Any:
+    def make(endpoints: list[str], cfg: RLCoreConfig, token: str = "") -> Any:
+        """`token`: the workers' own (another launch's), else the run's."""
+        from dataclasses import replace
+
         from ..weights.sender import connect
 
-        return connect(endpoints, cfg.synchronizer, options(cfg), device, master_address)
+        opts = options(cfg)
+        return connect(endpoints, cfg.synchronizer, replace(opts, token=token) if token else opts, device, master_address)
 
     return make

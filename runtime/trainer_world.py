@@ -98,7 +98,8 @@ def exit_world(code: int) -> NoReturn:
     exit_now(code)
 
 
-SenderFactory = Callable[[list[str], RLCoreConfig], "WeightSender"]
+SenderFactory = Callable[[list[str], RLCoreConfig, str], "WeightSender"]
+"""(endpoints, the stage's config, the workers' token or "" for the run's) -> a sender to them."""
 """Rank 0's way to reach rollout workers: endpoints and the stage config -> a WeightSender."""
 
 
@@ -189,18 +190,18 @@ class TrainerWorld:
 
         t, endpoints = self._t(), call.endpoints
         start = time.perf_counter()
-        key = tuple(endpoints)
+        key = (call.transport, *endpoints)
         failure: Exception | None = None
         transport = self._transports.get(key)
         if transport is None:
             sender = None
             if endpoints and self._make_sender is not None:  # rank 0
                 try:
-                    sender = self._make_sender(endpoints, t.cfg)
+                    sender = self._make_sender(endpoints, t.cfg, call.token)
                 except Exception as e:
                     failure = e
             where = Endpoints(self.engine, sender, os.path.join(t.stage_dir, "weight_sync"), self.model_path)
-            transport = build_transport(self.weights, where)
+            transport = build_transport(call.transport or self.weights, where)
         try:
             # a backstop: each phase of the push has sync_timeout of its own, and a worker that misses
             # one is an error the loop handles (it syncs again with the workers that answer)

@@ -7,6 +7,15 @@ share.
     <folder>/latest.json    {"version": N, "path": ..., "time": ...}, replaced atomically after the rename
 
 The newest KEEP versions stay (an explorer may still be loading the one before the newest).
+
+With plan.explorer_weights nccl the folder also holds what the two launches say to each other about
+a process group (the first version is still a folder: the workers start from it):
+
+    <folder>/receivers.json {"workers": [...], "holds": V}: the explorer's rollout workers, which hold
+                            version V (-1: some hold older weights, e.g. a restarted one), and
+                            receivers.token their launch's token (mode 0600)
+    <folder>/pushed.json    {"version": N, "number": K}: the trainer pushed the weights of step N to
+                            them as policy version K (a worker serving K or newer holds step N)
 """
 
 from __future__ import annotations
@@ -25,16 +34,67 @@ from .base import WeightSource, WeightTransport, drain
 
 LATEST = "latest.json"
 KEEP = 3
+RECEIVERS = "receivers.json"
+RECEIVERS_TOKEN = "receivers.token"
+PUSHED = "pushed.json"
 
 
 def latest_published(folder: str) -> tuple[int, str] | None:
     """(version, path) of the newest complete version in `folder`; None before the first."""
+    latest = _read(os.path.join(folder, LATEST))
+    return None if latest is None else (int(latest["version"]), str(latest["path"]))
+
+
+def _read(path: str) -> dict | None:
     try:
-        with open(os.path.join(folder, LATEST)) as f:
-            latest = json.load(f)
+        with open(path) as f:
+            return dict(json.load(f))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return int(latest["version"]), str(latest["path"])
+
+
+def register_receivers(folder: str, workers: list[str], holds: int, token: str) -> None:
+    """The explorer's side: the rollout workers a trainer pushes versions to, the version they all
+    hold (-1 when some hold older weights), and their launch's token (mode 0600, beside)."""
+    os.makedirs(folder, exist_ok=True)
+    secret = os.path.join(folder, RECEIVERS_TOKEN)
+    with open(os.open(secret + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(token)
+    os.replace(secret + ".tmp", secret)
+    write_atomic(os.path.join(folder, RECEIVERS), json.dumps({"workers": workers, "holds": holds, "time": time.time()}))
+
+
+def unregister_receivers(folder: str) -> None:
+    """The explorer's workers are gone (it finished): the trainer publishes folders again."""
+    for name in (RECEIVERS, RECEIVERS_TOKEN):
+        try:
+            os.remove(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
+
+
+def registered_receivers(folder: str) -> tuple[list[str], int, str]:
+    """(the explorer's rollout workers, the version they all hold, their token); ([], -1, "")
+    before it registers."""
+    got = _read(os.path.join(folder, RECEIVERS))
+    try:
+        with open(os.path.join(folder, RECEIVERS_TOKEN)) as f:
+            token = f.read()
+    except FileNotFoundError:  # unregistered meanwhile
+        return [], -1, ""
+    return ([str(w) for w in got["workers"]], int(got["holds"]), token) if got else ([], -1, "")
+
+
+def record_push(folder: str, version: int, number: int) -> None:
+    """The trainer's side: the weights of step `version` reached the registered workers as policy
+    version `number`."""
+    write_atomic(os.path.join(folder, PUSHED), json.dumps({"version": version, "number": number, "time": time.time()}))
+
+
+def last_push(folder: str) -> tuple[int, int] | None:
+    """(step, policy version number) of the trainer's newest push; None before the first."""
+    got = _read(os.path.join(folder, PUSHED))
+    return (int(got["version"]), int(got["number"])) if got else None
 
 
 def pin_newest(folder: str, pins: str, keep: int) -> str:

@@ -176,7 +176,7 @@ def adapter_modules(peft_model: torch.nn.Module, adapter: str) -> list[torch.nn.
 
 
 @contextmanager
-def adapter_off(peft_model: torch.nn.Module) -> Iterator[None]:
+def adapter_off(peft_model: Any) -> Iterator[None]:
     """The base model (LoRA's reference): peft's disable_adapter, the adapter's parameters left
     trainable. peft clears their requires_grad, and FSDP2 takes each unit's gradient dtypes from the
     parameters requiring grad at the model's first forward: a first forward here left bfloat16

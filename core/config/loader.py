@@ -27,7 +27,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from .plan import StagePlan, filled, plan_stage, syncs_engines
+from .plan import StagePlan, filled, plan_stage, pushes_to_explorer, syncs_engines
 from .recipes import read_recipe
 from .schema import STAGE_SECTIONS, RLCoreConfig
 from .shape_checks import check_stages
@@ -390,14 +390,17 @@ ENGINE_SYNC_KEYS = ("sync_method", "checksums", "probe", "probe_tolerance", "rol
 def _drop_engine_sync_settings(stage_cfg: DictConfig, raw: dict[str, Any]) -> None:
     """A run-wide synchronizer setting applies to the stages that sync: a stage whose mode does not
     (train, explore, bench) gets the schema default for each ENGINE_SYNC_KEYS key it does not set
-    itself. One it sets itself is checked as given (validation refuses what cannot apply)."""
+    itself, except sync_method nccl in modes train and explore (a decoupled run's weights over a
+    group: plan.explorer_weights). One it sets itself is checked as given (validation refuses what
+    cannot apply)."""
     if syncs_engines(stage_cfg):
         return
     own = raw.get("synchronizer") or {}
     defaults = OmegaConf.structured(RLCoreConfig).synchronizer
+    decoupled = pushes_to_explorer(stage_cfg)
     with _unlocked(stage_cfg):
         for key in ENGINE_SYNC_KEYS:
-            if key not in own:
+            if key not in own and not (decoupled and key == "sync_method"):
                 stage_cfg.synchronizer[key] = defaults[key]
 
 

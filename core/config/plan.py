@@ -17,7 +17,9 @@ where engines live, how weights travel); the plan says what the run does with it
     weights     how the trainer's weights reach those engines (synchronizer.sync_method, "auto"
                 resolved): nccl (a process group), checkpoint (an HF folder), memory (an in-process
                 copy), publish (an explore launch's workers load the folders the trainer publishes),
-                none; `publishes`: the trainer also publishes versions for an explorer
+                none; `publishes`: the trainer also publishes versions for an explorer, and
+                `explorer_weights` says how they reach a decoupled run's explorer (folders, or
+                pushed over a process group)
     trainer     local (this launch's trainer world), remote (trainer.remote), tinker (trainer.remote
                 names a Tinker service: the engines are its samplers, loading the sampler paths it
                 saves by the checkpoint transport), none (an explore launch)
@@ -79,6 +81,13 @@ class StagePlan:
     or none."""
     publishes: bool
     """The trainer publishes its weights as folders for an explorer (source buffer or explorer_thread)."""
+    explorer_weights: str
+    """How a decoupled run's trainer (source buffer) gets its weights to the explore launch's rollout
+    workers, and how that launch (source explore) expects them: publish (every version a folder the
+    explorer has its workers load; synchronizer.sync_method auto or checkpoint) or nccl (the first
+    version a folder the workers start from, every later one pushed to the workers the explorer
+    registers, over a process group: NCCL on GPU, gloo on CPU; a folder again whenever no group
+    forms); "" for the other sources."""
     trainer: str
     """local, remote (trainer.remote), tinker (trainer.remote tinker://...) or none (the stage runs in an
     explore launch)."""
@@ -175,6 +184,13 @@ def syncs_engines(cfg: Any) -> bool:
     return cfg.mode in SYNCING_MODES
 
 
+def pushes_to_explorer(cfg: Any) -> bool:
+    """Whether a decoupled run's stage (its config, or a section-level node of one) has the trainer
+    push its weights to the explorer's workers over a group (synchronizer.sync_method nccl in modes
+    train and explore; plan.explorer_weights)."""
+    return cfg.mode in ("train", "explore") and cfg.synchronizer.sync_method == "nccl"
+
+
 # ---------------------------------------------------------------------- the decisions
 
 
@@ -238,9 +254,13 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
         refill=algorithm_of(algo).refills(algo),
     )
     ex = cfg.explorer
+    explorer_weights = ""
+    if source in ("buffer", "explore"):
+        explorer_weights = "nccl" if pushes_to_explorer(cfg) else "publish"
     return StagePlan(
         index=index, name=name, source=source, engines=engines, explorer_engines=explorer_engines,
-        on_workers=workers, weights=weights, publishes=source in ("buffer", "explorer_thread"), trainer=trainer,
+        on_workers=workers, weights=weights, publishes=source in ("buffer", "explorer_thread"),
+        explorer_weights=explorer_weights, trainer=trainer,
         trains_on=data, passes=passes, max_staleness=max_staleness(cfg),
         schedules_tasks=ex.over_rollout.ratio > 0 or ex.dynamic_timeout.enable,
         engine_per_rank=cfg.mode == "colocate" and ex.rollout_model.engine_num > 1,

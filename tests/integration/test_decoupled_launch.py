@@ -126,13 +126,22 @@ def _held(lines: list[str]) -> list[int]:
     return [int(line.split("hold version ")[1].split()[0]) for line in lines if "the rollout workers hold version" in line]
 
 
+def _pushed(out: str) -> list[int]:
+    """The steps whose weights a trainer pushed to the explorer's workers over a group."""
+    return [int(line.split("weights of step ")[1].split()[0]) for line in out.splitlines() if "over a group" in line]
+
+
 def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> None:
+    """With the weights pushed over a group (synchronizer.sync_method nccl): the first version is a
+    folder the explore launch's workers start from, later ones go over a gloo group to the workers
+    the explorer registered; the resumed trainer's first version is a folder again, which the
+    explorer loads as the newest, then pushes resume. The staleness rule holds as with folders."""
     import re
 
     steps = 8
-    path, run_dir, trainer, explorer = _past_the_step_2_checkpoint(tmp_path, steps)
+    path, run_dir, trainer, explorer = _past_the_step_2_checkpoint(tmp_path, steps, **{"synchronizer.sync_method": "nccl"})
     trainer.kill()  # the launcher only: its trainer world dies with it
-    trainer.communicate()
+    before = trainer.communicate()[0]
     resumed = _start(path, "train", "continue_from_checkpoint=true")
     explored = _finish(explorer, "mode explore")
     # it watched the trainer launch's lock: said when it went and when it came back, and waited
@@ -141,6 +150,15 @@ def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> 
     out = _finish(resumed, "the resumed mode train")
     found = re.search(r"resumed main from \S+ \(step (\d+)\)", out)
     assert found and int(found.group(1)) < steps, out[-3000:]  # it retrains the steps after its checkpoint
+    first, later = _pushed(before), _pushed(out)
+    resumed_at = int(found.group(1))
+    assert first[:2] == [1, 2] and later and later[0] >= resumed_at, (first, later, out[-3000:])
+    assert "could not push" not in before + out and "(pushed over a group)" in explored, out[-3000:]
+    # folders (the newest 3 kept): the first version, the resumed trainer's first, and those the
+    # trainer published after the explorer finished
+    folders = {int(n.split("_")[1]) for d, names, _ in os.walk(run_dir) for n in names
+               if n.startswith("version_") and "published" in d}  # fmt: skip
+    assert resumed_at in folders and all(v > later[-1] for v in folders - {0, resumed_at}), (folders, later)
     train, _ = _check_run(run_dir, steps)  # every step once in the metrics: the retrained ones replaced
     _each_group_trained_once(run_dir, train, steps)
 
@@ -393,3 +411,4 @@ def test_an_explorer_waiting_for_weights_stops_on_sigint_within_the_grace(tmp_pa
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+

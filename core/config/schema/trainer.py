@@ -115,7 +115,10 @@ class SynchronizerConfig:
     """How weights reach the engines: nccl (a process group between trainer rank 0 and the rollout
     workers' engine processes: NCCL on GPU, gloo on CPU), checkpoint (rank 0 writes an HF folder
     the workers load: a shared file system instead of a group), memory (engine in trainer rank 0's
-    process, mode colocate), auto (memory for colocate, nccl otherwise)."""
+    process, mode colocate), auto (memory for colocate, nccl otherwise). A decoupled run (modes train
+    and explore, the same value in both launches): auto publishes every version as a folder the
+    explorer's workers load; nccl pushes every version after the first to the workers the explorer
+    registers, over a process group (a folder again whenever no group forms)."""
     bucket_mb: int = bounded(64, gt=0)
     """Weights are packed into buckets of this many MiB, one broadcast each."""
     sync_interval: int = bounded(1, ge=1)

@@ -128,3 +128,21 @@ def test_a_run_wide_sync_setting_applies_to_the_stages_that_sync(tmp_path: Path)
     assert (rl.config.synchronizer.sync_method, rl.config.synchronizer.probe) == ("checkpoint", True)
     with pytest.raises(ConfigError, match=r"^stages\[0\]\.synchronizer\.sync_method checkpoint has separate"):
         resolve_stages(load_config(recipe, ["stages.0.synchronizer.sync_method=checkpoint"]))
+
+
+def test_a_run_wide_sync_method_nccl_reaches_a_decoupled_runs_stages(tmp_path: Path) -> None:
+    """`synchronizer.sync_method=nccl` on the command line of a decoupled run (SFT warm-up, then RL in
+    mode train or explore): the RL stage's trainer pushes to the explorer over a group and its
+    explorer expects that (plan.explorer_weights); without it both use folders."""
+    from rlcore.core.config.plan import plan_stage
+
+    stages = [
+        {"name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft"}},
+        {"name": "rl", "algorithm": {"algorithm_type": "grpo"}},
+    ]  # fmt: skip
+    recipe = write_recipe(tmp_path, {"mode": "train", "stages": stages})
+    for mode in ("train", "explore"):
+        *_, rl = resolve_stages(load_config(recipe, ["synchronizer.sync_method=nccl", f"mode={mode}"]))
+        assert plan_stage(rl.config).explorer_weights == "nccl"
+        *_, rl = resolve_stages(load_config(recipe, [f"mode={mode}"]))
+        assert plan_stage(rl.config).explorer_weights == "publish"
