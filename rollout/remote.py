@@ -20,6 +20,10 @@ GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 """Status codes of a worker that is not there (as opposed to one that answered with an error)."""
 
 
+class NoWorkerAnswers(RuntimeError):
+    """Every rollout worker of a batch stopped answering (the launch may be restarting them)."""
+
+
 class RemoteRollout:
     bounded = True  # every call has an RPC deadline: a stalled worker fails over instead of ending the run
 
@@ -64,7 +68,7 @@ class RemoteRollout:
         happened."""
         n = len(self.clients)
         if n == 0:
-            raise RuntimeError(f"no rollout worker answers: {', '.join(self.lost) or 'none was given'} stopped")
+            raise NoWorkerAnswers(f"no rollout worker answers: {', '.join(self.lost) or 'none was given'} stopped")
         bounds = [len(tasks) * i // n for i in range(n + 1)]
         shares: list[list[list[Experience]] | None] = [None] * n
 
@@ -88,7 +92,7 @@ class RemoteRollout:
                     self.drop(client, e)
                     failed.append(i)
             if failed and not self.clients:
-                raise RuntimeError(f"no rollout worker answers: {', '.join(self.lost)} stopped")
+                raise NoWorkerAnswers(f"no rollout worker answers: {', '.join(self.lost)} stopped")
             todo = [(i, self.clients[k % len(self.clients)]) for k, i in enumerate(failed)]
         return [e for part in shares if part is not None for exps in part for e in exps]
 

@@ -35,7 +35,7 @@ from ..core.rpc.cli import write_atomic
 from ..core.step_metrics import rollout_metrics
 from ..core.types import Experience, Task
 from ..rollout.explorer import Explorer, rollout_seed
-from ..rollout.remote import RemoteRollout
+from ..rollout.remote import NoWorkerAnswers, RemoteRollout
 from ..rollout.scheduler import TaskScheduler
 from ..weights.base import announce
 from ..weights.publish import last_push, latest_published, register_receivers, unregister_receivers
@@ -213,10 +213,15 @@ class ExploreLoop:
         saved; its metrics (None: stopped while waiting for weights)."""
         start = time.perf_counter()
         self._follow_workers()
-        metrics = self._follow_trainer()
-        if self.stop.is_set():
-            return None
-        exps, explored = self._explore()
+        try:
+            metrics = self._follow_trainer()
+            if self.stop.is_set():
+                return None
+            exps, explored = self._explore()
+        except NoWorkerAnswers:
+            if not self._wait_for_restarts():
+                raise
+            return self._step(buffer, state_file)  # the step again, on the restarted workers
         metrics.update(explored)
         self.dropped += int(explored.get("rollout/tasks_dropped", 0))
         groups = grouped(exps)
@@ -307,8 +312,11 @@ class ExploreLoop:
                     if e.code.name not in GONE:
                         raise
                     gone.append(c.address)
-            if not gone or len(gone) == len(self.workers.clients):
+            if not gone:
                 raise
+            if len(gone) == len(self.workers.clients):
+                self.workers.forget(gone)
+                raise NoWorkerAnswers(f"no rollout worker answers: {', '.join(gone)} stopped") from None
             log.warning("rollout worker(s) %s stopped answering; the others load %s", ", ".join(gone), path)
             self.workers.forget(gone)
             self._reconnect()
@@ -367,6 +375,25 @@ class ExploreLoop:
         now = [c.address for c in self.workers.clients]
         if now != were:
             log.info("rollout workers now: %s (were: %s)", ", ".join(now), ", ".join(were))
+
+    def _wait_for_restarts(self) -> bool:
+        """Every rollout worker stopped answering mid-step: wait for the launch to list restarted ones
+        (as long as explorer.rollout_model.max_restarts' backoff and control.worker_start_timeout
+        allow); False where it does not restart them, with the task scheduler (tasks in flight on the
+        dead workers), or when none came: the step then fails."""
+        rm = self.cfg.explorer.rollout_model
+        if self.registered is None or self.scheduler is not None or rm.max_restarts == 0:
+            return False
+        budget_s = 2.0**rm.max_restarts + self.cfg.control.worker_start_timeout  # its backoff, then a start
+        log.warning("no rollout worker answers: waiting up to %.0f s for the launch to restart one, then "
+                    "exploring step %d again", budget_s, self.explore_step)  # fmt: skip
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline and not self.stop.is_set():
+            self._follow_workers()
+            if self.workers.clients:
+                return True
+            self.stop.wait(1.0)
+        return False
 
     def _watch_trainer(self) -> None:
         """Say when the trainer launch went (and came back): the explorer waits for it meanwhile."""

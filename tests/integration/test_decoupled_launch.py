@@ -121,6 +121,33 @@ def test_an_explore_and_a_train_launch_meet_in_the_buffer_and_a_killed_explore_w
     _check_run(os.path.join(root, "it", "run"), steps)
 
 
+def test_an_explore_launch_whose_only_worker_dies_waits_for_its_restart(tmp_path) -> None:
+    """One rollout worker, killed (-9) once the explorer holds version 3: the step it was exploring
+    fails on no worker at all; the explorer waits for the launch to restart it, loads the newest
+    weights into it and explores the step again; every step trains."""
+    from tests.integration.test_worker_failover import _read, _until, _worker
+
+    root, steps = str(tmp_path), 12
+    path = _config(root, "file", **{"buffer.total_steps": steps})
+    trainer = _start(path, "train")
+    explorer = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "launch", path, "mode=explore"], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    (out, errs), readers = _read(explorer)
+    _until(lambda: max(_held(out), default=-1) >= 3, "the explorer to hold version 3", explorer)
+    _worker(root, 0).kill()
+    explorer.wait(timeout=300)
+    for r in readers:
+        r.join(timeout=10)
+    text = "".join(out)
+    assert explorer.returncode == 0, text[-3000:] + "\n" + "".join(errs)[-3000:]
+    _finish(trainer, "mode train")
+    # noticed in the weight load or in the rollout, whichever met the dead worker first
+    assert "no rollout worker answers: waiting up to" in text and "rollout workers now: " in text, text[-3000:]
+    _check_run(os.path.join(root, "it", "run"), steps)
+
+
 def _held(lines: list[str]) -> list[int]:
     """The versions an explorer said its rollout workers hold, in order."""
     return [int(line.split("hold version ")[1].split()[0]) for line in lines if "the rollout workers hold version" in line]
