@@ -5,15 +5,20 @@ The program gets:
 - an environment built from an allow-list (PATH, locale, a HOME and TMPDIR inside its folder, and the
   variables the policy names): never RLCORE_TOKEN, HF_TOKEN, WANDB_API_KEY or any other credential
   of the run, whatever the worker's environment holds;
-- a fresh folder of its own, removed afterwards, the only place it may write (Landlock), and read
-  access to the interpreter's and the system's folders only (not the run folder, not $HOME);
-- no network unless the policy allows it (a network namespace of its own as root, Landlock's TCP
-  rules otherwise), no signals to processes outside it (Landlock ABI 6+);
+- a fresh folder of its own, removed afterwards, the only place it may write, and read access to the
+  interpreter's and the system's folders and a few files of /etc only (not the run folder, not
+  $HOME, not /etc/shadow, not other processes' /proc);
+- no network of any kind unless the policy allows it (namespaces of its own, and no socket() at all:
+  TCP, UDP, DNS, unix sockets by path or abstract), no capabilities (as root too), no device nodes,
+  no signals or ptrace to processes outside it;
 - limits on wall time, CPU seconds, memory, bytes of output (stdout and stderr are files in its
   folder under RLIMIT_FSIZE) and processes.
 
-Each protection the machine cannot give is named once in a warning (`isolation()` says what is
-enforced here); the program still runs. The child side is `sandbox_exec.py`.
+Two backends give the same promise: `bwrap` (bubblewrap, where it is installed and works: a fresh
+root with only the allowed folders in it, its own namespaces) with rlcore's own confinement inside
+it, and `own` (rlcore's own: namespaces, capabilities, Landlock, seccomp; sandbox_exec.py) alone.
+`auto` takes bwrap where it works. Each protection the machine cannot give is named once in a
+warning (`isolation()` says what is enforced here); the program still runs.
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from . import sandbox_bwrap
+from .sandbox_bwrap import bwrap_path
+
 log = logging.getLogger(__name__)
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_exec.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 """Variables the program sees from the worker's environment (when set) without being named."""
+BACKENDS = ("auto", "bwrap", "own")
 
 
 @dataclass(frozen=True)
@@ -54,11 +63,15 @@ class SandboxPolicy:
     """Whether it may open network connections (loopback included)."""
     env: tuple[str, ...] = field(default_factory=tuple)
     """Names of further variables of the worker's environment it may see."""
+    backend: str = "auto"
+    """`auto` (bubblewrap where it works, else rlcore's own), `bwrap` or `own`."""
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "cpu_s", "memory_mb", "output_bytes", "max_processes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive; got {getattr(self, name)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
 
 
 @dataclass(frozen=True)
@@ -73,25 +86,37 @@ class SandboxResult:
 
 @functools.cache
 def isolation() -> dict[str, object]:
-    """What this machine lets the sandbox enforce (probed once), and a warning for what it cannot."""
+    """What this machine lets the sandbox enforce (probed once), the backend `auto` takes, and a
+    warning for what it cannot enforce."""
     probe = subprocess.run(
         [sys.executable, "-I", LAUNCHER, "--probe"], capture_output=True, text=True, timeout=30
     )
     found: dict[str, object] = json.loads(probe.stdout) if probe.returncode == 0 else {}
+    abi = int(found.get("landlock_abi", 0) or 0)  # type: ignore[call-overload]
+    bwrap = bwrap_path()
     missing = []
-    if not found.get("landlock_abi"):
-        missing.append("file-system confinement (Landlock: Linux >= 5.13 with it enabled)")
-    if not found.get("netns") and int(found.get("landlock_abi", 0) or 0) < 4:  # type: ignore[call-overload]
-        missing.append(
-            "network isolation (a network namespace needs CAP_SYS_ADMIN; Landlock's TCP rules Linux >= 6.7)"
-        )
-    if int(found.get("landlock_abi", 0) or 0) < 6:  # type: ignore[call-overload]
-        missing.append("signal confinement (Landlock ABI 6, Linux >= 6.12)")
+    if not (found.get("landlock_abi") or bwrap):
+        missing.append("file-system confinement (bubblewrap, or Landlock: Linux >= 5.13 with it enabled)")
+    if not (found.get("netns") or found.get("seccomp") or bwrap):
+        missing.append("network isolation (bubblewrap, namespaces, or seccomp on x86-64/arm64)")
+    if abi < 6 and not bwrap:
+        missing.append("signal confinement (bubblewrap, or Landlock ABI 6: Linux >= 6.12)")
     if found.get("root") and not found.get("pids_cgroup"):
         missing.append("a process limit (as root it needs a writable pids cgroup)")
     if missing:
         log.warning("sandbox for model-written code: this machine cannot enforce %s", "; ".join(missing))
-    return {**found, "missing": missing}
+    return {**found, "bwrap": bwrap, "backend": "bwrap" if bwrap else "own", "missing": missing}
+
+
+def backend(policy: SandboxPolicy) -> str:
+    """The backend `policy` runs with here: `bwrap` or `own`."""
+    found = isolation()
+    if policy.backend == "bwrap" and not found["bwrap"]:
+        raise ValueError(
+            "sandbox backend bwrap: `bwrap` is not installed or cannot make namespaces here; install "
+            "bubblewrap (apt install bubblewrap) or use backend auto or own"
+        )
+    return str(found["backend"]) if policy.backend == "auto" else policy.backend
 
 
 def read_dirs() -> list[str]:
@@ -112,18 +137,23 @@ def read_dirs() -> list[str]:
 
 def environment(folder: str, names: tuple[str, ...]) -> dict[str, str]:
     env = {name: os.environ[name] for name in (*BASE_ENV, *names) if name in os.environ}
-    env.update(HOME=folder, TMPDIR=folder, PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0")
+    env.update(HOME=folder, TMPDIR=folder, PWD=folder, PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0")
     return env
 
 
 def run(argv: list[str], stdin: str, policy: SandboxPolicy) -> SandboxResult:
     """Run `argv` (an absolute program path first) confined by `policy`, `stdin` as its input."""
-    found = isolation()
+    found, chosen = isolation(), backend(policy)
     with tempfile.TemporaryDirectory(prefix="rlcore-sandbox-") as folder:
+        wrapper = None
+        if chosen == "bwrap":
+            wrapper = sandbox_bwrap.command(
+                str(found["bwrap"]), folder, read_dirs(), LAUNCHER, policy.network
+            )
         spec = {
             **asdict(policy), "file_bytes": policy.output_bytes, "read_dirs": read_dirs(),
             "landlock_abi": found.get("landlock_abi", 0), "netns": found.get("netns", False),
-            "pids_cgroup": found.get("pids_cgroup"),
+            "pids_cgroup": found.get("pids_cgroup"), "seccomp": found.get("seccomp", False), "wrapper": wrapper,
         }  # fmt: skip
         paths = {name: os.path.join(folder, f".{name}") for name in ("stdin", "stdout", "stderr")}
         with open(paths["stdin"], "w") as f:
@@ -145,8 +175,11 @@ def run(argv: list[str], stdin: str, policy: SandboxPolicy) -> SandboxResult:
         finally:  # whatever it started goes too: its process group, and all in its pids cgroup
             _end(proc, found.get("pids_cgroup"))
         out, err = (_read(paths[name], policy.output_bytes) for name in ("stdout", "stderr"))
-    cut = proc.returncode == -signal.SIGXFSZ or max(len(out), len(err)) >= policy.output_bytes
-    return SandboxResult(proc.returncode, out, err, timed_out=timed_out, output_cut=cut)
+    returncode = proc.returncode
+    if chosen == "bwrap" and 128 < returncode < 128 + signal.NSIG:
+        returncode = 128 - returncode  # bwrap's init reports a program killed by signal N as 128 + N
+    cut = returncode == -signal.SIGXFSZ or max(len(out), len(err)) >= policy.output_bytes
+    return SandboxResult(returncode, out, err, timed_out=timed_out, output_cut=cut)
 
 
 def _read(path: str, limit: int) -> str:

@@ -16,13 +16,13 @@ MAX_OUTPUT = 2000
 """Characters of output the model reads (the rest is cut, and said so)."""
 RUN_STDIN = "import sys; exec(compile(sys.stdin.read(), '<code>', 'exec'), {'__name__': '__main__'})"
 """The program: the code comes on stdin (so tracebacks name its lines)."""
-ARGS = ("timeout_s", "memory_mb", "cpu_s", "max_processes", "network", "env")
+ARGS = ("timeout_s", "memory_mb", "cpu_s", "max_processes", "network", "env", "backend")
 
 
 class PythonTool(Tool):
     """`tool_args.python`: `timeout_s` (default 5), `memory_mb` (256), `cpu_s` (the timeout, rounded
     up), `max_processes` (16), `network` (false), `env` (names of worker variables the code may see;
-    none)."""
+    none), `backend` (the sandbox's: auto, bwrap or own)."""
 
     name = "python"
     description = "Run Python code and return what it prints."
@@ -48,6 +48,7 @@ class PythonTool(Tool):
                 timeout_s=timeout_s, cpu_s=int(self.args.get("cpu_s", max(1, -int(-timeout_s // 1)))),
                 memory_mb=int(self.args.get("memory_mb", 256)), max_processes=int(self.args.get("max_processes", 16)),
                 network=bool(self.args.get("network", False)), env=tuple(env), output_bytes=64 * 1024,
+                backend=str(self.args.get("backend", "auto")),
             )  # fmt: skip
         except ValueError as e:
             raise ValueError(f"tool_args.python: {e}") from None

@@ -1,104 +1,134 @@
-"""The sandbox for model-written code, tried as a policy that learned to misbehave would: read the
-run's token, write outside its folder, connect to the worker's port, signal the worker, fork without
-end, print without end. Each attempt fails. Protections this machine cannot give are skipped with the
-reason (`isolation()` names them); CI's machines give them all."""
+"""The sandbox for model-written code, tried as a policy that learned to misbehave would
+(tests/unit/rollout/sandbox_escapes.py): reach the worker over TCP, UDP, DNS or a unix socket, read
+/etc/shadow or the worker's files, write outside its folder, make a device node, hold a capability,
+read, signal or trace the worker, fork without end, take memory, CPU or time. Every attempt fails,
+with either backend (bubblewrap; rlcore's own), run by root and by an unprivileged user. The
+same program, unconfined, succeeds at each (so each check can fail)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from rlcore.rollout.sandbox import SandboxPolicy, isolation, run
 from rlcore.rollout.tools.base import ToolError
 from rlcore.rollout.tools.python import RUN_STDIN, PythonTool
+from tests.unit.rollout.sandbox_escapes import PROGRAM, Listeners, as_nobody, try_escapes, try_limits
+
+BACKENDS = ("own", "bwrap")
 
 
-def needs(what: str) -> None:
-    missing = [m for m in isolation()["missing"] if what in m]  # type: ignore[union-attr]
+def needs(backend: str) -> None:
+    if backend == "bwrap" and not isolation()["bwrap"]:
+        if os.environ.get("RLCORE_REQUIRE_BWRAP") == "1":
+            pytest.fail("RLCORE_REQUIRE_BWRAP=1 but bubblewrap is missing or cannot make namespaces here")
+        pytest.skip("bubblewrap is not installed or cannot make namespaces here (apt install bubblewrap)")
+    missing = isolation()["missing"]
     if missing:
-        pytest.skip(f"this machine cannot enforce {missing[0]}")
+        pytest.skip(f"this machine cannot enforce {missing}")
 
 
-def python(code: str, **policy: object) -> tuple[int, str, str]:
-    result = run([sys.executable, "-I", "-c", RUN_STDIN], code, SandboxPolicy(**policy))  # type: ignore[arg-type]
-    return result.returncode, result.stdout, result.stderr
+def needs_root_to_become_nobody() -> None:
+    if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("unshare")):
+        pytest.skip("running as an unprivileged user needs root (to switch), setpriv and unshare")
 
 
-def test_the_code_sees_no_credential_of_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+def escaped(outcomes: dict[str, str]) -> dict[str, str]:
+    return {name: outcome for name, outcome in outcomes.items() if not outcome.startswith("refused")}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_escape_fails_as_the_workers_user(backend: str) -> None:
+    needs(backend)
+    outcomes = try_escapes(backend)
+    assert len(outcomes) == 19 and not escaped(outcomes), escaped(outcomes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_escape_fails_as_an_unprivileged_user(backend: str) -> None:
+    needs(backend)
+    needs_root_to_become_nobody()
+    outcomes = as_nobody(backend)
+    assert len(outcomes) == 19 and not escaped(outcomes), escaped(outcomes)
+    limits = as_nobody(backend, "limits")
+    assert len(limits) == 4 and not escaped(limits), escaped(limits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_processes_memory_cpu_and_wall_time_are_bounded(backend: str) -> None:
+    needs(backend)
+    outcomes = try_limits(backend)
+    assert len(outcomes) == 4 and not escaped(outcomes), escaped(outcomes)
+    result = run(
+        [sys.executable, "-I", "-c", RUN_STDIN], "print('x' * 10**7)", SandboxPolicy(output_bytes=4096)
+    )
+    assert result.output_cut and len(result.stdout) == 4096
+
+
+def test_the_same_program_unconfined_escapes_every_way(tmp_path) -> None:
+    """The escapes' checks can fail: run as a plain child of the worker, each attempt succeeds
+    (as root; an unprivileged user could not read /etc/shadow or make a device node anyway)."""
+    if os.geteuid() != 0:
+        pytest.skip("the unconfined run reads /etc/shadow and makes a device node: it needs root")
+    listeners = Listeners(str(tmp_path))
+    folder = tempfile.mkdtemp(dir=tmp_path)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", PROGRAM], input=json.dumps(listeners.probe()),
+                              capture_output=True, text=True, timeout=60, cwd=folder)  # fmt: skip
+        outcomes = json.loads(done.stdout)
+        assert sorted(listeners.heard()) == ["abstract", "dns", "tcp", "udp", "unix"]
+    finally:
+        listeners.close()
+        for leftover in ("/tmp/rlcore-sandbox-evil", os.path.join(sys.prefix, "rlcore-sandbox-evil")):
+            if os.path.exists(leftover):
+                os.remove(leftover)
+    assert len(outcomes) == 17 and all(outcome.startswith("ESCAPED") for outcome in outcomes.values()), (
+        outcomes
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_code_sees_no_credential_and_writes_its_own_folder(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    needs(backend)
     for name in ("RLCORE_TOKEN", "HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "MY_SETTING"):
         monkeypatch.setenv(name, f"secret-{name}")
-    rc, out, _ = python("import os; print(sorted(os.environ)); print(open('/proc/self/environ').read())")
-    assert rc == 0 and "secret-" not in out
-    names = eval(out.splitlines()[0])  # noqa: S307 (our own program's print)
-    assert set(names) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "TMPDIR", "PYTHONDONTWRITEBYTECODE",
+    code = "import os; print(sorted(os.environ)); print(open('/proc/self/environ').read())\n"
+    code += "open('mine.txt', 'w').write('ok'); print(open('mine.txt').read())"
+    result = run([sys.executable, "-I", "-c", RUN_STDIN], code, SandboxPolicy(backend=backend))
+    assert result.returncode == 0 and "secret-" not in result.stdout, result
+    names = eval(result.stdout.splitlines()[0])  # noqa: S307 (our own program's print)
+    assert set(names) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "TMPDIR", "PWD", "PYTHONDONTWRITEBYTECODE",
                           "PYTHONHASHSEED"}  # fmt: skip
+    assert result.stdout.endswith("ok\n")
     # a variable the tool's policy names does reach it
-    rc, out, _ = python("import os; print(os.environ['MY_SETTING'])", env=("MY_SETTING",))
-    assert out == "secret-MY_SETTING\n"
+    result = run([sys.executable, "-I", "-c", RUN_STDIN], "import os; print(os.environ['MY_SETTING'])",
+                 SandboxPolicy(backend=backend, env=("MY_SETTING",)))  # fmt: skip
+    assert result.stdout == "secret-MY_SETTING\n"
 
 
-def test_the_code_writes_in_its_own_folder_only(tmp_path) -> None:
-    needs("file-system")
-    run_folder = tmp_path / "run"
-    run_folder.mkdir()
-    (run_folder / "token").write_text("secret")
-    code = f"""
-import os
-open("mine.txt", "w").write("ok"); print("own folder:", open("mine.txt").read())
-for path in [{str(run_folder / "evil.txt")!r}, "/tmp/rlcore-sandbox-evil.txt", os.path.expanduser("~root/evil")]:
-    try:
-        open(path, "w").write("x"); print("WROTE", path)
-    except OSError as e:
-        print("refused", type(e).__name__)
-try:
-    print("READ", open({str(run_folder / "token")!r}).read())
-except OSError as e:
-    print("refused", type(e).__name__)
-"""
-    rc, out, err = python(code)
-    assert rc == 0, err
-    assert out.startswith("own folder: ok\n") and "WROTE" not in out and "READ" not in out
-    assert out.count("refused PermissionError") == 4
-    assert not (run_folder / "evil.txt").exists() and not os.path.exists("/tmp/rlcore-sandbox-evil.txt")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_policy_with_network_reaches_the_workers_port(backend: str) -> None:
+    needs(backend)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        code = f"import socket; socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=5); print('ok')"
+        result = run(
+            [sys.executable, "-I", "-c", RUN_STDIN], code, SandboxPolicy(backend=backend, network=True)
+        )
+        assert result.stdout == "ok\n", result
 
 
-def test_the_code_cannot_reach_the_workers_port_or_signal_it() -> None:
-    needs("network")
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        code = f"""
-import os, socket
-try:
-    socket.create_connection(("127.0.0.1", {port}), timeout=2); print("CONNECTED")
-except OSError as e:
-    print("refused", e.errno)
-"""
-        rc, out, err = python(code)
-        assert rc == 0 and out.startswith("refused"), (out, err)
-        # the door's and gRPC's ports are open to everything that may use the network
-        rc, out, _ = python(code, network=True)
-        assert out == "CONNECTED\n"
-    needs("signal")
-    rc, out, _ = python("import os\ntry:\n os.kill(os.getppid(), 0); print('SIGNALLED')\nexcept OSError: print('refused')")
-    assert out == "refused\n"
-
-
-def test_processes_output_cpu_and_wall_time_are_bounded() -> None:
-    needs("process limit")
-    fork_bomb = "import os, time\nfor _ in range(64):\n    if os.fork() == 0:\n        time.sleep(5)\n        os._exit(0)"
-    rc, out, err = python(fork_bomb, max_processes=8)
-    assert rc != 0 and "BlockingIOError" in err
-    result = run([sys.executable, "-I", "-c", RUN_STDIN], "print('x' * 10**7)", SandboxPolicy(output_bytes=4096))
-    assert result.output_cut and len(result.stdout) == 4096
-    result = run([sys.executable, "-I", "-c", RUN_STDIN], "while True: pass", SandboxPolicy(cpu_s=1, timeout_s=30))
-    assert result.returncode < 0 and not result.timed_out  # SIGXCPU after 1 s of CPU
-    result = run([sys.executable, "-I", "-c", RUN_STDIN], "import time; time.sleep(30)", SandboxPolicy(timeout_s=0.5))
-    assert result.timed_out
+def test_a_backend_that_is_not_there_is_one_line() -> None:
+    with pytest.raises(ValueError, match=r"^backend must be one of auto, bwrap, own; got 'docker'$"):
+        SandboxPolicy(backend="docker")
 
 
 def test_the_python_tool_says_which_limit_stopped_the_code() -> None:
