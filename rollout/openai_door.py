@@ -37,7 +37,7 @@ from ..core.rpc.convert import sampling_to_proto
 from ..core.rpc.errors import InvalidArgument, ServiceError, Unavailable
 from ..core.types import Completion, SamplingParams
 from .episodes import EpisodeRecorder
-from .openai_schema import BodyError, check
+from .openai_schema import BodyError, check, check_id, shown
 from .openai_stream import sse_events
 from .server import RolloutServicer
 from .workflows.tool_formats import resolve
@@ -64,8 +64,8 @@ class DoorError(Exception):
     def __init__(
         self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
     ):
-        super().__init__(message)
-        self.status, self.param, self.kind = status, param, kind
+        super().__init__(_encodable(message))
+        self.status, self.param, self.kind = status, param and _encodable(param), kind
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
@@ -73,6 +73,17 @@ class DoorError(Exception):
 
 def _invalid(param: str, problem: str) -> DoorError:
     return DoorError(400, f"{param}: {problem}", param)
+
+
+def _encodable(text: str) -> str:
+    """`text` as UTF-8 can carry it (what cannot be, a lone surrogate, escaped): an error that
+    echoes a request's value must never fail to be sent."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _not_served(model: str, served: str) -> DoorError:
+    return DoorError(404, f"model {shown(model)} is not served here; this worker serves '{served}'", "model",
+                     "not_found_error")  # fmt: skip
 
 
 class OpenAIDoor:
@@ -97,11 +108,11 @@ class OpenAIDoor:
     # requests
 
     def check_token(self, authorization: str | None) -> None:
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
             raise DoorError(
                 401,
-                "missing or wrong API key (give the worker's token as the key)",
+                "missing or wrong API key: send the worker's token as `Authorization: Bearer <token>`",
                 kind="authentication_error",
             )
 
@@ -153,10 +164,14 @@ class OpenAIDoor:
         return sampling
 
     def episode_id(self, body: dict[str, Any], header: str | None) -> str | None:
-        episode = body.get("episode_id", header)
-        if episode is not None and (not isinstance(episode, str) or not episode):
-            raise _invalid("episode_id", f"must be a non-empty string; got {episode!r}")
-        return episode
+        """The body's episode_id (checked by the schema), else the X-Episode-Id header's, checked
+        as the body's is (its bytes read as UTF-8, as the body's are)."""
+        if "episode_id" in body or header is None:
+            return body.get("episode_id")
+        try:
+            return check_id("X-Episode-Id", header.encode("latin-1").decode("utf-8", "surrogateescape"))
+        except BodyError as e:
+            raise _invalid(e.param, str(e).split(": ", 1)[1]) from None
 
     def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[Completion], int]:
         """One prompt's completions. Requests go through the worker's batching engine, as RunTasks'
@@ -188,19 +203,13 @@ class OpenAIDoor:
             self.recorder.continuation(episode, prompt) if episode and isinstance(prompt, str) else None
         )
         inserted: list[int] = []
-        if continued is not None and isinstance(
-            prompt, str
-        ):  # the previous prompt, its completion, the new text
+        if continued is not None and isinstance(prompt, str):
+            # the previous prompt, its completion, the new text
             inserted = self._encode(prompt[len(continued.history) :])
             ids = continued.tokens + inserted
-        elif isinstance(prompt, str) and prompt:
-            self._check_chars("prompt", len(prompt))
+        elif isinstance(prompt, str) and prompt:  # no longer than max_chars (the schema)
             ids = self._encode(prompt)
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.servicer.vocab_size]
             if bad:
@@ -236,7 +245,7 @@ class OpenAIDoor:
 
     def chat(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
         self._check_body("chat", body)
-        messages = self._messages(body.get("messages"))
+        messages = self._messages(body["messages"])
         self._check_chars("messages", sum(len(m["content"]) for m in messages))
         tools = body.get("tools")
         if body.get("top_logprobs"):
@@ -261,12 +270,8 @@ class OpenAIDoor:
                 if continued is not None
                 else fmt.encode_prompt(self.tokenizer, "", messages)
             )
-        except (ValueError, TypeError) as e:  # no chat template, or one that refuses these messages
-            raise _invalid("messages", f"the model's chat template cannot render them: {e}") from None
-        except Exception as e:  # a Jinja error raised by the template itself
-            raise _invalid(
-                "messages", f"the model's chat template cannot render them: {type(e).__name__}: {e}"
-            ) from None
+        except Exception as e:  # no chat template, or one that refuses these messages
+            raise self._template_error(e) from None
         sampling = self.sampling(body, len(ids), "messages")
         if episode and sampling.n != 1:
             raise _invalid("n", "a recorded episode is one conversation: n must be 1")
@@ -300,49 +305,38 @@ class OpenAIDoor:
         """GET /v1/models/{id}: the served model, or a 404 in OpenAI's shape."""
         (served,) = self.models()["data"]
         if model_id != self.model_name:
-            raise DoorError(404, f"model '{model_id}' is not served here; this worker serves '{self.model_name}'",
-                            "model", "not_found_error")  # fmt: skip
+            raise _not_served(model_id, self.model_name)
         return served
 
     def _check_body(self, kind: str, body: Any) -> None:
-        """The schema's check (types, ranges, unserved and unknown parameters), then the model."""
+        """The schema's check (types, ranges, unserved and unknown parameters, every string valid
+        text that fits in the model's context), then the model."""
         try:
-            check(kind, body)
+            check(kind, body, self.max_chars)
         except BodyError as e:
             raise _invalid(e.param, str(e).split(": ", 1)[1]) from None
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise DoorError(
-                404,
-                f"model '{model}' is not served here; this worker serves '{self.model_name}'",
-                "model",
-                "not_found_error",
-            )
+            raise _not_served(model, self.model_name)
 
-    def _messages(self, messages: Any) -> list[dict[str, Any]]:
-        """The request's messages in the template's terms (tool call arguments as objects), each
-        checked: the error names the message and field."""
-        if not isinstance(messages, list) or not messages:
-            raise _invalid("messages", "must be a non-empty list of messages")
+    def _template_error(self, e: Exception) -> DoorError:
+        """The chat template's failure in the door's words: a template's own refusal (its
+        `raise_exception`, a jinja2 TemplateError) in the template's words; anything else logged."""
+        if type(e).__module__ == "jinja2.exceptions" and type(e).__name__ == "TemplateError":
+            return _invalid("messages", f"the model's chat template refuses them: {e}")
+        if not getattr(self.tokenizer, "chat_template", None):
+            return _invalid("messages", "the model has no chat template (send a prompt to /v1/completions)")
+        log.warning("the chat template failed on a request's messages", exc_info=e)
+        return _invalid("messages", "the model's chat template cannot render them")
+
+    def _messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The request's messages (typed by the schema) in the template's terms: text parts joined,
+        tool call arguments as objects; the error names the message and field."""
         out = []
         for j, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in (
-                "system",
-                "developer",
-                "user",
-                "assistant",
-                "tool",
-            ):
-                raise _invalid(
-                    f"messages[{j}].role", "must be one of system, developer, user, assistant, tool"
-                )
             content = m.get("content")
-            if isinstance(content, list):  # content parts: their text
-                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                    raise _invalid(f"messages[{j}].content", "only text parts are served")
-                content = "".join(str(p.get("text", "")) for p in content)
-            if content is not None and not isinstance(content, str):
-                raise _invalid(f"messages[{j}].content", f"must be text; got {type(content).__name__}")
+            if isinstance(content, list):  # text parts (the schema serves no other)
+                content = "".join(p["text"] for p in content)
             if content is None and not (m["role"] == "assistant" and m.get("tool_calls")):
                 raise _invalid(
                     f"messages[{j}].content", "is required (only an assistant's tool calls may go without)"
@@ -352,25 +346,11 @@ class OpenAIDoor:
                 "content": content or "",
             }
             if m.get("tool_calls"):
-                calls = []
-                for k, call in enumerate(m["tool_calls"]):
-                    fn = call.get("function", {}) if isinstance(call, dict) else {}
-                    arguments = fn.get("arguments", "{}")
-                    try:
-                        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-                    except json.JSONDecodeError:
-                        raise _invalid(
-                            f"messages[{j}].tool_calls[{k}].function.arguments", "must be a JSON object"
-                        ) from None
-                    if not isinstance(fn.get("name"), str) or not isinstance(arguments, dict):
-                        raise _invalid(
-                            f"messages[{j}].tool_calls[{k}]",
-                            "give function.name and function.arguments (a JSON object)",
-                        )
-                    calls.append(
-                        {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
-                    )
-                message["tool_calls"] = calls
+                message["tool_calls"] = [
+                    {"type": "function", "function": {"name": call["function"]["name"],
+                                                      "arguments": _arguments(call["function"].get("arguments", "{}"), j, k)}}
+                    for k, call in enumerate(m["tool_calls"])
+                ]  # fmt: skip
             out.append(message)
         return out
 
@@ -393,7 +373,9 @@ class OpenAIDoor:
 
     def _check_chars(self, param: str, chars: int) -> None:
         if chars > self.max_chars:
-            raise _invalid(param, f"{chars} characters cannot fit in max_model_len {self.servicer.max_model_len} tokens")
+            raise _invalid(
+                param, f"{chars} characters cannot fit in max_model_len {self.servicer.max_model_len} tokens"
+            )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -414,6 +396,17 @@ class OpenAIDoor:
         }  # fmt: skip
 
 
+def _arguments(arguments: str | dict[str, Any], j: int, k: int) -> dict[str, Any]:
+    """A tool call's arguments (OpenAI's JSON text of an object, or the object) as an object."""
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except (ValueError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _invalid(f"messages[{j}].tool_calls[{k}].function.arguments", "must be a JSON object")
+    return parsed
+
+
 def _comparable(message: dict[str, Any]) -> dict[str, Any]:
     """An assistant reply as the agent will send it back (tool call ids dropped, arguments as
     objects), so the next request's messages can be matched against it."""
@@ -430,6 +423,17 @@ def _comparable(message: dict[str, Any]) -> dict[str, Any]:
             for c in message["tool_calls"]
         ]
     return out
+
+
+def _json(raw: bytes) -> Any:
+    """The request's JSON body. Bytes that are not UTF-8 decode to lone surrogates, so that the
+    schema's text rule refuses them naming the parameter that holds them."""
+    try:
+        return json.loads(raw.decode("utf-8", "surrogateescape"))
+    except RecursionError:
+        raise _invalid("body", "nests deeper than the JSON parser allows") from None
+    except json.JSONDecodeError as e:
+        raise _invalid("body", f"is not valid JSON (at character {e.pos})") from None
 
 
 def build_app(door: OpenAIDoor) -> FastAPI:
@@ -453,10 +457,7 @@ def build_app(door: OpenAIDoor) -> FastAPI:
             door.check_token(request.headers.get("authorization"))
             if fn is None:
                 return JSONResponse(args[0]() if args else door.models())
-            try:
-                body = json.loads(await request.body())
-            except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested past the parser
-                raise _invalid("body", f"is not valid JSON ({type(e).__name__})") from None
+            body = _json(await request.body())
             result = await run_in_threadpool(fn, body, *args)
             if body.get("stream"):  # checked by `fn`: a finished answer, sent as OpenAI's events
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -464,9 +465,9 @@ def build_app(door: OpenAIDoor) -> FastAPI:
             return JSONResponse(result)
         except DoorError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        except Exception as e:  # a bug: said in OpenAI's shape, never as a bare 500 text
+        except Exception:  # a bug: said in OpenAI's shape, never as a bare 500 text
             log.exception("OpenAI door: %s %s failed", request.method, request.url.path)
-            error = DoorError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+            error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
             return JSONResponse(error.body(), status_code=500)
 
     @app.get("/health")

@@ -105,8 +105,12 @@ def test_penalties_bias_min_tokens_ignore_eos_and_stop_token_ids_are_served(
     assert ignored.model_extra["token_ids"] == [eos] * 4 and ignored.finish_reason == "length"
     held = chat(logit_bias={str(eos): 100, str(x): 50}, temperature=0, extra_body={"min_tokens": 2})
     assert held.model_extra["token_ids"] == [x, x, eos]
-    penalised = chat(logit_bias={str(x): 3, str(eos): -100}, temperature=0, frequency_penalty=2, presence_penalty=0)
-    assert penalised.model_extra["token_ids"][:2] == [x, x] and x not in penalised.model_extra["token_ids"][2:]
+    penalised = chat(
+        logit_bias={str(x): 3, str(eos): -100}, temperature=0, frequency_penalty=2, presence_penalty=0
+    )
+    assert (
+        penalised.model_extra["token_ids"][:2] == [x, x] and x not in penalised.model_extra["token_ids"][2:]
+    )
 
 
 def test_concurrent_requests_share_engine_calls_and_answer_as_alone(api: openai.OpenAI) -> None:
@@ -138,7 +142,12 @@ def test_streamed_answers_are_the_answers_in_openais_events(api: openai.OpenAI) 
     assert chunks[-1].usage.completion_tokens == len(whole.model_extra["token_ids"])
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == (whole.message.content or "")
-    streamed_lps = [t.logprob for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    streamed_lps = [
+        t.logprob
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
     assert streamed_lps == [t.logprob for t in whole.logprobs.content]
     finish = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
     assert [f.finish_reason for f in finish] == [whole.finish_reason]
@@ -212,7 +221,12 @@ MALFORMED: list[tuple[str, Any, str | None]] = [
     ("chat", {"n": 0}, "n"),
     ("chat", {"n": 100000}, "n"),
     ("chat", {"n": 8, "max_tokens": 20}, "max_tokens"),  # 160 tokens: past --http-max-request-tokens
-    ("chat", {"stop": [1, 2]}, "stop"),
+    ("chat", {"stop": [1, 2]}, "stop[0]"),
+    ("chat", {"stop": ["x", "\ud800"]}, "stop[1]"),  # a lone surrogate: a JavaScript string cut in an emoji
+    ("chat", {"model": "ti\ud800ny"}, "model"),
+    ("chat", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    ("completions", {"prompt": "12\ud800"}, "prompt"),
+    ("chat", {"episode_id": "e" * 100_000}, "episode_id"),
     ("chat", {"user": 5}, "user"),
     ("chat", {"model": None, "stream": 1}, "stream"),
     ("chat", {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
@@ -235,7 +249,7 @@ MALFORMED: list[tuple[str, Any, str | None]] = [
     ("chat", {"no_such_parameter": 1}, "no_such_parameter"),
     ("chat", {"messages": [{"role": "user", "content": "x" * 4000}]}, "messages"),  # past max_model_len
     ("completions", {"prompt": "x" * 4_000_000}, "prompt"),  # refused before it is tokenized
-    ("chat", {"messages": [{"role": "user", "content": "12+" * 1_000_000}]}, "messages"),
+    ("chat", {"messages": [{"role": "user", "content": "12+" * 1_000_000}]}, "messages[0].content"),
     ("completions", {"prompt": ""}, "prompt"),
     ("completions", {"prompt": [1, "a"]}, "prompt"),
     ("completions", {"prompt": [10**9]}, "prompt"),
@@ -305,7 +319,6 @@ def generated_malformed() -> list[tuple[str, Any, str | None]]:
     return cases
 
 
-
 def test_malformed_requests_are_each_a_4xx_naming_the_parameter(
     worker: tuple[str, str], api: openai.OpenAI
 ) -> None:
@@ -329,7 +342,11 @@ def test_malformed_requests_are_each_a_4xx_naming_the_parameter(
                 content = body
             else:
                 full = {
-                    **(chat_defaults if endpoint == "chat" else {"model": "tiny", "prompt": "1+1=", "max_tokens": 4}),
+                    **(
+                        chat_defaults
+                        if endpoint == "chat"
+                        else {"model": "tiny", "prompt": "1+1=", "max_tokens": 4}
+                    ),
                     **body,
                 }
                 content = json.dumps(full).encode()
