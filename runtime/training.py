@@ -25,7 +25,7 @@ from ..backends import STRATEGIES
 from ..backends.base import AdamHparams, TrainingStrategy
 from ..core.algorithms import STEP_PASSES, advantage_fn_of, reference_in_advantage, trains_on, with_preset
 from ..core.algorithms.aggregation import LossNorm
-from ..core.algorithms.correction import IS_WEIGHT, MismatchStats, correction_weights
+from ..core.algorithms.correction import MismatchStats, correct, reject
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
@@ -68,6 +68,30 @@ def sequence_spec(
     if len(advantages) == 1:
         advantages = advantages * n
     return SequenceSpec(prompt, response, mask, list(advantages) or [0.0] * n, old_logprobs)
+
+
+def loss_norm(rows: list[Sequence], max_response_len: int) -> LossNorm:
+    """The loss normaliser over the rows that train (a mini-batch may have none left): their trained
+    tokens, and the rows with at least one (a row masked importance sampling rejected whole has none)."""
+    tokens = [s.trained_tokens for s in rows]
+    return LossNorm(
+        num_tokens=float(sum(tokens)) or 1.0, num_seqs=float(sum(1 for t in tokens if t > 0)) or 1.0,
+        max_response_len=max_response_len,
+    )  # fmt: skip
+
+
+def reject_tokens(local: scoring.Local, seqs: list[Sequence], group: dist.ProcessGroup | None) -> None:
+    """Masked importance sampling, as verl's rejection sampling (core/algorithms/correction.py): the
+    tokens it rejected leave every micro-batch's loss mask and their rows' Sequence.loss_mask, which
+    loss_norm counts. Each data-parallel rank decided its own rows; the masks are gathered, so every
+    rank and every micro-batch divides by the same post-rejection counts."""
+    mbs = [mb for m, _ in local for mb in m]
+    for mb in mbs:
+        reject(mb)
+    width = max(len(s.response_ids) for s in seqs)
+    kept = scoring.aligned(local, seqs, [mb["loss_mask"] for mb in mbs], width, group)
+    for i, s in enumerate(seqs):
+        s.loss_mask = [int(v) for v in kept[i, : len(s.response_ids)].tolist()]
 
 
 def max_response_len(cfg: RLCoreConfig) -> int:
@@ -193,6 +217,8 @@ class StageTraining:
         rows.place(self.advantage_fn(batch), "advantages")
         for p in self.passes:
             p.after_advantages(batch, rows, metrics)
+        if algo.rollout_correction.kind == "mis":  # rewards and advantages saw every sampled token
+            reject_tokens(local, seqs, self.strategy.dp_group)
         extra = self._extra_batches(len(seqs), len(minis), metrics)
 
         t1 = time.perf_counter()
@@ -228,8 +254,7 @@ class StageTraining:
                     engine, mask = mb["old_logprobs"], mb["loss_mask"]
                     gap.add(engine, lp, mask)
                     if mismatch is not None:
-                        mb[IS_WEIGHT], changed = correction_weights(lp, engine, mask, rc)
-                        mismatch.add(lp, engine, mask, changed)
+                        mismatch.add(lp, engine, mask, correct(mb, lp, rc))
                     mb["old_logprobs"] = lp
             for p in self.passes:
                 with timed(timers, f"perf/{p.name}_score_s"):
@@ -262,11 +287,7 @@ class StageTraining:
         return out
 
     def _norm(self, rows: list[Sequence]) -> LossNorm:
-        """The loss normaliser over the rows that train (a mini-batch may have none left)."""
-        return LossNorm(
-            num_tokens=float(sum(s.trained_tokens for s in rows)) or 1.0, num_seqs=float(len(rows)) or 1.0,
-            max_response_len=self.max_response_len,
-        )  # fmt: skip
+        return loss_norm(rows, self.max_response_len)
 
     def _update(
         self, mbs: list[Batch], mini: list[Sequence], timers: dict[str, float], temperature: float,

@@ -8,8 +8,16 @@ target, slp: the sampler's, `logprobs` in loss_fn_inputs; r = exp(lp - slp)):
     importance_sampling  -sum(r * advantages)                   rlcore importance_sampling
     ppo                  -sum(min(r A, clip(r, lo, hi) A))      rlcore ppo, clip 1 - lo, hi - 1
     cispo                -sum(sg(clip(r, lo, hi)) * lp * A)     rlcore cispo, clip 1 - lo, hi - 1
-    gspo                 ppo on the sequence's length-normalised ratio (the positions of
-                         sequence_ratio_mask, else those with a nonzero advantage)
+    gspo                 -sum_t min(s_t A_t, clip(s_t, lo, hi) A_t), s_t = sg(s) * exp(lp_t - sg(lp_t)),
+                         s = exp(mean over M of lp - slp)       (Tinker's GSPO-token, as documented)
+
+gspo's sequence ratio s averages over the positions M of sequence_ratio_mask (without one: those
+with a nonzero advantage; a datum whose M is empty while an advantage is not is refused: the mean
+would be over nothing), and the sum runs over every position, M or not. rlcore's own gspo takes its
+ratio and its loss over one mask, so the trainer trains gspo's gradient instead, as Tinker's
+forward_backward_custom does: the learner's log-probs of a forward (the ones the response returns),
+g = dL/dlp from the formula on them, then -sum(-g * lp), rlcore's cispo with a zero clip range
+(its weight clip(r, 1, 1) = 1), whose gradient is sum(g * grad lp); the loss reported is the formula's.
 
 lo and hi are loss_fn_config's clip_low_threshold and clip_high_threshold (0.8 and 1.2 unless
 given). Policy losses train every position (a zero advantage adds nothing). dro, stable_reinforce
@@ -17,7 +25,8 @@ and custom are not served: a UserError names them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +50,8 @@ class LossPlan:
     sequences: list[TrainSequence]
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
+    ratio_masks: list[np.ndarray] = field(default_factory=list)
+    """gspo: per datum, the positions its sequence ratio averages over (M)."""
 
 
 def required_inputs(loss_fn: str) -> tuple[str, ...]:
@@ -77,24 +88,74 @@ def plan_loss(loss_fn: str, config: dict[str, float], datums: list[Datum]) -> Lo
         if not high >= 1:
             raise UserError(f"loss_fn_config.clip_high_threshold: must be >= 1; got {high}")
         plan.clip_ratio_low, plan.clip_ratio_high = 1.0 - low, high - 1.0
-    for datum in datums:
+    for d, datum in enumerate(datums):
         adv = datum.inputs["advantages"].astype(np.float64)
-        mask = np.ones_like(adv)
         if loss_fn == "gspo":
-            ratio_mask = datum.inputs.get("sequence_ratio_mask")
-            mask = (ratio_mask != 0) if ratio_mask is not None else (adv != 0)
-            mask = mask.astype(np.float64)
+            given = datum.inputs.get("sequence_ratio_mask")
+            in_ratio = (given != 0) if given is not None else (adv != 0)
+            if not in_ratio.any() and adv.any():
+                raise UserError(f"data[{d}].loss_fn_inputs.sequence_ratio_mask: marks no position while advantages "
+                                "are nonzero: the sequence ratio would average over nothing")  # fmt: skip
+            plan.ratio_masks.append(in_ratio)
         plan.sequences.append(
             TrainSequence(
-                datum.prompt, datum.response, loss_mask=mask.tolist(), advantages=adv.tolist(),
+                datum.prompt,
+                datum.response,
+                loss_mask=[1.0] * len(adv),
+                advantages=adv.tolist(),
                 old_logprobs=datum.inputs["logprobs"].astype(np.float64).tolist(),
-            )  # fmt: skip
+            )
         )
     return plan
 
 
+def gspo_loss(
+    lp: np.ndarray, slp: np.ndarray, adv: np.ndarray, in_ratio: np.ndarray, low: float, high: float
+) -> tuple[float, np.ndarray]:
+    """Tinker's GSPO loss of one datum and its gradient with respect to the learner's log-probs `lp`.
+    Every position carries the sequence ratio s (over `in_ratio`) and its own log-prob's gradient, so
+    d/dlp_t of -min(s_t A_t, clip(s_t, low, high) A_t) is -A_t s where the unclipped term is the min
+    or the clip lets it through (low <= s <= high: there torch's min and clamp pass it), else 0."""
+    s = float(np.exp((lp - slp)[in_ratio].mean())) if in_ratio.any() else 1.0  # no M: every A_t is 0
+    value = float(np.maximum(-adv * s, -adv * min(max(s, low), high)).sum())
+    if low <= s <= high:
+        live = np.ones_like(adv, dtype=bool)
+    else:  # the clip binds where it would push the advantage's way
+        live = adv < 0 if s > high else adv > 0
+    return value, np.where(live, -adv * s, 0.0)
+
+
+def _gspo_each(plan: LossPlan, logprobs: list[list[float]]) -> list[tuple[float, np.ndarray]]:
+    """gspo_loss of every datum of a gspo plan at the learner's log-probs `logprobs`."""
+    assert plan.clip_ratio_low is not None and plan.clip_ratio_high is not None
+    low, high = 1 - plan.clip_ratio_low, 1 + plan.clip_ratio_high  # Tinker's thresholds
+    return [
+        gspo_loss(
+            np.asarray(lp), np.asarray(seq.old_logprobs), np.asarray(seq.advantages), in_ratio, low, high
+        )
+        for seq, lp, in_ratio in zip(plan.sequences, logprobs, plan.ratio_masks, strict=True)
+    ]
+
+
+def trainer_step(plan: LossPlan, logprobs: list[list[float]]) -> LossPlan | None:
+    """What rlcore's trainer trains for `plan`, given the learner's log-probs of its targets: the plan
+    itself, gspo's linear surrogate (its gradient: cispo with a zero clip range), or None when
+    nothing trains (no weight)."""
+    if not any(max(s.loss_mask) > 0 for s in plan.sequences):
+        return None
+    if plan.loss != "gspo":
+        return plan
+    seqs = [
+        dataclasses.replace(seq, advantages=(-grad).tolist(), old_logprobs=list(lp))
+        for seq, lp, (_, grad) in zip(plan.sequences, logprobs, _gspo_each(plan, logprobs), strict=True)
+    ]
+    return LossPlan("cispo", seqs, clip_ratio_low=0.0, clip_ratio_high=0.0)
+
+
 def loss_sum(plan: LossPlan, logprobs: list[list[float]]) -> float:
     """The loss's value at the learner's log-probs `logprobs` (a forward without backward)."""
+    if plan.loss == "gspo":
+        return sum(value for value, _ in _gspo_each(plan, logprobs))
     total = 0.0
     for seq, lp_list in zip(plan.sequences, logprobs, strict=True):
         lp, mask = np.asarray(lp_list, dtype=np.float64), np.asarray(seq.loss_mask, dtype=np.float64)
@@ -102,10 +163,7 @@ def loss_sum(plan: LossPlan, logprobs: list[list[float]]) -> float:
             total += float(-(mask * lp).sum())
             continue
         adv, old = np.asarray(seq.advantages), np.asarray(seq.old_logprobs)
-        if plan.loss == "gspo":
-            ratio = np.exp(((lp - old) * mask).sum() / max(mask.sum(), 1.0)) * np.ones_like(lp)
-        else:
-            ratio = np.exp(lp - old)
+        ratio = np.exp(lp - old)
         if plan.loss == "importance_sampling":
             total += float(-(ratio * adv * mask).sum())
             continue

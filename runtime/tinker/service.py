@@ -32,7 +32,7 @@ from ...core.config.loader import to_yaml
 from ...core.config.schema import LoraConfig, RLCoreConfig
 from ...core.rpc.cli import write_atomic
 from .errors import NotFound, UserError
-from .losses import loss_sum, plan_loss, required_inputs
+from .losses import loss_sum, plan_loss, required_inputs, trainer_step
 from .sampler import Sampler
 from .wire import decode_datums, forward_backward_output, loss_config
 
@@ -212,13 +212,15 @@ class TinkerService:
         def run() -> Result:
             # the learner's log-probs of the targets, before the update (the same weights)
             logprobs = self.trainer.compute_logprobs(plan.sequences)
-            if request.forward_only or not any(max(s.loss_mask) > 0 for s in plan.sequences):
-                value = loss_sum(plan, logprobs)  # nothing to train (no weight, no advantage): no gradient
-            else:
-                value = self.trainer.forward_backward(
-                    plan.sequences, plan.loss, normalize_tokens=1.0, clip_ratio_low=plan.clip_ratio_low,
-                    clip_ratio_high=plan.clip_ratio_high,
-                ).loss  # fmt: skip
+            value = loss_sum(plan, logprobs)  # the loss's formula on the log-probs the response returns
+            step = None if request.forward_only else trainer_step(plan, logprobs)
+            if step is not None:
+                out = self.trainer.forward_backward(
+                    step.sequences, step.loss, normalize_tokens=1.0, clip_ratio_low=step.clip_ratio_low,
+                    clip_ratio_high=step.clip_ratio_high,
+                )  # fmt: skip
+                if step is plan:  # a surrogate (gspo's) has the loss's gradient, not its value
+                    value = out.loss
             tokens = float(sum(len(s.response_token_ids) for s in plan.sequences))
             return Result(proto=forward_backward_output(logprobs, {"loss:sum": value, "num_tokens:sum": tokens}))
 

@@ -129,7 +129,17 @@ def test_policy_losses_are_tinkers_sums(service) -> None:
             "cispo": -(np.clip(ratio, lo, hi) * a * lp).sum(),
         }[loss]
         assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-5), loss
-    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    # gspo: the sequence ratio over sequence_ratio_mask, the sum over every position (advantages at 4, 5 too)
+    in_ratio = np.arange(n) >= 6
+    gspo = _datum(ids, logprobs=sampled, advantages=adv, sequence_ratio_mask=in_ratio.astype(float).tolist())
+    out = tc.forward_backward(
+        [gspo], "gspo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+    )
+    lp, a = _lps(out.result()), np.asarray(adv)
+    s = np.exp((lp - np.asarray(sampled))[in_ratio].mean())
+    expected = np.maximum(-a * s, -a * np.clip(s, 0.9, 1.1)).sum()
+    assert out.result().metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert np.isfinite(tc.optim_step(types.AdamParams(learning_rate=1e-3)).result().metrics["grad_norm:mean"])
 
 
 def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, server) -> None:

@@ -46,14 +46,14 @@ class RolloutCorrectionConfig:
 
     kind: str = choice("none", ("none", "tis", "mis"))
     """none; tis: truncated importance sampling, weight min(r, high); mis: masked importance
-    sampling, weight 1 where low <= r <= high, else 0 (the token or sequence leaves the loss)."""
+    sampling as verl's rejection sampling: where low <= r <= high the token weighs 1, else it leaves
+    the loss (its policy, KL and entropy terms, and the counts the loss divides by)."""
     level: str = choice("token", ("token", "sequence", "geometric"))
-    """Where r is taken: token (each token's own ratio; mis at token level with both bounds is
-    IcePop's two-sided mask), sequence (the product of the response's token ratios, one weight for all
-    its tokens) or geometric (their geometric mean, exp(mean log r): a length-independent sequence
-    ratio)."""
+    """Where r is taken: token (each token's own ratio), sequence (the product of the response's
+    token ratios, one weight for all its tokens; mis keeps or rejects the whole response) or geometric
+    (their geometric mean, exp(mean log r): a length-independent sequence ratio)."""
     high: float = bounded(2.0, gt=1.0)
-    """The upper threshold C: tis truncates r at it, mis masks r above it."""
+    """The upper threshold C: tis truncates r at it, mis rejects r above it."""
     low: float | None = bounded(None, gt=0.0, lt=1.0)
     """mis: the lower threshold (unset: 1 / high)."""
 

@@ -24,7 +24,9 @@ OLD = ENGINE + torch.tensor(R).log() * MASK
 
 def weights(kind: str, level: str, high: float = 2.0, low: float | None = None) -> list[float]:
     """The weights, row after row."""
-    w, _ = correction_weights(OLD, ENGINE, MASK, RolloutCorrectionConfig(kind=kind, level=level, high=high, low=low))
+    w, _ = correction_weights(
+        OLD, ENGINE, MASK, RolloutCorrectionConfig(kind=kind, level=level, high=high, low=low)
+    )
     return w.flatten().tolist()
 
 
@@ -33,7 +35,7 @@ def test_token_tis_truncates_each_ratio_at_the_threshold() -> None:
 
 
 def test_token_mis_masks_ratios_outside_both_bounds() -> None:
-    # [1/2, 2]: 3.0 and 0.25 leave the loss (IcePop's two-sided mask); with low 0.2, 0.25 stays
+    # [1/2, 2]: 3.0 and 0.25 are rejected (weight 0: they leave the loss); with low 0.2, 0.25 stays
     assert weights("mis", "token") == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
     assert weights("mis", "token", low=0.2) == [0.0, 1.0, 1.0, 1.0, 1.0, 0.0]
 
@@ -60,7 +62,9 @@ def test_the_policy_loss_weighs_each_tokens_term() -> None:
     want = -(2.0 + 0.5 + 1.2 - 2 * 1.5 - 2 * 0.25) / 5
     assert float(loss) == pytest.approx(want)
     del batch[IS_WEIGHT]
-    assert float(PolicyLoss(cfg, LossNorm.local(MASK, 3))(OLD.clone(), None, batch)[0]) == pytest.approx(-(3 - 4) / 5)
+    assert float(PolicyLoss(cfg, LossNorm.local(MASK, 3))(OLD.clone(), None, batch)[0]) == pytest.approx(
+        -(3 - 4) / 5
+    )
 
 
 def test_mismatch_metrics_over_the_trained_tokens() -> None:
