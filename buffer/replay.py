@@ -22,7 +22,7 @@ from typing import Any
 
 from ..core.registry import Registry, import_path
 from .base import Group
-from .memory import MemoryBuffer
+from .memory import MemoryBuffer, decode_group, encode_group
 
 PRIORITY_FNS = Registry(
     "buffer.trainer_input.experience_buffer.replay_buffer.priority_fn",
@@ -52,7 +52,9 @@ def resolve_priority(name: str, args: dict[str, Any]) -> Priority:
     """`name` (registered, or an import path 'pkg.mod:fn') with `args` bound; ValueError naming
     the key when the function cannot be found or does not take those args."""
     key = PRIORITY_FNS.key_path
-    fn = PRIORITY_FNS.resolve(name) if name in PRIORITY_FNS or ":" not in name else import_path(name, what=key)
+    fn = (
+        PRIORITY_FNS.resolve(name) if name in PRIORITY_FNS or ":" not in name else import_path(name, what=key)
+    )
     if not callable(fn):
         raise ValueError(f"{key} '{name}' is not callable; give fn(group, uses, **args) -> float")
     try:
@@ -73,7 +75,9 @@ class Replay:
 
     @classmethod
     def from_config(cls, rb: Any) -> Replay:
-        return cls(resolve_priority(rb.priority_fn, dict(rb.priority_fn_args)), rb.reuse_cooldown_time, rb.capacity)
+        return cls(
+            resolve_priority(rb.priority_fn, dict(rb.priority_fn_args)), rb.reuse_cooldown_time, rb.capacity
+        )
 
 
 @dataclass(eq=False)
@@ -112,7 +116,7 @@ class ReplayMemoryBuffer(MemoryBuffer):
 
     def _claim(self, step: int, num_groups: int) -> list[Group]:
         with self._changed:
-            assert step == len(self._steps)
+            assert step == self._first + len(self._steps)
             now = time.monotonic()
             ready = sorted((e for e in self._pool if e.ready_at <= now), key=lambda e: (-e.priority, e.seq))
             chosen = ready[:num_groups]
@@ -126,6 +130,20 @@ class ReplayMemoryBuffer(MemoryBuffer):
                     e.priority = self.replay.priority(e.group, e.uses)
             self._steps.append([e.group for e in chosen])
             return [e.group for e in chosen]
+
+    def _pending_state(self) -> dict[str, Any]:
+        """The pool: every group with its uses, priority and the seconds until it is ready again."""
+        now = time.monotonic()
+        pool = [{"group": encode_group(e.group), "seq": e.seq, "uses": e.uses, "priority": e.priority,
+                 "ready_in_s": max(0.0, e.ready_at - now)} for e in self._pool]  # fmt: skip
+        return {"pool": pool, "seq": self._seq, "reused": self._reused}
+
+    def _load_pending(self, state: dict[str, Any]) -> None:
+        now = time.monotonic()
+        for e in state["pool"]:
+            group = decode_group(e["group"], self.describe())
+            self._pool.append(_Entry(group, e["seq"], e["uses"], now + e["ready_in_s"], e["priority"]))
+        self._seq, self._reused = int(state["seq"]), int(state["reused"])
 
     def _evict(self) -> None:
         """Past capacity, the lowest-priority groups (the newest first among equals: they are the

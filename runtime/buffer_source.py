@@ -5,6 +5,11 @@ own explorer thread fills (plan.source explorer_thread, asynchronous both).
 A step takes buffer.batch_size groups at the step's position (explore_step, which checkpoints keep:
 a resumed trainer gets the same groups for the steps it retrains), each experience tagged by its
 explorer with the version of the weights that generated it.
+
+The in-memory buffer of an asynchronous run ends with its process, so each checkpoint keeps
+`state_dict()` beside it: the groups not taken yet and the explorer's position after the last step
+it put (taken together, under the explorer's lock). A resumed run puts those groups back and
+explores on from that position: every group is trained once, none lost, across a stop or a kill.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class BufferSource:
         cfg = self.cfg = stage.config
         self.stage, self.sdir, self.heartbeat, self.while_waiting = stage, sdir, heartbeat, while_waiting
         self.explorer_thread: Any = None  # explorer_thread: its ExplorerThread, started by `start_explorer`
+        self.resume_from: dict[str, Any] | None = None
+        """explorer_thread: the explorer's position a checkpoint kept (`load_state_dict`)."""
         self.explore_launch: Any = None  # buffer: the explore launch, watched through its lock
         eb = cfg.buffer.trainer_input.experience_buffer
         self.buffer: Any
@@ -57,26 +64,64 @@ class BufferSource:
         self.exhausted = False
         """Every explorer finished and the buffer is read."""
 
-    def start_explorer(self, endpoints: list[str], start_step: int) -> None:
-        """plan.source explorer_thread: explore from `start_step` on the workers at `endpoints`."""
-        from .explore_loop import ExploreLoop
+    def start_explorer(
+        self, endpoints: list[str], start_step: int, registered: Callable[[], list[str] | None] | None = None,
+    ) -> None:  # fmt: skip
+        """plan.source explorer_thread: explore from `start_step` (or the position a checkpoint kept)
+        on the workers at `endpoints`; `registered()`: the launch's workers as the run lists them now
+        (restarted ones come back at new addresses), None where it does not manage them."""
+        from .explore_loop import ExploreLoop, await_restarted
         from .explorer_thread import ExplorerThread
 
         def build(step: int, resume_from: dict[str, Any] | None) -> ExploreLoop:
             return ExploreLoop(
-                self.stage, os.path.join(self.sdir, "explorer"), published_dir(self.sdir), endpoints,
-                buffer=self.buffer, start_step=step, resume_from=resume_from,
+                self.stage, os.path.join(self.sdir, "explorer"), published_dir(self.sdir),
+                (registered() if registered is not None else None) or endpoints, buffer=self.buffer,
+                start_step=step, resume_from=resume_from, registered=registered, lock=thread.lock,
             )  # fmt: skip
 
-        self.explorer_thread = ExplorerThread(build, start_step, self.cfg.explorer.max_restarts)
-        self.explorer_thread.start()
+        def await_workers(loop: ExploreLoop) -> bool:
+            gone = {c.address for c in loop.workers.clients} | set(loop.workers.lost)
+            return registered is not None and bool(
+                await_restarted(self.cfg, registered, gone, thread.stop, loop.explore_step)
+            )
+
+        if self.resume_from is not None:
+            start_step = int(self.resume_from["explore_step"])
+        thread = ExplorerThread(
+            build, start_step, self.cfg.explorer.max_restarts, self.resume_from, await_workers
+        )
+        self.explorer_thread = thread
+        thread.start()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """explorer_thread: the in-memory buffer's groups not taken yet, where its ledger stands and
+        the explorer's position after the last step it put (None for a buffer that outlives the
+        process: it keeps its own)."""
+        thread = self.explorer_thread
+        if thread is None:
+            return None
+        with thread.lock:
+            return {"buffer": self.buffer.state_dict(), "explorer": thread.position()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """What `state_dict` returned, before `start_explorer`."""
+        self.buffer.load_state_dict(state["buffer"])
+        self.resume_from = state["explorer"]
+        log.info(
+            "the in-memory buffer resumed at step %d with %d group(s) not taken yet; the explorer resumes at "
+            "explore step %d", state["buffer"]["steps_taken"], self.buffer.stats().available,
+            self.resume_from["explore_step"],
+        )  # fmt: skip
 
     def close(self) -> None:
         if self.explorer_thread is not None:
             self.explorer_thread.close()
         self.buffer.close()
 
-    def take(self, explore_step: int, step: int, schedule: SyncSchedule) -> tuple[list[Experience], dict[str, float]]:
+    def take(
+        self, explore_step: int, step: int, schedule: SyncSchedule
+    ) -> tuple[list[Experience], dict[str, float]]:
         """The groups of position `explore_step` for optimizer step `step`, with their metrics (the
         staleness dropped by algorithm.sample_strategy staleness_control)."""
         eb = self.cfg.buffer.trainer_input.experience_buffer
@@ -90,13 +135,17 @@ class BufferSource:
             "buffer/experiences": float(len(exps)),
         }
         if taken.exhausted:
-            log.info("the explorers finished: the buffer's last %d group(s) at step %d", len(taken.groups), step)
+            log.info(
+                "the explorers finished: the buffer's last %d group(s) at step %d", len(taken.groups), step
+            )
         exps = schedule.drop_stale(
             exps, [e.policy_version for e in exps], step, metrics,
             enforce=self.cfg.algorithm.sample_strategy == "staleness_control",
         )  # fmt: skip
         if self.keys is not None:  # replay: groups trained on before
-            keys = [(g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups]
+            keys = [
+                (g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups
+            ]
             metrics["buffer/groups_reused"] = float(sum(k in self.keys for k in keys))
             self.keys.update(keys)
         return exps, metrics

@@ -97,11 +97,14 @@ class ExploreLoop:
         self, stage: Stage, sdir: str, published: str, endpoints: list[str], holds: int = -1,
         reporter: Any = None, buffer: Any = None, start_step: int | None = None, trainer: PeerLaunch | None = None,
         resume_from: dict[str, Any] | None = None, registered: Callable[[], list[str] | None] | None = None,
+        lock: threading.Lock | None = None,
     ):  # fmt: skip
         """`holds`: the published version the workers started from (-1: none of this stage's);
-        `resume_from`: a failed loop's `saved` position (explorer_thread.py restarts it from there);
-        `registered()`: the launch's rollout workers as the run lists them now (workers it restarts
-        come back at new addresses), None where it does not manage them."""
+        `resume_from`: a failed loop's `saved` position (explorer_thread.py restarts it from there),
+        or the one a checkpoint kept; `registered()`: the launch's rollout workers as the run lists
+        them now (workers it restarts come back at new addresses), None where it does not manage them;
+        `lock`: held while a step's groups go into the buffer and its position is saved, so that a
+        checkpoint's snapshot (buffer_source.py) sees both or neither."""
         from ..weights.sender import connect
 
         cfg = self.cfg = stage.config
@@ -138,6 +141,7 @@ class ExploreLoop:
         self.saved: dict[str, Any] | None = None
         """The position written after the last step (explore step, running tasks, groups put)."""
         self.stop = threading.Event()
+        self.lock = lock or threading.Lock()
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -229,17 +233,19 @@ class ExploreLoop:
             pairs = [p for p in map(best_and_worst, groups) if p is not None]
             metrics["buffer/groups_tied"] = float(len(groups) - len(pairs))
             groups = pairs
-        if groups:
-            buffer.put(groups)
-            self.put[buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
-        else:
-            log.warning("explore step %d: every task was left out (or tied); nothing put", self.explore_step)
-        self.explore_step += 1
-        state: dict[str, Any] = {"explore_step": self.explore_step, "policy_version": self.version, "put": dict(self.put)}
+        state: dict[str, Any] = {"explore_step": self.explore_step + 1, "policy_version": self.version}
         if self.scheduler is not None:  # tasks left running: a resumed explorer sends them again
             state["running"] = [dataclasses.asdict(t) for t in self.scheduler.running_tasks()]
-        write_atomic(state_file, json.dumps(state))
-        self.saved = state
+        with self.lock:
+            if groups:
+                buffer.put(groups)
+                self.put[buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
+            self.explore_step += 1
+            state["put"] = dict(self.put)
+            write_atomic(state_file, json.dumps(state))
+            self.saved = state
+        if not groups:
+            log.warning("explore step %d: every task was left out (or tied); nothing put", self.explore_step - 1)
         metrics.update(rollout_metrics(exps))
         metrics.update(self.explorer.report())
         metrics["rollout/policy_version"] = float(self.version)
@@ -377,23 +383,17 @@ class ExploreLoop:
             log.info("rollout workers now: %s (were: %s)", ", ".join(now), ", ".join(were))
 
     def _wait_for_restarts(self) -> bool:
-        """Every rollout worker stopped answering mid-step: wait for the launch to list restarted ones
-        (as long as explorer.rollout_model.max_restarts' backoff and control.worker_start_timeout
-        allow); False where it does not restart them, with the task scheduler (tasks in flight on the
-        dead workers), or when none came: the step then fails."""
-        rm = self.cfg.explorer.rollout_model
-        if self.registered is None or self.scheduler is not None or rm.max_restarts == 0:
+        """Every rollout worker stopped answering mid-step: wait for the launch to list restarted
+        ones; False where it does not restart them, with the task scheduler (tasks in flight on the
+        dead workers: the explorer thread restarts the loop from its position instead), or when none
+        came: the step then fails."""
+        if self.registered is None or self.scheduler is not None:
             return False
-        budget_s = 2.0**rm.max_restarts + self.cfg.control.worker_start_timeout  # its backoff, then a start
-        log.warning("no rollout worker answers: waiting up to %.0f s for the launch to restart one, then "
-                    "exploring step %d again", budget_s, self.explore_step)  # fmt: skip
-        deadline = time.monotonic() + budget_s
-        while time.monotonic() < deadline and not self.stop.is_set():
-            self._follow_workers()
-            if self.workers.clients:
-                return True
-            self.stop.wait(1.0)
-        return False
+        gone = {c.address for c in self.workers.clients} | set(self.workers.lost)
+        if not await_restarted(self.cfg, self.registered, gone, self.stop, self.explore_step):
+            return False
+        self._follow_workers()
+        return bool(self.workers.clients)
 
     def _watch_trainer(self) -> None:
         """Say when the trainer launch went (and came back): the explorer waits for it meanwhile."""
@@ -427,6 +427,28 @@ class ExploreLoop:
         for e in exps:
             e.policy_version = self.version
         return exps, {}
+
+
+def await_restarted(
+    cfg: Any, registered: Callable[[], list[str] | None], gone: set[str], stop: threading.Event, step: int
+) -> list[str]:
+    """Every rollout worker at `gone` stopped answering: the addresses the launch lists meanwhile
+    besides those (restarted workers come back at new ones), waited for as long as its restarts may
+    take (backoff 1, 2, ... 2^max_restarts s, then a start within control.worker_start_timeout);
+    [] where it restarts none (explorer.rollout_model.max_restarts 0), on `stop`, or past that."""
+    rm = cfg.explorer.rollout_model
+    if rm.max_restarts == 0:
+        return []
+    budget_s = 2.0**rm.max_restarts + cfg.control.worker_start_timeout
+    log.warning("no rollout worker answers: waiting up to %.0f s for the launch to restart one, then "
+                "exploring step %d again", budget_s, step)  # fmt: skip
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline and not stop.is_set():
+        fresh = [a for a in registered() or [] if a not in gone]
+        if fresh:
+            return fresh
+        stop.wait(1.0)
+    return []
 
 
 def check_buffer_holds(buffer: Any, put: dict[str, int], state_file: str) -> None:

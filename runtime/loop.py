@@ -118,6 +118,8 @@ class StageLoop:
                 self.source = BufferSource(
                     self.stage, self.sdir, self.run_ctx.run_dir, lambda: self._heartbeat(False), self._while_waiting
                 )
+                if resumed and self.plan.source == "explorer_thread":  # its in-memory buffer, as checkpointed
+                    self.source.load_state_dict(self.checkpoints.source_state(self.global_step))
             self.record.open()
             last_eval, stopped = self._steps(resumed)
             self._heartbeat(wait=False)  # flush the last records
@@ -141,7 +143,8 @@ class StageLoop:
         if plan.publishes:  # the explorers wait for the weights they start from
             self._log(self._publish())
         if self.source is not None and plan.source == "explorer_thread":
-            self.source.start_explorer(self.link.explore_endpoints, self.explore_step)
+            registered = self.run_ctx.workers  # None: the workers are not the launch's to restart
+            self.source.start_explorer(self.link.explore_endpoints, self.explore_step, registered)
         if cfg.explorer.eval_on_startup and self.global_step == 0:
             self._log(self.link.evaluate(self.global_step))
         last_eval: dict[str, float] = {}
@@ -163,7 +166,7 @@ class StageLoop:
             if self.link.eval_due(self.explore_step, done):
                 last_eval = self.link.evaluate(self.global_step)
                 metrics.update(last_eval)
-            self.checkpoints.save(self.global_step, self.explore_step, final=done)
+            self.checkpoints.save(self.global_step, self.explore_step, final=done, source=self.source)
             self._log(metrics)
             if not done and self._heartbeat(wait=True) == "stop":
                 return last_eval, self._stop()
@@ -184,7 +187,7 @@ class StageLoop:
     def _stop(self) -> bool:
         """Stopped on the run's request: the step's checkpoint (if it has none yet)."""
         if self.checkpoints.last_saved != self.global_step:
-            self.checkpoints.save(self.global_step, self.explore_step, final=True)
+            self.checkpoints.save(self.global_step, self.explore_step, final=True, source=self.source)
         log.info("stopped at step %d on the run's request", self.global_step)
         return True
 

@@ -1,7 +1,9 @@
 """A stage's checkpoints as the loop keeps them: when to save (trainer.save_interval, the final
-step), with an HF export or not (trainer.save_hf_checkpoint), the resume (metrics logged past the
-checkpoint are dropped, to be logged again), and the stage's summary (summary.json: what a later
-launch skips and what the next stage starts from)."""
+step), with an HF export or not (trainer.save_hf_checkpoint), the state of the stage's experience
+source where it lives only in this process (an asynchronous run's in-memory buffer and explorer
+position: `source_state/step_N.json`, written before the trainer's checkpoint of step N), the resume
+(metrics logged past the checkpoint are dropped, to be logged again), and the stage's summary
+(summary.json: what a later launch skips and what the next stage starts from)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ from typing import Any
 from ..core.config import Stage
 from ..core.hf_export import HF_DIR
 from ..core.monitor.jsonl import COMPLETIONS, drop_after
+from ..core.rpc.cli import write_atomic
 from .handles import Restored, TrainerHandle
 from .paths import SUMMARY
+
+SOURCE_STATE = "source_state"
 
 log = logging.getLogger("rlcore.loop")
 
@@ -26,18 +31,39 @@ class StageCheckpoints:
         self.final_checkpoint: str | None = None
         self.final_model: str | None = None
 
-    def save(self, global_step: int, explore_step: int, final: bool) -> None:
-        """A checkpoint when `final` or trainer.save_interval says so."""
+    def save(self, global_step: int, explore_step: int, final: bool, source: Any = None) -> None:
+        """A checkpoint when `final` or trainer.save_interval says so; `source.state_dict()` (the
+        stage's experience source, if it keeps one) is written first, beside it."""
         cfg = self.stage.config.trainer
         interval = cfg.save_interval
         periodic = interval > 0 and global_step // interval > self.last_saved // interval
         if not (final or periodic):
             return
+        state = source.state_dict() if source is not None else None
+        if state is not None:
+            os.makedirs(os.path.join(self.sdir, SOURCE_STATE), exist_ok=True)
+            write_atomic(self._source_file(global_step), json.dumps(state))
         mode = cfg.save_hf_checkpoint
         with_hf = mode == "always" or (final and (mode == "last" or not self.is_last))
         self.final_checkpoint, hf = self.handle.save_checkpoint(with_hf, explore_step)
         self.final_model = hf or None
         self.last_saved = global_step
+
+    def _source_file(self, global_step: int) -> str:
+        return os.path.join(self.sdir, SOURCE_STATE, f"step_{global_step}.json")
+
+    def source_state(self, global_step: int) -> dict[str, Any]:
+        """The experience source's state saved with the checkpoint of `global_step`."""
+        path = self._source_file(global_step)
+        try:
+            with open(path) as f:
+                return json.load(f)  # type: ignore[no-any-return]
+        except FileNotFoundError:
+            raise ValueError(
+                f"stage {self.stage.name}: the checkpoint of step {global_step} has no saved explorer position "
+                f"and in-memory buffer ({path}; written since rlcore 2026-11-29): this asynchronous run cannot "
+                "resume exactly from it; start it again without continue_from_checkpoint (or with a new name=)"
+            ) from None
 
     def resume(self) -> Restored | None:
         """The checkpoint the trainer resumed from (continue_from_checkpoint), if any; what was logged

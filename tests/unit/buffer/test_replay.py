@@ -90,3 +90,32 @@ def test_a_controller_serves_the_queue_with_its_replay_buffer() -> None:
     assert isinstance(servicer.queue("exps"), ReplayMemoryBuffer)
     assert linear_decay(group("a", version=1), 1) == -1.0
     assert Replay.from_config(_config().replay_buffer).cooldown_s is None
+
+
+def test_a_saved_in_memory_buffer_comes_back_where_it_stood() -> None:
+    """state_dict / load_state_dict (an asynchronous run's checkpoint): the next take is the next
+    step, the groups not taken yet come back in order, and with replay each keeps its uses and
+    cooldown; a step before the saved one is not known."""
+    import json
+
+    from rlcore.buffer.base import BufferError
+    from rlcore.buffer.memory import MemoryBuffer
+
+    plain = MemoryBuffer("exps")
+    plain.put([group(f"t{i}") for i in range(5)])
+    plain.take(0, 2, timeout_s=5)
+    back = MemoryBuffer("exps")
+    back.load_state_dict(json.loads(json.dumps(plain.state_dict())))  # as a checkpoint's JSON
+    assert back.stats().steps_taken == 1 and back.stats().available == 3
+    assert _ids(back.take(1, 2, timeout_s=5).groups) == ["t2", "t3"]
+    assert back.take(1, 2, timeout_s=5).groups[0][0] == plain.take(1, 2, timeout_s=5).groups[0][0]
+    with pytest.raises(BufferError, match="asks for step 0, but the buffer has taken 2 step"):
+        back.take(0, 2, timeout_s=5)
+
+    replay = memory_buffer(_config(reuse_cooldown_time=60.0, priority_fn_args={"decay": 2.0}))
+    replay.put([group("t0", version=0), group("t1", version=1), group("t2", version=3)])
+    replay.take(0, 1, timeout_s=5)  # t2, cooling down for a minute
+    again = memory_buffer(_config(reuse_cooldown_time=60.0, priority_fn_args={"decay": 2.0}))
+    again.load_state_dict(json.loads(json.dumps(replay.state_dict())))
+    assert again.stats().available == 2  # t2 still cools down
+    assert _ids(again.take(1, 2, timeout_s=5).groups) == ["t1", "t0"]
