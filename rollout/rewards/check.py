@@ -1,23 +1,51 @@
 """Reward functions tried before anything starts: each taskset's, built and called once on the
-first row of its file, folder or Hub dataset, by `rlcore config validate` and by every launch. A user function with the
-wrong signature, one that raises on real data or returns no finite number is then one line naming
-the taskset, instead of an error on a rollout worker after the run has started. TRL's batch
+first row of its file, folder or Hub dataset (a generated taskset not written yet: of a throwaway
+copy its generator writes), by `rlcore config validate` and by every launch. A user function with
+the wrong signature, one that raises on real data or returns no finite number is then one line
+naming the taskset, instead of an error on a rollout worker after the run has started. TRL's batch
 functions (they take `completions`) are called with a batch of one. The `judge` reward's settings
 are checked against the configured auxiliary models; the service itself is first asked at the
 first rollout."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 from ...core.config import ConfigError
 from ...core.config.schema import TasksetConfig
 from ...core.config.validate import SELF_SCORED
 from ...core.data.dataset_files import readable_now
+from ...core.data.taskset import ensure_taskset
 from ...core.data.taskset_check import TasksetError, first_row, value_of
 from ...core.types import Task
 from .compose import build_reward
 from .judge import JUDGE, check_judge, judge_settings
+
+
+def _first_row(key: str, ts: TasksetConfig) -> dict[str, Any] | None:
+    """The taskset's first row; for a generated taskset not written yet, that of a copy its
+    generator writes into a throwaway folder (generators are deterministic and small). None where
+    there is no row to try (the taskset check names what is wrong with it)."""
+    if not readable_now(ts):
+        if ts.generator is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="rlcore-reward-check-") as folder:
+            copy = dataclasses.replace(
+                ts, path=os.path.join(folder, os.path.basename(ts.path) or "tasks.jsonl")
+            )
+            try:
+                ensure_taskset(copy, key)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            return _first_row(key, copy)
+    try:
+        return first_row(ts, key)
+    except TasksetError:
+        return None
 
 
 def check_rewards(key: str, ts: TasksetConfig, auxiliary: Sequence[str]) -> None:
@@ -46,12 +74,7 @@ def check_rewards(key: str, ts: TasksetConfig, auxiliary: Sequence[str]) -> None
         composer = build_reward(names, weights or None)
     except ValueError as e:
         raise ConfigError(f"{key}.reward_fn: {e}") from None
-    if not readable_now(ts):
-        return  # a file a generator writes at launch: tried on the workers
-    try:
-        row = first_row(ts, key)
-    except TasksetError:
-        return  # the taskset check names what is wrong with it
+    row = _first_row(key, ts)
     if row is None:
         return
     fmt = ts.format

@@ -26,3 +26,12 @@ def half_constant(response: str, task: Task) -> float:
     distinct_chars for the others: dynamic sampling has groups to drop and groups to keep."""
     digits = "".join(c for c in task.task_id if c.isdigit())
     return 1.0 if digits and int(digits) % 2 == 0 else distinct_chars(response, task)
+
+
+def always_nan(response: str, task: Task) -> float:
+    """A reward with a bug no row escapes: never a number."""
+    return float("nan")
+
+
+def a_string(response: str, task: Task) -> float:
+    return "1.0"  # type: ignore[return-value]
