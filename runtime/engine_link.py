@@ -159,13 +159,15 @@ class EngineLink:
         waited for as long as its restarts may take (backoff 1, 2, ... 2^max_restarts s, each
         worker's start within control.worker_start_timeout); [] at once for configured endpoints,
         which nothing restarts."""
-        rm, lost = self.cfg.explorer.rollout_model, self.workers.lost if self.workers else []
+        rm = self.cfg.explorer.rollout_model
+        lost = list(self.workers.lost) if self.workers else []
+        lost += [a for a in (*self.unreachable, *self.endpoints) if a not in lost]  # left out earlier
         if self.run_ctx.workers is None or rm.max_restarts == 0:
             return []
         budget_s = 2.0**rm.max_restarts + self.cfg.control.worker_start_timeout
         log.warning(
-            "no rollout worker answers (%s stopped): waiting up to %.0f s for the launch to restart one",
-            ", ".join(lost), budget_s,
+            "no rollout worker answers (%s stopped answering: dead, or hung past its deadline): waiting up to "
+            "%.0f s for the launch to restart one", ", ".join(lost) or "every one", budget_s,
         )  # fmt: skip
         deadline = time.monotonic() + budget_s
         while time.monotonic() < deadline:

@@ -17,13 +17,18 @@ import signal
 import traceback
 
 TRAINER_LOG = "trainer.log"
+MAX_CHARS = 500
+"""The longest line of an error that is not a ValueError (a library's, which may carry a dump)."""
 
 
 def one_line(error: BaseException) -> str:
-    """A user-facing problem (ValueError) as it says itself; anything else with its type."""
+    """A user-facing problem (ValueError) as it says itself, whole (its end says what to do); anything
+    else with its type, its middle cut past MAX_CHARS (the start says what, the end often where)."""
     text = " ".join(str(error).split())
-    line = text if isinstance(error, ValueError) else f"{type(error).__name__}: {text or 'no message'}"
-    return line if len(line) <= 500 else line[:497] + "..."
+    if isinstance(error, ValueError):
+        return text
+    line = f"{type(error).__name__}: {text or 'no message'}"
+    return line if len(line) <= MAX_CHARS else f"{line[: MAX_CHARS * 2 // 3]} ... {line[-MAX_CHARS // 3 :]}"
 
 
 def report(launch_dir: str, who: str, error: BaseException) -> str:

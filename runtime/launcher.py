@@ -246,11 +246,8 @@ def run(
                         rc = world.run(controller, plan, stops)
                 except KeyboardInterrupt:  # a second signal, or the stop grace ran out
                     stage, step, total = controller.progress()
-                    print(
-                        f"rlcore: stopped at step {step} of {total} ({stage or 'before training'}) without a "
-                        "final checkpoint; resume from the last one with continue_from_checkpoint=true",
-                        file=sys.stderr,
-                    )
+                    print(f"rlcore: stopped at step {step} of {total} ({stage or 'before training'}) "
+                          f"{_last_checkpoint(run_dir, stages, num_stages, stage, step)}", file=sys.stderr)  # fmt: skip
                     return 130 if stops.received in (None, signal.SIGINT) else stops.exit_code
             if rc == 0:
                 controller.mark_finished()
@@ -268,6 +265,18 @@ def run(
         return rc
     print_summary(run_dir, stages, time.time() - start)
     return 0 if stops.received is None else stops.exit_code
+
+
+def _last_checkpoint(run_dir: str, stages: list[Stage], num_stages: int, stage: str, step: int) -> str:
+    """What a run stopped at once (a second signal, the grace out) left to resume from."""
+    from ..core.checkpoint import list_checkpoints
+
+    current = next((s for s in stages if s.name == stage), None)
+    saved = list_checkpoints(stage_dir(run_dir, current, num_stages)) if current is not None else []
+    if saved and saved[-1] >= step:
+        return f"with its checkpoint of step {saved[-1]}; resume with continue_from_checkpoint=true"
+    last = f"the last is step {saved[-1]}" if saved else "this stage has none yet"
+    return f"before its final checkpoint ({last}); resume from it with continue_from_checkpoint=true"
 
 
 def trainer_world(base: Any, placement: GpuPlacement | None, launch_dir: str, lock_fd: int) -> WorldProcess:
