@@ -24,15 +24,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlcore.benchmarks.common import count_tokens, spread
-from rlcore.core.config.schema import ScratchModelConfig
-from rlcore.core.scratch_model import build_scratch_model
-from rlcore.core.types import Completion, SamplingParams
-from rlcore.rollout.engines.hf import HFEngine
+
+if TYPE_CHECKING:
+    from rlcore.core.types import Completion
 
 TOKEN_ENV = "RLCORE_BENCH_TOKEN"
 MAX_MODEL_LEN = 1024
@@ -88,8 +85,14 @@ def timed(fn: Callable[[], list[list[Completion]]]) -> tuple[float, list[list[Co
 
 
 def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    import torch  # here, not at the top: `rlcore bench grpc --help` imports no torch
+
     from rlcore.client.base import ClientOptions
     from rlcore.client.rollout import RolloutClient
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+    from rlcore.core.types import SamplingParams
+    from rlcore.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(args.threads)
     model = args.model

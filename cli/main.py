@@ -1,7 +1,8 @@
 """The `rlcore` command: parse arguments, validate the config, and only then import heavy modules.
 
-`rlcore --help`, `rlcore config show` and `rlcore config validate` never import torch, transformers,
-vllm or megatron, so they answer in well under a second and work on a machine without a GPU stack.
+`--help` (of every subcommand and benchmark), `rlcore config show` and `rlcore config validate` never
+import torch, transformers, vllm or megatron, so they answer in well under a second and work on a
+machine without a GPU stack.
 """
 
 from __future__ import annotations
@@ -9,276 +10,19 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import re
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..backends import STRATEGIES, check_strategy_runs
+from ..backends import check_strategy_runs
 from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
-from ..core.data.prompt_lengths import check_prompt_lengths, has_tokenizer
-from ..core.monitor import check_monitor_dependencies
-from ..rollout.engines import ENGINES
+from ..core.config.package_checks import check_packages, install_command
+from ..core.config.schema import STAGE_SECTIONS
+from .parser import build_parser
 
 _EXIT_USAGE = 2  # argparse's code for bad input; a bad config is bad input too
 _EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows each flag's default, unless it is none, off, or the help text says it already."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
-class Parser(argparse.ArgumentParser):
-    """The `rlcore` parsers (subcommands' too, which argparse makes of the same class): defaults in
-    --help, and a mistyped choice gets the closest one suggested."""
-
-    def __init__(self, **kwargs: Any):
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(**kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if wrong:
-            choices = re.findall(r"'([^']*)'", wrong.group(2))
-            close = difflib.get_close_matches(wrong.group(1), choices, n=1)
-            if close:
-                message += f"; did you mean '{close[0]}'?"
-        super().error(message)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rlcore")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--strategy",
-        choices=list(STRATEGIES),
-        help="training strategy; overrides trainer.strategy",
-    )
-    parser.add_argument("config", help="YAML recipe (overrides of the schema defaults)")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="dotted overrides applied after the YAML, later ones win (e.g. trainer.save_interval=10)",
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="rlcore", description="RL post-training for language models: one config, one command."
-    )
-    parser.add_argument("--version", action="version", version=f"rlcore {_version()}")
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{launch,config,rollout,trainer,tinker,bench}"
-    )
-
-    launch = commands.add_parser("launch", help="validate the config, then run every stage")
-    _add_config_args(launch)
-
-    _add_config_parser(commands)
-    _add_rollout_parser(commands)
-    _add_trainer_parser(commands)
-    _add_tinker_parser(commands)
-    _add_bench_parser(commands)
-    return parser
-
-
-def _add_config_parser(commands: Any) -> None:
-    config = commands.add_parser("config", help="inspect a config without running it")
-    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="{show,validate,prepare}")
-    show = config_commands.add_parser(
-        "show", help="print the resolved config (and each resolved stage) as YAML; paths are not checked"
-    )
-    _add_config_args(show)
-    show.add_argument("--stage", help="only this stage (its index or name), resolved")
-    show.add_argument(
-        "--key", help="only this dotted key (e.g. algorithm.optimizer.lr), in every stage shown"
-    )
-    show.add_argument(
-        "--plan", action="store_true",
-        help="the run's plan instead: each stage's experience source, engines, weight path, trainer and "
-        "algorithm passes, as the launch decides them (mode=explore: the explore launch's)",
-    )
-    validate = config_commands.add_parser(
-        "validate", help="check keys, types, values, paths and monitor packages; print OK on success"
-    )
-    _add_config_args(validate)
-    prepare = config_commands.add_parser(
-        "prepare", help="generate the config's synthetic tasksets and scratch model (as a launch would) and print where"
-    )
-    _add_config_args(prepare)
-
-
-def _add_rollout_parser(commands: Any) -> None:
-    """`rlcore rollout serve`: its engine flags default to the config's (RolloutModelConfig), the
-    values `rlcore launch` starts its workers with."""
-    from ..core.config.schema import RolloutModelConfig
-
-    engine = RolloutModelConfig()
-    rollout = commands.add_parser("rollout", help="rollout workers")
-    rollout_commands = rollout.add_subparsers(dest="rollout_command", required=True, metavar="{serve}")
-    serve = rollout_commands.add_parser(
-        "serve", help="serve an inference engine over gRPC (RolloutService) until interrupted"
-    )
-    serve.add_argument("--model", required=True, help="HF model folder")
-    serve.add_argument(
-        "--engine", default=engine.engine_type, choices=list(ENGINES),
-        help=f"inference engine (default {engine.engine_type})",
-    )  # fmt: skip
-    serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    serve.add_argument(
-        "--max-model-len", type=int, default=None,
-        help="longest prompt + response in tokens (default and most: the model's position limit)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--max-batch-size", type=int, default=engine.max_batch_size, help="sequences per engine call"
-    )
-    serve.add_argument(
-        "--tensor-parallel-size", type=int, default=engine.tensor_parallel_size, help="GPUs one vLLM engine spans (vllm only)"
-    )
-    serve.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=engine.gpu_memory_utilization,
-        help="share of GPU memory vLLM may take (vllm only)",
-    )
-    serve.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (vllm only)")
-    serve.add_argument(
-        "--partial-rollout", action="store_true",
-        help="a weight update interrupts running tasks' generation, which continues under the new weights (hf, vllm)",
-    )  # fmt: skip
-    serve.add_argument("--seed", type=int, default=0, help="engine seed (vllm)")
-    serve.add_argument(
-        "--service-url", default="", help="the Tinker service the tinker engine samples from (tinker only)"
-    )
-    serve.add_argument(
-        "--service-model", default="", help="the base model's name at --service-url (default: --model)"
-    )
-    serve.add_argument(
-        "--service-key-env", default="TINKER_API_KEY", help="environment variable holding that service's API key"
-    )
-    serve.add_argument(
-        "--threads", type=int, default=0, help="CPU threads for the engine (0: torch's default)"
-    )
-    serve.add_argument(
-        "--register", metavar="HOST:PORT", help="RunService of a run to join (RegisterWorker + heartbeats)"
-    )
-    serve.add_argument("--index", type=int, default=-1, help="worker index given by the launcher")
-    serve.add_argument(
-        "--http-port", type=int, default=None,
-        help="also serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) on this port (0: any free one)",
-    )  # fmt: skip
-    serve.add_argument("--http-port-file", help="write host:port of the HTTP door here once it listens")
-    serve.add_argument("--http-max-n", type=int, default=64, help="completions one HTTP request may ask for")
-    serve.add_argument(
-        "--http-max-request-tokens", type=int, default=1 << 18,
-        help="n x max_tokens one HTTP request may ask for (it holds the engine meanwhile)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--tool-call-format", default="auto", choices=("auto", "hermes", "llama3_json", "mistral", "response_template"),
-        help="how the model writes tool calls, read back into the door's tool_calls (auto: the tokenizer's response "
-        "template, else the format its chat template renders)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--http-batch-wait-ms", type=float, default=10.0,
-        help="a request that finds the engine idle waits this long for concurrent ones to share its engine call (0: never)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--served-model-name",
-        help="the model name the HTTP door answers to (default: the model folder's name)",
-    )
-    _add_server_args(serve)
-
-
-def _add_trainer_parser(commands: Any) -> None:
-    trainer = commands.add_parser("trainer", help="trainer worlds")
-    trainer_commands = trainer.add_subparsers(dest="trainer_command", required=True, metavar="{serve}")
-    tserve = trainer_commands.add_parser(
-        "serve", help="start a trainer world whose rank 0 serves TrainerService until interrupted"
-    )
-    tserve.add_argument("--ranks", type=int, default=1, help="trainer processes on this machine")
-    tserve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    tserve.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: cores / ranks)")
-    nodes = tserve.add_argument_group(
-        "across hosts", "every host runs `rlcore trainer serve` with the same --nnodes and --rdzv-endpoint and its "
-        "own --node-rank; node 0's first rank serves TrainerService (--host, --port)",
-    )  # fmt: skip
-    nodes.add_argument(
-        "--nnodes", type=int, default=1, help="trainer hosts in the world (each with --ranks ranks)"
-    )
-    nodes.add_argument(
-        "--node-rank", type=int, default=0, help="this host's place: 0 (serves, hosts the rendezvous), 1, ..."
-    )
-    nodes.add_argument(
-        "--rdzv-endpoint", default="", help="host:port of the rendezvous on node 0, reachable from every host"
-    )
-    nodes.add_argument(
-        "--node-address", default="", help="the address the other hosts reach this one at (default: its name)"
-    )
-    nodes.add_argument(
-        "--collective-timeout", type=float, default=1800.0,
-        help="seconds a collective waits for a lost node (rank 0's sends too); node K > 0 ends its ranks "
-        "after node 0's rendezvous has not answered this long",
-    )  # fmt: skip
-    nodes.add_argument(
-        "--rdzv-timeout",
-        type=int,
-        default=600,
-        help="seconds the hosts wait for each other at the rendezvous",
-    )
-    _add_server_args(tserve)
-
-
-def _add_tinker_parser(commands: Any) -> None:
-    tinker = commands.add_parser("tinker", help="serve the Tinker API (the official `tinker` SDK's)")
-    sub = tinker.add_subparsers(dest="tinker_command", required=True, metavar="{serve}")
-    serve = sub.add_parser("serve", help="serve the Tinker API over a trainer world and a sampling engine")
-    serve.add_argument(
-        "--base-model", action="append", required=True, metavar="NAME=PATH",
-        help="a model clients may train and sample: the name they give as base_model, and its HF folder "
-        "(PATH alone: named after its folder); repeat for several",
-    )  # fmt: skip
-    serve.add_argument("--strategy", default="fsdp2", choices=["fsdp", "fsdp2", "megatron"])
-    serve.add_argument("--ranks", type=int, default=1, help="trainer processes")
-    serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    serve.add_argument("--threads", type=int, default=0, help="CPU threads per trainer rank (0: cores / ranks)")
-    serve.add_argument("--max-model-len", type=int, default=2048, help="longest sequence trained or sampled")
-    serve.add_argument("--trainer", default="", help="host:port of a running `rlcore trainer serve` to use")
-    serve.add_argument("--trainer-token-env", default="", help="with --trainer: the variable holding its token")
-    serve.add_argument("--workdir", default="tinker", help="checkpoints, sampler weights and the trainer's logs")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0: any free port (see --port-file)")
-    serve.add_argument("--port-file", default="", help="write host:port here once serving")
-    serve.add_argument(
-        "--api-key-env", default="TINKER_API_KEY",
-        help="the variable holding the key clients must send (X-API-Key; the SDK wants it to start with tml-)",
-    )  # fmt: skip
-
-
-def _add_bench_parser(commands: Any) -> None:
-    from ..benchmarks import BENCHMARKS
-
-    bench = commands.add_parser(
-        "bench",
-        help="run a benchmark; results under benchmarks/results/ (`rlcore bench NAME --help` for its flags)",
-    )
-    bench.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
-    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -291,29 +35,14 @@ def _bench(args: argparse.Namespace) -> int:
     return int(importlib.import_module(BENCHMARKS[args.name]).main(list(args.args)))
 
 
-def _add_server_args(parser: argparse.ArgumentParser) -> None:
-    """Flags every server takes (the same meaning as the control.* config keys)."""
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
-    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
-    parser.add_argument(
-        "--port-file", help="write the bound host:port to this file once serving (for scripts using --port 0)"
-    )
-    parser.add_argument(
-        "--token-env", default="RLCORE_TOKEN", help="environment variable holding the shared token"
-    )
-    parser.add_argument("--max-message-mb", type=int, default=64, help="largest message sent or received")
-    parser.add_argument("--tls-cert", help="PEM certificate chain (enables TLS with --tls-key)")
-    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    parser.add_argument("--tls-ca", help="PEM CA bundle that client certificates must chain to")
-    parser.add_argument("--tls-require-client-cert", action="store_true", help="mutual TLS (needs --tls-ca)")
-
-
 def _load(args: argparse.Namespace, check_machine: bool = True) -> tuple[DictConfig, list[Stage]]:
     """Load and validate the config: every config error a run could hit at start-up, raised here.
 
     `check_machine` also checks what this machine must provide: model/taskset paths and the
     monitor packages.
     """
+    from ..core.monitor import check_monitor_dependencies  # here: --help imports no gRPC
+
     try:
         cfg = load_config(args.config, args.overrides, args.strategy)
         stages = resolve_stages(cfg, check_paths=check_machine)
@@ -333,12 +62,14 @@ def _load(args: argparse.Namespace, check_machine: bool = True) -> tuple[DictCon
 
 def shadowed_overrides(cfg: DictConfig, overrides: list[str]) -> list[str]:
     """Keys of run-wide `key=value` overrides that every stage overrides again (so they change
-    nothing that runs, e.g. algorithm.optimizer.lr on the quickstart, whose stages set their own)."""
+    nothing that runs, e.g. algorithm.optimizer.lr on the quickstart, whose stages set their own).
+    Only the sections a stage may override can be shadowed: `name=...` names the run (a stage's
+    own `name` is the stage's)."""
     stages = OmegaConf.to_container(cfg.stages, resolve=False) if cfg.stages else []
     out = []
     for override in overrides:
         key = override.partition("=")[0].strip().lstrip("+~")
-        if not stages or key.split(".")[0].split("[")[0] == "stages":
+        if not stages or key.split(".")[0].split("[")[0] not in STAGE_SECTIONS:
             continue
         if all(_sets(stage, key.split(".")) for stage in stages):
             out.append(key)
@@ -356,14 +87,25 @@ def _sets(node: Any, parts: list[str]) -> bool:
 def _prepare(args: argparse.Namespace) -> int:
     """`rlcore config prepare`: the assets a launch generates, made now (e.g. a scratch model for a
     service to serve before the launch that trains on it)."""
+    _, stages = _load(args, check_machine=False)
+    for stage in stages:  # a generator's package, named before anything heavy is imported
+        try:
+            check_packages(stage.config)
+        except ConfigError as e:
+            raise ConfigError(f"stages[{stage.index}].{e}" if len(stages) > 1 else str(e)) from None
     from transformers.utils import logging as transformers_logging
 
     from ..core.data.taskset import tasksets_of
     from ..runtime.preflight import prepare_assets
 
     transformers_logging.disable_progress_bar()  # one line per stage below says what was made
-    _, stages = _load(args, check_machine=False)
-    prepare_assets(stages)
+    try:
+        prepare_assets(stages)
+    except ValueError as e:  # user input found while making the assets, as in a launch
+        raise ConfigError(str(e)) from e
+    except ImportError as e:  # a package the checks above do not know of: still one line
+        fix = f": {install_command(e.name)}" if e.name else ""
+        raise ConfigError(f"config prepare: {e}{fix}") from e
     for stage in stages:
         paths = [stage.config.model.model_path] + [ts.path for _, ts in tasksets_of(stage.config)]
         print(f"{stage.name}: " + ", ".join(p for p in dict.fromkeys(paths) if os.path.exists(p)))
@@ -408,6 +150,7 @@ def _key_yaml(config: DictConfig, key: str) -> str:
 
 def _validate(args: argparse.Namespace) -> int:
     _, stages = _load(args)
+    from ..core.data.prompt_lengths import check_prompt_lengths, has_tokenizer
     from ..core.data.taskset import tasksets_of
     from ..core.services import auxiliary_models
     from ..rollout.rewards.check import check_rewards  # the launch's preflight tries them too
@@ -481,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.config_command == "prepare":
             return _prepare(args)
         return _validate(args)
-    except ConfigError as e:  # user input: one line, no traceback
-        print(f"rlcore: error: {e}", file=sys.stderr)
+    except ConfigError as e:  # user input: one line per problem, no traceback
+        for line in str(e).splitlines():
+            print(f"rlcore: error: {line}", file=sys.stderr)
         return _EXIT_USAGE
     except KeyboardInterrupt:
         print("rlcore: interrupted", file=sys.stderr)

@@ -7,7 +7,6 @@ allowed. Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import re
 import types
@@ -31,6 +30,7 @@ from .plan import StagePlan, filled, plan_stage, pushes_to_explorer, syncs_engin
 from .recipes import read_recipe
 from .schema import STAGE_SECTIONS, RLCoreConfig
 from .shape_checks import check_stages
+from .unknown_keys import unknown_key_problems
 from .validate import ConfigError, validate_config
 
 
@@ -93,12 +93,6 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _unknown_key(path: str, key: Any, allowed: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(str(key), allowed, n=1)
-    guess = f" (did you mean {close[0]}?)" if close else ""
-    return ConfigError(f"{path}: unknown key{guess}; allowed keys here: {', '.join(allowed)}")
-
-
 def _expected_type(err: OmegaConfBaseException) -> str | None:
     """The schema type of the value an OmegaConf ValidationError complains about."""
     obj, key = getattr(err, "object_type", None), getattr(err, "key", None)
@@ -117,7 +111,7 @@ def _explain(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
     obj = getattr(err, "object_type", None)
     if isinstance(err, ConfigKeyError) and _is_section(obj):
-        return _unknown_key(key, getattr(err, "key", rel), list(_hints(obj)))
+        return ConfigError.of(unknown_key_problems(key, getattr(err, "key", rel), None, list(_hints(obj))))
     if isinstance(err, MissingMandatoryValue):
         return ConfigError(f"{key}: required but not set (set it in the YAML or pass {key}=...)")
     if isinstance(err, GrammarParseError):
@@ -130,18 +124,21 @@ def _explain(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
     return ConfigError(f"{key}: {msg}" if key else msg)
 
 
-def _check_layer(cls: type, data: dict[Any, Any], path: str) -> None:
-    """Check a layer's keys and section shapes against the schema before OmegaConf merges it.
+def _layer_problems(cls: type, data: dict[Any, Any], path: str) -> list[str]:
+    """A layer's problems with the schema's keys and section shapes, one line each (every unknown
+    key of a file in one run), found before OmegaConf merges it.
 
     OmegaConf names an error inside a list element relative to the element, and reports a scalar
     given for a whole section without any key; walking the layer first keeps the full key path.
     Scalar types are left to OmegaConf (it converts "3" to 3 and resolves interpolations).
     """
     hints = _hints(cls)
+    problems: list[str] = []
     for key, value in data.items():
         full = f"{path}{key}"
         if key not in hints:
-            raise _unknown_key(full, key, list(hints))
+            problems += unknown_key_problems(full, key, value, list(hints))
+            continue
         hint = hints[key]
         if isinstance(value, str) and "${" in value:
             continue  # an interpolation: checked once resolved
@@ -152,26 +149,49 @@ def _check_layer(cls: type, data: dict[Any, Any], path: str) -> None:
         origin = typing.get_origin(hint)
         if _is_section(hint) or origin is dict:
             if not isinstance(value, dict):
-                raise ConfigError(f"{full}: expected a mapping of {key} keys, got {_show(value)}")
-            if _is_section(hint):
-                _check_layer(hint, value, full + ".")
+                problems.append(f"{full}: expected a mapping of {key} keys, got {_show(value)}")
+            elif _is_section(hint):
+                problems += _layer_problems(hint, value, full + ".")
         elif origin is list:
             if not isinstance(value, list):
-                raise ConfigError(f"{full}: expected {_type_name(hint)}, got {_show(value)}")
+                problems.append(f"{full}: expected {_type_name(hint)}, got {_show(value)}")
+                continue
             (item_type,) = typing.get_args(hint)
             if _is_section(item_type):
                 for i, item in enumerate(value):
-                    _check_item(item_type, item, f"{full}[{i}]")
+                    problems += _item_problems(item_type, item, f"{full}[{i}]")
+    return problems
 
 
-def _check_item(cls: type, item: Any, path: str) -> None:
+def _item_problems(cls: type, item: Any, path: str) -> list[str]:
     if not isinstance(item, dict):
-        raise ConfigError(f"{path}: expected a mapping of {cls.__name__} keys, got {_show(item)}")
-    _check_layer(cls, item, path + ".")
+        return [f"{path}: expected a mapping of {cls.__name__} keys, got {_show(item)}"]
+    problems = _layer_problems(cls, item, path + ".")
+    if problems:
+        return problems
     try:  # scalar types, merged alone so the error can carry the element's path
         OmegaConf.merge(OmegaConf.structured(cls), item)
     except OmegaConfBaseException as e:
-        raise _explain(e, path + ".") from None
+        return str(_explain(e, path + ".")).splitlines()
+    return []
+
+
+def _stage_problems(stages: Any) -> list[str]:
+    """The problems of a recipe's `stages` with their keys, one line each (resolve_stages checks
+    the rest, stage by stage)."""
+    if not isinstance(stages, list):
+        return []
+    problems: list[str] = []
+    for i, raw in enumerate(stages):
+        if not isinstance(raw, dict):
+            continue
+        for key, value in raw.items():
+            path = f"stages[{i}].{key}"
+            if key in STAGE_SECTIONS:
+                problems += _layer_problems(RLCoreConfig, {key: value}, f"stages[{i}].")
+            elif key not in _hints(RLCoreConfig):
+                problems += unknown_key_problems(path, key, value, ["name", *STAGE_SECTIONS])
+    return problems
 
 
 def _read_yaml(path: str) -> DictConfig:
@@ -261,7 +281,9 @@ def _merge(base: DictConfig, layer: DictConfig | dict[str, Any], prefix: str = "
     """`layer` over `base`, checked against the schema first; errors name keys after `prefix`."""
     data = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else layer
     assert isinstance(data, dict)
-    _check_layer(RLCoreConfig, data, prefix)
+    problems = _layer_problems(RLCoreConfig, data, prefix)
+    if problems:
+        raise ConfigError.of(problems)
     _fill_optional_sections(base, data, RLCoreConfig)
     _open_free_dicts(base)
     try:
@@ -322,6 +344,11 @@ def load_config(path: str, overrides: list[str] | None = None, strategy: str | N
     """
     recipe = _read_yaml(path)
     override_layers = _parse_overrides(overrides or [])
+    data = OmegaConf.to_container(recipe, resolve=False)
+    assert isinstance(data, dict)
+    problems = _layer_problems(RLCoreConfig, data, "") + _stage_problems(data.get("stages"))
+    if problems:  # every one of the file's, in one run
+        raise ConfigError.of(problems)
     cfg = _merge(OmegaConf.structured(RLCoreConfig), recipe)
     for layer in override_layers:  # in order: a later override wins
         current = OmegaConf.to_container(cfg, resolve=False)
@@ -362,8 +389,13 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
             raise ConfigError(f"stages[{i}].name: '{name}' is used by an earlier stage; names must be unique")
         seen.add(name)
         for key in raw:
-            if key not in STAGE_SECTIONS:
+            if key in STAGE_SECTIONS:
+                continue
+            if key in _hints(RLCoreConfig):
                 raise ConfigError(f"{prefix}{key}: a stage may override only {', '.join(STAGE_SECTIONS)}")
+            raise ConfigError.of(
+                unknown_key_problems(f"{prefix}{key}", key, raw[key], ["name", *STAGE_SECTIONS])
+            )
         stage_cfg = _merge(base, raw, prefix=prefix)  # checks the sections' shapes
         _drop_engine_sync_settings(stage_cfg, raw)
         inherits_model = i > 0 and "model_path" not in (raw.get("model") or {})

@@ -3,13 +3,14 @@ LoRA (`model.lora_configs`); and how the trainer lays the model's sequences out 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 from collections.abc import Sequence
 
 from .errors import ConfigError
-from .schema import LoraConfig, RLCoreConfig
+from .schema import LoraConfig, MegatronConfig, RLCoreConfig
 
 LORA_STRATEGIES = ("fsdp", "fsdp2")
 """The strategies that train a LoRA adapter (megatron-core 0.16 has no LoRA of its own)."""
@@ -51,6 +52,7 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
     _check_sequence_parallel(cfg)
     _check_context_parallel(cfg)
     _check_offload(cfg)
+    _check_megatron_section(cfg)
 
 
 SEQUENCE_PARALLEL_STRATEGIES = ("fsdp", "fsdp2")
@@ -183,3 +185,19 @@ def _check_adapter(lora: LoraConfig, path: str, check_paths: bool) -> None:
             f"{path}.path: the adapter at '{lora.path}' uses {', '.join(unsupported)}; rlcore trains plain LoRA "
             "adapters (r, alpha, dropout, target modules)"
         )
+
+
+def _check_megatron_section(cfg: RLCoreConfig) -> None:
+    """trainer.megatron is read by strategy megatron alone: a value set there under fsdp or fsdp2
+    would change nothing, so it is refused (as context_parallel_size above is)."""
+    t = cfg.trainer
+    if t.strategy == "megatron":
+        return
+    default = MegatronConfig()
+    for f in dataclasses.fields(MegatronConfig):
+        if getattr(t.megatron, f.name) != getattr(default, f.name):
+            raise ConfigError(
+                f"trainer.megatron.{f.name}: trainer.megatron is read by strategy megatron only, and "
+                f"trainer.strategy is {t.strategy} (it would change nothing): use --strategy megatron, or "
+                "drop trainer.megatron"
+            )

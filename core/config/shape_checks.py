@@ -4,10 +4,12 @@ three keys (plan.py decides what a valid combination does)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from .errors import ConfigError
 from .host_checks import check_address, tinker_url
 from .plan import max_staleness
-from .schema import RLCoreConfig
+from .schema import RLCoreConfig, TinkerConfig
 
 
 def check_engines(cfg: RLCoreConfig) -> None:
@@ -194,7 +196,9 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
         )
     if tinker_url(cfg.trainer.remote) is not None:
         _check_tinker_run(cfg)
-    elif cfg.trainer.remote is not None:
+    else:
+        _check_tinker_section_unread(cfg)
+    if cfg.trainer.remote is not None and tinker_url(cfg.trainer.remote) is None:
         check_address(cfg.trainer.remote, "trainer.remote")
         if cfg.continue_from_checkpoint or cfg.mode not in ("both", "train"):
             raise ConfigError(
@@ -224,6 +228,20 @@ def _check_rollout_and_sync(cfg: RLCoreConfig) -> None:
             "mode both uses nccl (or auto)"
         )
     _check_engine_and_sync(cfg)
+
+
+def _check_tinker_section_unread(cfg: RLCoreConfig) -> None:
+    """trainer.tinker is read only with a Tinker service: a value set there without one would
+    change nothing, so it is refused (as trainer.megatron under another strategy is)."""
+    default = TinkerConfig()
+    for f in dataclasses.fields(TinkerConfig):
+        if getattr(cfg.trainer.tinker, f.name) != getattr(default, f.name):
+            remote = f"'{cfg.trainer.remote}'" if cfg.trainer.remote else "not set"
+            raise ConfigError(
+                f"trainer.tinker.{f.name}: trainer.tinker is read only when trainer.remote names a Tinker "
+                f"service, and trainer.remote is {remote} (it would change nothing): set "
+                "trainer.remote=tinker://host:port, or drop trainer.tinker"
+            )
 
 
 def _check_tinker_run(cfg: RLCoreConfig) -> None:

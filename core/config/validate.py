@@ -12,8 +12,10 @@ from typing import Any
 
 from ..registry import import_path
 from .errors import ConfigError
+from .generator_checks import check_generator_args
 from .host_checks import check_hosts
 from .model_checks import check_model
+from .package_checks import check_packages
 from .plan import filled
 from .schema import MONITOR_TYPES, RLCoreConfig, TasksetConfig
 from .shape_checks import check_engines, check_shape
@@ -136,6 +138,7 @@ def _check_taskset(
             raise ConfigError(
                 f"{path}.generator must be one of {', '.join(GENERATORS)} or an import path; got '{ts.generator}'"
             )
+        check_generator_args(ts.generator, ts.generator_args, path, check_imports=check_paths)
     elif check_paths and not os.path.exists(ts.path) and not _is_hub_id(ts.path):
         raise ConfigError(
             f"{path}.path: '{ts.path}' does not exist (give a jsonl/parquet/csv file, a save_to_disk folder, a Hub "
@@ -199,6 +202,8 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"algorithm.optimizer.betas must be two numbers in [0, 1); got {list(opt.betas)}")
 
     check_model(cfg, check_paths)
+    if check_paths:  # what this machine must have installed
+        check_packages(cfg)
     check_algorithm_plugs(cfg)  # before anything asks the algorithm what it trains on
 
     from ..algorithms import pairs_from_buffer, trains_on

@@ -6,11 +6,12 @@ import itertools
 import json
 import os
 import random
+from typing import Literal
 
 
 def write_arithmetic_taskset(
     path: str,
-    part: str = "train",
+    part: Literal["train", "test"] = "train",
     num_tasks: int = 1000,
     max_operand: int = 99,
     ops: str = "+",
@@ -75,7 +76,7 @@ def write_arithmetic_taskset(
 
 def write_arithmetic_chain_taskset(
     path: str,
-    part: str = "train",
+    part: Literal["train", "test"] = "train",
     num_tasks: int = 1000,
     steps: int = 3,
     max_operand: int = 49,
@@ -134,7 +135,7 @@ def write_arithmetic_chain_taskset(
 
 def write_tool_arithmetic_taskset(
     path: str,
-    part: str = "train",
+    part: Literal["train", "test"] = "train",
     num_tasks: int = 1000,
     low: int = 10,
     high: int = 99,

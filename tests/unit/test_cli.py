@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -374,3 +375,180 @@ def test_config_prepare_makes_the_assets_a_launch_would(tmp_path, monkeypatch, c
     model = tmp_path / "assets" / "tiny-llama-char"
     assert (model / "config.json").is_file() and (tmp_path / "assets" / "arithmetic" / "test.jsonl").is_file()
     assert f"\nsft_warmup: {model}, " in out and "\nrl: " in out
+
+
+def test_short_version_flag_is_an_alias(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("-V", "--version"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([flag])
+        assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("rlcore ")
+
+
+def test_a_missing_config_file_is_named_with_a_usage_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (["launch"], ["config", "validate"], ["config", "show"], ["config", "prepare"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        prog = "rlcore " + " ".join(command)
+        assert err.startswith(f"usage: {prog} ")
+        assert err.splitlines()[-1] == (
+            f"{prog}: error: a config file is required: {prog} CONFIG.yaml [key=value ...] "
+            "(e.g. configs/quickstart.yaml)"
+        )
+        assert "key=value" not in err.splitlines()[-1].split("required")[0]  # the overrides are optional
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and every parser below it (`rlcore config validate`, ...)."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                out += _subparsers(sub)
+    return out
+
+
+def _bench_parsers(monkeypatch: pytest.MonkeyPatch) -> list[argparse.ArgumentParser]:
+    """Each benchmark's own parser (built in its main(), so taken where main() parses)."""
+    import importlib
+
+    from rlcore.benchmarks import BENCHMARKS
+
+    class Parsed(Exception):
+        pass
+
+    def stop(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", stop)
+    parsers = []
+    for module in BENCHMARKS.values():
+        with pytest.raises(Parsed) as parsed:
+            importlib.import_module(module).main([])
+        parsers.append(parsed.value.args[0])
+    return parsers
+
+
+def test_every_flag_with_a_default_shows_it_in_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the README promises: every --help (each subcommand's, each benchmark's) lists each
+    flag's default; a flag whose default is none or off says what it does instead."""
+    parsers = _subparsers(build_parser()) + _bench_parsers(monkeypatch)
+    assert len(parsers) > 20
+    missing = []
+    for parser in parsers:
+        for action in parser._actions:
+            if not action.option_strings or isinstance(
+                action, (argparse._HelpAction, argparse._VersionAction)
+            ):
+                continue
+            formatter = parser.formatter_class(prog=parser.prog)
+            shown = formatter._get_help_string(action) if action.help else None  # no help: nothing shown
+            if shown is None:
+                missing.append(f"{parser.prog} {action.option_strings[0]}: no help")
+            elif action.default is not None and action.default is not False and "default" not in shown:
+                missing.append(
+                    f"{parser.prog} {action.option_strings[0]}: default {action.default!r} not shown"
+                )
+    assert not missing, missing
+
+
+def test_zero_and_empty_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["rollout", "serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "engine seed (vllm) (default: 0)" in out
+    assert "(tinker only) (default: '')" in out
+    assert "--device {auto,cpu,cuda} where the model runs" in out and "(default: auto)" in out
+
+
+HELP_CHECK = """
+import sys, time
+from rlcore.benchmarks import BENCHMARKS
+from rlcore.cli.main import main
+commands = [[], ['launch'], ['config'], ['config', 'show'], ['config', 'validate'], ['config', 'prepare'],
+            ['rollout'], ['rollout', 'serve'], ['trainer'], ['trainer', 'serve'], ['tinker'], ['tinker', 'serve'],
+            ['bench']] + [['bench', name] for name in BENCHMARKS]
+start = time.perf_counter()
+for argv in commands:
+    try:
+        main([*argv, '--help'])
+    except SystemExit as e:
+        assert e.code == 0, argv
+heavy = sorted(m for m in ('torch', 'transformers', 'vllm', 'megatron', 'datasets', 'fastapi', 'openai', 'trl')
+               if m in sys.modules)
+print('HEAVY', heavy, len(commands))
+"""
+
+
+def test_every_help_imports_no_heavy_module() -> None:
+    """`rlcore ... --help` of every subcommand and benchmark answers without torch, vLLM or
+    megatron (bench grpc --help took 16.8 s when its module imported torch at the top)."""
+    result = subprocess.run(
+        [sys.executable, "-c", HELP_CHECK], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith("HEAVY [] "), result.stdout.splitlines()[-1]
+
+
+def test_a_run_name_override_is_not_called_shadowed(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`name=<new>` (the README's second run) names the run; each stage's own `name` is the stage's."""
+    stages = "stages=[{name: sft, mode: train, algorithm: {algorithm_type: sft}}, {name: grpo}]"
+    assert main(["config", "validate", recipe, stages, "name=second_run", "project=p"]) == 0
+    assert capsys.readouterr().err == ""
+    cfg = cli.load_config(recipe, [stages, "name=second_run"])
+    assert cli.shadowed_overrides(cfg, ["name=second_run", "seed=3"]) == []
+
+
+def test_every_unknown_key_of_a_file_is_reported_in_one_run(
+    recipe: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ported.yaml"
+    data = yaml.safe_load(Path(recipe).read_text())
+    data["cluster"] = {"node_num": 2}
+    data["trainer"] = {"actor_grad_clip": 1.0, "strategyy": "fsdp2"}
+    data["num_generations"] = 8
+    path.write_text(yaml.safe_dump(data))
+    assert main(["config", "validate", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()  # one line each, as every error
+    assert len(lines) == 4 and all(line.startswith("rlcore: error: ") for line in lines)
+    keys = [line.removeprefix("rlcore: error: ").split(":")[0] for line in lines]
+    assert sorted(keys) == [
+        "cluster.node_num",
+        "num_generations",
+        "trainer.actor_grad_clip",
+        "trainer.strategyy",
+    ]
+    assert "did you mean rlcore's cluster.num_nodes? (Trinity-RFT's name)" in lines[0]
+
+
+def test_prepare_says_in_one_line_that_a_package_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RLCORE_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "verifiers", None)  # not installed, as far as imports can tell
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "verifiers.yaml")
+    expected = (
+        "rlcore: error: buffer.explorer_input.taskset.default_workflow_type: the verifiers workflow needs the "
+        "verifiers package, which is not installed here: pip install 'rlcore[verifiers]'\n"
+    )
+    for command in ("validate", "prepare"):
+        assert main(["config", command, recipe]) == 2
+        assert capsys.readouterr().err == expected
+
+
+def test_prepare_turns_a_generator_error_into_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fails(stages: object) -> None:
+        raise ImportError("No module named 'sqlalchemy'", name="sqlalchemy")
+
+    import rlcore.runtime.preflight as preflight
+
+    monkeypatch.setattr(preflight, "prepare_assets", fails)
+    monkeypatch.setenv("RLCORE_CHECKPOINT_DIR", str(tmp_path))
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "tinker.yaml")
+    assert main(["config", "prepare", recipe]) == 2
+    assert capsys.readouterr().err == (
+        "rlcore: error: config prepare: No module named 'sqlalchemy': pip install 'rlcore[sql]'\n"
+    )

@@ -16,7 +16,7 @@ TASKSET = "buffer.explorer_input.taskset"
 # (overrides, a regex the one stderr line must match after "rlcore: error: ")
 BAD_OVERRIDES = [
     (["trainer.strategyy=fsdp2"], r"trainer\.strategyy: unknown key \(did you mean strategy\?\); allowed keys here: strategy, total_steps,"),
-    (["strategy=fsdp2"], r"strategy: unknown key; allowed keys here: project, name, mode,"),
+    (["strategy=fsdp2"], r"strategy: unknown key \(did you mean trainer\.strategy\?\); allowed keys here: project, name, mode,"),
     (["trainer.save_interval=abc"], r"trainer\.save_interval: expected int, got 'abc'$"),
     (["trainer.total_steps=x"], r"trainer\.total_steps: expected int or null, got 'x'$"),
     (["algorithm.do_old_log_prob_compute=maybe"], r"algorithm\.do_old_log_prob_compute: expected true or false or null, got 'maybe'$"),
