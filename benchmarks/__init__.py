@@ -1,5 +1,6 @@
 """rlcore's benchmarks (`rlcore bench NAME ...`): each module has `main(argv) -> exit code` and also
-runs as a script (`python benchmarks/NAME.py`). Results land in benchmarks/results/."""
+runs as a script (`python benchmarks/NAME.py`). Results land in runs/bench/ unless --out says otherwise;
+the committed ones in benchmarks/results/ change only when --out names them."""
 
 BENCHMARKS = {
     "trl": "rlcore.benchmarks.vs_trl",

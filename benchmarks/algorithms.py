@@ -32,7 +32,15 @@ from typing import Any
 import yaml
 
 from rlcore.benchmarks.cli_args import comma_names, int_list, positive_int
-from rlcore.benchmarks.common import machine_info, pyplot, run_logged, save_figure, versions, write_outputs
+from rlcore.benchmarks.common import (
+    default_out,
+    machine_info,
+    pyplot,
+    run_logged,
+    save_figure,
+    versions,
+    write_outputs,
+)
 from rlcore.core.config import load_config, read_recipe, resolve_stages
 
 BASELINE = "grpo"
@@ -282,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds per launch")
     parser.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary folder)")
-    parser.add_argument("--out", default="benchmarks/results/algorithms.json", help="where the JSON result goes")
+    parser.add_argument("--out", default=default_out("algorithms.json"), help="where the JSON result goes")
     args = parser.parse_args(argv)
     for flag, path in (("--base", args.base), ("--recipes", args.recipes)):
         if not os.path.exists(path):

@@ -29,6 +29,7 @@ from typing import Any
 from rlcore.benchmarks.cli_args import check_separate_cpus, cpu_list, int_list, positive_int
 from rlcore.benchmarks.common import (
     GRPORun,
+    default_out,
     machine_info,
     model_len,
     prepare,
@@ -235,7 +236,7 @@ def add_launch_args(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
-    add_launch_args(parser, steps=20, prompts=4, group=8, max_tokens=96, out="benchmarks/results/async.json")
+    add_launch_args(parser, steps=20, prompts=4, group=8, max_tokens=96, out=default_out("async.json"))
     parser.add_argument(
         "--staleness", type=int_list, default=[1, 2, 4], help="max_staleness of the async sides"
     )

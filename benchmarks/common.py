@@ -137,6 +137,16 @@ def count_tokens(results: list[list[Completion]]) -> int:
     return sum(len(c.token_ids) for samples in results for c in samples)
 
 
+RUN_DIR = "runs/bench"
+"""Where a benchmark writes by default (ignored by git). The committed results in benchmarks/results/
+change only when --out names them (`rlcore bench NAME --out benchmarks/results/NAME.json`)."""
+
+
+def default_out(filename: str) -> str:
+    """A benchmark's default --out: `filename` in RUN_DIR."""
+    return os.path.join(RUN_DIR, filename)
+
+
 def write_outputs(result: dict[str, Any], out: str, markdown: str, plot: Callable[[str], None]) -> None:
     """`out` (JSON), the markdown next to it (.md) and `plot(path)`'s picture (.png)."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

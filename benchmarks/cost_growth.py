@@ -52,6 +52,7 @@ from rlcore.benchmarks.common import (
     GRPORun,
     alternating,
     count_params,
+    default_out,
     launch_rlcore,
     machine_info,
     machine_line,
@@ -64,7 +65,7 @@ from rlcore.benchmarks.common import (
     write_outputs,
 )
 
-RESULTS = "benchmarks/results/cost_growth.json"
+RESULTS = default_out("cost_growth.json")
 CURVES = {"batch": "prompts per step", "length": "response budget (max_tokens)"}
 """Curve -> what varies along it."""
 FLAT_MIB = 20.0

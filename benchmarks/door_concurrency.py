@@ -34,6 +34,7 @@ from typing import Any
 
 from rlcore.benchmarks.cli_args import missing_packages, positive_int
 from rlcore.benchmarks.common import (
+    default_out,
     machine_info,
     machine_line,
     pyplot,
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the worker's device")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the worker's dtype")
     parser.add_argument("--batch-wait-ms", type=float, default=10.0, help="the worker's --http-batch-wait-ms")
-    parser.add_argument("--out", default="benchmarks/results/door.json", help="where the JSON result goes (.md, .png beside it)")
+    parser.add_argument("--out", default=default_out("door.json"), help="where the JSON result goes (.md, .png beside it)")
     args = parser.parse_args(argv)
     missing = missing_packages("openai", "fastapi", "uvicorn")
     if missing:

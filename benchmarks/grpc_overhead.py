@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlcore.benchmarks.common import count_tokens, spread
+from rlcore.benchmarks.common import count_tokens, default_out, spread
 
 if TYPE_CHECKING:
     from rlcore.core.types import Completion
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="measured repeats of each side")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of each side's engine")
     parser.add_argument("--latency-calls", type=int, default=20, help="1-prompt 1-token calls per side")
-    parser.add_argument("--out", default="benchmarks/results/grpc_overhead.json", help="where the JSON result goes")
+    parser.add_argument("--out", default=default_out("grpc_overhead.json"), help="where the JSON result goes")
     args = parser.parse_args(argv)
     for name in ("prompts", "max_tokens", "repeats", "threads", "latency_calls"):
         if getattr(args, name) < 1:

@@ -26,6 +26,7 @@ from typing import Any
 
 from rlcore.benchmarks.cli_args import check_separate_cpus, positive_int
 from rlcore.benchmarks.common import (
+    default_out,
     machine_info,
     model_len,
     prepare,
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlcore.benchmarks.async_explore import add_launch_args
 
     parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
-    add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=16, out="benchmarks/results/tails.json")
+    add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=16, out=default_out("tails.json"))
     parser.add_argument("--staleness", type=positive_int, default=2, help="synchronizer.max_staleness")
     parser.add_argument("--slow-fraction", type=float, default=0.125, help="share of the tasks that are slow")
     parser.add_argument("--slow-s", type=float, default=2.0, help="seconds a slow task waits")

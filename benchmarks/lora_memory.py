@@ -37,6 +37,7 @@ from rlcore.benchmarks.cli_args import add_device_args, check_device, positive_i
 from rlcore.benchmarks.common import (
     MODELS,
     build_scratch,
+    default_out,
     machine_info,
     machine_line,
     one_rank_world,
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-tokens", type=positive_int, default=48, help="response tokens per sequence")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per side")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one side may take")
-    parser.add_argument("--out", default="benchmarks/results/lora.json", help="where the JSON result goes")
+    parser.add_argument("--out", default=default_out("lora.json"), help="where the JSON result goes")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a side's own process
     parser.add_argument(
         "--model", default=None, choices=tuple(MODELS),

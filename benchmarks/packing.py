@@ -38,6 +38,7 @@ from rlcore.benchmarks.cli_args import add_device_args, check_device, positive_i
 from rlcore.benchmarks.common import (
     MODELS,
     build_scratch,
+    default_out,
     machine_info,
     machine_line,
     one_rank_world,
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=positive_int, default=16384, help="trainer.max_token_len_per_gpu")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per side")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one side may take")
-    parser.add_argument("--out", default="benchmarks/results/packing.json", help="where the JSON result goes")
+    parser.add_argument("--out", default=default_out("packing.json"), help="where the JSON result goes")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a side's own process
     add_device_args(parser)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)

@@ -28,6 +28,7 @@ from typing import Any
 
 from rlcore.benchmarks.cli_args import check_separate_cpus, positive_int
 from rlcore.benchmarks.common import (
+    default_out,
     machine_info,
     model_len,
     prepare,
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlcore.benchmarks.async_explore import add_launch_args, plot
 
     parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
-    add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=256, out="benchmarks/results/partial.json")
+    add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=256, out=default_out("partial.json"))
     parser.add_argument("--staleness", type=positive_int, default=2, help="synchronizer.max_staleness")
     parser.add_argument("--long-fraction", type=float, default=0.25, help="share of the tasks that generate --max-tokens")
     parser.add_argument("--short-tokens", type=positive_int, default=16, help="tokens the other tasks generate")

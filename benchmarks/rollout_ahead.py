@@ -28,6 +28,7 @@ from typing import Any
 from rlcore.benchmarks.cli_args import check_separate_cpus, cpu_list, positive_int
 from rlcore.benchmarks.common import (
     GRPORun,
+    default_out,
     machine_info,
     prepare,
     pyplot,
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rollout-cpus", type=cpu_list, default=[1], help="CPU ids for the launch and its worker"
     )
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per launch")
-    parser.add_argument("--out", default="benchmarks/results/rollout_ahead.json", help="where the JSON result goes")
+    parser.add_argument("--out", default=default_out("rollout_ahead.json"), help="where the JSON result goes")
     args = parser.parse_args(argv)
     check_separate_cpus(parser, args.trainer_cpus, args.rollout_cpus)
     with tempfile.TemporaryDirectory(prefix="rlcore-rollout-ahead-") as workdir:

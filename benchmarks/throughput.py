@@ -55,6 +55,7 @@ from rlcore.benchmarks.common import (
     GRPORun,
     count_params,
     count_tokens,
+    default_out,
     launch_rlcore,
     machine_info,
     machine_line,
@@ -71,7 +72,7 @@ from rlcore.benchmarks.common import (
     write_outputs,
 )
 
-RESULTS = "benchmarks/results/throughput.json"
+RESULTS = default_out("throughput.json")
 ENGINES = ("hf", "hf-eager", "vllm", "hf-generate")
 """rlcore's engines (`hf-eager`: the HF engine with enforce_eager), and `hf-generate`: transformers'
 own `model.generate` on the HF engine's model (each prompt repeated n times, as TRL's GRPOTrainer

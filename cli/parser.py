@@ -284,7 +284,7 @@ def _add_bench_parser(commands: Any) -> None:
 
     bench = commands.add_parser(
         "bench",
-        help="run a benchmark; results under benchmarks/results/ (`rlcore bench NAME --help` for its flags)",
+        help="run a benchmark; results under runs/bench/ unless --out (`rlcore bench NAME --help` for its flags)",
     )
     bench.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
