@@ -37,7 +37,10 @@ class StepProgress:
             if value is not None:
                 self._postfix[label] = format_value(value)
         self.bar.set_postfix(self._postfix, refresh=False)
-        self.bar.update(step - self.bar.n)
+        if self.bar.total is not None and step >= self.bar.total:
+            self.bar.n = step  # close() draws the final state: drawn here too, a log shows it twice
+        else:
+            self.bar.update(step - self.bar.n)
 
     def close(self) -> None:
         self.bar.close()

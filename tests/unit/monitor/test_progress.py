@@ -51,3 +51,15 @@ def test_resumed_run_starts_the_bar_at_the_resumed_step() -> None:
     assert bar.bar.format_dict["initial"] == 50  # the rate counts only this process's steps
     bar.close()
     assert " 51/100 " in last_render(out)
+
+
+def test_the_final_step_is_drawn_once() -> None:
+    """The last step's bar is drawn by close() only: a log of the run (a pipe, `tee`) shows it once."""
+    out = io.StringIO()
+    bar = StepProgress(total=3, desc="rl", file=out)
+    bar.bar.mininterval = bar.bar.miniters = 0  # every update draws (a slow run's steps do)
+    for step in (1, 2, 3):
+        bar.update(step, {"actor/loss": float(step)})
+    bar.close()
+    drawn = [part for part in out.getvalue().replace("\n", "\r").split("\r") if part.startswith("rl: 100%")]
+    assert len(drawn) == 1 and drawn[0].endswith("loss=3]"), drawn
