@@ -183,6 +183,12 @@ def _add_rollout_parser(commands: Any) -> None:
         "--register", metavar="HOST:PORT", help="RunService of a run to join (RegisterWorker + heartbeats)"
     )
     serve.add_argument("--index", type=int, default=-1, help="worker index given by the launcher")
+    _add_door_args(serve)
+    _add_server_args(serve)
+
+
+def _add_door_args(serve: argparse.ArgumentParser) -> None:
+    """`rlcore rollout serve`'s OpenAI-compatible door."""
     serve.add_argument(
         "--http-port", type=int, default=None,
         help="also serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) on this port (0: any free one)",
@@ -206,7 +212,6 @@ def _add_rollout_parser(commands: Any) -> None:
         "--served-model-name",
         help="the model name the HTTP door answers to (default: the model folder's name)",
     )
-    _add_server_args(serve)
 
 
 def _add_trainer_parser(commands: Any) -> None:
