@@ -34,6 +34,14 @@ class BufferError(RuntimeError):
     """The buffer cannot do what was asked; str(e) is one line naming the buffer and the fix."""
 
 
+def write_failed(reason: str, launch: str) -> str:
+    """What to do after a write the storage refused for `reason` (an OS or database error's text),
+    then which launch to resume (`launch`: explore for a put, train for the ledger)."""
+    full = any(s in reason.lower() for s in ("no space", "disk is full", "disk full", "quota"))
+    cause = "free space there" if full else "fix the cause"
+    return f"{reason}: {cause}, then resume the {launch} launch with continue_from_checkpoint=true"
+
+
 class BufferTimeout(BufferError):
     """A take waited its time out for groups that did not come."""
 
@@ -121,9 +129,8 @@ class LedgerBuffer(ExperienceBuffer):
             steps_taken = self._steps_taken()
             if step != steps_taken:
                 raise BufferError(
-                    f"{self.describe()}: the trainer asks for step {step}, but the buffer has taken "
-                    f"{steps_taken} step(s): a step's groups are taken in order (is another trainer reading it, "
-                    "or did the storage lose its ledger's last steps: a damaged database or file?)"
+                    f"{self.describe()}: the trainer asks for step {step}, but the buffer has taken {steps_taken} "
+                    f"step(s): {self._why_not_next()}"
                 )
             available, writers, finished = self._progress()
             done = writers > 0 and finished == writers
@@ -141,6 +148,21 @@ class LedgerBuffer(ExperienceBuffer):
 
     def _wait(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def _why_not_next(self) -> str:
+        """Why a trainer can ask for a step that is not the next one, and the fix (one reader per
+        buffer: the file and sql storages refuse a second one)."""
+        if self.storage_type == "queue":
+            return (
+                "the queue lives in the memory of the launch that serves it, and restarting that launch lost its "
+                "groups and ledger: the queue storage cannot resume a decoupled run; use "
+                "buffer.trainer_input.experience_buffer.storage_type file or sql for a resumable decoupled run"
+            )
+        return (
+            "steps are taken in order: did the storage lose its ledger's last steps (a damaged or restored "
+            "database or file), or is the trainer's checkpoint of another buffer (experience_buffer.path or "
+            "name changed)?"
+        )
 
     @abstractmethod
     def _recorded(self, step: int) -> list[Group] | None:

@@ -2,15 +2,22 @@
 system.
 
     <path>/writers/<writer>.jsonl   each writer's groups, one line each ({"t": unix time, "c": XXH3-64
-                                    of the group's JSON, "group": [...]}), appended with one write
-                                    and fsync; a line without its newline is being written and is
-                                    not read yet
+                                    of the group's JSON, "group": [...]}), a put's lines appended
+                                    together and fsynced; every line of a put but its last says
+                                    "m": 1 (more follow): a put is read once its last line is
+                                    complete, so a reader sees all of a put or none of it
     <path>/writers/<writer>.done    the writer finished
     <path>/steps.jsonl              the reader's ledger: one line per step, the groups it took as
                                     [writer, line number] pairs
     <path>/reader.lock              held (flock) by the one reader
 
 Unread groups are taken oldest first (by the time their line was written).
+
+A put that fails (a full disk: any OSError) is cut from the file again and said in one line naming
+the buffer, the file and the fix; its lines are never read even where the cut fails (its last line
+is missing), and the writer cuts them before its next put. A resumed explorer counts what the
+buffer holds of its last put (explore_position.py), so no group is lost or written twice. A step
+the ledger cannot record fails the same way, the ledger left as it was.
 
 A damaged line (not JSON, or its group no longer matching its checksum: a disk or a hand that
 changed the file) is never read as data: a step that needs it stops with one line naming the file,
@@ -32,7 +39,7 @@ from typing import IO
 
 import xxhash
 
-from .base import BufferError, BufferStats, Group, LedgerBuffer
+from .base import BufferError, BufferStats, Group, LedgerBuffer, write_failed
 from .records import from_record, group_to_json
 
 log = logging.getLogger(__name__)
@@ -44,16 +51,25 @@ READER_LOCK = "reader.lock"
 
 _GROUP = b',"group":'
 _TIME = re.compile(rb'^\{"t":([0-9.eE+-]+),')
+_MORE = re.compile(rb'\{"t":[0-9.eE+-]+,"c":"[0-9a-f]+","m":1,"group":')
+"""A line its put's next lines follow."""
 
 
 def checksum(group_json: bytes) -> str:
     return xxhash.xxh3_64_hexdigest(group_json)
 
 
-def line_of(t: float, group: Group) -> str:
-    """A writer's line for `group`, written at time `t`."""
+def line_of(t: float, group: Group, more: bool = False) -> str:
+    """A writer's line for `group`, written at time `t`; `more`: its put's next lines follow."""
     text = group_to_json(group)
-    return f'{{"t":{t!r},"c":"{checksum(text.encode())}","group":{text}}}\n'
+    mark = '"m":1,' if more else ""
+    return f'{{"t":{t!r},"c":"{checksum(text.encode())}",{mark}"group":{text}}}\n'
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class _Lines:
@@ -71,29 +87,39 @@ class _Lines:
         """Line index -> what is wrong with it."""
 
     def scan(self) -> list[int]:
-        """Read the lines completed since the last scan; the damaged ones among them."""
+        """Read the puts completed since the last scan (a put's lines once its last one is
+        complete); the damaged lines among them."""
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read()
-        damaged = []
-        pos = 0
+        damaged: list[int] = []
+        lines: list[tuple[int, bytes]] = []
+        pos = done = 0
         while (end := data.find(b"\n", pos)) >= 0:
-            line = data[pos:end]
-            self.starts.append(self.offset + pos)
-            problem = self._problem(line)
-            if problem is None:
-                record = json.loads(line)
-                self.times.append(float(record["t"]))
-                self.sizes.append(len(record["group"]))
-            else:  # kept in its place in time: its own time if readable, else its predecessor's
-                self.damaged[len(self.times)] = problem
-                damaged.append(len(self.times))
-                when = _TIME.match(line)
-                self.times.append(float(when[1]) if when else (self.times[-1] if self.times else 0.0))
-                self.sizes.append(0)
+            lines.append((self.offset + pos, data[pos:end]))
+            if not _MORE.match(data, pos):  # its put's last line: the put is whole
+                damaged += [i for start, line in lines if (i := self._add(start, line)) is not None]
+                lines, done = [], end + 1
             pos = end + 1
-        self.offset += pos
+        self.offset += done
         return damaged
+
+    def _add(self, start: int, line: bytes) -> int | None:
+        """Take in the complete line at byte `start`; its index if it is damaged."""
+        self.starts.append(start)
+        problem = self._problem(line)
+        if problem is None:
+            record = json.loads(line)
+            self.times.append(float(record["t"]))
+            self.sizes.append(len(record["group"]))
+            return None
+        # kept in its place in time: its own time if readable, else its predecessor's
+        index = len(self.times)
+        self.damaged[index] = problem
+        when = _TIME.match(line)
+        self.times.append(float(when[1]) if when else (self.times[-1] if self.times else 0.0))
+        self.sizes.append(0)
+        return index
 
     @staticmethod
     def _problem(line: bytes) -> str | None:
@@ -128,7 +154,10 @@ class FileBuffer(LedgerBuffer):
             os.makedirs(os.path.join(path, WRITERS), exist_ok=True)
         except OSError as e:
             raise BufferError(f"{self.describe()}: cannot create the folder: {e}") from None
-        self._out: IO[bytes] | None = None
+        self._out: int | None = None
+        """The writer's file descriptor (appending)."""
+        self._end = 0
+        """The length of the writer's file up to its last whole put."""
         self._lock: IO[bytes] | None = None
         self._files: dict[str, _Lines] = {}
         self._steps: list[list[tuple[str, int]]] = []
@@ -137,19 +166,60 @@ class FileBuffer(LedgerBuffer):
 
     # ------------------------------------------------------------------ writer side
 
-    def _put(self, groups: list[Group]) -> None:
+    def _writer_file(self) -> str:
+        return os.path.join(self.path, WRITERS, f"{self.writer}.jsonl")
+
+    def _open_out(self) -> int:
+        """The writer's file, open to append; what an earlier handle of this writer left of a put
+        it did not finish is cut first."""
         if self._out is None:
-            self._out = open(os.path.join(self.path, WRITERS, f"{self.writer}.jsonl"), "ab")
+            path = self._writer_file()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            whole = _Lines(path)
+            try:
+                whole.scan()
+            except OSError:
+                os.close(fd)
+                raise
+            self._out, self._end = fd, whole.offset
+        if os.fstat(self._out).st_size != self._end:  # a failed put whose cut failed too
+            os.ftruncate(self._out, self._end)
+        return self._out
+
+    def _put(self, groups: list[Group]) -> None:
         now = time.time()
-        self._out.write("".join(line_of(now, g) for g in groups).encode())
-        self._out.flush()
-        os.fsync(self._out.fileno())
+        data = "".join(line_of(now, g, more=i < len(groups) - 1) for i, g in enumerate(groups)).encode()
+        try:
+            _write_all(self._open_out(), data)
+        except OSError as e:  # its last line is not whole: nothing of it is read; cut it
+            if self._out is not None:
+                try:
+                    os.ftruncate(self._out, self._end)
+                except OSError:
+                    pass  # cut before the next put
+            raise BufferError(
+                f"{self.describe()}: a put of {len(groups)} group(s) failed and kept none of them: writing "
+                f"{WRITERS}/{self.writer}.jsonl: {write_failed(str(e), 'explore')}"
+            ) from None
+        self._end += len(data)
+        try:
+            os.fsync(self._out)  # type: ignore[arg-type]
+        except OSError as e:  # written whole, so readable: a resumed explorer counts it as put
+            raise BufferError(
+                f"{self.describe()}: a put of {len(groups)} group(s) was written but not confirmed on disk: fsync "
+                f"of {WRITERS}/{self.writer}.jsonl: {write_failed(str(e), 'explore')}"
+            ) from None
 
     def finish(self) -> None:
-        if self._out is None:  # a writer that put nothing still counts as one that finished
-            self._out = open(os.path.join(self.path, WRITERS, f"{self.writer}.jsonl"), "ab")
-        with open(os.path.join(self.path, WRITERS, f"{self.writer}.done"), "w"):
-            pass
+        try:
+            self._open_out()  # a writer that put nothing still counts as one that finished
+            with open(os.path.join(self.path, WRITERS, f"{self.writer}.done"), "w"):
+                pass
+        except OSError as e:
+            raise BufferError(
+                f"{self.describe()}: cannot mark writer {self.writer} finished in {WRITERS}/: "
+                f"{write_failed(str(e), 'explore')}"
+            ) from None
 
     # ------------------------------------------------------------------ reader side
 
@@ -157,13 +227,16 @@ class FileBuffer(LedgerBuffer):
         """Take the reader's lock and load the ledger (dropping a last line cut short by a crash)."""
         if self._reading:
             return
-        self._lock = open(os.path.join(self.path, READER_LOCK), "ab")
-        try:
-            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BufferError(
-                f"{self.describe()}: another trainer reads this buffer (it holds {READER_LOCK}); one reader per buffer"
-            ) from None
+        if self._lock is None:  # held already when the ledger is read anew (a step it failed to record)
+            lock = open(os.path.join(self.path, READER_LOCK), "ab")
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                raise BufferError(
+                    f"{self.describe()}: another trainer reads this buffer (it holds {READER_LOCK}); one reader per buffer"
+                ) from None
+            self._lock = lock
         self._steps = self._read_ledger(repair=True)
         self._taken = {p for step in self._steps for p in step}
         self._reading = True
@@ -243,13 +316,34 @@ class FileBuffer(LedgerBuffer):
         assert step == len(self._steps)
         pairs = [(w, i) for _, w, i in self._unread()[:num_groups]]
         groups = [self._group(w, i) for w, i in pairs]
-        with open(os.path.join(self.path, STEPS), "ab") as f:
-            f.write((json.dumps({"step": step, "groups": pairs}) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
+        self._record(step, pairs)
         self._steps.append(pairs)
         self._taken.update(pairs)
         return groups
+
+    def _record(self, step: int, pairs: list[tuple[str, int]]) -> None:
+        """Append step `step` to the ledger; on failure cut it again and read the ledger anew at
+        the next take (the file is the truth, should the cut fail)."""
+        ledger = os.path.join(self.path, STEPS)
+        fd = size = None
+        try:
+            fd = os.open(ledger, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            size = os.fstat(fd).st_size
+            _write_all(fd, (json.dumps({"step": step, "groups": pairs}) + "\n").encode())
+            os.fsync(fd)
+        except OSError as e:
+            if fd is not None and size is not None:
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+            self._reading = False  # the next take reads the ledger anew
+            raise BufferError(
+                f"{self.describe()}: step {step} was not recorded in {STEPS}: {write_failed(str(e), 'train')}"
+            ) from None
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def groups_by_writer(self) -> dict[str, int] | None:
         self._scan()
@@ -270,7 +364,8 @@ class FileBuffer(LedgerBuffer):
         )  # fmt: skip
 
     def close(self) -> None:
-        for f in (self._out, self._lock):
-            if f is not None:
-                f.close()
-        self._out = self._lock = None
+        if self._out is not None:
+            os.close(self._out)
+        if self._lock is not None:
+            self._lock.close()
+        self._out, self._lock = None, None

@@ -8,8 +8,16 @@ takes (postgresql+psycopg://user@host/db for PostgreSQL).
                            in in one transaction, so a reader sees all of a group or none of it
     rlcore_buffer_steps    the reader's ledger: which groups each step took, in order
     rlcore_buffer_writers  the writers, and whether they finished
+    rlcore_buffer_readers  the one reader's lease: its id (host, pid) and when it last renewed it
 
 Several buffers (`name`) can share a database. Unread groups are taken oldest first (by row id).
+
+One reader per buffer: its first take leases the buffer (sql_lease.py); a second one is refused in
+one line while the lease is renewed.
+
+A write the database refuses (a full disk) is one line naming the buffer, its database and the fix;
+a put is one transaction: all of its groups or none, and a resumed explorer counts which
+(explore_position.py).
 """
 
 from __future__ import annotations
@@ -22,12 +30,18 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from .base import BufferError, BufferStats, Group, LedgerBuffer
+from .base import BufferError, BufferStats, Group, LedgerBuffer, write_failed
 from .records import SCHEMA_VERSION, from_record, to_record
+from .sql_lease import ReaderLease
 
 TABLES_VERSION = "1"
 LOCK_WAIT_S = 60
 """How long an SQLite connection waits for the file's lock (writers and the reader take turns)."""
+RESUME = {"_put": "explore", "finish": "explore", "_recorded": "train", "_claim": "train"}
+"""The calls whose failure stops a launch (a put and a step are each one transaction, undone
+whole), by the launch to resume once the database answers again."""
+SAID_AS = {"_recorded": "take", "_steps_taken": "take", "_progress": "take", "_claim": "take"}
+"""The reader's calls are its take."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,7 +60,11 @@ def _said_in_one_line(method: F) -> F:
                 f" (waited {LOCK_WAIT_S} s for it: another process holds the database, a long transaction "
                 "or a tool that opened it)" if "locked" in reason else ""
             )  # fmt: skip
-            raise BufferError(f"{self.describe()}: {method.__name__.strip('_')}: {reason}{hint}") from None
+            said = reason + hint
+            if method.__name__ in RESUME:
+                said = write_failed(said, RESUME[method.__name__])
+            what = SAID_AS.get(method.__name__, method.__name__.strip("_"))
+            raise BufferError(f"{self.describe()}: {what}: {said}") from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -86,6 +104,12 @@ def _tables() -> Any:
         sa.Column("writer", sa.String(200), primary_key=True),
         sa.Column("finished", sa.Boolean, nullable=False, default=False),
     )  # fmt: skip
+    sa.Table(
+        "rlcore_buffer_readers", md,
+        sa.Column("buffer", sa.String(200), primary_key=True),
+        sa.Column("reader", sa.String(300), nullable=False),
+        sa.Column("renewed_at", sa.Float, nullable=False),
+    )  # fmt: skip
     return md
 
 
@@ -124,6 +148,7 @@ class SqlBuffer(LedgerBuffer):
         except Exception as e:  # a bad URL, a missing driver, a server that does not answer
             raise BufferError(f"{self.describe()}: cannot open the database: {_first_line(e)}") from None
         self._seq = 0
+        self.lease = ReaderLease(sa, self.engine, self.t["rlcore_buffer_readers"], name, self.describe())
 
     def describe(self) -> str:
         where = (
@@ -204,6 +229,7 @@ class SqlBuffer(LedgerBuffer):
 
     @_said_in_one_line
     def _recorded(self, step: int) -> list[Group] | None:
+        self.lease.hold()
         steps = self.t["rlcore_buffer_steps"]
         with self.engine.connect() as c:
             keys = (
@@ -258,6 +284,8 @@ class SqlBuffer(LedgerBuffer):
     def _claim(self, step: int, num_groups: int) -> list[Group]:
         exps, steps = self.t["rlcore_experiences"], self.t["rlcore_buffer_steps"]
         with self.engine.begin() as c:
+            if not c.execute(self.lease.renewal()).rowcount:
+                raise BufferError(self.lease.lost())
             keys = self._unread(c, num_groups)
             if keys:
                 c.execute(
@@ -314,6 +342,7 @@ class SqlBuffer(LedgerBuffer):
             )  # fmt: skip
 
     def close(self) -> None:
+        self.lease.release()
         self.engine.dispose()
 
 

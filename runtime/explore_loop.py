@@ -27,11 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..buffer import open_buffer
-from ..buffer.base import BufferError, Group
+from ..buffer.base import Group
 from ..core.algorithms.dpo import best_and_worst
 from ..core.config import Stage
 from ..core.data.taskset import task_stream
-from ..core.rpc.cli import write_atomic
 from ..core.step_metrics import rollout_metrics
 from ..core.types import Experience, Task
 from ..rollout.explorer import Explorer, rollout_seed
@@ -40,6 +39,7 @@ from ..rollout.scheduler import TaskScheduler
 from ..weights.base import announce
 from ..weights.publish import last_push, latest_published, register_receivers, unregister_receivers
 from ..weights.schedule import SyncSchedule
+from .explore_position import begin_put, check_buffer_holds, end_put, resume_position, save_position
 from .paths import published_dir, stage_dir, trainer_stage_dir
 from .run_lock import PeerLaunch
 from .training import plan_steps
@@ -153,10 +153,10 @@ class ExploreLoop:
 
         cfg = self.cfg
         state_file = os.path.join(self.sdir, STATE)
-        if self.resumes and os.path.isfile(state_file):
-            self._resume(state_file)
         eb = cfg.buffer.trainer_input.experience_buffer
         buffer = self.given_buffer or open_buffer(cfg, wait_s=eb.max_wait_s)
+        if self.resumes:
+            self._resume(state_file, buffer)
         check_buffer_holds(buffer, self.put, state_file)
         os.makedirs(self.sdir, exist_ok=True)
         monitor = build_monitors(
@@ -199,9 +199,13 @@ class ExploreLoop:
                 unregister_receivers(self.folder)
         return {"stage": self.stage.name, "explore_step": self.explore_step, "stopped": self.stop.is_set()}
 
-    def _resume(self, state_file: str) -> None:
-        with open(state_file) as f:
-            self._restore(json.load(f))
+    def _resume(self, state_file: str, buffer: Any) -> None:
+        saved = None
+        if os.path.isfile(state_file):
+            with open(state_file) as f:
+                saved = json.load(f)
+        if (position := resume_position(buffer, saved, state_file)) is not None:
+            self._restore(position)
 
     def _restore(self, saved: dict[str, Any]) -> None:
         self.explore_step = int(saved["explore_step"])
@@ -236,14 +240,18 @@ class ExploreLoop:
         state: dict[str, Any] = {"explore_step": self.explore_step + 1, "policy_version": self.version}
         if self.scheduler is not None:  # tasks left running: a resumed explorer sends them again
             state["running"] = [dataclasses.asdict(t) for t in self.scheduler.running_tasks()]
+        state["put"] = dict(self.put)
+        if groups:
+            state["put"][buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
         with self.lock:
             if groups:
+                begin_put(state_file, state)  # a resumed explorer asks the buffer whether the put landed
                 buffer.put(groups)
-                self.put[buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
+            self.put, self.saved = dict(state["put"]), state
             self.explore_step += 1
-            state["put"] = dict(self.put)
-            write_atomic(state_file, json.dumps(state))
-            self.saved = state
+            save_position(state_file, state)
+            if groups:
+                end_put(state_file)
         if not groups:
             log.warning("explore step %d: every task was left out (or tied); nothing put", self.explore_step - 1)
         metrics.update(rollout_metrics(exps))
@@ -449,23 +457,6 @@ def await_restarted(
             return fresh
         stop.wait(1.0)
     return []
-
-
-def check_buffer_holds(buffer: Any, put: dict[str, int], state_file: str) -> None:
-    """Before exploring on from a checkpoint: the buffer holds every group this explorer put
-    before it (per writer id). A storage that lost acknowledged groups (a damaged SQLite WAL, a
-    truncated file) would otherwise be resumed past silently, and those groups never trained."""
-    held = buffer.groups_by_writer() if put else None
-    if held is None:
-        return
-    for writer, count in sorted(put.items()):
-        if held.get(writer, 0) < count:
-            raise BufferError(
-                f"{buffer.describe()}: it holds {held.get(writer, 0)} of the {count} groups writer {writer} put "
-                f"before this explorer's checkpoint ({state_file}): the storage lost groups it had acknowledged "
-                "(a damaged database or file?); the trainer would never see them: restore the storage, or start "
-                "a new run"
-            )
 
 
 def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -> int:

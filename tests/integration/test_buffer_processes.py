@@ -1,7 +1,7 @@
 """The experience buffer across processes, for each storage: two explorer processes put groups while
 a trainer process takes them; every group arrives whole, none twice, none lost (counted). The sql
 storage also runs against a real PostgreSQL server that the test starts (skipped, with the reason,
-where PostgreSQL is not installed)."""
+where PostgreSQL is not installed), with its one-reader lease."""
 
 from __future__ import annotations
 
@@ -125,9 +125,16 @@ def postgres() -> Iterator[str]:
 
 
 def test_the_sql_storage_on_a_real_postgresql_server(postgres: str) -> None:
+    from rlcore.buffer.base import BufferError
+
     _exchange("sql", postgres)
-    # a restarted trainer gets the steps it took again, from the server
+    # one reader: a second trainer is refused while the first holds the lease
     buf = open_storage("sql", postgres)
-    assert [g[0].group_id for g in buf.take(0, 6, timeout_s=5).groups] == [
-        g[0].group_id for g in open_storage("sql", postgres).take(0, 6, timeout_s=5).groups
-    ]
+    first = [g[0].group_id for g in buf.take(0, 6, timeout_s=5).groups]
+    with pytest.raises(BufferError, match="another trainer reads this buffer"):
+        open_storage("sql", postgres).take(0, 6, timeout_s=5)
+    buf.close()
+    # a restarted trainer gets the steps it took again, from the server
+    again = open_storage("sql", postgres)
+    assert [g[0].group_id for g in again.take(0, 6, timeout_s=5).groups] == first
+    again.close()

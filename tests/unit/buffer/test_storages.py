@@ -208,13 +208,16 @@ def test_a_resumed_explorer_refuses_a_buffer_that_lost_groups_it_acknowledged(tm
     writer = SqlBuffer("exps", f"sqlite:///{live}/buffer.db", "w1")
     for i in range(3):  # three transactions, each its own frames in the write-ahead log
         writer.put([group(f"t{i}")])
+        if i == 0:
+            second = (live / "buffer.db-wal").stat().st_size + 100  # inside the second put's first frame
     put = {"w1": 3}
     assert writer.groups_by_writer() == put
     check_buffer_holds(writer, put, "state.json")
     for name in ("buffer.db", "buffer.db-wal"):  # the files as a crash leaves them
         shutil.copy(live / name, copy / name)
     wal = (copy / "buffer.db-wal").read_bytes()
-    (copy / "buffer.db-wal").write_bytes(wal[: len(wal) // 2] + bytes(64) + wal[len(wal) // 2 + 64 :])
+    flipped = bytes(b ^ 0xFF for b in wal[second : second + 64])  # changed whatever they held
+    (copy / "buffer.db-wal").write_bytes(wal[:second] + flipped + wal[second + 64 :])
     damaged = SqlBuffer("exps", f"sqlite:///{copy}/buffer.db", "w2")
     assert (damaged.groups_by_writer() or {}).get("w1", 0) < 3  # SQLite said nothing
     with pytest.raises(BufferError, match=r"holds [0-2] of the 3 groups writer w1 put before this explorer's checkpoint \(state.json\)"):

@@ -1,0 +1,108 @@
+"""The explorer's saved position against what the experience buffer holds (mode explore).
+
+After each step's put the explorer saves its position (explorer_state.json: the next explore step,
+the tasks still running, the groups put per buffer writer). The put and that save are two acts, and
+either may fail alone: a put can fail having kept its groups (a PostgreSQL commit whose answer was
+lost, a file written whole whose fsync failed), or the save can fail after the put (a full disk).
+So before a put the explorer writes the position after it (explorer_put.json, removed once the
+position is saved); a resumed explorer asks the buffer how many groups the put's writer has there:
+all of the put's, and it resumes after the put; none, and it explores the step again. Every group
+is put once either way (the file and sql storages keep all of a put or none of it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from ..buffer.base import BufferError
+
+log = logging.getLogger("rlcore.explore")
+
+PUTTING = "explorer_put.json"
+"""Beside the position: the position after the put under way."""
+
+
+def save_position(path: str, state: dict[str, Any]) -> None:
+    """Write `state` to `path` through a temporary file and a rename (whole or not at all); a
+    failure is one line naming the file and the fix."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(state))
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        full = "free space there" if "space" in str(e) or "quota" in str(e) else "fix the cause"
+        raise RuntimeError(
+            f"the explorer's position could not be saved in {path}: {e}: {full}, then resume the explore "
+            "launch with continue_from_checkpoint=true"
+        ) from None
+
+
+def begin_put(state_file: str, after: dict[str, Any]) -> None:
+    """Before a put: the position after it, should the put or the save after it fail."""
+    save_position(_putting(state_file), after)
+
+
+def end_put(state_file: str) -> None:
+    """The position after the put is saved."""
+    os.remove(_putting(state_file))
+
+
+def resume_position(buffer: Any, saved: dict[str, Any] | None, state_file: str) -> dict[str, Any] | None:
+    """The position to resume from: `saved` (what `state_file` held), or the position after a put
+    the stopped explorer began and did not confirm when the buffer holds that put's groups."""
+    try:
+        with open(_putting(state_file)) as f:
+            after = json.load(f)
+    except FileNotFoundError:
+        return saved
+    before = {str(w): int(n) for w, n in (saved or {}).get("put", {}).items()}
+    put = {str(w): int(n) for w, n in after["put"].items() if before.get(w) != n}  # the put's writer
+    held = buffer.groups_by_writer()  # None: a storage that cannot tell (queue): the put is done again
+    step = int(after["explore_step"]) - 1
+    landed = held is not None and all(held.get(w, 0) >= n for w, n in put.items())
+    for w, n in put.items():
+        if not landed and held is not None and held.get(w, 0) > before.get(w, 0):
+            raise BufferError(
+                f"{buffer.describe()}: it holds {held.get(w, 0) - before.get(w, 0)} of the {n - before.get(w, 0)} "
+                f"groups writer {w} put in explore step {step} ({_putting(state_file)}): a storage keeps all of a "
+                "put or none of it; restore the storage, or start a new run"
+            )
+    if landed and put:
+        log.info(
+            "explore step %d's groups had reached %s: exploring on from step %d",
+            step,
+            buffer.describe(),
+            step + 1,
+        )
+        save_position(state_file, after)
+    elif put:
+        log.info("explore step %d's groups had not reached %s: exploring it again", step, buffer.describe())
+    os.remove(_putting(state_file))
+    return after if landed else saved
+
+
+def check_buffer_holds(buffer: Any, put: dict[str, int], state_file: str) -> None:
+    """Before exploring on from a checkpoint: the buffer holds every group this explorer put
+    before it (per writer id). A storage that lost acknowledged groups (a damaged SQLite WAL, a
+    truncated file) would otherwise be resumed past silently, and those groups never trained."""
+    held = buffer.groups_by_writer() if put else None
+    if held is None:
+        return
+    for writer, count in sorted(put.items()):
+        if held.get(writer, 0) < count:
+            raise BufferError(
+                f"{buffer.describe()}: it holds {held.get(writer, 0)} of the {count} groups writer {writer} put "
+                f"before this explorer's checkpoint ({state_file}): the storage lost groups it had acknowledged "
+                "(a damaged database or file?); the trainer would never see them: restore the storage, or start "
+                "a new run"
+            )
+
+
+def _putting(state_file: str) -> str:
+    return os.path.join(os.path.dirname(state_file), PUTTING)
