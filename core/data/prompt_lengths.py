@@ -19,11 +19,12 @@ def has_tokenizer(model_path: str) -> bool:
     return any(os.path.isfile(os.path.join(model_path, f)) for f in TOKENIZER_FILES)
 
 
-def load_tokenizer(path: str, light: bool = False) -> Any:
-    """The tokenizer at `path`. `light` (config validate): a folder with a `tokenizer.json` loads
-    as a fast tokenizer from it, without transformers' auto classes, which import torch (seconds);
-    the same vocabulary, merges, special tokens and chat template."""
-    if light and os.path.isfile(os.path.join(path, "tokenizer.json")):
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer at `path` to count prompt tokens with. A folder with a `tokenizer.json` loads as
+    a fast tokenizer from it, without transformers' auto classes, which import torch and every model
+    config (seconds of a launch before anything runs, and as many of `config validate`): the same
+    vocabulary, merges, special tokens and chat template, so both count alike."""
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(path)
@@ -46,7 +47,7 @@ def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> boo
             if cfg.model.model_path != tokenizer_dir:
                 tokenizer_dir, tokenizer = cfg.model.model_path, None
                 if not only_on_disk or has_tokenizer(tokenizer_dir):
-                    tokenizer = load_tokenizer(tokenizer_dir, light=only_on_disk)
+                    tokenizer = load_tokenizer(tokenizer_dir)
         if tokenizer is None:
             checked_all = False
             continue

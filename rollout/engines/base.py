@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -172,13 +174,28 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 
 
 def position_limit(model_path: str) -> int | None:
-    """The most positions the model at `model_path` holds (its config.json), None if it names none."""
+    """The most positions the model at `model_path` holds (its config.json), None if it names none.
+    Read as JSON where config.json says it (importing transformers' model configs costs a launch
+    seconds before anything runs); else as transformers reads it, with its class defaults."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        raw = None
+    if isinstance(raw, dict):
+        found = _position_key(raw.get("text_config") or raw)  # multimodal configs nest the LM's
+        if found is not None:
+            return found
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
-    config = getattr(config, "text_config", None) or config  # multimodal configs nest the LM's
+    config = getattr(config, "text_config", None) or config
+    return _position_key(config.to_dict())
+
+
+def _position_key(config: dict[str, Any]) -> int | None:
     for key in POSITION_KEYS:
-        value = getattr(config, key, None)
+        value = config.get(key)
         if isinstance(value, int) and value > 0:
             return value
     return None
