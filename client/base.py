@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ..core.rpc.security import TLSFiles, bearer, channel_credentials, read_token
 from ..core.rpc.server import MiB, channel_options
@@ -95,6 +96,15 @@ class BlockingClient:
 
     def close(self) -> None:
         self.channel.close()
+
+    def answers(self, timeout: float) -> bool:
+        """Whether the server answers at all within `timeout` seconds (gRPC health; a busy server
+        answers it too): what tells a server that is gone, or hung, from one that is slow."""
+        try:
+            health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            return e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        return True
 
     def __enter__(self):
         return self

@@ -8,16 +8,21 @@
                     algorithm's step computed here, its updates as Tinker requests
 
 The first two run the same TrainerWorld methods on the trainer's ranks; the loop does not know which.
+The last two are RemoteHandles: the launch watches their service (service_watch.py).
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import grpc
 import torch
 
+from ..client.base import RpcError
 from ..client.trainer import ForwardBackwardResult, OptimStepResult, TrainerClient, TrainSequence
 from ..core.config import RLCoreConfig, to_yaml
 from ..core.config.plan import StagePlan
@@ -36,6 +41,7 @@ from .commands import (
     SyncWeightsCall,
     TrainStepCall,
 )
+from .service_watch import lost
 from .trainer_world import Commander
 from .training import SequenceSpec, sequence_spec
 
@@ -183,37 +189,80 @@ class LocalTrainer(TrainerHandle):
         return Engines(WorldRollout(self.command) if every_rank else world.engine, world.engine, reused)
 
 
-class RemoteTrainer(TrainerHandle):
+class RemoteHandle(TrainerHandle):
+    """A trainer world, or a Tinker service, that the launch reaches over the network."""
+
+    peer: str
+    """What the launch's lines call the service: "the Tinker service at http://host:port", ..."""
+
+    @abstractmethod
+    def answers(self, timeout_s: float) -> bool:
+        """Whether the service answers at all within `timeout_s` (busy or not)."""
+
+    @abstractmethod
+    def close(self, ok: bool, answering: bool) -> None:
+        """The run is over, successful or not (`ok`); `answering`: False when the service stopped
+        answering (nothing is waited for there then)."""
+
+
+class RemoteTrainer(RemoteHandle):
     def __init__(self, client: TrainerClient):
         self.client = client
+        self.peer = f"the trainer service (rlcore trainer serve) at {client.address}"
+
+    def answers(self, timeout_s: float) -> bool:
+        return self.client.answers(timeout_s)
+
+    def close(self, ok: bool, answering: bool) -> None:
+        self.client.close()
+
+    @contextmanager
+    def _call(self) -> Iterator[None]:
+        """A call the service did not take after its retries (UNAVAILABLE: gone) is a lost service."""
+        try:
+            yield
+        except RpcError as e:
+            if e.code != grpc.StatusCode.UNAVAILABLE:
+                raise
+            raise lost(self.peer, f"{e.method}: {e.details}") from None
 
     def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
         # the service validates the config and plans the stage again (it answers any client), and
         # refuses a plan that differs from this one
-        self.client.configure(to_yaml(cfg), model_path, stage_dir, total_steps, plan_json=json.dumps(plan.as_dict()))
+        with self._call():
+            self.client.configure(
+                to_yaml(cfg), model_path, stage_dir, total_steps, plan_json=json.dumps(plan.as_dict())
+            )
 
     def train_step(self, experiences: list[Experience]) -> tuple[dict[str, float], int]:
-        result = self.client.train_step(experiences)
+        with self._call():
+            result = self.client.train_step(experiences)
         return result.metrics, result.global_step
 
     def forward_backward(self, sequences: list[TrainSequence], loss: str) -> ForwardBackwardResult:
-        return self.client.forward_backward(sequences, loss)
+        with self._call():
+            return self.client.forward_backward(sequences, loss)
 
     def optim_step(self) -> OptimStepResult:
-        return self.client.optim_step()
+        with self._call():
+            return self.client.optim_step()
 
     def compute_logprobs(self, sequences: list[TrainSequence]) -> list[list[float]]:
-        return self.client.compute_logprobs(sequences)
+        with self._call():
+            return self.client.compute_logprobs(sequences)
 
     def save_checkpoint(self, export_hf: bool, explore_step: int) -> tuple[str, str]:
-        return self.client.save_checkpoint(export_hf=export_hf, explore_step=explore_step)
+        with self._call():
+            return self.client.save_checkpoint(export_hf=export_hf, explore_step=explore_step)
 
     def load_checkpoint(self) -> Restored | None:
-        msg = self.client.load_checkpoint()
+        with self._call():
+            msg = self.client.load_checkpoint()
         return Restored(msg.path, msg.global_step, msg.explore_step) if msg.path else None
 
     def sync_weights(self, endpoints: list[str]) -> Synced:
-        msg = self.client.sync_weights(endpoints)
+        with self._call():
+            msg = self.client.sync_weights(endpoints)
         return Synced(msg.num_bytes, msg.seconds)
 
 

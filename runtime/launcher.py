@@ -40,6 +40,7 @@ from .preflight import (
     prepare_assets,
     resolve_device,
 )
+from .remote_loop import drive_remote
 from .run_lock import RunLock
 from .workers import (
     gpu_placement,
@@ -82,44 +83,6 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
             + ("; ".join(parts) or "no evaluation")
         )
         previous.update(accs)
-
-
-def drive_remote(stages: list[Stage], plan: dict[str, Any]) -> int:
-    """trainer.remote: run the loop in this process against the TrainerService there."""
-    from ..client.base import ClientOptions
-    from ..client.trainer import TrainerClient
-    from .handles import RemoteTrainer
-    from .loop import RunContext, run_stages
-    from .run_reporter import RunReporter
-
-    base = stages[0].config
-    address = str(base.trainer.remote)  # the plan's role remote: the first stage sets it
-    options = ClientOptions.from_control(base.control)
-    reporter = RunReporter(plan["run_address"], options, base.control.heartbeat_interval)
-    run = RunContext(
-        plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter,
-        workers=reporter.rollout_workers if plan["workers_managed"] else None,
-    )  # fmt: skip
-    try:
-        if stages[0].plan.trainer == "tinker":
-            from .tinker.trainer import TinkerTrainer
-
-            tinker = TinkerTrainer(address, base.trainer.tinker.api_key_env)
-            print(f"rlcore: training on the Tinker service at {tinker.url}", flush=True)
-            ok = False
-            try:
-                run_stages(stages, tinker, run)
-                ok = True
-            finally:
-                tinker.close(ok)
-            return 0
-        with TrainerClient(address, options) as client:
-            world_size = client.get_state(timeout=30).world_size
-            print(f"rlcore: remote trainer {address}: {world_size} rank(s)", flush=True)
-            run_stages(stages, RemoteTrainer(client), run)
-    finally:
-        reporter.close()
-    return 0
 
 
 def launch(cfg: Any, stages: list[Stage]) -> int:
@@ -240,7 +203,7 @@ def run(
                     if run_plan.role == "explorer":
                         rc = drive_explorer(stages, num_stages, plan)
                     elif run_plan.role == "remote":
-                        rc = drive_remote(stages, plan)
+                        rc = drive_remote(stages, plan, stops)
                     else:
                         assert world is not None
                         rc = world.run(controller, plan, stops)
@@ -270,9 +233,13 @@ def run(
 def _last_checkpoint(run_dir: str, stages: list[Stage], num_stages: int, stage: str, step: int) -> str:
     """What a run stopped at once (a second signal, the grace out) left to resume from."""
     from ..core.checkpoint import list_checkpoints
+    from .tinker.trainer import read_record
 
     current = next((s for s in stages if s.name == stage), None)
-    saved = list_checkpoints(stage_dir(run_dir, current, num_stages)) if current is not None else []
+    saved: list[int] = []
+    if current is not None:  # a Tinker service's checkpoints: those the stage's record lists
+        sdir = stage_dir(run_dir, current, num_stages)
+        saved = list_checkpoints(sdir) or [r["global_step"] for r in read_record(sdir)]
     if saved and saved[-1] >= step:
         return f"with its checkpoint of step {saved[-1]}; resume with continue_from_checkpoint=true"
     last = f"the last is step {saved[-1]}" if saved else "this stage has none yet"

@@ -46,6 +46,8 @@ UNSERVED = {
     "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
 }  # fmt: skip
 """SamplingParams fields a Tinker sampler has no counterpart for, with the value that means "off"."""
+CLOSE_TIMEOUT_S = 2.0
+"""The longest `close` waits for the service to finish the engine's session (one request)."""
 
 
 class TinkerEngine(RolloutEngine):
@@ -153,8 +155,9 @@ class TinkerEngine(RolloutEngine):
         self.load_weights((), 0)
 
     def close(self) -> None:
-        """Finish this engine's session with the service (its heartbeats stop)."""
+        """Finish this engine's session with the service (its heartbeats stop); a worker stopping
+        because the service was lost does not wait for it longer than CLOSE_TIMEOUT_S."""
         try:
-            self._client.close("success").result(timeout=10)
+            self._client.close("success").result(timeout=CLOSE_TIMEOUT_S)
         except Exception:  # the service may be gone already; nothing of ours is left open
             pass

@@ -17,6 +17,10 @@ SDK), as a TrainerHandle (handles.py) the loop drives like its own trainers.
 
 A Tinker service keeps the weights: no HF folder comes back (`tinker checkpoint download` fetches
 one from Tinker itself).
+
+The SDK retries a lost connection for ever (its futures poll with backoff up to 30 s; its
+RetryConfig gives up after progress_timeout, 2 hours): the launch watches the service instead, by
+its health endpoint (`answers`, runtime/service_watch.py), and ends the run when it stops answering.
 """
 
 from __future__ import annotations
@@ -45,16 +49,18 @@ from ...core.types import Experience
 from ...weights.base import announce
 from ...weights.sender import WeightSender, connect
 from .. import scoring
-from ..handles import Restored, Synced, TrainerHandle
+from ..handles import RemoteHandle, Restored, Synced
 from ..training import max_response_len, plan_steps
 
 log = logging.getLogger("rlcore.loop")
 
+CLOSE_TIMEOUT_S = 10.0
+"""The longest the end of a run waits for the service to close its session."""
 RECORD = "tinker_checkpoints.json"
 """The stage's Tinker checkpoints, oldest first: [{path, global_step, explore_step}]."""
 
 
-class TinkerTrainer(TrainerHandle):
+class TinkerTrainer(RemoteHandle):
     def __init__(self, remote: str, api_key_env: str):
         import tinker
 
@@ -64,6 +70,7 @@ class TinkerTrainer(TrainerHandle):
         if not api_key:
             raise ValueError(f"trainer.tinker.api_key_env: ${api_key_env} is empty; set the service's API key there")
         self.url, self.types = url, tinker.types
+        self.peer = f"the Tinker service at {url}"
         self.service = tinker.ServiceClient(base_url=url, api_key=api_key)
         self._training: Any = None
         self._create: Any = None
@@ -72,15 +79,29 @@ class TinkerTrainer(TrainerHandle):
         self._sender: WeightSender | None = None
         self._syncs = 0
 
-    def close(self, ok: bool) -> None:
-        """Finish the session with the service: successful or errored (`ok`). The service gone
-        already is logged, not raised over the run's own outcome."""
+    def answers(self, timeout_s: float) -> bool:
+        """Whether the service answers its health endpoint (any answer, an error too) in `timeout_s`."""
+        import httpx
+
+        try:
+            httpx.get(self.url.rstrip("/") + "/api/v1/healthz", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return True
+
+    def close(self, ok: bool, answering: bool) -> None:
+        """Finish the session with the service: successful or errored (`ok`); not waited for when
+        the service stopped answering. A service that fails to close it is logged, not raised over
+        the run's own outcome."""
         if self._sender is not None:
             self._sender.close()
+        closing = self.service.close("success" if ok else "errored")
+        if not answering:
+            return
         try:
-            self.service.close("success" if ok else "errored").result(timeout=30)
+            closing.result(timeout=CLOSE_TIMEOUT_S)
         except Exception as e:
-            log.warning("closing the session with the Tinker service at %s: %s", self.url, e)
+            log.warning("closing the session with %s: %s", self.peer, e)
 
     @property
     def training(self) -> Any:
@@ -243,7 +264,7 @@ class TinkerTrainer(TrainerHandle):
         """A Tinker checkpoint (weights and optimizer); it is also the stage's model for the next
         stage (no HF folder comes back from a service)."""
         path = self.training.save_state(f"step_{self.global_step}_{explore_step}").result().path
-        record = self._record()
+        record = read_record(self.stage_dir)
         record.append({"path": path, "global_step": self.global_step, "explore_step": explore_step})
         tmp = os.path.join(self.stage_dir, RECORD + ".tmp")
         with open(tmp, "w") as f:
@@ -252,20 +273,13 @@ class TinkerTrainer(TrainerHandle):
         return path, path
 
     def load_checkpoint(self) -> Restored | None:
-        record = self._record()
+        record = read_record(self.stage_dir)
         if not record:
             return None
         last = record[-1]
         self._training = self.service.create_training_client_from_state_with_optimizer(last["path"]).result()
         self.global_step = last["global_step"]
         return Restored(last["path"], last["global_step"], last["explore_step"])
-
-    def _record(self) -> list[dict[str, Any]]:
-        path = os.path.join(self.stage_dir, RECORD)
-        if not os.path.isfile(path):
-            return []
-        with open(path) as f:
-            return list(json.load(f))
 
     def sync_weights(self, endpoints: list[str]) -> Synced:
         """Save the weights for sampling; the rollout workers' tinker engines load that path."""
@@ -284,6 +298,15 @@ class TinkerTrainer(TrainerHandle):
             options = ClientOptions.from_control(self.cfg.control)
             self._sender = connect(list(endpoints), self.cfg.synchronizer, options)
         return self._sender
+
+
+def read_record(stage_dir: str) -> list[dict[str, Any]]:
+    """The stage's Tinker checkpoints (RECORD), oldest first; [] when it has none."""
+    path = os.path.join(stage_dir, RECORD)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return list(json.load(f))
 
 
 def _clip_config(algo: Any) -> dict[str, float] | None:

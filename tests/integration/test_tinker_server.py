@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+import yaml
 
 from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo_config, wait_for_port_file
 
@@ -22,17 +26,23 @@ KEY = "tml-rlcore-test"
 MODEL = "rlcore/tiny"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tinker")
-    port_file, log = str(root / "port"), str(root / "server.log")
-    cmd = [sys.executable, "-m", "rlcore.cli", "tinker", "serve", "--base-model", f"{MODEL}={tiny_model_path}",
-           "--port", "0", "--port-file", port_file, "--workdir", str(root / "work"), "--max-model-len", "256",
-           "--threads", "1"]  # fmt: skip
-    with open(log, "w") as out:
+def _serve(root, model_path: str, port: int = 0) -> tuple[subprocess.Popen, str]:
+    """`rlcore tinker serve` of `model_path` with its state in `root`/work: the process and its URL."""
+    port_file, log = os.path.join(root, "port"), os.path.join(root, "server.log")
+    if os.path.exists(port_file):
+        os.remove(port_file)
+    cmd = [sys.executable, "-m", "rlcore.cli", "tinker", "serve", "--base-model", f"{MODEL}={model_path}",
+           "--port", str(port), "--port-file", port_file, "--workdir", os.path.join(root, "work"),
+           "--max-model-len", "256", "--threads", "1"]  # fmt: skip
+    with open(log, "a") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"},
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-    url = "http://" + wait_for_port_file(port_file, proc, "tinker serve", log_file=log)
+    return proc, "http://" + wait_for_port_file(port_file, proc, "tinker serve", log_file=log)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory):
+    proc, url = _serve(tmp_path_factory.mktemp("tinker"), tiny_model_path)
     yield url
     proc.terminate()
     proc.wait(60)
@@ -223,3 +233,103 @@ def test_launch_through_a_tinker_service_is_the_run_rlcore_trains_itself(
     with open(os.path.join(remote_root, "it", "run", "stage1_rl", "tinker_checkpoints.json")) as f:
         saved = json.load(f)
     assert saved[-1]["global_step"] == 1 and saved[-1]["path"].startswith("tinker://")
+
+
+class _Launch:
+    """`rlcore launch` of `cfg` in the background, its output in files beside its config."""
+
+    def __init__(self, cfg: dict, path: str, *overrides: str):
+        with open(path + ".yaml", "w") as f:
+            yaml.safe_dump(cfg, f)
+        self.out, self.err = path + ".out", path + ".err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "rlcore.cli", "launch", path + ".yaml", *overrides],
+                                         cwd=REPO, stdout=out, stderr=err)  # fmt: skip
+
+    def output(self) -> tuple[str, str]:
+        with open(self.out) as out, open(self.err) as err:
+            return out.read(), err.read()
+
+    def wait_for(self, done, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert self.proc.poll() is None and time.monotonic() < deadline, (what, *self.output())
+            time.sleep(0.1)
+
+    def ended_within(self, timeout_s: float) -> tuple[int, float]:
+        """The exit code and the seconds it took from now (fails past `timeout_s`)."""
+        start = time.monotonic()
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(("still running", *self.output())) from None
+        return rc, time.monotonic() - start
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_service_ends_the_launch_in_one_line_and_the_run_resumes(
+    tiny_model_path, tmp_path, monkeypatch
+) -> None:
+    """kill -9 of the Tinker server mid-run ends the launch within 60 s (two heartbeats of
+    control.heartbeat_interval without an answer), in one line naming the service and what to do.
+    Restarted on its folder and port, the server has the run's checkpoints: continue_from_checkpoint
+    says where it resumes from; SIGINT while the server hangs (SIGSTOP: a call pending) ends the
+    launch within seconds; the next resume completes the run."""
+    monkeypatch.setenv("TINKER_API_KEY", KEY)
+    root = str(tmp_path)
+    server, url = _serve(root, tiny_model_path)
+    cfg = tiny_grpo_config(
+        root, **{"model.model_path": tiny_model_path, "model.scratch": {"enabled": False},
+                 "algorithm.kl_loss_coef": 0.0, "buffer.total_steps": 8, "trainer.save_interval": 1,
+                 "trainer.remote": "tinker://" + url.removeprefix("http://"), "trainer.tinker": {"base_model": MODEL},
+                 "explorer.rollout_model.engine_type": "tinker"}
+    )  # fmt: skip
+    record = os.path.join(root, "it", "run", "tinker_checkpoints.json")
+    launches: list[_Launch] = []
+    try:
+        first = _Launch(cfg, os.path.join(root, "first"))
+        launches.append(first)
+        first.wait_for(lambda: os.path.isfile(record), 240, "a first checkpoint")
+        server.kill()
+        rc, killed_s = first.ended_within(60)
+        errors = [line for line in first.output()[1].splitlines() if line.startswith("rlcore: error:")]
+        assert rc == 1 and len(errors) == 1, first.output()
+        assert f"the Tinker service at {url} stopped answering" in errors[0], errors
+        assert "restart it, then resume the run with continue_from_checkpoint=true" in errors[0], errors
+
+        server.wait()
+        server, _ = _serve(root, tiny_model_path, port=int(url.rsplit(":", 1)[1]))
+        resumed = re.compile(r"resumed main from (tinker://\S+) \(step (\d+)\)")
+        with open(record) as f:
+            newest = json.load(f)[-1]
+        second = _Launch(cfg, os.path.join(root, "second"), "continue_from_checkpoint=true")
+        launches.append(second)
+        second.wait_for(lambda: resumed.search(second.output()[0]), 240, "the resume's line")
+        hit = resumed.search(second.output()[0])
+        assert hit is not None and hit.groups() == (newest["path"], str(newest["global_step"]))
+        server.send_signal(signal.SIGSTOP)  # the calls that follow hang
+        time.sleep(1.0)
+        second.proc.send_signal(signal.SIGINT)
+        rc, interrupted_s = second.ended_within(30)
+        server.send_signal(signal.SIGCONT)
+        err = second.output()[1]
+        assert rc == 130 and interrupted_s < 10, (rc, interrupted_s, err)
+        assert f"the Tinker service at {url} does not answer: stopping now" in err, err
+
+        third = _Launch(cfg, os.path.join(root, "third"), "continue_from_checkpoint=true")
+        launches.append(third)
+        rc, _ = third.ended_within(240)
+        out, err = third.output()
+        assert rc == 0 and "resumed main from tinker://" in out and "rlcore: finished" in out, (out, err)
+        with open(record) as f:
+            assert json.load(f)[-1]["global_step"] == 8
+        print(
+            f"kill -9: the launch ended in {killed_s:.1f} s; SIGINT, server stopped: in {interrupted_s:.1f} s"
+        )
+    finally:
+        for proc in [server] + [launch.proc for launch in launches]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
