@@ -63,6 +63,10 @@ class BufferSource:
         """With the replay buffer: the groups trained on so far (to count the reused ones)."""
         self.exhausted = False
         """Every explorer finished and the buffer is read."""
+        self.next_step = 0
+        """The position the next take asks for, as the buffer's ledger counts them (a checkpoint keeps
+        it): the one after the last take's, but a take that found the buffer read to its end is one
+        step in some stores and none in others."""
 
     def start_explorer(
         self, endpoints: list[str], start_step: int, registered: Callable[[], list[str] | None] | None = None,
@@ -128,6 +132,7 @@ class BufferSource:
         start = time.perf_counter()
         taken = self._take(explore_step, eb.max_wait_s)
         self.exhausted = taken.exhausted
+        self.next_step = self.buffer.stats().steps_taken if taken.exhausted else explore_step + 1
         exps = [e for g in taken.groups for e in g]
         metrics = {
             "perf/buffer_wait_s": time.perf_counter() - start,

@@ -99,12 +99,14 @@ class StageLoop:
         probe_prompt = prompt_format.encode_prompt(tokenizer, self.stream.tasks[0].prompt)
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)
         self.schedule = SyncSchedule(cfg.synchronizer)
-        self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None
+        self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None  # fmt: skip
         self.rows = RowsSource(cfg, plan.trains_on == "pairs", handle, formats, tokenizer, self.train_batch)
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
         self.record = StageRecord(stage, sdir, run, self.total_train_steps, tokenizer)
         self.checkpoints = StageCheckpoints(stage, sdir, handle, is_last)
         self.global_step = self.explore_step = 0
+        self.evaluated_step = -1
+        """The global step the last evaluation of the loop was at (a step evaluates once)."""
         self.published = -1
         """The newest version published for the explorers (plan.publishes)."""
         self.publisher = Publisher(plan, handle, published_dir(sdir)) if plan.publishes else None
@@ -113,14 +115,14 @@ class StageLoop:
 
     def run(self) -> dict[str, Any]:
         try:
-            resumed = self._resume()  # before the monitors open metrics.jsonl, which it rewinds
+            resumed = self._resume()  # before the monitors open: they take up at the step resumed from
             if self.plan.reads_buffer:
                 self.source = BufferSource(
                     self.stage, self.sdir, self.run_ctx.run_dir, lambda: self._heartbeat(False), self._while_waiting
-                )
+                )  # fmt: skip
                 if resumed and self.plan.source == "explorer_thread":  # its in-memory buffer, as checkpointed
                     self.source.load_state_dict(self.checkpoints.source_state(self.global_step))
-            self.record.open()
+            self.record.open(self.checkpoints.resumed_at)
             last_eval, stopped = self._steps(resumed)
             self._heartbeat(wait=False)  # flush the last records
         finally:
@@ -141,7 +143,9 @@ class StageLoop:
             self._log(result)
             return result, False
         if plan.publishes:  # the explorers wait for the weights they start from
-            self._log(self._publish())
+            published = self._publish()
+            if not resumed:  # the step resumed from has its row, with its publish, already
+                self._log(published)
         if self.source is not None and plan.source == "explorer_thread":
             registered = self.run_ctx.workers  # None: the workers are not the launch's to restart
             self.source.start_explorer(self.link.explore_endpoints, self.explore_step, registered)
@@ -149,12 +153,12 @@ class StageLoop:
             self._log(self.link.evaluate(self.global_step))
         last_eval: dict[str, float] = {}
         while not self._done():
-            start = time.perf_counter()
+            start, step_before = time.perf_counter(), self.global_step
             try:
                 metrics = self._step()
             except StopWhileWaiting:  # asked to stop while it waited for experiences
                 return last_eval, self._stop()
-            self.explore_step += 1
+            self.explore_step = self.source.next_step if self.source is not None else self.explore_step + 1
             if plan.explores and self.schedule.due_after_step(self.global_step, self.link.synced_step):
                 metrics.update(self.link.sync(self.global_step))
             if plan.publishes and self.schedule.due_after_step(self.global_step, self.published):
@@ -163,11 +167,15 @@ class StageLoop:
             metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens", 0.0) / metrics["perf/step_time_s"]
             metrics.update(memory_metrics(self.run_ctx.device))
             done = self._done()
-            if self.link.eval_due(self.explore_step, done):
-                last_eval = self.link.evaluate(self.global_step)
-                metrics.update(last_eval)
+            evaluated: dict[str, float] = {}
+            if self.link.eval_due(self.explore_step, done) and self.evaluated_step != self.global_step:
+                last_eval = evaluated = self.link.evaluate(self.global_step)
+                self.evaluated_step = self.global_step
+            metrics.update(evaluated)
             self.checkpoints.save(self.global_step, self.explore_step, final=done, source=self.source)
-            self._log(metrics)
+            # a step that trained nothing (the buffer was read to its end, or every experience was too
+            # stale) has no row of its own: the step before logged its row at this global step
+            self._log(metrics if self.global_step > step_before else evaluated)
             if not done and self._heartbeat(wait=True) == "stop":
                 return last_eval, self._stop()
         if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
@@ -193,7 +201,7 @@ class StageLoop:
 
     def _done(self) -> bool:
         exhausted = self.source is not None and self.source.exhausted
-        return exhausted or self.explore_step >= self.total_explore_steps or self.global_step >= self.total_train_steps
+        return exhausted or self.explore_step >= self.total_explore_steps or self.global_step >= self.total_train_steps  # fmt: skip
 
     # ------------------------------------------------------------------ steps
 

@@ -2,8 +2,8 @@
 step), with an HF export or not (trainer.save_hf_checkpoint), the state of the stage's experience
 source where it lives only in this process (an asynchronous run's in-memory buffer and explorer
 position: `source_state/step_N.json`, written before the trainer's checkpoint of step N), the resume
-(metrics logged past the checkpoint are dropped, to be logged again), and the stage's summary
-(summary.json: what a later launch skips and what the next stage starts from)."""
+(`resumed_at`: the monitors drop what was logged past it, to be logged again), and the stage's
+summary (summary.json: what a later launch skips and what the next stage starts from)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 
 from ..core.config import Stage
 from ..core.hf_export import HF_DIR
-from ..core.monitor.jsonl import COMPLETIONS, drop_after
 from ..core.rpc.cli import write_atomic
 from .handles import Restored, TrainerHandle
 from .paths import SUMMARY
@@ -30,6 +29,9 @@ class StageCheckpoints:
         self.last_saved = 0
         self.final_checkpoint: str | None = None
         self.final_model: str | None = None
+        self.resumed_at: int | None = None
+        """continue_from_checkpoint: the step resumed from (0 when the stage starts over); the monitors
+        drop what was logged past it, which is logged again."""
 
     def save(self, global_step: int, explore_step: int, final: bool, source: Any = None) -> None:
         """A checkpoint when `final` or trainer.save_interval says so; `source.state_dict()` (the
@@ -66,14 +68,12 @@ class StageCheckpoints:
             ) from None
 
     def resume(self) -> Restored | None:
-        """The checkpoint the trainer resumed from (continue_from_checkpoint), if any; what was logged
-        past it (past step 0 when the stage starts over) is dropped, to be logged again."""
+        """The checkpoint the trainer resumed from (continue_from_checkpoint), if any; `resumed_at` says
+        where the monitors take up (step 0 when the stage starts over)."""
         if not self.stage.config.continue_from_checkpoint:
             return None
         restored = self.handle.load_checkpoint()
-        step = 0 if restored is None else restored.global_step
-        dropped = drop_after(self.sdir, step)
-        drop_after(self.sdir, step, COMPLETIONS)
+        self.resumed_at = 0 if restored is None else restored.global_step
         if restored is None:
             return None
         self.last_saved = restored.global_step
@@ -83,10 +83,7 @@ class StageCheckpoints:
             self.final_model = restored.path
         else:
             self.final_model = hf if os.path.isdir(hf) else None
-        log.info(
-            "resumed %s from %s (step %d)%s", self.stage.name, restored.path, restored.global_step,
-            f"; dropped {dropped} metrics.jsonl line(s) past it" if dropped else "",
-        )  # fmt: skip
+        log.info("resumed %s from %s (step %d)", self.stage.name, restored.path, restored.global_step)
         return restored
 
     def summary(self, global_step: int, last_eval: dict[str, float], stopped: bool) -> dict[str, Any]:

@@ -17,19 +17,20 @@ from .engine_link import RunContext
 
 class StageRecord:
     def __init__(self, stage: Stage, sdir: str, run: RunContext, total_steps: int, tokenizer: Any):
-        self.stage, self.sdir, self.run, self.total_steps, self.tokenizer = stage, sdir, run, total_steps, tokenizer
+        self.stage, self.sdir, self.run, self.total_steps, self.tokenizer = stage, sdir, run, total_steps, tokenizer  # fmt: skip
         self.monitor: Any = None
         self.progress: Any = None
 
-    def open(self) -> None:
-        """Open the monitors and the progress bar (after a resume rewound metrics.jsonl)."""
+    def open(self, resumed_at: int | None = None) -> None:
+        """Open the monitors and the progress bar; `resumed_at`: the step a resume took up from (each
+        monitor drops what it holds past it: those steps are logged again)."""
         from ..core.monitor import build_monitors
         from ..core.monitor.progress import StepProgress
 
         cfg = self.stage.config
         self.monitor = build_monitors(
             list(cfg.monitor.monitor_type), self.sdir, cfg.project, f"{cfg.name}/{self.stage.name}",
-            dataclasses.asdict(cfg),
+            dataclasses.asdict(cfg), resumed_at=resumed_at,
         )  # fmt: skip
         # stdout: a run's stderr is for what went wrong (trainer ranks send it to a log file)
         self.progress = StepProgress(self.total_steps, desc=self.stage.name, file=sys.stdout)

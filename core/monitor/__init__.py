@@ -39,11 +39,15 @@ def check_monitor_dependencies(types: list[str]) -> None:
 
 
 def build_monitors(
-    types: list[str], run_dir: str, project: str, name: str, config: dict[str, Any]
-) -> MultiMonitor:
-    """Build every selected monitor; `config` is the resolved run config as plain containers."""
+    types: list[str], run_dir: str, project: str, name: str, config: dict[str, Any],
+    resumed_at: int | None = None,
+) -> MultiMonitor:  # fmt: skip
+    """Build every selected monitor; `config` is the resolved run config as plain containers,
+    `resumed_at` the step a resumed run takes up from (`Monitor.from_run`)."""
     check_monitor_dependencies(types)
-    return MultiMonitor([MONITORS.resolve(t).from_run(run_dir, project, name, config) for t in types])
+    return MultiMonitor(
+        [MONITORS.resolve(t).from_run(run_dir, project, name, config, resumed_at) for t in types]
+    )
 
 
 __all__ = ["MONITORS", "Monitor", "MultiMonitor", "build_monitors", "check_monitor_dependencies"]

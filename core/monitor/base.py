@@ -13,8 +13,13 @@ class Monitor(ABC):
     """A metrics sink. Only rank 0 logs; `log` is called once per step with flat `section/name` keys."""
 
     @classmethod
-    def from_run(cls, run_dir: str, project: str, name: str, config: dict[str, Any]) -> Monitor:
-        """Build from what every run knows (`build_monitors` uses this); most sinks need only the folder."""
+    def from_run(
+        cls, run_dir: str, project: str, name: str, config: dict[str, Any], resumed_at: int | None = None
+    ) -> Monitor:
+        """Build from what every run knows (`build_monitors` uses this). `resumed_at`: the step a
+        resumed run takes up from (continue_from_checkpoint; 0 when its stage starts over): the steps
+        after it are logged again, so a sink that keeps earlier launches' records drops or hides what
+        it holds past that step, and each step's values are there once, the last ones logged."""
         return cls(run_dir)  # type: ignore[call-arg]
 
     @abstractmethod

@@ -45,7 +45,9 @@ class ConsoleMonitor(Monitor):
         self.file = file  # None: tqdm.write's default, stdout
 
     @classmethod
-    def from_run(cls, run_dir: str, project: str, name: str, config: dict[str, Any]) -> ConsoleMonitor:
+    def from_run(
+        cls, run_dir: str, project: str, name: str, config: dict[str, Any], resumed_at: int | None = None
+    ) -> ConsoleMonitor:
         return cls()
 
     def log(self, metrics: dict[str, float], step: int) -> None:

@@ -10,11 +10,22 @@ from .base import Monitor
 
 
 class TensorBoardMonitor(Monitor):
-    def __init__(self, run_dir: str):
+    """Scalars (and the completions' text) in event files under `<run_dir>/tensorboard`, one file per
+    launch. A resumed run's file starts by purging from the step after `resumed_at`: TensorBoard
+    hides what earlier files hold from there on, so each step shows the values logged last."""
+
+    def __init__(self, run_dir: str, resumed_at: int | None = None):
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard; only when selected
 
         self.log_dir = os.path.join(run_dir, "tensorboard")
-        self._writer = SummaryWriter(log_dir=self.log_dir)
+        purge_step = None if resumed_at is None else resumed_at + 1
+        self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge_step)
+
+    @classmethod
+    def from_run(
+        cls, run_dir: str, project: str, name: str, config: dict[str, Any], resumed_at: int | None = None
+    ) -> TensorBoardMonitor:
+        return cls(run_dir, resumed_at)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():

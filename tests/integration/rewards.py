@@ -1,5 +1,7 @@
 """Reward functions used by integration tests through the import-path hook ('pkg.mod:fn')."""
 
+import zlib
+
 from rlcore.core.types import Task
 
 
@@ -35,3 +37,12 @@ def always_nan(response: str, task: Task) -> float:
 
 def a_string(response: str, task: Task) -> float:
     return "1.0"  # type: ignore[return-value]
+
+
+def two_in_five_constant(response: str, task: Task) -> float:
+    """The same reward for every response to a task whose row number is 0 or 1 modulo 5 (no DPO
+    pair), a hash of the response for the others (a pair whenever two responses differ): of 20
+    tasks, 12 give pairs."""
+    if int(task.task_id.rsplit("-", 1)[1]) % 5 < 2:
+        return 1.0
+    return zlib.crc32(response.encode()) / 2**32
