@@ -25,7 +25,7 @@ from tests.integration.test_worker_failover import _read, _until, _worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-STEPS, BATCH, GROUP = 8, 4, 4
+STEPS, BATCH, GROUP = 10, 4, 4
 PARTIAL = {
     "buffer.explorer_input.taskset.default_workflow_type": "rlcore.benchmarks.partial_rollouts:LongGenerationWorkflow",
     "buffer.explorer_input.taskset.workflow_args": {"long_fraction": 1.0, "turns": 2, "tool_s": 0.0,
@@ -49,18 +49,24 @@ def test_a_stopped_asynchronous_run_resumes_and_trains_every_group_once(tmp_path
     run_dir = os.path.join(root, "it", "run")
     first = _start(path)
     deadline = time.monotonic() + 300
-    while len(_trained_steps(run_dir)) < 3:
+    while len(_trained_steps(run_dir)) < 2:
         assert first.poll() is None and time.monotonic() < deadline, "".join(first.communicate())[-4000:]
         time.sleep(0.2)
     first.send_signal(signal.SIGTERM)
     out = "".join(first.communicate(timeout=180))
     assert first.returncode == 143 and "stopped at step" in out, out[-4000:]
     stopped_at = len(_trained_steps(run_dir))
-    assert 3 <= stopped_at < STEPS, out[-4000:]
+    assert 2 <= stopped_at < STEPS, out[-4000:]
+    with open(os.path.join(run_dir, "source_state", f"step_{stopped_at}.json")) as f:
+        resumes_at = json.load(f)["explorer"]["explore_step"]
 
+    since = time.time()
     resumed = _start(path, "continue_from_checkpoint=true")
     (lines, errors), readers = _read(resumed)
-    _until(lambda: len(_trained_steps(run_dir)) > stopped_at, "a step after the resume", resumed)
+    # the worker dies once the resumed explorer put a step, with steps left to explore (the
+    # staleness bound keeps it within max_staleness + 1 steps of the trainer)
+    _until(lambda: _explored(run_dir, since) > resumes_at, "an explore step after the resume", resumed)
+    assert _explored(run_dir, since) < STEPS - 1, (_explored(run_dir, since), resumes_at)
     _worker(root, 0).kill()
     resumed.wait(timeout=400)
     for r in readers:
@@ -90,6 +96,19 @@ def _trained_steps(run_dir: str) -> list[int]:
         return [m["step"] for m in read_metrics(run_dir) if "buffer/experiences" in m]
     except (FileNotFoundError, ValueError):
         return []
+
+
+def _explored(run_dir: str, since: float) -> int:
+    """The explore step the explorer's saved position is at (its steps put so far), once written
+    after `since` (the first launch's file stays until the resumed explorer writes its own)."""
+    path = os.path.join(run_dir, "explorer", "explorer_state.json")
+    try:
+        if os.path.getmtime(path) < since:
+            return -1
+        with open(path) as f:
+            return int(json.load(f)["explore_step"])
+    except (FileNotFoundError, ValueError):
+        return -1
 
 
 def _tasks_of_an_uninterrupted_run(path: str) -> set[str]:

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -25,10 +26,12 @@ GROUPS_PER_WRITER = 40
 SIZES = (2, 5, 8)
 
 
-def _write(kind: str, where: str, writer: str) -> None:
+def _write(kind: str, where: str, writer: str, started: Any) -> None:
     buf = open_storage(kind, where, writer)
     for i in range(0, GROUPS_PER_WRITER, 4):  # several puts, of several groups each
         buf.put([group(f"{writer}/{j}", n=SIZES[j % 3], version=j) for j in range(i, i + 4)])
+        if i == 0:  # a buffer knows its writers by their first put: both are known before either finishes
+            started.wait(timeout=120)
         time.sleep(0.01)
     buf.finish()
     buf.close()
@@ -50,7 +53,8 @@ def _read(kind: str, where: str, out: mp.Queue) -> None:
 def _exchange(kind: str, where: str) -> None:
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_write, args=(kind, where, w)) for w in ("w1", "w2")]
+    started = ctx.Barrier(2)
+    procs = [ctx.Process(target=_write, args=(kind, where, w, started)) for w in ("w1", "w2")]
     procs.append(ctx.Process(target=_read, args=(kind, where, out)))
     for p in procs:
         p.start()
