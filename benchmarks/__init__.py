@@ -17,5 +17,6 @@ BENCHMARKS = {
     "door": "rlcore.benchmarks.door_concurrency",
     "packing": "rlcore.benchmarks.packing",
     "ulysses": "rlcore.benchmarks.ulysses",
+    "startup": "rlcore.benchmarks.startup",
 }
 """`rlcore bench` name -> module."""

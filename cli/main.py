@@ -178,12 +178,19 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     cfg, stages = _load(args)  # the launch's one validation
+    from ..runtime.fork_server import ForkServer, wanted
+
+    # stderr is for what goes wrong: no progress bars of the libraries preparing small assets (set
+    # before the fork server starts: it compares its forks' start-up environment with its own)
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     from ..runtime.launcher import launch  # heavy: torch, the strategy, the engines
 
-    try:
-        return launch(cfg, stages)
-    except ValueError as e:  # user-facing problems found while preparing the run (data, model, assets)
-        raise ConfigError(str(e)) from e
+    # forked now, the server has these imports; it adds the rest while this process prepares the run
+    with ForkServer(wanted(stages[0].config.cluster)):
+        try:
+            return launch(cfg, stages)
+        except ValueError as e:  # user-facing problems found while preparing the run (data, model, assets)
+            raise ConfigError(str(e)) from e
 
 
 def entry() -> None:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from ..core.fast_exit import exit_now
+from . import fork_server
 from .lifecycle import die_with_parent
 
 KEEP_FREED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
@@ -41,7 +42,10 @@ def process_env(cluster: Any, threads: int, gpus: list[str] | None = None) -> di
 
 
 def wrap(parent_pid: int, module: str, *args: str) -> list[str]:
-    """The command line that runs `python -m module args` as a child of `parent_pid`."""
+    """The command line that runs `python -m module args` as a child of `parent_pid`: forked by the
+    launch's fork server where one runs (fork_server.py), else a process of its own."""
+    if os.environ.get(fork_server.ENV):
+        return fork_server.client_command(parent_pid, module, *args)
     return [sys.executable, "-m", "rlcore.runtime.child", str(parent_pid), "-m", module, *args]
 
 

@@ -87,8 +87,7 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
 
 def launch(cfg: Any, stages: list[Stage]) -> int:
     """Run the config `cfg` (as load_config gives it) whose stages `resolve_stages` validated."""
-    # stderr is for what goes wrong: no progress bars of the libraries preparing small assets here
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # the launch command sets it first
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.config import Stage
-from . import failure
+from . import failure, fork_server
 from .child import process_env, rank_threads, wrap
 from .lifecycle import end_process
 
@@ -46,7 +46,15 @@ def torchrun_command(plan_path: str, cluster: Any, project: str, name: str) -> l
     --max-restarts: its agents keep their store, where the failed world's gloo groups left their
     addresses, and the restarted ranks dialled those and failed (torch 2.13)."""
     args = torchrun_args(cluster, f"{project}-{name}")
-    return wrap(os.getpid(), "torch.distributed.run", *args, "-m", "rlcore.runtime.trainer_rank", plan_path)
+    return wrap(os.getpid(), "torch.distributed.run", *args, *rank_entry("rlcore.runtime.trainer_rank", plan_path))
+
+
+def rank_entry(module: str, *args: str) -> list[str]:
+    """torchrun's arguments that run `module args` in each rank: `-m module args`, or, where the
+    launch's fork server runs, a fork-server client that torchrun starts and watches as the rank."""
+    if os.environ.get(fork_server.ENV):
+        return ["--no-python", *fork_server.client_command(None, module, *args, unbuffered=True)]
+    return ["-m", module, *args]
 
 
 def torchrun_args(cluster: Any, rdzv_id: str) -> list[str]:

@@ -73,6 +73,10 @@ def restarted(plan: dict[str, Any], stages: list[Stage]) -> None:
 
 def main(plan_path: str) -> int:
     die_with_parent()  # torchrun's agent: a rank never outlives it (also while it waits for the plan)
+    # what the loop runs with (HF datasets, pandas among it: seconds of CPU), imported while the
+    # launch starts the rollout workers, whose readiness the plan waits for
+    from . import handles, loop  # noqa: F401
+
     plan = read_plan(plan_path)
     device = plan["device"]
     rank = int(os.environ.get("RANK", 0))

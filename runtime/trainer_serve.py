@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -38,7 +39,8 @@ from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
 from ..core.signals import StopFlag
 from ..proto.v1 import trainer_pb2_grpc
 from .child import wrap
-from .nodes import torchrun_args, watch_node
+from .fork_server import ForkServer, wanted
+from .nodes import rank_entry, torchrun_args, watch_node
 from .rank_entry import run_rank, sender_factory
 from .trainer_service import SERVICE_NAME, TrainerServicer
 from .trainer_world import Commander, TrainerWorld, exit_world
@@ -179,7 +181,13 @@ def _rank_options(args: argparse.Namespace, device: str, threads: int, workdir: 
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    """Start the trainer world (torchrun) and wait for it; SIGTERM/Ctrl-C stop it through rank 0."""
+    """Start the trainer world (torchrun) and wait for it; SIGTERM/Ctrl-C stop it through rank 0.
+    On the CPU its torchrun and ranks are forked from a fork server, as a launch's are."""
+    with ForkServer(wanted(SimpleNamespace(fork_server="auto", device=args.device))):
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     try:
         cluster = _checked(args)
     except ValueError as e:  # ConfigError too: the flags spell the keys
@@ -197,7 +205,7 @@ def serve_main(args: argparse.Namespace) -> int:
         json.dump(options, f)
     # torchrun as a child that dies with this process (child.py), even by kill -9
     cmd = wrap(os.getpid(), "torch.distributed.run", *torchrun_args(cluster, RDZV_ID),
-               "-m", "rlcore.runtime.trainer_serve", options_path)  # fmt: skip
+               *rank_entry("rlcore.runtime.trainer_serve", options_path))  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     if args.node_rank > 0:
         print(

@@ -1,0 +1,118 @@
+"""The fork server (runtime/fork_server.py) on a real server process: a forked child runs its
+module as `python -m` would (argv, folder, environment, descriptors, thread count), and its client
+stands in for it (exit codes, signals both ways); where a fork would differ, the client starts
+Python fresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rlcore.runtime import fork_server
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PROBE = "tests.unit.runtime.fork_probe"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with fork_server.ForkServer(True) as fs:
+        assert fs.enabled
+        yield os.environ[fork_server.ENV]
+
+
+def _run(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+    cmd = fork_server.client_command(os.getpid(), PROBE, *args)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, **kw)
+
+
+def _report(out: str) -> dict:
+    return json.loads(out.splitlines()[0])
+
+
+def test_a_fork_runs_the_module_with_the_clients_argv_folder_environment_and_threads(server: str) -> None:
+    env = dict(os.environ, PROBE_MARKER="m1", OMP_NUM_THREADS="1")
+    done = _run("exit", "3", env=env)
+    report = _report(done.stdout)
+    assert done.returncode == 3, done.stderr
+    assert report["torch"] and report["argv"] == ["exit", "3"] and report["cwd"] == REPO  # forked: torch is in
+    assert report["marker"] == "m1" and report["threads"] == 1
+    assert report["cmdline"].endswith(f"-m {PROBE} exit 3"), report["cmdline"]  # `ps` shows the command
+    assert report["fds"][:3] == [0, 1, 2]
+
+
+def test_an_uncaught_exception_is_a_traceback_and_code_1(server: str) -> None:
+    done = _run("raise")
+    assert done.returncode == 1 and "RuntimeError: the probe failed" in done.stderr, done.stderr
+
+
+def test_signals_reach_the_fork_and_its_end_reaches_the_client(server: str) -> None:
+    cmd = fork_server.client_command(os.getpid(), PROBE, "wait")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    fork = _report(proc.stdout.readline())["pid"]
+    proc.send_signal(signal.SIGTERM)  # to the client: forwarded
+    assert proc.wait(timeout=30) == 7 and "got SIGTERM" in proc.stdout.read()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    fork = _report(proc.stdout.readline())["pid"]
+    os.kill(fork, signal.SIGKILL)  # the fork killed: the client ends as it did
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    fork = _report(proc.stdout.readline())["pid"]
+    proc.kill()  # the client killed: the server kills the fork
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(fork):
+        assert time.monotonic() < deadline, "the fork outlived its killed client"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_passed_descriptors_keep_their_numbers(server: str) -> None:
+    read, write = os.pipe()
+    try:
+        done = _run("fd", str(write), pass_fds=(write,))
+        os.close(write)
+        assert done.returncode == 0, done.stderr
+        assert write in _report(done.stdout)["fds"]
+        assert os.read(read, 100) == b"through the passed descriptor"
+    finally:
+        os.close(read)
+
+
+def test_a_start_up_variable_that_differs_or_no_server_starts_python_fresh(server: str) -> None:
+    env = dict(os.environ, PYTHONHASHSEED="123")  # read only at start-up: a fork would not have it
+    done = _run("exit", "0", env=env)
+    assert done.returncode == 0 and not _report(done.stdout)["torch"], done.stderr
+    assert "PYTHONHASHSEED differ(s) from the launcher's at its start" in done.stderr
+    env = dict(os.environ, **{fork_server.ENV: "/nonexistent/s"})
+    cmd = fork_server.client_command(os.getpid(), PROBE, "exit", "4")
+    cmd[cmd.index(server)] = "/nonexistent/s"
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4 and not _report(done.stdout)["torch"], done.stderr
+
+
+def test_the_server_is_off_when_not_wanted() -> None:
+    class Cluster:
+        fork_server, device = "auto", "cuda"
+
+    assert not fork_server.wanted(Cluster())
+    Cluster.device = "cpu"
+    assert fork_server.wanted(Cluster())
+    Cluster.fork_server = "off"
+    assert not fork_server.wanted(Cluster())
+    before = os.environ.get(fork_server.ENV)
+    with fork_server.ForkServer(False) as fs:
+        assert fs._pid is None and os.environ.get(fork_server.ENV) == before
