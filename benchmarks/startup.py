@@ -126,9 +126,10 @@ def plot(path: str, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlcore bench startup", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=positive_int, default=5)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one launch may take")
-    parser.add_argument("--out", default=default_out("startup.json"))
+    parser.add_argument("--repeats", type=positive_int, default=5, help="pairs of launches (default: 5)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one launch may take (default: 600)")
+    parser.add_argument("--out", default=default_out("startup.json"),
+                        help="the JSON result; .md and .png beside it (default: %(default)s)")
     args = parser.parse_args(argv)
     machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="rlcore-bench-startup-") as workdir:

@@ -182,8 +182,8 @@ def _rank_options(args: argparse.Namespace, device: str, threads: int, workdir: 
 
 def serve_main(args: argparse.Namespace) -> int:
     """Start the trainer world (torchrun) and wait for it; SIGTERM/Ctrl-C stop it through rank 0.
-    On the CPU its torchrun and ranks are forked from a fork server, as a launch's are."""
-    with ForkServer(wanted(SimpleNamespace(fork_server="auto", device=args.device))):
+    Its torchrun and ranks are forked from a fork server where cluster.fork_server's default says so."""
+    with ForkServer(wanted(SimpleNamespace(fork_server=ClusterConfig().fork_server, device=args.device))):
         return _serve(args)
 
 

@@ -43,7 +43,6 @@ def test_a_fork_runs_the_module_with_the_clients_argv_folder_environment_and_thr
     assert done.returncode == 3, done.stderr
     assert report["torch"] and report["argv"] == ["exit", "3"] and report["cwd"] == REPO  # forked: torch is in
     assert report["marker"] == "m1" and report["threads"] == 1
-    assert report["cmdline"].endswith(f"-m {PROBE} exit 3"), report["cmdline"]  # `ps` shows the command
     assert report["fds"][:3] == [0, 1, 2]
 
 
