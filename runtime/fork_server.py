@@ -30,6 +30,8 @@ import sys
 import tempfile
 from typing import Any
 
+from .lifecycle import die_with_parent  # the standard library only, as this module
+
 ENV = "RLCORE_FORK_SERVER"
 """The server's socket, in the environment of the launcher and so of its children."""
 
@@ -142,7 +144,7 @@ def host(path: str, parent: int, fd: int) -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
-    _die_with_parent(signal.SIGTERM, parent)
+    die_with_parent(signal.SIGTERM, parent)
     listener = socket.socket(fileno=fd)  # clients that come during the imports wait in its backlog
     own = dict(os.environ)
     import importlib
@@ -244,7 +246,7 @@ def _fork_for(conn: socket.socket, own: dict[str, str]) -> int | None:
 def _become(request: dict[str, Any], fds: list[int]) -> None:
     """In the fork: take on the client's descriptors, environment and settings, run its module."""
     os.setsid()
-    _die_with_parent(signal.SIGTERM)  # the server ends with the launcher; its forks then end as its children do
+    die_with_parent(signal.SIGTERM)  # the server ends with the launcher; its forks then end as its children do
     numbers = request["fds"]  # [(number in the client, inheritable)], in the order of `fds`
     high = max([n for n, _ in numbers] + [int(n) for n in os.listdir("/proc/self/fd")]) + 1
     held = [_fcntl_dup(fd, high) for fd in fds]  # above every descriptor open now
@@ -355,14 +357,6 @@ def _run_module(module: str, args: list[str], title: str) -> None:
     os._exit(code & 0xFF)
 
 
-def _die_with_parent(sig: int, parent: int | None = None) -> None:
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)
-
-
 # ---------------------------------------------------------------------------------------- client
 
 
@@ -382,7 +376,7 @@ def run(path: str, parent: str, argv: list[str]) -> None:
         argv = argv[1:]
     assert argv[0] == "-m", "usage: python -m rlcore.runtime.fork_server run SOCKET PARENT [-u] -m MODULE ARGS"
     module, args = argv[1], argv[2:]
-    _die_with_parent(signal.SIGTERM, None if parent == "-" else int(parent))
+    die_with_parent(signal.SIGTERM, None if parent == "-" else int(parent))
     fresh = [sys.executable, *(["-u"] if unbuffered else []), "-m", module, *args]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
