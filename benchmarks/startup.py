@@ -1,12 +1,14 @@
 """How long a launch takes to start: a 1-step GRPO launch (the scratch model and arithmetic taskset
-of every benchmark, one rollout worker beside one trainer rank, as the quickstart runs) with its
-processes forked from the fork server (`cluster.fork_server=on`, runtime/fork_server.py) and with
-each process importing for itself (`off`), the two sides alternating.
+of every benchmark, one rollout worker beside one trainer rank, as the quickstart runs) three ways,
+alternating: each process importing for itself (`off`), its processes forked from the launch's own
+fork server (`on`: `cluster.fork_server=on`, runtime/fork_server.py), and the whole command handed
+to a warm fork server that outlives launches (`warm`: `rlcore warm`, runtime/warm_server.py; started
+once before the repeats, as a user keeps one open).
 
 Per launch: the seconds from the command's start to its first step's metrics row (what a user
-waits for before a run does anything) and to the command's end. Per repeat the ratio off / on of
-each; min / median / max over the repeats (these machines drift by about 30% over minutes: ratios
-measured side by side, never one absolute time).
+waits for before a run does anything) and to the command's end. Per repeat the ratios off / on and
+off / warm of each; min / median / max over the repeats (these machines drift by about 30% over
+minutes: ratios measured side by side, never one absolute time).
 
     rlcore bench startup                   # 5 repeats
     rlcore bench startup --repeats 2 --out runs/bench/startup.json
@@ -34,8 +36,10 @@ from rlcore.benchmarks.common import (
     spread,
     write_outputs,
 )
+from rlcore.runtime.fork_client import ENV
+from rlcore.runtime.warm_server import WarmServer
 
-SIDES = ("on", "off")
+SIDES = ("on", "off", "warm")
 MAX_TOKENS = 8
 
 
@@ -58,15 +62,20 @@ def _config(model_dir: str, tasks: str, root: str, side: str) -> str:
     return path
 
 
-def one_launch(model_dir: str, tasks: str, workdir: str, side: str, rep: int, timeout_s: float) -> dict[str, float]:
-    """One launch: seconds to its first metrics row and to its end."""
+def one_launch(
+    model_dir: str, tasks: str, workdir: str, side: str, rep: int, timeout_s: float, warm: str
+) -> dict[str, float]:
+    """One launch: seconds to its first metrics row and to its end (`warm`: the warm server's socket)."""
     root = os.path.join(workdir, f"{side}-{rep}")
-    config = _config(model_dir, tasks, root, side)
+    config = _config(model_dir, tasks, root, "on" if side == "warm" else side)
     metrics = os.path.join(root, "bench", "startup", "metrics.jsonl")
     log_path = os.path.join(workdir, f"{side}-{rep}.log")
     with open(log_path, "w") as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "rlcore.cli", "launch", config], stdout=log, stderr=log)
+        env = {k: v for k, v in os.environ.items() if k != ENV}  # on and off: the launch's own server, or none
+        if side == "warm":
+            env[ENV] = warm
+        proc = subprocess.Popen([sys.executable, "-m", "rlcore.cli", "launch", config], stdout=log, stderr=log, env=env)
         first = None
         while proc.poll() is None:
             if first is None and os.path.exists(metrics) and os.path.getsize(metrics):
@@ -85,27 +94,32 @@ def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("first_step_s", "total_s"):
         out[key] = {side: spread([r[key] for r in runs[side]]) for side in SIDES}
-        out[f"{key}_ratio_off_over_on"] = spread([off[key] / on[key] for on, off in zip(runs["on"], runs["off"], strict=True)])
+        for side in SIDES[::2]:
+            out[f"{key}_ratio_off_over_{side}"] = spread(
+                [off[key] / r[key] for r, off in zip(runs[side], runs["off"], strict=True)]
+            )
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines = [
-        "# Launch start-up: processes forked from the fork server (on) or fresh (off)",
+        "# Launch start-up: fresh processes (off), forked from the launch's fork server (on), or from a warm one (warm)",
         "",
         f"Machine: {machine_line(result['machine'])}; {result['repeats']} repeats, sides alternating; "
         "a 1-step GRPO launch (one rollout worker, one trainer rank, scratch model).",
         "",
-        "| | on (s) | off (s) | off / on |",
-        "|---|---|---|---|",
+        "| | off (s) | on (s) | warm (s) | off / on | off / warm |",
+        "|---|---|---|---|---|---|",
     ]
+
+    def cell(x: dict[str, float], fmt: str, unit: str = "") -> str:
+        return f"{x['median']:{fmt}}{unit} ({x['min']:{fmt}}-{x['max']:{fmt}})"
+
     for key, name in (("first_step_s", "to the first step"), ("total_s", "whole launch")):
-        on, off, ratio = s[key]["on"], s[key]["off"], s[f"{key}_ratio_off_over_on"]
-        lines.append(
-            f"| {name} | {on['median']:.1f} ({on['min']:.1f}-{on['max']:.1f}) | {off['median']:.1f} "
-            f"({off['min']:.1f}-{off['max']:.1f}) | {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}) |"
-        )
+        times = [cell(s[key][side], ".1f") for side in ("off", "on", "warm")]
+        ratios = [cell(s[f"{key}_ratio_off_over_{side}"], ".2f", "x") for side in ("on", "warm")]
+        lines.append(f"| {name} | {' | '.join(times + ratios)} |")
     return "\n".join(lines)
 
 
@@ -117,8 +131,8 @@ def plot(path: str, result: dict[str, Any]) -> None:
     keys = ("first_step_s", "total_s")
     for i, side in enumerate(SIDES):
         values = [result["summary"][k][side]["median"] for k in keys]
-        ax.bar([j + 0.4 * i for j in range(len(keys))], values, width=0.4, label=f"fork server {side}")
-    ax.set_xticks([j + 0.2 for j in range(len(keys))], ["to the first step", "whole launch"])
+        ax.bar([j + 0.27 * i for j in range(len(keys))], values, width=0.27, label=f"fork server {side}")
+    ax.set_xticks([j + 0.27 for j in range(len(keys))], ["to the first step", "whole launch"])
     ax.set_ylabel("seconds (median)")
     ax.legend()
     save_figure(fig, path)
@@ -132,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the JSON result; .md and .png beside it (default: %(default)s)")
     args = parser.parse_args(argv)
     machine = machine_info()
-    with tempfile.TemporaryDirectory(prefix="rlcore-bench-startup-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="rlcore-bench-startup-") as workdir, WarmServer(export=False) as warm:
         model_dir, tasks = prepare(workdir, num_tasks=64)
+        warm.wait_ready()
         runs = run_sides(
-            SIDES, args.repeats, lambda side, rep: one_launch(model_dir, tasks, workdir, side, rep, args.timeout),
+            SIDES, args.repeats,
+            lambda side, rep: one_launch(model_dir, tasks, workdir, side, rep, args.timeout, warm.path),
             lambda r: f"first step {r['first_step_s']:.1f} s, launch {r['total_s']:.1f} s", label="fork server ",
             width=3,
         )  # fmt: skip

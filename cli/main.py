@@ -193,10 +193,35 @@ def _launch(args: argparse.Namespace) -> int:
             raise ConfigError(str(e)) from e
 
 
+def _warm() -> int:
+    """`rlcore warm`: a warm fork server until Ctrl-C (runtime/warm_server.py)."""
+    from ..runtime.fork_client import ENV
+    from ..runtime.warm_server import WarmServer
+
+    with WarmServer(export=False) as server:
+        print("rlcore: importing torch, transformers, megatron-core and rlcore once...", file=sys.stderr, flush=True)
+        server.wait_ready()
+        print(f"export {ENV}={server.path}", flush=True)
+        print(
+            "rlcore: warm: rlcore commands started with that variable set start in a fork of this server; "
+            "Ctrl-C ends it (and the runs forked from it)", file=sys.stderr, flush=True,
+        )  # fmt: skip
+        try:
+            return server.wait()
+        except KeyboardInterrupt:
+            return 0
+
+
 def entry() -> None:
     """The `rlcore` command (and `python -m rlcore.cli`): `main`, then the process ends without the
     interpreter's finalization (core/fast_exit.py: a second or more of a launch's end, and of each
-    rollout worker's)."""
+    rollout worker's). Where RLCORE_FORK_SERVER names a warm fork server, the command runs in a fork
+    of it (runtime/fork_client.py), which imported torch and the rest already."""
+    from ..runtime.child import wait_politely
+    from ..runtime.fork_client import hand_over
+
+    wait_politely()  # before torch is imported, here or in a warm server's fork
+    hand_over("rlcore.cli")
     from ..core.fast_exit import exit_now
 
     exit_now(main())
@@ -222,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             from ..runtime.trainer_serve import serve_main as trainer_serve_main
 
             return trainer_serve_main(args)
+        if args.command == "warm":
+            return _warm()
         if args.command == "tinker":
             from ..runtime.tinker.serve import serve_main as tinker_serve_main
 

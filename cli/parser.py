@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-V", "--version", action="version", version=f"rlcore {_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{launch,config,rollout,trainer,tinker,bench}"
+        dest="command", required=True, metavar="{launch,config,rollout,trainer,tinker,bench,warm}"
     )
 
     launch = commands.add_parser("launch", help="validate the config, then run every stage")
@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trainer_parser(commands)
     _add_tinker_parser(commands)
     _add_bench_parser(commands)
+    commands.add_parser(
+        "warm", help="keep a warm fork server open: rlcore commands started with the RLCORE_FORK_SERVER it "
+        "prints start in a fork of it (torch, transformers, megatron-core and rlcore imported), in seconds",
+    )  # fmt: skip
     return parser
 
 

@@ -2,20 +2,15 @@
 forked from one process that imported torch and transformers once, instead of each importing them
 for itself (about 9 s of one core each on a 2-core machine, most of a short launch's wall time).
 
-The launcher forks the server once it has imported torch (`ForkServer`, on by default on CPU:
-`cluster.fork_server`); the server imports the rest (PRELOAD) and the launcher puts its socket in
-RLCORE_FORK_SERVER. A child the launcher starts is then a small client process
-(`child.wrap`: python with nothing but the standard library imported) that sends the server its
-command line, environment, working folder and open descriptors; the server forks, the fork takes
-them on (its descriptors at the same numbers, its environment, its thread count, its title in `ps`)
-and runs the module as `python -m` would. The client stays the process its starter sees: signals
-sent to it reach the fork, it ends with the fork's exit code or signal, and when the client is
-killed the server kills the fork. Where a fresh process would differ from a fork (an environment
-variable read only at start-up changed, or no server answers), the client execs Python itself.
+The launcher forks the server once it has imported torch (`ForkServer`, `cluster.fork_server`); the
+server imports the rest (PRELOAD) and the launcher puts its socket in RLCORE_FORK_SERVER. A child
+the launcher starts is then a client (fork_client.py, the standard library only) that sends the
+server its command line, environment, folder, descriptors and process settings; the server forks,
+the fork takes them on (its descriptors at the same numbers, its environment, thread count, CPU
+affinity, limits, its title in `ps`) and runs the module as `python -m` would. Torchrun's ranks
+come through the same door (`torchrun --no-python python -m rlcore.runtime.fork_client run ...`).
 
-Torchrun's ranks come through the same door (`torchrun --no-python python -m
-rlcore.runtime.fork_server run ...`). This module imports only the standard library: its client
-must start in milliseconds.
+A warm server (warm_server.py) is the same server in a process of its own that outlives launches.
 """
 
 from __future__ import annotations
@@ -30,10 +25,9 @@ import sys
 import tempfile
 from typing import Any
 
-from .lifecycle import die_with_parent  # the standard library only, as this module
-
-ENV = "RLCORE_FORK_SERVER"
-"""The server's socket, in the environment of the launcher and so of its children."""
+from . import fork_client
+from .fork_client import ENV
+from .lifecycle import die_with_parent
 
 PRELOAD = (
     "torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.checkpoint",
@@ -45,8 +39,13 @@ PRELOAD = (
 """What the server imports before it forks: what every child needs and takes seconds (never a module
 a child runs as __main__, which runpy would warn is imported already)."""
 
+NAMESPACES = ("net", "pid", "ipc", "uts", "user", "cgroup")
+"""A client in another of these (a network namespace of a multi-host test, a container) is not forked:
+the fork would live in the server's. (Not the mount namespace: `ip netns exec` gives each command one
+of its own, differing in /sys only; a client whose root folder differs is not forked either.)"""
+
 SET_AFTER_FORK = frozenset({
-    "OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "PYTHONUNBUFFERED",
+    "OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED",
     "PYTHONFAULTHANDLER",
 })  # fmt: skip
 """Start-up settings a fork takes on after the fork (torch's threads, mallopt, its stdio)."""
@@ -54,7 +53,8 @@ SET_AFTER_FORK = frozenset({
 READ_AT_START = frozenset({
     "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONWARNINGS", "PYTHONSAFEPATH",
     "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONDEVMODE", "PYTHONMALLOC",
-    "LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES",
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "TRANSFORMERS_CACHE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
 })  # fmt: skip
 """Variables the interpreter and the loader read only when a process starts: a child whose value
 differs from the server's is started fresh (exec), not forked. (The launch sets no other variable
@@ -133,9 +133,9 @@ class ForkServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def host(path: str, parent: int, fd: int) -> None:
-    """Serve forks on the listening socket `fd` (bound at `path`) until the launcher `parent` dies
-    (or ends it). Runs in a fork of the launcher: it imports what the launcher has not."""
+def host(path: str, parent: int, fd: int, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Serve forks on the listening socket `fd` (bound at `path`) until `parent` dies (or ends it).
+    Imports `preload` first (what the process has imported already, it keeps)."""
 
     def end(signum: int, frame: Any) -> None:
         import shutil
@@ -149,7 +149,7 @@ def host(path: str, parent: int, fd: int) -> None:
     own = dict(os.environ)
     import importlib
 
-    for name in PRELOAD:
+    for name in preload:
         try:
             importlib.import_module(name)
         except ImportError:
@@ -162,11 +162,12 @@ def host(path: str, parent: int, fd: int) -> None:
         pass
     sys.stdout.flush()
     sys.stderr.flush()
-    forks: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, client connection)
-    conns: dict[int, tuple[int, int]] = {}  # connection fd -> (pid, pidfd)
-    sockets: dict[int, socket.socket] = {}
+    forks: dict[int, _Fork] = {}  # pidfd -> the fork
+    by_conn: dict[int, _Fork] = {}  # client connection fd -> the fork
     while True:
-        ready, _, _ = select.select([listener.fileno(), *forks, *conns], [], [])
+        ready, _, _ = select.select([listener.fileno(), *forks, *by_conn], [], [], STOP_POLL_S if by_conn else None)
+        for fork in by_conn.values():
+            fork.mirror_stop()
         for fd in ready:
             if fd == listener.fileno():
                 conn, _ = listener.accept()
@@ -174,42 +175,73 @@ def host(path: str, parent: int, fd: int) -> None:
                 if started is None:
                     conn.close()
                     continue
-                pid = started
-                pidfd = os.pidfd_open(pid)
-                forks[pidfd] = (pid, conn)
-                conns[conn.fileno()] = (pid, pidfd)
-                sockets[conn.fileno()] = conn
+                fork = _Fork(*started, conn)
+                forks[fork.pidfd] = by_conn[conn.fileno()] = fork
             elif fd in forks:
-                pid, conn = forks.pop(fd)
-                os.close(fd)
-                _, status = os.waitpid(pid, 0)
-                conns.pop(conn.fileno(), None)
-                sockets.pop(conn.fileno(), None)
-                try:
-                    conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
-                except OSError:
-                    pass
-                conn.close()
-            elif fd in conns:
-                pid, _ = conns[fd]
-                try:
-                    data = sockets[fd].recv(64)
-                except OSError:
-                    data = b""
-                sig = int(data) if data else signal.SIGKILL  # an empty read: the client is gone
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-                if not data:
-                    conns.pop(fd)
-                    sockets.pop(fd)
+                fork = forks.pop(fd)
+                by_conn.pop(fork.conn.fileno(), None)
+                fork.reap()
+            elif fd in by_conn:
+                if not by_conn[fd].take_signal():
+                    by_conn.pop(fd)
 
 
-def _fork_for(conn: socket.socket, own: dict[str, str]) -> int | None:
-    """Fork for the request on `conn`; the fork's pid, or None (refused: the client execs)."""
+STOP_POLL_S = 0.25
+"""How often the server looks whether a client was stopped (SIGSTOP, Ctrl-Z) or continued."""
+
+
+class _Fork:
+    """A fork and its client, in the server."""
+
+    def __init__(self, pid: int, client: int, conn: socket.socket):
+        self.pid, self.client, self.conn = pid, client, conn
+        self.pidfd = os.pidfd_open(pid)
+        self.stopped = False
+
+    def reap(self) -> None:
+        """The fork ended: tell the client how."""
+        os.close(self.pidfd)
+        _, status = os.waitpid(self.pid, 0)
+        try:
+            self.conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+        except OSError:
+            pass
+        self.conn.close()
+
+    def take_signal(self) -> bool:
+        """Pass the signal the client forwarded to the fork; False once the client is gone (the fork
+        is then killed)."""
+        try:
+            data = self.conn.recv(64)
+        except OSError:
+            data = b""
+        self._kill(int(data) if data else signal.SIGKILL)  # an empty read: the client is gone
+        return bool(data)
+
+    def mirror_stop(self) -> None:
+        """Stop the fork while its client is stopped (SIGSTOP cannot be caught and forwarded)."""
+        try:
+            with open(f"/proc/{self.client}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            return
+        stopped = state in (b"T", b"t")
+        if stopped != self.stopped:
+            self.stopped = stopped
+            self._kill(signal.SIGSTOP if stopped else signal.SIGCONT)
+
+    def _kill(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _fork_for(conn: socket.socket, own: dict[str, str]) -> tuple[int, int] | None:
+    """Fork for the request on `conn`; (the fork's pid, the client's), or None (refused: the client
+    execs)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
+    client, uid, _ = struct.unpack("3i", creds)
     try:
         data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, _MAX_FDS)
     except OSError:
@@ -220,13 +252,13 @@ def _fork_for(conn: socket.socket, own: dict[str, str]) -> int | None:
         return None
     try:
         request = json.loads(data)
-        differs = _start_up_differs(request["env"], own)
+        differs = _start_up_differs(request["env"], own) + _place_differs(client)
     except (ValueError, KeyError, TypeError):
         differs = ["(a request it cannot read)"]
     if differs:
         for fd in fds:
             os.close(fd)
-        conn.send(json.dumps({"exec": f"{', '.join(differs)} differ(s) from the launcher's at its start"}).encode())
+        conn.send(json.dumps({"exec": f"{', '.join(differs)} differ(s) from the server's"}).encode())
         return None
     pid = os.fork()
     if pid == 0:
@@ -240,11 +272,32 @@ def _fork_for(conn: socket.socket, own: dict[str, str]) -> int | None:
     for fd in fds:
         os.close(fd)
     conn.send(b'{"started": true}')
-    return pid
+    return pid, client
+
+
+def _place_differs(client: int) -> list[str]:
+    """Where the client lives apart from the server: its namespaces, cgroup and root folder."""
+    differs = []
+    for ns in NAMESPACES:
+        try:
+            if os.stat(f"/proc/{client}/ns/{ns}").st_ino != os.stat(f"/proc/self/ns/{ns}").st_ino:
+                differs.append(f"its {ns} namespace")
+        except OSError:
+            continue
+    try:
+        with open(f"/proc/{client}/cgroup") as theirs, open("/proc/self/cgroup") as mine:
+            if theirs.read() != mine.read():
+                differs.append("its cgroup")
+        if os.stat(f"/proc/{client}/root") != os.stat("/proc/self/root"):
+            differs.append("its root folder")
+    except OSError:
+        pass
+    return differs
 
 
 def _become(request: dict[str, Any], fds: list[int]) -> None:
     """In the fork: take on the client's descriptors, environment and settings, run its module."""
+    fork_client._STAND_IN = int(request.get("pid") or 0) or None
     os.setsid()
     die_with_parent(signal.SIGTERM)  # the server ends with the launcher; its forks then end as its children do
     numbers = request["fds"]  # [(number in the client, inheritable)], in the order of `fds`
@@ -258,9 +311,30 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _process_settings(request.get("process") or {})
     _settings(request["env"], request["unbuffered"])
     argv = request["argv"]
     _run_module(argv[0], argv[1:], request["title"])
+
+
+def _process_settings(process: dict[str, Any]) -> None:
+    """The client's CPU affinity, niceness, umask and resource limits (those a process may take)."""
+    import resource
+
+    if "affinity" in process:
+        os.sched_setaffinity(0, process["affinity"])
+    if "nice" in process:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, int(process["nice"]))
+        except OSError:  # lowering niceness needs privileges the client had from elsewhere
+            pass
+    if "umask" in process:
+        os.umask(int(process["umask"]))
+    for name, (soft, hard) in (process.get("rlimits") or {}).items():
+        try:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        except (ValueError, OSError, AttributeError):
+            pass
 
 
 def _fcntl_dup(fd: int, at_least: int) -> int:
@@ -303,7 +377,7 @@ def _settings(env: dict[str, str], unbuffered: bool) -> None:
         except ValueError:
             pass
     libc: Any = None
-    for key, option in (("MALLOC_TRIM_THRESHOLD_", -1), ("MALLOC_MMAP_THRESHOLD_", -3)):
+    for key, option in (("MALLOC_TRIM_THRESHOLD_", -1), ("MALLOC_MMAP_THRESHOLD_", -3), ("MALLOC_ARENA_MAX", -8)):
         if key in env:
             import ctypes
 
@@ -355,98 +429,3 @@ def _run_module(module: str, args: list[str], title: str) -> None:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code & 0xFF)
-
-
-# ---------------------------------------------------------------------------------------- client
-
-
-def client_command(parent: int | None, module: str, *args: str, unbuffered: bool = False) -> list[str]:
-    """The command that runs `python [-u] -m module args` through the fork server (RLCORE_FORK_SERVER),
-    as a child that dies with `parent` (None: with whatever started it)."""
-    return [
-        sys.executable, "-m", "rlcore.runtime.fork_server", "run", os.environ[ENV],
-        "-" if parent is None else str(parent), *(["-u"] if unbuffered else []), "-m", module, *args,
-    ]  # fmt: skip
-
-
-def run(path: str, parent: str, argv: list[str]) -> None:
-    """The client: have the server fork `argv` (`[-u] -m module args`) and be its stand-in."""
-    unbuffered = argv[0] == "-u"
-    if unbuffered:
-        argv = argv[1:]
-    assert argv[0] == "-m", "usage: python -m rlcore.runtime.fork_server run SOCKET PARENT [-u] -m MODULE ARGS"
-    module, args = argv[1], argv[2:]
-    die_with_parent(signal.SIGTERM, None if parent == "-" else int(parent))
-    fresh = [sys.executable, *(["-u"] if unbuffered else []), "-m", module, *args]
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        conn.connect(path)
-    except OSError:
-        os.execv(sys.executable, fresh)  # no server (it ended): a process of its own
-    fds = _open_fds(exclude=conn.fileno())
-    request = {
-        "argv": [module, *args], "env": dict(os.environ), "cwd": os.getcwd(), "unbuffered": unbuffered,
-        "fds": [(fd, os.get_inheritable(fd)) for fd in fds], "title": " ".join(fresh),
-    }  # fmt: skip
-    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-    try:
-        socket.send_fds(conn, [json.dumps(request).encode()], fds)
-        for sig in forwarded:  # from now on a signal reaches the fork (the server reads it after the fork)
-            signal.signal(sig, lambda signum, frame: _forward(conn, signum))
-        answer = json.loads(conn.recv(4096) or b"{}")
-    except (OSError, ValueError):
-        answer = {}
-    if not answer.get("started"):
-        if answer.get("exec"):  # in the child's log: why this process imports for itself
-            print(f"rlcore: fork server: starting {module} fresh: {answer['exec']}", file=sys.stderr, flush=True)
-        conn.close()
-        for sig in forwarded:
-            signal.signal(sig, signal.SIG_DFL)
-        os.execv(sys.executable, fresh)
-    while True:
-        try:
-            data = conn.recv(4096)
-            break
-        except InterruptedError:
-            continue
-    code = int(json.loads(data)["exit"]) if data else -signal.SIGKILL  # no answer: the server died
-    if code < 0:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if -code not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code)
-
-
-def _forward(conn: socket.socket, signum: int) -> None:
-    try:
-        conn.send(str(int(signum)).encode())
-    except OSError:
-        pass
-
-
-def _open_fds(exclude: int) -> list[int]:
-    found = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd == exclude:
-            continue
-        try:
-            os.fstat(fd)
-        except OSError:  # listdir's own descriptor, closed by now
-            continue
-        found.append(fd)
-    return sorted(found)
-
-
-def main() -> None:
-    command, path, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
-    if command != "run":
-        raise SystemExit(f"usage: python -m rlcore.runtime.fork_server run SOCKET PARENT [-u] -m MODULE ARGS; got {command!r}")
-    run(path, rest[0], rest[1:])
-
-
-if __name__ == "__main__":
-    main()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.config import Stage
-from . import failure, fork_server
+from . import failure, fork_client
 from .child import process_env, rank_threads, wrap
 from .lifecycle import end_process
 
@@ -52,8 +52,8 @@ def torchrun_command(plan_path: str, cluster: Any, project: str, name: str) -> l
 def rank_entry(module: str, *args: str) -> list[str]:
     """torchrun's arguments that run `module args` in each rank: `-m module args`, or, where the
     launch's fork server runs, a fork-server client that torchrun starts and watches as the rank."""
-    if os.environ.get(fork_server.ENV):
-        return ["--no-python", *fork_server.client_command(None, module, *args, unbuffered=True)]
+    if os.environ.get(fork_client.ENV):
+        return ["--no-python", *fork_client.client_command(None, module, *args, unbuffered=True)]
     return ["-m", module, *args]
 
 

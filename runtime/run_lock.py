@@ -18,6 +18,7 @@ import socket
 import time
 
 from ..core.config import ConfigError
+from .fork_client import visible_pid
 
 LOCK_FILE = "owner.lock"
 
@@ -42,8 +43,8 @@ class RunLock:
                 "stop it first, or start a new run with name=<new name>"
             ) from None
         previous = os.read(fd, 4096)
-        record = {"host": socket.gethostname(), "pid": os.getpid(),
-                 "started": datetime.datetime.now().isoformat(timespec="seconds")}  # fmt: skip
+        record = {"host": socket.gethostname(), "pid": visible_pid(),  # the pid its starter knows
+                  "started": datetime.datetime.now().isoformat(timespec="seconds")}  # fmt: skip
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         os.fsync(fd)

@@ -2,10 +2,73 @@
 
 from __future__ import annotations
 
+from rlcore.runtime.child import wait_politely
+
+wait_politely()  # OpenMP's waiting as `rlcore` sets it, before this process imports torch (and its children)
+
+# ruff: noqa: E402 - the imports below import torch
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
 import pytest
 
 from rlcore.core.config.schema import ScratchModelConfig
 from rlcore.core.scratch_model import build_scratch_model
+from rlcore.runtime import fork_server, warm_server
+
+LONG_TEST_S = 60.0
+"""After this long, and as often again, the terminal names the test still running (`pytest -q`
+prints a test's dot only when it ends)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    done = threading.Event()
+
+    def name_it() -> None:
+        start = time.monotonic()
+        while not done.wait(LONG_TEST_S):
+            reporter.write_line(f"[running for {time.monotonic() - start:.0f} s: {item.nodeid}]")
+
+    watcher = threading.Thread(target=name_it, daemon=True)
+    if reporter is not None:
+        watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+@pytest.fixture(autouse=True)
+def start_up_environment() -> Iterator[None]:
+    """A test that leaves a start-up variable changed in this process (vLLM's CPU engine sets
+    LD_PRELOAD where it starts) does not hand it to every process later tests start."""
+    before = {k: os.environ.get(k) for k in fork_server.READ_AT_START}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_fork_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite's processes (`rlcore` commands, their workers, torchrun and its ranks) are forks of
+    one server that imported torch, transformers, megatron-core and rlcore once (runtime/fork_server.py),
+    not fresh interpreters importing them for seconds each. RLCORE_TEST_FORK_SERVER=0 starts each
+    fresh; its log is fork-server.log in pytest's temporary folder. Started where the session runs
+    integration tests (its imports would only compete with unit tests for the cores)."""
+    integration = any(item.path.parent.name == "integration" for item in request.session.items)
+    if not integration or os.environ.get("RLCORE_TEST_FORK_SERVER", "1") == "0" or os.environ.get(fork_server.ENV):
+        yield
+        return
+    with warm_server.WarmServer(log=str(tmp_path_factory.getbasetemp() / "fork-server.log")):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,23 @@ import time
 
 import yaml
 
+from rlcore.runtime import fork_client
+from rlcore.runtime.nodes import rank_entry
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def python_m(module: str, *args: str) -> list[str]:
+    """`python -m module args`: a fork of the suite's fork server where one runs (tests/conftest.py)."""
+    if os.environ.get(fork_client.ENV):
+        return fork_client.client_command(None, module, *args)
+    return [sys.executable, "-m", module, *args]
+
+
+def torchrun(ranks: int, module: str, *args: str) -> list[str]:
+    """torchrun (standalone) running `python -m module args` in each of `ranks` ranks, torchrun and
+    the ranks forked from the suite's fork server where one runs."""
+    return [*python_m("torch.distributed.run"), "--standalone", f"--nproc-per-node={ranks}", *rank_entry(module, *args)]
 
 
 def tiny_grpo_config(root: str, **sections) -> dict:

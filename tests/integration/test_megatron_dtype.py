@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from .launch_utils import REPO
+from .launch_utils import REPO, python_m
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_megatron_in_bf16_holds_and_yields_every_weight_in_bf16(tiny_model_path: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.megatron_dtype_worker", tiny_model_path],
+        python_m("tests.integration.megatron_dtype_worker", tiny_model_path),
         cwd=REPO, capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

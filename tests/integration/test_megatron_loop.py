@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -27,7 +26,7 @@ from safetensors.torch import load_file
 from rlcore.core.config.schema import ScratchModelConfig
 from rlcore.core.scratch_model import build_scratch_model
 
-from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config
+from .launch_utils import REPO, launch, read_metrics, tiny_grpo_config, torchrun
 
 pytestmark = pytest.mark.integration
 
@@ -87,10 +86,7 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
     plan_path = os.path.join(megatron_dir, "plan.json")
     with open(plan_path, "w") as f:
         json.dump(_megatron_plan(plan, megatron_dir), f)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        "-m", "tests.integration.megatron_worker", plan_path,
-    ]  # fmt: skip
+    cmd = torchrun(2, "tests.integration.megatron_worker", plan_path)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 

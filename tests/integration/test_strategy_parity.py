@@ -16,14 +16,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
 import pytest
 import torch
 
-from .launch_utils import REPO
+from .launch_utils import REPO, torchrun
 from .parity_reference import dpo_reference_run, reference_run
 
 pytestmark = pytest.mark.integration
@@ -40,10 +39,11 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     ("fsdp2-2", "fsdp2", 2, []),
     # the policy's shards and the reference's on the CPU (FSDP2's CPUOffloadPolicy): the same numbers
     ("fsdp2-2-offload", "fsdp2", 2, ["fsdp_config.param_offload=true", "offload_untrained_models=true"]),
-    # Ulysses: both ranks share one data-parallel share, each forward sliced over them (fsdp's
-    # Ulysses is NativeStrategy's too: checked by hand, `--set ulysses_sequence_parallel_size=2`),
-    # with gradient checkpointing (each layer recomputed in backward, its all-to-alls with it)
+    # Ulysses: both ranks share one data-parallel share, each forward sliced over them, with
+    # gradient checkpointing (each layer recomputed in backward, its all-to-alls with it); on fsdp2
+    # and on fsdp (NativeStrategy's Ulysses, fsdp's own wrapping)
     ("fsdp2-sp2", "fsdp2", 2, ["ulysses_sequence_parallel_size=2", "gradient_checkpointing=true"]),
+    ("fsdp-sp2", "fsdp", 2, ["ulysses_sequence_parallel_size=2", "gradient_checkpointing=true"]),
     # megatron-core on CPU through tests/megatron_cpu_shim.py (parity_worker installs it); one-rank
     # fsdp2 is what most launch tests run
     ("megatron-tp1-padded", "megatron", 1, ["use_remove_padding=false"]),
@@ -55,11 +55,10 @@ CASES: list[tuple[str, str, int, list[str]]] = [
     # chunks, with activation recompute (each layer's key/value all-gathers again in backward)
     ("megatron-cp2", "megatron", 2, ["megatron.context_parallel_size=2", "gradient_checkpointing=true"]),
 ]
-RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-dp2"]
-"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses' and megatron's three layouts
-(megatron-cp2's and fsdp2-2-offload's resumes passed too, then were left out of CI for time). fsdp2's
-resume is proven in whole launches, a resumed run ending on the straight run's weights
-(test_algorithm_menu.py: with a reference, a critic and expert rows)."""
+RESUME_CASES = ["fsdp-2", "fsdp2-sp2", "fsdp2-2-offload", "megatron-tp2", "megatron-pp2", "megatron-dp2", "megatron-cp2"]
+"""Ids of CASES whose step-10 checkpoint is resumed: FSDP's, Ulysses', offloaded FSDP2's and
+megatron's four layouts. Plain fsdp2's resume is proven in whole launches, a resumed run ending on
+the straight run's weights (test_algorithm_menu.py: with a reference, a critic and expert rows)."""
 
 CASE_BY_ID = {case[0]: case for case in CASES}
 
@@ -77,11 +76,10 @@ def run_worker(
     model: str, strategy: str, ranks: int, sets: list[str], out: str, *extra: str, timeout_s: float = 600
 ) -> Run:
     """Launch parity_worker under torchrun; return what rank 0 wrote."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-        "-m", "tests.integration.parity_worker", "--model", model, "--strategy", strategy,
-        "--out", out, *[f"--set={s}" for s in sets], *extra,
-    ]  # fmt: skip
+    cmd = torchrun(
+        ranks, "tests.integration.parity_worker", "--model", model, "--strategy", strategy, "--out", out,
+        *[f"--set={s}" for s in sets], *extra,
+    )  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
@@ -259,10 +257,10 @@ def test_tied_embeddings_across_pipeline_stages(tmp_path_factory):
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
 
 
-CRITIC_CASES = ["fsdp-2", "fsdp2-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2"]
-"""Ids of CASES whose strategy also trains PPO's critic (its value head across data-parallel ranks,
-tensor-parallel ranks and pipeline stages; one-rank and distributed-optimizer layouts are the
-policy's cases above)."""
+CRITIC_CASES = ["fsdp-2", "fsdp2-2", "fsdp2-sp2", "megatron-tp2", "megatron-pp2", "megatron-dp2", "megatron-cp2"]
+"""Ids of CASES whose strategy also trains PPO's critic (its value head across data-parallel ranks
+with the distributed optimizer, tensor-parallel ranks, pipeline stages and context-parallel ranks;
+the one-rank layouts are the policy's cases above)."""
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,8 @@ def test_restarts_belong_to_the_world_a_launch_starts(tmp_path) -> None:
         resolve(tmp_path, "trainer.max_restarts=2", "trainer.remote=h:50051")
 
 
-def test_torchrun_meets_the_other_nodes_with_node_0_hosting_the_rendezvous(tmp_path) -> None:
+def test_torchrun_meets_the_other_nodes_with_node_0_hosting_the_rendezvous(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("RLCORE_FORK_SERVER", raising=False)  # the ranks as `-m module`, not fork-server clients
     cfg = resolve(tmp_path, *TWO_NODES, "cluster.node_rank=1", "cluster.node_address=10.0.0.2")
     command = torchrun_command("plan.json", cfg.cluster, "p", "n")
     args = command[command.index("torch.distributed.run") + 1 :]

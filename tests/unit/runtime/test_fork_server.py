@@ -9,12 +9,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from rlcore.runtime import fork_server
+from rlcore.runtime import fork_client, fork_server, warm_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PROBE = "tests.unit.runtime.fork_probe"
@@ -22,13 +23,18 @@ PROBE = "tests.unit.runtime.fork_probe"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    with fork_server.ForkServer(True) as fs:
-        assert fs.enabled
-        yield os.environ[fork_server.ENV]
+    warm = os.environ.pop(fork_server.ENV, None)  # the test suite's own server: this module starts a launcher's
+    try:
+        with fork_server.ForkServer(True) as fs:
+            assert fs.enabled
+            yield os.environ[fork_server.ENV]
+    finally:
+        if warm:
+            os.environ[fork_server.ENV] = warm
 
 
 def _run(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
-    cmd = fork_server.client_command(os.getpid(), PROBE, *args)
+    cmd = fork_client.client_command(os.getpid(), PROBE, *args)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, **kw)
 
 
@@ -52,7 +58,7 @@ def test_an_uncaught_exception_is_a_traceback_and_code_1(server: str) -> None:
 
 
 def test_signals_reach_the_fork_and_its_end_reaches_the_client(server: str) -> None:
-    cmd = fork_server.client_command(os.getpid(), PROBE, "wait")
+    cmd = fork_client.client_command(os.getpid(), PROBE, "wait")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     fork = _report(proc.stdout.readline())["pid"]
     proc.send_signal(signal.SIGTERM)  # to the client: forwarded
@@ -95,9 +101,9 @@ def test_a_start_up_variable_that_differs_or_no_server_starts_python_fresh(serve
     env = dict(os.environ, PYTHONHASHSEED="123")  # read only at start-up: a fork would not have it
     done = _run("exit", "0", env=env)
     assert done.returncode == 0 and not _report(done.stdout)["torch"], done.stderr
-    assert "PYTHONHASHSEED differ(s) from the launcher's at its start" in done.stderr
+    assert "PYTHONHASHSEED differ(s) from the server's" in done.stderr
     env = dict(os.environ, **{fork_server.ENV: "/nonexistent/s"})
-    cmd = fork_server.client_command(os.getpid(), PROBE, "exit", "4")
+    cmd = fork_client.client_command(os.getpid(), PROBE, "exit", "4")
     cmd[cmd.index(server)] = "/nonexistent/s"
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 4 and not _report(done.stdout)["torch"], done.stderr
@@ -115,3 +121,69 @@ def test_the_server_is_off_when_not_wanted() -> None:
     before = os.environ.get(fork_server.ENV)
     with fork_server.ForkServer(False) as fs:
         assert fs._pid is None and os.environ.get(fork_server.ENV) == before
+
+
+def test_a_fork_takes_its_clients_affinity_niceness_and_limits(server: str) -> None:
+    import resource
+
+    def lower() -> None:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        os.nice(3)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    done = _run("exit", "0", preexec_fn=lower)
+    report = _report(done.stdout)
+    assert report["torch"], done.stderr
+    assert report["affinity"] == [min(os.sched_getaffinity(0))] and report["nice"] == os.nice(0) + 3
+    assert report["nofile"] == 512
+
+
+def test_a_stopped_client_stops_its_fork_until_it_continues(server: str) -> None:
+    cmd = fork_client.client_command(os.getpid(), PROBE, "wait")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        fork = _report(proc.stdout.readline())["pid"]
+        proc.send_signal(signal.SIGSTOP)  # cannot be caught and forwarded: the server mirrors it
+        _wait_for_state(fork, "T")
+        proc.send_signal(signal.SIGCONT)
+        _wait_for_state(fork, "S")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _wait_for_state(pid: int, state: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            now = f.read().split(")")[-1].split()[0]
+        if now == state:
+            return
+        assert time.monotonic() < deadline, f"process {pid} stayed {now}, not {state}"
+        time.sleep(0.05)
+
+
+def test_a_client_in_another_network_namespace_starts_fresh(server: str) -> None:
+    if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --net needs root and util-linux here")
+    cmd = ["unshare", "--net", *fork_client.client_command(None, PROBE, "exit", "0")]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and not _report(done.stdout)["torch"], done.stderr
+    assert "its net namespace differ(s) from the server's" in done.stderr
+
+
+def test_a_command_hands_itself_over_to_a_warm_server() -> None:
+    handing = "import sys; from rlcore.runtime.fork_client import hand_over; hand_over(sys.argv.pop(1))"
+    warm = os.environ.pop(fork_server.ENV, None)
+    try:
+        with warm_server.WarmServer():
+            cmd = [sys.executable, "-c", handing, PROBE, "exit", "5"]
+            done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+            report = _report(done.stdout)
+            assert done.returncode == 5 and report["torch"] and report["argv"] == ["exit", "5"], done.stderr
+        assert fork_server.ENV not in os.environ
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)  # no server: itself
+        assert done.returncode == 0 and "torch" not in done.stdout, done.stderr
+    finally:
+        if warm:
+            os.environ[fork_server.ENV] = warm
