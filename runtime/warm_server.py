@@ -2,8 +2,7 @@
 launches, with what launches, rollout workers and every strategy's ranks import already imported.
 Where RLCORE_FORK_SERVER names one, `rlcore` hands its command over to a fork of it
 (fork_client.hand_over), so a launch, `rlcore config validate` or a bench starts without importing
-anything, and so do the processes it starts. The test suite runs on one (tests/conftest.py); the
-multi-host tests start one inside each host's network namespace.
+anything, and so do the processes it starts. The test suite runs on one (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -31,17 +30,12 @@ class WarmServer:
     """A fork server in a process of its own that outlives launches (WARM_PRELOAD imported). With
     `export`, RLCORE_FORK_SERVER names it in this process's environment while the context lasts, so
     the `rlcore` commands this process starts, and their children, are forks of it; else its socket
-    is `path`, for the environments of the processes that should use it. `prefix` runs it through a
-    command (`ip netns exec NAME`: a server inside a network namespace, for the processes started
-    there). Its output goes to `log` (None: nowhere)."""
+    is `path`, for the environments of the processes that should use it. Its output goes to `log`
+    (None: nowhere)."""
 
-    def __init__(
-        self, log: str | None = None, timeout_s: float = 60.0, prefix: tuple[str, ...] = (),
-        env: dict[str, str] | None = None, export: bool = True, preload: tuple[str, ...] = WARM_PRELOAD,
-    ):  # fmt: skip
-        self.log, self.timeout_s, self.prefix, self.export = log, timeout_s, prefix, export
-        self.preload = preload
-        self.env = {k: v for k, v in (os.environ if env is None else env).items() if k != ENV}
+    def __init__(self, log: str | None = None, timeout_s: float = 60.0, export: bool = True):
+        self.log, self.timeout_s, self.export = log, timeout_s, export
+        self.env = {k: v for k, v in os.environ.items() if k != ENV}
         if "OMP_WAIT_POLICY" not in self.env and "GOMP_SPINCOUNT" not in self.env:
             self.env.update(SPIN_WAIT)  # as `rlcore` sets it for itself (runtime/child.py)
         self.path = ""
@@ -54,8 +48,7 @@ class WarmServer:
 
         self._dir = tempfile.mkdtemp(prefix="rlcore-fork-")  # 0700: only this user reaches the socket
         self.path = os.path.join(self._dir, "s")
-        command = [*self.prefix, sys.executable, "-m", "rlcore.runtime.warm_server", self.path, str(os.getpid()),
-                   ",".join(self.preload)]  # fmt: skip
+        command = [sys.executable, "-m", "rlcore.runtime.warm_server", self.path, str(os.getpid())]
         with open(self.log or os.devnull, "ab") as out:
             self._proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=self.env, start_new_session=True
@@ -97,18 +90,18 @@ class WarmServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def serve(path: str, parent: int, preload: tuple[str, ...] = WARM_PRELOAD) -> None:
-    """The warm server's process: listen at `path`, import `preload`, fork until `parent` ends."""
+def serve(path: str, parent: int) -> None:
+    """The warm server's process: listen at `path`, import WARM_PRELOAD, fork until `parent` ends."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    host(path, parent, listener.detach(), preload)
+    host(path, parent, listener.detach(), WARM_PRELOAD)
 
 
 def main() -> None:
-    if len(sys.argv) not in (3, 4):
-        raise SystemExit("usage: python -m rlcore.runtime.warm_server SOCKET PARENT_PID [MODULE,MODULE...]")
-    serve(sys.argv[1], int(sys.argv[2]), tuple(sys.argv[3].split(",")) if len(sys.argv) == 4 else WARM_PRELOAD)
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python -m rlcore.runtime.warm_server SOCKET PARENT_PID")
+    serve(sys.argv[1], int(sys.argv[2]))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,22 @@ def _start(path: str, mode: str, *overrides: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
+def _read_until(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
+    """The launch's output as it comes, up to a chunk holding `text` (read from the pipe itself:
+    a later `_finish` reads the rest)."""
+    import select
+
+    fd, got = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout_s
+    while text.encode() not in got:
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s} s:\n{got.decode()[-3000:]}"
+        if select.select([fd], [], [], 0.5)[0]:
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, f"the launch ended without {text!r}:\n{got.decode()[-3000:]}"
+            got += chunk
+    return got.decode(errors="replace")
+
+
 def _finish(proc: subprocess.Popen, what: str, timeout_s: float = 400) -> str:
     out, _ = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{out[-5000:]}"
@@ -169,8 +185,10 @@ def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> 
     path, run_dir, trainer, explorer = _past_the_step_2_checkpoint(tmp_path, steps, **{"synchronizer.sync_method": "nccl"})
     trainer.kill()  # the launcher only: its trainer world dies with it
     before = trainer.communicate()[0]
+    # the trainer starts again once the explorer saw it gone (a restart may take less than a second)
+    gone = _read_until(explorer, "the mode-train launch of this run is gone", timeout_s=120)
     resumed = _start(path, "train", "continue_from_checkpoint=true")
-    explored = _finish(explorer, "mode explore")
+    explored = gone + _finish(explorer, "mode explore")
     # it watched the trainer launch's lock: said when it went and when it came back, and waited
     assert "the mode-train launch of this run is gone: its lock" in explored, explored[-3000:]
     assert "the mode-train launch of this run is back" in explored, explored[-3000:]

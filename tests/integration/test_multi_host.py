@@ -22,7 +22,6 @@ import time
 import pytest
 import yaml
 
-from rlcore.runtime import fork_client, warm_server
 from tests.integration import netns
 from tests.integration.launch_utils import REPO
 from tests.integration.quickstart_runs import (
@@ -40,9 +39,6 @@ SKIP = netns.skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 TOKEN = "multi-host-test-token"
-HOST_PRELOAD = warm_server.PRELOAD + ("transformers.generation", "rlcore.cli.main", "rlcore.runtime.launcher",
-                                      "rlcore.runtime.loop", "rlcore.rollout.serve", "rlcore.backends.fsdp2.strategy")
-"""What each host's fork server imports: what its launch, rollout worker and ranks import."""
 RDZV_PORT, RUN_PORT, TRAINER_PORT = 29531, 29532, 29533
 
 
@@ -74,26 +70,13 @@ class Cluster:
         self.hosts, self.folder = hosts, folder
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = dict(os.environ, RLCORE_TOKEN=TOKEN, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=REPO)
-        self.env.pop(fork_client.ENV, None)
-        self.servers: dict[str, warm_server.WarmServer] = {}
 
     def start(self, role: str, host: netns.Host, argv: list[str]) -> subprocess.Popen:
         out = open(os.path.join(self.folder, f"{role}.out"), "w")
-        env = dict(self.env, **{fork_client.ENV: self._fork_server(host)})
-        proc = host.popen([sys.executable, "-m", "rlcore.cli", *argv], cwd=REPO, env=env, stdout=out,
+        proc = host.popen([sys.executable, "-m", "rlcore.cli", *argv], cwd=REPO, env=self.env, stdout=out,
                           stderr=subprocess.STDOUT)  # fmt: skip
         self.procs[role] = proc
         return proc
-
-    def _fork_server(self, host: netns.Host) -> str:
-        """The host's own warm fork server (a fork of the suite's would live outside its namespace)."""
-        if host.netns not in self.servers:
-            server = warm_server.WarmServer(
-                log=os.path.join(self.folder, f"fork-server.{host.netns}.log"), prefix=tuple(host.command([])),
-                env=self.env, export=False, preload=HOST_PRELOAD,
-            )  # fmt: skip
-            self.servers[host.netns] = server.__enter__()
-        return self.servers[host.netns].path
 
     def start_trainer_nodes(self, config: str) -> None:
         """`rlcore launch` on the first two hosts: node 0, and node 1 joining it."""
@@ -115,8 +98,6 @@ class Cluster:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        for server in self.servers.values():
-            server.__exit__()
 
 
 def _wait_for(condition, what: str, cluster: Cluster, timeout_s: float) -> None:

@@ -21,16 +21,37 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 PROBE = "tests.unit.runtime.fork_probe"
 
 
+LAUNCHER = """
+import os, sys
+import torch
+from rlcore.runtime.fork_server import ENV, ForkServer
+with ForkServer(True) as fs:
+    assert fs.enabled
+    print(os.environ[ENV], flush=True)
+    sys.stdin.read()
+"""
+"""A process that enters the fork server as `rlcore launch` does (after importing torch, before
+anything runs) and holds it until its stdin closes (not this pytest process: its earlier tests
+leave threads and descriptors a fork should not have)."""
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    warm = os.environ.pop(fork_server.ENV, None)  # the test suite's own server: this module starts a launcher's
+    env = {k: v for k, v in os.environ.items() if k != fork_server.ENV}  # not the suite's warm server
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    path = launcher.stdout.readline().strip()
+    warm = os.environ.get(fork_server.ENV)
+    os.environ[fork_server.ENV] = path  # what client_command names
     try:
-        with fork_server.ForkServer(True) as fs:
-            assert fs.enabled
-            yield os.environ[fork_server.ENV]
+        yield path
     finally:
+        launcher.stdin.close()
+        launcher.wait(timeout=60)
         if warm:
             os.environ[fork_server.ENV] = warm
+        else:
+            os.environ.pop(fork_server.ENV, None)
 
 
 def _run(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
