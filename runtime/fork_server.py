@@ -40,7 +40,7 @@ PRELOAD = (
 a child runs as __main__, which runpy would warn is imported already)."""
 
 NAMESPACES = ("net", "pid", "ipc", "uts", "user", "cgroup")
-"""A client in another of these (a network namespace of a multi-host test, a container) is not forked:
+"""A client in another of these (a network namespace, a container) is not forked:
 the fork would live in the server's. (Not the mount namespace: `ip netns exec` gives each command one
 of its own, differing in /sys only; a client whose root folder differs is not forked either.)"""
 
@@ -288,7 +288,8 @@ def _place_differs(client: int) -> list[str]:
         with open(f"/proc/{client}/cgroup") as theirs, open("/proc/self/cgroup") as mine:
             if theirs.read() != mine.read():
                 differs.append("its cgroup")
-        if os.stat(f"/proc/{client}/root") != os.stat("/proc/self/root"):
+        their_root, my_root = os.stat(f"/proc/{client}/root"), os.stat("/proc/self/root")
+        if (their_root.st_dev, their_root.st_ino) != (my_root.st_dev, my_root.st_ino):  # not times that may change
             differs.append("its root folder")
     except OSError:
         pass
