@@ -186,6 +186,11 @@ def _add_rollout_parser(commands: Any) -> None:
     serve.add_argument(
         "--register", metavar="HOST:PORT", help="RunService of a run to join (RegisterWorker + heartbeats)"
     )
+    serve.add_argument(
+        "--register-timeout", type=float, default=300.0, metavar="S",
+        help="how long to wait for that run's controller to answer the first time (a worker may start "
+        "before the launch that serves it; default 300 s, as control.worker_start_timeout)",
+    )  # fmt: skip
     serve.add_argument("--index", type=int, default=-1, help="worker index given by the launcher")
     _add_door_args(serve)
     _add_server_args(serve)

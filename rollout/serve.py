@@ -119,15 +119,40 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _join_run(run: Any, address: str, index: int, servicer: Any, stop: threading.Event) -> None:
-    """Register with the run (--register) and keep sending heartbeats until `stop`."""
-    worker_id, interval_s = run.register_worker("rollout", address, index)
+def _join_run(
+    run: Any, address: str, index: int, servicer: Any, stop: threading.Event, wait_s: float = 0.0
+) -> None:
+    """Register with the run (--register), waiting up to `wait_s` for its controller to come up (the
+    launch may start after its workers), and keep sending heartbeats until `stop`."""
+    worker_id, interval_s = _register_first(run, address, index, wait_s)
     servicer.worker_id = worker_id
     if interval_s > 0:
         threading.Thread(
             target=_heartbeat_loop, args=(run, address, index, interval_s, servicer, stop), name="heartbeat",
             daemon=True,
         ).start()  # fmt: skip
+
+
+def _register_first(run: Any, address: str, index: int, wait_s: float) -> tuple[str, float]:
+    """The first RegisterWorker, retried while the controller is not there yet (UNAVAILABLE: nothing
+    listens at its address) until `wait_s` has passed; any other failure at once."""
+    import grpc
+
+    from ..client.base import RpcError
+
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return run.register_worker("rollout", address, index)
+        except RpcError as e:
+            if e.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                raise
+            if not said:
+                print(f"rlcore: waiting for the run at {run.address} to answer (--register-timeout {wait_s:.0f} s)",
+                      flush=True)  # fmt: skip
+                said = True
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def _log_rlcore_records() -> None:
@@ -220,9 +245,12 @@ def serve_main(args: argparse.Namespace) -> int:
 
             run = RunClient(args.register, ClientOptions(token=token, timeout=30.0, tls=tls))
             try:
-                _join_run(run, server.address, args.index, servicer, stop)
+                _join_run(run, server.address, args.index, servicer, stop, args.register_timeout)
             except RpcError as e:
-                return usage_error(f"cannot register with the run at {args.register}: {e}")
+                return usage_error(
+                    f"cannot register with the run at {args.register}: {e}; is its launch running there "
+                    "(control.host, control.run_port)? --register-timeout waits longer for it to start"
+                )
         print(f"rlcore: rollout worker serving {args.model} on {server.address}", flush=True)
         if args.http_port is not None:
             try:

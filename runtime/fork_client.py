@@ -54,7 +54,7 @@ def hand_over(module: str) -> None:
     end as it ends (this returns only in a fork or where there is no server to hand over to)."""
     path = os.environ.get(ENV)
     if path and _STAND_IN is None:
-        run(path, "-", ["-m", module, *sys.argv[1:]], keep_server=False, quiet=True)
+        run(path, DETACHED, ["-m", module, *sys.argv[1:]], keep_server=False, quiet=True)
 
 
 def run(path: str, parent: str, argv: list[str], keep_server: bool = True, quiet: bool = False) -> None:
@@ -67,7 +67,9 @@ def run(path: str, parent: str, argv: list[str], keep_server: bool = True, quiet
         argv = argv[1:]
     assert argv[0] == "-m", "usage: python -m rlcore.runtime.fork_client run SOCKET PARENT [-u] -m MODULE ARGS"
     module, args = argv[1], argv[2:]
-    die_with_parent(signal.SIGTERM, None if parent == "-" else int(parent))
+    if parent != DETACHED:  # a command a user typed lives on without its shell (nohup), as a fresh one would
+        die_with_parent(signal.SIGTERM, None if parent == "-" else int(parent))
+    starter = os.getppid()
     fresh = [sys.executable, *(["-u"] if unbuffered else []), "-m", module, *args]
 
     def start_fresh() -> None:
@@ -86,11 +88,22 @@ def run(path: str, parent: str, argv: list[str], keep_server: bool = True, quiet
         "fds": [(fd, os.get_inheritable(fd)) for fd in fds], "title": " ".join(fresh), "process": _settings(),
         "pid": os.getpid(),
     }  # fmt: skip
+    waiting = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        _forward(conn, signum)
+        if waiting and orphaned() and conn.gettimeout() is None:
+            raise _Orphaned
+
+    def orphaned() -> bool:
+        """Whether this client's parent died (its death signal, die_with_parent's, came)."""
+        return parent != DETACHED and os.getppid() != starter
+
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
     try:
         socket.send_fds(conn, [json.dumps(request).encode()], fds)
         for sig in forwarded:  # from now on a signal reaches the fork (the server reads it after the fork)
-            signal.signal(sig, lambda signum, frame: _forward(conn, signum))
+            signal.signal(sig, on_signal)
         answer = json.loads(conn.recv(4096) or b"{}")
     except (OSError, ValueError):
         answer = {}
@@ -101,12 +114,17 @@ def run(path: str, parent: str, argv: list[str], keep_server: bool = True, quiet
         for sig in forwarded:
             signal.signal(sig, signal.SIG_DFL)
         start_fresh()
+    waiting = True
+    if orphaned():  # the parent died before the wait began
+        conn.settimeout(ORPHAN_GRACE_S)
     while True:
         try:
             data = conn.recv(4096)
             break
-        except InterruptedError:
-            continue
+        except _Orphaned:  # the fork's own ending first; then this end closes and the server kills it
+            conn.settimeout(ORPHAN_GRACE_S)
+        except TimeoutError:
+            os._exit(1)
     code = int(json.loads(data)["exit"]) if data else -signal.SIGKILL  # no answer: the server died
     if code < 0:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -125,6 +143,21 @@ def _settings() -> dict[str, object]:
         "affinity": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0), "umask": umask,
         "rlimits": limits,
     }  # fmt: skip
+
+
+DETACHED = "detached"
+"""The PARENT of a client that does not die with the process that started it (a command a user
+typed); "-": it dies with whatever started it (torchrun's ranks); a pid: with that process."""
+
+ORPHAN_GRACE_S = 10.0
+"""How long a client whose parent died waits for its fork to end on the signal it passed on before
+it ends itself, and so the fork (the server kills a fork whose client is gone): a fresh child would
+have died with its parent by the signal it chose (a trainer rank: SIGKILL), which the fork cannot
+choose relative to the client's parent."""
+
+
+class _Orphaned(Exception):
+    """The signal a client got was its parent's death (die_with_parent)."""
 
 
 def _forward(conn: socket.socket, signum: int) -> None:

@@ -10,7 +10,9 @@ the fork takes them on (its descriptors at the same numbers, its environment, th
 affinity, limits, its title in `ps`) and runs the module as `python -m` would. Torchrun's ranks
 come through the same door (`torchrun --no-python python -m rlcore.runtime.fork_client run ...`).
 
-A warm server (warm_server.py) is the same server in a process of its own that outlives launches.
+A fork enters its client's network, hostname, IPC and mount namespaces (namespaces.py: a client
+under `ip netns exec`, as root); a client apart in another way starts fresh. A warm server
+(warm_server.py) is the same server in a process of its own that outlives launches.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 import tempfile
 from typing import Any
 
-from . import fork_client
+from . import fork_client, namespaces
 from .fork_client import ENV
 from .lifecycle import die_with_parent
 
@@ -38,11 +40,6 @@ PRELOAD = (
 )  # fmt: skip
 """What the server imports before it forks: what every child needs and takes seconds (never a module
 a child runs as __main__, which runpy would warn is imported already)."""
-
-NAMESPACES = ("net", "pid", "ipc", "uts", "user", "cgroup")
-"""A client in another of these (a network namespace, a container) is not forked:
-the fork would live in the server's. (Not the mount namespace: `ip netns exec` gives each command one
-of its own, differing in /sys only; a client whose root folder differs is not forked either.)"""
 
 SET_AFTER_FORK = frozenset({
     "OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED",
@@ -252,48 +249,34 @@ def _fork_for(conn: socket.socket, own: dict[str, str]) -> tuple[int, int] | Non
         return None
     try:
         request = json.loads(data)
-        differs = _start_up_differs(request["env"], own) + _place_differs(client)
+        apart, join = namespaces.place(client)
+        differs = _start_up_differs(request["env"], own) + apart
     except (ValueError, KeyError, TypeError):
-        differs = ["(a request it cannot read)"]
+        differs, join = ["(a request it cannot read)"], []
     if differs:
         for fd in fds:
             os.close(fd)
         conn.send(json.dumps({"exec": f"{', '.join(differs)} differ(s) from the server's"}).encode())
         return None
+    try:
+        held = namespaces.open_namespaces(client, join)
+    except OSError as e:  # the client is gone
+        conn.send(json.dumps({"exec": f"its namespaces cannot be opened ({e})"}).encode())
+        return None
     pid = os.fork()
     if pid == 0:
         try:
+            namespaces.enter(held)  # first: the client's folder and descriptors are where it lives
             _become(request, fds)
         except BaseException:  # noqa: BLE001 - a fork never returns into the server's loop
             import traceback
 
             traceback.print_exc()
             os._exit(70)
-    for fd in fds:
+    for fd in [*fds, *(fd for fd, _ in held)]:
         os.close(fd)
     conn.send(b'{"started": true}')
     return pid, client
-
-
-def _place_differs(client: int) -> list[str]:
-    """Where the client lives apart from the server: its namespaces, cgroup and root folder."""
-    differs = []
-    for ns in NAMESPACES:
-        try:
-            if os.stat(f"/proc/{client}/ns/{ns}").st_ino != os.stat(f"/proc/self/ns/{ns}").st_ino:
-                differs.append(f"its {ns} namespace")
-        except OSError:
-            continue
-    try:
-        with open(f"/proc/{client}/cgroup") as theirs, open("/proc/self/cgroup") as mine:
-            if theirs.read() != mine.read():
-                differs.append("its cgroup")
-        their_root, my_root = os.stat(f"/proc/{client}/root"), os.stat("/proc/self/root")
-        if (their_root.st_dev, their_root.st_ino) != (my_root.st_dev, my_root.st_ino):  # not times that may change
-            differs.append("its root folder")
-    except OSError:
-        pass
-    return differs
 
 
 def _become(request: dict[str, Any], fds: list[int]) -> None:

@@ -21,16 +21,19 @@ from .trainer_world import SenderFactory, TrainerWorld, command_group, follow, i
 def run_rank(
     rank: int, device: str, lead: Callable[[Any], int], *, log_level: str | int, threads: int | None,
     collective_timeout_s: float | None, keep_serving: bool, parent_signal: int = signal.SIGKILL,
+    joined: Callable[[], None] = lambda: None,
 ) -> int:  # fmt: skip
     """This rank's part of the world: rank 0 runs `lead(commands)` (the command channel), the others
     follow its commands (`keep_serving`: a failed command is logged and the next awaited, as a
-    service must; else it ends the rank). The rank dies with torchrun's agent by `parent_signal`."""
+    service must; else it ends the rank). The rank dies with torchrun's agent by `parent_signal`;
+    `joined()` is called once the world has formed (every node's ranks met)."""
     die_with_parent(parent_signal)
     rank_logs.configure(rank, log_level)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if threads:
         torch.set_num_threads(threads)
     init_world(device, collective_timeout_s)
+    joined()
     commands = command_group(collective_timeout_s if rank == 0 else None)
     try:
         if rank == 0:

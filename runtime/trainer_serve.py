@@ -139,6 +139,7 @@ def rank_main(options_path: str) -> int:
         rank, opts["device"], lambda commands: _serve_rank0(opts, commands, signals), log_level=logging.INFO,
         threads=opts["threads"], collective_timeout_s=opts["collective_timeout_s"], keep_serving=True,
         parent_signal=signal.SIGTERM if rank == 0 else signal.SIGKILL,
+        joined=lambda: write_atomic(opts["joined_file"], str(rank)),
     )  # fmt: skip
 
 
@@ -175,6 +176,7 @@ def _rank_options(args: argparse.Namespace, device: str, threads: int, workdir: 
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
         "tls_require_client_cert": args.tls_require_client_cert,
         "pid_file": os.path.join(workdir, "rank0.pid"),
+        "joined_file": os.path.join(workdir, "joined"),  # a rank of this node met the world: node 0 was there
         "num_nodes": args.nnodes, "node_rank": args.node_rank, "ranks": args.ranks,
         "collective_timeout_s": args.collective_timeout,
     }  # fmt: skip
@@ -223,7 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.node_rank == 0:
             return proc.wait()
         # node 0 ends the world; a failure here is its or a link's
-        rc, lost = _wait_node(proc, args)
+        rc, lost = _wait_node(proc, args, options["joined_file"])
         if rc == 0:
             print(f"rlcore: trainer node {args.node_rank}: the trainer world finished", flush=True)
             return 0
@@ -244,11 +246,14 @@ def _serve(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _wait_node(proc: subprocess.Popen, args: argparse.Namespace, probe_s: float = 5.0) -> tuple[int, str]:
+def _wait_node(
+    proc: subprocess.Popen, args: argparse.Namespace, joined_file: str, probe_s: float = 5.0
+) -> tuple[int, str]:
     """Node K > 0: the world's exit code, and why this node ended it ("" if it ended by itself),
     watched (nodes.watch_node) by node 0's rendezvous accepting a connection, within
     --collective-timeout: a served world idles between a client's calls, so no heartbeat of the
-    world's own says node 0 is there."""
+    world's own says node 0 is there. A world this node's ranks joined (`joined_file`) had node 0 in
+    it, though no probe may have reached it yet (a link cut right after the world formed)."""
     host, _, port = args.rdzv_endpoint.rpartition(":")
     heard = [0.0]
 
@@ -257,7 +262,8 @@ def _wait_node(proc: subprocess.Popen, args: argparse.Namespace, probe_s: float 
             socket.create_connection((host.strip("[]"), int(port)), timeout=probe_s).close()
             heard[0] = time.monotonic()
         except OSError:
-            pass
+            if not heard[0] and os.path.exists(joined_file):
+                heard[0] = time.monotonic()
         return heard[0]
 
     return watch_node(

@@ -69,7 +69,7 @@ class Cluster:
     def __init__(self, hosts: list[netns.Host], folder: str):
         self.hosts, self.folder = hosts, folder
         self.procs: dict[str, subprocess.Popen] = {}
-        self.env = dict(os.environ, RLCORE_TOKEN=TOKEN, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=REPO)
+        self.env = dict(os.environ, RLCORE_TOKEN=TOKEN, GLOO_SOCKET_IFNAME="eth0")
 
     def start(self, role: str, host: netns.Host, argv: list[str]) -> subprocess.Popen:
         out = open(os.path.join(self.folder, f"{role}.out"), "w")

@@ -173,6 +173,32 @@ def test_a_stopped_client_stops_its_fork_until_it_continues(server: str) -> None
         proc.wait(timeout=30)
 
 
+def test_a_fork_whose_clients_parent_died_ends_though_it_ignores_the_signal(server: str) -> None:
+    """A client that dies with whatever started it (a trainer rank's, under torchrun) passes its death
+    signal on; a fork that ignores it (a rank > 0) ends once ORPHAN_GRACE_S has passed, as a fresh
+    rank would have died with its parent."""
+    starter = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(120)"
+    cmd = fork_client.client_command(None, PROBE, "ignore")
+    parent = subprocess.Popen([sys.executable, "-c", starter, *cmd], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    fork = _report(parent.stdout.readline())["pid"]
+    parent.kill()
+    parent.wait(timeout=30)
+    ended = time.monotonic()
+    time.sleep(2)
+    assert _alive(fork)  # it ignored the SIGTERM passed on
+    while _alive(fork):
+        assert time.monotonic() - ended < fork_client.ORPHAN_GRACE_S + 10, "the fork outlived its client's grace"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _wait_for_state(pid: int, state: str) -> None:
     deadline = time.monotonic() + 10
     while True:
@@ -184,13 +210,23 @@ def _wait_for_state(pid: int, state: str) -> None:
         time.sleep(0.05)
 
 
-def test_a_client_in_another_network_namespace_starts_fresh(server: str) -> None:
-    if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0:
+def test_a_fork_enters_its_clients_network_namespace_and_a_client_in_another_pid_namespace_starts_fresh(
+    server: str,
+) -> None:
+    """`unshare --net` (as `ip netns exec` does, with a mount namespace too): the fork lives in the
+    client's network namespace; `unshare --pid --fork`: a fork cannot follow, the client runs itself."""
+    if subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare --net needs root and util-linux here")
-    cmd = ["unshare", "--net", *fork_client.client_command(None, PROBE, "exit", "0")]
+    probe = fork_client.client_command(None, PROBE, "exit", "0")
+    cmd = ["unshare", "--net", "--mount", *probe]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    report = _report(done.stdout)
+    assert done.returncode == 0 and report["torch"], done.stderr  # forked
+    assert report["net"] != os.stat("/proc/self/ns/net").st_ino, report  # the client's, not the server's
+    cmd = ["unshare", "--pid", "--fork", *probe]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and not _report(done.stdout)["torch"], done.stderr
-    assert "its net namespace differ(s) from the server's" in done.stderr
+    assert "its pid namespace differ(s) from the server's" in done.stderr
 
 
 def test_a_command_hands_itself_over_to_a_warm_server() -> None:
