@@ -115,7 +115,7 @@ def test_a_stalled_worker_becomes_an_error_naming_it_and_the_phase_within_the_ti
         in message
     )
     assert "in phase begin" in message
-    assert elapsed < TIMEOUT_S + 3.0, elapsed
+    assert elapsed < 3 * TIMEOUT_S, elapsed  # the phase's timeout, with room for a loaded machine; not a hang
     os.kill(proc.pid, signal.SIGCONT)
     sender.close()
     client.close()

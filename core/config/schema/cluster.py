@@ -37,13 +37,11 @@ class ClusterConfig:
     blocks over 32 MiB are mmapped and returned) instead of handing it back to the OS and faulting it
     in again on the next step, which costs CPU training up to a quarter of its forward/backward.
     Off: glibc's defaults. MALLOC_* or GLIBC_TUNABLES already in the environment win either way."""
-    fork_server: str = choice("off", ("auto", "on", "off"))
+    fork_server: str = choice("auto", ("auto", "on", "off"))
     """The processes a launch starts (rollout workers, torchrun, trainer ranks) are forked from one
     that imported torch and transformers once (runtime/fork_server.py) instead of importing them
     each: seconds less per launch. auto: on when the run's device is the CPU (on CUDA it is not
-    measured yet). Off by default for now: with it, a cut-off node of a multi-host `rlcore trainer
-    serve` world does not end its ranks (seen once; not understood yet). A warm server named by
-    RLCORE_FORK_SERVER (`rlcore warm`) is used either way."""
+    measured yet). A warm server named by RLCORE_FORK_SERVER (`rlcore warm`) is used either way."""
 
     @property
     def ranks(self) -> int:

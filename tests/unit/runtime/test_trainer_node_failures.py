@@ -46,7 +46,7 @@ def test_a_failed_share_reaches_the_controller_for_its_world_start_and_the_node_
         started = time.monotonic()
         assert heartbeat.failed("rank 1 was killed")  # the run goes on
         took_s = time.monotonic() - started
-        assert took_s < 2.0, took_s  # a heartbeat at once, not at the next 5-s interval
+        assert took_s < control.heartbeat_interval - 1.0, took_s  # a heartbeat at once, not at the next interval
         assert controller.node_failures(0) == [(1, "rank 1 was killed")]
         assert controller.node_failures(1) == []  # the restarted world is not the failed one
 
@@ -60,7 +60,7 @@ def test_a_failed_share_reaches_the_controller_for_its_world_start_and_the_node_
         assert not heartbeat.failed("again")  # the controller answers that the run is over ...
         started = time.monotonic()
         assert heartbeat.restarted(timeout_s=10) is None  # ... so no restart is awaited
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0  # not the 10 s
     finally:
         heartbeat.stop()
         server.stop(grace=0.5)
