@@ -49,10 +49,19 @@ def _check_field(path: str, value: Any, meta: dict[str, Any]) -> None:
             raise ConfigError(f"{path} must be {sym} {meta[name]}; got {value}")
 
 
+_SWITCHES = {"True": "on", "False": "off"}
+"""YAML 1.1 reads `on` and `off` as booleans (`cluster.fork_server=off` arrives as 'False'): a choice
+between "on" and "off" takes them back."""
+
+
 def _walk(obj: Any, prefix: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         path = f"{prefix}{f.name}"
+        choices = f.metadata.get("choices")
+        if isinstance(choices, tuple) and {"on", "off"} <= set(choices) and str(value) in _SWITCHES:
+            value = _SWITCHES[str(value)]
+            setattr(obj, f.name, value)
         _check_field(path, value, dict(f.metadata))
         if dataclasses.is_dataclass(value):
             _walk(value, path + ".")

@@ -84,3 +84,11 @@ def test_torchrun_meets_the_other_nodes_with_node_0_hosting_the_rendezvous(tmp_p
     assert "is_host=1,join_timeout=600" in torchrun_command("plan.json", node0.cluster, "p", "n")
     alone = resolve(tmp_path)
     assert "--standalone" in torchrun_command("plan.json", alone.cluster, "p", "n")
+
+
+@pytest.mark.parametrize("written,read", [("off", "off"), ("on", "on"), ("auto", "auto"), ("'off'", "off")])
+def test_on_and_off_read_as_yaml_booleans_are_the_switches_they_name(tmp_path, written, read) -> None:
+    """`cluster.fork_server=off` (as the README writes it) arrives as YAML's boolean false."""
+    assert resolve(tmp_path, f"cluster.fork_server={written}").cluster.fork_server == read
+    with pytest.raises(ConfigError, match=r"cluster\.fork_server must be one of auto, on, off; got 'sometimes'"):
+        resolve(tmp_path, "cluster.fork_server=sometimes")
