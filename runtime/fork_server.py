@@ -261,6 +261,8 @@ def _fork_for(conn: socket.socket, own: dict[str, str]) -> tuple[int, int] | Non
     try:
         held = namespaces.open_namespaces(client, join)
     except OSError as e:  # the client is gone
+        for fd in fds:
+            os.close(fd)
         conn.send(json.dumps({"exec": f"its namespaces cannot be opened ({e})"}).encode())
         return None
     pid = os.fork()
