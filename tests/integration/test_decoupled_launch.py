@@ -362,9 +362,12 @@ def test_an_explorer_killed_and_resumed_sends_its_running_tasks_again(tmp_path) 
     explorer.kill()  # the launcher only: its rollout workers end with it
     explorer.communicate()
     _wait_for_the_run_lock(os.path.join(run_dir, "explorer", "launch", "owner.lock"))
+    # the explorer starts again once the trainer saw it gone (on a warm fork server a restart takes
+    # a second, which the trainer, busy with a step, may not look at the lock within)
+    gone = _read_until(trainer, "the explore launch of this run is gone", timeout_s=120)
     resumed = _start(path, "explore", "continue_from_checkpoint=true")
     out = _finish(resumed, "the resumed mode explore")
-    trained = _finish(trainer, "mode train")
+    trained = gone + _finish(trainer, "mode train")
     assert "the explore launch of this run is gone: its lock" in trained, trained[-3000:]
     assert "that were still running are sent again" in out, out[-3000:]
     train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
