@@ -24,23 +24,57 @@ LONG_TEST_S = 60.0
 prints a test's dot only when it ends)."""
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-    done = threading.Event()
+class LongTestWatch:
+    """Names each test still running after LONG_TEST_S, and as often again. It hears tests start and
+    end through pytest's report hooks, so under pytest-xdist (`-n 2`) it runs in the controller,
+    where the workers' starts and ends arrive (a worker's own terminal reaches nobody)."""
 
-    def name_it() -> None:
-        start = time.monotonic()
-        while not done.wait(LONG_TEST_S):
-            reporter.write_line(f"[running for {time.monotonic() - start:.0f} s: {item.nodeid}]")
+    def __init__(self, config: pytest.Config):
+        self.reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capturing = getattr(config.pluginmanager.get_plugin("capturemanager"), "_global_capturing", None)
+        self.terminal = getattr(capturing, "out", None)
+        """Without xdist the tests run here with their output captured, and the reporter's terminal
+        with it: a line goes to the terminal the capture holds aside (pytest's `writeorg`)."""
+        self.running: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
 
-    watcher = threading.Thread(target=name_it, daemon=True)
-    if reporter is not None:
-        watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        with self.lock:
+            self.running[nodeid] = time.monotonic()
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        with self.lock:
+            self.running.pop(nodeid, None)
+
+    def _watch(self) -> None:
+        told: dict[str, int] = {}
+        while not self.done.wait(1.0):
+            now = time.monotonic()
+            with self.lock:
+                running = list(self.running.items())
+            for nodeid, start in running:
+                periods = int((now - start) // LONG_TEST_S)
+                if periods > told.get(nodeid, 0):
+                    told[nodeid] = periods
+                    line = f"[running for {now - start:.0f} s: {nodeid}]"
+                    if self.terminal is not None:
+                        self.terminal.writeorg(f"\n{line}\n")
+                    else:
+                        self.reporter.write_line(line)
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter's own
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.get_plugin("terminalreporter") is not None and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(LongTestWatch(config), "rlcore-long-test-watch")  # not in an xdist worker
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    watch = config.pluginmanager.get_plugin("rlcore-long-test-watch")
+    if watch is not None:
+        watch.done.set()
 
 
 @pytest.fixture(autouse=True)

@@ -63,6 +63,7 @@ class WeightReceiver:
             math.isfinite(r.timeout_s) and r.timeout_s > 0, "timeout_s", f"must be > 0; got {r.timeout_s}"
         )
         require(bool(r.group_name), "group_name", "must be non-empty")
+        self._await_abandoned_update(r.timeout_s)
         with self._lock:
             self._check_no_running_update()
             self._joined = False  # a new group replaces the old one (re-formed after a failure)
@@ -80,6 +81,20 @@ class WeightReceiver:
         with self._lock:
             self._joined, self._timeout_s = True, r.timeout_s
         return rollout_pb2.InitWeightSyncResponse(rank=r.rank, num_ranks=n)
+
+    def _await_abandoned_update(self, timeout_s: float) -> None:
+        """A new group means its sender gave up on the update still running here (it saw the
+        transfer fail first, e.g. the receive timing out on a loaded machine): that receive ends
+        as its group's peer is gone, so wait for it up to the new group's timeout rather than
+        refuse a sender that retries at once."""
+        with self._lock:
+            update = self._update
+        if update is not None and update.thread is not None and update.thread.is_alive():
+            log.warning(
+                "a new weight-sync group while the update to version %d is %s: waiting up to %g s for it to end",
+                update.version, update.phase, timeout_s,
+            )  # fmt: skip
+            update.thread.join(timeout=timeout_s)
 
     def _check_no_running_update(self) -> None:
         """Refuse while an update thread runs; forget a finished one nobody collected (the sender

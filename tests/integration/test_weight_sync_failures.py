@@ -60,6 +60,21 @@ def _sender(address: str) -> tuple[WeightSender, RolloutClient]:
     return sender, client
 
 
+def _until_silent(client: RolloutClient, within_s: float = 30.0) -> None:
+    """Until the worker stopped answering: a stopped `rlcore` on a fork server is mirrored onto its
+    fork within the server's STOP_POLL_S, and a whole sync may fit in that."""
+    from rlcore.client import RpcError
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            client.get_info(timeout=0.5)
+        except RpcError:
+            return
+        assert time.monotonic() < deadline, f"the stopped worker still answers after {within_s:g} s"
+        time.sleep(0.05)
+
+
 def test_a_damaged_bucket_is_refused_and_the_worker_keeps_its_last_good_version(
     worker, tiny_model_path
 ) -> None:
@@ -105,6 +120,7 @@ def test_a_stalled_worker_becomes_an_error_naming_it_and_the_phase_within_the_ti
     version = client.get_info().policy_version + 1
     sender.send(specs, iter(weights), version)  # the group forms and works
     os.kill(proc.pid, signal.SIGSTOP)  # the worker stops answering anything
+    _until_silent(client)
     start = time.perf_counter()
     with pytest.raises(WeightSyncError) as error:
         sender.send(specs, iter(weights), version + 1)
@@ -119,3 +135,37 @@ def test_a_stalled_worker_becomes_an_error_naming_it_and_the_phase_within_the_ti
     os.kill(proc.pid, signal.SIGCONT)
     sender.close()
     client.close()
+
+
+def test_a_sender_that_gave_up_mid_transfer_and_starts_over_is_waited_for_not_refused(
+    worker, tiny_model_path
+) -> None:
+    """The sender's broadcast fails before its first bucket left (as when its machine stalled past
+    the timeout) and it forms a new group at once: the worker is still waiting for that bucket (until
+    its group's timeout), and joins the new group once that receive ended, instead of refusing with
+    FAILED_PRECONDITION (which ended a loaded multi-host run)."""
+    _, address = worker
+    sender, client = _sender(address)
+    weights = _model_weights(tiny_model_path, 1.0)
+    specs = [spec_of(n, t.dtype, t.shape) for n, t in weights]
+    version = client.get_info().policy_version + 1
+    sender.send(specs, iter(weights), version)
+    group = sender.group  # kept: its connections stay open, so the worker waits out its timeout
+    assert group is not None
+
+    def give_up(buf: torch.Tensor):
+        raise RuntimeError("the sender gave up before sending")
+
+    group.broadcast_async = give_up  # type: ignore[method-assign]
+    with pytest.raises(WeightSyncError, match="in phase send"):
+        sender.send(specs, iter(weights), version + 1)
+    again = WeightSender(
+        [RolloutClient(address, ClientOptions(token=TOKEN, timeout=30))], backend="gloo", timeout_s=3 * TIMEOUT_S,
+        bucket_bytes=1 << 18, checksums=True,
+    )  # fmt: skip
+    again.send(specs, iter(_model_weights(tiny_model_path, 1.1)), version + 1)
+    assert client.get_info().policy_version == version + 1
+    again.close()
+    sender.close()
+    client.close()
+    del group
