@@ -143,7 +143,7 @@ def one(args: argparse.Namespace, workdir: str, side: str, length: int) -> dict[
     """One side's world at one length: each rank's peak and step time, and the larger peak."""
     out = os.path.join(workdir, f"{side}-{length}.json")
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
+        sys.executable, "-m", "rlcore.runtime.torchrun", "--standalone", f"--nproc-per-node={RANKS}",
         "-m", "rlcore.benchmarks.ulysses", "--side", side, "--length", str(length),
         "--model-dir", os.path.join(workdir, "model"), "--side-out", out, *args.passthrough,
     ]  # fmt: skip

@@ -33,7 +33,7 @@ from .lifecycle import die_with_parent
 
 PRELOAD = (
     "torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.checkpoint",
-    "torch.distributed.elastic.multiprocessing", "torch.distributed.launcher.api", "transformers",
+    "torch.distributed.elastic.multiprocessing", "torch.distributed.launcher.api", "torch.distributed.run", "transformers",
     "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
     "transformers.modeling_utils", "grpc", "grpc_health.v1.health", "google.protobuf", "omegaconf",
     "rlcore.core.config",

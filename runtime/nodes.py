@@ -46,7 +46,7 @@ def torchrun_command(plan_path: str, cluster: Any, project: str, name: str) -> l
     --max-restarts: its agents keep their store, where the failed world's gloo groups left their
     addresses, and the restarted ranks dialled those and failed (torch 2.13)."""
     args = torchrun_args(cluster, f"{project}-{name}")
-    return wrap(os.getpid(), "torch.distributed.run", *args, *rank_entry("rlcore.runtime.trainer_rank", plan_path))
+    return wrap(os.getpid(), "rlcore.runtime.torchrun", *args, *rank_entry("rlcore.runtime.trainer_rank", plan_path))
 
 
 def rank_entry(module: str, *args: str) -> list[str]:

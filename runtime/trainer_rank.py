@@ -3,7 +3,7 @@ rank 0 runs the loop (loop.py), commanding the other ranks, which follow its com
 the progress bar go to stdout; a failure is written for the launcher to report in one line
 (failure.py), its stderr (tracebacks) to the run's trainer log.
 
-python -m torch.distributed.run ... -m rlcore.runtime.trainer_rank <run_dir>/launch/plan.json
+python -m rlcore.runtime.torchrun ... -m rlcore.runtime.trainer_rank <run_dir>/launch/plan.json
 """
 
 from __future__ import annotations

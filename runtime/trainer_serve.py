@@ -1,7 +1,7 @@
 """`rlcore trainer serve`: a trainer world (torchrun) whose rank 0 serves TrainerService and whose
 other ranks run the commands rank 0 broadcasts, until shutdown.
 
-    python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N \\
+    python -m rlcore.runtime.torchrun --standalone --nnodes 1 --nproc-per-node N \\
         -m rlcore.runtime.trainer_serve <options.json>
 
 Across hosts every node runs `rlcore trainer serve` with the same --nnodes and --rdzv-endpoint and
@@ -206,7 +206,7 @@ def _serve(args: argparse.Namespace) -> int:
     with open(options_path, "w") as f:
         json.dump(options, f)
     # torchrun as a child that dies with this process (child.py), even by kill -9
-    cmd = wrap(os.getpid(), "torch.distributed.run", *torchrun_args(cluster, RDZV_ID),
+    cmd = wrap(os.getpid(), "rlcore.runtime.torchrun", *torchrun_args(cluster, RDZV_ID),
                *rank_entry("rlcore.runtime.trainer_serve", options_path))  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     if args.node_rank > 0:

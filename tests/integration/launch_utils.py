@@ -26,7 +26,7 @@ def python_m(module: str, *args: str) -> list[str]:
 def torchrun(ranks: int, module: str, *args: str) -> list[str]:
     """torchrun (standalone) running `python -m module args` in each of `ranks` ranks, torchrun and
     the ranks forked from the suite's fork server where one runs."""
-    return [*python_m("torch.distributed.run"), "--standalone", f"--nproc-per-node={ranks}", *rank_entry(module, *args)]
+    return [*python_m("rlcore.runtime.torchrun"), "--standalone", f"--nproc-per-node={ranks}", *rank_entry(module, *args)]
 
 
 def tiny_grpo_config(root: str, **sections) -> dict:

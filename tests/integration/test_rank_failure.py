@@ -43,7 +43,7 @@ def test_the_line_names_the_rank_that_failed_first(tmp_path, culprit: int, how: 
     since = os.path.getsize(log)  # the report of this world only
     with open(log, "a") as err:
         rc = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+            [sys.executable, "-m", "rlcore.runtime.torchrun", "--standalone", "--nproc-per-node", "2", str(script),
              str(tmp_path), str(culprit), how],
             stderr=err, stdout=subprocess.DEVNULL, timeout=150,
         ).returncode  # fmt: skip

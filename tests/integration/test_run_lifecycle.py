@@ -143,6 +143,6 @@ def test_a_launch_that_fails_its_checks_ends_the_world_it_started(tmp_path) -> N
     out, err = proc.communicate()
     assert proc.returncode == 2, (out, err)
     assert err.strip().count("\n") == 0 and "more than model.max_prompt_tokens (3)" in err, err
-    assert any("torch.distributed.run" in c for c in seen), seen
+    assert any("rlcore.runtime.torchrun" in c for c in seen), seen
     _none_left(root)
 

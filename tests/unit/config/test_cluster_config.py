@@ -75,7 +75,7 @@ def test_torchrun_meets_the_other_nodes_with_node_0_hosting_the_rendezvous(tmp_p
     monkeypatch.delenv("RLCORE_FORK_SERVER", raising=False)  # the ranks as `-m module`, not fork-server clients
     cfg = resolve(tmp_path, *TWO_NODES, "cluster.node_rank=1", "cluster.node_address=10.0.0.2")
     command = torchrun_command("plan.json", cfg.cluster, "p", "n")
-    args = command[command.index("torch.distributed.run") + 1 :]
+    args = command[command.index("rlcore.runtime.torchrun") + 1 :]
     assert args[: args.index("-m")] == [
         "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400",
         "--rdzv-id", "p-n", "--rdzv-conf", "is_host=0,join_timeout=600", "--local-addr", "10.0.0.2",
