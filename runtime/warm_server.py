@@ -21,6 +21,9 @@ WARM_PRELOAD = PRELOAD + (
     "transformers.generation", "peft", "megatron.core", "megatron.core.models.gpt", "rlcore.cli.main",
     "rlcore.runtime.launcher", "rlcore.runtime.loop", "rlcore.runtime.handles", "rlcore.rollout.serve",
     "rlcore.backends.fsdp.strategy", "rlcore.backends.fsdp2.strategy", "rlcore.backends.megatron.strategy",
+    "rlcore.runtime.rank_entry", "rlcore.runtime.trainer_world", "rlcore.runtime.run_service", "rlcore.core.monitor",
+    "rlcore.weights.sender", "rlcore.rollout.engines.hf", "rlcore.rollout.engines.hf_attention",
+    "datasets",  # tasksets: the launcher's prompt-length check and rank 0 load them (with pandas, 1-1.5 s)
 )  # fmt: skip
 """A warm server's imports: also what launches, rollout workers and each strategy's ranks import."""
 
