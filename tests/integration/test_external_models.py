@@ -73,7 +73,10 @@ def vllm_student(bpe_model_path: str, tmp_path_factory: pytest.TempPathFactory) 
     log = tmp_path_factory.mktemp("vllm") / "log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", bpe_model_path, "--port", str(port),
            "--served-model-name", "student", "--max-model-len", "256", "--dtype", "float32",
-           "--kv-cache-memory-bytes", str(32 << 20), "--max-num-seqs", "16", "--api-key", TOKEN]  # fmt: skip
+           "--kv-cache-memory-bytes", str(32 << 20), "--max-num-seqs", "16", "--api-key", TOKEN,
+           "--enforce-eager", "--distributed-executor-backend", "uni"]  # fmt: skip
+    # eager: on CPU vLLM otherwise compiles the model with inductor first (126 s of setup under the
+    # parallel suite); uni: the model runs in the engine-core process, not a third fresh one
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
