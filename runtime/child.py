@@ -38,6 +38,24 @@ def wait_politely() -> None:
         os.environ.update(SPIN_WAIT)
 
 
+QUIET_DATASETS = "HF_DATASETS_DISABLE_PROGRESS_BARS"
+"""`datasets` reads this at import; a launch sets it (stderr is for what goes wrong)."""
+
+
+def quiet_datasets(env: dict[str, str] | os._Environ = os.environ) -> None:
+    """Progress bars of `datasets` as QUIET_DATASETS in `env` asks, also where `datasets` was imported
+    before it was set (a fork of a warm server that imported it): what a fresh import would read."""
+    value = env.get(QUIET_DATASETS)
+    if value is None or "datasets" not in sys.modules:
+        return
+    import datasets
+
+    if value.upper() in ("1", "ON", "YES", "TRUE"):
+        datasets.disable_progress_bars()
+    else:
+        datasets.enable_progress_bars()
+
+
 def rank_threads(cluster: Any) -> int:
     """CPU threads of each trainer rank: cluster.threads_per_rank, else the cores split between the
     node's ranks."""

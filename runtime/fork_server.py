@@ -28,6 +28,7 @@ import tempfile
 from typing import Any
 
 from . import fork_client, namespaces
+from .child import quiet_datasets
 from .fork_client import ENV
 from .lifecycle import die_with_parent
 
@@ -357,6 +358,7 @@ def _settings(env: dict[str, str], unbuffered: bool) -> None:
         import faulthandler
 
         faulthandler.enable()
+    quiet_datasets(env)
     if "OMP_NUM_THREADS" in env and "torch" in sys.modules:
         try:
             sys.modules["torch"].set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))

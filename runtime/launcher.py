@@ -22,7 +22,7 @@ from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
 from ..weights.publish import pin_newest
 from . import failure, paths
-from .child import process_env, rank_threads
+from .child import QUIET_DATASETS, process_env, quiet_datasets, rank_threads
 from .control_plane import control_plane, ensure_token
 from .explore_loop import drive_explorer, wait_for_weights
 from .lifecycle import StopSignals, end_process
@@ -87,7 +87,8 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
 
 def launch(cfg: Any, stages: list[Stage]) -> int:
     """Run the config `cfg` (as load_config gives it) whose stages `resolve_stages` validated."""
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # the launch command sets it first
+    os.environ.setdefault(QUIET_DATASETS, "1")  # the launch command sets it first
+    quiet_datasets()
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()

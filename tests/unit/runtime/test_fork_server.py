@@ -244,3 +244,22 @@ def test_a_command_hands_itself_over_to_a_warm_server() -> None:
     finally:
         if warm:
             os.environ[fork_server.ENV] = warm
+
+
+def test_datasets_progress_bars_follow_the_variable_read_at_its_import_where_it_was_imported_before() -> None:
+    """A fork of a warm server that imported datasets (before the launch set the variable) shows or
+    hides its progress bars as a fresh import would (a launch's stderr is for what goes wrong)."""
+    import datasets
+
+    from rlcore.runtime.child import QUIET_DATASETS, quiet_datasets
+
+    before = datasets.is_progress_bar_enabled()
+    try:
+        quiet_datasets({QUIET_DATASETS: "1"})
+        assert not datasets.is_progress_bar_enabled()
+        quiet_datasets({QUIET_DATASETS: "0"})
+        assert datasets.is_progress_bar_enabled()
+        quiet_datasets({})  # unset: as it was
+        assert datasets.is_progress_bar_enabled()
+    finally:
+        (datasets.enable_progress_bars if before else datasets.disable_progress_bars)()
