@@ -178,13 +178,12 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     cfg, stages = _load(args)  # the launch's one validation
-    from ..runtime.child import QUIET_DATASETS, quiet_datasets
+    from ..runtime.child import QUIET_DATASETS
     from ..runtime.fork_server import ForkServer, wanted
 
     # stderr is for what goes wrong: no progress bars of the libraries preparing small assets (set
     # before the fork server starts: it compares its forks' start-up environment with its own)
     os.environ.setdefault(QUIET_DATASETS, "1")
-    quiet_datasets()  # a fork of a warm server imported datasets before
     from ..runtime.launcher import launch  # heavy: torch, the strategy, the engines
 
     # forked now, the server has these imports; it adds the rest while this process prepares the run

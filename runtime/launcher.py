@@ -88,7 +88,7 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
 def launch(cfg: Any, stages: list[Stage]) -> int:
     """Run the config `cfg` (as load_config gives it) whose stages `resolve_stages` validated."""
     os.environ.setdefault(QUIET_DATASETS, "1")  # the launch command sets it first
-    quiet_datasets()
+    quiet_datasets()  # where a warm server's fork imported datasets before the variable was set
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
