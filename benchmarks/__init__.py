@@ -18,5 +18,6 @@ BENCHMARKS = {
     "packing": "rlcore.benchmarks.packing",
     "ulysses": "rlcore.benchmarks.ulysses",
     "startup": "rlcore.benchmarks.startup",
+    "shared": "rlcore.benchmarks.shared_machine",
 }
 """`rlcore bench` name -> module."""

@@ -119,29 +119,37 @@ def build_bpe_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizer
 
 
 def build_scratch_model(path: str, spec: ScratchModelConfig, max_model_len: int, seed: int) -> None:
-    """Write a randomly initialised Llama model + its tokenizer (`spec.tokenizer`: char, or bpe
-    with a ChatML template) to `path` (a HF model folder)."""
+    """Write a randomly initialised model of `spec.architecture` + its tokenizer (`spec.tokenizer`:
+    char, or bpe with a ChatML template) to `path` (a HF model folder)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_char_tokenizer() if spec.tokenizer == "char" else build_bpe_tokenizer(spec.vocab_size)
-    config = LlamaConfig(
+    config_cls, model_cls = _architecture(spec.architecture)
+    extra = {}
+    if spec.architecture == "qwen3_moe":
+        extra = dict(
+            num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.intermediate_size, norm_topk_prob=True,
+        )  # fmt: skip
+    config = config_cls(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
         max_position_embeddings=max_model_len,
         tie_word_embeddings=spec.tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         rms_norm_eps=1e-5,
+        **extra,
     )
     saved_rng = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_cls(config)
     torch.random.set_rng_state(saved_rng)
     os.makedirs(path, exist_ok=True)
     tmp = path.rstrip("/") + ".tmp"
@@ -151,6 +159,14 @@ def build_scratch_model(path: str, spec: ScratchModelConfig, max_model_len: int,
     if os.path.isdir(path) and not os.listdir(path):
         os.rmdir(path)
     os.replace(tmp, path)
+
+
+def _architecture(name: str) -> tuple[type, type]:
+    """transformers' (config class, causal-LM class) of a scratch `architecture`."""
+    import transformers
+
+    prefix = {"llama": "Llama", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}[name]
+    return getattr(transformers, f"{prefix}Config"), getattr(transformers, f"{prefix}ForCausalLM")
 
 
 def ensure_model(path: str, spec: ScratchModelConfig, max_model_len: int, seed: int) -> bool:

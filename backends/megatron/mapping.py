@@ -1,7 +1,7 @@
-"""HF <-> megatron-core weight mapping for Llama- and Qwen2-family models.
+"""HF <-> megatron-core weight mapping for Llama-, Qwen2- and Qwen3-family (dense) models.
 
 The megatron side is a `GPTModel` built with the local layer spec (RMSNorm, SwiGLU, no linear biases,
-q/k/v biases for Qwen2, RoPE). Names here are GLOBAL megatron names (layers numbered across the
+q/k/v biases for Qwen2, per-head RMSNorms of queries and keys before RoPE for Qwen3, RoPE). Names here are GLOBAL megatron names (layers numbered across the
 whole model); a pipeline stage numbers its own layers from 0, see `to_local` / `to_global`.
 
 Two fused layouts differ from HF and are the reason this module exists (both read from
@@ -37,6 +37,10 @@ _OUTPUT_BIAS = "output_layer.bias"
 _QKV_W = "self_attention.linear_qkv.weight"
 _QKV_B = "self_attention.linear_qkv.bias"
 _PROJ = "self_attention.linear_proj.weight"
+_Q_NORM = "self_attention.q_layernorm.weight"
+_K_NORM = "self_attention.k_layernorm.weight"
+"""Qwen3's q_norm / k_norm: one [head_dim] weight shared by every head, so replicated over TP ranks
+(megatron-core sums their gradients over the TP group when `qk_layernorm` is set)."""
 _FC1 = "mlp.linear_fc1.weight"
 _FC2 = "mlp.linear_fc2.weight"
 
@@ -45,6 +49,8 @@ _LAYER_TO_HF: dict[str, tuple[str, ...]] = {
     "input_layernorm.weight": ("input_layernorm.weight",),
     _QKV_W: ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
     _QKV_B: ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    _Q_NORM: ("self_attn.q_norm.weight",),
+    _K_NORM: ("self_attn.k_norm.weight",),
     _PROJ: ("self_attn.o_proj.weight",),
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight",),
     _FC1: ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
@@ -63,7 +69,7 @@ _TP_DIM: dict[str, int] = {_EMBEDDING: 0, _OUTPUT: 0, _QKV_W: 0, _QKV_B: 0, _FC1
 
 @dataclass(frozen=True)
 class ModelDims:
-    """The sizes of a Llama/Qwen2 model that decide megatron's parameter layout."""
+    """The sizes of a Llama/Qwen2/Qwen3 model that decide megatron's parameter layout."""
 
     hidden: int
     num_layers: int
@@ -76,6 +82,8 @@ class ModelDims:
     tied: bool
     """HF `tie_word_embeddings`: megatron then has no `output_layer` and HF export writes no lm_head."""
     qkv_bias: bool
+    qk_norm: bool
+    """Qwen3: an RMSNorm over each head's query and key (q_norm, k_norm) before RoPE."""
     rms_eps: float
     rope_theta: float
     max_positions: int
@@ -84,18 +92,22 @@ class ModelDims:
 
     @classmethod
     def from_hf_config(cls, config: Any, value_head: bool = False) -> ModelDims:
-        """Read an HF `LlamaConfig` / `Qwen2Config` (duck-typed), refusing what megatron would not
-        reproduce exactly, so a wrong model fails here rather than training silently different."""
+        """Read an HF `LlamaConfig` / `Qwen2Config` / `Qwen3Config` (duck-typed), refusing what
+        megatron would not reproduce exactly, so a wrong model fails here rather than training
+        silently different."""
         model_type = getattr(config, "model_type", None)
-        if model_type not in ("llama", "qwen2"):
+        if model_type not in MODEL_TYPES:
             raise ValueError(
-                f"model config model_type must be llama or qwen2 for megatron; got {model_type!r}"
+                f"model config model_type must be one of {', '.join(MODEL_TYPES)} for megatron; got "
+                f"{model_type!r} ({MODEL_TYPES_WHY})"
             )
         if config.hidden_act != "silu":
             raise ValueError(f"model config hidden_act must be silu for megatron; got {config.hidden_act!r}")
         if model_type == "llama" and (config.attention_bias or config.mlp_bias):
             raise ValueError("model config attention_bias and mlp_bias must be false for a llama on megatron")
-        if model_type == "qwen2" and getattr(config, "use_sliding_window", False):
+        if model_type == "qwen3" and config.attention_bias:
+            raise ValueError("model config attention_bias must be false for a qwen3 on megatron")
+        if model_type != "llama" and getattr(config, "use_sliding_window", False):
             raise ValueError(
                 "model config use_sliding_window must be false for megatron (full attention only)"
             )
@@ -122,11 +134,19 @@ class ModelDims:
             vocab=config.vocab_size,
             tied=bool(config.tie_word_embeddings),
             qkv_bias=model_type == "qwen2",
+            qk_norm=model_type == "qwen3",
             rms_eps=float(config.rms_norm_eps),
             rope_theta=float(rope_theta),
             max_positions=config.max_position_embeddings,
             value_head=value_head,
         )
+
+
+MODEL_TYPES = ("llama", "qwen2", "qwen3")
+MODEL_TYPES_WHY = (
+    "the HF <-> megatron mapping is written and proven per family, backends/megatron/mapping.py; "
+    "other models train on --strategy fsdp or fsdp2"
+)
 
 
 def _rope(config: Any) -> tuple[str, float]:
@@ -170,7 +190,7 @@ def megatron_names(dims: ModelDims) -> list[str]:
     names = [_EMBEDDING]
     for i in range(dims.num_layers):
         for suffix in _LAYER_TO_HF:
-            if suffix != _QKV_B or dims.qkv_bias:
+            if (suffix != _QKV_B or dims.qkv_bias) and (suffix not in (_Q_NORM, _K_NORM) or dims.qk_norm):
                 names.append(f"{_LAYERS}{i}.{suffix}")
     names.append(_FINAL_NORM)
     if dims.value_head:
@@ -332,6 +352,8 @@ def _hf_shapes(name: str, dims: ModelDims) -> list[tuple[int, ...]]:
         "pre_mlp_layernorm.weight": [(h,)],
         _QKV_W: [(q, h), (kv, h), (kv, h)],
         _QKV_B: [(q,), (kv,), (kv,)],
+        _Q_NORM: [(dims.head_dim,)],
+        _K_NORM: [(dims.head_dim,)],
         _PROJ: [(h, q)],
         _FC1: [(dims.ffn, h), (dims.ffn, h)],
         _FC2: [(h, dims.ffn)],

@@ -1,7 +1,8 @@
 """Building megatron-core GPTModels from a HF model folder, and loading/reading their weights.
 
 The model is the local (non-TransformerEngine) layer spec: RMSNorm, SwiGLU MLP, rotary positions,
-optional QKV bias (Qwen2), tied or untied output layer — the Llama and Qwen2 families. A critic
+optional QKV bias (Qwen2), optional query/key RMSNorms (Qwen3), tied or untied output layer — the
+Llama, Qwen2 and Qwen3 (dense) families. A critic
 (`ModelDims.value_head`) has a scalar head (`ValueHead`) in the output layer's place.
 """
 
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from safetensors import safe_open
 
@@ -41,6 +43,7 @@ def transformer_config(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=dims.qkv_bias,
+        qk_layernorm=dims.qk_norm,  # also what makes finalize_model_grads sum their grads over TP
         hidden_dropout=0.0,
         attention_dropout=0.0,
         attention_softmax_in_fp32=True,
@@ -80,15 +83,13 @@ def build_gpt(
     """This rank's part of the model: its pipeline stage's layers, its tensor-parallel slices (the
     stage position defaults to this rank's in parallel_state). `packed`: its attention also takes
     packed sequences (packing.py)."""
-    from .packing import packed_layer_spec
-
     if first_stage is None:
         first_stage = parallel_state.is_pipeline_first_stage()
     if last_stage is None:
         last_stage = parallel_state.is_pipeline_last_stage()
     model = GPTModel(
         config,
-        packed_layer_spec() if packed else get_gpt_layer_local_spec(normalization="RMSNorm"),
+        layer_spec(dims.qk_norm, packed),
         vocab_size=padded_vocab(dims.vocab, config.tensor_model_parallel_size),
         max_sequence_length=dims.max_positions,
         pre_process=first_stage,
@@ -100,6 +101,17 @@ def build_gpt(
     if dims.value_head and last_stage:
         model.output_layer = ValueHead(dims.hidden)
     return model
+
+
+def layer_spec(qk_norm: bool, packed: bool = False) -> ModuleSpec:
+    """megatron-core's local GPT layer spec (RMSNorm; query/key norms for Qwen3); `packed`: its core
+    attention also takes packed sequences (packing.py)."""
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_norm)
+    if packed:
+        from .packing import PackedDotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    return spec
 
 
 class ValueHead(torch.nn.Module):

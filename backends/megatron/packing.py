@@ -23,10 +23,8 @@ from itertools import accumulate
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ...core.algorithms.logprob import TEMPERATURE
@@ -63,13 +61,6 @@ class PackedDotProductAttention(DotProductAttention):
             if b > a
         ]
         return torch.cat(outputs)
-
-
-def packed_layer_spec() -> ModuleSpec:
-    """The local GPT layer spec with PackedDotProductAttention as its core attention."""
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
-    return spec
 
 
 @dataclass

@@ -34,6 +34,11 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
     if sc.enabled:
         if sc.tokenizer not in ("char", "bpe"):
             raise ConfigError(f"model.scratch.tokenizer must be one of char, bpe; got '{sc.tokenizer}'")
+        if sc.num_experts_per_tok > sc.num_experts:
+            raise ConfigError(
+                f"model.scratch.num_experts_per_tok ({sc.num_experts_per_tok}) must be <= "
+                f"model.scratch.num_experts ({sc.num_experts})"
+            )
         if sc.hidden_size % sc.num_attention_heads:
             raise ConfigError(
                 "model.scratch.hidden_size must be divisible by model.scratch.num_attention_heads"

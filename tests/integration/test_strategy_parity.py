@@ -12,17 +12,14 @@ give the same losses and final weights (1e-6) as the uninterrupted run's steps 1
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
 from collections.abc import Callable
-from typing import NamedTuple
 
 import pytest
 import torch
 
-from .launch_utils import REPO, torchrun
+from .parity_checks import Run, assert_curve, assert_first_step, assert_resumed, run_worker, worst_relative
 from .parity_reference import dpo_reference_run, reference_run
 
 pytestmark = pytest.mark.integration
@@ -63,33 +60,6 @@ the straight run's weights (test_algorithm_menu.py: with a reference, a critic a
 CASE_BY_ID = {case[0]: case for case in CASES}
 
 
-class Run(NamedTuple):
-    out: str
-    """The worker's --out folder (the checkpoint is `out/ckpt`)."""
-    result: dict
-    """result.json: losses, grad_norms, lrs per step."""
-    grads: dict[str, torch.Tensor]
-    weights: dict[str, torch.Tensor]
-
-
-def run_worker(
-    model: str, strategy: str, ranks: int, sets: list[str], out: str, *extra: str, timeout_s: float = 600
-) -> Run:
-    """Launch parity_worker under torchrun; return what rank 0 wrote."""
-    cmd = torchrun(
-        ranks, "tests.integration.parity_worker", "--model", model, "--strategy", strategy, "--out", out,
-        *[f"--set={s}" for s in sets], *extra,
-    )  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    with open(os.path.join(out, "result.json")) as f:
-        result = json.load(f)
-    grads = torch.load(os.path.join(out, "grads.pt"), weights_only=True)
-    weights = torch.load(os.path.join(out, "weights.pt"), weights_only=True)
-    return Run(out, result, grads, weights)
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_model_path: str) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     torch.set_num_threads(1)
@@ -114,43 +84,16 @@ def case_run(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> 
     return get
 
 
-def _worst_relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[str, float]:
-    """(name, max |got - want| / max |want|) of the tensor that differs most."""
-    errors = {n: float((got[n] - want[n]).abs().max() / want[n].abs().max().clamp(min=1e-30)) for n in want}
-    name = max(errors, key=lambda n: errors[n])
-    return name, errors[name]
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("case_id", [c[0] for c in CASES])
 def test_first_step_loss_and_gradients(case_id, case_run, reference):
-    run = case_run(case_id)
-    result, grads = run.result, run.grads
-    ref_losses, ref_grads, _ = reference
-    assert abs(result["losses"][0] - ref_losses[0]) <= 1e-5, (result["losses"][0], ref_losses[0])
-    # compute_logprobs of the untrained policy equals the HF model's (which gave old_logprobs)
-    assert result["logprob_diffs"] and max(result["logprob_diffs"]) <= 1e-5, result["logprob_diffs"]
-    for key in ("reference_logprob_diffs", "trained_reference_logprob_diffs"):  # an offloaded reference
-        assert max(result.get(key, [0.0])) <= 1e-5, (key, result[key])
-    # each strategy has its own (fixed) order; the names are the HF model's
-    assert sorted(grads) == sorted(ref_grads), "gradient names differ from the HF state dict's"
-    for name, g in grads.items():
-        assert g.shape == ref_grads[name].shape, (name, tuple(g.shape), tuple(ref_grads[name].shape))
-    worst, rel = _worst_relative(grads, ref_grads)
-    assert rel <= 1e-4, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
+    assert_first_step(case_run(case_id), reference)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("case_id", [c[0] for c in CASES])
 def test_loss_curve(case_id, case_run, reference):
-    result = case_run(case_id).result
-    ref_losses = reference[0]
-    # the batch is hard enough that the curve really moves (a flat curve would prove little)
-    assert ref_losses[-1] < ref_losses[0] - 1.0, ref_losses
-    assert len(result["losses"]) == STEPS
-    diffs = [abs(a - b) for a, b in zip(result["losses"], ref_losses, strict=True)]
-    step = max(range(STEPS), key=lambda i: diffs[i])
-    assert diffs[step] <= 1e-3, f"step {step + 1}: loss {result['losses'][step]} vs {ref_losses[step]}"
+    assert_curve(case_run(case_id).result, reference[0], STEPS)
 
 
 @pytest.mark.timeout(600)
@@ -171,7 +114,7 @@ def test_float16_scales_its_loss_and_learns_like_float32(
         "--steps", str(steps), "--total-steps", str(STEPS), "--dtype", "float16",
     )  # fmt: skip
     ref_losses, ref_grads, _ = reference
-    worst, rel = _worst_relative(run.grads, ref_grads)
+    worst, rel = worst_relative(run.grads, ref_grads)
     assert rel <= 2e-2, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
     applied = 0  # the reference's steps this run has taken so far
     for loss, norm in zip(run.result["losses"], run.result["grad_norms"], strict=True):
@@ -220,13 +163,7 @@ def test_resume_matches_uninterrupted_run(case_id, case_run, tiny_model_path, tm
         "--steps", str(STEPS - SAVE_AT), "--total-steps", str(STEPS),
         "--resume-from", os.path.join(straight.out, "ckpt"),
     )  # fmt: skip
-    assert resumed.result["lrs"] == straight.result["lrs"][SAVE_AT:]
-    tail = straight.result["losses"][SAVE_AT:]
-    for step, (a, b) in enumerate(zip(resumed.result["losses"], tail, strict=True)):
-        assert abs(a - b) <= 1e-6, f"step {SAVE_AT + step + 1}: resumed loss {a} vs {b}"
-    assert list(resumed.weights) == list(straight.weights)
-    for name, w in resumed.weights.items():
-        assert (w - straight.weights[name]).abs().max().item() <= 1e-6, name
+    assert_resumed(resumed, straight, SAVE_AT)
 
 
 @pytest.mark.timeout(900)
@@ -249,10 +186,10 @@ def test_tied_embeddings_across_pipeline_stages(tmp_path_factory):
     assert "lm_head.weight" not in run.weights  # tied: exported as the embedding only
     assert abs(run.result["losses"][0] - ref_losses[0]) <= 1e-5
     grads = {n: g for n, g in ref_grads.items() if n != "lm_head.weight"}  # HF lists the tied head too
-    worst, rel = _worst_relative(run.grads, grads)
+    worst, rel = worst_relative(run.grads, grads)
     assert rel <= 1e-4, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
     assert max(abs(a - b) for a, b in zip(run.result["losses"], ref_losses, strict=True)) <= 1e-3
-    worst, rel = _worst_relative(run.weights, {n: w for n, w in ref_weights.items() if n in run.weights})
+    worst, rel = worst_relative(run.weights, {n: w for n, w in ref_weights.items() if n in run.weights})
     # Adam divides by sqrt(v): on near-zero gradients float rounding shows in the update
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
 
@@ -301,7 +238,7 @@ def test_critic_trains_like_a_plain_hf_value_model(case_id, critic_run, critic_r
     assert ref_losses[-1] < ref_losses[0] - 0.3, ref_losses  # the critic really learns
     assert abs(run.result["losses"][0] - ref_losses[0]) <= 1e-5, (run.result["losses"][0], ref_losses[0])
     assert sorted(run.grads) == sorted(ref_grads) and "score.weight" in run.grads
-    worst, rel = _worst_relative(run.grads, ref_grads)
+    worst, rel = worst_relative(run.grads, ref_grads)
     assert rel <= 1e-4, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
     diffs = [abs(a - b) for a, b in zip(run.result["losses"], ref_losses, strict=True)]
     step = max(range(STEPS), key=lambda i: diffs[i])
@@ -349,9 +286,9 @@ def test_dpo_trains_like_the_textbook_loss(case_id, tiny_model_path, tmp_path):
     torch.set_num_threads(1)
     ref_losses, ref_grads, ref_weights = dpo_reference_run(tiny_model_path, DPO_STEPS, STEPS)
     assert abs(ref_losses[0] - math.log(2)) < 1e-6 and ref_losses[-1] < ref_losses[0] - 0.1, ref_losses
-    worst, rel = _worst_relative(run.grads, ref_grads)
+    worst, rel = worst_relative(run.grads, ref_grads)
     assert rel <= 1e-4, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
     diffs = [abs(a - b) for a, b in zip(run.result["losses"], ref_losses, strict=True)]
     assert max(diffs) <= 1e-4, (run.result["losses"], ref_losses)
-    worst, rel = _worst_relative(run.weights, {n: w for n, w in ref_weights.items() if n in run.weights})
+    worst, rel = worst_relative(run.weights, {n: w for n, w in ref_weights.items() if n in run.weights})
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"

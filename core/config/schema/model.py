@@ -13,10 +13,14 @@ from .fields import bounded, choice
 
 @dataclass
 class ScratchModelConfig:
-    """A tiny Llama-architecture model and character tokenizer built locally (no download)."""
+    """A tiny random model and its tokenizer built locally (no download): a Llama by default."""
 
     enabled: bool = False
     """Build the model and tokenizer into `model.model_path` if that folder has no config.json."""
+    architecture: str = choice("llama", ("llama", "qwen3", "qwen3_moe"))
+    """transformers' model class: llama; qwen3 (RMSNorms of each head's queries and keys); qwen3_moe
+    (Qwen3's attention, every MLP a mixture of `num_experts` experts of which each token takes
+    `num_experts_per_tok`)."""
     hidden_size: int = bounded(128, gt=0)
     num_layers: int = bounded(4, gt=0)
     num_attention_heads: int = bounded(4, gt=0)
@@ -29,6 +33,10 @@ class ScratchModelConfig:
     declares tools and renders tool calls (core/scratch_model.py)."""
     vocab_size: int = bounded(512, gt=0)
     """The bpe tokenizer's vocabulary size (ignored by char)."""
+    num_experts: int = bounded(4, gt=0)
+    """qwen3_moe: experts per MoE layer (each `intermediate_size` wide)."""
+    num_experts_per_tok: int = bounded(2, gt=0)
+    """qwen3_moe: experts each token is routed to (their weights renormalised to sum to 1)."""
 
 
 @dataclass

@@ -12,14 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import LlamaConfig, MistralConfig, PreTrainedModel, Qwen2Config, Qwen3Config
 
 from rlcore.backends.megatron.mapping import (
     ModelDims,
@@ -35,38 +28,10 @@ from rlcore.backends.megatron.mapping import (
     to_local,
     tp_dim,
 )
+from tests.tiny_models import CASES
+from tests.tiny_models import tiny_hf_model as _hf_model
 
-# name -> (config class, model class, num_key_value_heads)
-CASES = {
-    "llama_mha": (LlamaConfig, LlamaForCausalLM, 4),
-    "llama_gqa": (LlamaConfig, LlamaForCausalLM, 2),
-    "qwen2_gqa": (Qwen2Config, Qwen2ForCausalLM, 2),
-}
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]  # (tp, pp)
-
-
-def _hf_model(case: str, tied: bool) -> PreTrainedModel:
-    config_cls, model_cls, kv_heads = CASES[case]
-    config = config_cls(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=kv_heads,
-        head_dim=16,
-        num_hidden_layers=4,
-        intermediate_size=128,
-        vocab_size=101,  # odd: tp=2 pads it to 102
-        max_position_embeddings=64,
-        tie_word_embeddings=tied,
-    )
-    torch.manual_seed(0)
-    model = model_cls(config).eval()
-    # HF initialises norms to ones and biases to zeros: re-draw everything so a swap cannot hide
-    # (scale 0.2 keeps activations near 1, so float32 tolerances below mean something)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
-    return model
 
 
 def _hf_export(model: PreTrainedModel, dims: ModelDims) -> dict[str, torch.Tensor]:
@@ -150,9 +115,10 @@ def test_a_critic_maps_its_value_head_replicated(tied: bool, tp: int, pp: int) -
         assert torch.equal(tensor, hf[name]), name
 
 
+@pytest.mark.parametrize("case", ["qwen2_gqa", "qwen3_gqa"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_hf_names_are_what_save_pretrained_writes(tied: bool, tmp_path: Path) -> None:
-    model = _hf_model("qwen2_gqa", tied)
+def test_hf_names_are_what_save_pretrained_writes(case: str, tied: bool, tmp_path: Path) -> None:
+    model = _hf_model(case, tied)
     model.save_pretrained(tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         saved = set(f.keys())
@@ -171,6 +137,7 @@ def _dims(num_heads: int, num_kv_heads: int, ffn: int, head_dim: int = 1) -> Mod
         vocab=5,
         tied=False,
         qkv_bias=True,
+        qk_norm=False,
         rms_eps=1e-6,
         rope_theta=1e4,
         max_positions=8,
@@ -237,7 +204,9 @@ def test_unsupported_configs_fail_with_one_line() -> None:
         (LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_type.*'linear'"),
         (LlamaConfig(**base, attention_bias=True), "attention_bias"),
         (LlamaConfig(**base, hidden_act="gelu"), "hidden_act must be silu"),
-        (MistralConfig(**base), "model_type must be llama or qwen2.*'mistral'"),
+        (Qwen3Config(**base, attention_bias=True), "attention_bias must be false for a qwen3"),
+        (Qwen3Config(**base, use_sliding_window=True, sliding_window=8), "use_sliding_window"),
+        (MistralConfig(**base), "model_type must be one of llama, qwen2, qwen3 .*'mistral'.*fsdp2"),
     ]
     for config, match in cases:
         with pytest.raises(ValueError, match=match) as err:
@@ -295,6 +264,9 @@ MEGATRON_LAYOUTS = [
     ("llama_gqa", True, 1, 1),
     ("llama_mha", True, 2, 1),
     ("qwen2_gqa", False, 2, 2),
+    ("qwen3_gqa", False, 1, 1),
+    ("qwen3_gqa", False, 2, 2),
+    ("qwen3_gqa", True, 2, 1),
 ]
 
 
@@ -330,8 +302,10 @@ def test_megatron_core_holds_the_mapped_shapes_and_layouts(case: str, tied: bool
                     hf_layer = hf_model.model.layers[layers.start + local_index]
                     q, k, v = layer.self_attention.get_query_key_value_tensors(x, None)
                     attn = hf_layer.self_attn
-                    q_hf = attn.q_proj(x).view(5, 2, -1, d)[:, :, tp_rank * heads : (tp_rank + 1) * heads]
-                    k_hf = attn.k_proj(x).view(5, 2, -1, d)[
+                    # Qwen3 normalises each head's query and key (megatron: q/k_layernorm)
+                    q_norm, k_norm = (getattr(attn, n, torch.nn.Identity()) for n in ("q_norm", "k_norm"))
+                    q_hf = q_norm(attn.q_proj(x).view(5, 2, -1, d))[:, :, tp_rank * heads : (tp_rank + 1) * heads]
+                    k_hf = k_norm(attn.k_proj(x).view(5, 2, -1, d))[
                         :, :, tp_rank * kv_heads : (tp_rank + 1) * kv_heads
                     ]
                     v_hf = attn.v_proj(x).view(5, 2, -1, d)[

@@ -1,0 +1,86 @@
+"""The models users bring, trained like a plain HF model in one process: a tiny random Qwen3 (query
+and key norms) on megatron with tensor parallelism, and a tiny random Qwen3-MoE (4 experts, top 2,
+through transformers' own MoE blocks) on fsdp2 over two ranks; both with packed rows. The same
+20-step run and checks as test_strategy_parity.py's cases (first-step loss, log-probs and
+gradients by HF name, the loss curve, an exact resume from the step-10 checkpoint)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from .parity_checks import Run, assert_curve, assert_first_step, assert_resumed, run_worker
+from .parity_reference import reference_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+STEPS = 20
+SAVE_AT = 10
+
+CASES: list[tuple[str, str, str, int, list[str]]] = [
+    # (id, scratch architecture, strategy, ranks, TrainerConfig overrides)
+    ("qwen3-megatron-tp2", "qwen3", "megatron", 2,
+     ["megatron.tensor_model_parallel_size=2", "gradient_checkpointing=true"]),
+    ("qwen3_moe-fsdp2-2", "qwen3_moe", "fsdp2", 2, []),
+]  # fmt: skip
+CASE_BY_ID = {case[0]: case for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """architecture -> its scratch model folder (random init, seed 0, char tokenizer), built once."""
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+
+    built: dict[str, str] = {}
+
+    def get(architecture: str) -> str:
+        if architecture not in built:
+            path = str(tmp_path_factory.mktemp("models") / architecture)
+            spec = ScratchModelConfig(enabled=True, architecture=architecture)
+            build_scratch_model(path, spec, max_model_len=256, seed=0)
+            built[architecture] = path
+        return built[architecture]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def family_run(family_model: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory):
+    """case id -> (its 20-step run, the HF reference on the same model), each made once."""
+    done: dict[str, tuple[Run, tuple]] = {}
+
+    def get(case_id: str) -> tuple[Run, tuple]:
+        if case_id not in done:
+            _, architecture, strategy, ranks, sets = CASE_BY_ID[case_id]
+            model = family_model(architecture)
+            run = run_worker(
+                model, strategy, ranks, sets, str(tmp_path_factory.mktemp(case_id)),
+                "--steps", str(STEPS), "--total-steps", str(STEPS), "--save-at", str(SAVE_AT),
+            )  # fmt: skip
+            torch.set_num_threads(1)
+            done[case_id] = run, reference_run(model, STEPS, STEPS)
+        return done[case_id]
+
+    return get
+
+
+@pytest.mark.parametrize("case_id", list(CASE_BY_ID))
+def test_a_model_family_trains_like_plain_hf_and_resumes_exactly(case_id, family_run, family_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run, reference = family_run(case_id)
+    assert_first_step(run, reference)
+    assert_curve(run.result, reference[0], STEPS)
+    exported = AutoModelForCausalLM.from_pretrained(os.path.join(run.out, "hf"), dtype=torch.float32).state_dict()
+    for name, w in run.weights.items():
+        assert torch.equal(exported[name], w), name
+    _, architecture, strategy, ranks, sets = CASE_BY_ID[case_id]
+    resumed = run_worker(
+        family_model(architecture), strategy, ranks, sets, str(tmp_path),
+        "--steps", str(STEPS - SAVE_AT), "--total-steps", str(STEPS), "--resume-from", os.path.join(run.out, "ckpt"),
+    )  # fmt: skip
+    assert_resumed(resumed, run, SAVE_AT)
