@@ -13,6 +13,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 # name -> (config class, model class, num_key_value_heads)
@@ -21,11 +23,15 @@ CASES = {
     "llama_gqa": (LlamaConfig, LlamaForCausalLM, 2),
     "qwen2_gqa": (Qwen2Config, Qwen2ForCausalLM, 2),
     "qwen3_gqa": (Qwen3Config, Qwen3ForCausalLM, 2),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, 2),
 }
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True}
+"""The MoE case's experts: 4 of 32 wide, each token routed to 2."""
 
 
 def tiny_hf_model(case: str, tied: bool) -> PreTrainedModel:
-    """4 layers, hidden 64, 4 heads of 16, an odd vocabulary of 101 (TP 2 pads it), in eval mode."""
+    """4 layers, hidden 64, 4 heads of 16, an odd vocabulary of 101 (TP 2 pads it), in eval mode;
+    the MoE case with `MOE`'s experts."""
     config_cls, model_cls, kv_heads = CASES[case]
     config = config_cls(
         hidden_size=64,
@@ -37,6 +43,7 @@ def tiny_hf_model(case: str, tied: bool) -> PreTrainedModel:
         vocab_size=101,  # odd: tp=2 pads it to 102
         max_position_embeddings=64,
         tie_word_embeddings=tied,
+        **(MOE if config_cls is Qwen3MoeConfig else {}),
     )
     torch.manual_seed(0)
     model = model_cls(config).eval()

@@ -1,7 +1,8 @@
-"""HF <-> megatron-core weight mapping for Llama-, Qwen2- and Qwen3-family (dense) models.
+"""HF <-> megatron-core weight mapping for Llama-, Qwen2-, Qwen3- and Qwen3-MoE-family models.
 
 The megatron side is a `GPTModel` built with the local layer spec (RMSNorm, SwiGLU, no linear biases,
-q/k/v biases for Qwen2, per-head RMSNorms of queries and keys before RoPE for Qwen3, RoPE). Names here are GLOBAL megatron names (layers numbered across the
+q/k/v biases for Qwen2, per-head RMSNorms of queries and keys before RoPE for Qwen3, RoPE; for
+Qwen3-MoE every MLP a MoELayer: a top-k router and SequentialMLP experts, experts.py). Names here are GLOBAL megatron names (layers numbered across the
 whole model); a pipeline stage numbers its own layers from 0, see `to_local` / `to_global`.
 
 Two fused layouts differ from HF and are the reason this module exists (both read from
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 
+from . import experts
+
 _LAYERS = "decoder.layers."
 _EMBEDDING = "embedding.word_embeddings.weight"
 _FINAL_NORM = "decoder.final_layernorm.weight"
@@ -44,6 +47,12 @@ _K_NORM = "self_attention.k_layernorm.weight"
 _FC1 = "mlp.linear_fc1.weight"
 _FC2 = "mlp.linear_fc2.weight"
 
+_ROUTER = "mlp.router.weight"
+_EXPERTS_FC1 = "mlp.experts.linear_fc1.weight"
+_EXPERTS_FC2 = "mlp.experts.linear_fc2.weight"
+"""A MoE layer's experts as one unit each (not megatron parameters: the local experts'
+`linear_fc1`/`linear_fc2` stacked along a first dim of experts; experts.py)."""
+
 # per-layer megatron suffix -> HF suffixes under `model.layers.{i}.`, in the order they are yielded
 _LAYER_TO_HF: dict[str, tuple[str, ...]] = {
     "input_layernorm.weight": ("input_layernorm.weight",),
@@ -55,7 +64,12 @@ _LAYER_TO_HF: dict[str, tuple[str, ...]] = {
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight",),
     _FC1: ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     _FC2: ("mlp.down_proj.weight",),
+    _ROUTER: ("mlp.gate.weight",),
+    _EXPERTS_FC1: (),  # named by experts.hf_names: the layout depends on transformers' version
+    _EXPERTS_FC2: (),
 }
+_DENSE_ONLY = (_FC1, _FC2)
+_MOE_ONLY = (_ROUTER, _EXPERTS_FC1, _EXPERTS_FC2)
 _GLOBAL_TO_HF: dict[str, str] = {
     _EMBEDDING: "model.embed_tokens.weight",
     _FINAL_NORM: "model.norm.weight",
@@ -89,12 +103,24 @@ class ModelDims:
     max_positions: int
     value_head: bool = False
     """A critic: a scalar head (HF `score.weight` [1, H], `score.bias` [1]) replaces the output layer."""
+    num_experts: int = 0
+    """Qwen3-MoE: experts per layer (every layer a MoE layer); 0: a dense model."""
+    experts_per_token: int = 0
+    moe_ffn: int = 0
+    """Each expert's intermediate size."""
+    norm_topk_prob: bool = True
+    """The chosen experts' weights renormalised to sum to 1 (else the softmax over all experts)."""
+    fused_experts: bool = True
+    """HF names of the experts as the installed transformers holds them in memory: one
+    `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I] per layer (transformers 5),
+    or `experts.{e}.gate_proj.weight`... per expert (4.x, and every checkpoint file)."""
 
     @classmethod
-    def from_hf_config(cls, config: Any, value_head: bool = False) -> ModelDims:
+    def from_hf_config(cls, config: Any, value_head: bool = False, fused_experts: bool | None = None) -> ModelDims:
         """Read an HF `LlamaConfig` / `Qwen2Config` / `Qwen3Config` (duck-typed), refusing what
         megatron would not reproduce exactly, so a wrong model fails here rather than training
-        silently different."""
+        silently different. `fused_experts`: the HF layout of a MoE model's experts (None: the
+        installed transformers')."""
         model_type = getattr(config, "model_type", None)
         if model_type not in MODEL_TYPES:
             raise ValueError(
@@ -105,8 +131,9 @@ class ModelDims:
             raise ValueError(f"model config hidden_act must be silu for megatron; got {config.hidden_act!r}")
         if model_type == "llama" and (config.attention_bias or config.mlp_bias):
             raise ValueError("model config attention_bias and mlp_bias must be false for a llama on megatron")
-        if model_type == "qwen3" and config.attention_bias:
-            raise ValueError("model config attention_bias must be false for a qwen3 on megatron")
+        if model_type in ("qwen3", "qwen3_moe") and config.attention_bias:
+            raise ValueError(f"model config attention_bias must be false for a {model_type} on megatron")
+        moe = _moe_dims(config, model_type, fused_experts)
         if model_type != "llama" and getattr(config, "use_sliding_window", False):
             raise ValueError(
                 "model config use_sliding_window must be false for megatron (full attention only)"
@@ -134,19 +161,48 @@ class ModelDims:
             vocab=config.vocab_size,
             tied=bool(config.tie_word_embeddings),
             qkv_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             rms_eps=float(config.rms_norm_eps),
             rope_theta=float(rope_theta),
             max_positions=config.max_position_embeddings,
             value_head=value_head,
+            **moe,
         )
 
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 MODEL_TYPES_WHY = (
     "the HF <-> megatron mapping is written and proven per family, backends/megatron/mapping.py; "
     "other models train on --strategy fsdp or fsdp2"
 )
+
+
+def _moe_dims(config: Any, model_type: str, fused_experts: bool | None) -> dict[str, Any]:
+    """ModelDims' MoE fields of a qwen3_moe config (none for a dense model), refusing the layouts
+    the mapping does not cover."""
+    if model_type != "qwen3_moe":
+        return {}
+    if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) != 1:
+        raise ValueError(
+            "model config mlp_only_layers must be empty and decoder_sparse_step 1 for megatron (every layer "
+            "a MoE layer)"
+        )
+    if getattr(config, "output_router_logits", False):
+        raise ValueError(
+            "model config output_router_logits must be false for megatron: the router's load-balancing loss "
+            "is off on every strategy"
+        )
+    if fused_experts is None:
+        from .experts import fused_in_memory
+
+        fused_experts = fused_in_memory(config)
+    return {
+        "num_experts": config.num_experts,
+        "experts_per_token": config.num_experts_per_tok,
+        "moe_ffn": config.moe_intermediate_size,
+        "norm_topk_prob": bool(config.norm_topk_prob),
+        "fused_experts": fused_experts,
+    }
 
 
 def _rope(config: Any) -> tuple[str, float]:
@@ -162,9 +218,20 @@ def padded_vocab(vocab: int, tp_size: int) -> int:
     return -(-vocab // tp_size) * tp_size
 
 
-def check_layout(dims: ModelDims, tp_size: int, pp_size: int) -> None:
-    """Refuse a TP/PP layout that does not split this model into equal shards and stages."""
+def check_layout(dims: ModelDims, tp_size: int, pp_size: int, ep_size: int = 1) -> None:
+    """Refuse a TP/PP/EP layout that does not split this model into equal shards and stages."""
     tp_field = "trainer.megatron.tensor_model_parallel_size"
+    ep_field = "trainer.megatron.expert_model_parallel_size"
+    if dims.num_experts and tp_size > 1:
+        raise ValueError(
+            f"{tp_field} must be 1 for a MoE model: megatron-core trains MoE layers beside tensor parallelism "
+            f"only with sequence parallelism, which rlcore's megatron strategy does not run; split the experts "
+            f"with {ep_field}"
+        )
+    if not dims.num_experts and ep_size > 1:
+        raise ValueError(f"{ep_field} ({ep_size}) must be 1 for a dense model (it splits a MoE model's experts)")
+    if dims.num_experts % ep_size:
+        raise ValueError(f"{ep_field} ({ep_size}) must divide the model's num_experts ({dims.num_experts})")
     for what, count in (
         ("num_key_value_heads", dims.num_kv_heads),
         ("num_attention_heads", dims.num_heads),
@@ -190,7 +257,11 @@ def megatron_names(dims: ModelDims) -> list[str]:
     names = [_EMBEDDING]
     for i in range(dims.num_layers):
         for suffix in _LAYER_TO_HF:
-            if (suffix != _QKV_B or dims.qkv_bias) and (suffix not in (_Q_NORM, _K_NORM) or dims.qk_norm):
+            if (
+                (suffix != _QKV_B or dims.qkv_bias)
+                and (suffix not in (_Q_NORM, _K_NORM) or dims.qk_norm)
+                and suffix not in (_DENSE_ONLY if dims.num_experts else _MOE_ONLY)
+            ):
                 names.append(f"{_LAYERS}{i}.{suffix}")
     names.append(_FINAL_NORM)
     if dims.value_head:
@@ -245,6 +316,8 @@ def _hf_names(name: str, dims: ModelDims) -> list[str]:
             return [_VALUE_HEAD_TO_HF[suffix]]
         assert not (dims.tied and suffix == _OUTPUT), "a tied model has no separate output layer in HF"
         return [_GLOBAL_TO_HF[suffix]]
+    if suffix in (_EXPERTS_FC1, _EXPERTS_FC2):
+        return experts.hf_names(layer, suffix == _EXPERTS_FC1, dims)
     return [f"model.layers.{layer}.{hf}" for hf in _LAYER_TO_HF[suffix]]
 
 
@@ -296,10 +369,12 @@ def vocab_shard(weight: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tenso
 
 
 def hf_to_megatron(
-    name: str, hf: Mapping[str, torch.Tensor], dims: ModelDims, tp_size: int, tp_rank: int
+    name: str, hf: Mapping[str, torch.Tensor], dims: ModelDims, tp_size: int, tp_rank: int,
+    ep_size: int = 1, ep_rank: int = 0,
 ) -> torch.Tensor:
     """TP rank `tp_rank`'s shard of global megatron parameter `name`, built from HF tensors (which
-    may be a lazy mapping, e.g. a safetensors reader: only the needed names are read).
+    may be a lazy mapping, e.g. a safetensors reader: only the needed names are read). A MoE layer's
+    experts unit: EP rank `ep_rank`'s experts, stacked.
 
     `output_layer.weight` of a tied model is accepted too and gives the embedding shard: with
     pipeline parallelism megatron keeps a copy of the tied embedding on the last stage under that
@@ -308,6 +383,10 @@ def hf_to_megatron(
     if suffix == _EMBEDDING or (suffix == _OUTPUT and not dims.value_head):
         source = _GLOBAL_TO_HF[_EMBEDDING if dims.tied else suffix]
         return vocab_shard(hf[source], tp_size, tp_rank)
+    if suffix in (_EXPERTS_FC1, _EXPERTS_FC2):
+        layer = _parse(name)[0]
+        assert layer is not None
+        return experts.local_stack(hf, layer, suffix == _EXPERTS_FC1, dims, ep_size, ep_rank)
     sources = [hf[hf_name] for hf_name in _hf_names(name, dims)]
     if suffix in (_QKV_W, _QKV_B):
         q, k, v = sources
@@ -328,6 +407,9 @@ def megatron_to_hf(
     memory with the shards (a replicated parameter comes back as is): copy before changing them."""
     suffix = _parse(name)[1]
     hf_names = _hf_names(name, dims)
+    if suffix in (_EXPERTS_FC1, _EXPERTS_FC2):
+        (stacked,) = shards  # every expert, gathered over the EP ranks by the caller
+        return list(zip(hf_names, experts.to_hf(stacked, suffix == _EXPERTS_FC1, dims), strict=True))
     dim = _tp_dim(suffix, dims)
     if dim is None:
         assert len(shards) == 1, f"{name} is replicated: pass one shard, got {len(shards)}"
@@ -361,6 +443,10 @@ def _hf_shapes(name: str, dims: ModelDims) -> list[tuple[int, ...]]:
     suffix = _parse(name)[1]
     if dims.value_head and suffix in _VALUE_HEAD_TO_HF:
         return [(1, h)] if suffix == _OUTPUT else [(1,)]
+    if suffix == _ROUTER:
+        return [(dims.num_experts, h)]
+    if suffix in (_EXPERTS_FC1, _EXPERTS_FC2):
+        return experts.hf_shapes(suffix == _EXPERTS_FC1, dims)
     return shapes[suffix]
 
 

@@ -2,7 +2,8 @@
 
 The model is the local (non-TransformerEngine) layer spec: RMSNorm, SwiGLU MLP, rotary positions,
 optional QKV bias (Qwen2), optional query/key RMSNorms (Qwen3), tied or untied output layer — the
-Llama, Qwen2 and Qwen3 (dense) families. A critic
+Llama, Qwen2 and Qwen3 families — and for Qwen3-MoE a MoE layer in every MLP's place (a softmax
+top-k router, SequentialMLP experts split over the expert-parallel ranks; no load-balancing loss). A critic
 (`ModelDims.value_head`) has a scalar head (`ValueHead`) in the output layer's place.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +23,13 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from safetensors import safe_open
 
+from . import compat, experts
 from .mapping import ModelDims, hf_to_megatron, padded_vocab, stage_layers, to_global
 
 
 def transformer_config(
-    dims: ModelDims, tp: int, pp: int, dtype: torch.dtype, on_cpu: bool, recompute: bool, cp: int = 1
+    dims: ModelDims, tp: int, pp: int, dtype: torch.dtype, on_cpu: bool, recompute: bool, cp: int = 1,
+    ep: int = 1,
 ) -> TransformerConfig:
     """Everything numerically relevant matches the HF model: no dropout, fp32 softmax, the HF eps.
     Fused kernels are off (they need Apex/TransformerEngine); losses are summed, not averaged, by
@@ -70,7 +74,29 @@ def transformer_config(
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
+        **_moe_config(dims, ep),
     )
+
+
+def _moe_config(dims: ModelDims, ep: int) -> dict[str, Any]:
+    """A Qwen3-MoE layer as transformers computes it: softmax over every expert's logit, the top k
+    kept (renormalised when norm_topk_prob: the softmax of the top k logits, which is how
+    megatron-core computes it without pre-softmax), no token dropped, no auxiliary loss."""
+    if not dims.num_experts:
+        return {}
+    compat.moe_without_transformer_engine()
+    return {
+        "num_moe_experts": dims.num_experts,
+        "moe_router_topk": dims.experts_per_token,
+        "moe_ffn_hidden_size": dims.moe_ffn,
+        "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": not dims.norm_topk_prob,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_token_dispatcher_type": "alltoall",
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": 1,
+    }
 
 
 def build_gpt(
@@ -89,7 +115,7 @@ def build_gpt(
         last_stage = parallel_state.is_pipeline_last_stage()
     model = GPTModel(
         config,
-        layer_spec(dims.qk_norm, packed),
+        layer_spec(dims, packed),
         vocab_size=padded_vocab(dims.vocab, config.tensor_model_parallel_size),
         max_sequence_length=dims.max_positions,
         pre_process=first_stage,
@@ -103,10 +129,12 @@ def build_gpt(
     return model
 
 
-def layer_spec(qk_norm: bool, packed: bool = False) -> ModuleSpec:
-    """megatron-core's local GPT layer spec (RMSNorm; query/key norms for Qwen3); `packed`: its core
-    attention also takes packed sequences (packing.py)."""
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_norm)
+def layer_spec(dims: ModelDims, packed: bool = False) -> ModuleSpec:
+    """megatron-core's local GPT layer spec (RMSNorm; query/key norms for Qwen3; MoE layers for
+    Qwen3-MoE); `packed`: its core attention also takes packed sequences (packing.py)."""
+    spec = get_gpt_layer_local_spec(
+        num_experts=dims.num_experts or None, normalization="RMSNorm", qk_layernorm=dims.qk_norm
+    )
     if packed:
         from .packing import PackedDotProductAttention
 
@@ -173,11 +201,22 @@ def layer_offset(dims: ModelDims) -> int:
 
 @torch.no_grad()
 def load_hf_weights(model: GPTModel, hf: Mapping[str, torch.Tensor], dims: ModelDims) -> None:
-    """Copy this rank's shard of every parameter from the HF tensors."""
+    """Copy this rank's shard of every parameter from the HF tensors (a MoE layer's experts: this
+    expert-parallel rank's)."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    ep = parallel_state.get_expert_model_parallel_world_size()
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
     offset = layer_offset(dims)
+    stacks: dict[str, torch.Tensor] = {}  # an experts unit, read once for all its local experts
     for local_name, param in model.named_parameters():
+        unit = experts.unit_of(local_name)
+        if unit is not None:
+            name, j = to_global(unit[0], offset), unit[1]
+            if name not in stacks:
+                stacks = {name: hf_to_megatron(name, hf, dims, tp, tp_rank, ep, ep_rank)}
+            param.copy_(stacks[name][j].to(param.dtype))
+            continue
         name = to_global(local_name, offset)
         if name == "output_layer.weight" and dims.tied and not dims.value_head:
             # pipeline-parallel with tied embeddings: the last stage keeps its own copy of them

@@ -12,12 +12,18 @@ from ...core.config.schema import OptimizerConfig, TrainerConfig
 from ..common.schedule import FP16_INITIAL_LOSS_SCALE
 
 
-def parallel_sizes(trainer_cfg: TrainerConfig) -> tuple[int, int, int]:
-    """(tensor, pipeline, context) parallel sizes, checked against the world (the data-parallel size
-    is what remains)."""
+def parallel_sizes(trainer_cfg: TrainerConfig) -> tuple[int, int, int, int]:
+    """(tensor, pipeline, context, expert) parallel sizes, checked against the world (the
+    data-parallel size is what remains)."""
     mcfg = trainer_cfg.megatron
     tp, pp, cp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size, mcfg.context_parallel_size
+    ep = mcfg.expert_model_parallel_size
     world = dist.get_world_size()
+    if world % (ep * pp):
+        raise ValueError(
+            f"trainer.megatron: expert_model_parallel_size * pipeline_model_parallel_size = {ep * pp} must "
+            f"divide the number of trainer ranks ({world})"
+        )
     if world % (tp * pp * cp):
         raise ValueError(
             f"trainer.megatron: tensor_model_parallel_size * pipeline_model_parallel_size * "
@@ -27,20 +33,23 @@ def parallel_sizes(trainer_cfg: TrainerConfig) -> tuple[int, int, int]:
         raise ValueError(
             "trainer.megatron.context_parallel_size: splits packed rows; set trainer.use_remove_padding=true"
         )
-    return tp, pp, cp
+    return tp, pp, cp, ep
 
 
-def model_parallel(tp: int, pp: int, cp: int, seed: int) -> None:
-    """megatron-core's model-parallel groups for (tp, pp, cp), formed again when an earlier stage's
-    layout differs (the policy's, for a critic, is also its own), and its seeded RNG tracker."""
+def model_parallel(tp: int, pp: int, cp: int, seed: int, ep: int = 1) -> None:
+    """megatron-core's model-parallel groups for (tp, pp, cp, ep), formed again when an earlier
+    stage's layout differs (the policy's, for a critic, is also its own), and its seeded RNG tracker."""
     if parallel_state.model_parallel_is_initialized() and (
         parallel_state.get_tensor_model_parallel_world_size(),
         parallel_state.get_pipeline_model_parallel_world_size(),
         parallel_state.get_context_parallel_world_size(),
-    ) != (tp, pp, cp):
+        parallel_state.get_expert_model_parallel_world_size(),
+    ) != (tp, pp, cp, ep):
         parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tp, pp, context_parallel_size=cp)
+        parallel_state.initialize_model_parallel(
+            tp, pp, context_parallel_size=cp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1
+        )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 

@@ -27,6 +27,7 @@ from megatron.core.distributed import (
 )
 from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ...core.algorithms.logprob import at_temperature
@@ -36,6 +37,7 @@ from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
 from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
+from . import experts
 from .logprobs import token_logprobs_and_entropy
 from .mapping import (
     ModelDims,
@@ -80,14 +82,14 @@ class MegatronStrategy(TrainingStrategy):
         if lora is not None:  # the config check refuses it first (core/config/model_checks.py)
             raise ValueError("model.lora_configs: megatron trains no LoRA adapter; use --strategy fsdp2")
 
-        tp, pp, cp = parallel_sizes(trainer_cfg)
+        tp, pp, cp, ep = parallel_sizes(trainer_cfg)
         self.value_head = value_head
         self.packs_sequences, self.sequence_split = trainer_cfg.use_remove_padding, cp
         self._hf_config = (
             value_model_config(model_path) if value_head else AutoConfig.from_pretrained(model_path)
         )
         self.dims = ModelDims.from_hf_config(self._hf_config, value_head=value_head)
-        check_layout(self.dims, tp, pp)
+        check_layout(self.dims, tp, pp, ep)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         self._step_hparams: AdamHparams | None = None
         self._decays: list[bool] | None = None
@@ -95,13 +97,13 @@ class MegatronStrategy(TrainingStrategy):
         self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
-        model_parallel(tp, pp, cp, seed)
-        self.tp, self.pp = tp, pp
+        model_parallel(tp, pp, cp, seed, ep)
+        self.tp, self.pp, self.ep = tp, pp, ep
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         self.config = transformer_config(
             self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu", cp=cp,
-            recompute=trainer_cfg.gradient_checkpointing,
+            recompute=trainer_cfg.gradient_checkpointing, ep=ep,
         )  # fmt: skip
         hf: Mapping[str, torch.Tensor] = HFWeights(model_path)
         if value_head and VALUE_HEAD + ".weight" not in hf:  # a causal LM's folder: a fresh head
@@ -181,12 +183,28 @@ class MegatronStrategy(TrainingStrategy):
         # (a bad batch must not poison the weights), as on the other strategies
         grad_clip = self.grad_clip if self._step_hparams is None else self._step_hparams.grad_clip
         if grad_clip > 0:
-            grad_norm = float(self.optimizer.clip_grad_norm(grad_clip))
+            grad_norm = self._clip_grad_norm(grad_clip)
         else:
             grad_norm = float(self.optimizer.get_grad_norm())
         if not overflow and math.isfinite(grad_norm):
             self.optimizer.step_with_ready_grads()
         self.step += 1
+        return grad_norm
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        """The norm of every gradient (pre-clip), each scaled to `max_norm` if above it. A MoE
+        model's optimizer is a ChainedOptimizer (the dense and the expert parameters, reduced over
+        different groups), which megatron-core clips only in its own `step`: the total norm over
+        both parts here, then each part clipped by it (what a single optimizer's clip_grad_norm does)."""
+        if not hasattr(self.optimizer, "chained_optimizers"):
+            return float(self.optimizer.clip_grad_norm(max_norm))
+        grad_norm = float(self.optimizer.get_grad_norm())
+        for part in self.optimizer.chained_optimizers:
+            params = part.get_parameters()
+            if params:
+                clip_grad_by_total_norm_fp32(
+                    params, max_norm, grad_norm, part.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+                )
         return grad_norm
 
     def compute_logprobs(
@@ -364,27 +382,43 @@ class MegatronStrategy(TrainingStrategy):
 
     def _iter_full(self, local_of: Callable[[torch.nn.Parameter], torch.Tensor], dtype: torch.dtype):
         """(hf_name, full tensor) for every weight, in `hf_specs` order, on every rank: each
-        parameter is gathered over its TP group on the stage that owns it, converted to HF tensors
-        there, and each of those is broadcast to the other stages — one parameter at a time."""
+        parameter is gathered over its TP group (a MoE layer's experts over the EP group) on the
+        stage that owns it, converted to HF tensors there, and each of those is broadcast to the
+        other stages — one parameter at a time."""
         params = dict(self.model.module.named_parameters())
         offset = layer_offset(self.dims)
-        tp_group = parallel_state.get_tensor_model_parallel_group()
         for name in megatron_names(self.dims):
             stage = stage_of(name, self.dims, self.pp)
             converted = None
             if stage == self.pp_rank:
-                local = local_of(params[to_local(name, offset)]).detach()
-                shards = [local]
-                if tp_dim(name, self.dims) is not None and self.tp > 1:
-                    shards = [torch.empty_like(local) for _ in range(self.tp)]
-                    dist.all_gather(shards, local.contiguous(), group=tp_group)
-                converted = megatron_to_hf(name, shards, self.dims)
+                converted = megatron_to_hf(name, self._full_shards(params, to_local(name, offset), local_of), self.dims)
             for i, (hf_name, shape) in enumerate(hf_specs_of(name, self.dims)):
                 mine = None
                 if converted is not None:
                     assert converted[i][0] == hf_name, (converted[i][0], hf_name)
                     mine = converted[i][1]
                 yield hf_name, self._from_stage(mine, shape, dtype, stage)
+
+    def _full_shards(
+        self, params: dict[str, torch.nn.Parameter], local_name: str,
+        local_of: Callable[[torch.nn.Parameter], torch.Tensor],
+    ) -> list[torch.Tensor]:  # fmt: skip
+        """What `megatron_to_hf` takes for one (local) name: its TP shards, or a MoE layer's
+        experts stacked, all of them."""
+        if experts.is_unit(local_name):
+            count = self.dims.num_experts // self.ep
+            local = torch.stack([local_of(params[p]).detach() for p in experts.local_params(local_name, count)])
+            if self.ep == 1:
+                return [local]
+            parts = [torch.empty_like(local) for _ in range(self.ep)]
+            dist.all_gather(parts, local, group=parallel_state.get_expert_model_parallel_group())
+            return [torch.cat(parts)]
+        local = local_of(params[local_name]).detach()
+        if tp_dim(local_name, self.dims) is None or self.tp == 1:
+            return [local]
+        shards = [torch.empty_like(local) for _ in range(self.tp)]
+        dist.all_gather(shards, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+        return shards
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self._iter_full(lambda p: p, self.dtype)

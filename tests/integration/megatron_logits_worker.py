@@ -1,10 +1,10 @@
 """Test-only torchrun entry: each tiny model family (tests/tiny_models.py), tied and untied, loaded
-into megatron-core at one TP x PP layout through rlcore's mapping and model builder; every rank
+into megatron-core at one TP x PP x EP layout through rlcore's mapping and model builder; every rank
 runs its stage's forward of the same token ids (stages hand the hidden states on, as megatron's
 schedule does) and the last stage's first TP rank writes the largest |megatron - HF| logit.
 
-python -m rlcore.runtime.torchrun --nproc-per-node TP*PP -m tests.integration.megatron_logits_worker \
-    --tp 2 --pp 1 --out result.json
+python -m rlcore.runtime.torchrun --nproc-per-node 2 -m tests.integration.megatron_logits_worker \
+    --tp 2 --pp 1 --ep 1 --cases llama_gqa,qwen3_gqa --out result.json
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import json
 import torch
 
 from tests.megatron_cpu_shim import install
-
-CASES = ["llama_gqa", "qwen2_gqa", "qwen3_gqa"]
 
 
 def stage_forward(model: torch.nn.Module, ids: torch.Tensor, hidden_shape: tuple[int, ...]) -> torch.Tensor | None:
@@ -41,6 +39,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--pp", type=int, required=True)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--cases", required=True, help="comma-separated tests/tiny_models.py CASES")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     install()
@@ -55,15 +55,17 @@ def main() -> None:
 
     torch.set_num_threads(1)
     init_world("cpu")
-    model_parallel(args.tp, args.pp, 1, seed=0)
+    model_parallel(args.tp, args.pp, 1, seed=0, ep=args.ep)
     errors = {}
     ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(3))
-    for case in CASES:
+    for case in args.cases.split(","):
         for tied in (False, True):
             hf_model = tiny_hf_model(case, tied)
             dims = ModelDims.from_hf_config(hf_model.config)
-            check_layout(dims, args.tp, args.pp)
-            config = transformer_config(dims, args.tp, args.pp, torch.float32, on_cpu=True, recompute=False)
+            check_layout(dims, args.tp, args.pp, args.ep)
+            config = transformer_config(
+                dims, args.tp, args.pp, torch.float32, on_cpu=True, recompute=False, ep=args.ep
+            )
             model = build_gpt(config, dims).eval()
             state = hf_model.state_dict()
             load_hf_weights(model, state, dims)

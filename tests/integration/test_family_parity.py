@@ -1,6 +1,7 @@
 """The models users bring, trained like a plain HF model in one process: a tiny random Qwen3 (query
-and key norms) on megatron with tensor parallelism, and a tiny random Qwen3-MoE (4 experts, top 2,
-through transformers' own MoE blocks) on fsdp2 over two ranks; both with packed rows. The same
+and key norms) on megatron with tensor parallelism, and a tiny random Qwen3-MoE (4 experts, top 2)
+on fsdp2 over two ranks (transformers' own MoE blocks) and on megatron with its experts split over
+two expert-parallel ranks; all with packed rows. The same
 20-step run and checks as test_strategy_parity.py's cases (first-step loss, log-probs and
 gradients by HF name, the loss curve, an exact resume from the step-10 checkpoint)."""
 
@@ -25,6 +26,9 @@ CASES: list[tuple[str, str, str, int, list[str]]] = [
     ("qwen3-megatron-tp2", "qwen3", "megatron", 2,
      ["megatron.tensor_model_parallel_size=2", "gradient_checkpointing=true"]),
     ("qwen3_moe-fsdp2-2", "qwen3_moe", "fsdp2", 2, []),
+    # the experts split over 2 expert-parallel ranks (tokens reach them by all-to-all), the rest
+    # data-parallel over the same 2 ranks
+    ("qwen3_moe-megatron-ep2", "qwen3_moe", "megatron", 2, ["megatron.expert_model_parallel_size=2"]),
 ]  # fmt: skip
 CASE_BY_ID = {case[0]: case for case in CASES}
 

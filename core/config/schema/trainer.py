@@ -20,6 +20,10 @@ class MegatronConfig:
     """Ranks that split each packed micro-batch's sequences between them (each rank holds 2 of every
     sequence's 2 x size chunks; attention gathers the rest): a sequence that many times longer than
     one rank's budget trains. Needs trainer.use_remove_padding."""
+    expert_model_parallel_size: int = bounded(1, ge=1)
+    """Ranks that split a MoE model's experts between them (each rank holds num_experts / size of
+    every MoE layer's experts; tokens travel to their experts' ranks and back by all-to-all); the
+    attention and the rest stay data-parallel over those ranks. 1 for a dense model."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state and master weights over the data-parallel ranks (ZeRO-1)."""
     optimizer_offload_fraction: float = bounded(0.0, ge=0.0, le=1.0)

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import LlamaConfig, MistralConfig, PreTrainedModel, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, MistralConfig, PreTrainedModel, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 from rlcore.backends.megatron.mapping import (
     ModelDims,
     check_layout,
     hf_specs,
+    hf_specs_of,
     hf_to_megatron,
     megatron_names,
     megatron_to_hf,
@@ -75,9 +76,12 @@ def _round_trip(
     return rebuilt
 
 
-@pytest.mark.parametrize("tp,pp", LAYOUTS)
+ROUND_TRIPS = [(case, tp, pp) for case in CASES for tp, pp in LAYOUTS if not (case == "qwen3_moe" and tp > 1)]
+"""A MoE model at TP > 1 is refused (test_unsupported_configs_fail_with_one_line)."""
+
+
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,tp,pp", ROUND_TRIPS)
 def test_round_trip_is_exact(case: str, tied: bool, tp: int, pp: int) -> None:
     model = _hf_model(case, tied)
     dims = ModelDims.from_hf_config(model.config)
@@ -115,15 +119,50 @@ def test_a_critic_maps_its_value_head_replicated(tied: bool, tp: int, pp: int) -
         assert torch.equal(tensor, hf[name]), name
 
 
-@pytest.mark.parametrize("case", ["qwen2_gqa", "qwen3_gqa"])
+@pytest.mark.parametrize("case", ["qwen2_gqa", "qwen3_gqa", "qwen3_moe"])
 @pytest.mark.parametrize("tied", [False, True])
 def test_hf_names_are_what_save_pretrained_writes(case: str, tied: bool, tmp_path: Path) -> None:
+    """A checkpoint file holds one tensor per expert (what `fused_experts=False` names); in memory
+    transformers 5 holds each layer's experts fused, which is what the mapping names by default."""
     model = _hf_model(case, tied)
     model.save_pretrained(tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         saved = set(f.keys())
-    assert saved == {n for n, _ in hf_specs(ModelDims.from_hf_config(model.config))}
+    assert saved == {n for n, _ in hf_specs(ModelDims.from_hf_config(model.config, fused_experts=False))}
+    in_memory = set(model.state_dict()) - ({"lm_head.weight"} if tied else set())
+    assert in_memory == {n for n, _ in hf_specs(ModelDims.from_hf_config(model.config))}
     assert ("lm_head.weight" in saved) is not tied
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_moe_experts_load_from_either_layout_split_over_expert_parallel_ranks(ep: int) -> None:
+    """Each EP rank's stacked experts come from the fused in-memory tensors or from the checkpoint's
+    per-expert tensors alike, the ranks' stacks in order are all the experts, and they leave in
+    either layout as the HF tensors they came from."""
+    model = _hf_model("qwen3_moe", False)
+    fused = ModelDims.from_hf_config(model.config)
+    per_expert = dataclasses.replace(fused, fused_experts=False)
+    in_memory = model.state_dict()
+    layer = "model.layers.1.mlp.experts."
+    gate_up, down = in_memory[layer + "gate_up_proj"], in_memory[layer + "down_proj"]
+    moe_ffn = per_expert.moe_ffn
+    on_file = {  # what save_pretrained writes for that layer
+        **{f"{layer}{e}.gate_proj.weight": gate_up[e, :moe_ffn] for e in range(4)},
+        **{f"{layer}{e}.up_proj.weight": gate_up[e, moe_ffn:] for e in range(4)},
+        **{f"{layer}{e}.down_proj.weight": down[e] for e in range(4)},
+    }
+    for unit, full in (("decoder.layers.1.mlp.experts.linear_fc1.weight", gate_up),
+                       ("decoder.layers.1.mlp.experts.linear_fc2.weight", down)):  # fmt: skip
+        for source in (in_memory, on_file):
+            stacks = [hf_to_megatron(unit, source, fused, 1, 0, ep, r) for r in range(ep)]
+            assert all(stack.shape[0] == 4 // ep for stack in stacks)
+            assert torch.equal(torch.cat(stacks), full)
+        assert megatron_to_hf(unit, [full], fused) == [(hf_specs_of(unit, fused)[0][0], full)]
+        out = dict(megatron_to_hf(unit, [full], per_expert))
+        assert list(out) == [n for n, _ in hf_specs_of(unit, per_expert)]
+        assert all(torch.equal(t, on_file[n]) for n, t in out.items())
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size \(3\) must divide .*num_experts \(4\)"):
+        check_layout(fused, 1, 1, 3)
 
 
 def _dims(num_heads: int, num_kv_heads: int, ffn: int, head_dim: int = 1) -> ModelDims:
@@ -206,7 +245,9 @@ def test_unsupported_configs_fail_with_one_line() -> None:
         (LlamaConfig(**base, hidden_act="gelu"), "hidden_act must be silu"),
         (Qwen3Config(**base, attention_bias=True), "attention_bias must be false for a qwen3"),
         (Qwen3Config(**base, use_sliding_window=True, sliding_window=8), "use_sliding_window"),
-        (MistralConfig(**base), "model_type must be one of llama, qwen2, qwen3 .*'mistral'.*fsdp2"),
+        (MistralConfig(**base), "model_type must be one of llama, qwen2, qwen3, qwen3_moe .*'mistral'.*fsdp2"),
+        (Qwen3MoeConfig(**base, mlp_only_layers=[0]), "mlp_only_layers must be empty"),
+        (Qwen3MoeConfig(**base, output_router_logits=True), "output_router_logits must be false"),
     ]
     for config, match in cases:
         with pytest.raises(ValueError, match=match) as err:
@@ -223,6 +264,12 @@ def test_unsupported_configs_fail_with_one_line() -> None:
     ):
         check_layout(dims, 1, 3)
     check_layout(dims, 2, 4)
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size \(2\) must be 1 for a dense model"):
+        check_layout(dims, 1, 1, 2)
+    moe = ModelDims.from_hf_config(Qwen3MoeConfig(**base, num_hidden_layers=4, num_experts=4))
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size must be 1 for a MoE model.*sequence parallelism"):
+        check_layout(moe, 2, 1)
+    check_layout(moe, 1, 2, 4)
 
 
 # ---- against real megatron-core modules ----

@@ -1,0 +1,55 @@
+"""What megatron-core 0.16.1 (the newest release Python 3.11 can install) leaves undefined without
+TransformerEngine, defined here. Each fix checks for the gap first, so it does nothing on a release
+that has closed it; when the minimum megatron-core moves past one, delete it.
+
+- `megatron.core.transformer.moe.moe_utils` imports TransformerEngine's fused MoE ops in a `try`
+  and binds none of their names when the import fails, but its router GEMM
+  (`RouterGatingLinearFunction`) then tests `te_general_gemm is not None`: a NameError on the first
+  MoE forward. Bound to None, it takes its own torch.mm path (the one it has for float64), and the
+  other fused ops stay unused (rlcore sets no `moe_*_fusion`).
+- Its all-to-all token dispatcher (`moe_token_dispatcher_type: alltoall`, expert parallelism) hands
+  `torch.distributed.all_to_all_single` the split sizes as CPU tensors when no TransformerEngine
+  kernel moved them to NumPy; torch 2.13's binding takes only a sequence of ints (TypeError:
+  incompatible function arguments). The dispatcher's `all_to_all` is wrapped to pass them as lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TE_MOE_NAMES = (
+    "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss", "fused_permute", "fused_permute_with_probs",
+    "fused_sort_chunks_by_index", "fused_sort_chunks_by_index_with_probs", "fused_topk_with_score_function",
+    "fused_unpermute", "te_general_gemm",
+)  # fmt: skip
+
+
+def moe_without_transformer_engine() -> None:
+    """Bind TransformerEngine's MoE names that megatron-core left undefined to None, and pass the
+    dispatcher's split sizes as lists (idempotent)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    for name in _TE_MOE_NAMES:
+        if not hasattr(moe_utils, name):
+            setattr(moe_utils, name, None)
+    moe_all_to_all_with_list_splits()
+
+
+def _as_ints(splits: Any) -> Any:
+    return splits.tolist() if hasattr(splits, "tolist") else splits
+
+
+def _splits_as_lists(all_to_all: Any) -> Any:
+    def wrapped(group: Any, input_: Any, output_split_sizes_: Any = None, input_split_sizes: Any = None) -> Any:
+        return all_to_all(group, input_, _as_ints(output_split_sizes_), _as_ints(input_split_sizes))
+
+    wrapped.rlcore_compat = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def moe_all_to_all_with_list_splits() -> None:
+    """Wrap the MoE token dispatcher's all_to_all to pass split sizes as lists (idempotent)."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    if not getattr(token_dispatcher.all_to_all, "rlcore_compat", False):
+        token_dispatcher.all_to_all = _splits_as_lists(token_dispatcher.all_to_all)
