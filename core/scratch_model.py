@@ -64,6 +64,47 @@ CHATML_TOOLS_TEMPLATE = (
 """ChatML with tools, the scratch BPE tokenizer's template: tools declared in the system turn as
 OpenAI function schemas, calls written `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 (Hermes/Qwen), results in `tool` turns inside `<tool_response>`."""
+CHATML_THINKING_TEMPLATE = (
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{ '# Tools\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n<tools>\n' }}"
+    "{%- for tool in tools %}{{ tool | tojson + '\n' }}{%- endfor %}"
+    "{{ '</tools><|im_end|>\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{ '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{ '<|im_start|>tool\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{%- set content = message['content'] or '' %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{{ '<|im_start|>assistant\n' }}"
+    "{%- if loop.index0 > ns.last_query %}{{ '<think>\n' + reasoning + '\n</think>\n\n' }}{%- endif %}"
+    "{{ content }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{{ '<tool_call>' + {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson + '</tool_call>' }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- elif message['role'] != 'system' %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+"""ChatML with tools and reasoning, written here to behave as Qwen3's template does (Qwen3.5's and
+DeepSeek-R1's likewise): an assistant turn after the last user turn is rendered with its reasoning
+block (`<think>...</think>`, empty when it has none), an earlier one without it, so a conversation
+rendered again after a new user turn is not the old rendering plus the new turn;
+`enable_thinking=False` ends the generation prompt with an empty reasoning block."""
 BPE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BPE_TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<answer>", "</answer>"]
 

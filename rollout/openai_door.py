@@ -252,7 +252,8 @@ class OpenAIDoor:
             raise _invalid(
                 "top_logprobs", "only 0 is served: the engine reports the sampled token's log-prob"
             )
-        fmt = PromptFormat(self.servicer.max_model_len, True, None, None, tools or None)
+        template_kwargs = body.get("chat_template_kwargs") or None  # vLLM's field (checked by the schema)
+        fmt = PromptFormat(self.servicer.max_model_len, True, None, None, tools or None, template_kwargs)
         episode = self.episode_id(body, episode_header)
         continued = self.recorder.continuation(episode, messages) if episode else None
         inserted: list[int] = []
@@ -261,9 +262,9 @@ class OpenAIDoor:
                 continued is not None
             ):  # the tokens so far, then only the new turns, as the template renders them
                 try:
-                    turns = TurnFormat(self.tokenizer, True, None, None, tools or None)
+                    turns = TurnFormat(self.tokenizer, True, None, None, tools or None, template_kwargs)
                     inserted = turns.after_reply(continued.last_reply, messages[len(continued.history) :])
-                except ValueError:  # a template that re-renders history: a new conversation starts
+                except ValueError:  # a template that re-renders history (e.g. a thinking one): a new conversation
                     continued, inserted = None, []
             ids = (
                 continued.tokens + inserted

@@ -195,6 +195,20 @@ class CompletionBody(_Body):
     logprobs: int | None = Field(None, ge=0, le=1)
 
 
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "tokenize", "chat_template",
+                            "continue_final_message", "return_dict", "tokenizer_kwargs")  # fmt: skip
+"""The door's own arguments of apply_chat_template, which chat_template_kwargs cannot set."""
+
+
+def _template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    taken = [k for k in value if k in RESERVED_TEMPLATE_KWARGS]
+    if taken:
+        raise PydanticCustomError(
+            "text", "{keys} cannot be set here (the door passes it itself)", {"keys": ", ".join(taken)}
+        )
+    return value
+
+
 class ChatBody(_Body):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32)
@@ -202,6 +216,8 @@ class ChatBody(_Body):
     tool_choice: Literal["auto", "none"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=INT32)  # the door says which it serves
+    chat_template_kwargs: Annotated[dict[Text, Json], AfterValidator(_template_kwargs)] | None = None
+    """vLLM's field: variables the chat template reads (e.g. enable_thinking)."""
 
 
 UNSERVED: dict[str, dict[str, Any]] = {

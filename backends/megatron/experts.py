@@ -17,12 +17,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .mapping import ModelDims
+
+class ModelDims(Protocol):
+    """What of mapping.ModelDims (frozen) these functions read; mapping.py imports this module."""
+
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def num_experts(self) -> int: ...
+    @property
+    def moe_ffn(self) -> int: ...
+    @property
+    def fused_experts(self) -> bool: ...
 
 _LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.weight)$")
 

@@ -27,7 +27,6 @@ from megatron.core.distributed import (
 )
 from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.optimizer import get_megatron_optimizer
-from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ...core.algorithms.logprob import at_temperature
@@ -58,6 +57,7 @@ from .model import (
     load_hf_weights,
     transformer_config,
 )
+from .optimizer import clip_grad_norm, materialize_optimizer_state, restore_adam_steps
 from .packing import PackedInput, schedule_inputs
 from .setup import model_parallel, optimizer_config, parallel_sizes
 
@@ -183,28 +183,12 @@ class MegatronStrategy(TrainingStrategy):
         # (a bad batch must not poison the weights), as on the other strategies
         grad_clip = self.grad_clip if self._step_hparams is None else self._step_hparams.grad_clip
         if grad_clip > 0:
-            grad_norm = self._clip_grad_norm(grad_clip)
+            grad_norm = clip_grad_norm(self.optimizer, grad_clip)
         else:
             grad_norm = float(self.optimizer.get_grad_norm())
         if not overflow and math.isfinite(grad_norm):
             self.optimizer.step_with_ready_grads()
         self.step += 1
-        return grad_norm
-
-    def _clip_grad_norm(self, max_norm: float) -> float:
-        """The norm of every gradient (pre-clip), each scaled to `max_norm` if above it. A MoE
-        model's optimizer is a ChainedOptimizer (the dense and the expert parameters, reduced over
-        different groups), which megatron-core clips only in its own `step`: the total norm over
-        both parts here, then each part clipped by it (what a single optimizer's clip_grad_norm does)."""
-        if not hasattr(self.optimizer, "chained_optimizers"):
-            return float(self.optimizer.clip_grad_norm(max_norm))
-        grad_norm = float(self.optimizer.get_grad_norm())
-        for part in self.optimizer.chained_optimizers:
-            params = part.get_parameters()
-            if params:
-                clip_grad_by_total_norm_fp32(
-                    params, max_norm, grad_norm, part.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
-                )
         return grad_norm
 
     def compute_logprobs(
@@ -475,12 +459,12 @@ class MegatronStrategy(TrainingStrategy):
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        self._materialize_optimizer_state()
+        materialize_optimizer_state(self.optimizer)
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), path)
         with torch.no_grad():  # fp32 main params are views of the (leaf) model params
             self.model.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-        self._restore_adam_steps()
+        restore_adam_steps(self.optimizer)
         if self.reference_in_checkpoint:
             reference: Any = self.policy_and_reference()[1]  # a GPTModel
             ref_state = dist_checkpointing.load(
@@ -490,29 +474,3 @@ class MegatronStrategy(TrainingStrategy):
                 reference.load_state_dict(ref_state["model"])
         self.step = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)["step"]
         self._set_lr()
-
-    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
-        return [opt.optimizer for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
-
-    def _restore_adam_steps(self) -> None:
-        """megatron-core (torch-optimizer path) keeps Adam's step count in each param group of the
-        checkpoint but leaves the per-parameter `step` torch's AdamW reads untouched: copy it there,
-        one tensor per parameter (AdamW increments them in place)."""
-        for inner in self._inner_optimizers():
-            for group in inner.param_groups:
-                if "step" in group:
-                    for p in group["params"]:
-                        inner.state[p]["step"] = torch.tensor(float(group["step"]))
-
-    def _materialize_optimizer_state(self) -> None:
-        """torch's AdamW creates its state on the first step, but megatron-core (without Apex or
-        TransformerEngine) describes the state to load from the state it already has: give a fresh
-        optimizer zero state, as its first step would, so that the checkpoint can fill it."""
-        for inner in self._inner_optimizers():
-            for group in inner.param_groups:
-                for p in group["params"]:
-                    state = inner.state[p]
-                    if not state:
-                        state["step"] = torch.tensor(0.0)
-                        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

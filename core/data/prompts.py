@@ -22,6 +22,9 @@ class PromptFormat:
     system_prompt: str | None = None
     tools: list[dict[str, Any]] | None = None
     """OpenAI function schemas the chat template declares to the model (tool_call)."""
+    template_kwargs: dict[str, Any] | None = None
+    """More variables the chat template reads (e.g. `enable_thinking`: the door's
+    `chat_template_kwargs`)."""
 
     def for_task(self, task: Any) -> PromptFormat:
         """This format for one task: its row's own system prompt and tools (format.system_prompt_key,
@@ -54,7 +57,7 @@ class PromptFormat:
         return str(
             tokenizer.apply_chat_template(
                 messages, chat_template=self.chat_template, tools=self.tools,
-                add_generation_prompt=generation_prompt, tokenize=False,
+                add_generation_prompt=generation_prompt, tokenize=False, **(self.template_kwargs or {}),
             )
         )  # fmt: skip
 

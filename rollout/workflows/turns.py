@@ -15,14 +15,22 @@ from typing import Any
 PROBE_USER, PROBE_REPLY = "\x00probe-user\x00", "\x00probe-reply\x00"
 
 
+class HistoryRerendered(ValueError):
+    """The template renders the conversation so far differently once a new turn follows (a thinking
+    template drops the reasoning of assistant turns before the last user turn): the new turn cannot be
+    appended to the tokens the model saw. The door then starts a new conversation of the episode."""
+
+
 class TurnFormat:
     """Renders appended turns for one tokenizer and (optional) chat template."""
 
     def __init__(
         self, tokenizer: Any, chat: bool, chat_template: str | None, system_prompt: str | None,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None,
     ):  # fmt: skip
+        """`template_kwargs`: more variables the template reads (e.g. enable_thinking)."""
         self.tokenizer = tokenizer
+        self.template_kwargs = template_kwargs or {}
         self.chat = chat
         self.chat_template = chat_template
         self.tools = tools
@@ -46,7 +54,7 @@ class TurnFormat:
         return str(
             self.tokenizer.apply_chat_template(
                 self.system + messages, chat_template=self.chat_template, tools=self.tools,
-                add_generation_prompt=generation_prompt, tokenize=False,
+                add_generation_prompt=generation_prompt, tokenize=False, **self.template_kwargs,
             )
         )  # fmt: skip
 
@@ -67,7 +75,7 @@ class TurnFormat:
             True,
         )
         if not full.startswith(self._base):
-            raise ValueError(
+            raise HistoryRerendered(
                 "the chat template does not render a conversation by appending turns (adding a message changes "
                 "what came before); multi-turn workflows need one that does"
             )

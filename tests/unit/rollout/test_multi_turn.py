@@ -146,3 +146,43 @@ def test_arithmetic_chain_asks_on_the_models_answers_and_grades_each_step() -> N
     assert ArithmeticChainEnv(Task("c", "1+1=", metadata={"addends": []}), {}).step("2").done  # unreadable: over
     with pytest.raises(ValueError, match=r"^task c: column 'addends' must be a list of integers"):
         ArithmeticChainEnv(Task("c", "1+1="), {})
+
+
+def test_a_thinking_template_appends_tool_turns_and_re_renders_after_a_user_turn(engine: HFEngine) -> None:
+    """The Qwen3-like template (core/scratch_model.py): reasoning kept in the assistant turns after the
+    last user turn, dropped from earlier ones, an empty reasoning block in the generation prompt with
+    enable_thinking=False. A tool turn after a reply appends (the history renders as before); a new
+    user turn re-renders what came before, which TurnFormat says (the door starts a new sample)."""
+    from rlcore.core.scratch_model import CHATML_THINKING_TEMPLATE as THINKING
+    from rlcore.rollout.workflows.turns import HistoryRerendered
+
+    tokenizer = engine.tokenizer
+    convo = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>add</think>4"},
+        {"role": "tool", "content": "4"},
+        {"role": "assistant", "content": "<think>\nsure\n</think>\n\nyes"},
+    ]
+
+    def render(messages: list[dict[str, Any]], **kw: Any) -> str:
+        return str(tokenizer.apply_chat_template(messages, chat_template=THINKING, tokenize=False, **kw))
+
+    assert render(convo) == (
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nadd\n</think>\n\n4<|im_end|>\n"
+        "<|im_start|>tool\n<tool_response>\n4\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nsure\n</think>\n\nyes<|im_end|>\n"
+    )
+    again = render([*convo, {"role": "user", "content": "and 3+3?"}], add_generation_prompt=True, enable_thinking=False)
+    assert again == (
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+        "<|im_start|>tool\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\nyes<|im_end|>\n"
+        "<|im_start|>user\nand 3+3?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    turns = TurnFormat(tokenizer, True, THINKING, None, template_kwargs={"enable_thinking": False})
+    reply = turns.encode("<think>x</think>7")
+    assert turns.after_reply(reply, [{"role": "tool", "content": "7"}]) == turns.encode(
+        "<|im_end|>\n<|im_start|>tool\n<tool_response>\n7\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    with pytest.raises(HistoryRerendered, match="adding a message changes what came before"):
+        turns.after_reply(reply, [{"role": "user", "content": "sure?"}])
