@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from tests.integration.launch_utils import REPO
-from tests.integration.test_strategy_parity import CASES, STEPS, _worst_relative, reference, run_worker  # noqa: F401
+from tests.integration.parity_checks import run_worker
+from tests.integration.parity_checks import worst_relative as _worst_relative
+from tests.integration.test_strategy_parity import CASES, STEPS, reference  # noqa: F401
 
 pytestmark = [
     pytest.mark.gpu,

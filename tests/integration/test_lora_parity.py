@@ -16,8 +16,9 @@ import os
 import pytest
 import torch
 
+from .parity_checks import run_worker
+from .parity_checks import worst_relative as _worst_relative
 from .parity_reference import SEED, TEMPERATURE, parity_sequences, rank_micro_batches, reference_run
-from .test_strategy_parity import _worst_relative, run_worker
 
 pytestmark = pytest.mark.integration
 
