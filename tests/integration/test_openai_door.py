@@ -5,11 +5,13 @@ tokens and log-probs the engine generated (FinishEpisode over gRPC)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -29,24 +31,31 @@ TOKEN = "door-test-token"
 TOOLS = [Calculator().schema]
 
 
+@contextlib.contextmanager
+def serving(model: str, log_dir: Path, *flags: str) -> Iterator[tuple[str, str]]:
+    """(gRPC address, HTTP base URL) of `rlcore rollout serve` on `model` with its HTTP door, killed
+    on exit."""
+    grpc_file, http_file = log_dir / "grpc", log_dir / "http"
+    cmd = [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", model, "--threads", "1",
+           "--token-env", TOKEN_ENV, "--port", "0", "--port-file", str(grpc_file), "--http-port", "0",
+           "--http-port-file", str(http_file), "--served-model-name", "tiny", *flags]  # fmt: skip
+    with open(log_dir / "stderr", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN}, stderr=err)
+    try:
+        address = wait_for_port_file(str(grpc_file), proc, "rollout worker", 120, log_file=str(log_dir / "stderr"))
+        http = wait_for_port_file(str(http_file), proc, "HTTP door", 30, log_file=str(log_dir / "stderr"))
+        yield address, f"http://{http}/v1"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="module")
 def worker(bpe_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(gRPC address, HTTP base URL) of a worker serving the scratch BPE model."""
-    log_dir = tmp_path_factory.mktemp("door")
-    grpc_file, http_file = log_dir / "grpc", log_dir / "http"
-    cmd = [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", bpe_model_path, "--threads", "1",
-           "--token-env", TOKEN_ENV, "--port", "0", "--port-file", str(grpc_file), "--http-port", "0",
-           "--http-port-file", str(http_file), "--served-model-name", "tiny", "--http-max-n", "8",
-           "--http-max-request-tokens", "64"]  # fmt: skip
-    with open(log_dir / "stderr", "w") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN}, stderr=err)
-    address = wait_for_port_file(
-        str(grpc_file), proc, "rollout worker", 120, log_file=str(log_dir / "stderr")
-    )
-    http = wait_for_port_file(str(http_file), proc, "HTTP door", 30, log_file=str(log_dir / "stderr"))
-    yield address, f"http://{http}/v1"
-    proc.kill()
-    proc.wait()
+    with serving(bpe_model_path, tmp_path_factory.mktemp("door"), "--http-max-n", "8",
+                 "--http-max-request-tokens", "64") as served:  # fmt: skip
+        yield served
 
 
 @pytest.fixture(scope="module")

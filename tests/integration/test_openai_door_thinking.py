@@ -4,9 +4,6 @@ differently after a user turn, recorded as two samples of the engine's exact tok
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +14,7 @@ from rlcore.client.base import ClientOptions
 from rlcore.client.rollout import RolloutClient
 from rlcore.rollout.workflows.turns import TurnFormat
 
-from .launch_utils import REPO, wait_for_port_file
-from .test_openai_door import TOKEN, TOKEN_ENV, TOOLS
+from .test_openai_door import TOKEN, TOOLS, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -38,18 +34,8 @@ def thinking_worker(bpe_model_path: str, tmp_path_factory: pytest.TempPathFactor
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.chat_template = CHATML_THINKING_TEMPLATE
     tokenizer.save_pretrained(model)
-    log_dir = tmp_path_factory.mktemp("thinking-door")
-    grpc_file, http_file = log_dir / "grpc", log_dir / "http"
-    cmd = [sys.executable, "-m", "rlcore.cli", "rollout", "serve", "--model", model, "--threads", "1",
-           "--token-env", TOKEN_ENV, "--port", "0", "--port-file", str(grpc_file), "--http-port", "0",
-           "--http-port-file", str(http_file), "--served-model-name", "tiny"]  # fmt: skip
-    with open(log_dir / "stderr", "w") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN}, stderr=err)
-    address = wait_for_port_file(str(grpc_file), proc, "rollout worker", 120, log_file=str(log_dir / "stderr"))
-    http = wait_for_port_file(str(http_file), proc, "HTTP door", 30, log_file=str(log_dir / "stderr"))
-    yield address, f"http://{http}/v1", model
-    proc.kill()
-    proc.wait()
+    with serving(model, tmp_path_factory.mktemp("thinking-door")) as (address, url):
+        yield address, url, model
 
 
 def test_a_thinking_template_episode_appends_tool_turns_and_starts_a_new_sample_after_a_user_turn(
