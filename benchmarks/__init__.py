@@ -8,6 +8,7 @@ BENCHMARKS = {
     "grpc": "rlcore.benchmarks.grpc_overhead",
     "growth": "rlcore.benchmarks.cost_growth",
     "throughput": "rlcore.benchmarks.throughput",
+    "decode": "rlcore.benchmarks.decode_profile",
     "rollout-ahead": "rlcore.benchmarks.rollout_ahead",
     "algorithms": "rlcore.benchmarks.algorithms",
     "async": "rlcore.benchmarks.async_explore",

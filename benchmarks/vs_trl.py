@@ -22,8 +22,12 @@ Step time is wall time per optimizer step, from each framework's own per-step ti
     python benchmarks/vs_trl.py                        # both comparisons, 3 pairs each
     rlcore bench trl --comparisons same_engine --repeats 2 --steps 3
     rlcore bench trl --device cuda --model 0.5b --comparisons same_engine --group 8 --max-tokens 96
-On a GPU both sides compute in `--dtype` (bfloat16 by default there: rlcore's model.dtype, TRL's
-bf16 autocast over float32 weights); the report names the GPU and gives each side's rollout tokens/s
+TRL runs in each of `--trl-configs` (TRL_CONFIGS: as-shipped, matched, bf16, bf16-cb), every
+configuration paired with the same repeat's rlcore run; the headline ratio is against the fastest
+configuration doing rlcore's work in rlcore's dtype (gradient checkpointing off, which TRL turns on
+by default; in bfloat16 with bfloat16 weights, TRL's model.generate or transformers' continuous
+batching), with as-shipped beside it.
+On a GPU both sides compute in `--dtype` (bfloat16 by default there); the report names the GPU and gives each side's rollout tokens/s
 (generated tokens / generation seconds) and the update's MFU against the GPU's dense bf16 peak.
 rlcore's launcher starts its processes with glibc malloc keeping freed memory
 (`cluster.malloc_keep_freed`, on by default); TRL runs as shipped unless `--trl-malloc keep-freed`
@@ -77,6 +81,14 @@ from rlcore.runtime.child import KEEP_FREED_MALLOC
 
 COMPARISONS = {"same_engine": "hf", "best_engine": "vllm"}
 """Comparison -> rlcore's engine (TRL uses HF generate in both)."""
+TRL_CONFIGS = {
+    "as-shipped": "float32 weights under bf16 autocast on a GPU, gradient checkpointing on (TRL's defaults)",
+    "matched": "float32 weights under bf16 autocast on a GPU, gradient checkpointing off (as rlcore)",
+    "bf16": "bfloat16 weights, gradient checkpointing off, model.generate",
+    "bf16-cb": "bfloat16 weights, gradient checkpointing off, transformers' continuous batching (generate_batch)",
+}
+"""TRL's configurations (--trl-configs). The headline ratio is against the fastest of those that do
+rlcore's work in rlcore's dtype (fair_configs); as-shipped is reported beside it."""
 TARGETS = {"same_engine": 0.8, "best_engine": 0.5}
 """Target step-time ratio rlcore / TRL (at most)."""
 RESULTS = default_out("vs_trl.json")
@@ -99,11 +111,31 @@ def run_rlcore(
 # ---------------------------------------------------------------------------- TRL side
 
 
-def run_trl(model_dir: str, tasks: str, workdir: str, tag: str, args: argparse.Namespace) -> dict:
+def fair_configs(dtype: str) -> tuple[str, ...]:
+    """The TRL configurations that do rlcore's work in rlcore's dtype: checkpointing off; in
+    bfloat16 with bfloat16 weights (as rlcore's model.dtype), in float32 as `matched`."""
+    return ("bf16", "bf16-cb") if dtype == "bfloat16" else ("matched",)
+
+
+def trl_settings(trl_config: str, dtype: str) -> tuple[str, dict[str, Any]]:
+    """(the weights' dtype, GRPOConfig keywords) of one TRL configuration."""
+    bf16 = trl_config.startswith("bf16")
+    settings: dict[str, Any] = {"bf16": dtype == "bfloat16" or bf16}
+    if trl_config != "as-shipped":
+        settings["gradient_checkpointing"] = False
+    if trl_config == "bf16-cb":
+        settings["use_transformers_continuous_batching"] = True
+    return ("bfloat16" if bf16 else "float32"), settings
+
+
+def run_trl(
+    model_dir: str, tasks: str, workdir: str, tag: str, trl_config: str, args: argparse.Namespace
+) -> dict:
     """One TRL GRPOTrainer run in a fresh process (this file's --trl-worker mode)."""
+    weights, settings = trl_settings(trl_config, resolved_dtype(args))
     spec = {"model_dir": model_dir, "tasks": tasks, "out_dir": os.path.join(workdir, f"trl-{tag}"),
             "prompts": args.prompts, "group": args.group, "max_tokens": args.max_tokens,
-            "steps": args.steps + 1, "device": args.device, "dtype": resolved_dtype(args)}  # fmt: skip
+            "steps": args.steps + 1, "device": args.device, "weights": weights, "settings": settings}  # fmt: skip
     env = KEEP_FREED_MALLOC if args.trl_malloc == "keep-freed" else None
     result = run_worker(__file__, "--trl-worker", spec, workdir, f"trl-{tag}", args.run_timeout, env)
     steps = result["steps"][1:]
@@ -199,7 +231,7 @@ def trl_worker(spec_path: str, result_path: str) -> None:
                 steps[-1]["completion_len"] = float(logs["completions/mean_length"])
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=getattr(torch, spec["weights"]))
     config = GRPOConfig(
         output_dir=spec["out_dir"],
         per_device_train_batch_size=spec["prompts"] * spec["group"],
@@ -217,9 +249,9 @@ def trl_worker(spec_path: str, result_path: str) -> None:
         report_to=[],
         save_strategy="no",
         use_cpu=spec["device"] == "cpu",
-        bf16=spec["dtype"] == "bfloat16",
         seed=0,
         dataloader_num_workers=0,
+        **spec["settings"],
     )
     trainer = TimedGRPOTrainer(
         model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
@@ -262,8 +294,14 @@ def summarise(pairs: list[dict[str, dict]], params: int, gpu: str | None) -> dic
                 s.setdefault(f"phase_{phase}_s", []).append(statistics.median(run["phases"][phase]))
     ratios = {
         key: spread([a / b for a, b in zip(per_side["rlcore"][key], per_side["trl"][key], strict=True)])
-        for key in ("step_s", "tokens_per_s", "train_tokens_per_s", "generate_s", "train_s",
-                    "rollout_tokens_per_s")  # fmt: skip
+        for key in (
+            "step_s",
+            "tokens_per_s",
+            "train_tokens_per_s",
+            "generate_s",
+            "train_s",
+            "rollout_tokens_per_s",
+        )  # fmt: skip
     }
     return {"sides": {side: {k: spread(v) for k, v in s.items()} for side, s in per_side.items()},
             "ratios_rlcore_over_trl": ratios}  # fmt: skip
@@ -287,16 +325,21 @@ def markdown(result: dict[str, Any]) -> str:
             else "glibc's defaults, as shipped."
         ),
         "",
-        "| comparison | rlcore engine | rlcore step s | TRL step s | **step time rlcore / TRL** | target | "
-        "tokens/s rlcore / TRL | **rollout tokens/s rlcore / TRL** | train tokens/s rlcore / TRL | "
+        "The headline row is against the fastest TRL configuration that does rlcore's work in rlcore's "
+        "dtype (gradient checkpointing off; in bfloat16 with bfloat16 weights); every configuration run "
+        "is in the second table, as-shipped among them.",
+        "",
+        "| comparison | rlcore engine | TRL config | rlcore step s | TRL step s | **step time rlcore / TRL** | "
+        "target | tokens/s rlcore / TRL | **rollout tokens/s rlcore / TRL** | train tokens/s rlcore / TRL | "
         "train MFU rlcore / TRL | tokens per step rlcore / TRL |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, c in result["comparisons"].items():
         r, s = c["ratios_rlcore_over_trl"], c["sides"]
         met = "met" if r["step_s"]["median"] <= target(name, cfg) else "NOT met"
         lines.append(
-            f"| {name} | {COMPARISONS[name]} | {s['rlcore']['step_s']['median']:.3f} | "
+            f"| {name} | {COMPARISONS[name]} | {c.get('headline', 'as-shipped')} | "
+            f"{s['rlcore']['step_s']['median']:.3f} | "
             f"{s['trl']['step_s']['median']:.3f} | {r['step_s']['min']:.2f} / **{r['step_s']['median']:.2f}** / "
             f"{r['step_s']['max']:.2f} | <= {target(name, cfg)} ({met}) | {r['tokens_per_s']['median']:.2f} | "
             f"{r['rollout_tokens_per_s']['min']:.2f} / **{r['rollout_tokens_per_s']['median']:.2f}** / "
@@ -304,6 +347,25 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_mfu_cell(s)} | {s['rlcore']['tokens_per_step']['median']:.0f} / "
             f"{s['trl']['tokens_per_step']['median']:.0f} |"
         )
+    lines += [
+        "",
+        "| comparison | TRL config | TRL's settings | TRL step s | step time rlcore / TRL (min / median / max) | "
+        "rollout tokens/s rlcore / TRL | train MFU rlcore / TRL |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for name, c in result["comparisons"].items():
+        for config, k in c.get("trl_configs", {}).items():
+            r = k["ratios_rlcore_over_trl"]
+            lines.append(
+                f"| {name} | {config} | {TRL_CONFIGS[config]} | {k['sides']['trl']['step_s']['median']:.3f} | "
+                f"{r['step_s']['min']:.2f} / **{r['step_s']['median']:.2f}** / {r['step_s']['max']:.2f} | "
+                f"{r['rollout_tokens_per_s']['median']:.2f} | {_mfu_cell(k['sides'])} |"
+            )
+    for name, c in result["comparisons"].items():
+        for config, why in c.get("failed", {}).items():
+            lines.append(
+                f"| {name} | {config} | {TRL_CONFIGS[config]} | failed: {why.splitlines()[-1][:150]} | - | - | - |"
+            )
     lines += [
         "",
         "Where a step goes, median seconds per step (the median over a run's steps, then over the "
@@ -370,8 +432,66 @@ def plot(result: dict[str, Any], path: str) -> None:
 # ---------------------------------------------------------------------------- main
 
 
+def _log_tail(path: str, lines: int = 15) -> str:
+    """The last lines of a run's log (kept in the result: the workdir goes away)."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def compare(
+    name: str, trl_configs: list[str], model_dir: str, tasks: str, workdir: str, params: int,
+    args: argparse.Namespace, gpu: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """One comparison: per repeat one rlcore run and one run of each TRL configuration, in
+    alternating order; each configuration paired with the same repeat's rlcore run. The top level
+    holds the headline configuration's pairs and ratios (the fastest fair one)."""
+    sides = ["rlcore", *(f"trl:{c}" for c in trl_configs)]
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    failed: dict[str, str] = {}  # TRL configuration -> why its run failed (the others still count)
+    for rep, order in alternating(sides, args.repeats):
+        for side in order:
+            tag = f"{name}-{rep}-{side.replace(':', '-')}"
+            t0 = time.perf_counter()
+            if side == "rlcore":
+                runs[side].append(run_rlcore(model_dir, tasks, workdir, COMPARISONS[name], tag, args))
+            elif side[4:] in failed:
+                continue
+            else:
+                try:
+                    runs[side].append(run_trl(model_dir, tasks, workdir, tag, side[4:], args))
+                except Exception as e:  # noqa: BLE001  (one TRL configuration's failure is reported, not fatal)
+                    failed[side[4:]] = (
+                        f"{type(e).__name__}: {e}\n{_log_tail(os.path.join(workdir, f'trl-{tag}.log'))}"
+                    )
+                    print(f"  [{name}] TRL {side[4:]} failed: {failed[side[4:]][-300:]}", flush=True)
+                    continue
+            med = statistics.median(runs[side][-1]["step_s"])
+            print(f"  [{name}] repeat {rep + 1}/{args.repeats} {side:>14}: median step {med:.3f} s "
+                  f"(run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    by_config = {}
+    trl_configs = [c for c in trl_configs if c not in failed]
+    if not trl_configs:
+        raise RuntimeError(f"every TRL configuration failed: {failed}")
+    for config in trl_configs:
+        pairs = [{"rlcore": a, "trl": b} for a, b in zip(runs["rlcore"], runs[f"trl:{config}"], strict=True)]
+        by_config[config] = {**summarise(pairs, params, gpu), "pairs": pairs}
+    fair = [c for c in trl_configs if c in fair_configs(resolved_dtype(args))] or trl_configs
+    headline = min(fair, key=lambda c: by_config[c]["sides"]["trl"]["step_s"]["median"])
+    for config, c in by_config.items():
+        r = c["ratios_rlcore_over_trl"]["step_s"]
+        mark = " (headline: the fastest fair TRL)" if config == headline else ""
+        print(f"[{name}] step time rlcore / TRL {config}: {r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f}{mark}",
+              flush=True)  # fmt: skip
+    return {**by_config[headline], "headline": headline, "trl_configs": by_config, "failed": failed}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--comparisons", default=",".join(COMPARISONS), help=f"of {', '.join(COMPARISONS)}")
     parser.add_argument(
         "--repeats", type=positive_int, default=3, help="alternating rlcore/TRL pairs per comparison"
@@ -384,12 +504,22 @@ def main(argv: list[str] | None = None) -> int:
         "--group", type=positive_int, default=4, help="completions per prompt (GRPO group size)"
     )
     parser.add_argument("--max-tokens", type=positive_int, default=32, help="generation length")
-    parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"), help="rlcore's training strategy")
+    parser.add_argument(
+        "--strategy",
+        default="fsdp2",
+        choices=("fsdp", "fsdp2", "megatron"),
+        help="rlcore's training strategy",
+    )
     add_model_args(parser)
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument(
         "--trl-malloc", default="as-shipped", choices=("as-shipped", "keep-freed"),
         help="TRL's process with glibc's malloc defaults, or with the settings rlcore's launcher uses",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trl-configs", default=None,
+        help=f"TRL configurations, of {', '.join(TRL_CONFIGS)} (default: the fair ones for the dtype, then "
+        "as-shipped: bf16,bf16-cb,as-shipped in bfloat16, matched,as-shipped in float32)",
     )  # fmt: skip
     parser.add_argument("--out", default=RESULTS, help="where the JSON result goes")
     parser.add_argument("--trl-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
@@ -398,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
         trl_worker(*args.trl_worker)
         return 0
     comparisons = comma_names(parser, "--comparisons", args.comparisons, tuple(COMPARISONS))
+    trl_configs = comma_names(
+        parser, "--trl-configs", args.trl_configs or ",".join((*fair_configs(resolved_dtype(args)), "as-shipped")),
+        tuple(TRL_CONFIGS),
+    )  # fmt: skip
     check_device(parser, args.device)
     missing = missing_packages("trl", "matplotlib")
     if missing:
@@ -421,26 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                             "shape": MODELS[args.model], "versions": versions()}  # fmt: skip
         result["config"].pop("trl_worker")
         for name in comparisons:
-            pairs = []
-            for rep, order in alternating(("rlcore", "trl"), args.repeats):
-                pair = {}
-                for side in order:
-                    tag = f"{name}-{rep}"
-                    t0 = time.perf_counter()
-                    if side == "rlcore":
-                        pair[side] = run_rlcore(model_dir, tasks, workdir, COMPARISONS[name], tag, args)
-                    else:
-                        pair[side] = run_trl(model_dir, tasks, workdir, tag, args)
-                    med = statistics.median(pair[side]["step_s"])
-                    print(f"  [{name}] pair {rep + 1}/{args.repeats} {side:>6}: median step {med:.3f} s "
-                          f"(run {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
-                pairs.append(pair)
-            result["comparisons"][name] = {**summarise(pairs, params, result["machine"]["gpu"]), "pairs": pairs}
-            r = result["comparisons"][name]["ratios_rlcore_over_trl"]["step_s"]
-            print(
-                f"[{name}] step time rlcore / TRL: {r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f}",
-                flush=True,
-            )
+            result["comparisons"][name] = compare(name, trl_configs, model_dir, tasks, workdir, params, args,
+                                                  result["machine"]["gpu"])  # fmt: skip
     result["wall_s"] = time.perf_counter() - start
     write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
     return 0

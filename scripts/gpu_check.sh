@@ -2,9 +2,12 @@
 # One command for a GPU machine without internet: install rlcore (from a folder of wheels when given
 # one: scripts/download_wheels.sh fills it on a machine with internet), then run these parts:
 #   engine      the HF engine's CUDA-graph decode against its eager loop (tests/gpu/test_hf_engine_cuda.py)
-#   bench_trl   rlcore bench trl: the GRPO step against TRL's on CUDA at --model (default 0.5b), 3
-#               alternating pairs; its report gives each side's rollout tokens/s (TRL's is
-#               model.generate's) and the update's MFU
+#   decode      rlcore bench decode: the CUDA-graph loop's tokens/s at --model, 8 prompts x 8 x 96 tokens,
+#               one call under torch's profiler (decode_profile.md, its Chrome trace beside it)
+#   bench_trl   rlcore bench trl: the GRPO step against TRL's on CUDA at --model (default 0.5b), --repeats
+#               alternating repeats of rlcore and each TRL configuration (--trl-configs; default the
+#               fastest fair ones, bf16 and bf16-cb, then as-shipped); its report gives each side's
+#               rollout tokens/s and the update's MFU
 #   bench_lora  rlcore bench lora: LoRA and offloading (fsdp2's CPUOffloadPolicy) against full
 #               fine-tuning, CUDA peak memory and step time
 #   bench_packing  rlcore bench packing: packed against padded micro-batches on a long tail (most
@@ -15,7 +18,7 @@
 #   tests       the rest of tests/gpu (--tests-k EXPR: only those pytest -k selects)
 #   quickstarts the quickstart on CUDA with megatron (rollout worker on the same GPU, checkpoint sync)
 #               and with fsdp2 (stage rl colocated), bf16
-# (bench = bench_trl,bench_lora,bench_packing.) The engine check and the benchmarks run one at a time; the tests and
+# (bench = decode,bench_trl,bench_lora,bench_packing.) The engine check and the benchmarks run one at a time; the tests and
 # the two quickstarts (tiny models) then run side by side.
 # Writes benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
 # result and minutes, the quickstarts' accuracies). With $OUT set (or --out DIR) the results and logs
@@ -23,7 +26,8 @@
 # files only still returns all of it), so a run stopped from outside still leaves what it finished.
 #
 #   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b]
-#                             [--tests-k EXPR] [--out DIR]
+#                             [--repeats N] [--trl-configs LIST] [--tests-k EXPR] [--out DIR]
+# --repeats (default 2) sets the benchmarks' repeats (bench trl: repeats of every side).
 #
 # Exit status: 0 when every part passed, 1 otherwise (each part runs even when an earlier one failed).
 # PART_TIMEOUT_S (default 1800) bounds each part, TIMEOUT_<part> (TIMEOUT_bench_trl=300) one part: a
@@ -31,7 +35,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-wheels="" parts="engine,bench,tests,quickstarts" model="0.5b" out="${OUT:-}" tests_k=""
+wheels="" parts="engine,bench,tests,quickstarts" model="0.5b" out="${OUT:-}" tests_k="" repeats=2 trl_configs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="$2"; shift 2 ;;
@@ -39,15 +43,17 @@ while [ $# -gt 0 ]; do
     --model) model="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --tests-k) tests_k="$2"; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument $1 (allowed: --wheels DIR, --parts LIST, --model NAME, --tests-k EXPR, --out DIR)" >&2; exit 2 ;;
+    --repeats) repeats="$2"; shift 2 ;;
+    --trl-configs) trl_configs="$2"; shift 2 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (allowed: --wheels DIR, --parts LIST, --model NAME, --repeats N, --trl-configs LIST, --tests-k EXPR, --out DIR)" >&2; exit 2 ;;
   esac
 done
-parts=${parts//bench,/bench_trl,bench_lora,bench_packing,}
-[[ "$parts" == *,bench || "$parts" == bench ]] && parts="${parts%bench}bench_trl,bench_lora,bench_packing"
+parts=${parts//bench,/decode,bench_packing,bench_lora,bench_trl,}
+[[ "$parts" == *,bench || "$parts" == bench ]] && parts="${parts%bench}decode,bench_packing,bench_lora,bench_trl"
 for part in ${parts//,/ }; do
-  case "$part" in engine|bench_trl|bench_lora|bench_packing|throughput|tests|quickstarts) ;; *)
-    echo "gpu_check.sh: --parts takes engine, bench (bench_trl,bench_lora,bench_packing), throughput, tests, quickstarts; got '$part'" >&2
+  case "$part" in engine|decode|bench_trl|bench_lora|bench_packing|throughput|tests|quickstarts) ;; *)
+    echo "gpu_check.sh: --parts takes engine, bench (decode,bench_packing,bench_lora,bench_trl), throughput, tests, quickstarts; got '$part'" >&2
     exit 2 ;;
   esac
 done
@@ -121,10 +127,10 @@ if want engine; then
   names+=(engine)
   run_part engine python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py
 fi
-if want bench_trl; then
-  names+=(bench_trl)
-  run_part bench_trl python3 -m rlcore.cli bench trl --device cuda --model "$model" --comparisons same_engine \
-    --prompts 8 --group 8 --max-tokens 96 --steps 3 --repeats 3 --out "$results/vs_trl.json"
+if want decode; then
+  names+=(decode)
+  run_part decode python3 -m rlcore.cli bench decode --device cuda --model "$model" --prompts 8 --n 8 \
+    --max-tokens 96 --calls 3 --out "$results/decode_profile.json"
 fi
 if want throughput; then
   names+=(throughput)
@@ -134,13 +140,19 @@ if want throughput; then
 fi
 if want bench_lora; then
   names+=(bench_lora)
-  run_part bench_lora python3 -m rlcore.cli bench lora --device cuda --model "$model" --repeats 2 --steps 3 \
+  run_part bench_lora python3 -m rlcore.cli bench lora --device cuda --model "$model" --repeats "$repeats" --steps 3 \
     --sides full,lora,offload --out "$results/lora.json"
 fi
 if want bench_packing; then
   names+=(bench_packing)
-  run_part bench_packing python3 -m rlcore.cli bench packing --device cuda --model "$model" --repeats 2 \
+  run_part bench_packing python3 -m rlcore.cli bench packing --device cuda --model "$model" --repeats "$repeats" \
     --long 4096,8192 --max-tokens 32768 --out "$results/packing.json"
+fi
+if want bench_trl; then
+  names+=(bench_trl)
+  run_part bench_trl python3 -m rlcore.cli bench trl --device cuda --model "$model" --comparisons same_engine \
+    --prompts 8 --group 8 --max-tokens 96 --steps 3 --repeats "$repeats" ${trl_configs:+--trl-configs "$trl_configs"} \
+    --run-timeout 240 --out "$results/vs_trl.json"
 fi
 # ... the functional checks side by side (tiny models: the GPU has room for all three)
 if want tests; then
@@ -187,8 +199,9 @@ if want quickstarts; then
   } >> "$summary"
 fi
 
-for f in vs_trl throughput lora packing; do
-  want "${f/vs_trl/bench_trl}" || want "${f/lora/bench_lora}" || want "${f/packing/bench_packing}" || continue
+for f in decode_profile vs_trl throughput lora packing; do
+  want "${f/vs_trl/bench_trl}" || want "${f/lora/bench_lora}" || want "${f/packing/bench_packing}" \
+    || want "${f/decode_profile/decode}" || continue
   [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"
 done
 cat "$summary"

@@ -1,6 +1,9 @@
 """The attention the native strategies give HF models on packed rows (packed.py): causal within each
-packed sequence, one scaled-dot-product attention per sequence, so its cost is the sum of the
-squared lengths (not the square of the row's) and SDPA keeps its causal kernel (no mask is built).
+packed sequence, so its cost is the sum of the squared lengths (not the square of the row's) and no
+mask is built. On a GPU in bf16/fp16 it is one variable-length flash-attention call for the whole
+row (torch.nn.attention.varlen); elsewhere (the CPU, float32) one scaled-dot-product attention per
+sequence, which keeps SDPA's causal kernel: on a GPU the per-sequence loop cost more than the
+padding it saved (bench packing, one H200: packed 0.80x padded-by-length before the varlen call).
 With Ulysses (ulysses.py) it first trades the rank's token slice for a share of the heads over the
 sequence-parallel group, and trades back after.
 
@@ -13,6 +16,8 @@ and a scale (a sliding window, logit soft-capping, attention sinks) are refused 
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
 from typing import Any
 
 import torch
@@ -68,11 +73,32 @@ def packed_attention(
             key = key.repeat_interleave(heads // kv_heads, dim=1)
             value = value.repeat_interleave(heads // kv_heads, dim=1)
         query, key, value = (sp.seq_to_heads(t) for t in (query, key, value))
+    p = dropout if module.training else 0.0
+    varlen = _varlen_call(query, scaling) if p == 0.0 and query.shape[0] == 1 else None
+    out = (
+        varlen(query, key, value, cu)
+        if varlen is not None
+        else _per_sequence(query, key, value, cu, p, scaling)
+    )
+    if sp is not None:
+        out = sp.heads_to_seq(out)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _per_sequence(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: list[int],
+    p: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """[B, H, n, D] query, [B, H_kv, n, D] key and value -> [B, H, n, D]: one causal SDPA per
+    sequence of the row(s)."""
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    p = dropout if module.training else 0.0
-    out = torch.cat(
+    return torch.cat(
         [
             F.scaled_dot_product_attention(
                 query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=p, is_causal=True, scale=scaling
@@ -82,9 +108,52 @@ def packed_attention(
         ],
         dim=2,
     )
-    if sp is not None:
-        out = sp.heads_to_seq(out)
-    return out.transpose(1, 2).contiguous(), None
+
+
+VARLEN_DTYPES = (torch.bfloat16, torch.float16)
+"""The dtypes flash attention (torch's varlen call) computes in."""
+
+
+@cache
+def _varlen_signature() -> frozenset[str] | None:
+    """The keyword names of torch.nn.attention.varlen.varlen_attn, None where torch lacks it. Its
+    signature changed between releases: torch 2.9-2.11 take `is_causal` (and repeat no KV heads),
+    later ones `window_size=(-1, 0)` for causal and `enable_gqa`."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_call(query: torch.Tensor, scaling: float | None) -> Any:
+    """The whole packed row's attention in one varlen flash-attention call, or None where it does
+    not apply: off CUDA, outside bf16/fp16, torch without varlen_attn, or a scale it cannot take."""
+    names = _varlen_signature()
+    if not query.is_cuda or query.dtype not in VARLEN_DTYPES or names is None:
+        return None
+    default_scale = query.shape[-1] ** -0.5
+    if scaling is not None and "scale" not in names and abs(scaling - default_scale) > 1e-12 * default_scale:
+        return None
+    from torch.nn.attention.varlen import varlen_attn
+
+    def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: list[int]) -> torch.Tensor:
+        """[1, H, n, D] query, [1, H_kv, n, D] key and value -> [1, H, n, D]."""
+        kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in names else {"is_causal": True}
+        if "scale" in names:
+            kw["scale"] = scaling
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1 and "enable_gqa" in names:
+            kw["enable_gqa"] = True
+        elif groups > 1:
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [n, heads, D]
+        offsets = torch.tensor(cu, dtype=torch.int32, device=query.device)
+        longest = max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
+        out = varlen_attn(q, k, v, offsets, offsets, longest, longest, **kw)
+        return out.transpose(0, 1)[None]
+
+    return call
 
 
 def use_packed_attention(model: torch.nn.Module, sp_size: int = 1) -> None:

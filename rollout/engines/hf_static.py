@@ -32,7 +32,7 @@ CAPACITY_STEP = 128
 """Cache capacities and graph view lengths are multiples of this many tokens."""
 MAX_STATES = 3
 """Decode states (batch bucket x capacity) kept at once; the least recently used is freed first."""
-MODEL_TYPES = ("llama", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 """Model types whose attention runs on a 4D mask and a cache's `update` alone (each checked on CPU
 against the eager loop, tests/unit/rollout/test_hf_decode.py)."""
 

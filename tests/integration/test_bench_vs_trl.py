@@ -20,12 +20,13 @@ def test_bench_trl_measures_both_frameworks_on_the_same_work(tmp_path) -> None:
     out = tmp_path / "vs_trl.json"
     proc = subprocess.run(
         [sys.executable, "-m", "rlcore.cli", "bench", "trl", "--comparisons", "same_engine", "--repeats", "1",
-         "--steps", "2", "--prompts", "2", "--group", "2", "--max-tokens", "4", "--out", str(out)],
+         "--steps", "2", "--prompts", "2", "--group", "2", "--max-tokens", "4", "--trl-configs", "matched", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=840,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     comparison = result["comparisons"]["same_engine"]
+    assert comparison["headline"] == "matched" and list(comparison["trl_configs"]) == ["matched"]
     (pair,) = comparison["pairs"]
     for side in ("rlcore", "trl"):
         run = pair[side]
@@ -47,6 +48,7 @@ def test_bench_trl_measures_both_frameworks_on_the_same_work(tmp_path) -> None:
         statistics.median(pair["rlcore"]["generated_tokens"]) / statistics.median(pair["rlcore"]["phases"]["generate"])
     )
     table = (tmp_path / "vs_trl.md").read_text()
-    assert "| same_engine | hf |" in table and "forward_backward" in table
+    assert "| same_engine | hf | matched |" in table and "| same_engine | matched |" in table
+    assert "forward_backward" in table and "forward_backward" in table
     assert "on CPU (" in table and "- (no GPU peak)" in table  # the header names the device; no MFU on CPU
     assert (tmp_path / "vs_trl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

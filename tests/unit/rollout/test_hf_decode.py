@@ -89,7 +89,9 @@ def test_rules_match_their_definitions() -> None:
         expected = logits - 0.4 * -counts - 0.7 * (counts > 0).float()
         assert torch.allclose(filter_logits(logits, penalties, rules, step), expected), step
         rules.observe(response[:, step])
-    assert LogitRules.start(SamplingParams(min_tokens=3), None, 4, 50, cpu, []) is None  # nothing to hold back
+    assert (
+        LogitRules.start(SamplingParams(min_tokens=3), None, 4, 50, cpu, []) is None
+    )  # nothing to hold back
 
 
 @pytest.mark.parametrize("repetition_penalty", [1.0, 1.5])
@@ -173,12 +175,18 @@ def test_grouped_sdpa_on_cpu_equals_transformers_sdpa_under_padding_and_cache(ti
 
 
 def small_model(model_type: str, vocab: int) -> torch.nn.Module:
-    """A random 2-layer model of `model_type` with grouped KV heads (head_dim 16)."""
+    """A random 2-layer model of `model_type` with grouped KV heads (head_dim 16); MoE types with 4
+    experts, 2 per token."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    moe = (
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+        if "moe" in model_type
+        else {}
+    )
     config = AutoConfig.for_model(
         model_type, vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512, **moe,
     )  # fmt: skip
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).eval()
@@ -196,8 +204,15 @@ STATIC_CASES = {
     "stop_string": (SamplingParams(temperature=1.0, max_tokens=30, n=2, stop=["3", "ab"]), 2),
     "rules": (
         SamplingParams(
-            temperature=1.0, max_tokens=25, n=3, presence_penalty=0.8, frequency_penalty=0.5,
-            logit_bias={5: 2.0, 7: -100.0}, min_tokens=4, stop_token_ids=[11], stop=["ab"],
+            temperature=1.0,
+            max_tokens=25,
+            n=3,
+            presence_penalty=0.8,
+            frequency_penalty=0.5,
+            logit_bias={5: 2.0, 7: -100.0},
+            min_tokens=4,
+            stop_token_ids=[11],
+            stop=["ab"],
         ),
         3,
     ),  # fmt: skip
@@ -205,7 +220,7 @@ STATIC_CASES = {
 }
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "qwen3_moe"])
 @pytest.mark.parametrize("case", list(STATIC_CASES))
 def test_static_decode_equals_the_eager_loop(tiny_model_path: str, model_type: str, case: str) -> None:
     """The static loop (rows kept in the batch to the end, a fixed-shape cache read through views of
@@ -262,7 +277,9 @@ def test_static_decode_refuses_what_it_cannot_run() -> None:
     assert [batch_bucket(r, 48) for r in (1, 2, 3, 5, 16, 17, 48)] == [1, 2, 4, 8, 16, 32, 48]
 
 
-def test_an_interrupt_ends_both_loops_at_a_token_boundary_with_the_tokens_so_far(tiny_model_path: str) -> None:
+def test_an_interrupt_ends_both_loops_at_a_token_boundary_with_the_tokens_so_far(
+    tiny_model_path: str,
+) -> None:
     """Set before the call, the eager loop stops after one token and the static one after
     `check_every` (the host looks only then); rows that stopped earlier keep their own reason."""
     import threading
