@@ -81,7 +81,7 @@ class HFEngine(RolloutEngine):
         self.policy_version = 0
         self._static: StaticDecodeStates | None = None
         if self.device.type == "cuda" and not enforce_eager:
-            why_not = supports(self.model.config)
+            why_not = supports(self.model.config, max_batch_size, self.model.dtype.itemsize)
             if why_not is None:
                 self._static = StaticDecodeStates(
                     self.model, max_batch_size, self.max_model_len, use_graphs=True
@@ -107,8 +107,12 @@ class HFEngine(RolloutEngine):
             row_seeds = (
                 None if seeds is None else [seeds[i] + len(out[i]) + j for i in indices for j in range(count)]
             )
-            if self.interrupt is not None and self.interrupt.is_set():  # not started: all of it continues later
-                completions = [Completion(list(p), [], [], "interrupted") for p in chunk for _ in range(count)]
+            if (
+                self.interrupt is not None and self.interrupt.is_set()
+            ):  # not started: all of it continues later
+                completions = [
+                    Completion(list(p), [], [], "interrupted") for p in chunk for _ in range(count)
+                ]
             else:
                 completions = self._generate_chunk(chunk, count, sampling, matcher, row_seeds)
             for j, i in enumerate(indices):

@@ -243,11 +243,15 @@ def decode_static(
         logits_BV = state.step(token_B, width + t)
 
     stopped, interrupted = stopped_B[:rows].cpu().tolist(), interrupted_B[:rows].cpu().tolist()
-    finish = ["stop" if s else "interrupted" if i else "length" for s, i in zip(stopped, interrupted, strict=True)]
+    finish = [
+        "stop" if s else "interrupted" if i else "length" for s, i in zip(stopped, interrupted, strict=True)
+    ]
     return _cut(tokens_BT[:rows], logprobs_BT[:rows], length_B[:rows].cpu().tolist(), finish)
 
 
-def _cut(tokens_RT: torch.Tensor, logprobs_RT: torch.Tensor, lengths: list[int], finish: list[str]) -> DecodedRows:
+def _cut(
+    tokens_RT: torch.Tensor, logprobs_RT: torch.Tensor, lengths: list[int], finish: list[str]
+) -> DecodedRows:
     """Each row's tokens and log-probs up to its length."""
     tokens, logprobs = tokens_RT.cpu().tolist(), logprobs_RT.cpu().tolist()
     return DecodedRows(

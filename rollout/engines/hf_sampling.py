@@ -73,7 +73,9 @@ class LogitRules:
             scores_RV = torch.where(self.seen_RV, penalised, scores_RV)
         if self.counts_RV is not None:
             scores_RV = (
-                scores_RV - s.frequency_penalty * self.counts_RV - s.presence_penalty * (self.counts_RV > 0).float()
+                scores_RV
+                - s.frequency_penalty * self.counts_RV
+                - s.presence_penalty * (self.counts_RV > 0).float()
             )
         return scores_RV
 
@@ -82,7 +84,9 @@ class LogitRules:
         if self.seen_RV is not None:
             self.seen_RV.scatter_(1, token_R[:, None], True)
         if self.counts_RV is not None:
-            self.counts_RV.scatter_add_(1, token_R[:, None], torch.ones_like(token_R[:, None], dtype=torch.float32))
+            self.counts_RV.scatter_add_(
+                1, token_R[:, None], torch.ones_like(token_R[:, None], dtype=torch.float32)
+            )
 
     def keep(self, keep_R: torch.Tensor) -> None:
         """Only the rows `keep_R` decode on (the others finished)."""
@@ -163,11 +167,15 @@ class TextStopStrings(StopStringCriteria):
         self._special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
         self._special |= set(tokenizer.all_special_ids)
         # transformers caches the matching tables by vocabulary: this one's differ
-        return super().clean_and_embed_tokens_with_cache((*token_list, "<rlcore: no special tokens>"), token_indices, tokenizer)
+        return super().clean_and_embed_tokens_with_cache(
+            (*token_list, "<rlcore: no special tokens>"), token_indices, tokenizer
+        )
 
     def clean_tokenizer_vocab(  # type: ignore[override]
         self, tokenizer: Any, static_prefix: str = "abcdef", stop_string_matching_mode: Any = None
     ) -> tuple[tuple[Any, ...], tuple[int, ...]]:
-        tokens, indices = StopStringCriteria.clean_tokenizer_vocab(tokenizer, static_prefix, stop_string_matching_mode)
+        tokens, indices = StopStringCriteria.clean_tokenizer_vocab(
+            tokenizer, static_prefix, stop_string_matching_mode
+        )
         keep = [k for k, i in enumerate(indices) if i not in self._special]
         return tuple(tokens[k] for k in keep), tuple(indices[k] for k in keep)

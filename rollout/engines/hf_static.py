@@ -19,14 +19,25 @@ after call. For each (batch bucket, capacity) one `StaticDecodeState` holds:
 
 The step calls the transformers model itself (its own kernels, 4D-mask path), so a model type is
 admitted only where that path is known to hold: full attention in every layer (`supports`).
+
+MoE models (Qwen3-MoE): transformers' default experts kernel (grouped_mm) copies from the host
+inside its forward, which a CUDA graph cannot capture; the step runs the experts as batched
+matmuls over each token's chosen experts instead (transformers' "batched_mm" experts, the prefill
+keeps the default). That gathers batch x top-k experts' weights per layer and step, so the static
+path takes an MoE model only while that gather stays under MOE_GATHER_LIMIT at the engine's
+max_batch_size (small batches, where launch overhead, not weight reads, bounds a decode step).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from . import hf_step_attention as step_attention
 
 CAPACITY_STEP = 128
 """Cache capacities and graph view lengths are multiples of this many tokens."""
@@ -37,10 +48,30 @@ MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 against the eager loop, tests/unit/rollout/test_hf_decode.py)."""
 
 
-def supports(config: Any) -> str | None:
-    """Why the static path cannot run this model (None: it can)."""
+MOE_GATHER_LIMIT = 2**30
+"""Bytes of expert weights one MoE layer's captured step may gather (batch x top-k experts)."""
+CAPTURED_EXPERTS = "batched_mm"
+"""transformers' experts implementation inside the static step (no host copy: capturable)."""
+
+
+def experts_gather_bytes(config: Any, batch: int, dtype_bytes: int) -> int:
+    """The expert weights one MoE layer's step gathers: each row's top-k experts (gate, up, down)."""
+    per_expert = 3 * config.hidden_size * config.moe_intermediate_size
+    return batch * config.num_experts_per_tok * per_expert * dtype_bytes
+
+
+def supports(config: Any, batch: int = 1, dtype_bytes: int = 2) -> str | None:
+    """Why the static path cannot run this model at `batch` rows (None: it can)."""
     if config.model_type not in MODEL_TYPES:
         return f"model type {config.model_type} is not one of {', '.join(MODEL_TYPES)}"
+    if getattr(config, "num_experts", 0):
+        gather = experts_gather_bytes(config, batch, dtype_bytes)
+        if gather > MOE_GATHER_LIMIT:
+            return (
+                f"its captured step would gather {gather / 2**30:.1f} GiB of expert weights per layer at "
+                f"max_batch_size {batch} (limit {MOE_GATHER_LIMIT / 2**30:.0f} GiB); a smaller "
+                "max_batch_size decodes in CUDA graphs"
+            )
     if getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
@@ -106,6 +137,7 @@ class StaticDecodeState:
         self.columns_L = torch.arange(capacity, device=device)
         self.use_graphs = use_graphs
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        step_attention.register()
 
     def start(
         self, prefill_cache: Any, n: int, mask_PL: torch.Tensor, last_positions_P: torch.Tensor
@@ -142,10 +174,11 @@ class StaticDecodeState:
         decoded = (columns >= self.width) & (columns <= self.cache.slot)
         mask_B11L = (self.prompt_mask_BL[:, :view_len] | decoded)[:, None, None, :]
         self.cache.view_len = view_len
-        out = self.model(
-            input_ids=self.tokens_B1, position_ids=self.positions_B1, attention_mask=mask_B11L,
-            past_key_values=self.cache, use_cache=True,
-        )  # fmt: skip
+        with step_implementations(self.model.config):
+            out = self.model(
+                input_ids=self.tokens_B1, position_ids=self.positions_B1, attention_mask=mask_B11L,
+                past_key_values=self.cache, use_cache=True,
+            )  # fmt: skip
         return out.logits[:, -1]
 
     def _capture(self, view_len: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -162,6 +195,24 @@ class StaticDecodeState:
         with torch.cuda.graph(graph):
             logits_BV = self._forward(view_len)
         return graph, logits_BV
+
+
+@contextmanager
+def step_implementations(config: Any) -> Iterator[None]:
+    """The model's attention as hf_step_attention's (the cache read in place) and an MoE model's
+    experts as CAPTURED_EXPERTS, for the step only: transformers reads both choices from the
+    config at each forward, and the prefill keeps the model's own."""
+    moe = bool(getattr(config, "num_experts", 0))
+    before = config._attn_implementation, config._experts_implementation if moe else None
+    config._attn_implementation = step_attention.NAME
+    if moe:
+        config._experts_implementation = CAPTURED_EXPERTS
+    try:
+        yield
+    finally:
+        config._attn_implementation = before[0]
+        if moe:
+            config._experts_implementation = before[1]
 
 
 class StaticDecodeStates:

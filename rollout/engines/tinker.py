@@ -70,7 +70,9 @@ class TinkerEngine(RolloutEngine):
         try:
             import tinker
         except ImportError as e:
-            raise ImportError(f"the tinker engine needs the tinker SDK ({e}): pip install 'rlcore[tinker]'") from None
+            raise ImportError(
+                f"the tinker engine needs the tinker SDK ({e}): pip install 'rlcore[tinker]'"
+            ) from None
         from transformers import AutoTokenizer, GenerationConfig
 
         api_key = os.environ.get(service.api_key_env, "")
@@ -91,7 +93,9 @@ class TinkerEngine(RolloutEngine):
             self._client = tinker.ServiceClient(base_url=service.url, api_key=api_key)
             self._sampler = self._client.create_sampling_client(base_model=service.base_model).result()
         except tinker.APIError as e:
-            raise ValueError(f"the Tinker service at {service.url} refused a sampler of {service.base_model}: {e}") from None
+            raise ValueError(
+                f"the Tinker service at {service.url} refused a sampler of {service.base_model}: {e}"
+            ) from None
         self.sampler_path = ""
         """The sampler weights served now ("": the base model)."""
         self.policy_version = 0
@@ -101,14 +105,17 @@ class TinkerEngine(RolloutEngine):
         params = self._params(sampling)
         sampler = self._sampler  # a load between the requests must not split one call's prompts
         futures = [
-            sampler.sample(self._types.ModelInput.from_ints(list(ids)), sampling.n, params) for ids in prompt_token_ids
+            sampler.sample(self._types.ModelInput.from_ints(list(ids)), sampling.n, params)
+            for ids in prompt_token_ids
         ]
         out = []
         for ids, future in zip(prompt_token_ids, futures, strict=True):
             completions = []
             for s in future.result().sequences:
                 if s.logprobs is None:
-                    raise RuntimeError(f"the Tinker sampler at {self.service.url} returned a sample without log-probs")
+                    raise RuntimeError(
+                        f"the Tinker sampler at {self.service.url} returned a sample without log-probs"
+                    )
                 completions.append(Completion(
                     prompt_token_ids=list(ids), token_ids=list(s.tokens), logprobs=[float(x) for x in s.logprobs],
                     finish_reason=s.stop_reason, text=response_text(self.tokenizer, list(s.tokens), sampling.stop),
@@ -120,7 +127,9 @@ class TinkerEngine(RolloutEngine):
         """Tinker's SamplingParams for `sampling`; ValueError naming a field Tinker cannot honour."""
         for name, off in UNSERVED.items():
             if getattr(sampling, name) != off:
-                raise ValueError(f"{name}: a Tinker sampler has none; leave it at {off} with engine_type tinker")
+                raise ValueError(
+                    f"{name}: a Tinker sampler has none; leave it at {off} with engine_type tinker"
+                )
         if sampling.logit_bias:
             raise ValueError("logit_bias: a Tinker sampler has none; leave it empty with engine_type tinker")
         stop: list[Any] | None = None
@@ -128,7 +137,9 @@ class TinkerEngine(RolloutEngine):
             raise ValueError("a Tinker sampler stops on strings or on token ids, not both: give one of them")
         if sampling.stop:
             if sampling.ignore_eos:
-                raise ValueError("a Tinker sampler stopping on strings stops on EOS too: drop ignore_eos or the stop strings")
+                raise ValueError(
+                    "a Tinker sampler stopping on strings stops on EOS too: drop ignore_eos or the stop strings"
+                )
             stop = list(sampling.stop)
         elif sampling.stop_token_ids or sampling.ignore_eos:
             stop = ending_tokens(sampling, self.eos_token_ids)  # [] stops nowhere, EOS included

@@ -222,7 +222,9 @@ class VLLMEngine(RolloutEngine):
             results.append(samples)
         return results
 
-    def _stepped(self, prompt_token_ids: list[list[int]], params: list[Any], detokenize: bool) -> list[list[Completion]]:
+    def _stepped(
+        self, prompt_token_ids: list[list[int]], params: list[Any], detokenize: bool
+    ) -> list[list[Completion]]:
         """`generate` with the engine stepped here, so that a set `interrupt` ends the call between two
         steps: the requests not finished are aborted and come back with their tokens so far, finish
         reason "interrupted". Each sample is a request of its own (a prompt's sample j draws from
@@ -240,7 +242,9 @@ class VLLMEngine(RolloutEngine):
                 self._requests += 1
                 request_id = f"rlcore-{self._requests}"
                 engine.add_request(request_id, {"prompt_token_ids": list(ids)}, one)
-                requests[request_id] = SimpleNamespace(prompt=i, token_ids=[], logprobs=[], text="", finish_reason=None)
+                requests[request_id] = SimpleNamespace(
+                    prompt=i, token_ids=[], logprobs=[], text="", finish_reason=None
+                )
         unfinished = set(requests)
         while engine.has_unfinished_requests():
             if self.interrupt is not None and self.interrupt.is_set():

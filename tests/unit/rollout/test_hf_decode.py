@@ -274,6 +274,13 @@ def test_static_decode_refuses_what_it_cannot_run() -> None:
 
     assert "gpt2" in (supports(AutoConfig.for_model("gpt2")) or "")
     assert supports(AutoConfig.for_model("qwen2", use_sliding_window=True)) == "sliding-window attention"
+    moe = AutoConfig.for_model(
+        "qwen3_moe", hidden_size=2048, moe_intermediate_size=768, num_experts_per_tok=8
+    )
+    assert supports(moe, batch=8) is None  # 8 x 8 experts of 9 MiB: 0.6 GiB gathered per layer
+    assert "gather 2.2 GiB of expert weights per layer at max_batch_size 32" in (
+        supports(moe, batch=32) or ""
+    )
     assert [batch_bucket(r, 48) for r in (1, 2, 3, 5, 16, 17, 48)] == [1, 2, 4, 8, 16, 32, 48]
 
 
