@@ -18,6 +18,10 @@
 #   tests       the rest of tests/gpu (--tests-k EXPR: only those pytest -k selects)
 #   quickstarts the quickstart on CUDA with megatron (rollout worker on the same GPU, checkpoint sync)
 #               and with fsdp2 (stage rl colocated), bf16
+#   qwen3_moe   configs/qwen3_moe.yaml on CUDA with megatron (megatron-core's MoE layer without
+#               TransformerEngine, the HF engine decoding Qwen3-MoE in CUDA graphs), bf16, its SFT
+#               stage cut to 300 steps (megatron took 0.22 s per tiny step on an H200: 1000 steps
+#               did not leave the GRPO stage room in a 190 s part)
 # (bench = decode,bench_trl,bench_lora,bench_packing.) The engine check and the benchmarks run one at a time; the tests and
 # the two quickstarts (tiny models) then run side by side.
 # Writes benchmarks/results/gpu/*.md|json|png and a summary (gpu_check.md: versions, each part's
@@ -35,7 +39,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-wheels="" parts="engine,bench,tests,quickstarts" model="0.5b" out="${OUT:-}" tests_k="" repeats=2 trl_configs=""
+wheels="" parts="engine,bench,tests,quickstarts,qwen3_moe" model="0.5b" out="${OUT:-}" tests_k="" repeats=2 trl_configs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="$2"; shift 2 ;;
@@ -52,8 +56,8 @@ done
 parts=${parts//bench,/decode,bench_packing,bench_lora,bench_trl,}
 [[ "$parts" == *,bench || "$parts" == bench ]] && parts="${parts%bench}decode,bench_packing,bench_lora,bench_trl"
 for part in ${parts//,/ }; do
-  case "$part" in engine|decode|bench_trl|bench_lora|bench_packing|throughput|tests|quickstarts) ;; *)
-    echo "gpu_check.sh: --parts takes engine, bench (decode,bench_packing,bench_lora,bench_trl), throughput, tests, quickstarts; got '$part'" >&2
+  case "$part" in engine|decode|bench_trl|bench_lora|bench_packing|throughput|tests|quickstarts|qwen3_moe) ;; *)
+    echo "gpu_check.sh: --parts takes engine, bench (decode,bench_packing,bench_lora,bench_trl), throughput, tests, quickstarts, qwen3_moe; got '$part'" >&2
     exit 2 ;;
   esac
 done
@@ -169,6 +173,12 @@ if want quickstarts; then
   RLCORE_CHECKPOINT_DIR="$scratch/qs-fsdp2" run_part quickstart_fsdp2 python3 -m rlcore.cli launch \
     --strategy fsdp2 configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16 stages.1.mode=colocate &
 fi
+if want qwen3_moe; then
+  names+=(qwen3_moe)
+  RLCORE_CHECKPOINT_DIR="$scratch/qwen3-moe" run_part qwen3_moe python3 -m rlcore.cli launch \
+    --strategy megatron configs/qwen3_moe.yaml cluster.device=cuda model.dtype=bfloat16 \
+    synchronizer.sync_method=checkpoint stages.0.buffer.total_steps=300 &
+fi
 wait
 
 status=0
@@ -182,18 +192,20 @@ for name in "${names[@]}"; do
 done
 
 library=' (INFO|WARNING|DEBUG) (megatron|torch|transformers)'
-if want quickstarts; then
+if want quickstarts || want qwen3_moe; then
   {
     echo
     echo "Quickstarts (\`rlcore launch --strategy S configs/quickstart.yaml cluster.device=cuda model.dtype=bfloat16\`"
     echo "plus \`synchronizer.sync_method=checkpoint\` for megatron, \`stages.1.mode=colocate\` for fsdp2):"
-    for strategy in megatron fsdp2; do
+    for run in quickstart_megatron:qs-megatron quickstart_fsdp2:qs-fsdp2 qwen3_moe:qwen3-moe; do
+      name=${run%%:*} dir=${run##*:}
+      [ -f "$logs/$name.log" ] || continue
       echo
-      echo "- $strategy:"
-      grep -E "rlcore: finished|after stage" "$logs/quickstart_$strategy.log" | sed 's/^/    /'
-      trainer_log=$(find "$scratch/qs-$strategy" -name trainer.log | head -1)
-      [ -n "$trainer_log" ] && cp "$trainer_log" "$logs/quickstart_$strategy.trainer.log"
-      echo "    library log records on stdout: $(grep -c -E "$library" "$logs/quickstart_$strategy.log" || true)," \
+      echo "- $name:"
+      grep -E "rlcore: finished|after stage" "$logs/$name.log" | sed 's/^/    /'
+      trainer_log=$(find "$scratch/$dir" -name trainer.log | head -1)
+      [ -n "$trainer_log" ] && cp "$trainer_log" "$logs/$name.trainer.log"
+      echo "    library log records on stdout: $(grep -c -E "$library" "$logs/$name.log" || true)," \
         "in launch/trainer.log: $(grep -c -E "$library" "${trainer_log:-/dev/null}" || true)"
     done
   } >> "$summary"
