@@ -36,6 +36,7 @@ class TensorSpec(Protocol):
     @property
     def shape(self) -> tuple[int, ...]: ...
 
+
 Prompt = list[int] | str
 """Token ids, or text the worker tokenises (no chat template, no special tokens added)."""
 
@@ -74,7 +75,7 @@ def workflow_to_proto(w: WorkflowSpec) -> rollout_pb2.WorkflowSpec:
         max_prompt_tokens=w.max_prompt_tokens, apply_chat_template=w.apply_chat_template,
         args_json=json.dumps(w.args) if w.args else "",
         auxiliary_json=json.dumps(w.auxiliary_models) if w.auxiliary_models else "",
-        judge_json=json.dumps(w.judge) if w.judge else "",
+        judge_json=json.dumps(w.judge) if w.judge else "", reasoning_tags=list(w.reasoning_tags),
     )  # fmt: skip
     if w.chat_template is not None:
         msg.chat_template = w.chat_template

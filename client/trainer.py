@@ -179,7 +179,9 @@ class TrainerClient(BlockingClient):
         request = compute_logprobs_request(sequences, temperature, reference)
         return _logprobs_result(self._unary("ComputeLogprobs", request, timeout))
 
-    def optim_step(self, timeout: float | None = None, adam: dict[str, float] | None = None) -> OptimStepResult:
+    def optim_step(
+        self, timeout: float | None = None, adam: dict[str, float] | None = None
+    ) -> OptimStepResult:
         """Step on the gradients accumulated so far; `adam` (AdamParams' fields: learning_rate, beta1,
         beta2, eps, weight_decay, grad_clip_norm) in place of the configured optimizer and schedule."""
         request = trainer_pb2.OptimStepRequest(adam=None if adam is None else trainer_pb2.AdamParams(**adam))

@@ -157,7 +157,9 @@ def verify_checkpoint(path: str) -> None:
             )
         kind = next((k for k in CHECKSUMS if k in meta), None)
         if kind is None:
-            raise CheckpointError(f"checkpoint {path}: {manifest} gives {rel} no checksum it knows ({', '.join(CHECKSUMS)})")
+            raise CheckpointError(
+                f"checkpoint {path}: {manifest} gives {rel} no checksum it knows ({', '.join(CHECKSUMS)})"
+            )
         if CHECKSUMS[kind](full) != meta[kind]:
             raise CheckpointError(f"checkpoint {path} is damaged: {full} differs from its checksum")
 

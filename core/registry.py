@@ -63,7 +63,9 @@ class Registry(Mapping[str, str]):
         """A registered class, or a user's subclass of `base` by import path 'pkg.mod:Class'
         (ValueError otherwise, saying what is allowed). `what` names it in messages (tool...)."""
         if name not in self._entries and ":" not in name:
-            raise ValueError(f"'{name}' is not one of {', '.join(self._entries)} (nor an import path 'pkg.mod:Class')")
+            raise ValueError(
+                f"'{name}' is not one of {', '.join(self._entries)} (nor an import path 'pkg.mod:Class')"
+            )
         cls = self.resolve(name) if name in self._entries else import_path(name, what=what)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise ValueError(

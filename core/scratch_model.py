@@ -42,7 +42,7 @@ CHATML_TOOLS_TEMPLATE = (
     "{%- if tools %}"
     "{{ '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{ '# Tools\\nCall a tool as <tool_call>{\\\"name\\\": ..., \\\"arguments\\\": {...}}</tool_call>.\\n<tools>\\n' }}"
+    '{{ \'# Tools\\nCall a tool as <tool_call>{\\"name\\": ..., \\"arguments\\": {...}}</tool_call>.\\n<tools>\\n\' }}'
     "{%- for tool in tools %}{{ tool | tojson + '\\n' }}{%- endfor %}"
     "{{ '</tools><|im_end|>\\n' }}"
     "{%- elif messages[0]['role'] == 'system' %}"
@@ -70,7 +70,7 @@ CHATML_THINKING_TEMPLATE = (
     "{%- if tools %}"
     "{{ '<|im_start|>system\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{%- endif %}"
-    "{{ '# Tools\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n<tools>\n' }}"
+    '{{ \'# Tools\nCall a tool as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.\n<tools>\n\' }}'
     "{%- for tool in tools %}{{ tool | tojson + '\n' }}{%- endfor %}"
     "{{ '</tools><|im_end|>\n' }}"
     "{%- elif messages[0]['role'] == 'system' %}"
@@ -106,7 +106,14 @@ block (`<think>...</think>`, empty when it has none), an earlier one without it,
 rendered again after a new user turn is not the old rendering plus the new turn;
 `enable_thinking=False` ends the generation prompt with an empty reasoning block."""
 BPE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-BPE_TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<answer>", "</answer>"]
+BPE_TAG_TOKENS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<answer>",
+    "</answer>",
+]
 
 
 def _bpe_corpus() -> list[str]:
@@ -121,10 +128,19 @@ def _bpe_corpus() -> list[str]:
         "function": {
             "name": "calculator",
             "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
         },
     }
-    lines = [json.dumps(calculator), "# Tools\nCall a tool as <tool_call>", "error: unknown tool", "malformed tool call"]
+    lines = [
+        json.dumps(calculator),
+        "# Tools\nCall a tool as <tool_call>",
+        "error: unknown tool",
+        "malformed tool call",
+    ]
     for _ in range(2000):
         a, b, op = rng.randint(0, 99), rng.randint(0, 99), rng.choice("+-*")
         call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}})

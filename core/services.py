@@ -40,7 +40,6 @@ def check_auxiliary(specs: list[dict[str, Any]]) -> None:
             raise ValueError(f"{where}: give base_url or base_url_env (the service's .../v1 address)")
 
 
-
 def auxiliary_models(cfg: Any) -> list[dict[str, Any]]:
     """explorer.auxiliary_models, and model.external_model as 'external' when enabled."""
     out: list[dict[str, Any]] = [

@@ -97,6 +97,8 @@ class WorkflowSpec:
     (URLs and keys named by environment variable are read on the worker)."""
     judge: dict[str, Any] | None = None
     """The `judge` reward's settings (a taskset's JudgeConfig as a dict), when reward_fn lists it."""
+    reasoning_tags: list[str] = field(default_factory=list)
+    """[open, close] of the reasoning block rewards do not score (FormatConfig.reasoning_tags)."""
 
 
 @dataclass

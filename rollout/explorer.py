@@ -87,6 +87,7 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
         args=dict(ts.workflow_args),
         auxiliary_models=auxiliary_models(cfg),
         judge=judge_settings(ts.judge) if JUDGE in ts.reward_fn else None,
+        reasoning_tags=list(ts.format.reasoning_tags),
     )
 
 
@@ -147,7 +148,9 @@ class Explorer:
         n, out = self.cfg.algorithm.repeat_times, []
         for t in tasks:
             ts, spec = self.train_sets[self._source(t)]
-            out.append((t, sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed), spec))
+            out.append(
+                (t, sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed), spec)
+            )
         return out
 
     def _source(self, task: Task) -> str:
@@ -187,13 +190,17 @@ class Explorer:
                     scores = [e.reward_components[fn] for e in exps if fn in e.reward_components]
                     if scores:  # a workflow may score with its own components instead
                         metrics[f"{prefix}{fn}_mean"] = sum(scores) / len(scores)
-            names = [n for n in names if all(n in e.reward_components for e in exps)]  # a workflow's own scoring: none
+            names = [
+                n for n in names if all(n in e.reward_components for e in exps)
+            ]  # a workflow's own scoring: none
             if names:
                 correct = [sum(e.reward_components[n] for n in names) / len(names) for e in exps]
                 metrics[prefix + "accuracy"] = sum(correct) / len(correct)
                 if k > 1:  # a sample is right when every correctness reward gave it full marks
                     right = [[c >= 1.0 - 1e-9 for c in correct[i : i + k]] for i in range(0, len(exps), k)]
-                    said = [[_vote_key(e.response_text) for e in exps[i : i + k]] for i in range(0, len(exps), k)]
+                    said = [
+                        [_vote_key(e.response_text) for e in exps[i : i + k]] for i in range(0, len(exps), k)
+                    ]
                     metrics.update({prefix + k: v for k, v in sampled_eval_metrics(right, said).items()})
             metrics[prefix + "response_len_mean"] = sum(e.model_tokens for e in exps) / len(exps)
             metrics[prefix + "time_s"] = time.perf_counter() - start

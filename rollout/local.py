@@ -44,7 +44,9 @@ class LocalRollout:
         if key not in self._workflows:
             self._workflows[key] = build_workflow(spec, self.engine, self.engine.tokenizer)
         self._awake()
-        experiences = sampled_at(self._workflows[key].run(tasks, sampling, self.engine.policy_version), sampling)
+        experiences = sampled_at(
+            self._workflows[key].run(tasks, sampling, self.engine.policy_version), sampling
+        )
         self.timing = dict(self._workflows[key].timing)
         if self.sleeps:  # the trainer gets the GPU until the next weight load
             self.engine.sleep()

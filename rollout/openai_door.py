@@ -264,7 +264,9 @@ class OpenAIDoor:
                 try:
                     turns = TurnFormat(self.tokenizer, True, None, None, tools or None, template_kwargs)
                     inserted = turns.after_reply(continued.last_reply, messages[len(continued.history) :])
-                except ValueError:  # a template that re-renders history (e.g. a thinking one): a new conversation
+                except (
+                    ValueError
+                ):  # a template that re-renders history (e.g. a thinking one): a new conversation
                     continued, inserted = None, []
             ids = (
                 continued.tokens + inserted

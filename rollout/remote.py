@@ -68,7 +68,9 @@ class RemoteRollout:
         happened."""
         n = len(self.clients)
         if n == 0:
-            raise NoWorkerAnswers(f"no rollout worker answers: {', '.join(self.lost) or 'none was given'} stopped")
+            raise NoWorkerAnswers(
+                f"no rollout worker answers: {', '.join(self.lost) or 'none was given'} stopped"
+            )
         bounds = [len(tasks) * i // n for i in range(n + 1)]
         shares: list[list[list[Experience]] | None] = [None] * n
 
@@ -123,7 +125,11 @@ class RemoteRollout:
             self.clients.extend(other.clients)
             old, self._pool = self._pool, ThreadPoolExecutor(max_workers=max(1, len(self.clients)))
         old.shutdown(wait=False)
-        log.info("exploring on %d rollout worker(s): %s", len(self.clients), ", ".join(c.address for c in self.clients))
+        log.info(
+            "exploring on %d rollout worker(s): %s",
+            len(self.clients),
+            ", ".join(c.address for c in self.clients),
+        )
 
     def report(self) -> dict[str, float]:
         return rollout_report(1, [])  # the workers report no engine/reward split

@@ -178,7 +178,11 @@ class TaskScheduler:
         timeout = self.timeout()
         start = time.monotonic()
         try:
-            exps = [e for _, group in client.run_tasks([unit.task], unit.sampling, unit.spec, timeout) for e in group]
+            exps = [
+                e
+                for _, group in client.run_tasks([unit.task], unit.sampling, unit.spec, timeout)
+                for e in group
+            ]
         except RpcError as error:
             self._release(client)
             self._failed(unit, client, error, timeout)

@@ -97,9 +97,21 @@ def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namesp
 
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
     door = HttpDoor(
-        build_app(OpenAIDoor(servicer, servicer.episodes, token, name, args.http_max_n, args.http_max_request_tokens,
-                             args.http_batch_wait_ms / 1000, args.tool_call_format)),
-        args.host, args.http_port, name,
+        build_app(
+            OpenAIDoor(
+                servicer,
+                servicer.episodes,
+                token,
+                name,
+                args.http_max_n,
+                args.http_max_request_tokens,
+                args.http_batch_wait_ms / 1000,
+                args.tool_call_format,
+            )
+        ),
+        args.host,
+        args.http_port,
+        name,
     )
     if args.http_port_file:
         write_atomic(args.http_port_file, door.address)
@@ -159,7 +171,9 @@ def _log_rlcore_records() -> None:
     """rlcore's records from INFO on to stderr (the worker's log: the launch writes it to
     launch/rollout_worker_<i>.log), as the explorer and the trainer ranks log theirs."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[worker] %(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("[worker] %(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    )
     rlcore_log = logging.getLogger("rlcore")
     rlcore_log.addHandler(handler)
     rlcore_log.setLevel(logging.INFO)
@@ -187,7 +201,9 @@ def _engine(args: argparse.Namespace) -> Any:
         from .engines.tinker import ServiceSpec
 
         if not args.service_url:
-            raise ValueError("--engine tinker samples from a Tinker service: give --service-url http://HOST:PORT")
+            raise ValueError(
+                "--engine tinker samples from a Tinker service: give --service-url http://HOST:PORT"
+            )
         service = ServiceSpec(args.service_url, args.service_model or args.model, args.service_key_env)
     try:
         return build_engine(
@@ -217,7 +233,9 @@ def serve_main(args: argparse.Namespace) -> int:
         return usage_error(str(e))
     if args.partial_rollout and not engine.interruptible:
         engine.close()
-        return usage_error(f"--partial-rollout: the {args.engine} engine cannot interrupt its calls; use --engine hf or vllm")
+        return usage_error(
+            f"--partial-rollout: the {args.engine} engine cannot interrupt its calls; use --engine hf or vllm"
+        )
     options = ServerOptions(
         token=token, host=args.host, port=args.port, max_message_bytes=args.max_message_mb * MiB, tls=tls
     )

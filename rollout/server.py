@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import grpc
 
+from ..core.reasoning import reasoning_tags_problem
 from ..core.rpc.convert import (
     completion_to_proto,
     experience_to_proto,
@@ -139,7 +140,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 return
             version = self.engine.policy_version  # the version the chunk starts on (batching.py)
             try:
-                experiences = sampled_at(workflow.run([tasks[i] for i in indices], sampling, version), sampling)
+                experiences = sampled_at(
+                    workflow.run([tasks[i] for i in indices], sampling, version), sampling
+                )
             except ValueError as e:  # a reward function refused a task (the engine's are validated)
                 raise InvalidArgument("workflow.reward_fn", str(e)) from e
             self.gate.count(sum(len(e.response_token_ids) for e in experiences))
@@ -166,9 +169,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             "sampling.max_tokens",
             f"{sampling.max_tokens} leaves no room for a prompt within max_model_len {self.max_model_len}",
         )
-        for name, ids in (("logit_bias", list(sampling.logit_bias)), ("stop_token_ids", sampling.stop_token_ids)):
+        for name, ids in (
+            ("logit_bias", list(sampling.logit_bias)),
+            ("stop_token_ids", sampling.stop_token_ids),
+        ):
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            require(not bad, f"sampling.{name}", f"token id {bad[0] if bad else 0} is outside [0, {self.vocab_size})")
+            require(
+                not bad,
+                f"sampling.{name}",
+                f"token id {bad[0] if bad else 0} is outside [0, {self.vocab_size})",
+            )
         return sampling
 
     def _check_length(self, field: str, num_prompt_tokens: int, sampling: SamplingParams) -> None:
@@ -210,8 +220,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         names, weights = list(spec.reward_fn), list(spec.reward_weights)
         chat_template = spec.chat_template if spec.HasField("chat_template") else None
         system_prompt = spec.system_prompt if spec.HasField("system_prompt") else None
+        tags = list(spec.reasoning_tags)
         key = (spec.name, tuple(names), tuple(weights), spec.max_prompt_tokens, spec.apply_chat_template,
-               chat_template, system_prompt, spec.args_json, spec.auxiliary_json, spec.judge_json)  # fmt: skip
+               chat_template, system_prompt, spec.args_json, spec.auxiliary_json, spec.judge_json, tuple(tags))  # fmt: skip
         with self._workflows_lock:
             cached = self._workflows.get(key)
         if cached is not None:
@@ -247,10 +258,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             "workflow.max_prompt_tokens",
             f"must be >= 1; got {spec.max_prompt_tokens}",
         )
+        why = reasoning_tags_problem(tags)
+        require(why is None, "workflow.reasoning_tags", why or "")
         try:
             workflow = build_workflow(
                 WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
-                             system_prompt, spec.name, args, auxiliary, judge),
+                             system_prompt, spec.name, args, auxiliary, judge, tags),
                 cast(RolloutEngine, self.batching), self.tokenizer,
             )  # fmt: skip
         except ValueError as e:  # the workflow refuses its settings
@@ -351,7 +364,12 @@ def rollout_service(servicer: RolloutServicer) -> Service:
 
 
 def build_rollout_server(
-    engine: RolloutEngine, *, engine_name: str, model_path: str, options: ServerOptions, worker_id: str = "",
+    engine: RolloutEngine,
+    *,
+    engine_name: str,
+    model_path: str,
+    options: ServerOptions,
+    worker_id: str = "",
     partial_rollout: bool = False,
 ) -> RpcServer:
     """A started server for `engine` (health, reflection, token and limits from `options`)."""
@@ -386,7 +404,11 @@ def _judge(text: str, names: list[str], auxiliary: list[dict[str, Any]]) -> dict
     if JUDGE not in names:
         require(not text, "workflow.judge_json", "is set but reward_fn does not list 'judge'")
         return None
-    require(bool(text), "workflow.judge_json", "reward_fn lists 'judge': give its settings (model, template, parse)")
+    require(
+        bool(text),
+        "workflow.judge_json",
+        "reward_fn lists 'judge': give its settings (model, template, parse)",
+    )
     settings = _json_field(text, "workflow.judge_json", dict)
     try:
         check_judge(settings, [a["name"] for a in auxiliary])

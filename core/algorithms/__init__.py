@@ -47,8 +47,13 @@ ADVANTAGE_FNS = Registry(
 
 GROUP_BASELINES = frozenset(
     {
-        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline_per_response",
-        "opmd", "maxent_grpo",
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "reinforce_plus_plus_baseline",
+        "reinforce_plus_plus_baseline_per_response",
+        "opmd",
+        "maxent_grpo",
     }
 )
 """Advantage functions whose baseline is the other responses to the same task (repeat_times >= 2)."""
@@ -129,9 +134,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "reinforce_plus_plus": Algorithm(
         "reinforce_plus_plus", "ppo_clip", defaults={**_PPO_CLIP, "use_kl_in_reward": True}
     ),
-    "reinforce_plus_plus_baseline": Algorithm(
-        "reinforce_plus_plus_baseline", "ppo_clip", defaults=_PPO_CLIP
-    ),
+    "reinforce_plus_plus_baseline": Algorithm("reinforce_plus_plus_baseline", "ppo_clip", defaults=_PPO_CLIP),
     # GSPO's paper clips the sequence ratio at 1 -/+ (3e-4, 4e-4) and averages tokens per sequence
     "gspo": Algorithm(
         "grpo",
@@ -199,7 +202,9 @@ def _algorithm_at(path: str) -> Algorithm:
         try:
             found = found()  # type: ignore[call-arg]  # a subclass whose fields all have defaults
         except TypeError as e:
-            raise ValueError(f"algorithm.algorithm_type '{path}': cannot build it with no arguments ({e})") from None
+            raise ValueError(
+                f"algorithm.algorithm_type '{path}': cannot build it with no arguments ({e})"
+            ) from None
     if not isinstance(found, Algorithm):
         raise ValueError(
             f"algorithm.algorithm_type '{path}' is not an Algorithm (got {found!r}); give one, e.g. "
@@ -210,7 +215,11 @@ def _algorithm_at(path: str) -> Algorithm:
 
 def advantage_fn_of(name: str) -> Callable[..., Any]:
     """The advantage function algorithm.advantage_fn names: registered, or by import path."""
-    return ADVANTAGE_FNS.resolve(name) if name in ADVANTAGE_FNS else import_path(name, what="algorithm.advantage_fn")  # type: ignore[no-any-return]
+    return (
+        ADVANTAGE_FNS.resolve(name)
+        if name in ADVANTAGE_FNS
+        else import_path(name, what="algorithm.advantage_fn")
+    )  # type: ignore[no-any-return]
 
 
 def policy_terms_of(name: str) -> Callable[..., Any]:

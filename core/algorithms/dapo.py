@@ -36,7 +36,11 @@ def informative_groups(rewards: Sequence[float], group_ids: Sequence[str]) -> li
 
 
 def dynamic_sampling(
-    exps: list[Any], want: int, max_rounds: int, explore_round: Callable[[int], list[Any]], metrics: dict[str, float]
+    exps: list[Any],
+    want: int,
+    max_rounds: int,
+    explore_round: Callable[[int], list[Any]],
+    metrics: dict[str, float],
 ) -> list[Any]:
     """Keep the step's experiences (anything with .reward and .group_id) whose groups are
     informative, and explore extra rounds (`explore_round(round)`, rounds 1, 2, ...) until `want`

@@ -15,7 +15,9 @@ TEMPERATURE = "temperature"
 sampled at different ones (a mixture of tasksets); without it every row is scored at one."""
 
 
-def at_temperature(logits_BTV: torch.Tensor, temperature: float, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def at_temperature(
+    logits_BTV: torch.Tensor, temperature: float, batch: dict[str, torch.Tensor]
+) -> torch.Tensor:
     """Logits divided by the temperature their tokens were sampled at, so the trainer scores the
     distribution the engine sampled from: each row's batch[TEMPERATURE] when the micro-batch has it,
     else `temperature`. 0 (greedy) and 1 leave the logits as they are. A row is divided by a Python

@@ -113,7 +113,9 @@ class ExpertPass(StepPass):
             out.append((mbs, part))
         return out
 
-    def wrap_loss(self, loss: object, rows: list[Sequence], norm: Callable[[list[Sequence]], LossNorm]) -> object:
+    def wrap_loss(
+        self, loss: object, rows: list[Sequence], norm: Callable[[list[Sequence]], LossNorm]
+    ) -> object:
         if not rows:
             return loss
         assert isinstance(loss, PolicyLoss), "mix trains a policy loss beside the expert rows"

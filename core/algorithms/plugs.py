@@ -79,4 +79,6 @@ def _try_policy_terms(a: Any) -> None:
                 f"{key}: its {what} is {shape} for a [2, 3] batch; return (loss, clipped), both [B, T] tensors"
             )
     if loss.grad_fn is None:
-        raise ValueError(f"{key}: its per-token loss does not depend on the log-probs (no gradient reaches them)")
+        raise ValueError(
+            f"{key}: its per-token loss does not depend on the log-probs (no gradient reaches them)"
+        )

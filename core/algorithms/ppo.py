@@ -111,7 +111,9 @@ class CriticPass(StepPass):
         super().__init__(ctx)
         cfg = ctx.cfg
         self.cfg = cfg.critic
-        self.strategy = ctx.build_model(cfg.model.critic_model_path or ctx.model_path, cfg.critic.optim, value_head=True)
+        self.strategy = ctx.build_model(
+            cfg.model.critic_model_path or ctx.model_path, cfg.critic.optim, value_head=True
+        )
 
     def score(self, mbs: list[Batch], temperature: float) -> None:
         """Write the critic's values of every position into each micro-batch (`values`)."""
@@ -125,7 +127,9 @@ class CriticPass(StepPass):
     def after_advantages(self, batch: ScoredBatch, rows: StepRows, metrics: dict[str, float]) -> None:
         returns = value_targets(batch)
         rows.place(returns, "returns")
-        metrics["critic/returns_mean"] = float(returns.sum() / batch.need("response_mask", "ppo").sum().clamp(min=1))
+        metrics["critic/returns_mean"] = float(
+            returns.sum() / batch.need("response_mask", "ppo").sum().clamp(min=1)
+        )
 
     def update(self, mbs: list[Batch], norm: LossNorm) -> dict[str, float]:
         """One optimizer step of the value loss on the micro-batches' `returns`."""

@@ -62,7 +62,9 @@ def reinforce_plus_plus_baseline_advantages(batch: ScoredBatch, eps: float = 1e-
     return whiten_tokens(centred.double().unsqueeze(1) * mask, mask, eps).to(mask.dtype)
 
 
-def reinforce_plus_plus_baseline_per_response_advantages(batch: ScoredBatch, eps: float = 1e-6) -> torch.Tensor:
+def reinforce_plus_plus_baseline_per_response_advantages(
+    batch: ScoredBatch, eps: float = 1e-6
+) -> torch.Tensor:
     """[N] group-centred rewards whitened over responses, each counting once."""
     rewards = batch.rewards
     centred, _, _ = group_centred(rewards, batch.group_ids)

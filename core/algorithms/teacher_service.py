@@ -48,7 +48,12 @@ class ServiceTeacher:
         """Each prompt's per-token log-probs (the first, which nothing predicts, 0), in order."""
         try:
             answer = self.client.completions.create(
-                model=self.spec["model_name"], prompt=prompts, max_tokens=1, temperature=1.0, echo=True, logprobs=0
+                model=self.spec["model_name"],
+                prompt=prompts,
+                max_tokens=1,
+                temperature=1.0,
+                echo=True,
+                logprobs=0,
             )
         except TeacherServiceError:
             raise

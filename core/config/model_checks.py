@@ -123,9 +123,12 @@ def _check_offload(cfg: RLCoreConfig) -> None:
                 "use --strategy fsdp2 with cluster.device=cpu, or set it false"
             )
 
-
     offload = t.megatron.optimizer_offload_fraction
-    if offload > 0 and t.strategy == "megatron" and (cfg.cluster.device == "cpu" or cfg.model.dtype == "float32"):
+    if (
+        offload > 0
+        and t.strategy == "megatron"
+        and (cfg.cluster.device == "cpu" or cfg.model.dtype == "float32")
+    ):
         raise ConfigError(
             f"trainer.megatron.optimizer_offload_fraction={offload}: megatron-core offloads the optimizer "
             f"of 16-bit parameters on a GPU only (here model.dtype={cfg.model.dtype}, "

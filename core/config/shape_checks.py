@@ -130,7 +130,8 @@ def _check_partial_rollout(cfg: RLCoreConfig) -> None:
         raise ConfigError(
             f"{key} continues generation across weight updates that reach rollout workers while they run "
             f"tasks: mode explore (a mode-train launch of the same config ignores it), or mode both with "
-            f"synchronizer.asynchronous: true; got mode {cfg.mode}" + (" (lock-step)" if cfg.mode == "both" else "")
+            f"synchronizer.asynchronous: true; got mode {cfg.mode}"
+            + (" (lock-step)" if cfg.mode == "both" else "")
         )
 
 
@@ -265,7 +266,12 @@ def _check_tinker_run(cfg: RLCoreConfig) -> None:
     _refuse(problems, f"trainer.remote {cfg.trainer.remote} (a Tinker service)")
 
 
-TINKER_LOSSES = {"ppo_clip": "ppo", "importance_sampling": "importance_sampling", "cispo": "cispo", "gspo": "gspo"}
+TINKER_LOSSES = {
+    "ppo_clip": "ppo",
+    "importance_sampling": "importance_sampling",
+    "cispo": "cispo",
+    "gspo": "gspo",
+}
 """algorithm.policy_loss_fn -> the Tinker loss that computes it (summed, with rlcore's aggregation
 weights folded into the advantages)."""
 
@@ -396,7 +402,10 @@ def check_stages(stages: list[RLCoreConfig]) -> None:
     (rollout/engines/in_process.py). They must ask for the same one."""
     tinker = [i for i, cfg in enumerate(stages) if tinker_url(cfg.trainer.remote) is not None]
     for i, cfg in enumerate(stages):
-        if tinker and (cfg.trainer.remote, cfg.trainer.tinker) != (stages[0].trainer.remote, stages[0].trainer.tinker):
+        if tinker and (cfg.trainer.remote, cfg.trainer.tinker) != (
+            stages[0].trainer.remote,
+            stages[0].trainer.tinker,
+        ):
             raise ConfigError(
                 f"stages[{i}].trainer: a run trains on one Tinker service (stage {tinker[0]} names "
                 f"{stages[tinker[0]].trainer.remote}): give every stage the same trainer.remote and trainer.tinker"

@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..reasoning import reasoning_tags_problem
 from ..registry import import_path
 from .errors import ConfigError
 from .generator_checks import check_generator_args
@@ -96,6 +97,9 @@ def _check_taskset(
 ) -> None:  # fmt: skip
     """`trains_on`: what its rows give (Algorithm.data); `rewarded`: whether rewards score them;
     `chat`: model.apply_chat_template; `evaluated`: an eval taskset."""
+    why = reasoning_tags_problem(ts.format.reasoning_tags)
+    if why is not None:
+        raise ConfigError(f"{path}.format.reasoning_tags: {why}")
     if ts.format.prompt_type not in PROMPT_TYPES:
         raise ConfigError(
             f"{path}.format.prompt_type must be one of {', '.join(PROMPT_TYPES)}; got '{ts.format.prompt_type}'"
@@ -221,11 +225,16 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     data = trains_on(cfg.algorithm)
     rows = "rollouts" if pairs_from_buffer(cfg.algorithm) else data  # what the taskset's rows are for
     if data == "rollouts":
-        group, what = buf.batch_size * cfg.algorithm.repeat_times, "buffer.batch_size * algorithm.repeat_times"
+        group, what = (
+            buf.batch_size * cfg.algorithm.repeat_times,
+            "buffer.batch_size * algorithm.repeat_times",
+        )
     else:  # SFT's responses, DPO's pairs (explored ones too): a step trains batch_size of them
         group, what = buf.batch_size, "buffer.batch_size"
     if buf.train_batch_size and group % buf.train_batch_size:
-        raise ConfigError(f"buffer.train_batch_size ({buf.train_batch_size}) must divide {what} ({group}), or be 0")
+        raise ConfigError(
+            f"buffer.train_batch_size ({buf.train_batch_size}) must divide {what} ({group}), or be 0"
+        )
     chat = cfg.model.apply_chat_template
     _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, rows, chat=chat)
     if buf.expert_taskset is not None:
@@ -237,7 +246,9 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             buf.expert_taskset, "buffer.expert_taskset", check_paths, "responses", rewarded=False, chat=chat
         )
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
-        _check_taskset(ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat, evaluated=True)
+        _check_taskset(
+            ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat, evaluated=True
+        )
     _check_mixture(cfg, check_paths, rows, chat)
 
     check_hosts(cfg)
@@ -396,8 +407,3 @@ def _check_control(cfg: RLCoreConfig, check_paths: bool) -> None:
             path = getattr(tls, key)
             if path and not os.path.isfile(path):
                 raise ConfigError(f"control.tls.{key}: '{path}' is not a file (give a PEM file)")
-
-
-
-
-

@@ -60,7 +60,10 @@ def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> boo
                 checked_all = False
                 continue
             tasks = load_tasks(ts, key)
-            lengths = [len(fmt.for_task(t).encode_whole_prompt(tokenizer, t.prompt, t.metadata.get("messages"))) for t in tasks]
+            lengths = [
+                len(fmt.for_task(t).encode_whole_prompt(tokenizer, t.prompt, t.metadata.get("messages")))
+                for t in tasks
+            ]
             long = [i for i, n in enumerate(lengths) if n > limit]
             if not long:
                 continue

@@ -101,7 +101,9 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
         response = value_of(row, fmt.response_key)
         prompt = value_of(row, fmt.prompt_key)
         if prompt is None:
-            raise ValueError(f"{key_path}: {path} row {i + 1}: the prompt ('{fmt.prompt_key}') is null or missing")
+            raise ValueError(
+                f"{key_path}: {path} row {i + 1}: the prompt ('{fmt.prompt_key}') is null or missing"
+            )
         tasks.append(
             Task(
                 task_id=f"{cfg.name}-{i}",

@@ -167,7 +167,9 @@ def _rows(path: str, key: str) -> Iterator[tuple[int, Any]]:
     ext = file_format(path)[0]
     try:
         if not supported(path):
-            raise TasksetError(f"{key}.path: unsupported file type of {path}; use one of {describe_formats()}")
+            raise TasksetError(
+                f"{key}.path: unsupported file type of {path}; use one of {describe_formats()}"
+            )
         if ext == ".parquet":
             import pyarrow.parquet as pq
 

@@ -37,7 +37,9 @@ def load_verifiers_taskset(env: str, env_args: dict[str, Any] | None = None) -> 
         import verifiers.v1 as vf
         from verifiers.v1.utils.loaders import taskset_config_type
     except ImportError as e:
-        raise ValueError(f"verifiers environments need the verifiers package ({e}): pip install 'rlcore[verifiers]'") from None
+        raise ValueError(
+            f"verifiers environments need the verifiers package ({e}): pip install 'rlcore[verifiers]'"
+        ) from None
     env = verifiers_id(env)
     try:
         config = taskset_config_type(env).model_validate({"id": env, **(env_args or {})})

@@ -47,7 +47,9 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, field: str = "sampling")
     require(all(msg.stop), f"{field}.stop", "stop strings must be non-empty")
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(msg, name)
-        require(math.isfinite(value) and -2 <= value <= 2, f"{field}.{name}", f"must be in [-2, 2]; got {value}")
+        require(
+            math.isfinite(value) and -2 <= value <= 2, f"{field}.{name}", f"must be in [-2, 2]; got {value}"
+        )
     for token, bias in msg.logit_bias.items():
         require(math.isfinite(bias) and -100 <= bias <= 100, f"{field}.logit_bias",
                 f"token {token}: the bias must be in [-100, 100]; got {bias}")  # fmt: skip
@@ -148,7 +150,9 @@ def experience_from_proto(msg: common_pb2.Experience, field: str = "experience")
         f"{field}.loss_mask",
         f"has {len(mask)} values for {len(msg.response_token_ids)} response tokens (give one each, or none)",
     )
-    require(set(mask) <= {0, 1}, f"{field}.loss_mask", f"must hold only 0 and 1; got {sorted(set(mask) - {0, 1})}")
+    require(
+        set(mask) <= {0, 1}, f"{field}.loss_mask", f"must hold only 0 and 1; got {sorted(set(mask) - {0, 1})}"
+    )
     require(not mask or any(mask), f"{field}.loss_mask", "marks no token as the model's: nothing would train")
     bad = sorted(k for k, v in msg.metrics.items() if not math.isfinite(v))
     require(not bad, f"{field}.metrics", f"must be finite; {', '.join(bad)} are not")

@@ -4,7 +4,9 @@ A reward function is rlcore's per-response `fn(response: str, task: Task) -> flo
 form, `fn(prompts, completions, **columns) -> list[float]` (any function with a `completions`
 parameter): it is called once per batch with the prompts, the completions (text) and the task
 columns by name (`answer`, `task_id`, and every other column of the taskset's rows, a list each),
-only those it declares unless it takes **kwargs.
+only those it declares unless it takes **kwargs. With reasoning tags (core/reasoning.py) every
+function scores the answer after the reasoning block, and batch functions may also take the
+`reasoning` column.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...core.reasoning import reasoning_tags_problem, split_reasoning
 from ...core.registry import import_path
 from ...core.types import Task
 from ..auxiliary import AuxiliaryError
@@ -49,23 +52,34 @@ class RewardComposer:
     """`reward(response, task) -> (weighted sum, {name: unweighted score})`; `score_batch` scores many
     at once (a batch reward function is called once for them all)."""
 
-    def __init__(self, names: list[str], fns: list[Callable[..., Any]], weights: list[float]):
+    def __init__(
+        self,
+        names: list[str],
+        fns: list[Callable[..., Any]],
+        weights: list[float],
+        reasoning_tags: Sequence[str] = (),
+    ):
         assert len(names) == len(fns) == len(weights)
         self.names = names
         self.fns = fns
         self.weights = weights
         self.batched = [is_batch_reward(fn) for fn in fns]
+        self.reasoning_tags = list(reasoning_tags)
 
     def __call__(self, response: str, task: Task) -> tuple[float, dict[str, float]]:
         return self.score_batch([response], [task])[0]
 
-    def score_batch(self, responses: Sequence[str], tasks: Sequence[Task]) -> list[tuple[float, dict[str, float]]]:
+    def score_batch(
+        self, responses: Sequence[str], tasks: Sequence[Task]
+    ) -> list[tuple[float, dict[str, float]]]:
         """Each response's (weighted sum, {name: unweighted score}); `tasks[i]` is response i's task."""
         assert len(responses) == len(tasks), "one task per response"
+        split = [split_reasoning(r, self.reasoning_tags) for r in responses]
+        responses, reasoning = [a for a, _ in split], [r for _, r in split]
         scores: list[dict[str, float]] = [{} for _ in responses]
         for name, fn, batched in zip(self.names, self.fns, self.batched, strict=True):
             values = (
-                self._batch(name, fn, responses, tasks) if batched
+                self._batch(name, fn, responses, tasks, reasoning if self.reasoning_tags else None) if batched
                 else [self._one(name, fn, r, t) for r, t in zip(responses, tasks, strict=True)]
             )  # fmt: skip
             for s, v in zip(scores, values, strict=True):
@@ -84,11 +98,16 @@ class RewardComposer:
         return _checked(name, value, task)
 
     @staticmethod
-    def _batch(name: str, fn: Callable[..., Any], responses: Sequence[str], tasks: Sequence[Task]) -> list[float]:
+    def _batch(
+        name: str, fn: Callable[..., Any], responses: Sequence[str], tasks: Sequence[Task],
+        reasoning: Sequence[str] | None,
+    ) -> list[float]:  # fmt: skip
         columns: dict[str, list[Any]] = {
             "prompts": [t.prompt for t in tasks], "completions": list(responses),
             "answer": [t.answer for t in tasks], "task_id": [t.task_id for t in tasks],
         }  # fmt: skip
+        if reasoning is not None:
+            columns["reasoning"] = list(reasoning)
         for key in dict.fromkeys(k for t in tasks for k in t.metadata):
             columns.setdefault(key, [t.metadata.get(key) for t in tasks])
         params = inspect.signature(fn).parameters
@@ -99,7 +118,9 @@ class RewardComposer:
         except AuxiliaryError:
             raise
         except Exception as e:
-            raise ValueError(f"reward_fn '{name}' failed on a batch of {len(tasks)} (task {tasks[0].task_id} first): {e}") from e
+            raise ValueError(
+                f"reward_fn '{name}' failed on a batch of {len(tasks)} (task {tasks[0].task_id} first): {e}"
+            ) from e
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(tasks):
             got = f"{len(values)} values" if isinstance(values, Sequence) else type(values).__name__
             raise ValueError(
@@ -135,10 +156,15 @@ def resolve_reward(name: str) -> RewardFn:
 
 
 def build_reward(
-    names: list[str], weights: list[float] | None = None, judge: Callable[..., list[float]] | None = None
-) -> RewardComposer:
+    names: list[str], weights: list[float] | None = None, judge: Callable[..., list[float]] | None = None,
+    reasoning_tags: Sequence[str] = (),
+) -> RewardComposer:  # fmt: skip
     """Resolve `names` (see `resolve_reward`); `weights` None or empty means 1.0 each; `judge` is
-    the taskset's Judge, for 'judge' in `names`."""
+    the taskset's Judge, for 'judge' in `names`; `reasoning_tags` [open, close] (or empty) name the
+    reasoning block the functions do not score."""
+    why = reasoning_tags_problem(reasoning_tags)
+    if why is not None:
+        raise ValueError(f"format.reasoning_tags: {why}")
     if not names:
         raise ValueError(f"reward_fn: give at least one reward function ({', '.join(REWARDS)})")
     if len(set(names)) != len(names):
@@ -153,4 +179,4 @@ def build_reward(
     if JUDGE in names and judge is None:
         resolve_reward(JUDGE)  # says what it needs
     fns = [judge if n == JUDGE and judge is not None else resolve_reward(n) for n in names]
-    return RewardComposer(list(names), fns, [float(w) for w in weights])
+    return RewardComposer(list(names), fns, [float(w) for w in weights], reasoning_tags)

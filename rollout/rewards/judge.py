@@ -94,15 +94,21 @@ def check_judge(settings: dict[str, Any], auxiliary: Collection[str]) -> None:
         except re.error as e:
             raise ValueError(f"judge.score_pattern: not a regular expression ({e})") from None
         if not pattern.pattern or pattern.groups > 1:
-            raise ValueError("judge.score_pattern: give a regular expression with at most one group (the number)")
+            raise ValueError(
+                "judge.score_pattern: give a regular expression with at most one group (the number)"
+            )
         span = settings.get("score_range")
         ends = [_real(v) for v in span] if isinstance(span, list) and len(span) == 2 else [None]
         if None in ends or not ends[0] < ends[1]:  # type: ignore[operator]
-            raise ValueError(f"judge.score_range: give [lo, hi] with lo < hi (mapped onto [0, 1]); got {span!r}")
+            raise ValueError(
+                f"judge.score_range: give [lo, hi] with lo < hi (mapped onto [0, 1]); got {span!r}"
+            )
     else:
         verdicts = settings.get("verdicts")
         if not isinstance(verdicts, dict) or not verdicts:
-            raise ValueError("judge.verdicts: map each verdict word to its reward, e.g. {correct: 1.0, incorrect: 0.0}")
+            raise ValueError(
+                "judge.verdicts: map each verdict word to its reward, e.g. {correct: 1.0, incorrect: 0.0}"
+            )
         bad = [w for w, v in verdicts.items() if not str(w).strip() or _real(v) is None]
         if bad:
             raise ValueError(f"judge.verdicts: {bad[0]!r} needs a non-empty word and a finite reward")
@@ -166,7 +172,11 @@ class Judge:
         return parse_verdict(reply, s["verdicts"])
 
     def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str | None], task_id: Sequence[str]
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        answer: Sequence[str | None],
+        task_id: Sequence[str],
     ) -> list[float]:
         s = self.settings
         replies = self.model.chat_many(

@@ -43,7 +43,11 @@ class Calculator(Tool):
 
 def _evaluate(node: ast.AST) -> int | float:
     """The expression's value, walking the syntax tree (nothing is executed)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _evaluate(node.left), _evaluate(node.right)

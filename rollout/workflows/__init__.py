@@ -44,7 +44,7 @@ def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) ->
     auxiliary = build_auxiliary(spec.auxiliary_models)
     judge = Judge(spec.judge, auxiliary) if spec.judge else None
     return resolve_workflow(spec.name)(
-        engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None, judge),
+        engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None, judge, spec.reasoning_tags),
         max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
         chat_template=spec.chat_template, system_prompt=spec.system_prompt, args=spec.args,
         auxiliary=auxiliary,

@@ -82,7 +82,9 @@ class ConversationWorkflow(Workflow):
         self.max_turns = positive_int(self.args, "max_turns", 4)
         self.max_tokens_per_turn = positive_int(self.args, "max_tokens_per_turn", None)
         self.max_total_tokens = positive_int(self.args, "max_total_tokens", None)
-        self.max_model_len: int = cast(Any, self.engine).max_model_len  # every engine has one (engines/base.py)
+        self.max_model_len: int = cast(
+            Any, self.engine
+        ).max_model_len  # every engine has one (engines/base.py)
 
     @property
     def turns(self) -> TurnFormat:
@@ -132,7 +134,9 @@ class ConversationWorkflow(Workflow):
                 )
         # the last replies scored as one batch (a judge asks about them in one concurrent round)
         scored = self.reward.score_batch([ep.last_reply for ep in episodes], [ep.task for ep in episodes])
-        experiences = [self.experience(ep, policy_version, *s) for ep, s in zip(episodes, scored, strict=True)]
+        experiences = [
+            self.experience(ep, policy_version, *s) for ep, s in zip(episodes, scored, strict=True)
+        ]
         self.timing = {"engine_s": engine_s, "reward_s": time.perf_counter() - start - engine_s}
         return experiences
 

@@ -169,6 +169,8 @@ class ToolCallWorkflow(ConversationWorkflow):
     def start(self, task: Task) -> Episode:
         """The task's prompt (its conversation for a messages row) with its row's tools, if it
         declares some, else the workflow's."""
-        declared = [t["function"]["name"] for t in task.metadata["tools"]] if "tools" in task.metadata else None
+        declared = (
+            [t["function"]["name"] for t in task.metadata["tools"]] if "tools" in task.metadata else None
+        )
         session = ToolSession(task, self.tools, self.max_calls, declared, self.tool_calls)
         return Episode(task, session, self.encode_prompt(task))

@@ -194,7 +194,9 @@ def resolve(name: str, tokenizer: Any = None, chat_template: str | None = None) 
         raise ValueError(f"tool_call_format must be one of {', '.join(CHOICES)}; got '{name}'")
     if name == ResponseTemplate.name or (name == "auto" and getattr(tokenizer, "response_template", None)):
         if not getattr(tokenizer, "response_template", None):
-            raise ValueError("tool_call_format response_template: the tokenizer declares no response_template")
+            raise ValueError(
+                "tool_call_format response_template: the tokenizer declares no response_template"
+            )
         return ResponseTemplate(tokenizer)
     if name != "auto":
         return FORMATS[name]()

@@ -43,7 +43,9 @@ class VerifiersWorkflow(Workflow):
     def check_args(cls, args: dict[str, Any]) -> None:
         super().check_args(args)
         if not isinstance(args.get("env"), str) or not args["env"]:
-            raise ValueError("workflow_args.env: name the verifiers environment (its id, or a module exporting its Taskset)")
+            raise ValueError(
+                "workflow_args.env: name the verifiers environment (its id, or a module exporting its Taskset)"
+            )
         if not isinstance(args.get("env_args", {}), dict):
             raise ValueError("workflow_args.env_args: a mapping of the environment's taskset config fields")
         for key in ("env_id", "harness"):
@@ -74,9 +76,13 @@ class VerifiersWorkflow(Workflow):
             experiences = running.door.recorder.finish(eid, reward, task.task_id)
             if not experiences:
                 why = "; ".join(str(e.message) for t in episode.traces for e in t.errors) or "no model turn"
-                raise RuntimeError(f"task {task.task_id}: the verifiers episode reached the model in no turn ({why})")
+                raise RuntimeError(
+                    f"task {task.task_id}: the verifiers episode reached the model in no turn ({why})"
+                )
             for e in experiences:
-                e.reward_components = {k: float(r.score) for k, r in traces[0].rewards.items() if r is not None}
+                e.reward_components = {
+                    k: float(r.score) for k, r in traces[0].rewards.items() if r is not None
+                }
             out.extend(experiences)
         return sampled_at(out, sampling)
 
@@ -90,15 +96,24 @@ class _Running:
         from verifiers.v1.utils.loaders import env_config_type, environment_class
 
         args = workflow.args
-        env, env_id, harness = verifiers_id(args["env"]), args.get("env_id", ""), args.get("harness") or "null"
+        env, env_id, harness = (
+            verifiers_id(args["env"]),
+            args.get("env_id", ""),
+            args.get("harness") or "null",
+        )
         self.timeout_s = float(args.get("episode_timeout_s", 600))
         config_cls = env_config_type(env, env_id)
         seats = {
-            name: {"runtime": {"type": "subprocess"}, **({} if field.default.harness else {"harness": {"id": harness}})}
+            name: {
+                "runtime": {"type": "subprocess"},
+                **({} if field.default.harness else {"harness": {"id": harness}}),
+            }
             for name, field in config_cls.model_fields.items()
             if isinstance(field.default, vf.AgentConfig)
         }  # subprocess: no sandbox service (verifiers' default runtime) is reachable from a worker
-        config = config_cls.model_validate({"id": env_id, "taskset": {"id": env, **args.get("env_args", {})}, **seats})
+        config = config_cls.model_validate(
+            {"id": env_id, "taskset": {"id": env, **args.get("env_args", {})}, **seats}
+        )
         self.env = environment_class(env, env_id)(config)
         self.vf = vf
         self._tasks: list[Any] = []
@@ -113,7 +128,9 @@ class _Running:
         """The environment's task a taskset row names."""
         index = task.metadata.get(INDEX)
         if not isinstance(index, int) or index < 0:
-            raise ValueError(f"task {task.task_id}: no '{INDEX}' column (make the taskset with generator: verifiers)")
+            raise ValueError(
+                f"task {task.task_id}: no '{INDEX}' column (make the taskset with generator: verifiers)"
+            )
         if index >= len(self._tasks):
             self._tasks.extend(itertools.islice(self._iter, index + 1 - len(self._tasks)))
         if index >= len(self._tasks):
@@ -124,7 +141,9 @@ class _Running:
         async def all_of() -> list[Any]:
             return list(await asyncio.gather(*[self._episode(t, j, eid, sampling) for t, j, eid in plays]))
 
-        return asyncio.run_coroutine_threadsafe(all_of(), self.loop).result(timeout=self.timeout_s * len(plays))
+        return asyncio.run_coroutine_threadsafe(all_of(), self.loop).result(
+            timeout=self.timeout_s * len(plays)
+        )
 
     async def _episode(self, task: Any, j: int, episode_id: str, sampling: SamplingParams) -> Any:
         vf = self.vf

@@ -34,6 +34,11 @@ class FormatConfig:
     """Column holding the conversation (prompt_type: messages)."""
     system_prompt_key: str = "system_prompt"
     """Column (optional) holding a row's own system prompt, in place of `system_prompt`."""
+    reasoning_tags: list[str] = field(default_factory=list)
+    """[open, close] of the model's reasoning block, e.g. ["<think>", "</think>"] for Qwen3: reward
+    functions then score the answer after the block (a response whose block never closes has an
+    empty answer) and batch rewards also get the reasoning as the `reasoning` column. Empty: rewards
+    see the whole response."""
     tools_key: str = "tools"
     """Column (optional) holding the tools offered for the row, as OpenAI function schemas
     ([{"type": "function", "function": {"name": ..., ...}}]): the chat template declares them in

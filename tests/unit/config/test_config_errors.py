@@ -25,6 +25,7 @@ BAD_OVERRIDES = [
     (["trainer=3"], r"trainer: expected a mapping of trainer keys, got 3$"),
     (["algorithm.repeat_times=0"], r"algorithm\.repeat_times must be >= 1; got 0$"),
     (["algorithm.optimizer.lr=-1"], r"algorithm\.optimizer\.lr must be > 0\.0; got -1\.0$"),
+    ([f"{TASKSET}.format.reasoning_tags=[<think>]"], rf"{TASKSET}\.format\.reasoning_tags: give \[open, close\], two different non-empty tags such as \['<think>', '</think>'\]; got \['<think>'\]$"),
     (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"),
     (["mode=foo"], r"mode must be one of both, colocate, train, explore, bench; got 'foo'$"),
     (["algorithm.algorithm_type=on_policy_distill"], r"algorithm\.distill_coef 1\.0 distills from a teacher: set model\.teacher_model_path \(an HF model folder with the student's tokenizer\) or model\.teacher_service \(an auxiliary model serving one\)$"),

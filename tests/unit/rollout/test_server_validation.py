@@ -166,6 +166,8 @@ MALFORMED: list[tuple[str, Callable[[RolloutClient], Any], str]] = [
      "workflow.reward_fn[1]"),
     ("reward-weights", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["format"], reward_weights=[1, 2])),
      "workflow.reward_weights"),
+    ("reasoning-tags", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["format"], reasoning_tags=["<think>"])),
+     "workflow.reasoning_tags"),
     ("judge-no-settings", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match", "judge"])),
      "workflow.judge_json"),
     ("judge-not-listed", lambda c: _tasks(c, [TASK], WorkflowSpec(reward_fn=["exact_match"], judge=JUDGE)),
