@@ -151,6 +151,7 @@ def _varlen_call(query: torch.Tensor, scaling: float | None) -> Any:
         offsets = torch.tensor(cu, dtype=torch.int32, device=query.device)
         longest = max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
         out = varlen_attn(q, k, v, offsets, offsets, longest, longest, **kw)
+        assert isinstance(out, torch.Tensor)  # no auxiliary outputs were asked for
         return out.transpose(0, 1)[None]
 
     return call
