@@ -41,6 +41,7 @@ from rlcore.benchmarks.common import (
     default_out,
     machine_info,
     machine_line,
+    mfu,
     one_rank_world,
     pyplot,
     rss_gib,
@@ -105,7 +106,10 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     specs = [
         sequence_spec(
             torch.randint(4, 80, (args.prompt_tokens,), generator=gen).tolist(),
-            torch.randint(4, 80, (n,), generator=gen).tolist(), [], [1.0 if i % 2 else -1.0], [OLD_LOGPROB] * n,
+            torch.randint(4, 80, (n,), generator=gen).tolist(),
+            [],
+            [1.0 if i % 2 else -1.0],
+            [OLD_LOGPROB] * n,
         )  # fmt: skip
         for i, n in enumerate(lengths(args))
     ]
@@ -204,16 +208,22 @@ def markdown(result: dict[str, Any]) -> str:
         "each a fresh process. Trainer peak = the process's peak resident memory less its resident memory "
         "before the trainer was built" + ("; CUDA peak = the allocator's peak." if cuda else "."),
         "",
-        "| side | computed tokens / step | micro-batches | train tokens/s (median) | trainer peak GiB | "
-        + ("CUDA peak GiB | " if cuda else "") + "first loss |",
-        "|---|---|---|---|---|" + ("---|" if cuda else "") + "---|",
+        "| side | computed tokens / step | micro-batches | train tokens/s (median) | "
+        + ("MFU | " if cuda else "")
+        + "trainer peak GiB | "
+        + ("CUDA peak GiB | " if cuda else "")
+        + "first loss |",
+        "|---|---|---|---|---|" + ("---|---|" if cuda else "") + "---|",
     ]
     for side in SIDES:
         rs, plan = runs[side], result["planned"][side]
+        tokens_per_s = statistics.median(r["tokens_per_s"] for r in rs)
+        # of the real tokens' work (6 x parameters x tokens): padding computed is not counted
+        util = mfu(tokens_per_s, 1.0, result["params"], result["machine"]["gpu"]) if cuda else None
         lines.append(
-            f"| {side} | {plan['computed_tokens']} | {plan['micro_batches']} | "
-            f"{statistics.median(r['tokens_per_s'] for r in rs):.0f} | "
-            f"{statistics.median(r['trainer_peak_gib'] for r in rs):.2f} | "
+            f"| {side} | {plan['computed_tokens']} | {plan['micro_batches']} | {tokens_per_s:.0f} | "
+            + (f"{util:.1%} | " if util is not None else "- | " if cuda else "")
+            + f"{statistics.median(r['trainer_peak_gib'] for r in rs):.2f} | "
             + (f"{statistics.median(r['cuda_peak_gib'] for r in rs):.2f} | " if cuda else "")
             + f"{rs[0]['losses'][0]:.6f} |"
         )
@@ -227,7 +237,10 @@ def markdown(result: dict[str, Any]) -> str:
 def plot(result: dict[str, Any], path: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for ax, key, label in ((axes[0], "tokens_per_s", "train tokens/s"), (axes[1], "trainer_peak_gib", "trainer peak GiB")):
+    for ax, key, label in (
+        (axes[0], "tokens_per_s", "train tokens/s"),
+        (axes[1], "trainer_peak_gib", "trainer peak GiB"),
+    ):
         values = [statistics.median(r[key] for r in result["runs"][side]) for side in SIDES]
         ax.bar(SIDES, values, color=["tab:gray", "tab:orange", "tab:blue"])
         ax.set_title(label)
@@ -246,19 +259,32 @@ def _span(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--repeats", type=positive_int, default=2, help="measured repeats of each side")
-    parser.add_argument("--steps", type=positive_int, default=3, help="steps per run (the first is not timed)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=3, help="steps per run (the first is not timed)"
+    )
     parser.add_argument("--hidden", type=positive_int, default=512, help="the model's hidden size")
     parser.add_argument("--layers", type=positive_int, default=6, help="the model's layers")
     parser.add_argument("--heads", type=positive_int, default=8, help="the model's attention heads")
-    parser.add_argument("--model", default=None, choices=tuple(MODELS), help="a named scratch shape (overrides --hidden, --layers, --heads)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        choices=tuple(MODELS),
+        help="a named scratch shape (overrides --hidden, --layers, --heads)",
+    )
     parser.add_argument("--seqs", type=positive_int, default=48, help="sequences per step")
     parser.add_argument("--prompt-tokens", type=positive_int, default=16, help="prompt tokens per sequence")
     parser.add_argument("--short", type=_span, default=(32, 128), help="LO,HI: most responses' lengths")
     parser.add_argument("--long", type=_span, default=(1024, 2048), help="LO,HI: the tail's lengths")
-    parser.add_argument("--long-every", type=positive_int, default=12, help="one response in this many is long")
-    parser.add_argument("--max-tokens", type=positive_int, default=16384, help="trainer.max_token_len_per_gpu")
+    parser.add_argument(
+        "--long-every", type=positive_int, default=12, help="one response in this many is long"
+    )
+    parser.add_argument(
+        "--max-tokens", type=positive_int, default=16384, help="trainer.max_token_len_per_gpu"
+    )
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per side")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one side may take")
     parser.add_argument("--out", default=default_out("packing.json"), help="where the JSON result goes")
@@ -278,7 +304,19 @@ def main(argv: list[str] | None = None) -> int:
     args.passthrough = [
         f"--{k.replace('_', '-')}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
         for k, v in vars(args).items()
-        if k in ("steps", "seqs", "prompt_tokens", "short", "long", "long_every", "max_tokens", "threads", "device", "dtype")
+        if k
+        in (
+            "steps",
+            "seqs",
+            "prompt_tokens",
+            "short",
+            "long",
+            "long_every",
+            "max_tokens",
+            "threads",
+            "device",
+            "dtype",
+        )
     ]
     with tempfile.TemporaryDirectory(prefix="rlcore-packing-") as workdir:
         result = measure(args, workdir)
