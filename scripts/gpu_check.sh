@@ -31,7 +31,11 @@
 #
 #   bash scripts/gpu_check.sh [--wheels DIR] [--parts engine,bench,tests,quickstarts] [--model 0.5b]
 #                             [--repeats N] [--trl-configs LIST] [--tests-k EXPR] [--out DIR]
-# --repeats (default 2) sets the benchmarks' repeats (bench trl: repeats of every side).
+# --repeats (default 1) sets the benchmarks' repeats (bench trl: repeats of every side). The default
+# invocation is sized to finish in about 10 minutes on one H200 (the parts' times of 2026-11-30:
+# engine 0.4, decode 0.5, bench packing 1.6, bench lora about 1, bench trl 2.9 minutes one after
+# the other, then the tests, the quickstarts and qwen3_moe side by side, about 3); headline numbers
+# want --repeats 3.
 #
 # Exit status: 0 when every part passed, 1 otherwise (each part runs even when an earlier one failed).
 # PART_TIMEOUT_S (default 1800) bounds each part, TIMEOUT_<part> (TIMEOUT_bench_trl=300) one part: a
@@ -39,7 +43,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-wheels="" parts="engine,bench,tests,quickstarts,qwen3_moe" model="0.5b" out="${OUT:-}" tests_k="" repeats=2 trl_configs=""
+wheels="" parts="engine,bench,tests,quickstarts,qwen3_moe" model="0.5b" out="${OUT:-}" tests_k="" repeats=1 trl_configs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="$2"; shift 2 ;;
