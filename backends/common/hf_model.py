@@ -20,6 +20,24 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[compute_dtype(dtype, device)]
 
 
+HF_ROUTER_SUFFIX = ".mlp.gate.weight"
+"""An HF MoE block's router (Qwen3-MoE: `model.layers.N.mlp.gate.weight`, [experts, hidden])."""
+
+
+def freeze_routers(model: torch.nn.Module, suffix: str = HF_ROUTER_SUFFIX) -> int:
+    """trainer.freeze_router: no gradient for the parameters named `*suffix` (the MoE routers);
+    how many. A model without any is refused in one line."""
+    routers = [p for name, p in model.named_parameters() if name.endswith(suffix)]
+    if not routers:
+        raise ValueError(
+            f"trainer.freeze_router: the model has no MoE router (no parameter named *{suffix}); "
+            "set trainer.freeze_router=false"
+        )
+    for p in routers:
+        p.requires_grad_(False)
+    return len(routers)
+
+
 def load_causal_lm(model_path: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
     """Float32 master weights on CPU; strategies shard and move them."""
     from transformers import AutoModelForCausalLM
@@ -78,7 +96,10 @@ def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = 
 
 
 def forward_values(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], packed: bool = False, sp: SequenceParallel | None = None
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    packed: bool = False,
+    sp: SequenceParallel | None = None,
 ) -> torch.Tensor:
     """Per-token values [B, T] in the layout of `forward_logprobs`: position t holds the value of the
     state before input_ids[t] (the head's output at t - 1); position 0 is 0. Causal attention without

@@ -28,7 +28,7 @@ from ...core.config.schema import LoraConfig
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from .attention import use_packed_attention
 from .dist_utils import all_reduce_sum
-from .hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
+from .hf_model import forward_logprobs, forward_values, freeze_routers, load_causal_lm, load_value_model
 from .lora import LoraLayout, adapter_off, apply_lora
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
@@ -96,13 +96,16 @@ class NativeStrategy(TrainingStrategy):
         return model
 
     def _load(
-        self, model_path: str, seed: int, gradient_checkpointing: bool, lora: LoraConfig | None = None
-    ) -> torch.nn.Module:
+        self, model_path: str, seed: int, gradient_checkpointing: bool, lora: LoraConfig | None = None,
+        freeze_router: bool = False,
+    ) -> torch.nn.Module:  # fmt: skip
         if self.value_head:
             model = load_value_model(model_path, seed, gradient_checkpointing)
         else:
             model = load_causal_lm(model_path, gradient_checkpointing)
         self._prepared(model)
+        if freeze_router:
+            freeze_routers(model)
         if self.value_head:
             return model
         if lora is not None:

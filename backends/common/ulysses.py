@@ -74,6 +74,8 @@ class SequenceParallel:
     def heads_to_seq(self, x: torch.Tensor) -> torch.Tensor:
         """The inverse of seq_to_heads: [1, H / S, S x chunk, D] -> [1, H, chunk, D]."""
         _, hs, n, d = x.shape
-        send = x.reshape(hs, self.size, n // self.size, d).permute(1, 0, 2, 3).contiguous()  # a slice per rank
+        send = (
+            x.reshape(hs, self.size, n // self.size, d).permute(1, 0, 2, 3).contiguous()
+        )  # a slice per rank
         got = dist_fn.all_to_all_single(torch.empty_like(send), send, group=self.group)  # head groups by rank
         return got.reshape(1, self.size * hs, n // self.size, d)

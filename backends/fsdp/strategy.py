@@ -69,7 +69,9 @@ class FSDP1Strategy(NativeStrategy):
             else None
         )
         torch.manual_seed(seed)
-        model = self._load(model_path, seed, trainer_cfg.gradient_checkpointing, lora)
+        model = self._load(
+            model_path, seed, trainer_cfg.gradient_checkpointing, lora, trainer_cfg.freeze_router
+        )
         self._config = model.config
         blocks = transformer_blocks(model)
         # LoRA: each adapter factor is a unit of its own (a unit mixing frozen and trainable parameters
@@ -91,7 +93,9 @@ class FSDP1Strategy(NativeStrategy):
             ref.requires_grad_(False)
             self.reference = self._wrap(ref, offload=trainer_cfg.offload_untrained_models)
 
-    def _wrap(self, model: torch.nn.Module, own: list[torch.nn.Module] | None = None, *, offload: bool = False) -> FSDP:
+    def _wrap(
+        self, model: torch.nn.Module, own: list[torch.nn.Module] | None = None, *, offload: bool = False
+    ) -> FSDP:
         """FSDP units: every decoder block, and each module of `own`; the root holds the rest.
         `offload`: the flat parameters on the CPU (FSDP moves the CPU model to `device_id` to shard
         it, then the shards back)."""

@@ -68,7 +68,9 @@ class FSDP2Strategy(NativeStrategy):
         )
         torch.manual_seed(seed)
         self.offload = trainer_cfg.fsdp_config.param_offload
-        model = self._load(model_path, seed, trainer_cfg.gradient_checkpointing, lora)
+        model = self._load(
+            model_path, seed, trainer_cfg.gradient_checkpointing, lora, trainer_cfg.freeze_router
+        )
         self.model = self._shard(model, self.offload)
         self.optimizer, self.scheduler = build_optimizer(
             trainable(self.model.parameters()), optimizer_cfg, total_steps
@@ -171,5 +173,7 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     mesh = tensor.device_mesh
     if tensor.device.type != mesh.device_type:
         local = tensor.to_local().to(mesh.device_type)
-        tensor = DTensor.from_local(local, mesh, tensor.placements, shape=tensor.shape, stride=tensor.stride())
+        tensor = DTensor.from_local(
+            local, mesh, tensor.placements, shape=tensor.shape, stride=tensor.stride()
+        )
     return tensor.full_tensor()

@@ -40,7 +40,9 @@ def _as_ints(splits: Any) -> Any:
 
 
 def _splits_as_lists(all_to_all: Any) -> Any:
-    def wrapped(group: Any, input_: Any, output_split_sizes_: Any = None, input_split_sizes: Any = None) -> Any:
+    def wrapped(
+        group: Any, input_: Any, output_split_sizes_: Any = None, input_split_sizes: Any = None
+    ) -> Any:
         return all_to_all(group, input_, _as_ints(output_split_sizes_), _as_ints(input_split_sizes))
 
     wrapped.rlcore_compat = True  # type: ignore[attr-defined]

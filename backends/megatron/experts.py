@@ -34,6 +34,7 @@ class ModelDims(Protocol):
     @property
     def fused_experts(self) -> bool: ...
 
+
 _LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.weight)$")
 
 

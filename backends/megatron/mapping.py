@@ -47,7 +47,8 @@ _K_NORM = "self_attention.k_layernorm.weight"
 _FC1 = "mlp.linear_fc1.weight"
 _FC2 = "mlp.linear_fc2.weight"
 
-_ROUTER = "mlp.router.weight"
+_ROUTER = ROUTER = "mlp.router.weight"
+"""A MoE layer's router (its name inside a decoder layer)."""
 _EXPERTS_FC1 = "mlp.experts.linear_fc1.weight"
 _EXPERTS_FC2 = "mlp.experts.linear_fc2.weight"
 """A MoE layer's experts as one unit each (not megatron parameters: the local experts'
@@ -116,7 +117,9 @@ class ModelDims:
     or `experts.{e}.gate_proj.weight`... per expert (4.x, and every checkpoint file)."""
 
     @classmethod
-    def from_hf_config(cls, config: Any, value_head: bool = False, fused_experts: bool | None = None) -> ModelDims:
+    def from_hf_config(
+        cls, config: Any, value_head: bool = False, fused_experts: bool | None = None
+    ) -> ModelDims:
         """Read an HF `LlamaConfig` / `Qwen2Config` / `Qwen3Config` (duck-typed), refusing what
         megatron would not reproduce exactly, so a wrong model fails here rather than training
         silently different. `fused_experts`: the HF layout of a MoE model's experts (None: the
@@ -229,7 +232,9 @@ def check_layout(dims: ModelDims, tp_size: int, pp_size: int, ep_size: int = 1) 
             f"with {ep_field}"
         )
     if not dims.num_experts and ep_size > 1:
-        raise ValueError(f"{ep_field} ({ep_size}) must be 1 for a dense model (it splits a MoE model's experts)")
+        raise ValueError(
+            f"{ep_field} ({ep_size}) must be 1 for a dense model (it splits a MoE model's experts)"
+        )
     if dims.num_experts % ep_size:
         raise ValueError(f"{ep_field} ({ep_size}) must divide the model's num_experts ({dims.num_experts})")
     for what, count in (
@@ -369,8 +374,13 @@ def vocab_shard(weight: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tenso
 
 
 def hf_to_megatron(
-    name: str, hf: Mapping[str, torch.Tensor], dims: ModelDims, tp_size: int, tp_rank: int,
-    ep_size: int = 1, ep_rank: int = 0,
+    name: str,
+    hf: Mapping[str, torch.Tensor],
+    dims: ModelDims,
+    tp_size: int,
+    tp_rank: int,
+    ep_size: int = 1,
+    ep_rank: int = 0,
 ) -> torch.Tensor:
     """TP rank `tp_rank`'s shard of global megatron parameter `name`, built from HF tensors (which
     may be a lazy mapping, e.g. a safetensors reader: only the needed names are read). A MoE layer's

@@ -28,7 +28,13 @@ from .mapping import ModelDims, hf_to_megatron, padded_vocab, stage_layers, to_g
 
 
 def transformer_config(
-    dims: ModelDims, tp: int, pp: int, dtype: torch.dtype, on_cpu: bool, recompute: bool, cp: int = 1,
+    dims: ModelDims,
+    tp: int,
+    pp: int,
+    dtype: torch.dtype,
+    on_cpu: bool,
+    recompute: bool,
+    cp: int = 1,
     ep: int = 1,
 ) -> TransformerConfig:
     """Everything numerically relevant matches the HF model: no dropout, fp32 softmax, the HF eps.

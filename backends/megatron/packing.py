@@ -123,7 +123,9 @@ class PackedInput:
         if rows is None:
             return at_temperatures(logits, [(logits.shape[0], temperature)])
         temps = rows.tolist()
-        return at_temperatures(logits, [(n, temps[i] if i < len(temps) else 1.0) for i, _, n in self.split.chunks()])
+        return at_temperatures(
+            logits, [(n, temps[i] if i < len(temps) else 1.0) for i, _, n in self.split.chunks()]
+        )
 
     def to_rows(self, local: torch.Tensor) -> torch.Tensor:
         """[B, T] in the trainer's layout from [row / C] values this rank computed about the token

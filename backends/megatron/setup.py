@@ -16,7 +16,11 @@ def parallel_sizes(trainer_cfg: TrainerConfig) -> tuple[int, int, int, int]:
     """(tensor, pipeline, context, expert) parallel sizes, checked against the world (the
     data-parallel size is what remains)."""
     mcfg = trainer_cfg.megatron
-    tp, pp, cp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size, mcfg.context_parallel_size
+    tp, pp, cp = (
+        mcfg.tensor_model_parallel_size,
+        mcfg.pipeline_model_parallel_size,
+        mcfg.context_parallel_size,
+    )
     ep = mcfg.expert_model_parallel_size
     world = dist.get_world_size()
     if world % (ep * pp):

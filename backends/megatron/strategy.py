@@ -33,12 +33,13 @@ from ...core.algorithms.logprob import at_temperature
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
-from ..common.hf_model import VALUE_HEAD, resolve_dtype, value_head_init, value_model_config
+from ..common.hf_model import VALUE_HEAD, freeze_routers, resolve_dtype, value_head_init, value_model_config
 from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
 from . import experts
 from .logprobs import token_logprobs_and_entropy
 from .mapping import (
+    ROUTER,
     ModelDims,
     check_layout,
     hf_specs,
@@ -113,6 +114,8 @@ class MegatronStrategy(TrainingStrategy):
         module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)
         freeze_padding_embedding(module, self._hf_config.pad_token_id)
+        if trainer_cfg.freeze_router:
+            freeze_routers(module, "." + ROUTER)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -375,7 +378,9 @@ class MegatronStrategy(TrainingStrategy):
             stage = stage_of(name, self.dims, self.pp)
             converted = None
             if stage == self.pp_rank:
-                converted = megatron_to_hf(name, self._full_shards(params, to_local(name, offset), local_of), self.dims)
+                converted = megatron_to_hf(
+                    name, self._full_shards(params, to_local(name, offset), local_of), self.dims
+                )
             for i, (hf_name, shape) in enumerate(hf_specs_of(name, self.dims)):
                 mine = None
                 if converted is not None:
@@ -391,7 +396,9 @@ class MegatronStrategy(TrainingStrategy):
         experts stacked, all of them."""
         if experts.is_unit(local_name):
             count = self.dims.num_experts // self.ep
-            local = torch.stack([local_of(params[p]).detach() for p in experts.local_params(local_name, count)])
+            local = torch.stack(
+                [local_of(params[p]).detach() for p in experts.local_params(local_name, count)]
+            )
             if self.ep == 1:
                 return [local]
             parts = [torch.empty_like(local) for _ in range(self.ep)]
@@ -411,7 +418,11 @@ class MegatronStrategy(TrainingStrategy):
         if self.model.ddp_config.use_distributed_optimizer:
             self._gather_grad_shards()
         scale = float(self.optimizer.get_loss_scale())  # float16's loss scale, 1 otherwise
-        return self._iter_full(lambda p: p.main_grad / scale, torch.float32)  # type: ignore[attr-defined]  # DDP-owned, fp32
+
+        def grad(p: torch.nn.Parameter) -> torch.Tensor:  # DDP-owned, fp32; a frozen router has none
+            return p.main_grad / scale if p.requires_grad else torch.zeros_like(p, dtype=torch.float32)  # type: ignore[attr-defined]
+
+        return self._iter_full(grad, torch.float32)
 
     def _gather_grad_shards(self) -> None:
         """After the reduce-scatter each DP rank holds only its slice of the summed gradients;

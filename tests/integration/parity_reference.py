@@ -198,15 +198,19 @@ def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def reference_run(
-    model_path: str, steps: int, total_steps: int, critic: bool = False, lora: str | None = None
-) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    model_path: str, steps: int, total_steps: int, critic: bool = False, lora: str | None = None,
+    frozen: str | None = None,
+) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
     """(loss per step, gradients of the first step by HF name, final weights by HF name) of a plain
     HF model (a value model with `critic`) trained on the whole batch in this process: the ground truth.
     `lora`: a plain peft model training that adapter folder (gradients by peft's saved names, the
-    weights merged by peft)."""
+    weights merged by peft). `frozen`: the parameters whose names end with it are not trained."""
     torch.manual_seed(SEED)
     trainer_cfg = trainer_config([])
     model = load_value_model(model_path, SEED) if critic else load_causal_lm(model_path)
+    for name, p in model.named_parameters():
+        if frozen is not None and name.endswith(frozen):
+            p.requires_grad_(False)
     if lora is not None:
         from peft import PeftModel
 

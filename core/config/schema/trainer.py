@@ -94,6 +94,10 @@ class TrainerConfig:
     either way."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    freeze_router: bool = False
+    """MoE models (Qwen3-MoE): the routers' weights are not trained (no gradient, no optimizer
+    state), so the experts each token goes to move only with the hidden states; one knob against
+    the routing drift between the engine's and the trainer's passes in RL. Every strategy."""
     max_restarts: int = bounded(0, ge=0)
     """How often a failed trainer world is restarted (every node's ranks, by torchrun) to resume
     from its last verified checkpoint, the explorer's and the experience buffer's position
