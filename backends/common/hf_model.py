@@ -38,10 +38,25 @@ def freeze_routers(model: torch.nn.Module, suffix: str = HF_ROUTER_SUFFIX) -> in
     return len(routers)
 
 
+ROUTER_LOGITS_REFUSED = (
+    "model config output_router_logits must be false: rlcore trains MoE models without the router's "
+    "load-balancing loss on every strategy (set it false in the model's config.json)"
+)
+"""One refusal for every strategy: a load-balancing loss one strategy added and another ignored would
+make the same config train differently."""
+
+
+def check_router_logits(config: Any) -> None:
+    """Refuse an MoE config asking for the router's logits (its load-balancing loss)."""
+    if getattr(config, "output_router_logits", False):
+        raise ValueError(ROUTER_LOGITS_REFUSED)
+
+
 def load_causal_lm(model_path: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
     """Float32 master weights on CPU; strategies shard and move them."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    check_router_logits(AutoConfig.from_pretrained(model_path))
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.config.use_cache = False
     if gradient_checkpointing:
@@ -77,8 +92,10 @@ def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = 
     the head's dropout is off, so the values are a deterministic function of the weights."""
     from transformers import AutoModelForTokenClassification
 
+    config = value_model_config(model_path)
+    check_router_logits(config)
     model, info = AutoModelForTokenClassification.from_pretrained(
-        model_path, config=value_model_config(model_path), dtype=torch.float32, output_loading_info=True
+        model_path, config=config, dtype=torch.float32, output_loading_info=True
     )
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout)), (
         "a critic without dropout"

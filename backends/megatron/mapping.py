@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..common.hf_model import check_router_logits
 from . import experts
 
 _LAYERS = "decoder.layers."
@@ -190,11 +191,7 @@ def _moe_dims(config: Any, model_type: str, fused_experts: bool | None) -> dict[
             "model config mlp_only_layers must be empty and decoder_sparse_step 1 for megatron (every layer "
             "a MoE layer)"
         )
-    if getattr(config, "output_router_logits", False):
-        raise ValueError(
-            "model config output_router_logits must be false for megatron: the router's load-balancing loss "
-            "is off on every strategy"
-        )
+    check_router_logits(config)
     if fused_experts is None:
         from .experts import fused_in_memory
 

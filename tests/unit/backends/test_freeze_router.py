@@ -29,3 +29,21 @@ def test_a_dense_model_has_no_router_to_freeze() -> None:
         match=r"^trainer\.freeze_router: the model has no MoE router .*set trainer\.freeze_router=false$",
     ):
         freeze_routers(model)
+
+
+def test_every_strategy_refuses_a_config_asking_for_the_router_loss(tmp_path) -> None:
+    from rlcore.backends.common.hf_model import load_causal_lm
+
+    config = AutoConfig.for_model(
+        "qwen3_moe",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        output_router_logits=True,
+        **SMALL,
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"^model config output_router_logits must be false: .* on every strategy"
+    ):
+        load_causal_lm(str(tmp_path))  # fsdp and fsdp2 (megatron: test_megatron_mapping.py)
