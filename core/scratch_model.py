@@ -116,6 +116,10 @@ BPE_TAG_TOKENS = [
 ]
 
 
+THINK_TAG_TOKENS = ["<think>", "</think>"]
+"""Tag tokens the chatml_thinking tokenizer adds (one token each, as in Qwen3's vocabulary)."""
+
+
 def _bpe_corpus() -> list[str]:
     """Deterministic text the scratch BPE learns its merges from: ChatML conversations about
     arithmetic with tool calls, so that the template's words and JSON take few tokens."""
@@ -152,9 +156,10 @@ def _bpe_corpus() -> list[str]:
     return lines
 
 
-def build_bpe_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
+def build_bpe_tokenizer(vocab_size: int, thinking: bool = False):  # -> transformers.PreTrainedTokenizerFast
     """A byte-level BPE trained here on `_bpe_corpus` (digits stay single tokens), with ChatML's
-    special tokens and CHATML_TOOLS_TEMPLATE as its chat template."""
+    special tokens and CHATML_TOOLS_TEMPLATE as its chat template; `thinking`: the `<think>` tags as
+    tokens of their own and CHATML_THINKING_TEMPLATE."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -169,9 +174,11 @@ def build_bpe_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizer
     )  # fmt: skip
     tok.train_from_iterator(_bpe_corpus(), trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in BPE_SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in BPE_TAG_TOKENS])
+    tags = BPE_TAG_TOKENS + (THINK_TAG_TOKENS if thinking else [])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tags])
+    template = CHATML_THINKING_TEMPLATE if thinking else CHATML_TOOLS_TEMPLATE
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML_TOOLS_TEMPLATE,
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=template,
     )  # fmt: skip
 
 
@@ -180,7 +187,11 @@ def build_scratch_model(path: str, spec: ScratchModelConfig, max_model_len: int,
     char, or bpe with a ChatML template) to `path` (a HF model folder)."""
     import torch
 
-    tokenizer = build_char_tokenizer() if spec.tokenizer == "char" else build_bpe_tokenizer(spec.vocab_size)
+    tokenizer = (
+        build_char_tokenizer()
+        if spec.tokenizer == "char"
+        else build_bpe_tokenizer(spec.vocab_size, thinking=spec.chat_template == "chatml_thinking")
+    )
     config_cls, model_cls = _architecture(spec.architecture)
     extra = {}
     if spec.architecture == "qwen3_moe":

@@ -143,6 +143,7 @@ def write_tool_arithmetic_taskset(
     seed: int = 0,
     demos: bool = False,
     no_tool_fraction: float = 0.0,
+    thinking: bool = False,
 ) -> None:
     """Write `num_tasks` multiplications `a*b` (low <= a, b <= high) that a tiny model cannot do
     in its head but can with the `calculator` tool: rows like {"prompt": "What is 37*46?",
@@ -154,7 +155,8 @@ def write_tool_arithmetic_taskset(
     {"expression": "37*46"}}</tool_call>`), the tool answers, the assistant gives
     `<answer>1702</answer>`. With probability `no_tool_fraction` the demonstration is sloppy
     instead: the assistant answers at once with a guess (the first operand rounded to tens, so
-    usually wrong)."""
+    usually wrong). `thinking` starts every assistant turn of a demonstration with a reasoning
+    block (`<think>...</think>`, as a thinking chat template such as Qwen3's expects)."""
     if part not in ("train", "test"):
         raise ValueError(f"part must be train or test; got '{part}'")
     if not 0 <= low <= high:
@@ -177,14 +179,30 @@ def write_tool_arithmetic_taskset(
                 f.write(json.dumps({"prompt": question, "answer": answer}) + "\n")
                 continue
             messages = [{"role": "user", "content": question}]
+
+            def think(text: str) -> str:
+                return f"<think>\n{text}\n</think>\n\n" if thinking else ""
+
             if noise.random() < no_tool_fraction:
-                messages.append({"role": "assistant", "content": f"<answer>{round(a, -1) * b}</answer>"})
+                guess = round(a, -1) * b
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": f"{think('About ' + str(guess) + '.')}<answer>{guess}</answer>",
+                    }
+                )
             else:
                 call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}*{b}"}})
                 messages += [
-                    {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+                    {
+                        "role": "assistant",
+                        "content": f"{think('Use the calculator.')}<tool_call>{call}</tool_call>",
+                    },
                     {"role": "tool", "content": answer},
-                    {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+                    {
+                        "role": "assistant",
+                        "content": f"{think('The tool says ' + answer + '.')}<answer>{answer}</answer>",
+                    },
                 ]
             f.write(json.dumps({"messages": messages, "answer": answer}) + "\n")
     os.replace(tmp, path)

@@ -33,6 +33,9 @@ class ScratchModelConfig:
     declares tools and renders tool calls (core/scratch_model.py)."""
     vocab_size: int = bounded(512, gt=0)
     """The bpe tokenizer's vocabulary size (ignored by char)."""
+    chat_template: str = choice("chatml", ("chatml", "chatml_thinking"))
+    """The bpe tokenizer's chat template: chatml (tools), or chatml_thinking (tools and `<think>`
+    reasoning blocks, rendered as Qwen3's template renders them: core/scratch_model.py)."""
     num_experts: int = bounded(4, gt=0)
     """qwen3_moe: experts per MoE layer (each `intermediate_size` wide)."""
     num_experts_per_tok: int = bounded(2, gt=0)

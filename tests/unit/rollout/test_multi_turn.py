@@ -78,7 +78,9 @@ def test_a_conversation_is_the_engines_tokens_and_the_environments_turns(engine:
         ids = torch.tensor([e.prompt_token_ids + e.response_token_ids])
         with torch.no_grad():
             logits = engine.model(ids).logits[0, len(e.prompt_token_ids) - 1 : -1]
-        expected = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(e.prompt_token_ids) :, None])[:, 0]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(e.prompt_token_ids) :, None])[
+            :, 0
+        ]
         trained = torch.tensor(mask, dtype=torch.bool)
         assert torch.allclose(torch.tensor(e.logprobs)[trained], expected[trained], atol=1e-4)
     # a group's conversations differ; the same seed replays them exactly
@@ -89,10 +91,15 @@ def test_a_conversation_is_the_engines_tokens_and_the_environments_turns(engine:
 
 def test_the_environment_ends_an_episode_with_finish_reason_stop(engine: HFEngine) -> None:
     exps = workflow(engine, {"env": ENV, "env_args": {"end_after": 2}}).run(TASKS, SAMPLING, 0)
-    assert all(e.finish_reason == "stop" and e.metrics["turns"] == 2 and e.reward_components["env"] == 0.5 for e in exps)
+    assert all(
+        e.finish_reason == "stop" and e.metrics["turns"] == 2 and e.reward_components["env"] == 0.5
+        for e in exps
+    )
 
 
-def test_token_limits_end_episodes_cleanly_with_finish_reason_length(tiny_model_path: str, engine: HFEngine) -> None:
+def test_token_limits_end_episodes_cleanly_with_finish_reason_length(
+    tiny_model_path: str, engine: HFEngine
+) -> None:
     budget = workflow(engine, {"env": ENV, "max_turns": 50, "max_total_tokens": 17}).run(TASKS, SAMPLING, 0)
     assert all(e.finish_reason == "length" and len(e.response_token_ids) <= 17 for e in budget)
     short = HFEngine(tiny_model_path, max_model_len=24)
@@ -107,14 +114,20 @@ def test_chat_template_turns_append_what_the_template_renders(engine: HFEngine) 
     eos = engine.tokenizer.eos_token_id
     encode = fmt.encode
     # the model closed its turn with EOS: the template's newline, then the user turn and the next prompt
-    assert fmt.after_reply([5, eos], [{"role": "user", "content": "3+4="}]) == encode("\nuser: 3+4=\nassistant: ")
+    assert fmt.after_reply([5, eos], [{"role": "user", "content": "3+4="}]) == encode(
+        "\nuser: 3+4=\nassistant: "
+    )
     # a reply cut by max_tokens gets the whole closing of its turn as context
     assert fmt.after_reply([5, 6], [{"role": "user", "content": "x"}]) == encode("</s>\nuser: x\nassistant: ")
     wf = workflow(engine, {"env": ENV, "max_turns": 2}, apply_chat_template=True, chat_template=TEMPLATE)
     (e, *_) = wf.run(TASKS[:1], SAMPLING, 0)
     assert e.prompt_token_ids == encode("user: 12+7=\nassistant: ")
-    recount = TEMPLATE.replace("{% for m", "{{ messages | length }}{% for m")  # re-renders the top per message
-    with pytest.raises(ValueError, match="^the chat template does not render a conversation by appending turns"):
+    recount = TEMPLATE.replace(
+        "{% for m", "{{ messages | length }}{% for m"
+    )  # re-renders the top per message
+    with pytest.raises(
+        ValueError, match="^the chat template does not render a conversation by appending turns"
+    ):
         TurnFormat(engine.tokenizer, True, recount, None)
 
 
@@ -123,10 +136,16 @@ def test_chat_template_turns_append_what_the_template_renders(engine: HFEngine) 
     [
         ({}, r"^workflow_args\.env: name the environment"),
         ({"env": "nope"}, r"^workflow_args\.env: 'nope' is not one of arithmetic_chain \(nor an import path"),
-        ({"env": "rlcore.core.types:Task"}, r"^workflow_args\.env: environment 'rlcore.core.types:Task' is not a TextEnv"),
+        (
+            {"env": "rlcore.core.types:Task"},
+            r"^workflow_args\.env: environment 'rlcore.core.types:Task' is not a TextEnv",
+        ),
         ({"env": ENV, "max_turns": 0}, r"^workflow_args\.max_turns must be a positive integer; got 0"),
         ({"env": ENV, "env_args": [1]}, r"^workflow_args\.env_args must be an object"),
-        ({"env": ENV, "turns": 3}, r"^workflow_args: unknown key\(s\) turns; this workflow takes env, env_args"),
+        (
+            {"env": ENV, "turns": 3},
+            r"^workflow_args: unknown key\(s\) turns; this workflow takes env, env_args",
+        ),
     ],
 )
 def test_bad_workflow_args_name_the_key(engine: HFEngine, args: dict[str, Any], match: str) -> None:
@@ -143,7 +162,9 @@ def test_arithmetic_chain_asks_on_the_models_answers_and_grades_each_step() -> N
     assert (wrong.observation, wrong.reward, wrong.done) == ("25+30=", 0.0, False)
     last = env.step("<answer>55</answer>")
     assert (last.reward, last.done) == (pytest.approx(1 / 3), True)
-    assert ArithmeticChainEnv(Task("c", "1+1=", metadata={"addends": []}), {}).step("2").done  # unreadable: over
+    assert (
+        ArithmeticChainEnv(Task("c", "1+1=", metadata={"addends": []}), {}).step("2").done
+    )  # unreadable: over
     with pytest.raises(ValueError, match=r"^task c: column 'addends' must be a list of integers"):
         ArithmeticChainEnv(Task("c", "1+1="), {})
 
@@ -172,7 +193,9 @@ def test_a_thinking_template_appends_tool_turns_and_re_renders_after_a_user_turn
         "<|im_start|>tool\n<tool_response>\n4\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n<think>\nsure\n</think>\n\nyes<|im_end|>\n"
     )
-    again = render([*convo, {"role": "user", "content": "and 3+3?"}], add_generation_prompt=True, enable_thinking=False)
+    again = render(
+        [*convo, {"role": "user", "content": "and 3+3?"}], add_generation_prompt=True, enable_thinking=False
+    )
     assert again == (
         "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
         "<|im_start|>tool\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\nyes<|im_end|>\n"
@@ -186,3 +209,35 @@ def test_a_thinking_template_appends_tool_turns_and_re_renders_after_a_user_turn
     )
     with pytest.raises(HistoryRerendered, match="adding a message changes what came before"):
         turns.after_reply(reply, [{"role": "user", "content": "sure?"}])
+
+
+def test_thinking_demos_render_their_reasoning_through_the_thinking_tokenizer(tmp_path) -> None:
+    """configs/tool_call_thinking.yaml's SFT rows: every assistant turn opens with a reasoning block;
+    the chatml_thinking tokenizer keeps the tags one token each and renders the blocks (all its
+    assistant turns follow the only user turn), and its tool turns append."""
+    import json
+
+    from rlcore.core.data.synthetic import write_tool_arithmetic_taskset
+    from rlcore.core.scratch_model import CHATML_THINKING_TEMPLATE, build_bpe_tokenizer
+
+    path = tmp_path / "demos.jsonl"
+    write_tool_arithmetic_taskset(
+        str(path), part="train", num_tasks=20, demos=True, no_tool_fraction=0.5, thinking=True
+    )
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    replies = [m["content"] for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    assert replies and all(c.startswith("<think>\n") and "\n</think>\n\n" in c for c in replies)
+    assert {len(r["messages"]) for r in rows} == {2, 4}  # sloppy guesses and tool calls both present
+    tokenizer = build_bpe_tokenizer(512, thinking=True)
+    assert tokenizer.chat_template == CHATML_THINKING_TEMPLATE
+    assert tokenizer.convert_ids_to_tokens(tokenizer("<think>x</think>")["input_ids"]) == [
+        "<think>",
+        "x",
+        "</think>",
+    ]
+    (call_row,) = [r for r in rows if len(r["messages"]) == 4][:1]
+    text = tokenizer.apply_chat_template(call_row["messages"], tokenize=False)
+    assert text.count("<think>\n") == 2 and "<think>\nThe tool says" in text
+    turns = TurnFormat(tokenizer, True, None, None)  # the tokenizer's own (thinking) template
+    assert turns.after_reply(turns.encode("<think>\nUse it.\n</think>\n\n<tool_call>{}</tool_call>"),
+                             [{"role": "tool", "content": "7"}])  # fmt: skip
