@@ -139,7 +139,9 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     sides = ["lockstep"] + [f"async-{s}" for s in args.staleness]
     assets = prepare(
-        workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 2, max_model_len=model_len(args.max_tokens)
+        workdir,
+        num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 2,
+        max_model_len=model_len(args.max_tokens),
     )  # the model's positions fit --max-tokens
     runs = run_sides(
         sides, args.repeats, lambda side, rep: run_side(side, assets, workdir, f"{side}-{rep}", args),
@@ -225,7 +227,9 @@ def add_launch_args(
     parser.add_argument("--steps", type=positive_int, default=steps, help="measured steps per run")
     parser.add_argument("--prompts", type=positive_int, default=prompts, help="prompts per step")
     parser.add_argument("--group", type=positive_int, default=group, help="samples per prompt")
-    parser.add_argument("--max-tokens", type=positive_int, default=max_tokens, help="tokens per response (at most)")
+    parser.add_argument(
+        "--max-tokens", type=positive_int, default=max_tokens, help="tokens per response (at most)"
+    )
     parser.add_argument(
         "--trainer-cpus", type=cpu_list, default=[0], help="CPU ids for the launch and its trainer"
     )
@@ -235,7 +239,9 @@ def add_launch_args(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     add_launch_args(parser, steps=20, prompts=4, group=8, max_tokens=96, out=default_out("async.json"))
     parser.add_argument(
         "--staleness", type=int_list, default=[1, 2, 4], help="max_staleness of the async sides"

@@ -388,7 +388,9 @@ def step_rows(run_root: str, expected: int | None, what: str) -> list[dict[str, 
     (metrics_path,) = [p for p in found if f"{os.sep}explorer{os.sep}" not in p]
     with open(metrics_path) as f:
         rows = [r for r in map(json.loads, f) if "perf/step_time_s" in r]
-    if expected is not None and len(rows) != expected:  # e.g. the taskset ran out: the run trained fewer steps
+    if (
+        expected is not None and len(rows) != expected
+    ):  # e.g. the taskset ran out: the run trained fewer steps
         raise RuntimeError(f"{what} logged {len(rows)} steps, not {expected}; see {metrics_path}")
     return rows
 

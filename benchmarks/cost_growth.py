@@ -293,7 +293,9 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--batch-sizes", type=int_list, default=[2, 4, 8, 16], help="prompts per step, batch curve"
     )
@@ -311,7 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=2, help="passes over the points")
     parser.add_argument("--memory-steps", type=positive_int, default=100, help="steps of the memory run")
     parser.add_argument("--engine", default="hf", choices=("hf", "vllm"), help="rlcore's rollout engine")
-    parser.add_argument("--strategy", default="fsdp2", choices=("fsdp", "fsdp2", "megatron"), help="rlcore's training strategy")
+    parser.add_argument(
+        "--strategy",
+        default="fsdp2",
+        choices=("fsdp", "fsdp2", "megatron"),
+        help="rlcore's training strategy",
+    )
     add_model_args(parser)
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument("--out", default=RESULTS, help="where the JSON result goes")

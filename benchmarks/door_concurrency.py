@@ -66,8 +66,13 @@ def serve(args: argparse.Namespace, model: str, token: str, workdir: str) -> tup
             "--threads", str(args.threads), "--max-model-len", str(MAX_MODEL_LEN), "--token-env", TOKEN_ENV,
             "--served-model-name", "bench", "--http-port", "0", "--http-port-file", http_file,
             "--http-batch-wait-ms", str(args.batch_wait_ms)]  # fmt: skip
-    proc, _ = start_server(argv, workdir, "worker", set(os.sched_getaffinity(0)), {TOKEN_ENV: token}, START_TIMEOUT_S)
-    return proc, f"http://{await_port_file(http_file, proc, 30, f'the HTTP door (log: {workdir}/worker.log)')}/v1"
+    proc, _ = start_server(
+        argv, workdir, "worker", set(os.sched_getaffinity(0)), {TOKEN_ENV: token}, START_TIMEOUT_S
+    )
+    return (
+        proc,
+        f"http://{await_port_file(http_file, proc, 30, f'the HTTP door (log: {workdir}/worker.log)')}/v1",
+    )
 
 
 def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
@@ -162,7 +167,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"{sides[s]['tokens_per_s']['median']:.0f} | {rel} |"
         )
     tps = ratios["concurrent_over_n"]["tokens_per_s"]["median"]
-    rows += ["", f"Concurrent requests reach {tps:.2f}x the tokens/s of one n={c} request (median of the pairs)."]
+    rows += [
+        "",
+        f"Concurrent requests reach {tps:.2f}x the tokens/s of one n={c} request (median of the pairs).",
+    ]
     return "\n".join(rows)
 
 
@@ -170,23 +178,35 @@ def plot(result: dict[str, Any], path: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     sides = result["sides"]
-    ax.bar(list(SIDES), [sides[s]["seconds"]["median"] for s in SIDES], color=["#4c72b0", "#55a868", "#c44e52"])
+    ax.bar(
+        list(SIDES), [sides[s]["seconds"]["median"] for s in SIDES], color=["#4c72b0", "#55a868", "#c44e52"]
+    )
     ax.set_ylabel("wall seconds (median)")
     ax.set_title(f"door: {result['config']['concurrency']} completions, three ways")
     save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", help="HF model folder (default: the scratch model, built in a temp folder)")
-    parser.add_argument("--concurrency", type=positive_int, default=8, help="requests at once (and n of one request)")
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--model-dir", help="HF model folder (default: the scratch model, built in a temp folder)"
+    )
+    parser.add_argument(
+        "--concurrency", type=positive_int, default=8, help="requests at once (and n of one request)"
+    )
     parser.add_argument("--max-tokens", type=positive_int, default=48, help="tokens per completion")
     parser.add_argument("--repeats", type=positive_int, default=7, help="measured repeats of each side")
     parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads of the worker's engine")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the worker's device")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the worker's dtype")
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16"), help="the worker's dtype"
+    )
     parser.add_argument("--batch-wait-ms", type=float, default=10.0, help="the worker's --http-batch-wait-ms")
-    parser.add_argument("--out", default=default_out("door.json"), help="where the JSON result goes (.md, .png beside it)")
+    parser.add_argument(
+        "--out", default=default_out("door.json"), help="where the JSON result goes (.md, .png beside it)"
+    )
     args = parser.parse_args(argv)
     missing = missing_packages("openai", "fastapi", "uvicorn")
     if missing:

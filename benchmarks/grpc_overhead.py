@@ -202,7 +202,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--model", help="HF model folder (default: build the scratch model in a temp folder)")
     parser.add_argument("--prompts", type=int, default=64, help="prompts per step")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per response (at most)")

@@ -104,7 +104,9 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
         cfg["stages"][0]["explorer"].update(side_config(side, args.ratio))
 
     # tasks left out (dynamic-timeout) leave the trainer fewer groups: it trains fewer steps
-    root, rows = launch_against_worker(assets, workdir, tag, args, configure, every_step=side != "dynamic-timeout")
+    root, rows = launch_against_worker(
+        assets, workdir, tag, args, configure, every_step=side != "dynamic-timeout"
+    )
     explored = explorer_rows(root)
     out = summary(rows)
     out.update(
@@ -120,7 +122,9 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     from rlcore.benchmarks.async_explore import WARM_STEPS
 
     assets = prepare(
-        workdir, num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 4, max_model_len=model_len(args.max_tokens)
+        workdir,
+        num_tasks=args.prompts * (WARM_STEPS + args.steps + 1) * 4,
+        max_model_len=model_len(args.max_tokens),
     )  # the model's positions fit --max-tokens
     runs = run_sides(
         SIDES, args.repeats, lambda side, rep: run_side(side, assets, workdir, f"{side}-{rep}", args),
@@ -136,7 +140,9 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "runs": runs,
         "tokens_per_s": {side: spread([r["tokens_per_s"] for r in runs[side]]) for side in SIDES},
         "ratio_over_wait_all": {
-            side: spread([r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(runs[side], base, strict=True)])
+            side: spread(
+                [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(runs[side], base, strict=True)]
+            )
             for side in SIDES[1:]
         },
         "reward_curve": {
@@ -176,7 +182,9 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from rlcore.benchmarks.async_explore import add_launch_args
 
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=16, out=default_out("tails.json"))
     parser.add_argument("--staleness", type=positive_int, default=2, help="synchronizer.max_staleness")
     parser.add_argument("--slow-fraction", type=float, default=0.125, help="share of the tasks that are slow")

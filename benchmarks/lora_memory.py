@@ -152,7 +152,8 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     keys += ["cuda_peak_gib", "cuda_held_gib"] if "cuda_peak_gib" in runs["full"][0] else []
     ratios = {
         f"{side}_over_full": {
-            key: spread([r[key] / fu[key] for fu, r in zip(runs["full"], runs[side], strict=True)]) for key in keys
+            key: spread([r[key] / fu[key] for fu, r in zip(runs["full"], runs[side], strict=True)])
+            for key in keys
         }
         for side in args.sides[1:]
     }
@@ -185,11 +186,16 @@ def markdown(result: dict[str, Any]) -> str:
         "peak resident memory less its resident memory just before the trainer was built; trainer held = "
         "its resident memory after the last step, less the same (the state it keeps, without the load's "
         "transients)."
-        + (" CUDA peak allocated = the caching allocator's peak from the trainer's build to its last step; CUDA "
-          "held = what stays allocated after it." if cuda else ""),
+        + (
+            " CUDA peak allocated = the caching allocator's peak from the trainer's build to its last step; CUDA "
+            "held = what stays allocated after it."
+            if cuda
+            else ""
+        ),
         "",
         "| side | trained parameters | trainer peak GiB | trainer held GiB | process peak GiB | "
-        + ("CUDA peak allocated GiB | CUDA held GiB | " if cuda else "") + "step s (median) |",
+        + ("CUDA peak allocated GiB | CUDA held GiB | " if cuda else "")
+        + "step s (median) |",
         "|---|---|---|---|---|" + ("---|---|" if cuda else "") + "---|",
     ]
     for side in s["sides"]:
@@ -224,7 +230,9 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--repeats", type=positive_int, default=2, help="measured repeats of each side")
     parser.add_argument(
         "--sides", default="full,lora",
@@ -239,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=positive_int, default=16, help="LoRA rank (alpha = 2 x rank)")
     parser.add_argument("--seqs", type=positive_int, default=8, help="sequences per training batch")
     parser.add_argument("--prompt-tokens", type=positive_int, default=16, help="prompt tokens per sequence")
-    parser.add_argument("--response-tokens", type=positive_int, default=48, help="response tokens per sequence")
+    parser.add_argument(
+        "--response-tokens", type=positive_int, default=48, help="response tokens per sequence"
+    )
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per side")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one side may take")
     parser.add_argument("--out", default=default_out("lora.json"), help="where the JSON result goes")

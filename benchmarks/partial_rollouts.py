@@ -62,7 +62,9 @@ class LongGenerationWorkflow(SingleTurnWorkflow):
             if not isinstance(args.get(key, 1), int) or args.get(key, 1) < 1:
                 raise ValueError(f"workflow_args.{key} must be an integer >= 1; got {args.get(key)!r}")
         if not isinstance(args.get("ignore_eos", True), bool):
-            raise ValueError(f"workflow_args.ignore_eos must be true or false; got {args.get('ignore_eos')!r}")
+            raise ValueError(
+                f"workflow_args.ignore_eos must be true or false; got {args.get('ignore_eos')!r}"
+            )
         seconds = args.get("tool_s", 0.0)
         if not isinstance(seconds, int | float) or seconds < 0:
             raise ValueError(f"workflow_args.tool_s must be a number of seconds >= 0; got {seconds!r}")
@@ -72,12 +74,23 @@ class LongGenerationWorkflow(SingleTurnWorkflow):
         out: list[Experience] = []
         for task in tasks:
             long = is_slow(task.task_id, fraction)
-            budget = sampling.max_tokens if long else min(int(self.args.get("short_tokens", 1)), sampling.max_tokens)
+            budget = (
+                sampling.max_tokens
+                if long
+                else min(int(self.args.get("short_tokens", 1)), sampling.max_tokens)
+            )
             turns = min(int(self.args.get("turns", 1)), budget) if long else 1
-            out += self._episode(task, sampling, policy_version, [budget * (t + 1) // turns - budget * t // turns for t in range(turns)])
+            out += self._episode(
+                task,
+                sampling,
+                policy_version,
+                [budget * (t + 1) // turns - budget * t // turns for t in range(turns)],
+            )
         return out
 
-    def _episode(self, task: Task, sampling: SamplingParams, version: int, per_turn: list[int]) -> list[Experience]:
+    def _episode(
+        self, task: Task, sampling: SamplingParams, version: int, per_turn: list[int]
+    ) -> list[Experience]:
         """`sampling.n` responses of `task`, generated `per_turn` tokens a call (a response that
         stopped, on EOS unless `ignore_eos`, takes no more turns)."""
         prompt, ignore_eos = self.encode_prompt(task), bool(self.args.get("ignore_eos", True))
@@ -91,7 +104,9 @@ class LongGenerationWorkflow(SingleTurnWorkflow):
                 break
             time.sleep(float(self.args.get("tool_s", 0.0)))
             more = replace(sampling, n=1, max_tokens=count, ignore_eos=ignore_eos)
-            for i, (c,) in zip(going, self.engine.generate([prompt + tokens[i] for i in going], more), strict=True):
+            for i, (c,) in zip(
+                going, self.engine.generate([prompt + tokens[i] for i in going], more), strict=True
+            ):
                 tokens[i] += c.token_ids
                 logprobs[i] += c.logprobs
                 stopped[i] = c.finish_reason == "stop"
@@ -127,7 +142,9 @@ def run_side(side: str, assets: tuple[str, str], workdir: str, tag: str, args: a
         busy.extend([info.busy_s, info.busy_span_s, info.interrupted_sequences])
 
     flags = ("--partial-rollout",) if side == "partial" else ()
-    root, rows = launch_against_worker(assets, workdir, tag, args, configure, worker_args=flags, on_worker=engine_time)
+    root, rows = launch_against_worker(
+        assets, workdir, tag, args, configure, worker_args=flags, on_worker=engine_time
+    )
     explored = explorer_rows(root)
     loads = [r["perf/load_weights_s"] for r in explored if "perf/load_weights_s" in r]
     out = summary(rows)
@@ -192,7 +209,11 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for side in SIDES:
         runs, ratio = result["runs"][side], result["ratio_over_wait"]
-        cell = f"{ratio['min']:.2f} / **{ratio['median']:.2f}** / {ratio['max']:.2f}" if side == "partial" else "1"
+        cell = (
+            f"{ratio['min']:.2f} / **{ratio['median']:.2f}** / {ratio['max']:.2f}"
+            if side == "partial"
+            else "1"
+        )
         lines.append(
             f"| {side} | {result['tokens_per_s'][side]['median']:.0f} | {cell} | "
             f"{statistics.median(r['explore_step_s'] for r in runs):.2f} | {result['load_s'][side]['median']:.2f} | "
@@ -205,11 +226,17 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from rlcore.benchmarks.async_explore import add_launch_args, plot
 
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     add_launch_args(parser, steps=10, prompts=8, group=4, max_tokens=256, out=default_out("partial.json"))
     parser.add_argument("--staleness", type=positive_int, default=2, help="synchronizer.max_staleness")
-    parser.add_argument("--long-fraction", type=float, default=0.25, help="share of the tasks that generate --max-tokens")
-    parser.add_argument("--short-tokens", type=positive_int, default=16, help="tokens the other tasks generate")
+    parser.add_argument(
+        "--long-fraction", type=float, default=0.25, help="share of the tasks that generate --max-tokens"
+    )
+    parser.add_argument(
+        "--short-tokens", type=positive_int, default=16, help="tokens the other tasks generate"
+    )
     parser.add_argument("--turns", type=positive_int, default=4, help="engine calls a long task generates in")
     parser.add_argument("--tool-s", type=float, default=0.05, help="seconds between a long task's calls")
     parser.add_argument("--ratio", type=float, default=0.25, help="explorer.over_rollout.ratio")

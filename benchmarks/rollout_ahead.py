@@ -163,7 +163,9 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--repeats", type=positive_int, default=4, help="alternating pairs")
     parser.add_argument("--steps", type=positive_int, default=5, help="measured steps per run")
     parser.add_argument("--prompts", type=positive_int, default=8, help="prompts per step")

@@ -29,7 +29,9 @@ from rlcore.benchmarks.cli_args import positive_int
 from rlcore.benchmarks.common import default_out, machine_info, machine_line, run_sides, spread, write_outputs
 from rlcore.runtime.fork_client import ENV
 
-CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "quickstart.yaml")
+CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "quickstart.yaml"
+)
 NUMBERS = ("actor/loss", "rollout/reward_mean", "eval/test/accuracy")
 """The logged values that must not change with the machine's load."""
 BUSY_LOOP = "while True: pass"
@@ -52,7 +54,9 @@ def stage_rows(root: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def one_launch(config: str, overrides: list[str], workdir: str, side: str, rep: int, busy: int, timeout_s: float) -> dict:
+def one_launch(
+    config: str, overrides: list[str], workdir: str, side: str, rep: int, busy: int, timeout_s: float
+) -> dict:
     """One quickstart launch (`side` 'alone' or 'beside N busy'): wall seconds, each stage's median
     step time, and its numbers."""
     root = os.path.join(workdir, f"{side.replace(' ', '_')}-{rep}")
@@ -96,7 +100,8 @@ def summarize(runs: dict[str, list[dict]], sides: tuple[str, str]) -> dict[str, 
         "wall_ratio": spread([b["wall_s"] / a["wall_s"] for a, b in zip(alone, beside, strict=True)]),
         "step_s": {s: {side: spread([r["step_s"][s] for r in runs[side]]) for side in sides} for s in stages},
         "step_ratio": {
-            s: spread([b["step_s"][s] / a["step_s"][s] for a, b in zip(alone, beside, strict=True)]) for s in stages
+            s: spread([b["step_s"][s] / a["step_s"][s] for a, b in zip(alone, beside, strict=True)])
+            for s in stages
         },
         "same_numbers": all(r["numbers"] == reference for side in sides for r in runs[side]),
         "final_accuracy": {s: reference[s][-1][3] for s in stages},
@@ -152,11 +157,15 @@ def plot(path: str, result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlcore bench shared", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=2, help="pairs of launches (default: 2)")
-    parser.add_argument("--busy", type=positive_int, default=2, help="busy processes beside the run (default: 2)")
+    parser.add_argument(
+        "--busy", type=positive_int, default=2, help="busy processes beside the run (default: 2)"
+    )
     parser.add_argument("--config", default=CONFIG, help="the run (default: configs/quickstart.yaml)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="a config override for every launch (repeatable; default: none, the quickstart as shipped)")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one launch may take (default: 3600)")
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds one launch may take (default: 3600)"
+    )
     parser.add_argument("--out", default=default_out("shared.json"),
                         help="the JSON result; .md and .png beside it (default: %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)

@@ -72,10 +72,14 @@ def one_launch(
     log_path = os.path.join(workdir, f"{side}-{rep}.log")
     with open(log_path, "w") as log:
         t0 = time.perf_counter()
-        env = {k: v for k, v in os.environ.items() if k != ENV}  # on and off: the launch's own server, or none
+        env = {
+            k: v for k, v in os.environ.items() if k != ENV
+        }  # on and off: the launch's own server, or none
         if side == "warm":
             env[ENV] = warm
-        proc = subprocess.Popen([sys.executable, "-m", "rlcore.cli", "launch", config], stdout=log, stderr=log, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.cli", "launch", config], stdout=log, stderr=log, env=env
+        )
         first = None
         while proc.poll() is None:
             if first is None and os.path.exists(metrics) and os.path.getsize(metrics):
@@ -141,12 +145,20 @@ def plot(path: str, result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlcore bench startup", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=5, help="pairs of launches (default: 5)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one launch may take (default: 600)")
-    parser.add_argument("--out", default=default_out("startup.json"),
-                        help="the JSON result; .md and .png beside it (default: %(default)s)")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds one launch may take (default: 600)"
+    )
+    parser.add_argument(
+        "--out",
+        default=default_out("startup.json"),
+        help="the JSON result; .md and .png beside it (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     machine = machine_info()
-    with tempfile.TemporaryDirectory(prefix="rlcore-bench-startup-") as workdir, WarmServer(export=False) as warm:
+    with (
+        tempfile.TemporaryDirectory(prefix="rlcore-bench-startup-") as workdir,
+        WarmServer(export=False) as warm,
+    ):
         model_dir, tasks = prepare(workdir, num_tasks=64)
         warm.wait_ready()
         runs = run_sides(

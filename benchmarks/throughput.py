@@ -147,7 +147,9 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
     start_s = time.perf_counter() - start
     prompts = task_prompts(spec["tasks"], AutoTokenizer.from_pretrained(spec["model_dir"]), spec["prompts"])
     greedy = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
-    greedy_tokens = None if name == "hf-generate" else [c.token_ids for (c,) in engine.generate(prompts, greedy)]
+    greedy_tokens = (
+        None if name == "hf-generate" else [c.token_ids for (c,) in engine.generate(prompts, greedy)]
+    )
     if name == "hf-generate":
         engine = GenerateBaseline(engine)
     sampling = SamplingParams(temperature=1.0, n=spec["n"], max_tokens=spec["max_tokens"], seed=SEED)
@@ -193,7 +195,11 @@ def greedy_agreement(greedy: dict[str, list[list[int]]]) -> dict[str, Any] | Non
     pairs = list(zip(greedy["hf"], greedy["hf-eager"], strict=True))
     prefix = [next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), min(len(x), len(y)))
               / max(len(x), len(y), 1) if x != y else 1.0 for x, y in pairs]  # fmt: skip
-    return {"rows": len(pairs), "equal_rows": sum(x == y for x, y in pairs), "mean_equal_prefix": sum(prefix) / len(pairs)}
+    return {
+        "rows": len(pairs),
+        "equal_rows": sum(x == y for x, y in pairs),
+        "mean_equal_prefix": sum(prefix) / len(pairs),
+    }
 
 
 # ---------------------------------------------------------------------------- train
@@ -349,12 +355,16 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--engines", default=",".join(DEFAULT_ENGINES), help=f"rollout side, of {', '.join(ENGINES)}"
     )
     parser.add_argument(
-        "--strategies", default=",".join(STRATEGIES), help=f"train side, of {', '.join(STRATEGIES)} ('': none)"
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help=f"train side, of {', '.join(STRATEGIES)} ('': none)",
     )
     parser.add_argument("--prompts", type=positive_int, default=16, help="prompts per call / per step")
     parser.add_argument("--n", type=positive_int, default=4, help="samples per prompt (GRPO group)")
@@ -390,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlcore-throughput-") as workdir:
         print("building the model and the taskset ...", flush=True)
-        assets = prepare(workdir, max(200, args.prompts * (args.steps + 1)), model_len(args.max_tokens), args.model)
+        assets = prepare(
+            workdir, max(200, args.prompts * (args.steps + 1)), model_len(args.max_tokens), args.model
+        )
         args.params, args.gpu = count_params(assets[0]), result["machine"]["gpu"]
         result["config"] = {**vars(args), "dtype": resolved_dtype(args), "shape": MODELS[args.model],
                             "versions": versions()}  # fmt: skip

@@ -160,7 +160,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     points: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     length, flip = args.start, False
     while length <= args.max:
-        for side in (list(SIDES)[::-1] if flip else list(SIDES)):  # alternate which side goes first
+        for side in list(SIDES)[::-1] if flip else list(SIDES):  # alternate which side goes first
             if points[side] and points[side][-1]["peak_gib"] > args.budget_gib:
                 continue  # over the budget at a shorter length already
             t0 = time.perf_counter()
@@ -243,14 +243,21 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--start", type=positive_int, default=1024, help="the first L (doubled each point)")
     parser.add_argument("--max", type=positive_int, default=65536, help="the longest L tried")
     parser.add_argument("--budget-gib", type=float, default=1.0, help="a rank's memory budget for the step")
     parser.add_argument("--hidden", type=positive_int, default=256, help="the model's hidden size")
     parser.add_argument("--layers", type=positive_int, default=4, help="the model's layers")
     parser.add_argument("--heads", type=positive_int, default=4, help="the model's attention heads")
-    parser.add_argument("--model", default=None, choices=tuple(MODELS), help="a named scratch shape (overrides --hidden, --layers, --heads)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        choices=tuple(MODELS),
+        help="a named scratch shape (overrides --hidden, --layers, --heads)",
+    )
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one world may take")
     parser.add_argument("--out", default=default_out("ulysses.json"), help="where the JSON result goes")

@@ -347,7 +347,9 @@ def run_size(size: str, model_dir: str, args: argparse.Namespace, kinds: list[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--sizes", default="10m,100m,400m,1b", help=f"comma-separated, of {', '.join(SIZES)}")
     parser.add_argument("--repeats", type=int, default=3, help="measured repeats per size (after a warm-up)")
     parser.add_argument("--bucket-mb", type=int, default=64, help="bucket size (synchronizer.bucket_mb)")

@@ -54,10 +54,10 @@ def check_router_logits(config: Any) -> None:
 
 def load_causal_lm(model_path: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
     """Float32 master weights on CPU; strategies shard and move them."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    check_router_logits(AutoConfig.from_pretrained(model_path))
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    check_router_logits(model.config)
     model.config.use_cache = False
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

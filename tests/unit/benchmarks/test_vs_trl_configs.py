@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from rlcore.benchmarks.vs_trl import TRL_CONFIGS, fair_configs, trl_settings  # noqa: E402
+from rlcore.benchmarks.trl_side import TRL_CONFIGS, fair_configs, trl_settings  # noqa: E402
 
 
 def test_as_shipped_keeps_trls_defaults_and_the_others_turn_checkpointing_off() -> None:
