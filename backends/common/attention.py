@@ -17,7 +17,7 @@ and a scale (a sliding window, logit soft-capping, attention sinks) are refused 
 from __future__ import annotations
 
 import inspect
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import torch
@@ -126,6 +126,14 @@ def _varlen_signature() -> frozenset[str] | None:
     return frozenset(inspect.signature(varlen_attn).parameters)
 
 
+@lru_cache(maxsize=4)
+def _row_offsets(cu: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, int]:
+    """The row's offsets on `device` and its longest sequence: copied once per packed row, not in
+    every layer (a copy from the host waits for the device's queue)."""
+    longest = max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
+    return torch.tensor(cu, dtype=torch.int32, device=device), longest
+
+
 def _varlen_call(query: torch.Tensor, scaling: float | None) -> Any:
     """The whole packed row's attention in one varlen flash-attention call, or None where it does
     not apply: off CUDA, outside bf16/fp16, torch without varlen_attn, or a scale it cannot take."""
@@ -148,8 +156,7 @@ def _varlen_call(query: torch.Tensor, scaling: float | None) -> Any:
         elif groups > 1:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [n, heads, D]
-        offsets = torch.tensor(cu, dtype=torch.int32, device=query.device)
-        longest = max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
+        offsets, longest = _row_offsets(tuple(cu), query.device)
         out = varlen_attn(q, k, v, offsets, offsets, longest, longest, **kw)
         assert isinstance(out, torch.Tensor)  # no auxiliary outputs were asked for
         return out.transpose(0, 1)[None]
