@@ -17,6 +17,7 @@ under `ip netns exec`, as root); a client apart in another way starts fresh. A w
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -160,6 +161,8 @@ def host(path: str, parent: int, fd: int, preload: tuple[str, ...] = PRELOAD) ->
         pass
     sys.stdout.flush()
     sys.stderr.flush()
+    gc.collect()
+    gc.freeze()  # the imports' objects: a fork's collections skip them (and leave their pages shared)
     forks: dict[int, _Fork] = {}  # pidfd -> the fork
     by_conn: dict[int, _Fork] = {}  # client connection fd -> the fork
     while True:

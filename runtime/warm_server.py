@@ -24,6 +24,7 @@ WARM_PRELOAD = PRELOAD + (
     "rlcore.runtime.rank_entry", "rlcore.runtime.trainer_world", "rlcore.runtime.run_service", "rlcore.core.monitor",
     "rlcore.weights.sender", "rlcore.rollout.engines.hf", "rlcore.rollout.engines.hf_attention",
     "datasets",  # tasksets: the launcher's prompt-length check and rank 0 load them (with pandas, 1-1.5 s)
+    "scipy.io",  # and datasets' loaders import it when they first build (0.45 s of each process)
 )  # fmt: skip
 """A warm server's imports: also what launches, rollout workers and each strategy's ranks import."""
 

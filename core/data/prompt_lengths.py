@@ -33,6 +33,17 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+def prompt_token_counts(tokenizer: Any, fmt: PromptFormat, tasks: list[Any]) -> list[int]:
+    """Each task's prompt tokens before truncation (PromptFormat.encode_whole_prompt's count), its
+    distinct texts encoded in one batch (tasksets repeat prompts; one call per prompt cost seconds)."""
+    texts = [fmt.for_task(t).prompt_text(tokenizer, t.prompt, t.metadata.get("messages")) for t in tasks]
+    distinct = list(dict.fromkeys(texts))
+    if not distinct:
+        return []
+    counts = dict(zip(distinct, map(len, tokenizer(distinct, add_special_tokens=False)["input_ids"]), strict=True))
+    return [counts[text] for text in texts]
+
+
 def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> bool:
     """Count each taskset's over-long prompts and warn on stderr; with enable_prompt_truncation
     false, raise ConfigError naming the first (file and row). `only_on_disk`: skip the stages
@@ -60,10 +71,7 @@ def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> boo
                 checked_all = False
                 continue
             tasks = load_tasks(ts, key)
-            lengths = [
-                len(fmt.for_task(t).encode_whole_prompt(tokenizer, t.prompt, t.metadata.get("messages")))
-                for t in tasks
-            ]
+            lengths = prompt_token_counts(tokenizer, fmt, tasks)
             long = [i for i, n in enumerate(lengths) if n > limit]
             if not long:
                 continue

@@ -41,11 +41,14 @@ class PromptFormat:
     ) -> list[int]:
         """Token ids of the prompt before any truncation: `prompt` as one user turn, or the
         conversation `messages` (a messages taskset's row), up to the next assistant turn."""
-        text = prompt
+        return list(tokenizer(self.prompt_text(tokenizer, prompt, messages), add_special_tokens=False)["input_ids"])
+
+    def prompt_text(self, tokenizer: Any, prompt: str, messages: list[dict] | None = None) -> str:
+        """The text encode_whole_prompt tokenizes (without special tokens: a chat template already
+        writes any BOS): `prompt` itself, or the conversation rendered by the chat template."""
         if self.apply_chat_template or messages is not None:
-            # Render to text, then tokenize without special tokens: the template already writes any BOS.
-            text = self.render(tokenizer, messages or [{"role": "user", "content": prompt}], True)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            return self.render(tokenizer, messages or [{"role": "user", "content": prompt}], True)
+        return prompt
 
     def render(self, tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
         """`messages` through the chat template (the system prompt first unless they start with

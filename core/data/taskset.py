@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
@@ -82,6 +83,16 @@ def has_column(columns: list[str], key: str) -> bool:
     return key in columns or key.split(".")[0] in columns
 
 
+ROWS_PER_BATCH = 1000
+"""Rows a taskset's dataset formats at a time (row by row, `datasets` spends ~30 us on each)."""
+
+
+def rows_of(ds: Any) -> Iterator[dict[str, Any]]:
+    """The dataset's rows as dicts, as iterating it gives them, formatted a batch at a time."""
+    for batch in ds.iter(batch_size=ROWS_PER_BATCH):
+        yield from (dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True))
+
+
 def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
     """Read every row of the taskset into Tasks (prompt/answer/response by the format keys)."""
     path = cfg.path
@@ -96,7 +107,7 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
     if cfg.num_samples is not None:
         ds = ds.select(range(min(cfg.num_samples, len(ds))))
     tasks = []
-    for i, row in enumerate(ds):
+    for i, row in enumerate(rows_of(ds)):
         answer = value_of(row, fmt.answer_key)
         response = value_of(row, fmt.response_key)
         prompt = value_of(row, fmt.prompt_key)
@@ -190,7 +201,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
     if cfg.num_samples is not None:
         ds = ds.select(range(min(cfg.num_samples, len(ds))))
     tasks = []
-    for i, row in enumerate(ds):
+    for i, row in enumerate(rows_of(ds)):
         messages = value_of(row, fmt.messages_key)
         problem = messages_problem(messages, needs_assistant=False)
         if problem is not None:
