@@ -26,6 +26,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from . import typed_yaml
 from .plan import StagePlan, filled, plan_stage, pushes_to_explorer, syncs_engines
 from .recipes import read_recipe
 from .schema import STAGE_SECTIONS, RLCoreConfig
@@ -455,6 +456,9 @@ class _unlocked:
 def to_yaml(cfg: DictConfig | RLCoreConfig) -> str:
     """The fully resolved config as YAML (what `rlcore config show` prints)."""
     if dataclasses.is_dataclass(cfg):
+        text = typed_yaml.dump(cfg)  # what OmegaConf writes for it, without building its nodes
+        if text is not None:
+            return text
         cfg = OmegaConf.structured(cfg)
     try:
         return OmegaConf.to_yaml(cfg, resolve=True)
@@ -464,7 +468,13 @@ def to_yaml(cfg: DictConfig | RLCoreConfig) -> str:
 
 def from_yaml(text: str) -> RLCoreConfig:
     """Rebuild a config written by `to_yaml` (used to hand a stage's config to trainer ranks)."""
-    schema = OmegaConf.structured(RLCoreConfig)
-    cfg = OmegaConf.merge(schema, OmegaConf.create(text))
+    typed = typed_yaml.load(RLCoreConfig, text)
+    if typed is not None:
+        return typed
+    schema = OmegaConf.structured(RLCoreConfig)  # converts what it can, or says which key is wrong
+    try:
+        cfg = OmegaConf.merge(schema, OmegaConf.create(text))
+    except OmegaConfBaseException as e:
+        raise _explain(e) from None
     assert isinstance(cfg, DictConfig)
     return _to_object(cfg)
