@@ -13,12 +13,29 @@ import atexit
 import ctypes
 import os
 import sys
+import weakref
 from typing import NoReturn
 
 
 def exit_now(code: int) -> NoReturn:
+    _skip_op_library_teardown()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     ctypes.CDLL(None).fflush(None)  # C and C++ libraries' stdio buffers (os._exit skips exit())
     os._exit(code)
+
+
+def _skip_op_library_teardown() -> None:
+    """Each torch.library.Library (torch's, megatron-core's, vLLM's custom ops) takes its operators
+    off the dispatcher at exit, in a weakref finalizer: 0.5 s of a launcher's exit, measured, for a
+    process that is about to end. Those finalizers are detached; the others (temporary folders'
+    cleanup among them) still run."""
+    library = sys.modules.get("torch.library")
+    teardown = getattr(library, "_del_library", None)
+    if teardown is None:
+        return
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+        alive = finalizer.peek()
+        if alive is not None and alive[1] is teardown:
+            finalizer.detach()

@@ -190,8 +190,10 @@ def _row_offsets(cu: tuple[int, ...], device: torch.device) -> tuple[torch.Tenso
 def _varlen_call(query: torch.Tensor, scaling: float | None) -> Any:
     """The whole packed row's attention in one varlen flash-attention call, or None where it does
     not apply: off CUDA, outside bf16/fp16, torch without varlen_attn, or a scale it cannot take."""
+    if not query.is_cuda or query.dtype not in VARLEN_DTYPES:
+        return None  # before importing torch's varlen module (0.3 s where it is never used)
     names = _varlen_signature()
-    if not query.is_cuda or query.dtype not in VARLEN_DTYPES or names is None:
+    if names is None:
         return None
     default_scale = query.shape[-1] ** -0.5
     if scaling is not None and "scale" not in names and abs(scaling - default_scale) > 1e-12 * default_scale:
