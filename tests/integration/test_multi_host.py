@@ -344,7 +344,9 @@ def test_a_rollout_host_cut_off_is_left_out_and_rejoins_when_its_link_returns(tm
     heartbeats keep it out of the next steps; once its link returns it rejoins with the current
     weights. Every step is trained once, the first ones with the numbers of the one-host run (one
     worker; the learning rate is constant, so a longer run starts the same)."""
-    rl_steps = 14  # time for the cut worker to come back before the end (it rejoins a step or two after)
+    # time for the cut worker to come back before the end: it is tried again RETRY_UNREACHABLE_S (5 s)
+    # after it last failed to answer, whatever the steps take (14 steps ended before that once they got faster)
+    rl_steps = 40
     cfg = quickstart(str(tmp_path / "multi"), SFT_STEPS, rl_steps)
     cfg["cluster"]["ranks_per_node"] = 2  # as the one-host run
     cfg["control"] = {"host": "10.77.0.1", "run_port": RUN_PORT, "heartbeat_interval": 1.0}
