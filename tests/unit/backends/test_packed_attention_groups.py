@@ -1,6 +1,6 @@
 """Packed attention off the GPU (backends/common/attention.py `_per_sequence`): the sequences of one
-length attend in one batched call, and every output and gradient is bit for bit what one call per
-sequence gives (the numbers of runs before the grouping stay the same)."""
+length attend in one batched call (where lengths repeat enough), and every output and gradient is
+bit for bit what one call per sequence gives (the numbers of runs before the grouping stay the same)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlcore.backends.common import attention
 from rlcore.backends.common.attention import _per_sequence
 
 
@@ -26,8 +27,12 @@ def one_call_per_sequence(query, key, value, cu, scaling):
     return torch.cat(outs, dim=2)
 
 
+@pytest.mark.parametrize("grouped_from", [1, attention.GROUPED_FROM])  # 1: every row grouped
 @pytest.mark.parametrize("seed", range(6))
-def test_grouped_by_length_is_bitwise_one_call_per_sequence(seed: int) -> None:
+def test_grouped_by_length_is_bitwise_one_call_per_sequence(
+    seed: int, grouped_from: int, monkeypatch
+) -> None:
+    monkeypatch.setattr(attention, "GROUPED_FROM", grouped_from)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     lengths = [rng.choice([0, 1, 2, 5, 12, 13, 20, 33]) for _ in range(rng.randint(2, 30))] + [7]
