@@ -6,30 +6,32 @@ allowed. Nothing here imports torch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import re
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import (
-    ConfigKeyError,
-    GrammarParseError,
-    InterpolationResolutionError,
-    InterpolationValidationError,
-    MissingMandatoryValue,
-    OmegaConfBaseException,
-    ValidationError,
-)
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from . import typed_yaml
+from .layer_checks import (
+    explain,
+    hints,
+    is_section,
+    layer_problems,
+    open_free_dicts,
+    optional_section,
+    schema_node,
+    stage_problems,
+)
 from .plan import StagePlan, filled, plan_stage, pushes_to_explorer, syncs_engines
 from .recipes import read_recipe
-from .schema import STAGE_SECTIONS, RLCoreConfig
+from .schema import STAGE_SECTIONS, RLCoreConfig, SynchronizerConfig
 from .shape_checks import check_stages
 from .unknown_keys import unknown_key_problems
 from .validate import ConfigError, validate_config
@@ -50,157 +52,6 @@ class Stage:
         """The stage of a validated config: the plan's values filled in, the plan made."""
         cfg = filled(cfg)
         return cls(index, name, cfg, plan_stage(cfg, index, name))
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _is_section(hint: Any) -> typing.TypeGuard[type]:
-    """A schema dataclass (a section or a list item type), as opposed to a scalar or container."""
-    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
-
-
-def _optional_section(hint: Any) -> type | None:
-    """The section of an optional section field (`TasksetConfig | None`), else None."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        sections = [a for a in typing.get_args(hint) if _is_section(a)]
-        if len(sections) == 1 and type(None) in typing.get_args(hint):
-            return sections[0]
-    return None
-
-
-def _type_name(hint: Any) -> str:
-    """How a schema type reads in an error message: int, float or null, a list of str..."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):  # Optional[X]
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
-    if origin is list:
-        return f"a list of {_type_name(args[0])}" if args and args[0] is not Any else "a list"
-    if origin is dict or dataclasses.is_dataclass(hint):
-        return "a mapping"
-    if hint is bool:
-        return "true or false"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _show(value: Any) -> str:
-    """A user value as the YAML/override writer typed it."""
-    if value is None:
-        return "null"
-    if isinstance(value, (DictConfig, ListConfig)):
-        value = OmegaConf.to_container(value, resolve=False)
-    return repr(value)
-
-
-def _expected_type(err: OmegaConfBaseException) -> str | None:
-    """The schema type of the value an OmegaConf ValidationError complains about."""
-    obj, key = getattr(err, "object_type", None), getattr(err, "key", None)
-    ref = getattr(err, "ref_type", None)
-    if _is_section(obj) and isinstance(key, str) and key in _hints(obj):
-        return _type_name(_hints(obj)[key])
-    if isinstance(key, int) and typing.get_origin(ref) is list:  # a list element
-        return _type_name(typing.get_args(ref)[0])
-    return None
-
-
-def _explain(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
-    """Turn an OmegaConf exception into a one-line ConfigError with the full key path."""
-    rel = getattr(err, "full_key", None) or getattr(err, "key", None) or ""
-    key = f"{prefix}{rel}"
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    obj = getattr(err, "object_type", None)
-    if isinstance(err, ConfigKeyError) and _is_section(obj):
-        return ConfigError.of(unknown_key_problems(key, getattr(err, "key", rel), None, list(_hints(obj))))
-    if isinstance(err, MissingMandatoryValue):
-        return ConfigError(f"{key}: required but not set (set it in the YAML or pass {key}=...)")
-    if isinstance(err, GrammarParseError):
-        return ConfigError(f"{key}: malformed interpolation {_show(getattr(err, 'value', None))} ({msg})")
-    if isinstance(err, ValidationError) and (expected := _expected_type(err)) is not None:
-        source = " (from an interpolation)" if isinstance(err, InterpolationValidationError) else ""
-        return ConfigError(f"{key}: expected {expected}, got {_show(getattr(err, 'value', None))}{source}")
-    if isinstance(err, InterpolationResolutionError):
-        return ConfigError(f"{key}: cannot resolve interpolation ({msg})")
-    return ConfigError(f"{key}: {msg}" if key else msg)
-
-
-def _layer_problems(cls: type, data: dict[Any, Any], path: str) -> list[str]:
-    """A layer's problems with the schema's keys and section shapes, one line each (every unknown
-    key of a file in one run), found before OmegaConf merges it.
-
-    OmegaConf names an error inside a list element relative to the element, and reports a scalar
-    given for a whole section without any key; walking the layer first keeps the full key path.
-    Scalar types are left to OmegaConf (it converts "3" to 3 and resolves interpolations).
-    """
-    hints = _hints(cls)
-    problems: list[str] = []
-    for key, value in data.items():
-        full = f"{path}{key}"
-        if key not in hints:
-            problems += unknown_key_problems(full, key, value, list(hints))
-            continue
-        hint = hints[key]
-        if isinstance(value, str) and "${" in value:
-            continue  # an interpolation: checked once resolved
-        if _optional_section(hint) is not None:
-            if value is None:
-                continue
-            hint = _optional_section(hint)
-        origin = typing.get_origin(hint)
-        if _is_section(hint) or origin is dict:
-            if not isinstance(value, dict):
-                problems.append(f"{full}: expected a mapping of {key} keys, got {_show(value)}")
-            elif _is_section(hint):
-                problems += _layer_problems(hint, value, full + ".")
-        elif origin is list:
-            if not isinstance(value, list):
-                problems.append(f"{full}: expected {_type_name(hint)}, got {_show(value)}")
-                continue
-            (item_type,) = typing.get_args(hint)
-            if _is_section(item_type):
-                for i, item in enumerate(value):
-                    problems += _item_problems(item_type, item, f"{full}[{i}]")
-    return problems
-
-
-def _item_problems(cls: type, item: Any, path: str) -> list[str]:
-    if not isinstance(item, dict):
-        return [f"{path}: expected a mapping of {cls.__name__} keys, got {_show(item)}"]
-    problems = _layer_problems(cls, item, path + ".")
-    if problems:
-        return problems
-    try:  # scalar types, merged alone so the error can carry the element's path
-        OmegaConf.merge(OmegaConf.structured(cls), item)
-    except OmegaConfBaseException as e:
-        return str(_explain(e, path + ".")).splitlines()
-    return []
-
-
-def _stage_problems(stages: Any) -> list[str]:
-    """The problems of a recipe's `stages` with their keys, one line each (resolve_stages checks
-    the rest, stage by stage)."""
-    if not isinstance(stages, list):
-        return []
-    problems: list[str] = []
-    for i, raw in enumerate(stages):
-        if not isinstance(raw, dict):
-            continue
-        for key, value in raw.items():
-            path = f"stages[{i}].{key}"
-            if key in STAGE_SECTIONS:
-                problems += _layer_problems(RLCoreConfig, {key: value}, f"stages[{i}].")
-            elif key not in _hints(RLCoreConfig):
-                problems += unknown_key_problems(path, key, value, ["name", *STAGE_SECTIONS])
-    return problems
-
-
-def _read_yaml(path: str) -> DictConfig:
-    data = read_recipe(path)
-    try:
-        return OmegaConf.create(data)
-    except OmegaConfBaseException as e:  # e.g. a malformed ${...} interpolation
-        raise _explain(e) from None
 
 
 def _parse_overrides(overrides: list[str]) -> list[dict[str, Any]]:
@@ -278,58 +129,40 @@ def _deep_merge(base: Any, update: Any) -> Any:
     return update
 
 
-def _merge(base: DictConfig, layer: DictConfig | dict[str, Any], prefix: str = "") -> DictConfig:
-    """`layer` over `base`, checked against the schema first; errors name keys after `prefix`."""
-    data = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else layer
-    assert isinstance(data, dict)
-    problems = _layer_problems(RLCoreConfig, data, prefix)
+def _merge(base: DictConfig, data: dict[str, Any], prefix: str = "") -> DictConfig:
+    """`data` over a copy of `base`, checked against the schema first; errors name keys after `prefix`."""
+    problems = layer_problems(RLCoreConfig, data, prefix)
     if problems:
         raise ConfigError.of(problems)
-    _fill_optional_sections(base, data, RLCoreConfig)
-    _open_free_dicts(base)
+    merged = copy.deepcopy(base)  # (what OmegaConf.merge does first) before filling: `base` stays as it was
+    _fill_optional_sections(merged, data, RLCoreConfig)
+    open_free_dicts(merged)
     try:
-        merged = OmegaConf.merge(base, data)
+        merged.merge_with(data)
     except OmegaConfBaseException as e:
-        raise _explain(e, prefix) from None
-    assert isinstance(merged, DictConfig)
+        raise explain(e, prefix) from None
     return merged
 
 
 def _fill_optional_sections(base: DictConfig, data: dict[Any, Any], cls: type) -> None:
     """An optional section (`expert_taskset: TasksetConfig | None`) that `data` sets while `base`
     leaves it null starts from the section's defaults, so the layer merges into a typed section."""
-    hints = _hints(cls)
+    fields = hints(cls)
     for key, value in data.items():
-        hint = hints.get(key)
-        section = _optional_section(hint) if hint is not None else None
+        hint = fields.get(key)
+        section = optional_section(hint) if hint is not None else None
         if section is not None and isinstance(value, dict) and base.get(key) is None:
             with _unlocked(base):
-                base[key] = OmegaConf.structured(section)
-        elif hint is not None and _is_section(hint) and isinstance(value, dict) and key in base:
+                base[key] = copy.deepcopy(schema_node(section))
+        elif hint is not None and is_section(hint) and isinstance(value, dict) and key in base:
             _fill_optional_sections(base[key], value, hint)
-
-
-def _open_free_dicts(node: DictConfig) -> None:
-    """Free-form `dict[str, Any]` fields (e.g. generator_args) accept new keys in every layer;
-    struct mode keeps guarding the schema's own sections."""
-    for key in node.keys():
-        child = node._get_node(key)
-        if isinstance(child, DictConfig):
-            if OmegaConf.get_type(child) is dict:
-                OmegaConf.set_struct(child, False)
-            else:
-                _open_free_dicts(child)
-        elif isinstance(child, ListConfig):
-            for item in child:
-                if isinstance(item, DictConfig):
-                    _open_free_dicts(item)
 
 
 def _to_object(cfg: DictConfig, prefix: str = "") -> RLCoreConfig:
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
-        raise _explain(e, prefix) from None
+        raise explain(e, prefix) from None
     assert isinstance(obj, RLCoreConfig)
     return obj
 
@@ -343,21 +176,55 @@ def load_config(path: str, overrides: list[str] | None = None, strategy: str | N
     The result is in struct mode and checked against the schema (unknown keys, types). Call
     `resolve_stages` for fully validated dataclass configs.
     """
-    recipe = _read_yaml(path)
+    data = read_recipe(path)
     override_layers = _parse_overrides(overrides or [])
-    data = OmegaConf.to_container(recipe, resolve=False)
-    assert isinstance(data, dict)
-    problems = _layer_problems(RLCoreConfig, data, "") + _stage_problems(data.get("stages"))
+    problems = layer_problems(RLCoreConfig, data, "") + stage_problems(data.get("stages"))
     if problems:  # every one of the file's, in one run
         raise ConfigError.of(problems)
-    cfg = _merge(OmegaConf.structured(RLCoreConfig), recipe)
+    merged = data
     for layer in override_layers:  # in order: a later override wins
-        current = OmegaConf.to_container(cfg, resolve=False)
-        cfg = _merge(cfg, _reach_into_lists(layer, current, "", root=current))
+        current = _with_defaults(RLCoreConfig, merged)
+        layer = _reach_into_lists(layer, current, "", root=current)
+        problems = layer_problems(RLCoreConfig, layer, "")
+        if problems:
+            raise ConfigError.of(problems)
+        merged = _deep_merge(merged, layer)
     if strategy is not None:
-        cfg = _merge(cfg, {"trainer": {"strategy": strategy}})
+        merged = _deep_merge(merged, {"trainer": {"strategy": strategy}})
+    cfg = copy.deepcopy(schema_node(RLCoreConfig))  # then the layers, merged above as plain data, in one pass
+    _fill_optional_sections(cfg, merged, RLCoreConfig)
+    try:
+        cfg.merge_with(merged)
+    except OmegaConfBaseException as e:
+        raise explain(e) from None
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+@functools.cache
+def _defaults(cls: type) -> dict[str, Any]:
+    """`cls`'s defaults as plain data (shared: not to be changed)."""
+    data = OmegaConf.to_container(schema_node(cls), resolve=False)
+    assert isinstance(data, dict)
+    return data
+
+
+def _with_defaults(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` over `cls`'s defaults, each element of a list of sections over its section's (as
+    OmegaConf holds them once merged), as plain data: what an override reaches into."""
+    fields = hints(cls)
+    out = dict(_defaults(cls))
+    for key, value in data.items():
+        hint = fields.get(key)
+        section = typed_yaml.section_of(hint)
+        item = typed_yaml.section_of(typing.get_args(hint)[0]) if typing.get_origin(hint) is list else None
+        if section is not None and isinstance(value, dict):
+            out[key] = _with_defaults(section, value)
+        elif item is not None and isinstance(value, list):
+            out[key] = [_with_defaults(item, v) if isinstance(v, dict) else v for v in value]
+        else:
+            out[key] = value
+    return out
 
 
 def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
@@ -368,11 +235,8 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
     runner fills in at run time.
     """
     raw_stages = OmegaConf.to_container(cfg.stages, resolve=False) if cfg.stages else []
-    base = cfg.copy()
-    with _unlocked(base):
-        base.stages = []
     if not raw_stages:
-        obj = _to_object(base)
+        obj = _to_object(cfg)
         validate_config(obj, check_paths=check_paths)
         return [Stage.resolved(0, "main", obj)]
 
@@ -392,16 +256,16 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
         for key in raw:
             if key in STAGE_SECTIONS:
                 continue
-            if key in _hints(RLCoreConfig):
+            if key in hints(RLCoreConfig):
                 raise ConfigError(f"{prefix}{key}: a stage may override only {', '.join(STAGE_SECTIONS)}")
             raise ConfigError.of(
                 unknown_key_problems(f"{prefix}{key}", key, raw[key], ["name", *STAGE_SECTIONS])
             )
-        stage_cfg = _merge(base, raw, prefix=prefix)  # checks the sections' shapes
+        stage_cfg = _merge(cfg, raw, prefix=prefix)  # checks the sections' shapes
         _drop_engine_sync_settings(stage_cfg, raw)
-        inherits_model = i > 0 and "model_path" not in (raw.get("model") or {})
-        if inherits_model:
-            with _unlocked(stage_cfg):
+        with _unlocked(stage_cfg):
+            stage_cfg.stages = []  # the global config without `stages`, this stage's sections over it
+            if i > 0 and "model_path" not in (raw.get("model") or {}):
                 # Placeholder so validation passes; the runner points it at the previous stage's export.
                 stage_cfg.model.model_path = _PREVIOUS_STAGE
         obj = _to_object(stage_cfg, prefix)
@@ -429,12 +293,12 @@ def _drop_engine_sync_settings(stage_cfg: DictConfig, raw: dict[str, Any]) -> No
     if syncs_engines(stage_cfg):
         return
     own = raw.get("synchronizer") or {}
-    defaults = OmegaConf.structured(RLCoreConfig).synchronizer
+    defaults = SynchronizerConfig()
     decoupled = pushes_to_explorer(stage_cfg)
     with _unlocked(stage_cfg):
         for key in ENGINE_SYNC_KEYS:
             if key not in own and not (decoupled and key == "sync_method"):
-                stage_cfg.synchronizer[key] = defaults[key]
+                stage_cfg.synchronizer[key] = getattr(defaults, key)
 
 
 def inherits_previous_model(cfg: RLCoreConfig) -> bool:
@@ -463,7 +327,7 @@ def to_yaml(cfg: DictConfig | RLCoreConfig) -> str:
     try:
         return OmegaConf.to_yaml(cfg, resolve=True)
     except OmegaConfBaseException as e:
-        raise _explain(e) from None
+        raise explain(e) from None
 
 
 def from_yaml(text: str) -> RLCoreConfig:
@@ -475,6 +339,6 @@ def from_yaml(text: str) -> RLCoreConfig:
     try:
         cfg = OmegaConf.merge(schema, OmegaConf.create(text))
     except OmegaConfBaseException as e:
-        raise _explain(e) from None
+        raise explain(e) from None
     assert isinstance(cfg, DictConfig)
     return _to_object(cfg)

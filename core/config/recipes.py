@@ -20,8 +20,8 @@ class DuplicateKey(Exception):
     """A key given twice in one YAML mapping (YAML's own loaders keep the last silently)."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml's SafeLoader, refusing a mapping that gives a key twice (naming both lines)."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """yaml's SafeLoader (libyaml's parser where installed), refusing a mapping that gives a key twice (naming both lines)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}

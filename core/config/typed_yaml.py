@@ -51,6 +51,36 @@ def load(cls: type[T], text: str) -> T | None:
         return None
 
 
+def typed_fields(cls: type, data: Any) -> bool:
+    """Whether `data` sets only fields of `cls`, each to a value already exactly of the field's type
+    (a section fully written out), which OmegaConf would take as it is; the fields it leaves out keep
+    their defaults. False says nothing: OmegaConf's merge then converts or refuses."""
+    if not isinstance(data, dict):
+        return False
+    fields = _fields(cls)
+    try:
+        for name, value in data.items():
+            if name not in fields:
+                return False
+            section = section_of(fields[name])
+            if section is not None and isinstance(value, dict):
+                if not typed_fields(section, value):  # a section partly written: its own fields
+                    return False
+            else:
+                _value(fields[name], value)
+    except _Untyped:
+        return False
+    return True
+
+
+def section_of(tp: Any) -> Any:
+    """The dataclass of a section field's type (`X` or `X | None`), else None."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = inner[0] if len(inner) == 1 else None
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
 class _Untyped(Exception):
     """A key that is no field, or a value not of its field's type."""
 

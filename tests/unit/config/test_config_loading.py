@@ -254,3 +254,18 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
         text.replace("  save_interval: 10\n", "") + "stages:\n- name: a\n  trainer: {save_interval: 3}\n"
     )
     load_config(str(path))
+
+
+def test_an_optional_section_one_stage_sets_stays_unset_in_the_next(tmp_path: Path) -> None:
+    """buffer.expert_taskset (null by default) set by a mix stage does not reach the GRPO stage after
+    it (each stage's sections go over the global config, not over the stage before)."""
+    expert = {"name": "experts", "path": str(tmp_path / "tasks.jsonl")}
+    stages = [
+        {"name": "mix", "algorithm": {"algorithm_type": "mix"}, "buffer": {"expert_taskset": expert}},
+        {"name": "grpo", "algorithm": {"algorithm_type": "grpo"}},
+    ]
+    cfg = load_config(write_recipe(tmp_path, {"stages": stages}))
+    mix, grpo = resolve_stages(cfg)
+    assert mix.config.buffer.expert_taskset is not None and mix.config.buffer.expert_taskset.name == "experts"
+    assert grpo.config.buffer.expert_taskset is None
+    assert cfg.buffer.expert_taskset is None  # the loaded config is left as it was

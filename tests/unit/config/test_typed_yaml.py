@@ -50,3 +50,23 @@ def test_a_text_not_exactly_typed_takes_omegaconfs_path(tmp_path, monkeypatch) -
     with pytest.raises(ConfigError, match="model.model_path"):
         from_yaml("seed: 7\n")
     assert typed_yaml.load(RLCoreConfig, "- 1\n") is None
+
+
+def test_typed_fields_takes_only_what_omegaconf_would_take_unchanged() -> None:
+    """The config loader skips OmegaConf's check of a list element (`_item_problems`) where
+    typed_fields says every value it sets is already of its field's type; anything else is left to
+    OmegaConf, which converts or refuses it."""
+    from rlcore.core.config.schema import TasksetConfig
+
+    assert typed_yaml.typed_fields(TasksetConfig, {"name": "t", "rollout_args": {"temperature": 0.0}})
+    assert typed_yaml.typed_fields(TasksetConfig, {"rollout_args": {"max_tokens": 8}, "generator_args": {"a": [1]}})
+    for untyped in (
+        {"rollout_args": {"max_tokens": "8"}},  # a string OmegaConf would convert
+        {"rollout_args": {"max_tokens": True}},  # a bool in an int field: OmegaConf refuses it
+        {"rollout_args": {"nope": 1}},  # not a field
+        {"nope": 1},
+        {"reward_fn": "exact_match"},  # a str for a list
+        {"name": "${oc.env:X}", "rollout_args": {"max_tokens": "${oc.env:Y}"}},  # resolved later
+    ):
+        assert not typed_yaml.typed_fields(TasksetConfig, untyped), untyped
+    assert not typed_yaml.typed_fields(TasksetConfig, ["not", "a", "mapping"])
