@@ -77,17 +77,28 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         watch.done.set()
 
 
-@pytest.fixture(autouse=True)
-def start_up_environment() -> Iterator[None]:
-    """A test that leaves a start-up variable changed in this process (vLLM's CPU engine sets
-    LD_PRELOAD where it starts) does not hand it to every process later tests start."""
-    before = {k: os.environ.get(k) for k in fork_server.READ_AT_START}
-    yield
-    for key, value in before.items():
+SESSION_START_UP = {k: os.environ.get(k) for k in fork_server.READ_AT_START}
+"""The start-up variables as the session began, which its warm fork server has (see below)."""
+
+
+def _restore_start_up() -> None:
+    for key, value in SESSION_START_UP.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def start_up_environment() -> Iterator[None]:
+    """Each test starts and ends with the session's start-up variables. vLLM's CPU engine sets
+    LD_PRELOAD and LD_LIBRARY_PATH in the process it starts in (a module fixture of
+    test_vllm_engine.py, before this fixture runs): left there, every process a later test starts
+    differs from the warm fork server and starts fresh, importing torch again (a launch of 4 steps
+    then took 4x its CPU and wall time, and the rest of that worker's tests with it)."""
+    _restore_start_up()
+    yield
+    _restore_start_up()
 
 
 @pytest.fixture(scope="session", autouse=True)
