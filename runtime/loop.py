@@ -172,10 +172,13 @@ class StageLoop:
                 last_eval = evaluated = self.link.evaluate(self.global_step)
                 self.evaluated_step = self.global_step
             metrics.update(evaluated)
-            self.checkpoints.save(self.global_step, self.explore_step, final=done, source=self.source)
             # a step that trained nothing (the buffer was read to its end, or every experience was too
-            # stale) has no row of its own: the step before logged its row at this global step
+            # stale) has no row of its own: the step before logged its row at this global step.
+            # The row before the checkpoint: a launch killed between the two retrains the step from the
+            # checkpoint before and logs it again (the monitors keep the row logged last); the other way
+            # round the row of a step the checkpoint holds was lost.
             self._log(metrics if self.global_step > step_before else evaluated)
+            self.checkpoints.save(self.global_step, self.explore_step, final=done, source=self.source)
             if not done and self._heartbeat(wait=True) == "stop":
                 return last_eval, self._stop()
         if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
