@@ -206,7 +206,7 @@ def _defaults(cls: type) -> dict[str, Any]:
     """`cls`'s defaults as plain data (shared: not to be changed)."""
     data = OmegaConf.to_container(schema_node(cls), resolve=False)
     assert isinstance(data, dict)
-    return data
+    return {str(k): v for k, v in data.items()}  # a schema's keys are its fields' names
 
 
 def _with_defaults(cls: type, data: dict[str, Any]) -> dict[str, Any]:
