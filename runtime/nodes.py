@@ -275,7 +275,7 @@ def _wait_world(world: subprocess.Popen, heartbeat: NodeHeartbeat, cluster: Any)
 def watch_node(
     world: subprocess.Popen, node_rank: int, heard: Callable[[], float], limit_s: float,
     lost: Callable[[float], str], run_ended: Callable[[], bool] = lambda: False, poll_s: float = 1.0,
-    grace_s: float = 30.0, end_grace_s: float = 30.0,
+    grace_s: float = 30.0, end_grace_s: float = 5.0,
 ) -> tuple[int, str]:  # fmt: skip
     """Trainer node K > 0 (`rlcore launch` and `rlcore trainer serve` alike) waiting for its share of
     the world: the world's exit code, and why this node ended it ("" if it ended by itself).
@@ -285,7 +285,10 @@ def watch_node(
     when it last answered, monotonic, 0 before the first answer; until then node 0 may still be
     starting and torchrun's rendezvous timeout bounds the wait) and has been silent for more than
     `limit_s`, this node ends its ranks, saying `lost(silent_s)`. A world that outlives its run
-    (`run_ended()`) by `grace_s` waits at a rendezvous node 0 will not come to: it is ended too."""
+    (`run_ended()`) by `grace_s` waits at a rendezvous node 0 will not come to: it is ended too.
+    Such a world cannot end in order: its agent's next call to node 0's rendezvous store blocks
+    (seen: 30 s after the SIGTERM, until it was killed), so `end_grace_s` after the SIGTERM it is
+    killed, its ranks with it."""
     ended_at = None
     while True:
         try:

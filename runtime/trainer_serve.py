@@ -272,7 +272,7 @@ def _wait_node(
             f"node 0's rendezvous {args.rdzv_endpoint} has not answered for {silent_s:.0f} s "
             "(--collective-timeout): node 0 or this host's link is down"
         ),
-        poll_s=probe_s, end_grace_s=5.0,
+        poll_s=probe_s,
     )  # fmt: skip
 
 
