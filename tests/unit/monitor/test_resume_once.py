@@ -56,11 +56,14 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     for i, (resumed_at, steps, kill) in enumerate(LAUNCHES):
         args = {"types": types, "run_dir": run_dir, "resumed_at": resumed_at, "steps": list(steps),
                 "offset": 100 * i, "kill": kill}  # fmt: skip
+        started = time.time()
         done = subprocess.run(
             [sys.executable, "-c", LAUNCH, json.dumps(args)], env=_env(root), capture_output=True, text=True
         )
         assert done.returncode == (-9 if kill else 0), done.stderr[-3000:]
-        time.sleep(1.1)  # event files and W&B run folders are named by the second they start
+        # event files and W&B run folders are named by the second they start: the next launch
+        # starts in a later second (a launch importing the trackers takes seconds already)
+        time.sleep(max(0.0, started + 1.1 - time.time()))
     return run_dir
 
 
