@@ -11,10 +11,17 @@ that has closed it; when the minimum megatron-core moves past one, delete it.
   `torch.distributed.all_to_all_single` the split sizes as CPU tensors when no TransformerEngine
   kernel moved them to NumPy; torch 2.13's binding takes only a sequence of ints (TypeError:
   incompatible function arguments). The dispatcher's `all_to_all` is wrapped to pass them as lists.
+- Its checkpoint writer (`dist_checkpointing.strategies.filesystem_async`) hands the written files
+  back through a queue it makes on first use from a multiprocessing *spawn* Manager: a fresh
+  interpreter that imports the rank's main module again, torch and rlcore with it (seconds of CPU
+  and of wall time in every rank process's first save). rlcore saves synchronously, so the writing
+  and the reading of those results both happen in the rank's own process, and a plain queue
+  carries them (`checkpoint_results_in_process`).
 """
 
 from __future__ import annotations
 
+import queue
 from typing import Any
 
 _TE_MOE_NAMES = (
@@ -55,3 +62,12 @@ def moe_all_to_all_with_list_splits() -> None:
 
     if not getattr(token_dispatcher.all_to_all, "rlcore_compat", False):
         token_dispatcher.all_to_all = _splits_as_lists(token_dispatcher.all_to_all)
+
+
+def checkpoint_results_in_process() -> None:
+    """Give megatron-core's checkpoint writer an in-process results queue before its first save
+    makes a spawned Manager's (idempotent; for synchronous saves only, which are rlcore's)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", False) is None:
+        filesystem_async._results_queue = queue.Queue()

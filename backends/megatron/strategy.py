@@ -36,7 +36,7 @@ from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, freeze_routers, resolve_dtype, value_head_init, value_model_config
 from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
-from . import experts
+from . import compat, experts
 from .logprobs import token_logprobs_and_entropy
 from .mapping import (
     ROUTER,
@@ -457,6 +457,7 @@ class MegatronStrategy(TrainingStrategy):
 
     def save_checkpoint(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
+        compat.checkpoint_results_in_process()
         dist.barrier()
         dist_checkpointing.save(self._sharded_state(is_loading=False), path)
         if self.reference_in_checkpoint:

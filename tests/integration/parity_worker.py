@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 from collections.abc import Iterator
 
@@ -133,6 +134,8 @@ def run(args: argparse.Namespace) -> None:
         result["lrs"].append(strategy.current_lr())
         if step == args.save_at:
             strategy.save_checkpoint(os.path.join(args.out, "ckpt"))
+            # and leaves no process behind (megatron-core's writer would start a spawned Manager)
+            assert not multiprocessing.active_children(), f"rank {rank}: {multiprocessing.active_children()}"
     if has_reference and lora is None:  # training moved the policy, never the reference
         result["trained_reference_logprob_diffs"] = reference_diffs(strategy, mbs)
 
