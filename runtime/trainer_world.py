@@ -81,9 +81,8 @@ def init_world(device: str, timeout_s: float | None = None) -> None:
 
 def exit_world(code: int) -> NoReturn:
     """End a rank whose work is done and written: destroy its process groups, run the atexit
-    handlers (multiprocessing reaps its children there, e.g. the manager process megatron-core's
-    checkpoint writer spawns), flush Python's and C's output buffers, and exit with `code` without the
-    interpreter's finalization.
+    handlers (multiprocessing reaps any children it started there), flush Python's and C's output
+    buffers, and exit with `code` without the interpreter's finalization.
 
     Why not a plain return: destroy_process_group does not free a gloo group that anything still
     references (importing torch._dynamo, as transformers and FSDP do, takes ten references to the
