@@ -286,9 +286,9 @@ def watch_node(
     starting and torchrun's rendezvous timeout bounds the wait) and has been silent for more than
     `limit_s`, this node ends its ranks, saying `lost(silent_s)`. A world that outlives its run
     (`run_ended()`) by `grace_s` waits at a rendezvous node 0 will not come to: it is ended too.
-    Such a world cannot end in order: its agent's next call to node 0's rendezvous store blocks
-    (seen: 30 s after the SIGTERM, until it was killed), so `end_grace_s` after the SIGTERM it is
-    killed, its ranks with it."""
+    A world ended for either reason cannot end in order: its agent's next call to node 0's
+    rendezvous store blocks (seen: 30 s after the SIGTERM, until it was killed), so it is killed
+    `end_grace_s` after the SIGTERM, its ranks with it."""
     ended_at = None
     while True:
         try:
