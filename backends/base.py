@@ -117,6 +117,12 @@ class TrainingStrategy(ABC):
     ) -> list[torch.Tensor]:
         """Per-token log-probs [B, T] of each micro-batch under the policy (or the frozen reference)."""
 
+    def take_routing_counts(self) -> tuple[int, int]:
+        """Routing replay: of the token routes the policy's compute_logprobs replayed since the last
+        call (this rank's), how many the router would have chosen otherwise, and how many there were;
+        (0, 0) for a strategy that replays none."""
+        return 0, 0
+
     def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
         """A critic's per-token values [B, T] of each micro-batch (position t: the value of the state
         before input_ids[t]; position 0 is 0)."""

@@ -1,8 +1,10 @@
 """How an experience is stored (file and sql backends): a JSON object with every Experience field
-and the schema version `v`. A reader refuses a version it does not know instead of misreading it."""
+and the schema version `v` (bytes fields as base64 text). A reader refuses a version it does not know
+instead of misreading it."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from typing import Any
@@ -15,7 +17,9 @@ _FIELDS = {f.name for f in dataclasses.fields(Experience)}
 
 
 def to_record(e: Experience) -> dict[str, Any]:
-    return {"v": SCHEMA_VERSION, **dataclasses.asdict(e)}
+    record = {"v": SCHEMA_VERSION, **dataclasses.asdict(e)}
+    record["routed_experts"] = base64.b64encode(e.routed_experts).decode("ascii")
+    return record
 
 
 def from_record(record: dict[str, Any], where: str) -> Experience:
@@ -26,6 +30,8 @@ def from_record(record: dict[str, Any], where: str) -> Experience:
             f"{SCHEMA_VERSION}: read it with the rlcore that wrote it, or start a new buffer"
         )
     fields = {k: v for k, v in record.items() if k in _FIELDS}
+    if "routed_experts" in fields:
+        fields["routed_experts"] = base64.b64decode(fields["routed_experts"])
     missing = _FIELDS - fields.keys() - {f.name for f in dataclasses.fields(Experience) if _has_default(f)}
     if missing:
         raise BufferError(f"{where}: a stored experience lacks {', '.join(sorted(missing))}")

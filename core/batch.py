@@ -3,7 +3,8 @@
 Layout: right-padded [B, T]; position t of every per-token field refers to predicting
 input_ids[:, t] from the tokens before it (so position 0 is never a target). Keys: input_ids,
 attention_mask, loss_mask (1.0 on the response tokens that train), and, when given, old_logprobs,
-advantages, and the per-row [B] temperature (rows sampled at different temperatures).
+advantages, the per-row [B] temperature (rows sampled at different temperatures), and the
+routing records of rows that carry them (moe_routing.ROUTED_EXPERTS / ROUTED_VALID: routing replay).
 
 The global train batch is split across data-parallel ranks (contiguously, or dealt so that token
 counts balance), then each rank groups its share into micro-batches under a token budget (padded
@@ -17,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .moe_routing import ROUTED_EXPERTS, ROUTED_VALID
+from .types import routing_tokens
 
 Batch = dict[str, torch.Tensor]
 
@@ -37,6 +41,9 @@ class Sequence:
     temperature: float | None = None
     """The temperature its response was sampled at, when a batch's rows differ in it (the batch's
     `temperature` field, logprob.TEMPERATURE); None: the one temperature the strategy is given."""
+    routed_experts: bytes = b""
+    """The experts the engine routed its tokens to (Experience.routed_experts; empty: none), replayed
+    by the trainer's forward (the batch's moe_routing.ROUTED_EXPERTS / ROUTED_VALID)."""
 
     @property
     def length(self) -> int:
@@ -86,11 +93,34 @@ def pack(seqs: list[Sequence], pad_token_id: int) -> Batch:
     }
     if with_old:
         batch["old_logprobs"] = old
+    routing = routing_records(seqs, width)
+    if routing is not None:
+        batch[ROUTED_EXPERTS], batch[ROUTED_VALID] = routing
     temps = [s.temperature for s in seqs]
     if any(t is not None for t in temps):
         assert None not in temps, "a batch gives every row its temperature, or none"
         batch["temperature"] = torch.tensor(temps, dtype=torch.float32)
     return batch
+
+
+def routing_records(seqs: list[Sequence], width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows' routing records [B, width, layers * top_k] (uint8) and the positions they cover
+    [B, width] (bool); None when no row has one."""
+    sizes = {len(s.routed_experts) // routing_tokens(len(s.prompt_ids), len(s.response_ids))
+             for s in seqs if s.routed_experts}  # fmt: skip
+    if not sizes:
+        return None
+    assert len(sizes) == 1, f"routing records of different models in one batch: {sorted(sizes)} bytes per token"
+    (per_token,) = sizes
+    experts = torch.zeros((len(seqs), width, per_token), dtype=torch.uint8)
+    valid = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        if s.routed_experts:
+            tokens = routing_tokens(len(s.prompt_ids), len(s.response_ids))
+            assert len(s.routed_experts) == tokens * per_token, "a routing record of another length"
+            experts[i, :tokens] = torch.frombuffer(bytearray(s.routed_experts), dtype=torch.uint8).view(tokens, -1)
+            valid[i, :tokens] = True
+    return experts, valid
 
 
 def plan_micro_batches(

@@ -9,6 +9,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+def routing_tokens(prompt_len: int, response_len: int) -> int:
+    """How many tokens a sequence's routing record covers (routed_experts: every token the model ran
+    on; the last response token never runs)."""
+    return prompt_len + response_len - 1
+
+
 @dataclass
 class Task:
     """One row of a taskset."""
@@ -52,6 +58,9 @@ class SamplingParams:
     """Go on past the model's EOS tokens (stop_token_ids and stop strings still stop)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Tokens that end a response besides EOS (kept in token_ids, as EOS is)."""
+    return_routed_experts: bool = False
+    """An MoE model's engine records the experts each token was routed to (Completion.routed_experts:
+    rollout routing replay, algorithm.router_replay r3)."""
 
 
 @dataclass
@@ -73,6 +82,9 @@ class Completion:
     segments: list[tuple[int, int]] = field(default_factory=list)
     """(policy version, tokens) of each stretch of `token_ids` sampled by one version of the weights,
     in order, when a weight update interrupted the sequence (partial rollouts); empty: one version."""
+    routed_experts: bytes = b""
+    """The experts each token was routed to, when asked (SamplingParams.return_routed_experts):
+    uint8 [prompt + response - 1 tokens, MoE layers, top_k] (core/moe_routing.py); empty otherwise."""
 
 
 @dataclass
@@ -136,6 +148,9 @@ class Experience:
     """Partial rollouts: (policy version, tokens) of each stretch of the response sampled by one
     version of the weights (Completion.segments); empty: not interrupted. `policy_version` stays the
     first (the oldest weights in it: what staleness counts)."""
+    routed_experts: bytes = b""
+    """Rollout routing replay: the experts the engine routed each token to (Completion.routed_experts'
+    layout, core/moe_routing.py); empty: not recorded."""
 
     @property
     def model_tokens(self) -> int:

@@ -29,7 +29,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core.types import Completion, SamplingParams
+from ..core.types import Completion, SamplingParams, routing_tokens
 from .engines.base import RolloutEngine, response_text
 from .gate import GenerationGate
 
@@ -108,6 +108,7 @@ class BatchingEngine:
                     outs, now = self._generate_once([list(p) for p, _ in groups], more)
                     for (_, group), samples in zip(groups, outs, strict=True):
                         for c, o in zip(group, samples, strict=True):
+                            c.routed_experts = joined_routing(c, o)
                             c.token_ids, c.logprobs = c.token_ids + o.token_ids, c.logprobs + o.logprobs
                             c.finish_reason = o.finish_reason
                             c.segments.append((now, len(o.token_ids)))
@@ -170,3 +171,18 @@ class BatchingEngine:
             batch = [c for c in self._queue if c.sampling == sampling]
             self._queue = [c for c in self._queue if c.sampling != sampling]
         return batch
+
+
+def joined_routing(before: Completion, continued: Completion) -> bytes:
+    """The routing record of `before` continued by `continued` (whose prompt is before's prompt and
+    tokens): before's record of the tokens it ran, then the continuation's of the rest (its prefill
+    ran before's last token, under the new weights)."""
+    if not continued.routed_experts:
+        return b""
+    if not before.routed_experts:  # interrupted before its engine call began: the continuation ran it all
+        return continued.routed_experts
+    per_token = len(continued.routed_experts) // routing_tokens(
+        len(continued.prompt_token_ids), len(continued.token_ids)
+    )
+    kept = routing_tokens(len(before.prompt_token_ids), len(before.token_ids)) * per_token
+    return before.routed_experts[:kept] + continued.routed_experts[kept:]

@@ -61,7 +61,10 @@ def rollout_seed(seed: int, explore_step: int, round_: int = 0) -> int:
     return seed * 100_003 + explore_step + round_ * 1_000_000_007
 
 
-def sampling_params(args: RolloutArgs, n: int, default_max_tokens: int, seed: int | None) -> SamplingParams:
+def sampling_params(
+    args: RolloutArgs, n: int, default_max_tokens: int, seed: int | None, routed_experts: bool = False
+) -> SamplingParams:
+    """`routed_experts`: the engine records each token's experts (algorithm.router_replay r3)."""
     return SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -72,6 +75,7 @@ def sampling_params(args: RolloutArgs, n: int, default_max_tokens: int, seed: in
         max_tokens=args.max_tokens or default_max_tokens,
         stop=list(args.stop),
         seed=seed,
+        return_routed_experts=routed_experts,
     )
 
 
@@ -146,11 +150,11 @@ class Explorer:
         """Each training task with the sampling (repeat_times samples) and workflow of its taskset
         (a mixture's tasks have their own)."""
         n, out = self.cfg.algorithm.repeat_times, []
+        routed = self.cfg.algorithm.router_replay == "r3"
         for t in tasks:
             ts, spec = self.train_sets[self._source(t)]
-            out.append(
-                (t, sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed), spec)
-            )
+            sampling = sampling_params(ts.rollout_args, n, self.cfg.model.max_response_tokens, seed, routed)
+            out.append((t, sampling, spec))
         return out
 
     def _source(self, task: Task) -> str:

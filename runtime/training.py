@@ -189,6 +189,7 @@ class StageTraining:
             Sequence(
                 e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i, loss_mask=e.loss_mask or None,
                 temperature=None if each is None else each[i],
+                routed_experts=e.routed_experts if algo.router_replay == "r3" else b"",
             )
             for i, e in enumerate(exps)
         ]  # fmt: skip
@@ -260,6 +261,11 @@ class StageTraining:
                 with timed(timers, f"perf/{p.name}_score_s"):
                     p.score(mbs, temperature)
         metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
+        if algo.router_replay != "none" and algo.do_old_log_prob_compute:
+            routes = torch.tensor(self.strategy.take_routing_counts(), dtype=torch.float64)
+            dist.all_reduce(routes, group=self.strategy.dp_group)
+            if routes[1]:  # the share of replayed token routes the trainer would have chosen otherwise
+                metrics["rollout/routing_mismatch"] = float(routes[0] / routes[1])
         if mismatch is not None:
             metrics.update(mismatch.metrics(self.strategy.dp_group, rc.kind))
         return metrics

@@ -11,6 +11,7 @@ from ...core.algorithms.logprob import at_temperature, entropy_from_logits, toke
 from ...core.config.dtypes import compute_dtype
 from .attention import row_kwargs
 from .packed import Packed, at_temperature_packed
+from .routing import packed_width
 from .ulysses import SequenceParallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -185,8 +186,7 @@ def _row_outputs(
     the sequences start by row_kwargs), else through the block-diagonal mask HF derives from
     restarting position ids (other attentions ignore the extra keywords). Also the slice of the row
     they cover and the row's ids [M]."""
-    size = 1 if sp is None else sp.size
-    ids, positions, cu = layout.padded(-(-layout.num_tokens // size) * size)
+    ids, positions, cu = layout.padded(packed_width(layout, sp))
     part = slice(0, ids.shape[1]) if sp is None else sp.slice_of(ids.shape[1])
     rows = row_kwargs(cu, sp)
     out = model(input_ids=ids[:, part], position_ids=positions[:, part], use_cache=False, **rows).logits

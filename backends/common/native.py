@@ -25,11 +25,13 @@ import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ...core.config.schema import LoraConfig
+from ...core.moe_routing import RoutingCounts
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from .attention import use_packed_attention
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs, forward_values, freeze_routers, load_causal_lm, load_value_model
 from .lora import LoraLayout, adapter_off, apply_lora
+from .routing import replay_routing
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
 from .ulysses import SequenceParallel
@@ -69,6 +71,8 @@ class NativeStrategy(TrainingStrategy):
     ranks share one data-parallel share, each forward sliced over them: ulysses.py)."""
     _dp: dist.ProcessGroup | None = None
     """With `sp`: the ranks at this rank's place in every sequence-parallel group."""
+    _routes: RoutingCounts | None = None
+    """Routing replay: what the policy's compute_logprobs replayed since take_routing_counts."""
 
     def _sequence_parallel(self, size: int) -> None:
         """Build the sequence-parallel groups (collective; nothing with size 1)."""
@@ -138,7 +142,8 @@ class NativeStrategy(TrainingStrategy):
         totals: dict[str, float] = defaultdict(float)
         for i, mb in enumerate(micro_batches):
             mb = self._to_device(mb)
-            with self._gradient_sync(i == len(micro_batches) - 1):
+            replay = replay_routing(self.model, mb, self.packs_sequences, self.sp)  # recomputes too
+            with self._gradient_sync(i == len(micro_batches) - 1), replay:
                 logprobs, entropy = self._outputs(self.model, mb, temperature, loss_fn.needs_entropy)
                 loss, metrics = loss_fn(logprobs, entropy, mb)
                 # FSDP averages gradients over ranks while the loss is already this rank's share of
@@ -191,12 +196,18 @@ class NativeStrategy(TrainingStrategy):
         model.eval()  # no dropout (LoRA's): log-probs of the policy the engines run
         out = []
         with view:
+            if self._routes is None:
+                self._routes = RoutingCounts()
+            counts = None if reference else self._routes
             for mb in micro_batches:
-                logprobs, _ = forward_logprobs(
-                    model, self._to_device(mb), temperature, False, self.packs_sequences, self.sp
-                )
+                mb = self._to_device(mb)
+                with replay_routing(model, mb, self.packs_sequences, self.sp, counts):
+                    logprobs, _ = forward_logprobs(model, mb, temperature, False, self.packs_sequences, self.sp)
                 out.append(logprobs.float().cpu())
         return out
+
+    def take_routing_counts(self) -> tuple[int, int]:
+        return (0, 0) if self._routes is None else self._routes.take()
 
     @torch.no_grad()
     def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:

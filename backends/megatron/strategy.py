@@ -31,30 +31,25 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ...core.algorithms.logprob import at_temperature
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
+from ...core.moe_routing import RoutingCounts
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, freeze_routers, resolve_dtype, value_head_init, value_model_config
 from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
-from . import compat, experts
+from . import compat, routing
+from .full_tensors import FullTensors
 from .logprobs import token_logprobs_and_entropy
 from .mapping import (
     ROUTER,
     ModelDims,
     check_layout,
     hf_specs,
-    hf_specs_of,
-    megatron_names,
-    megatron_to_hf,
-    stage_of,
-    to_local,
-    tp_dim,
 )
 from .model import (
     HFWeights,
     build_gpt,
     freeze_padding_embedding,
-    layer_offset,
     load_hf_weights,
     transformer_config,
 )
@@ -93,14 +88,14 @@ class MegatronStrategy(TrainingStrategy):
         check_layout(self.dims, tp, pp, ep)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         self._step_hparams: AdamHparams | None = None
+        self._routes = RoutingCounts()  # what compute_logprobs replayed (routing.py)
         self._decays: list[bool] | None = None
         """Which parameter groups take weight decay (norms and biases do not), read once."""
         self.device = rank_device(device)  # the rank's world already chose it (init_world)
         self.dtype = resolve_dtype(dtype, self.device.type)
 
         model_parallel(tp, pp, cp, seed, ep)
-        self.tp, self.pp, self.ep = tp, pp, ep
-        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.pp = pp
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         self.config = transformer_config(
             self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu", cp=cp,
@@ -113,6 +108,7 @@ class MegatronStrategy(TrainingStrategy):
             hf = ChainMap(fresh, cast(MutableMapping[str, torch.Tensor], hf))  # read-only: lookups
         module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)
+        routing.install(module)
         freeze_padding_embedding(module, self._hf_config.pad_token_id)
         if trainer_cfg.freeze_router:
             freeze_routers(module, "." + ROUTER)
@@ -122,6 +118,7 @@ class MegatronStrategy(TrainingStrategy):
             use_distributed_optimizer=trainer_cfg.megatron.use_distributed_optimizer,
         )
         self.model = DistributedDataParallel(self.config, ddp_config, module)
+        self.full = FullTensors(module, self.dims, tp, pp, ep, self.device)
         self.optimizer = get_megatron_optimizer(
             optimizer_config(optimizer_cfg, trainer_cfg, self.dtype, self.device),
             [self.model],
@@ -137,6 +134,7 @@ class MegatronStrategy(TrainingStrategy):
         if with_reference:
             self.reference = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
             load_hf_weights(self.reference, hf, self.dims)
+            routing.install(self.reference)
             self.reference.requires_grad_(False)
 
     def _on_device(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -202,7 +200,11 @@ class MegatronStrategy(TrainingStrategy):
         return self._per_token(
             model, micro_batches,
             lambda mb, packed, out: self._logprobs(out, mb, packed, temperature, with_entropy=False)[0],
+            None if reference else self._routes,
         )  # fmt: skip
+
+    def take_routing_counts(self) -> tuple[int, int]:
+        return self._routes.take()
 
     def compute_values(self, micro_batches: list[Batch]) -> list[torch.Tensor]:
         assert self.value_head, "compute_values on a policy (build the strategy with value_head=True)"
@@ -214,6 +216,7 @@ class MegatronStrategy(TrainingStrategy):
         model: torch.nn.Module,
         micro_batches: list[Batch],
         of: Callable[[Batch, PackedInput | None, torch.Tensor], torch.Tensor],
+        routes: RoutingCounts | None = None,
     ) -> list[torch.Tensor]:
         """A forward-only pass of megatron's schedule: `of(mb, packed, output)` [B, T] for each
         micro-batch, computed on the last stage and handed to every stage, in float32 on the CPU."""
@@ -223,7 +226,7 @@ class MegatronStrategy(TrainingStrategy):
             values = of(mb, packed, output).float()
             return values.sum() * 0, torch.tensor(1), {"per_token": values}
 
-        outputs = self._run_schedule(model, micro_batches, keep, forward_only=True)
+        outputs = self._run_schedule(model, micro_batches, keep, forward_only=True, routes=routes)
         results = []
         for i, mb in enumerate(micro_batches):
             rows, width = mb["input_ids"].shape
@@ -255,13 +258,15 @@ class MegatronStrategy(TrainingStrategy):
     # ------------------------------------------------------------------ the schedule
 
     def _run_schedule(
-        self, model: torch.nn.Module, micro_batches: list[Batch], loss_of: Callable, forward_only: bool
-    ) -> list[dict[str, Any]]:
+        self, model: torch.nn.Module, micro_batches: list[Batch], loss_of: Callable, forward_only: bool,
+        routes: RoutingCounts | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
         """Run megatron's (pipeline) schedule over the micro-batches; returns, on the last stage, what
         `loss_of(mb, packed, output)` reported for each (`packed`: the micro-batch's packed input when
         the strategy packs sequences, else None). Pipelined stages exchange fixed-shape activations,
         so there every micro-batch is padded to the largest (padding rows carry no loss; a packed row
-        gets a padding tail)."""
+        gets a padding tail). Each micro-batch's routing records are replayed (routing.py; `routes`
+        counts how many the router would have chosen otherwise)."""
         mbs = [{k: v.to(self.device) for k, v in mb.items()} for mb in micro_batches]
         mbs, inputs = schedule_inputs(mbs, self.packs_sequences, self.pp > 1)
         first = inputs[0]  # the whole row's width (a context-parallel rank holds a part of it)
@@ -269,6 +274,7 @@ class MegatronStrategy(TrainingStrategy):
 
         def forward_step(data_iterator: Iterator[tuple[Batch, PackedInput | None]], chunk: torch.nn.Module):
             mb, packed = next(data_iterator)
+            routing.set_records(chunk, mb, packed, routes)  # kept for the backward's recompute
             if packed is not None:
                 output = chunk(
                     packed.input_ids,
@@ -283,15 +289,18 @@ class MegatronStrategy(TrainingStrategy):
                 output = chunk(mb["input_ids"], positions, attention_mask=None)
             return output, partial(loss_of, mb, packed)
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(list(zip(mbs, inputs, strict=True))),
-            model=[model],
-            num_microbatches=len(mbs),
-            seq_length=width,
-            micro_batch_size=rows,
-            forward_only=forward_only,
-        )
+        try:
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(list(zip(mbs, inputs, strict=True))),
+                model=[model],
+                num_microbatches=len(mbs),
+                seq_length=width,
+                micro_batch_size=rows,
+                forward_only=forward_only,
+            )
+        finally:
+            routing.clear(model)
 
     def _logprobs(
         self,
@@ -348,71 +357,13 @@ class MegatronStrategy(TrainingStrategy):
             )
         return box[0]
 
-    def _from_stage(
-        self, tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, stage: int
-    ) -> torch.Tensor:
-        """`tensor` as held by pipeline stage `stage`, on every stage."""
-        if self.pp == 1:
-            assert tensor is not None
-            return tensor
-        if self.pp_rank != stage:
-            tensor = torch.empty(shape, dtype=dtype, device=self.device)
-        assert tensor is not None
-        tensor = tensor.contiguous()
-        dist.broadcast(tensor, group=parallel_state.get_pipeline_model_parallel_group(), group_src=stage)
-        return tensor
-
     def _from_last_stage(self, tensor: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
-        return self._from_stage(tensor, shape, torch.float32, self.pp - 1)
+        return self.full.from_stage(tensor, shape, torch.float32, self.pp - 1)
 
     # ------------------------------------------------------------------ weights
 
-    def _iter_full(self, local_of: Callable[[torch.nn.Parameter], torch.Tensor], dtype: torch.dtype):
-        """(hf_name, full tensor) for every weight, in `hf_specs` order, on every rank: each
-        parameter is gathered over its TP group (a MoE layer's experts over the EP group) on the
-        stage that owns it, converted to HF tensors there, and each of those is broadcast to the
-        other stages — one parameter at a time."""
-        params = dict(self.model.module.named_parameters())
-        offset = layer_offset(self.dims)
-        for name in megatron_names(self.dims):
-            stage = stage_of(name, self.dims, self.pp)
-            converted = None
-            if stage == self.pp_rank:
-                converted = megatron_to_hf(
-                    name, self._full_shards(params, to_local(name, offset), local_of), self.dims
-                )
-            for i, (hf_name, shape) in enumerate(hf_specs_of(name, self.dims)):
-                mine = None
-                if converted is not None:
-                    assert converted[i][0] == hf_name, (converted[i][0], hf_name)
-                    mine = converted[i][1]
-                yield hf_name, self._from_stage(mine, shape, dtype, stage)
-
-    def _full_shards(
-        self, params: dict[str, torch.nn.Parameter], local_name: str,
-        local_of: Callable[[torch.nn.Parameter], torch.Tensor],
-    ) -> list[torch.Tensor]:  # fmt: skip
-        """What `megatron_to_hf` takes for one (local) name: its TP shards, or a MoE layer's
-        experts stacked, all of them."""
-        if experts.is_unit(local_name):
-            count = self.dims.num_experts // self.ep
-            local = torch.stack(
-                [local_of(params[p]).detach() for p in experts.local_params(local_name, count)]
-            )
-            if self.ep == 1:
-                return [local]
-            parts = [torch.empty_like(local) for _ in range(self.ep)]
-            dist.all_gather(parts, local, group=parallel_state.get_expert_model_parallel_group())
-            return [torch.cat(parts)]
-        local = local_of(params[local_name]).detach()
-        if tp_dim(local_name, self.dims) is None or self.tp == 1:
-            return [local]
-        shards = [torch.empty_like(local) for _ in range(self.tp)]
-        dist.all_gather(shards, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
-        return shards
-
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self._iter_full(lambda p: p, self.dtype)
+        return self.full.tensors(lambda p: p, self.dtype)
 
     def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.model.ddp_config.use_distributed_optimizer:
@@ -422,7 +373,7 @@ class MegatronStrategy(TrainingStrategy):
         def grad(p: torch.nn.Parameter) -> torch.Tensor:  # DDP-owned, fp32; a frozen router has none
             return p.main_grad / scale if p.requires_grad else torch.zeros_like(p, dtype=torch.float32)  # type: ignore[attr-defined]
 
-        return self._iter_full(grad, torch.float32)
+        return self.full.tensors(grad, torch.float32)
 
     def _gather_grad_shards(self) -> None:
         """After the reduce-scatter each DP rank holds only its slice of the summed gradients;

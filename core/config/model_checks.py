@@ -58,6 +58,45 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
     _check_context_parallel(cfg)
     _check_offload(cfg)
     _check_megatron_section(cfg)
+    if cfg.algorithm.router_replay != "none":
+        _check_router_replay(cfg)
+
+
+
+
+def _check_router_replay(cfg: RLCoreConfig) -> None:
+    """algorithm.router_replay r3: an MoE model, the HF engine (it records the routing), megatron
+    without pipeline or context parallelism, single-turn tasksets (their one engine call is the
+    experience's record)."""
+    key = "algorithm.router_replay"
+    engine = cfg.explorer.rollout_model.engine_type
+    if engine != "hf":
+        raise ConfigError(
+            f"{key}: r3 needs the engine to record each token's experts, which the HF engine does; "
+            f"explorer.rollout_model.engine_type is {engine}: set it to hf (or {key}: none)"
+        )
+    mc = cfg.trainer.megatron
+    if cfg.trainer.strategy == "megatron" and (mc.pipeline_model_parallel_size > 1 or mc.context_parallel_size > 1):
+        raise ConfigError(
+            f"{key}: r3 on megatron is proven without pipeline and context parallelism (a recomputed "
+            f"layer must route as its forward did); set trainer.megatron.pipeline_model_parallel_size and "
+            f"context_parallel_size to 1 (or {key}: none)"
+        )
+    sc = cfg.model.scratch
+    if sc.enabled and sc.architecture != "qwen3_moe":
+        raise ConfigError(
+            f"{key}: a {sc.architecture} model has no experts to route; set "
+            f"model.scratch.architecture: qwen3_moe (or {key}: none)"
+        )
+    inputs = cfg.buffer.explorer_input
+    for path, ts in [("buffer.explorer_input.taskset", inputs.taskset)] + [
+        (f"buffer.explorer_input.mixture[{i}]", t) for i, t in enumerate(inputs.mixture)
+    ]:
+        if ts.default_workflow_type != "single_turn":
+            raise ConfigError(
+                f"{key}: r3 records the routing of single-turn episodes only; {path}.default_workflow_type "
+                f"is {ts.default_workflow_type} (several engine calls per episode): use single_turn, or {key}: none"
+            )
 
 
 SEQUENCE_PARALLEL_STRATEGIES = ("fsdp", "fsdp2")

@@ -6,7 +6,7 @@ import json
 import math
 
 from ...proto.v1 import common_pb2
-from ..types import Completion, Experience, SamplingParams, Task
+from ..types import Completion, Experience, SamplingParams, Task, routing_tokens
 from .errors import require
 
 _FINISH = {
@@ -23,6 +23,7 @@ def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:
         repetition_penalty=s.repetition_penalty, n=s.n, max_tokens=s.max_tokens, stop=list(s.stop),
         presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=s.logit_bias,
         min_tokens=s.min_tokens, ignore_eos=s.ignore_eos, stop_token_ids=list(s.stop_token_ids),
+        return_routed_experts=s.return_routed_experts,
     )  # fmt: skip
     if s.seed is not None:
         msg.seed = s.seed
@@ -64,7 +65,7 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, field: str = "sampling")
         stop=list(msg.stop), seed=msg.seed if msg.HasField("seed") else None,
         presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
         logit_bias=dict(sorted(msg.logit_bias.items())), min_tokens=msg.min_tokens, ignore_eos=msg.ignore_eos,
-        stop_token_ids=list(msg.stop_token_ids),
+        stop_token_ids=list(msg.stop_token_ids), return_routed_experts=msg.return_routed_experts,
     )  # fmt: skip
 
 
@@ -111,7 +112,7 @@ def completion_to_proto(
     return common_pb2.Completion(
         prompt_index=prompt_index, sample_index=sample_index, prompt_token_ids=c.prompt_token_ids,
         token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=_FINISH[c.finish_reason], text=c.text,
-        policy_version=policy_version,
+        policy_version=policy_version, routed_experts=c.routed_experts,
     )  # fmt: skip
 
 
@@ -122,6 +123,7 @@ def completion_from_proto(msg: common_pb2.Completion) -> Completion:
         logprobs=list(msg.logprobs),
         finish_reason=finish_reason_from_proto(msg.finish_reason),
         text=msg.text,
+        routed_experts=msg.routed_experts,
     )
 
 
@@ -132,6 +134,7 @@ def experience_to_proto(e: Experience) -> common_pb2.Experience:
         finish_reason=_FINISH[e.finish_reason], response_text=e.response_text,
         reward_components=e.reward_components, loss_mask=e.loss_mask, metrics=e.metrics, temperature=e.temperature,
         segments=[common_pb2.VersionSegment(policy_version=v, num_tokens=n) for v, n in e.segments],
+        routed_experts=e.routed_experts,
     )  # fmt: skip
 
 
@@ -166,10 +169,16 @@ def experience_from_proto(msg: common_pb2.Experience, field: str = "experience")
         not segments or (sum(n for _, n in segments) == len(msg.response_token_ids) and min(n for _, n in segments) >= 0),
         f"{field}.segments", f"must count the {len(msg.response_token_ids)} response tokens; got {segments}",
     )  # fmt: skip
+    tokens = routing_tokens(len(msg.prompt_token_ids), len(msg.response_token_ids))
+    require(
+        len(msg.routed_experts) % max(tokens, 1) == 0, f"{field}.routed_experts",
+        f"holds {len(msg.routed_experts)} bytes: not [layers x top_k] for each of its {tokens} tokens",
+    )  # fmt: skip
     return Experience(
         prompt_token_ids=list(msg.prompt_token_ids), response_token_ids=list(msg.response_token_ids),
         logprobs=list(msg.logprobs), reward=msg.reward, group_id=msg.group_id,
         policy_version=msg.policy_version, finish_reason=finish_reason_from_proto(msg.finish_reason),
         response_text=msg.response_text, reward_components=dict(msg.reward_components), loss_mask=mask,
         metrics=dict(msg.metrics), temperature=temperature, segments=segments,
+        routed_experts=msg.routed_experts,
     )  # fmt: skip

@@ -149,6 +149,15 @@ def check_prompts(prompt_token_ids: list[list[int]], max_tokens: int, max_model_
             )
 
 
+def refuse_routed_experts(sampling: SamplingParams, engine: str) -> None:
+    """ValueError in one line when `sampling` asks for routing records from an engine that keeps none."""
+    if sampling.return_routed_experts:
+        raise ValueError(
+            f"the {engine} engine does not record the experts it routes tokens to (rollout routing "
+            f"replay): use the hf engine, or algorithm.router_replay: none"
+        )
+
+
 def response_text(tokenizer: Any, token_ids: list[int], stop: list[str]) -> str:
     """A response's text: special tokens dropped, cut before the first stop string it holds."""
     text = str(tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from ...core import moe_routing
 from ...core.types import Completion, SamplingParams
 from .base import (
     RolloutEngine,
@@ -147,13 +148,19 @@ class HFEngine(RolloutEngine):
     ) -> list[Completion]:
         """Generate n completions for each prompt in one batch."""
         eos, pad = self.eos_token_ids, self.pad_token_id
-        if self._static is not None:
+        if sampling.return_routed_experts:  # the eager loop: a CUDA graph replays no Python hook
+            with moe_routing.RoutingRecorder(self.model) as recorder:
+                rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
+                              stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt,
+                              routing=recorder)  # fmt: skip
+        elif self._static is not None:
             rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                                  stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
                                  interrupt=self.interrupt)  # fmt: skip
         else:
             rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                           stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt)  # fmt: skip
+        routed = rows.routed_experts or [b""] * len(rows.tokens)
         return [
             Completion(
                 prompt_token_ids=list(prompts[row // n]),
@@ -161,9 +168,10 @@ class HFEngine(RolloutEngine):
                 logprobs=logprobs,
                 finish_reason=finish,
                 text=response_text(self.tokenizer, tokens, sampling.stop),
+                routed_experts=experts,
             )
-            for row, (tokens, logprobs, finish) in enumerate(
-                zip(rows.tokens, rows.logprobs, rows.finish_reasons, strict=True)
+            for row, (tokens, logprobs, finish, experts) in enumerate(
+                zip(rows.tokens, rows.logprobs, rows.finish_reasons, routed, strict=True)
             )
         ]
 

@@ -32,6 +32,7 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from ...core import moe_routing
 from ...core.types import SamplingParams
 from .base import ending_tokens
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
@@ -47,6 +48,8 @@ class DecodedRows:
     logprobs: list[list[float]]
     finish_reasons: list[str]
     """"stop" (EOS or a stop string), "length" or "interrupted" (see the module's docstring)."""
+    routed_experts: list[bytes] | None = None
+    """Each row's routing record (core/moe_routing.py's layout), when `decode` was given a recorder."""
 
 
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +96,23 @@ def held_back(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
 
 
 @torch.inference_mode()
+def feed(
+    model: Any, token_A: torch.Tensor, mask_AL: torch.Tensor, positions_A: torch.Tensor, cache: DynamicCache
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode forward: each row's sampled token fed back at its next position (the KV cache
+    grows by one); the next logits [A, V], and the rows' mask and positions grown with it."""
+    mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
+    positions_A = positions_A + 1
+    logits_AV = model(
+        input_ids=token_A[:, None],
+        attention_mask=mask_AL,
+        position_ids=positions_A[:, None],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits[:, -1]
+    return logits_AV, mask_AL, positions_A
+
+
 def decode(
     model: Any,
     prompts: list[list[int]],
@@ -104,11 +124,14 @@ def decode(
     stop_matcher: StopStringCriteria | None,
     row_seeds: list[int] | None = None,
     interrupt: threading.Event | None = None,
+    routing: moe_routing.RoutingRecorder | None = None,
 ) -> DecodedRows:
     """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped);
-    `row_seeds` (one per row) makes each row's draws its own; `interrupt`: see the module's docstring."""
+    `row_seeds` (one per row) makes each row's draws its own; `interrupt`: see the module's docstring;
+    `routing` (active around the call) records the experts every token was routed to."""
     device = next(model.parameters()).device
     input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
+    routes = None if routing is None else RowRoutes(routing, len(prompts), n, sampling.max_tokens)
     # every sample of a prompt starts from the same prefill
     logits_AV = logits_PV.repeat_interleave(n, dim=0)
     if n > 1:
@@ -158,17 +181,38 @@ def decode(
                 rules.keep(keep_A)
         if rules is not None:
             rules.observe(token_A)
-        mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
-        positions_A = positions_A + 1
-        logits_AV = model(
-            input_ids=token_A[:, None],
-            attention_mask=mask_AL,
-            position_ids=positions_A[:, None],
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[:, -1]
+        logits_AV, mask_AL, positions_A = feed(model, token_A, mask_AL, positions_A, cache)
+        if routes is not None:
+            routes.step(active, t)
 
-    return _cut(tokens_RT, logprobs_RT, lengths, finish)
+    decoded = _cut(tokens_RT, logprobs_RT, lengths, finish)
+    if routes is not None:
+        decoded.routed_experts = routes.records(prompts, lengths)
+    return decoded
+
+
+class RowRoutes:
+    """The routing records of one `decode` call's rows: the prefill's (every prompt token) and each
+    decode step's (the token fed back), gathered per row."""
+
+    def __init__(self, recorder: moe_routing.RoutingRecorder, num_prompts: int, n: int, steps: int):
+        self.recorder, self.n = recorder, n
+        prefill_NLK = recorder.take()
+        layers, top_k = prefill_NLK.shape[1:]
+        self.prefill_PWLK = prefill_NLK.view(num_prompts, -1, layers, top_k)
+        self.steps_RTLK = prefill_NLK.new_zeros((num_prompts * n, steps, layers, top_k))
+
+    def step(self, active: torch.Tensor, t: int) -> None:
+        """Record the forward that fed back the tokens sampled at step `t` (rows `active`)."""
+        self.steps_RTLK[active, t] = self.recorder.take()
+
+    def records(self, prompts: list[list[int]], lengths: list[int]) -> list[bytes]:
+        width = self.prefill_PWLK.shape[1]
+        out = []
+        for row, length in enumerate(lengths):
+            prompt = self.prefill_PWLK[row // self.n, width - len(prompts[row // self.n]) :]
+            out.append(moe_routing.to_bytes(torch.cat([prompt, self.steps_RTLK[row, : length - 1]])))
+        return out
 
 
 @torch.inference_mode()

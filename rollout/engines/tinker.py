@@ -24,6 +24,7 @@ from .base import (
     RolloutEngine,
     check_prompts,
     ending_tokens,
+    refuse_routed_experts,
     resolve_max_model_len,
     response_text,
     stop_token_ids,
@@ -102,6 +103,7 @@ class TinkerEngine(RolloutEngine):
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
         check_prompts(prompt_token_ids, sampling.max_tokens, self.max_model_len)
+        refuse_routed_experts(sampling, "tinker")
         params = self._params(sampling)
         sampler = self._sampler  # a load between the requests must not split one call's prompts
         futures = [

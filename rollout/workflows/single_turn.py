@@ -25,6 +25,7 @@ class SingleTurnWorkflow(Workflow):
                 prompt_token_ids=c.prompt_token_ids, response_token_ids=c.token_ids, logprobs=c.logprobs,
                 reward=reward, group_id=task.task_id, policy_version=policy_version, finish_reason=c.finish_reason,
                 response_text=c.text, reward_components=components, segments=c.segments,
+                routed_experts=c.routed_experts,
             )
             for (task, c), (reward, components) in zip(pairs, scored, strict=True)
         ]  # fmt: skip

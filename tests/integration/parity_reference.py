@@ -31,7 +31,9 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcore.backends.common.hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
+from rlcore.backends.common.routing import replay_routing
 from rlcore.backends.common.schedule import build_optimizer
+from rlcore.core import moe_routing
 from rlcore.core.algorithms.aggregation import LossNorm
 from rlcore.core.algorithms.correction import IS_WEIGHT
 from rlcore.core.algorithms.grpo import grpo_advantages
@@ -40,6 +42,7 @@ from rlcore.core.algorithms.ppo import ValueLoss
 from rlcore.core.algorithms.scored import ScoredBatch
 from rlcore.core.batch import Batch, Sequence, deal, equalize, micro_batches, pack, plan_micro_batches, shard
 from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
+from rlcore.core.types import routing_tokens
 
 SEED = 1234
 PAD_ID = 0  # pads batches; also placed once inside a response (see parity_sequences)
@@ -88,8 +91,10 @@ def trainer_config(sets: list[str]) -> TrainerConfig:
 
 
 @torch.no_grad()
-def parity_sequences(model_path: str) -> list[Sequence]:
-    """The train batch; old log-probs come from the initial model in float32 on the CPU."""
+def parity_sequences(model_path: str, routed: bool = False) -> list[Sequence]:
+    """The train batch; old log-probs come from the initial model in float32 on the CPU. `routed`
+    (an MoE model): each sequence carries a routing record (random experts, as an engine's would
+    be: routing replay), which the old log-probs replay too."""
     model = load_causal_lm(model_path)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(SEED)
@@ -107,15 +112,28 @@ def parity_sequences(model_path: str) -> list[Sequence]:
         Sequence(x[:p], x[p:], index=i, temperature=TEMPERATURES[i % 2])
         for i, (x, (p, _)) in enumerate(zip(ids, shapes, strict=True))
     ]
+    if routed:
+        for s in seqs:
+            s.routed_experts = _random_record(model, routing_tokens(len(s.prompt_ids), len(s.response_ids)), gen)
     rewards = torch.rand(NUM_SEQS, generator=gen)
     groups = [str(i // GROUP_SIZE) for i in range(NUM_SEQS)]
     adv = grpo_advantages(ScoredBatch(rewards, groups))
     assert (adv > 0).any() and (adv < 0).any(), "advantages of one sign only"
-    logprobs, _ = forward_logprobs(model, pack(seqs, PAD_ID), TEMPERATURE, with_entropy=False)
+    batch = pack(seqs, PAD_ID)
+    with replay_routing(model, batch, False, None):
+        logprobs, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False)
     for s, a, lp in zip(seqs, adv.tolist(), logprobs, strict=True):
         s.advantage = a
         s.old_logprobs = lp[len(s.prompt_ids) : s.length].tolist()
     return seqs
+
+
+def _random_record(model: torch.nn.Module, tokens: int, gen: torch.Generator) -> bytes:
+    """A routing record forcing random experts (top_k distinct ones per token and layer)."""
+    layers, top_k = moe_routing.shape_of(model)
+    experts = model.config.num_experts
+    picks = [torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens * layers)]
+    return moe_routing.to_bytes(torch.stack(picks).view(tokens, layers, top_k))
 
 
 def _norm(seqs: list[Sequence]) -> LossNorm:
@@ -199,12 +217,13 @@ def param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def reference_run(
     model_path: str, steps: int, total_steps: int, critic: bool = False, lora: str | None = None,
-    frozen: str | None = None,
+    frozen: str | None = None, routed: bool = False,
 ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
     """(loss per step, gradients of the first step by HF name, final weights by HF name) of a plain
     HF model (a value model with `critic`) trained on the whole batch in this process: the ground truth.
     `lora`: a plain peft model training that adapter folder (gradients by peft's saved names, the
-    weights merged by peft). `frozen`: the parameters whose names end with it are not trained."""
+    weights merged by peft). `frozen`: the parameters whose names end with it are not trained.
+    `routed`: the batch's routing records (parity_sequences) forced on transformers' routers."""
     torch.manual_seed(SEED)
     trainer_cfg = trainer_config([])
     model = load_value_model(model_path, SEED) if critic else load_causal_lm(model_path)
@@ -215,7 +234,7 @@ def reference_run(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, lora, is_trainable=True)
-    seqs = parity_sequences(model_path)
+    seqs = parity_sequences(model_path, routed)
     loss_fn = parity_loss(seqs, critic)
     count = micro_batch_count(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu)
     mbs = rank_micro_batches(seqs, 0, 1, trainer_cfg.max_token_len_per_gpu, count)
@@ -226,12 +245,13 @@ def reference_run(
     def backward() -> float:
         total = 0.0
         for mb in mbs:
-            if critic:
-                outputs, entropy = forward_values(model, mb), None
-            else:
-                outputs, entropy = forward_logprobs(model, mb, TEMPERATURE, loss_fn.needs_entropy)
-            loss, metrics = loss_fn(outputs, entropy, mb)
-            loss.backward()
+            with replay_routing(model, mb, False, None):  # the records, when the batch has them
+                if critic:
+                    outputs, entropy = forward_values(model, mb), None
+                else:
+                    outputs, entropy = forward_logprobs(model, mb, TEMPERATURE, loss_fn.needs_entropy)
+                loss, metrics = loss_fn(outputs, entropy, mb)
+                loss.backward()
             total += metrics[LOSS_METRIC[critic]]
         return total
 

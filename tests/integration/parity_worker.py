@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--critic", action="store_true", help="train a value model on the value loss")
     p.add_argument("--dpo", action="store_true", help="train DPO on the batch's pairs (StageTraining)")
     p.add_argument("--lora", default=None, help="train this peft adapter folder on the frozen model (LoRA)")
+    p.add_argument("--routed", action="store_true", help="the batch carries routing records to replay (MoE)")
     return p.parse_args(argv)
 
 
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
     )  # fmt: skip
     max_tokens = trainer_cfg.max_token_len_per_gpu * strategy.sequence_split  # as runtime/training.py budgets
 
-    seqs = parity_sequences(args.model)
+    seqs = parity_sequences(args.model, args.routed)
     loss_fn = parity_loss(seqs, args.critic)
     layout = (strategy.dp_rank, strategy.dp_size, max_tokens)
     plan = {"balance": trainer_cfg.balance_batch, "packed": strategy.packs_sequences}

@@ -29,6 +29,14 @@ CASES: list[tuple[str, str, str, int, list[str]]] = [
     # the experts split over 2 expert-parallel ranks (tokens reach them by all-to-all), the rest
     # data-parallel over the same 2 ranks
     ("qwen3_moe-megatron-ep2", "qwen3_moe", "megatron", 2, ["megatron.expert_model_parallel_size=2"]),
+    # routing replay: the batch's rows carry random expert records (as an engine's), forced on
+    # megatron-core's routers (EP2, recompute) and on fsdp2's transformers routers, against the HF
+    # model forced the same way
+    ("qwen3_moe-megatron-ep2-r3", "qwen3_moe", "megatron", 2,
+     ["megatron.expert_model_parallel_size=2", "gradient_checkpointing=true"]),
+    ("qwen3_moe-fsdp2-2-r3", "qwen3_moe", "fsdp2", 2, ["gradient_checkpointing=true"]),
+    # ... and on one megatron rank with padded rows (they reach the router sequence-major)
+    ("qwen3_moe-megatron-padded-r3", "qwen3_moe", "megatron", 1, ["use_remove_padding=false"]),
 ]  # fmt: skip
 CASE_BY_ID = {case[0]: case for case in CASES}
 
@@ -61,12 +69,14 @@ def family_run(family_model: Callable[[str], str], tmp_path_factory: pytest.Temp
         if case_id not in done:
             _, architecture, strategy, ranks, sets = CASE_BY_ID[case_id]
             model = family_model(architecture)
+            routed = case_id.endswith("-r3")
             run = run_worker(
                 model, strategy, ranks, sets, str(tmp_path_factory.mktemp(case_id)),
                 "--steps", str(STEPS), "--total-steps", str(STEPS), "--save-at", str(SAVE_AT),
+                *(["--routed"] if routed else []),
             )  # fmt: skip
             torch.set_num_threads(1)
-            done[case_id] = run, reference_run(model, STEPS, STEPS)
+            done[case_id] = run, reference_run(model, STEPS, STEPS, routed=routed)
         return done[case_id]
 
     return get
@@ -79,6 +89,8 @@ def test_a_model_family_trains_like_plain_hf_and_resumes_exactly(case_id, family
     run, reference = family_run(case_id)
     assert_first_step(run, reference)
     assert_curve(run.result, reference[0], STEPS)
+    if case_id.endswith("-r3"):  # the records are the batch's, not the model's: export and resume as above
+        return
     exported = AutoModelForCausalLM.from_pretrained(
         os.path.join(run.out, "hf"), dtype=torch.float32
     ).state_dict()

@@ -94,6 +94,12 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Rollout-training mismatch correction: truncated or masked importance weights of the engine's
     log-probs against the trainer's (needs do_old_log_prob_compute); metrics rollout_correction/*."""
+    router_replay: str = choice("none", ("none", "r3"))
+    """MoE models: r3 (rollout routing replay, arXiv 2510.11370) has the engine record the experts it
+    routed each token to, and the trainer's forwards route the same tokens to the same experts (the
+    router still trains, through their probabilities), closing the engine/trainer log-prob gap that
+    routing differences open; none: the trainer routes by itself. The HF engine, single-turn
+    tasksets; fsdp, fsdp2, or megatron without pipeline or context parallelism."""
     entropy_coef: float = bounded(0.0, ge=0.0)
     """Weight of the entropy bonus (subtracted from the loss)."""
     clip_ratio_low: float | None = bounded(None, ge=0.0, lt=1.0)

@@ -19,7 +19,7 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_MAX_TURNS: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "stop_token_ids")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "stop_token_ids", "return_routed_experts")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class SamplingParams(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -57,10 +58,11 @@ class SamplingParams(_message.Message):
     min_tokens: int
     ignore_eos: bool
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    return_routed_experts: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_routed_experts: _Optional[bool] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("prompt_index", "sample_index", "prompt_token_ids", "token_ids", "logprobs", "finish_reason", "text", "policy_version")
+    __slots__ = ("prompt_index", "sample_index", "prompt_token_ids", "token_ids", "logprobs", "finish_reason", "text", "policy_version", "routed_experts")
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +71,7 @@ class Completion(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     prompt_index: int
     sample_index: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -77,7 +80,8 @@ class Completion(_message.Message):
     finish_reason: FinishReason
     text: str
     policy_version: int
-    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    routed_experts: bytes
+    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., policy_version: _Optional[int] = ..., routed_experts: _Optional[bytes] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "prompt", "answer", "response", "metadata_json")
@@ -94,7 +98,7 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., prompt: _Optional[str] = ..., answer: _Optional[str] = ..., response: _Optional[str] = ..., metadata_json: _Optional[str] = ...) -> None: ...
 
 class Experience(_message.Message):
-    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask", "metrics", "temperature", "segments")
+    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask", "metrics", "temperature", "segments", "routed_experts")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +126,7 @@ class Experience(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -135,7 +140,8 @@ class Experience(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     temperature: float
     segments: _containers.RepeatedCompositeFieldContainer[VersionSegment]
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., temperature: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ...) -> None: ...
+    routed_experts: bytes
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., temperature: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ..., routed_experts: _Optional[bytes] = ...) -> None: ...
 
 class VersionSegment(_message.Message):
     __slots__ = ("policy_version", "num_tokens")

@@ -47,3 +47,30 @@ def test_the_sampling_temperature_travels_with_the_experience() -> None:
     with pytest.raises(InvalidArgument) as info:
         experience_from_proto(msg, "experiences[1]")
     assert info.value.field == "experiences[1].temperature" and "must be a finite number >= 0" in str(info.value)
+
+
+def test_routing_records_travel_with_the_experience_and_into_the_buffer() -> None:
+    from rlcore.buffer.records import from_record, to_record
+
+    routed = bytes(range(5 * 3 * 2))  # 2 prompt + 4 response - 1 tokens, 3 MoE layers, top-2
+    e = _exp(routed_experts=routed)
+    assert experience_from_proto(experience_to_proto(e)) == e
+    assert from_record(to_record(e), "test") == e
+    assert from_record(to_record(_exp()), "test").routed_experts == b""
+    msg = experience_to_proto(_exp(routed_experts=routed[:-1]))
+    with pytest.raises(InvalidArgument) as info:
+        experience_from_proto(msg, "experiences[0]")
+    assert info.value.field == "experiences[0].routed_experts" and "for each of its 5 tokens" in str(info.value)
+
+
+def test_a_continued_sequences_routing_joins_its_segments() -> None:
+    from rlcore.core.types import Completion
+    from rlcore.rollout.batching import joined_routing
+
+    # 3 prompt tokens; 2 tokens before the interruption (records of 3 + 2 - 1 = 4 tokens, 1 byte each)
+    before = Completion([1, 2, 3], [4, 5], [0.0, 0.0], "interrupted", routed_experts=b"abcd")
+    # the continuation ran the prompt and both tokens again (prefill) and 3 more: 5 + 3 - 1 = 7 tokens
+    after = Completion([1, 2, 3, 4, 5], [6, 7, 8], [0.0] * 3, "stop", routed_experts=b"ABCDEFG")
+    assert joined_routing(before, after) == b"abcdEFG"  # token 5 first ran in the continuation's prefill
+    unstarted = Completion([1, 2, 3], [], [], "interrupted")
+    assert joined_routing(unstarted, after) == b"ABCDEFG"

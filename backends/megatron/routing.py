@@ -1,0 +1,112 @@
+"""Routing replay on megatron-core's MoE layers (algorithm.router_replay r3).
+
+megatron-core's top-k routing asks its router's `router_replay` object for the top-k of the scores
+(moe_utils.topk_routing_with_score_function). Its own RouterReplay replays one list of records for
+every router of the process at once, with no way to leave a token routing freely. `Replay` stands in
+for it on each router of one model: the router's own top-k, replaced by the record where the record
+covers the token, the probabilities then taken at the replayed experts (megatron-core's replay rule,
+which equals transformers' for Qwen3-MoE's softmax router).
+
+Tokens reach the router in megatron's order: sequence-major [T, B] for padded rows, the packed row
+for THD. A micro-batch's records are set in the schedule's forward step and stay for its backward, so
+recomputed layers route the same; that holds in megatron's schedule without pipelining, where each
+micro-batch's backward follows its forward (pipeline and context parallelism are refused for r3 by
+the config checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from megatron.core.transformer.moe.router import TopKRouter
+
+from ...core.moe_routing import ROUTED_EXPERTS, ROUTED_VALID, RoutingCounts
+from .packing import PackedInput
+
+
+class Replay:
+    """One router's replay: the experts per token of the current micro-batch, or none."""
+
+    def __init__(self, top_k: int) -> None:
+        self.top_k = top_k
+        self.target: torch.Tensor | None = None
+        """[tokens, top_k] the recorded experts, in the router's token order."""
+        self.valid: torch.Tensor | None = None
+        """[tokens] the tokens the record covers."""
+        self.counts: RoutingCounts | None = None
+
+    def get_replay_topk(
+        self, scores: torch.Tensor, topk: int, num_groups: int | None, group_topk: int | None,
+        default_compute_topk: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        probs, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
+        if self.target is None or self.valid is None:
+            return probs, own
+        if self.target.shape[0] != own.shape[0]:
+            raise ValueError(
+                f"routing replay: the router saw {own.shape[0]} tokens, the record holds {self.target.shape[0]}"
+            )
+        experts = torch.where(self.valid[:, None], self.target, own)
+        if self.counts is not None:
+            other = (own.sort(-1).values != self.target.sort(-1).values).any(-1) & self.valid
+            self.counts.differing += int(other.sum())
+            self.counts.recorded += int(self.valid.sum())
+        return scores.gather(1, experts), experts
+
+
+def install(module: torch.nn.Module) -> list[Replay]:
+    """A Replay on each MoE router of `module`, in layer order ([] for a dense model)."""
+    replays = []
+    for m in module.modules():
+        if isinstance(m, TopKRouter):
+            m.router_replay = Replay(m.topk)
+            replays.append(m.router_replay)
+    return replays
+
+
+def replays_of(model: torch.nn.Module) -> list[Replay]:
+    """The Replays `install` put on the model's routers, in layer order."""
+    found = (getattr(m, "router_replay", None) for m in model.modules())
+    return [r for r in found if isinstance(r, Replay)]
+
+
+def set_records(
+    model: torch.nn.Module,
+    mb: dict[str, torch.Tensor],
+    packed: PackedInput | None,
+    counts: RoutingCounts | None,
+) -> None:
+    """The micro-batch's records (core/batch.py: ROUTED_EXPERTS / ROUTED_VALID) on `model`'s routers,
+    in megatron's token order; none when the batch carries no records."""
+    replays = replays_of(model)
+    experts, valid = mb.get(ROUTED_EXPERTS), mb.get(ROUTED_VALID)
+    if not replays:
+        return
+    if experts is None or valid is None:
+        clear(model)
+        return
+    if packed is not None:  # the packed row (sequences padded for context parallelism, a tail)
+        row_experts = experts.new_zeros((packed.row_width, experts.shape[-1]))
+        row_valid = valid.new_zeros(packed.row_width)
+        row_experts[packed.keep] = experts[packed.layout.real]
+        row_valid[packed.keep] = valid[packed.layout.real]
+        mine = packed.split.index(device=experts.device)
+        experts, valid = row_experts[mine], row_valid[mine]
+    else:  # [B, T] rows reach the router sequence-major
+        experts, valid = experts.transpose(0, 1).flatten(0, 1), valid.transpose(0, 1).flatten()
+    top_k = replays[0].top_k
+    if top_k * len(replays) != experts.shape[-1]:
+        raise ValueError(
+            f"routing replay: the experiences' records hold {experts.shape[-1]} experts per token, this model "
+            f"routes {len(replays)} MoE layers x top_k {top_k}: they were recorded by another model"
+        )
+    per_layer = experts.view(-1, len(replays), top_k).long()
+    for layer, replay in enumerate(replays):
+        replay.target, replay.valid, replay.counts = per_layer[:, layer], valid, counts
+
+
+def clear(model: Any) -> None:
+    for replay in replays_of(model):
+        replay.target = replay.valid = replay.counts = None

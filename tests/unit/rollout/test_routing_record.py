@@ -1,0 +1,51 @@
+"""The HF engine's routing records (rollout routing replay): the experts its decode loop routed each
+token to, against transformers' own routing of the finished sequence in one plain forward."""
+
+from __future__ import annotations
+
+import torch
+
+from rlcore.core import moe_routing
+from rlcore.core.types import SamplingParams
+from rlcore.rollout.engines.hf_decode import decode
+from tests.tiny_models import tiny_hf_model
+
+
+def test_the_decode_loops_record_is_transformers_routing_of_the_sequence() -> None:
+    model = tiny_hf_model("qwen3_moe", tied=False)
+    layers, top_k = moe_routing.shape_of(model)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 101, (length,), generator=gen).tolist() for length in (3, 9, 6)]
+    sampling = SamplingParams(temperature=1.0, max_tokens=12, n=3)
+    # a token the model emits often ends rows at different steps, so rows leave the batch
+    with moe_routing.RoutingRecorder(model) as recorder:
+        rows = decode(model, prompts, 3, sampling, eos_token_ids=[7, 19, 42], pad_token_id=0,
+                      stop_matcher=None, row_seeds=list(range(9)), routing=recorder)  # fmt: skip
+    assert rows.routed_experts is not None and len(rows.routed_experts) == 9
+    assert len({len(t) for t in rows.tokens}) > 1, "every row ended at the same step"
+    assert not recorder.calls, "a forward's record was left unread"
+    for row, (tokens, record) in enumerate(zip(rows.tokens, rows.routed_experts, strict=True)):
+        prompt = prompts[row // 3]
+        engine = moe_routing.from_bytes(record, layers, top_k)
+        assert engine.shape[0] == moe_routing.routing_tokens(len(prompt), len(tokens))
+        with torch.no_grad(), moe_routing.RoutingRecorder(model) as plain:
+            model(input_ids=torch.tensor([prompt + tokens]))
+        # the expert sets (top-k order is the router's: equal probabilities could swap it)
+        assert torch.equal(engine.sort(-1).values, plain.take()[:-1].sort(-1).values), f"row {row}"
+
+
+def test_no_record_unless_asked() -> None:
+    model = tiny_hf_model("qwen3_moe", tied=False)
+    rows = decode(model, [[5, 6, 7]], 1, SamplingParams(temperature=0.0, max_tokens=4),
+                  eos_token_ids=[-1], pad_token_id=0, stop_matcher=None)  # fmt: skip
+    assert rows.routed_experts is None
+
+
+def test_engines_without_records_refuse_to_be_asked_for_them() -> None:
+    import pytest
+
+    from rlcore.rollout.engines.base import refuse_routed_experts
+
+    refuse_routed_experts(SamplingParams(), "vllm")  # not asked: nothing to refuse
+    with pytest.raises(ValueError, match="the vllm engine does not record the experts .* use the hf engine"):
+        refuse_routed_experts(SamplingParams(return_routed_experts=True), "vllm")
