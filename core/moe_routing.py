@@ -29,7 +29,10 @@ import torch.nn.functional as F
 
 from .types import routing_tokens
 
-__all__ = ["RoutingCounts", "RoutingRecorder", "from_bytes", "replayed", "routers", "routing_tokens", "shape_of", "to_bytes"]
+__all__ = [
+    "RoutingCounts", "RoutingRecorder", "check_experts", "from_bytes", "replayed", "routers", "routing_tokens",
+    "shape_of", "to_bytes", "without_routing",
+]  # fmt: skip
 
 ROUTED_EXPERTS = "routed_experts"
 """A micro-batch's routing records (core/batch.py): uint8 [B, T, layers * top_k], position t the
@@ -73,18 +76,38 @@ def to_bytes(experts_NLK: torch.Tensor) -> bytes:
 
 
 def from_bytes(data: bytes, layers: int, top_k: int) -> torch.Tensor:
-    """The wire's bytes as a record [tokens, layers, top_k] (int64)."""
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return flat.view(-1, layers, top_k).long()
+    """The wire's bytes as a record [tokens, layers, top_k] (uint8)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(-1, layers, top_k)
+
+
+def without_routing(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A micro-batch without its routing records: for another model than the policy that sampled
+    them (a critic, a distillation teacher), which routes by itself."""
+    return {k: v for k, v in mb.items() if k not in (ROUTED_EXPERTS, ROUTED_VALID)}
+
+
+def check_experts(experts: torch.Tensor, num_experts: int) -> None:
+    """ValueError in one line for a record naming an expert the model does not have (a record of
+    another model; out of range, it would index past the router's probabilities)."""
+    if experts.numel() and int(experts.max()) >= num_experts:
+        raise ValueError(
+            f"routing replay: a record names expert {int(experts.max())}, this model has {num_experts}: "
+            "it was recorded by another model"
+        )
 
 
 class RoutingRecorder:
     """Records the experts each router chose in every forward while active (`with recorder:`):
-    `calls[i]` is the i-th forward's record [tokens of that forward, layers, top_k] (int64), the
+    `calls[i]` is the i-th forward's record [tokens of that forward, layers, top_k] (uint8), the
     tokens in the order the model flattened them (batch-major)."""
 
     def __init__(self, model: torch.nn.Module):
         self._routers = routers(model)
+        if not self._routers:
+            raise ValueError(
+                f"routing replay: this {type(model).__name__} has no MoE router to record (a dense model, "
+                f"or one whose router is not {', '.join(ROUTERS)}); set algorithm.router_replay: none"
+            )
         self._pending: list[torch.Tensor] = []
         self.calls: list[torch.Tensor] = []
         self._handles: list[Any] = []
@@ -99,7 +122,7 @@ class RoutingRecorder:
         self._handles = []
 
     def _hook(self, module: torch.nn.Module, args: Any, output: tuple[torch.Tensor, ...]) -> None:
-        self._pending.append(output[2].detach())
+        self._pending.append(output[2].detach().to(torch.uint8))  # 1 byte an expert, as on the wire
         if len(self._pending) == len(self._routers):  # the forward's last MoE layer
             self.calls.append(torch.stack(self._pending, dim=1))
             self._pending = []
@@ -126,7 +149,10 @@ class RoutingCounts:
 
 @contextmanager
 def replayed(
-    model: torch.nn.Module, experts_NLK: torch.Tensor, valid_N: torch.Tensor, counts: RoutingCounts | None = None
+    model: torch.nn.Module,
+    experts_NLK: torch.Tensor,
+    valid_N: torch.Tensor,
+    counts: RoutingCounts | None = None,
 ) -> Iterator[None]:
     """Every forward of `model` inside routes token n to experts_NLK[n] (in each MoE layer) where
     valid_N[n], and by its own top-k elsewhere; tokens in the order the model flattens its input
@@ -140,6 +166,8 @@ def replayed(
             f"a routing record of shape [tokens, layers, top_k] = {list(experts_NLK.shape)} does not fit "
             f"this model ({len(found)} MoE layers, top_k {found[0].top_k if found else 0})"
         )
+    check_experts(experts_NLK, int(found[0].num_experts) if found else 0)  # type: ignore[arg-type]
+    experts_NLK = experts_NLK.long()
     handles = [
         router.register_forward_hook(_replay_hook(experts_NLK[:, layer], valid_N, counts))
         for layer, router in enumerate(found)

@@ -177,6 +177,8 @@ def joined_routing(before: Completion, continued: Completion) -> bytes:
     """The routing record of `before` continued by `continued` (whose prompt is before's prompt and
     tokens): before's record of the tokens it ran, then the continuation's of the rest (its prefill
     ran before's last token, under the new weights)."""
+    if not continued.token_ids:  # interrupted again before it began: nothing new was run
+        return before.routed_experts
     if not continued.routed_experts:
         return b""
     if not before.routed_experts:  # interrupted before its engine call began: the continuation ran it all

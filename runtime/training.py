@@ -263,7 +263,7 @@ class StageTraining:
         metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
         if algo.router_replay != "none" and algo.do_old_log_prob_compute:
             routes = torch.tensor(self.strategy.take_routing_counts(), dtype=torch.float64)
-            dist.all_reduce(routes, group=self.strategy.dp_group)
+            dist.all_reduce(routes)  # the world: sequence-parallel ranks replay slices of one row
             if routes[1]:  # the share of replayed token routes the trainer would have chosen otherwise
                 metrics["rollout/routing_mismatch"] = float(routes[0] / routes[1])
         if mismatch is not None:

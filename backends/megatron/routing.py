@@ -22,15 +22,15 @@ from typing import Any
 import torch
 from megatron.core.transformer.moe.router import TopKRouter
 
-from ...core.moe_routing import ROUTED_EXPERTS, ROUTED_VALID, RoutingCounts
+from ...core.moe_routing import ROUTED_EXPERTS, ROUTED_VALID, RoutingCounts, check_experts
 from .packing import PackedInput
 
 
 class Replay:
     """One router's replay: the experts per token of the current micro-batch, or none."""
 
-    def __init__(self, top_k: int) -> None:
-        self.top_k = top_k
+    def __init__(self, top_k: int, num_experts: int) -> None:
+        self.top_k, self.num_experts = top_k, num_experts
         self.target: torch.Tensor | None = None
         """[tokens, top_k] the recorded experts, in the router's token order."""
         self.valid: torch.Tensor | None = None
@@ -61,7 +61,7 @@ def install(module: torch.nn.Module) -> list[Replay]:
     replays = []
     for m in module.modules():
         if isinstance(m, TopKRouter):
-            m.router_replay = Replay(m.topk)
+            m.router_replay = Replay(m.topk, m.config.num_moe_experts)
             replays.append(m.router_replay)
     return replays
 
@@ -102,6 +102,7 @@ def set_records(
             f"routing replay: the experiences' records hold {experts.shape[-1]} experts per token, this model "
             f"routes {len(replays)} MoE layers x top_k {top_k}: they were recorded by another model"
         )
+    check_experts(experts, replays[0].num_experts)
     per_layer = experts.view(-1, len(replays), top_k).long()
     for layer, replay in enumerate(replays):
         replay.target, replay.valid, replay.counts = per_layer[:, layer], valid, counts

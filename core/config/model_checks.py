@@ -59,12 +59,14 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
     _check_offload(cfg)
     _check_megatron_section(cfg)
     if cfg.algorithm.router_replay != "none":
-        _check_router_replay(cfg)
+        _check_router_replay(cfg, check_paths)
 
 
+ROUTER_REPLAY_MODELS = ("qwen3_moe",)
+"""model_type of the models whose routers routing replay records and replays (core/moe_routing.py)."""
 
 
-def _check_router_replay(cfg: RLCoreConfig) -> None:
+def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
     """algorithm.router_replay r3: an MoE model, the HF engine (it records the routing), megatron
     without pipeline or context parallelism, single-turn tasksets (their one engine call is the
     experience's record)."""
@@ -88,6 +90,15 @@ def _check_router_replay(cfg: RLCoreConfig) -> None:
             f"{key}: a {sc.architecture} model has no experts to route; set "
             f"model.scratch.architecture: qwen3_moe (or {key}: none)"
         )
+    config = os.path.join(cfg.model.model_path, "config.json")
+    if not sc.enabled and check_paths and os.path.isfile(config):
+        with open(config) as f:
+            model_type = json.load(f).get("model_type")
+        if model_type not in ROUTER_REPLAY_MODELS:
+            raise ConfigError(
+                f"{key}: r3 replays the routers of {', '.join(ROUTER_REPLAY_MODELS)} models; model.model_path is "
+                f"a {model_type} model: set {key}: none"
+            )
     inputs = cfg.buffer.explorer_input
     for path, ts in [("buffer.explorer_input.taskset", inputs.taskset)] + [
         (f"buffer.explorer_input.mixture[{i}]", t) for i, t in enumerate(inputs.mixture)

@@ -128,6 +128,20 @@ def parity_sequences(model_path: str, routed: bool = False) -> list[Sequence]:
     return seqs
 
 
+@torch.no_grad()
+def own_routing(model_path: str, seqs: list[Sequence]) -> list[Sequence]:
+    """`seqs` with the routing records transformers' own routers give them (what the HF engine in
+    the same dtype records): a strategy replaying them would have chosen every one itself."""
+    model = load_causal_lm(model_path)
+    out = []
+    for s in seqs:
+        with moe_routing.RoutingRecorder(model) as recorder:
+            model(input_ids=torch.tensor([s.prompt_ids + s.response_ids]), use_cache=False)
+        record = recorder.take()[: routing_tokens(len(s.prompt_ids), len(s.response_ids))]
+        out.append(dataclasses.replace(s, routed_experts=moe_routing.to_bytes(record)))
+    return out
+
+
 def _random_record(model: torch.nn.Module, tokens: int, gen: torch.Generator) -> bytes:
     """A routing record forcing random experts (top_k distinct ones per token and layer)."""
     layers, top_k = moe_routing.shape_of(model)

@@ -36,6 +36,7 @@ from tests.integration.parity_reference import (
     algorithm_config,
     dpo_algorithm_config,
     micro_batch_count,
+    own_routing,
     parity_loss,
     parity_sequences,
     rank_micro_batches,
@@ -125,6 +126,13 @@ def run(args: argparse.Namespace) -> None:
             result["logprob_diffs"].append(
                 float(((lp.float().cpu() - mb["old_logprobs"]).abs() * mb["loss_mask"]).max())
             )
+    if args.routed and not args.resume_from:  # replaying transformers' own routing changes no route
+        own = rank_micro_batches(own_routing(args.model, seqs), *layout, int(count), **plan)
+        strategy.take_routing_counts()
+        strategy.compute_logprobs(own, TEMPERATURE)
+        counts = torch.tensor(strategy.take_routing_counts(), dtype=torch.float64)
+        dist.all_reduce(counts)
+        result["own_routing_counts"] = counts.tolist()  # [differing, recorded] token routes
     grads: dict[str, torch.Tensor] = {}
     for step in range(1, args.steps + 1):
         metrics = strategy.forward_backward(mbs, loss_fn, TEMPERATURE)

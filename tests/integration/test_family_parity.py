@@ -90,6 +90,9 @@ def test_a_model_family_trains_like_plain_hf_and_resumes_exactly(case_id, family
     assert_first_step(run, reference)
     assert_curve(run.result, reference[0], STEPS)
     if case_id.endswith("-r3"):  # the records are the batch's, not the model's: export and resume as above
+        # records of transformers' own routing (the HF engine's): the strategy's routers agree on all
+        differing, recorded = run.result["own_routing_counts"]
+        assert recorded > 0 and differing == 0, run.result["own_routing_counts"]
         return
     exported = AutoModelForCausalLM.from_pretrained(
         os.path.join(run.out, "hf"), dtype=torch.float32

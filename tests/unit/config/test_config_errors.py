@@ -223,3 +223,16 @@ def test_a_run_trains_on_one_tinker_service(tmp_path: Path, monkeypatch, capsys:
         "stages[1].trainer: a run trains on one Tinker service (stage 0 names tinker://127.0.0.1:8000): give "
         "every stage the same trainer.remote and trainer.tinker"
     )
+
+
+def test_router_replay_refuses_a_model_folder_without_its_routers(
+    tmp_path: Path, recipe: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "dense"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    message = one_error_line(capsys, ["config", "validate", recipe, "algorithm.router_replay=r3", f"model.model_path={folder}"])
+    assert message == (
+        "algorithm.router_replay: r3 replays the routers of qwen3_moe models; model.model_path is a llama model: "
+        "set algorithm.router_replay: none"
+    )

@@ -74,3 +74,5 @@ def test_a_continued_sequences_routing_joins_its_segments() -> None:
     assert joined_routing(before, after) == b"abcdEFG"  # token 5 first ran in the continuation's prefill
     unstarted = Completion([1, 2, 3], [], [], "interrupted")
     assert joined_routing(unstarted, after) == b"ABCDEFG"
+    not_begun = Completion([1, 2, 3, 4, 5], [], [], "interrupted")  # interrupted again before it ran
+    assert joined_routing(before, not_begun) == b"abcd"

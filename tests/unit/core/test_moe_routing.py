@@ -25,7 +25,7 @@ def test_record_is_what_the_routers_chose():
     assert moe_routing.shape_of(model) == (4, 2)
     (record,) = rec.calls
     assert record.shape == (14, 4, 2)
-    assert torch.equal(record, torch.stack(chosen, dim=1))
+    assert record.dtype == torch.uint8 and torch.equal(record.long(), torch.stack(chosen, dim=1))
     assert torch.equal(moe_routing.from_bytes(moe_routing.to_bytes(record), 4, 2), record)
 
 
@@ -50,7 +50,7 @@ def test_replay_forces_the_experts_and_the_router_still_learns():
         out = model(input_ids=ids).logits
         out.square().mean().backward()
     (seen,) = own.calls
-    assert torch.equal(seen[valid], forced[valid])
+    assert torch.equal(seen[valid].long(), forced[valid])
     free = moe_routing.RoutingRecorder(model)
     with torch.no_grad(), free:
         model(input_ids=ids)
@@ -66,6 +66,9 @@ def test_replay_refuses_a_record_of_another_shape():
             model, torch.zeros(5, 3, 2, dtype=torch.long), torch.ones(5, dtype=torch.bool)
         ):
             pass
+    with pytest.raises(ValueError, match="a record names expert 4, this model has 4: it was recorded by another model"):
+        with moe_routing.replayed(model, torch.full((5, 4, 2), 4), torch.ones(5, dtype=torch.bool)):
+            pass
     with pytest.raises(ValueError, match="the model routed 5 tokens, the record holds 4"):
         with moe_routing.replayed(
             model, torch.zeros(4, 4, 2, dtype=torch.long), torch.ones(4, dtype=torch.bool)
@@ -74,7 +77,10 @@ def test_replay_refuses_a_record_of_another_shape():
 
 
 def test_a_dense_model_has_no_routers_and_other_routers_are_refused():
-    assert moe_routing.routers(tiny_hf_model("qwen3_gqa", tied=False)) == []
+    dense = tiny_hf_model("qwen3_gqa", tied=False)
+    assert moe_routing.routers(dense) == []
+    with pytest.raises(ValueError, match="this Qwen3ForCausalLM has no MoE router to record"):
+        moe_routing.RoutingRecorder(dense)
 
     class MixtralRouter(torch.nn.Module):
         pass
