@@ -23,7 +23,9 @@ def _sequences() -> tuple[list[Sequence], list[torch.Tensor]]:
     seqs, records = [], []
     for p, r in LENGTHS:
         tokens = moe_routing.routing_tokens(p, r)
-        record = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(tokens * 4)]).view(tokens, 4, 2)
+        record = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(tokens * 4)]).view(
+            tokens, 4, 2
+        )
         ids = torch.randint(1, 101, (p + r,), generator=gen).tolist()
         seqs.append(Sequence(ids[:p], ids[p:], routed_experts=moe_routing.to_bytes(record)))
         records.append(record)
@@ -36,7 +38,9 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _reference(model: torch.nn.Module, seqs: list[Sequence], records: list[torch.Tensor]) -> tuple[list, dict]:
+def _reference(
+    model: torch.nn.Module, seqs: list[Sequence], records: list[torch.Tensor]
+) -> tuple[list, dict]:
     """Each sequence alone through the HF model forced to its record: response log-probs, and the
     gradients of their sum."""
     out = []
@@ -81,5 +85,27 @@ def test_replayed_batch_equals_each_sequence_forced_alone(packed: bool) -> None:
 def test_records_of_another_model_are_refused() -> None:
     model = tiny_hf_model("qwen3_moe", tied=False)
     seq = Sequence([1, 2], [3], routed_experts=bytes(2 * 6))  # 6 experts per token; the model routes 4 x 2
-    with pytest.raises(ValueError, match="hold 6 experts per token, this model routes 4 MoE layers x top_k 2"):
+    with pytest.raises(
+        ValueError, match="hold 6 experts per token, this model routes 4 MoE layers x top_k 2"
+    ):
         replay_routing(model, pack([seq], 0), False, None)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_replaying_transformers_own_routing_changes_no_route(packed: bool) -> None:
+    """Records of the routing each sequence gets alone (what the HF engine in this dtype records):
+    the batch's forward, padded or packed, would have chosen every replayed route itself."""
+    model = tiny_hf_model("qwen3_moe", tied=False)
+    seqs, _ = _sequences()
+    for s in seqs:
+        with torch.no_grad(), moe_routing.RoutingRecorder(model) as own:
+            model(input_ids=torch.tensor([s.prompt_ids + s.response_ids]), use_cache=False)
+        s.routed_experts = moe_routing.to_bytes(
+            own.take()[: moe_routing.routing_tokens(len(s.prompt_ids), len(s.response_ids))]
+        )
+    counts = moe_routing.RoutingCounts()
+    with torch.no_grad(), replay_routing(model, pack(seqs, pad_token_id=0), packed, None, counts):
+        forward_logprobs(model, pack(seqs, pad_token_id=0), 1.0, False, packed)
+    differing, recorded = counts.take()
+    assert recorded == sum(moe_routing.routing_tokens(*lengths) for lengths in LENGTHS) * 4
+    assert differing == 0
