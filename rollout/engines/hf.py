@@ -148,15 +148,15 @@ class HFEngine(RolloutEngine):
     ) -> list[Completion]:
         """Generate n completions for each prompt in one batch."""
         eos, pad = self.eos_token_ids, self.pad_token_id
-        if sampling.return_routed_experts:  # the eager loop: a CUDA graph replays no Python hook
+        if self._static is not None:
+            rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
+                                 stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
+                                 interrupt=self.interrupt, routing=sampling.return_routed_experts)  # fmt: skip
+        elif sampling.return_routed_experts:
             with moe_routing.RoutingRecorder(self.model) as recorder:
                 rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                               stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt,
                               routing=recorder)  # fmt: skip
-        elif self._static is not None:
-            rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
-                                 stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
-                                 interrupt=self.interrupt)  # fmt: skip
         else:
             rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                           stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt)  # fmt: skip

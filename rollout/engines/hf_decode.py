@@ -25,6 +25,7 @@ reason "interrupted" (rollout/batching.py continues them under the new weights).
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +132,7 @@ def decode(
     `routing` (active around the call) records the experts every token was routed to."""
     device = next(model.parameters()).device
     input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
-    routes = None if routing is None else RowRoutes(routing, len(prompts), n, sampling.max_tokens)
+    routes = None if routing is None else RowRoutes(routing.take(), len(prompts), n, sampling.max_tokens)
     # every sample of a prompt starts from the same prefill
     logits_AV = logits_PV.repeat_interleave(n, dim=0)
     if n > 1:
@@ -182,8 +183,8 @@ def decode(
         if rules is not None:
             rules.observe(token_A)
         logits_AV, mask_AL, positions_A = feed(model, token_A, mask_AL, positions_A, cache)
-        if routes is not None:
-            routes.step(active, t)
+        if routes is not None and routing is not None:
+            routes.step(active, t, routing.take())
 
     decoded = _cut(tokens_RT, logprobs_RT, lengths, finish)
     if routes is not None:
@@ -195,16 +196,15 @@ class RowRoutes:
     """The routing records of one `decode` call's rows: the prefill's (every prompt token) and each
     decode step's (the token fed back), gathered per row."""
 
-    def __init__(self, recorder: moe_routing.RoutingRecorder, num_prompts: int, n: int, steps: int):
-        self.recorder, self.n = recorder, n
-        prefill_NLK = recorder.take()
+    def __init__(self, prefill_NLK: torch.Tensor, num_prompts: int, n: int, steps: int):
+        self.n = n
         layers, top_k = prefill_NLK.shape[1:]
         self.prefill_PWLK = prefill_NLK.view(num_prompts, -1, layers, top_k)
         self.steps_RTLK = prefill_NLK.new_zeros((num_prompts * n, steps, layers, top_k))
 
-    def step(self, active: torch.Tensor, t: int) -> None:
-        """Record the forward that fed back the tokens sampled at step `t` (rows `active`)."""
-        self.steps_RTLK[active, t] = self.recorder.take()
+    def step(self, rows: torch.Tensor | slice, t: int, record_ALK: torch.Tensor) -> None:
+        """The record of the forward that fed back the tokens sampled at step `t` to `rows`."""
+        self.steps_RTLK[rows, t] = record_ALK
 
     def records(self, prompts: list[list[int]], lengths: list[int]) -> list[bytes]:
         width = self.prefill_PWLK.shape[1]
@@ -228,15 +228,19 @@ def decode_static(
     row_seeds: list[int] | None = None,
     check_every: int = 1,
     interrupt: threading.Event | None = None,
+    routing: bool = False,
 ) -> DecodedRows:
     """`decode` over a static cache (hf_static.py): the same prefill, sampler and draws, but every
     row stays in the batch to the end (a finished row's tokens are ignored), each step is the same
     shapes (a CUDA graph replay on a GPU) and the host learns whether all rows are done only every
-    `check_every` steps: the steps in between need no host sync (an `interrupt` is seen then too)."""
+    `check_every` steps: the steps in between need no host sync (an `interrupt` is seen then too).
+    `routing`: record the experts every token was routed to (the captured steps copy them out)."""
     model = states.model
     device = model.device
-    input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
+    with moe_routing.RoutingRecorder(model) if routing else nullcontext() as recorder:
+        input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
     rows, width, steps = len(prompts) * n, mask_PL.shape[1], sampling.max_tokens
+    routes = None if recorder is None else RowRoutes(recorder.take(), len(prompts), n, steps)
     state = states.get(rows, width + steps)
     state.start(cache, n, mask_PL, positions_PL[:, -1])
     del cache
@@ -252,16 +256,10 @@ def decode_static(
     interrupted_B = torch.zeros(batch, dtype=torch.bool, device=device)
     stops = ending_tokens(sampling, eos_token_ids)
     stops_t = torch.tensor(stops, dtype=torch.long, device=device)
-    prompt_seen = None
-    if sampling.repetition_penalty != 1.0:
-        prompt_seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
-        prompt_seen[:rows] = seen_tokens(input_ids_PL, mask_PL, vocab, n)
-    rules = LogitRules.start(sampling, prompt_seen, batch, vocab, device, held_back(sampling, eos_token_ids))
+    rules, uniform_BT = static_sampler(
+        sampling, input_ids_PL, mask_PL, n, batch, vocab, eos_token_ids, row_seeds
+    )
     greedy = sampling.temperature == 0
-    uniform_BT = None
-    if not greedy:
-        uniform_BT = torch.zeros((batch, steps), dtype=torch.float64, device=device)
-        uniform_BT[:rows] = uniform_draws(rows, steps, row_seeds).to(device)
 
     for t in range(steps):
         uniform_B = None if uniform_BT is None else uniform_BT[:, t]
@@ -284,13 +282,44 @@ def decode_static(
             break
         if rules is not None:
             rules.observe(token_B)
-        logits_BV = state.step(token_B, width + t)
+        logits_BV = state.step(token_B, width + t, record=routes is not None)
+        if routes is not None and state.routes_BLK is not None:
+            routes.step(slice(0, rows), t, state.routes_BLK[:rows])
 
-    stopped, interrupted = stopped_B[:rows].cpu().tolist(), interrupted_B[:rows].cpu().tolist()
-    finish = [
+    lengths = length_B[:rows].cpu().tolist()
+    decoded = _cut(
+        tokens_BT[:rows], logprobs_BT[:rows], lengths, _finish_reasons(stopped_B[:rows], interrupted_B[:rows])
+    )
+    if routes is not None:
+        decoded.routed_experts = routes.records(prompts, lengths)
+    return decoded
+
+
+def static_sampler(
+    sampling: SamplingParams, input_ids_PL: torch.Tensor, mask_PL: torch.Tensor, n: int, batch: int, vocab: int,
+    eos_token_ids: list[int], row_seeds: list[int] | None,
+) -> tuple[LogitRules | None, torch.Tensor | None]:  # fmt: skip
+    """The static batch's sampling rules and uniform draws [B, max_tokens] (None when greedy): the
+    first P*n rows as `decode` would have them, the idle rows after them padding."""
+    device, rows, steps = input_ids_PL.device, input_ids_PL.shape[0] * n, sampling.max_tokens
+    prompt_seen = None
+    if sampling.repetition_penalty != 1.0:
+        prompt_seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
+        prompt_seen[:rows] = seen_tokens(input_ids_PL, mask_PL, vocab, n)
+    rules = LogitRules.start(sampling, prompt_seen, batch, vocab, device, held_back(sampling, eos_token_ids))
+    if sampling.temperature == 0:
+        return rules, None
+    uniform_BT = torch.zeros((batch, steps), dtype=torch.float64, device=device)
+    uniform_BT[:rows] = uniform_draws(rows, steps, row_seeds).to(device)
+    return rules, uniform_BT
+
+
+def _finish_reasons(stopped_R: torch.Tensor, interrupted_R: torch.Tensor) -> list[str]:
+    """Each row's finish reason from the static loop's flags: stopped, interrupted, or the length."""
+    stopped, interrupted = stopped_R.cpu().tolist(), interrupted_R.cpu().tolist()
+    return [
         "stop" if s else "interrupted" if i else "length" for s, i in zip(stopped, interrupted, strict=True)
     ]
-    return _cut(tokens_BT[:rows], logprobs_BT[:rows], length_B[:rows].cpu().tolist(), finish)
 
 
 def _cut(

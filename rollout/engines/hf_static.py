@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ...core import moe_routing
 from . import hf_step_attention as step_attention
 
 CAPACITY_STEP = 128
@@ -136,7 +137,10 @@ class StaticDecodeState:
         self.width = torch.zeros(1, dtype=torch.long, device=device)
         self.columns_L = torch.arange(capacity, device=device)
         self.use_graphs = use_graphs
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.routes_BLK: torch.Tensor | None = None
+        """With `record`: the experts each row's token was routed to in the last step (uint8 [B,
+        MoE layers, top_k]), overwritten by the next step."""
         step_attention.register()
 
     def start(
@@ -153,35 +157,64 @@ class StaticDecodeState:
         self.cache.slot.fill_(width)
         self.tokens_B1.zero_()
 
-    def step(self, token_B: torch.Tensor, slot: int) -> torch.Tensor:
+    def step(self, token_B: torch.Tensor, slot: int, record: bool = False) -> torch.Tensor:
         """Feed each row's token at cache slot `slot` (the host's count, equal to cache.slot); the
-        next logits [B, V]. The returned tensor is overwritten by the next step."""
+        next logits [B, V]. The returned tensor is overwritten by the next step. `record`: the step
+        also writes the experts it routed each row to into `routes_BLK` (its own captured graphs)."""
         self.tokens_B1.copy_(token_B[:, None])
         view_len = min(self.capacity, round_up(slot + 1))
         if self.use_graphs:
-            if view_len not in self.graphs:
-                self.graphs[view_len] = self._capture(view_len)
-            graph, logits_BV = self.graphs[view_len]
+            if (view_len, record) not in self.graphs:
+                self.graphs[view_len, record] = self._capture(view_len, record)
+            graph, logits_BV = self.graphs[view_len, record]
             graph.replay()
         else:
-            logits_BV = self._forward(view_len)
+            logits_BV = self._forward(view_len, record)
         self.cache.slot += 1
         self.positions_B1 += 1
         return logits_BV
 
-    def _forward(self, view_len: int) -> torch.Tensor:
+    def _forward(self, view_len: int, record: bool = False) -> torch.Tensor:
         columns = self.columns_L[:view_len]
         decoded = (columns >= self.width) & (columns <= self.cache.slot)
         mask_B11L = (self.prompt_mask_BL[:, :view_len] | decoded)[:, None, None, :]
         self.cache.view_len = view_len
-        with step_implementations(self.model.config):
+        with step_implementations(self.model.config), self._recording(record):
             out = self.model(
                 input_ids=self.tokens_B1, position_ids=self.positions_B1, attention_mask=mask_B11L,
                 past_key_values=self.cache, use_cache=True,
             )  # fmt: skip
         return out.logits[:, -1]
 
-    def _capture(self, view_len: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    @contextmanager
+    def _recording(self, record: bool) -> Iterator[None]:
+        """While `record`: each MoE router's choice copied into routes_BLK (tensor copies only, so a
+        captured graph replays them)."""
+        if not record:
+            yield
+            return
+        routers = moe_routing.routers(self.model)
+        if self.routes_BLK is None:
+            layers, top_k = moe_routing.shape_of(self.model)
+            self.routes_BLK = torch.zeros(
+                (self.batch, layers, top_k), dtype=torch.uint8, device=self.tokens_B1.device
+            )
+        routes = self.routes_BLK
+
+        def hook(layer: int) -> Any:
+            def copy(module: torch.nn.Module, args: Any, out: tuple[torch.Tensor, ...]) -> None:
+                routes[:, layer].copy_(out[2])  # returns nothing: the router's output stays as it is
+
+            return copy
+
+        handles = [r.register_forward_hook(hook(layer)) for layer, r in enumerate(routers)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _capture(self, view_len: int, record: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """The step at view length `view_len` as a CUDA graph, after two warm-up runs on a side stream
         (as torch.cuda.graphs asks). The warm-up runs are this step itself on its real inputs: they
         write the slot's keys and values that the replay then writes again."""
@@ -189,11 +222,11 @@ class StaticDecodeState:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(view_len)
+                self._forward(view_len, record)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits_BV = self._forward(view_len)
+            logits_BV = self._forward(view_len, record)
         return graph, logits_BV
 
 

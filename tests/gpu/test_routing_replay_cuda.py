@@ -51,3 +51,26 @@ def test_a_bf16_engines_routing_replayed_by_an_fp32_trainer_closes_the_gap() -> 
     print(f"gap free {gap_free:.5f} replayed {gap_replayed:.5f}; routes differing {differing} of {recorded}")
     assert recorded > 0
     assert gap_replayed < gap_free or differing == 0  # no route differed: nothing for the replay to close
+
+
+def test_the_captured_decode_steps_record_what_the_eager_loop_records() -> None:
+    """The static loop in CUDA graphs (the step's router choices copied into a buffer the graph
+    replays) against the eager loop's hooks, float32, the same seeded tokens."""
+    from rlcore.rollout.engines.hf_decode import decode_static
+    from rlcore.rollout.engines.hf_static import StaticDecodeStates
+
+    model = tiny_hf_model("qwen3_moe", tied=False).cuda()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 101, (n,), generator=gen).tolist() for n in (5, 2, 8)]
+    sampling = SamplingParams(temperature=1.0, max_tokens=20, n=4)
+    options = dict(eos_token_ids=[7, 19], pad_token_id=0, stop_matcher=None, row_seeds=list(range(12)))
+    with torch.no_grad(), moe_routing.RoutingRecorder(model) as recorder:
+        eager = decode(model, prompts, 4, sampling, routing=recorder, **options)
+    states = StaticDecodeStates(model, max_batch_size=16, max_model_len=64, use_graphs=True)
+    graphs = decode_static(states, prompts, 4, sampling, check_every=4, routing=True, **options)
+    assert graphs.tokens == eager.tokens
+    assert graphs.routed_experts is not None and eager.routed_experts is not None
+    layers, top_k = moe_routing.shape_of(model)
+    for a, b in zip(graphs.routed_experts, eager.routed_experts, strict=True):
+        x, y = moe_routing.from_bytes(a, layers, top_k), moe_routing.from_bytes(b, layers, top_k)
+        assert torch.equal(x.sort(-1).values, y.sort(-1).values)

@@ -7,7 +7,7 @@ import torch
 
 from rlcore.core import moe_routing
 from rlcore.core.types import SamplingParams
-from rlcore.rollout.engines.hf_decode import decode
+from rlcore.rollout.engines.hf_decode import decode, decode_static
 from tests.tiny_models import tiny_hf_model
 
 
@@ -49,3 +49,27 @@ def test_engines_without_records_refuse_to_be_asked_for_them() -> None:
     refuse_routed_experts(SamplingParams(), "vllm")  # not asked: nothing to refuse
     with pytest.raises(ValueError, match="the vllm engine does not record the experts .* use the hf engine"):
         refuse_routed_experts(SamplingParams(return_routed_experts=True), "vllm")
+
+
+def test_the_static_loop_records_what_the_eager_loop_records() -> None:
+    """The static loop (rows kept in the batch, the step's router choices copied into a buffer, as a
+    captured CUDA graph replays them; here without graphs) against the eager loop's hooks."""
+    from rlcore.rollout.engines.hf_static import StaticDecodeStates
+
+    model = tiny_hf_model("qwen3_moe", tied=False)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, 101, (length,), generator=gen).tolist() for length in (5, 2, 8)]
+    sampling = SamplingParams(temperature=1.0, max_tokens=10, n=2)
+    options = dict(eos_token_ids=[7, 19, 42], pad_token_id=0, stop_matcher=None, row_seeds=list(range(6)))
+    with moe_routing.RoutingRecorder(model) as recorder:
+        eager = decode(model, prompts, 2, sampling, routing=recorder, **options)
+    states = StaticDecodeStates(model, max_batch_size=8, max_model_len=64, use_graphs=False)
+    static = decode_static(states, prompts, 2, sampling, check_every=3, routing=True, **options)
+    assert static.tokens == eager.tokens and static.finish_reasons == eager.finish_reasons
+    assert static.routed_experts is not None and eager.routed_experts is not None
+    layers, top_k = moe_routing.shape_of(model)
+    for a, b in zip(static.routed_experts, eager.routed_experts, strict=True):
+        x, y = moe_routing.from_bytes(a, layers, top_k), moe_routing.from_bytes(b, layers, top_k)
+        assert torch.equal(x.sort(-1).values, y.sort(-1).values)
+    plain = decode_static(states, prompts, 2, sampling, check_every=3, **options)
+    assert plain.routed_experts is None and plain.tokens == static.tokens
