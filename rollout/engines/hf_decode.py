@@ -50,7 +50,8 @@ class DecodedRows:
     finish_reasons: list[str]
     """"stop" (EOS or a stop string), "length" or "interrupted" (see the module's docstring)."""
     routed_experts: list[bytes] | None = None
-    """Each row's routing record (core/moe_routing.py's layout), when `decode` was given a recorder."""
+    """Each row's routing record (core/moe_routing.py's layout), when asked: `decode` given a
+    recorder, `decode_static` with routing."""
 
 
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,10 +12,12 @@ after call. For each (batch bucket, capacity) one `StaticDecodeState` holds:
   the attention mask [B, 1, 1, L] is computed from them inside the step: prompt tokens that are not
   padding, plus every decode slot up to the current one. Finished rows stay in the batch with their
   mask as it is: their tokens are ignored, nothing is cut out of the cache.
-- on CUDA, one graph per view length L (128, 256, 512, ... up to the capacity): the step at slot s
+- on CUDA, one graph per view length L (128, 256, 512, ... up to the capacity) and per kind of
+  step (recording the MoE routers' choices or not: rollout routing replay): the step at slot s
   replays the smallest graph whose view holds s, so attention reads the cache written so far, not
   all of it. Graphs are captured the first time a length is reached and reused by later calls;
-  weights are loaded by copying into the parameters the graphs read.
+  weights are loaded by copying into the parameters the graphs read. (Each graph has its own
+  memory pool: an engine asked both with and without records holds both sets.)
 
 The step calls the transformers model itself (its own kernels, 4D-mask path), so a model type is
 admitted only where that path is known to hold: full attention in every layer (`supports`).
@@ -139,6 +141,7 @@ class StaticDecodeState:
         self.use_graphs = use_graphs
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.routes_BLK: torch.Tensor | None = None
+        self._routers: list[torch.nn.Module] | None = None
         """With `record`: the experts each row's token was routed to in the last step (uint8 [B,
         MoE layers, top_k]), overwritten by the next step."""
         step_attention.register()
@@ -193,7 +196,9 @@ class StaticDecodeState:
         if not record:
             yield
             return
-        routers = moe_routing.routers(self.model)
+        if self._routers is None:
+            self._routers = moe_routing.routers(self.model)
+        routers = self._routers
         if self.routes_BLK is None:
             layers, top_k = moe_routing.shape_of(self.model)
             self.routes_BLK = torch.zeros(

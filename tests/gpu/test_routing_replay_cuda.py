@@ -69,6 +69,10 @@ def test_the_captured_decode_steps_record_what_the_eager_loop_records() -> None:
     states = StaticDecodeStates(model, max_batch_size=16, max_model_len=64, use_graphs=True)
     graphs = decode_static(states, prompts, 4, sampling, check_every=4, routing=True, **options)
     assert graphs.tokens == eager.tokens
+    (state,) = states._states.values()
+    assert any(record for _, record in state.graphs), "no recording graph was captured"
+    plain = decode_static(states, prompts, 4, sampling, check_every=4, **options)  # the other graphs
+    assert plain.tokens == eager.tokens and plain.routed_experts is None
     assert graphs.routed_experts is not None and eager.routed_experts is not None
     layers, top_k = moe_routing.shape_of(model)
     for a, b in zip(graphs.routed_experts, eager.routed_experts, strict=True):
