@@ -35,7 +35,8 @@ CASES: list[tuple[str, str, str, int, list[str]]] = [
     ("qwen3_moe-megatron-ep2-r3", "qwen3_moe", "megatron", 2,
      ["megatron.expert_model_parallel_size=2", "gradient_checkpointing=true"]),
     # ... and on one megatron rank with padded rows (they reach the router sequence-major)
-    ("qwen3_moe-megatron-padded-r3", "qwen3_moe", "megatron", 1, ["use_remove_padding=false"]),
+    ("qwen3_moe-megatron-padded-r3", "qwen3_moe", "megatron", 1,
+     ["use_remove_padding=false", "gradient_checkpointing=true"]),
 ]  # fmt: skip
 CASE_BY_ID = {case[0]: case for case in CASES}
 
