@@ -20,5 +20,6 @@ BENCHMARKS = {
     "ulysses": "rlcore.benchmarks.ulysses",
     "startup": "rlcore.benchmarks.startup",
     "shared": "rlcore.benchmarks.shared_machine",
+    "routing": "rlcore.benchmarks.routing_replay",
 }
 """`rlcore bench` name -> module."""
