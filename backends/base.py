@@ -117,6 +117,11 @@ class TrainingStrategy(ABC):
     ) -> list[torch.Tensor]:
         """Per-token log-probs [B, T] of each micro-batch under the policy (or the frozen reference)."""
 
+    replays_routing: bool = False
+    """Routing replay (algorithm.router_replay r3): forwards force the experts a micro-batch's routing
+    records name (core/batch.py). Set on the policy only: a critic, a teacher or any other model
+    built from the same class routes by itself, records or not."""
+
     def take_routing_counts(self) -> tuple[int, int]:
         """Routing replay: of the token routes the policy's compute_logprobs replayed since the last
         call (this rank's), how many the router would have chosen otherwise, and how many there were;

@@ -31,7 +31,7 @@ from .types import routing_tokens
 
 __all__ = [
     "RoutingCounts", "RoutingRecorder", "check_experts", "from_bytes", "replayed", "routers", "routing_tokens",
-    "shape_of", "to_bytes", "without_routing",
+    "shape_of", "to_bytes",
 ]  # fmt: skip
 
 ROUTED_EXPERTS = "routed_experts"
@@ -78,12 +78,6 @@ def to_bytes(experts_NLK: torch.Tensor) -> bytes:
 def from_bytes(data: bytes, layers: int, top_k: int) -> torch.Tensor:
     """The wire's bytes as a record [tokens, layers, top_k] (uint8)."""
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(-1, layers, top_k)
-
-
-def without_routing(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A micro-batch without its routing records: for another model than the policy that sampled
-    them (a critic, a distillation teacher), which routes by itself."""
-    return {k: v for k, v in mb.items() if k not in (ROUTED_EXPERTS, ROUTED_VALID)}
 
 
 def check_experts(experts: torch.Tensor, num_experts: int) -> None:

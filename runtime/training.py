@@ -159,6 +159,7 @@ class StageTraining:
             lora=cfg.model.lora_configs[0] if cfg.model.lora_configs else None,
         )  # fmt: skip
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
+        self.strategy.replays_routing = algo.router_replay == "r3"  # the policy only (base.py)
         ctx = PassContext(
             cfg, model_path, device, total_steps, tokenizer, rollouts, self.max_response_len,
             build_model=self._build_model, micro=self.micro,

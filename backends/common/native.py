@@ -142,8 +142,8 @@ class NativeStrategy(TrainingStrategy):
         totals: dict[str, float] = defaultdict(float)
         for i, mb in enumerate(micro_batches):
             mb = self._to_device(mb)
-            replay = replay_routing(self.model, mb, self.packs_sequences, self.sp)  # recomputes too
-            with self._gradient_sync(i == len(micro_batches) - 1), replay:
+            # around the backward too: a recomputed layer routes again
+            with self._gradient_sync(i == len(micro_batches) - 1), self._replay(self.model, mb):
                 logprobs, entropy = self._outputs(self.model, mb, temperature, loss_fn.needs_entropy)
                 loss, metrics = loss_fn(logprobs, entropy, mb)
                 # FSDP averages gradients over ranks while the loss is already this rank's share of
@@ -201,10 +201,21 @@ class NativeStrategy(TrainingStrategy):
             counts = None if reference else self._routes
             for mb in micro_batches:
                 mb = self._to_device(mb)
-                with replay_routing(model, mb, self.packs_sequences, self.sp, counts):
-                    logprobs, _ = forward_logprobs(model, mb, temperature, False, self.packs_sequences, self.sp)
+                with self._replay(model, mb, counts):
+                    logprobs, _ = forward_logprobs(
+                        model, mb, temperature, False, self.packs_sequences, self.sp
+                    )
                 out.append(logprobs.float().cpu())
         return out
+
+    def _replay(
+        self, model: torch.nn.Module, mb: Batch, counts: RoutingCounts | None = None
+    ) -> AbstractContextManager:
+        """The micro-batch's routing records replayed on `model` (routing.py), when this is the policy
+        that replays them."""
+        if not self.replays_routing:
+            return nullcontext()
+        return replay_routing(model, mb, self.packs_sequences, self.sp, counts)
 
     def take_routing_counts(self) -> tuple[int, int]:
         return (0, 0) if self._routes is None else self._routes.take()

@@ -274,7 +274,8 @@ class MegatronStrategy(TrainingStrategy):
 
         def forward_step(data_iterator: Iterator[tuple[Batch, PackedInput | None]], chunk: torch.nn.Module):
             mb, packed = next(data_iterator)
-            routing.set_records(chunk, mb, packed, routes)  # kept for the backward's recompute
+            if self.replays_routing:  # kept for the backward's recompute
+                routing.set_records(chunk, mb, packed, routes)
             if packed is not None:
                 output = chunk(
                     packed.input_ids,

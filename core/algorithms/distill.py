@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from ..batch import Batch
-from ..moe_routing import without_routing
 from .scored import ScoredBatch
 from .step_pass import PassContext, StepPass, StepRows
 
@@ -66,8 +65,7 @@ class TeacherPass(StepPass):
         self.teacher = ctx.build_model(path, cfg.algorithm.optimizer)  # never stepped: frozen
 
     def score(self, mbs: list[Batch], temperature: float) -> None:
-        own = [without_routing(mb) for mb in mbs]  # the teacher routes by itself, not as the student's engine
-        for mb, lp in zip(mbs, self.teacher.compute_logprobs(own, temperature), strict=True):
+        for mb, lp in zip(mbs, self.teacher.compute_logprobs(mbs, temperature), strict=True):
             mb[TEACHER] = lp.float().cpu()
 
     def after_advantages(self, batch: ScoredBatch, rows: StepRows, metrics: dict[str, float]) -> None:

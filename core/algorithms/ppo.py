@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 
 from ..batch import Batch
-from ..moe_routing import without_routing
 from .aggregation import LossNorm, aggregate
 from .reinforce import whiten_tokens
 from .scored import ScoredBatch
@@ -118,8 +117,7 @@ class CriticPass(StepPass):
 
     def score(self, mbs: list[Batch], temperature: float) -> None:
         """Write the critic's values of every position into each micro-batch (`values`)."""
-        own = [without_routing(mb) for mb in mbs]  # the critic routes by itself (routing replay)
-        for mb, values in zip(mbs, self.strategy.compute_values(own), strict=True):
+        for mb, values in zip(mbs, self.strategy.compute_values(mbs), strict=True):
             mb["values"] = values
 
     def before_advantages(self, batch: ScoredBatch, rows: StepRows) -> None:
@@ -135,8 +133,7 @@ class CriticPass(StepPass):
 
     def update(self, mbs: list[Batch], norm: LossNorm) -> dict[str, float]:
         """One optimizer step of the value loss on the micro-batches' `returns`."""
-        own = [without_routing(mb) for mb in mbs]
-        metrics = self.strategy.forward_backward(own, ValueLoss(self.cfg.cliprange_value, norm), 1.0)
+        metrics = self.strategy.forward_backward(mbs, ValueLoss(self.cfg.cliprange_value, norm), 1.0)
         metrics["critic/lr"] = self.strategy.current_lr()
         metrics["critic/grad_norm"] = self.strategy.optimizer_step()
         return metrics

@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> None:
         seed=SEED, value_head=args.critic,
         lora=lora,
     )  # fmt: skip
+    strategy.replays_routing = args.routed  # as runtime/training.py sets it on the policy
     max_tokens = trainer_cfg.max_token_len_per_gpu * strategy.sequence_split  # as runtime/training.py budgets
 
     seqs = parity_sequences(args.model, args.routed)
