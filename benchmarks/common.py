@@ -57,6 +57,11 @@ def spread(values: list[float]) -> dict[str, Any]:
     return {"runs": values, "min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def cell(x: dict[str, Any], fmt: str, unit: str = "") -> str:
+    """A spread as a table cell: `median (min-max)`, each in `fmt`, the median followed by `unit`."""
+    return f"{x['median']:{fmt}}{unit} ({x['min']:{fmt}}-{x['max']:{fmt}})"
+
+
 def machine_info() -> dict[str, Any]:
     """Python, torch, CPU model and vector extensions, GPU, memory and load at the start: these
     machines drift, and which host a VM lands on changes which side of a comparison is faster."""

@@ -23,7 +23,15 @@ import tempfile
 from typing import Any
 
 from rlcore.benchmarks.cli_args import positive_int
-from rlcore.benchmarks.common import default_out, machine_info, machine_line, run_sides, spread, write_outputs
+from rlcore.benchmarks.common import (
+    cell,
+    default_out,
+    machine_info,
+    machine_line,
+    run_sides,
+    spread,
+    write_outputs,
+)
 from rlcore.benchmarks.shared_machine import one_launch, stage_rows
 
 CONFIG = os.path.join(
@@ -70,9 +78,6 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
-
-    def cell(x: dict[str, float], fmt: str, unit: str = "") -> str:
-        return f"{x['median']:{fmt}}{unit} ({x['min']:{fmt}}-{x['max']:{fmt}})"
 
     rows = [
         ("log-prob gap per token, mean over steps", "gap_mean"),

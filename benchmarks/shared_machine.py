@@ -26,7 +26,15 @@ import time
 from typing import Any
 
 from rlcore.benchmarks.cli_args import positive_int
-from rlcore.benchmarks.common import default_out, machine_info, machine_line, run_sides, spread, write_outputs
+from rlcore.benchmarks.common import (
+    cell,
+    default_out,
+    machine_info,
+    machine_line,
+    run_sides,
+    spread,
+    write_outputs,
+)
 from rlcore.runtime.fork_client import ENV
 
 CONFIG = os.path.join(
@@ -110,9 +118,6 @@ def summarize(runs: dict[str, list[dict]], sides: tuple[str, str]) -> dict[str, 
 
 def markdown(result: dict[str, Any]) -> str:
     s, (alone, beside) = result["summary"], result["sides"]
-
-    def cell(x: dict[str, float], fmt: str, unit: str = "") -> str:
-        return f"{x['median']:{fmt}}{unit} ({x['min']:{fmt}}-{x['max']:{fmt}})"
 
     lines = [
         f"# The quickstart alone and {beside}",

@@ -28,6 +28,7 @@ from typing import Any
 from rlcore.benchmarks.cli_args import positive_int
 from rlcore.benchmarks.common import (
     MAX_PROMPT_TOKENS,
+    cell,
     default_out,
     machine_info,
     machine_line,
@@ -116,9 +117,6 @@ def markdown(result: dict[str, Any]) -> str:
         "| | off (s) | on (s) | warm (s) | off / on | off / warm |",
         "|---|---|---|---|---|---|",
     ]
-
-    def cell(x: dict[str, float], fmt: str, unit: str = "") -> str:
-        return f"{x['median']:{fmt}}{unit} ({x['min']:{fmt}}-{x['max']:{fmt}})"
 
     for key, name in (("first_step_s", "to the first step"), ("total_s", "whole launch")):
         times = [cell(s[key][side], ".1f") for side in ("off", "on", "warm")]
