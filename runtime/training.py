@@ -189,8 +189,7 @@ class StageTraining:
         seqs = [
             Sequence(
                 e.prompt_token_ids, e.response_token_ids, list(e.logprobs), index=i, loss_mask=e.loss_mask or None,
-                temperature=None if each is None else each[i],
-                routed_experts=e.routed_experts if algo.router_replay == "r3" else b"",
+                temperature=None if each is None else each[i], routed_experts=e.routed_experts,
             )
             for i, e in enumerate(exps)
         ]  # fmt: skip
