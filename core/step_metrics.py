@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .types import Experience
+from .types import Experience, by_episode
 
 
 def mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
@@ -26,20 +26,26 @@ def mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
 
 
 def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
-    rewards = torch.tensor([e.reward for e in exps], dtype=torch.float32)
+    """The step's rollouts, each episode counted once (the samples of a split one: its reward, its
+    finish, its counts once, its model tokens summed)."""
+    episodes = by_episode(exps)
+    ends = [samples[-1] for samples in episodes]
+    rewards = torch.tensor([e.reward for e in ends], dtype=torch.float32)
     out = {
         "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std()) if len(exps) > 1 else 0.0,
-        "rollout/response_len_mean": sum(e.model_tokens for e in exps) / len(exps),
-        "rollout/truncated_frac": sum(e.finish_reason == "length" for e in exps) / len(exps),
+        "rollout/reward_std": float(rewards.std()) if len(ends) > 1 else 0.0,
+        "rollout/response_len_mean": sum(e.model_tokens for e in exps) / len(ends),
+        "rollout/truncated_frac": sum(e.finish_reason == "length" for e in ends) / len(ends),
     }
-    if any(e.finish_reason == "max_turns" for e in exps):
-        out["rollout/max_turns_frac"] = sum(e.finish_reason == "max_turns" for e in exps) / len(exps)
+    if len(ends) < len(exps):  # a re-rendered history went on as a new sample
+        out["rollout/samples_per_episode_mean"] = len(exps) / len(ends)
+    if any(e.finish_reason == "max_turns" for e in ends):
+        out["rollout/max_turns_frac"] = sum(e.finish_reason == "max_turns" for e in ends) / len(ends)
     if any(e.segments for e in exps):  # partial rollouts: responses a weight update interrupted
         out["rollout/interrupted_frac"] = sum(bool(e.segments) for e in exps) / len(exps)
-    # each over the experiences that have it (a mixture's tasksets score with their own functions)
+    # each over the episodes that have it (a mixture's tasksets score with their own functions)
     counted: dict[str, list[float]] = defaultdict(list)
-    for e in exps:
+    for e in ends:
         for name, value in [*e.reward_components.items(), *e.metrics.items()]:
             counted[name].append(value)
     for name, values in sorted(counted.items()):

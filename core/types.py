@@ -136,7 +136,8 @@ class Experience:
     """Per response token: 1 where the model generated it (trained), 0 where the environment, a tool,
     the user or a template put it (kept in the sequence as context, never trained; its `logprobs`
     entry is a placeholder). Empty: every response token is the model's. A multi-turn conversation
-    is one experience: its turns' tokens exactly as generated and rendered, never re-tokenized."""
+    is one experience (its turns' tokens exactly as generated and rendered, never re-tokenized) until
+    its chat template renders the history differently from what the model saw (`episode_id`)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the workflow counted in this episode (turns, tool calls made and failed...); each name
     is averaged over a step's experiences into `rollout/<name>_mean`."""
@@ -151,6 +152,12 @@ class Experience:
     routed_experts: bytes = b""
     """Rollout routing replay: the experts the engine routed each token to (Completion.routed_experts'
     layout, core/moe_routing.py); empty: not recorded."""
+    episode_id: str = ""
+    """The episode this is one sample of, when an episode gave several: a multi-turn conversation whose
+    chat template re-renders its history (a thinking template after a new user turn) goes on as a new
+    sample, and the door's episode may hold several conversations. Samples of one episode share its
+    reward and count once in their group's statistics (core/algorithms/episodes.py). Empty: this
+    experience is a whole episode."""
 
     @property
     def model_tokens(self) -> int:
@@ -165,3 +172,12 @@ class Experience:
         e = cls(**d)
         e.segments = [(int(v), int(n)) for v, n in e.segments]  # JSON gives lists
         return e
+
+
+def by_episode(exps: list[Experience]) -> list[list[Experience]]:
+    """`exps` as episodes, in order: the samples sharing an episode_id together, any other
+    experience an episode of its own."""
+    episodes: dict[Any, list[Experience]] = {}
+    for i, e in enumerate(exps):
+        episodes.setdefault(e.episode_id or i, []).append(e)
+    return list(episodes.values())

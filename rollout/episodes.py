@@ -6,7 +6,8 @@ continues the episode's last conversation (its messages, or its prompt text, sta
 sent and answered before) is not re-rendered: its prompt is the previous tokens, the reply as
 generated, then only the new turns' tokens, so no earlier token is re-tokenized. `finish` turns a
 record into experiences: one per conversation, the model's tokens trained (loss mask 1), the
-turns between them context (0), all with the episode's reward.
+turns between them context (0), all with the episode's reward and, when there are several, its id
+(Experience.episode_id: they count once in their group's statistics).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class EpisodeRecorder:
         if episode is None:
             return None
         version = min(episode.policy_versions) if episode.policy_versions else 0
+        conversations = [c for c in episode.conversations if c.response]
         return [
             Experience(
                 prompt_token_ids=c.prompt,
@@ -124,12 +126,12 @@ class EpisodeRecorder:
                 finish_reason=c.finish_reason,
                 response_text=c.text,
                 loss_mask=c.mask if 0 in c.mask else [],
+                episode_id=episode_id if len(conversations) > 1 else "",  # its samples count once
                 metrics={
                     "turns": float(
                         sum(1 for i, m in enumerate(c.mask) if m and (i == 0 or not c.mask[i - 1]))
                     )
                 },
             )  # fmt: skip
-            for c in episode.conversations
-            if c.response
+            for c in conversations
         ]

@@ -18,7 +18,7 @@ from ..core.data.prompts import model_chat_template
 from ..core.data.taskset import load_tasks, training_tasksets
 from ..core.services import auxiliary_models
 from ..core.step_metrics import sampled_eval_metrics
-from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
+from ..core.types import Experience, SamplingParams, Task, WorkflowSpec, by_episode
 from ..core.watchdog import deadline
 from .engines import in_process
 from .rewards.answer import extract_answer
@@ -162,7 +162,7 @@ class Explorer:
         return task.source if task.source in self.train_sets else self.train_set.name
 
     def explore(self, tasks: list[Task], seed: int) -> list[Experience]:
-        """repeat_times experiences per task, task by task; a mixture's tasks run per taskset (its
+        """repeat_times episodes per task, task by task; a mixture's tasks run per taskset (its
         workflow, rewards and sampling), one rollout call each, and come back in task order."""
         by_source: dict[str, list[int]] = {}
         for i, t in enumerate(tasks):
@@ -172,9 +172,9 @@ class Explorer:
         planned = self.plan(tasks, seed)
         for indices in by_source.values():
             _, sampling, spec = planned[indices[0]]
-            exps = self._run(self.rollout, [tasks[i] for i in indices], sampling, spec)
-            for j, i in enumerate(indices):
-                per_task[i] = exps[j * n : (j + 1) * n]
+            episodes = by_episode(self._run(self.rollout, [tasks[i] for i in indices], sampling, spec))
+            for j, i in enumerate(indices):  # an episode may be several samples (Experience.episode_id)
+                per_task[i] = [e for samples in episodes[j * n : (j + 1) * n] for e in samples]
         return [e for group in per_task for e in group]
 
     def evaluate(self, seed: int) -> dict[str, float]:
@@ -186,7 +186,8 @@ class Explorer:
             start = time.perf_counter()
             k = ts.repeat_times
             sampling = sampling_params(ts.rollout_args, k, self.cfg.model.max_response_tokens, seed)
-            exps = self._run(self.eval_rollout, tasks, sampling, spec)
+            samples = self._run(self.eval_rollout, tasks, sampling, spec)
+            exps = [episode[-1] for episode in by_episode(samples)]  # an episode's reward, once
             prefix = f"eval/{ts.name}/"
             metrics[prefix + "reward_mean"] = sum(e.reward for e in exps) / len(exps)
             if len(spec.reward_fn) > 1:  # what each contributed (a judge's score beside the answer's)
@@ -206,7 +207,7 @@ class Explorer:
                         [_vote_key(e.response_text) for e in exps[i : i + k]] for i in range(0, len(exps), k)
                     ]
                     metrics.update({prefix + k: v for k, v in sampled_eval_metrics(right, said).items()})
-            metrics[prefix + "response_len_mean"] = sum(e.model_tokens for e in exps) / len(exps)
+            metrics[prefix + "response_len_mean"] = sum(e.model_tokens for e in samples) / len(exps)
             metrics[prefix + "time_s"] = time.perf_counter() - start
         return metrics
 

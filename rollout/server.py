@@ -33,7 +33,7 @@ from ..core.rpc.convert import (
 from ..core.rpc.errors import DeadlineExceeded, InvalidArgument, NotFound, require
 from ..core.rpc.server import RpcServer, ServerOptions, Service
 from ..core.services import check_auxiliary
-from ..core.types import SamplingParams, Task, WorkflowSpec
+from ..core.types import SamplingParams, Task, WorkflowSpec, by_episode
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from ..weights.receiver import WeightReceiver
 from .batching import BatchingEngine
@@ -146,10 +146,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             except ValueError as e:  # a reward function refused a task (the engine's are validated)
                 raise InvalidArgument("workflow.reward_fn", str(e)) from e
             self.gate.count(sum(len(e.response_token_ids) for e in experiences))
+            episodes = by_episode(experiences)  # n per task; an episode may be several samples
             for j, i in enumerate(indices):
                 yield rollout_pb2.RunTasksResponse(
                     task_index=i,
-                    experiences=[experience_to_proto(e) for e in experiences[j * n : (j + 1) * n]],
+                    experiences=[experience_to_proto(e) for ep in episodes[j * n : (j + 1) * n] for e in ep],
                 )
 
     def _chunks(self, num_prompts: int, sampling: SamplingParams) -> list[list[int]]:

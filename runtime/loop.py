@@ -36,7 +36,7 @@ from .publisher import Publisher
 from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
 from .taskset_rows import RowsSource, explored_pairs, mixture_report, taskset_formats
-from .training import plan_steps
+from .training import mini_batches, plan_steps
 
 log = logging.getLogger("rlcore.loop")
 
@@ -212,7 +212,7 @@ class StageLoop:
         """Lock-step: the step's rollout (lockstep_source.py), the next one started ahead, train."""
         assert self.lockstep is not None
         exps, metrics = self.lockstep.take(self.explore_step, self.global_step, self.mixture)
-        following, updates = self.explore_step + 1, -(-len(exps) // self.train_batch)
+        following, updates = self.explore_step + 1, len(mini_batches(len(exps), self.cfg))
         last = following >= self.total_explore_steps or self.global_step + updates >= self.total_train_steps
         self.lockstep.start_ahead(following, last)
         metrics.update(self._train(exps))

@@ -28,6 +28,11 @@ def trained(exps: list[Experience], overlong_filter: bool) -> list[bool]:
     return [not (overlong_filter and truncated(e.finish_reason)) for e in exps]
 
 
+def episode_ids(exps: list[Experience]) -> list[str] | None:
+    """Each experience's episode id, None when every one is a whole episode (ScoredBatch.episode_ids)."""
+    return [e.episode_id for e in exps] if any(e.episode_id for e in exps) else None
+
+
 def response_mask(exps: list[Experience], keep: list[bool]) -> torch.Tensor:
     """[N, T] 1.0 on the response tokens that train: the model's own (Experience.loss_mask), of the
     experiences that train."""
@@ -123,7 +128,9 @@ def build_scored(
     """The algorithm's view of the step, and the per-sequence KL (None without KL in the reward)."""
     mask = response_mask(exps, keep)
     width = mask.shape[1]
-    batch = ScoredBatch(scores, [e.group_id for e in exps], response_mask=mask, cfg=algo)
+    batch = ScoredBatch(
+        scores, [e.group_id for e in exps], response_mask=mask, cfg=algo, episode_ids=episode_ids(exps)
+    )
     seq_kl = None
     if algo.use_kl_in_reward:
         kl = token_kl(local, seqs, algo, width, group)

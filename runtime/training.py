@@ -27,6 +27,7 @@ from ..core.algorithms import STEP_PASSES, advantage_fn_of, reference_in_advanta
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.correction import MismatchStats, correct, reject
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
+from ..core.algorithms.episodes import per_episode
 from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
 from ..core.algorithms.step_pass import PassContext, StepPass, WithPasses, timed
@@ -108,6 +109,17 @@ def experiences_per_step(cfg: RLCoreConfig) -> int:
     rollouts batch_size taskset rows."""
     explores = trains_on(cfg.algorithm) == "rollouts"
     return cfg.buffer.batch_size * (cfg.algorithm.repeat_times if explores else 1)
+
+
+def mini_batches(num_rows: int, cfg: RLCoreConfig) -> list[range]:
+    """The rows of each of a step's mini-batches: train_batch_size rows each, the last one short
+    when rows are missing (stale ones dropped), never more than the planned updates per step: the
+    extra samples of split episodes (Experience.episode_id) join the last one."""
+    train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
+    count = min(-(-num_rows // train_batch), max(experiences_per_step(cfg) // train_batch, 1))
+    return [
+        range(i * train_batch, num_rows if i == count - 1 else (i + 1) * train_batch) for i in range(count)
+    ]
 
 
 def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
@@ -196,7 +208,7 @@ class StageTraining:
         keep = scoring.trained(exps, algo.overlong_filter)
 
         # Log-prob passes happen before any update, on this rank's share of every mini-batch.
-        minis = [seqs[i : i + self.train_batch] for i in range(0, len(seqs), self.train_batch)]
+        minis = [seqs[r.start : r.stop] for r in mini_batches(len(seqs), self.cfg)]
         local = [self.micro(m) for m in minis]
         scoring.mask_rows(local, keep)
         timers: dict[str, float] = {}
@@ -215,7 +227,7 @@ class StageTraining:
         for p in self.passes:
             p.before_advantages(batch, rows)
         assert self.advantage_fn is not None, "an RL algorithm has an advantage function"
-        rows.place(self.advantage_fn(batch), "advantages")
+        rows.place(per_episode(self.advantage_fn, batch), "advantages")
         for p in self.passes:
             p.after_advantages(batch, rows, metrics)
         if algo.rollout_correction.kind == "mis":  # rewards and advantages saw every sampled token

@@ -33,6 +33,9 @@ class ScoredBatch:
     """[N, T] the critic's value of the state before each response token (ppo), else None."""
     cfg: Any = None
     """The stage's AlgorithmConfig, preset filled (gamma, maxent knobs, ...)."""
+    episode_ids: Sequence[str] | None = None
+    """Each response's Experience.episode_id (samples of one episode share it; empty: a whole
+    episode), None when none was split: episodes.py counts each episode once."""
 
     def __post_init__(self) -> None:
         assert self.rewards.dim() == 1 and len(self.group_ids) == self.rewards.shape[0], (

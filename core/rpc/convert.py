@@ -134,7 +134,7 @@ def experience_to_proto(e: Experience) -> common_pb2.Experience:
         finish_reason=_FINISH[e.finish_reason], response_text=e.response_text,
         reward_components=e.reward_components, loss_mask=e.loss_mask, metrics=e.metrics, temperature=e.temperature,
         segments=[common_pb2.VersionSegment(policy_version=v, num_tokens=n) for v, n in e.segments],
-        routed_experts=e.routed_experts,
+        routed_experts=e.routed_experts, episode_id=e.episode_id,
     )  # fmt: skip
 
 
@@ -180,5 +180,5 @@ def experience_from_proto(msg: common_pb2.Experience, field: str = "experience")
         policy_version=msg.policy_version, finish_reason=finish_reason_from_proto(msg.finish_reason),
         response_text=msg.response_text, reward_components=dict(msg.reward_components), loss_mask=mask,
         metrics=dict(msg.metrics), temperature=temperature, segments=segments,
-        routed_experts=msg.routed_experts,
+        routed_experts=msg.routed_experts, episode_id=msg.episode_id,
     )  # fmt: skip

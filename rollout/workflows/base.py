@@ -81,7 +81,9 @@ class Workflow(ABC):
 
     @abstractmethod
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
-        """Experiences task by task (`sampling.n` each, in order), tagged with `policy_version`."""
+        """Experiences task by task (`sampling.n` episodes each, in order), tagged with
+        `policy_version`; an episode is one experience, or several consecutive ones sharing an
+        Experience.episode_id."""
 
 
 def sampled_at(experiences: list[Experience], sampling: SamplingParams) -> list[Experience]:

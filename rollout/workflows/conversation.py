@@ -6,6 +6,13 @@ token, the model's replies (loss mask 1, their engine log-probs) and the other s
 between them (loss mask 0), all as the engine generated and the template rendered them. Its reward
 is the sum of the environment's step rewards plus the taskset's reward functions on the last reply.
 
+Unless the chat template renders the conversation so far differently once the next turn follows (a
+thinking template, as Qwen3's, drops the reasoning of the turns before a new user turn): the tokens
+the model saw can then not be extended. The episode goes on as a new sample whose prompt is the
+template's rendering of the whole conversation (context, never trained), the earlier sample kept
+exactly as the engine produced it; its samples share the episode's id, reward and finish reason
+(Experience.episode_id: they count once in their group's statistics).
+
 Limits (`workflow_args`): `max_turns` model replies (then finish reason "max_turns");
 `max_tokens_per_turn` (default the rollout's max_tokens); `max_total_tokens` for the whole response
 (default none), and the model length: a turn gets only the room left, and an episode with no room
@@ -15,6 +22,7 @@ for its next observation or reply ends with finish reason "length".
 from __future__ import annotations
 
 import time
+import uuid
 from abc import abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -23,7 +31,18 @@ from typing import Any, cast
 from ...core.types import Experience, SamplingParams, Task
 from ..envs.base import TextEnv
 from .base import Workflow
-from .turns import TurnFormat
+from .turns import HistoryRerendered, TurnFormat
+
+
+@dataclass
+class Sample:
+    """A finished sample of an episode that went on as a new one (its last reply's text)."""
+
+    prompt: list[int]
+    response: list[int]
+    logprobs: list[float]
+    mask: list[int]
+    last_reply: str
 
 
 @dataclass
@@ -33,6 +52,9 @@ class Episode:
     task: Task
     env: TextEnv
     prompt: list[int]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation as messages (the first observation, each reply's text, each turn after it):
+    what the chat template renders when the episode goes on as a new sample."""
     response: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -42,10 +64,22 @@ class Episode:
     last_reply_ids: list[int] = field(default_factory=list)
     finish: str | None = None
     """Set when the episode is over."""
+    earlier: list[Sample] = field(default_factory=list)
+    """The samples before the current one (module docstring)."""
 
     @property
     def context(self) -> list[int]:
         return self.prompt + self.response
+
+    @property
+    def response_tokens(self) -> int:
+        """Response tokens of the whole episode (max_total_tokens counts them)."""
+        return len(self.response) + sum(len(s.response) for s in self.earlier)
+
+    def new_sample(self, prompt: list[int]) -> None:
+        """Go on from `prompt` (the whole conversation rendered again), the current sample kept."""
+        self.earlier.append(Sample(self.prompt, self.response, self.logprobs, self.mask, self.last_reply))
+        self.prompt, self.response, self.logprobs, self.mask = prompt, [], [], []
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Append the model's tokens (with their log-probs) or context tokens (logprobs None)."""
@@ -105,7 +139,7 @@ class ConversationWorkflow(Workflow):
         """Tokens the episode's next reply may take."""
         room = min(per_turn, self.max_model_len - len(ep.context))
         if self.max_total_tokens is not None:
-            room = min(room, self.max_total_tokens - len(ep.response))
+            room = min(room, self.max_total_tokens - ep.response_tokens)
         return room
 
     def run(self, tasks: list[Task], sampling: SamplingParams, policy_version: int) -> list[Experience]:
@@ -135,7 +169,7 @@ class ConversationWorkflow(Workflow):
         # the last replies scored as one batch (a judge asks about them in one concurrent round)
         scored = self.reward.score_batch([ep.last_reply for ep in episodes], [ep.task for ep in episodes])
         experiences = [
-            self.experience(ep, policy_version, *s) for ep, s in zip(episodes, scored, strict=True)
+            e for ep, s in zip(episodes, scored, strict=True) for e in self.experiences(ep, policy_version, *s)
         ]
         self.timing = {"engine_s": engine_s, "reward_s": time.perf_counter() - start - engine_s}
         return experiences
@@ -158,6 +192,7 @@ class ConversationWorkflow(Workflow):
                     ep.add(c.token_ids, c.logprobs)
                     ep.turns += 1
                     ep.last_reply, ep.last_reply_ids = c.text, c.token_ids
+                    ep.messages.append({"role": "assistant", "content": c.text})
 
     def observe(self, ep: Episode) -> None:
         """The environment's answer to the episode's last reply, appended unless the episode ends."""
@@ -170,29 +205,58 @@ class ConversationWorkflow(Workflow):
             ep.finish = "max_turns"
             return
         messages = result.messages or [{"role": "user", "content": result.observation}]
-        ids = self.turns.after_reply(ep.last_reply_ids, messages)
+        try:
+            ids: list[int] | None = self.turns.after_reply(ep.last_reply_ids, messages, ep.messages)
+        except HistoryRerendered:
+            ids = None
+        ep.messages += messages
+        if ids is None:
+            self.go_on_as_new_sample(ep)
+            return
         if len(ep.context) + len(ids) >= self.max_model_len or (
-            self.max_total_tokens is not None and len(ep.response) + len(ids) >= self.max_total_tokens
+            self.max_total_tokens is not None and ep.response_tokens + len(ids) >= self.max_total_tokens
         ):
             ep.finish = "length"  # no room for the observation and a reply to it
             return
         ep.add(ids, None)
 
-    def experience(
+    def go_on_as_new_sample(self, ep: Episode) -> None:
+        """The template rendered the history anew once the last turns followed: a new sample from
+        the whole conversation rendered again, or the end ("length") when it leaves no room for a reply."""
+        prompt = self.tokenizer(
+            self.format_for(ep.task).render(self.tokenizer, ep.messages, True),
+            add_special_tokens=False,
+        )["input_ids"]
+        if len(prompt) >= self.max_model_len or (
+            self.max_total_tokens is not None and ep.response_tokens >= self.max_total_tokens
+        ):
+            ep.finish = "length"
+            return
+        ep.new_sample(list(prompt))
+
+    def experiences(
         self, ep: Episode, policy_version: int, reward: float, components: dict[str, float]
-    ) -> Experience:
-        """The episode as one experience; `reward` and `components`: the taskset's rewards of its last reply."""
+    ) -> list[Experience]:
+        """The episode as one experience per sample; `reward` and `components`: the taskset's
+        rewards of its last reply. Its samples share the episode's reward, finish and counts."""
         components = {"env": ep.env_reward, **components}
-        return Experience(
-            prompt_token_ids=ep.prompt,
-            response_token_ids=ep.response,
-            logprobs=ep.logprobs,
-            reward=ep.env_reward + reward,
-            group_id=ep.task.task_id,
-            policy_version=policy_version,
-            finish_reason=ep.finish or "stop",
-            response_text=ep.last_reply,
-            reward_components=components,
-            loss_mask=ep.mask if 0 in ep.mask else [],
-            metrics={"turns": float(ep.turns), **ep.env.metrics},
-        )
+        current = Sample(ep.prompt, ep.response, ep.logprobs, ep.mask, ep.last_reply)
+        samples = [*ep.earlier, current]
+        episode_id = f"{ep.task.task_id}/{uuid.uuid4().hex}" if len(samples) > 1 else ""
+        return [
+            Experience(
+                prompt_token_ids=s.prompt,
+                response_token_ids=s.response,
+                logprobs=s.logprobs,
+                reward=ep.env_reward + reward,
+                group_id=ep.task.task_id,
+                policy_version=policy_version,
+                finish_reason=ep.finish or "stop",
+                response_text=s.last_reply,
+                reward_components=components,
+                loss_mask=s.mask if 0 in s.mask else [],
+                metrics={"turns": float(ep.turns), **ep.env.metrics},
+                episode_id=episode_id,
+            )
+            for s in samples
+        ]

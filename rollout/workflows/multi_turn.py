@@ -38,4 +38,5 @@ class MultiTurnWorkflow(ConversationWorkflow):
     def start(self, task: Task) -> Episode:
         env = self.env_cls(task, self.env_args)
         first = env.reset()
-        return Episode(task, env, self.prompt_format.encode_prompt(self.tokenizer, first))
+        prompt = self.prompt_format.encode_prompt(self.tokenizer, first)
+        return Episode(task, env, prompt, messages=[{"role": "user", "content": first}])

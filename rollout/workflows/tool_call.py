@@ -173,4 +173,5 @@ class ToolCallWorkflow(ConversationWorkflow):
             [t["function"]["name"] for t in task.metadata["tools"]] if "tools" in task.metadata else None
         )
         session = ToolSession(task, self.tools, self.max_calls, declared, self.tool_calls)
-        return Episode(task, session, self.encode_prompt(task))
+        messages = list(task.metadata.get("messages") or [{"role": "user", "content": task.prompt}])
+        return Episode(task, session, self.encode_prompt(task), messages=messages)

@@ -5,7 +5,9 @@ Without a chat template an observation's tokens are its text's. With one, they a
 template renders for the new message after the model's reply: the rest of the assistant turn the
 model did not generate (ChatML's newline after <|im_end|>; the whole closing tag when a reply was
 cut by max_tokens) and the new turn, up to the next generation prompt. The conversation grows by
-appending only, so the model's own tokens stay exactly as it generated them.
+appending only, so the model's own tokens stay exactly as it generated them; where the template
+renders the history differently once a turn follows (a thinking template after a new user turn),
+`after_reply` raises HistoryRerendered and the workflow goes on as a new sample (conversation.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ PROBE_USER, PROBE_REPLY = "\x00probe-user\x00", "\x00probe-reply\x00"
 class HistoryRerendered(ValueError):
     """The template renders the conversation so far differently once a new turn follows (a thinking
     template drops the reasoning of assistant turns before the last user turn): the new turn cannot be
-    appended to the tokens the model saw. The door then starts a new conversation of the episode."""
+    appended to the tokens the model saw. The workflow then goes on as a new sample of the episode,
+    as the door starts a new conversation of its episode."""
 
 
 class TurnFormat:
@@ -58,12 +61,20 @@ class TurnFormat:
             )
         )  # fmt: skip
 
+    def _extends(self, history: list[dict[str, Any]], messages: list[dict[str, Any]]) -> bool:
+        """Whether `history` followed by `messages` renders as `history`'s rendering plus more."""
+        return self._render([*history, *messages], True).startswith(self._render(history, False))
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def after_reply(self, reply_ids: list[int], messages: list[dict[str, Any]]) -> list[int]:
+    def after_reply(
+        self, reply_ids: list[int], messages: list[dict[str, Any]], history: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Tokens to append after the model's reply `reply_ids` so that `messages` (the new turns:
-        role and content) follow it, ending where the model answers next."""
+        role and content) follow it, ending where the model answers next. `history`: the
+        conversation so far as messages, its last the reply's text; the template must render it
+        followed by `messages` as its own rendering plus more (HistoryRerendered otherwise)."""
         if not self.chat:
             return self.encode("".join(str(m["content"]) for m in messages))
         full = self._render(
@@ -74,7 +85,7 @@ class TurnFormat:
             ],
             True,
         )
-        if not full.startswith(self._base):
+        if not full.startswith(self._base) or (history is not None and not self._extends(history, messages)):
             raise HistoryRerendered(
                 "the chat template does not render a conversation by appending turns (adding a message changes "
                 "what came before); multi-turn workflows need one that does"

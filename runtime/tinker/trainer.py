@@ -39,6 +39,7 @@ from ...client.base import ClientOptions
 from ...client.trainer import ForwardBackwardResult, OptimStepResult, TrainSequence
 from ...core.algorithms import advantage_fn_of, with_preset
 from ...core.algorithms.aggregation import LossNorm, token_weights
+from ...core.algorithms.episodes import per_episode
 from ...core.algorithms.scored import ScoredBatch
 from ...core.config import RLCoreConfig
 from ...core.config.host_checks import tinker_url
@@ -50,7 +51,7 @@ from ...weights.base import announce
 from ...weights.sender import WeightSender, connect
 from .. import scoring
 from ..handles import RemoteHandle, Restored, Synced
-from ..training import max_response_len, plan_steps
+from ..training import max_response_len, mini_batches, plan_steps
 
 log = logging.getLogger("rlcore.loop")
 
@@ -150,8 +151,10 @@ class TinkerTrainer(RemoteHandle):
             metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
         scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
         mask = scoring.response_mask(exps, keep)
-        batch = ScoredBatch(scores, [e.group_id for e in exps], response_mask=mask, cfg=algo)
-        adv = advantage_fn_of(algo.advantage_fn)(batch)
+        batch = ScoredBatch(
+            scores, [e.group_id for e in exps], response_mask=mask, cfg=algo, episode_ids=scoring.episode_ids(exps)
+        )
+        adv = per_episode(advantage_fn_of(algo.advantage_fn), batch)
         adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * mask
         seqs = [TrainSequence(e.prompt_token_ids, e.response_token_ids) for e in exps]
         old = [list(e.logprobs) for e in exps]
@@ -159,8 +162,8 @@ class TinkerTrainer(RemoteHandle):
             old = self._recomputed(seqs, old, mask, metrics)
         loss, config = TINKER_LOSSES[algo.policy_loss_fn], _clip_config(algo)
         losses, optims = [], []
-        for lo in range(0, len(exps), self.train_batch):
-            rows = range(lo, min(lo + self.train_batch, len(exps)))
+        for rows in mini_batches(len(exps), self.cfg):
+            lo = rows.start
             weights = self._weights(mask[lo : rows.stop])
             datums = []
             for i in rows:

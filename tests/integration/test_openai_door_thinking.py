@@ -80,5 +80,6 @@ def test_a_thinking_template_episode_appends_tool_turns_and_starts_a_new_sample_
     # the second: the whole conversation rendered again (reasoning dropped), then the third reply
     assert second.prompt_token_ids == prompts[2] and second.response_token_ids == replies[2]
     assert second.loss_mask == [] and first.reward == second.reward == 1.0
+    assert first.episode_id == second.episode_id == "think"  # one episode: counted once in its group
     with pytest.raises(openai.BadRequestError, match="chat_template_kwargs.*tools cannot be set here"):
         api.chat.completions.create(model="tiny", messages=messages[:1], extra_body={"chat_template_kwargs": {"tools": []}})

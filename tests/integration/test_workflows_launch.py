@@ -133,6 +133,32 @@ def test_multi_turn_episodes_run_on_the_worker_and_train_on_the_models_turns(tmp
     assert len(evals) >= 2 and all(m["eval/chain/reward_mean"] == 0 for m in evals)
 
 
+def test_a_thinking_templates_new_user_turns_go_on_as_samples_that_train_on_the_engines_tokens(tmp_path):
+    """multi_turn on the thinking template (chatml_thinking, the BPE scratch tokenizer): each user
+    turn re-renders the history (the reasoning block of the turns before it dropped), so each of an
+    episode's three replies is a sample of its own, its prompt the conversation rendered again. The
+    samples cross the worker's stream as one episode (Experience.episode_id): the explorer counts
+    repeat_times episodes per task, the step's metrics count each episode once, and the trainer's
+    log-probs equal the engine's on every trained token of every sample."""
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(
+        root,
+        **{"model.max_model_len": 160, "model.max_prompt_tokens": 64, "model.apply_chat_template": True,
+           "model.scratch.tokenizer": "bpe", "model.scratch.vocab_size": 512, "model.scratch.chat_template": "chatml_thinking",
+           "buffer.total_steps": 2, "buffer.explorer_input.taskset.default_workflow_type": "multi_turn",
+           "buffer.explorer_input.taskset.workflow_args": {
+               "env": "tests.unit.rollout.test_multi_turn:CountingEnv", "max_turns": 3, "max_tokens_per_turn": 4}},
+    )  # fmt: skip
+    launch(cfg, os.path.join(root, "cfg.yaml"))
+    steps = [m for m in read_metrics(os.path.join(root, "it", "run")) if "rollout/logprob_diff_max" in m]
+    assert [m["step"] for m in steps] == [1, 2]  # one update a step: its 48 samples in one mini-batch
+    for m in steps:
+        assert m["rollout/samples_per_episode_mean"] == 3, m
+        assert m["rollout/turns_mean"] == 3 and m["rollout/env_mean"] == pytest.approx(0.75)
+        assert m["rollout/response_len_mean"] <= 12  # the model's tokens of an episode: 3 replies of at most 4
+        assert m["rollout/logprob_diff_max"] < 1e-3, m
+
+
 def test_a_mixture_samples_each_taskset_by_weight_with_its_own_workflow(tmp_path):
     """Two training tasksets in every batch (3:1 of 4 tasks): the second runs a user's workflow
     with its own args, rewards and sampling temperature; each taskset's rewards are reported on

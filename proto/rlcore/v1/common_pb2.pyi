@@ -98,7 +98,7 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., prompt: _Optional[str] = ..., answer: _Optional[str] = ..., response: _Optional[str] = ..., metadata_json: _Optional[str] = ...) -> None: ...
 
 class Experience(_message.Message):
-    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask", "metrics", "temperature", "segments", "routed_experts")
+    __slots__ = ("prompt_token_ids", "response_token_ids", "logprobs", "reward", "group_id", "policy_version", "finish_reason", "response_text", "reward_components", "loss_mask", "metrics", "temperature", "segments", "routed_experts", "episode_id")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,7 @@ class Experience(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -141,7 +142,8 @@ class Experience(_message.Message):
     temperature: float
     segments: _containers.RepeatedCompositeFieldContainer[VersionSegment]
     routed_experts: bytes
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., temperature: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ..., routed_experts: _Optional[bytes] = ...) -> None: ...
+    episode_id: str
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., response_text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., temperature: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ..., routed_experts: _Optional[bytes] = ..., episode_id: _Optional[str] = ...) -> None: ...
 
 class VersionSegment(_message.Message):
     __slots__ = ("policy_version", "num_tokens")

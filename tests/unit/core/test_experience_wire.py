@@ -40,6 +40,14 @@ def test_a_malformed_loss_mask_names_the_field(mask: list[int], message: str) ->
     assert info.value.field == "experiences[2].loss_mask" and message in str(info.value)
 
 
+def test_an_episodes_samples_travel_with_its_id_and_into_the_buffer() -> None:
+    from rlcore.buffer.records import from_record, to_record
+
+    for eid in ("task7/3f2a", ""):  # "": the experience is a whole episode
+        e = _exp(loss_mask=[1, 1, 0, 1], episode_id=eid)
+        assert experience_from_proto(experience_to_proto(e)) == e and from_record(to_record(e), "test") == e
+
+
 def test_the_sampling_temperature_travels_with_the_experience() -> None:
     for t in (0.0, 0.7, None):  # None: not recorded (the trainer uses the taskset's)
         assert experience_from_proto(experience_to_proto(_exp(temperature=t))).temperature == t

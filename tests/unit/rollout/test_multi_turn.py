@@ -241,3 +241,72 @@ def test_thinking_demos_render_their_reasoning_through_the_thinking_tokenizer(tm
     turns = TurnFormat(tokenizer, True, None, None)  # the tokenizer's own (thinking) template
     assert turns.after_reply(turns.encode("<think>\nUse it.\n</think>\n\n<tool_call>{}</tool_call>"),
                              [{"role": "tool", "content": "7"}])  # fmt: skip
+
+
+class ToolThenUserEnv(TextEnv):
+    """A tool turn after the first reply, a user turn after the second; over after the third."""
+
+    def reset(self) -> str:
+        self.replies = 0
+        return self.task.prompt
+
+    def step(self, reply: str) -> StepResult:
+        self.replies += 1
+        if self.replies == 1:
+            return StepResult("", 0.125, messages=[{"role": "tool", "content": "4"}])
+        return StepResult("and 3+3?", 0.125, done=self.replies == 3)
+
+
+def test_a_re_rendered_history_goes_on_as_a_new_sample_of_the_episode(engine: HFEngine) -> None:
+    """The thinking template (core/scratch_model.py) drops the reasoning block of the turns before a
+    new user turn: the tool turn appends to the first sample, the user turn starts a second one
+    whose prompt is the template's rendering of the whole conversation. Each sample's response is
+    exactly the engine's tokens in its own context; both share the episode's id, reward and finish."""
+    from rlcore.core.scratch_model import CHATML_THINKING_TEMPLATE as THINKING
+
+    wf = workflow(
+        engine, {"env": f"{__name__}:ToolThenUserEnv", "max_turns": 3}, apply_chat_template=True,
+        chat_template=THINKING, max_prompt_tokens=200,
+    )  # fmt: skip
+    sampling = SamplingParams(temperature=1.0, n=2, max_tokens=4, seed=5)
+    exps = wf.run(TASKS, sampling, policy_version=1)
+    assert [e.group_id for e in exps] == ["t0"] * 4 + ["t1"] * 4  # 2 episodes x 2 samples per task
+    episodes = [exps[i : i + 2] for i in range(0, len(exps), 2)]
+    assert len({e.episode_id for e in exps}) == 4 and all(a.episode_id == b.episode_id != "" for a, b in episodes)
+    tok = engine.tokenizer
+
+    def render(messages: list[dict[str, Any]]) -> list[int]:
+        text = tok.apply_chat_template(messages, chat_template=THINKING, add_generation_prompt=True, tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    for (first, second), task in zip(episodes, [t for t in TASKS for _ in range(2)], strict=True):
+        assert first.reward == second.reward == pytest.approx(0.375 + 0.5 * first.reward_components["format"])
+        assert first.finish_reason == second.finish_reason == "stop"  # the environment ended it
+        assert first.metrics["turns"] == second.metrics["turns"] == 3.0
+        # sample 1: reply, the tool turn (context), reply; sample 2: one reply after the re-rendered history
+        assert [m for i, m in enumerate(first.loss_mask) if i == 0 or m != first.loss_mask[i - 1]] == [1, 0, 1]
+        assert second.loss_mask == []
+        user = {"role": "user", "content": task.prompt}
+        assert first.prompt_token_ids == render([user])
+        zeros = first.loss_mask.index(0)
+        reply1 = tok.decode(first.response_token_ids[:zeros], skip_special_tokens=True)
+        reply2 = tok.decode(
+            [t for t, m in zip(first.response_token_ids, first.loss_mask, strict=True) if m][zeros:],
+            skip_special_tokens=True,
+        )
+        history = [user, {"role": "assistant", "content": reply1}, {"role": "tool", "content": "4"},
+                   {"role": "assistant", "content": reply2}, {"role": "user", "content": "and 3+3?"}]  # fmt: skip
+        assert second.prompt_token_ids == render(history)
+        for e in (first, second):  # the engine's log-probs of its own tokens, in the context it saw
+            ids = torch.tensor([e.prompt_token_ids + e.response_token_ids])
+            with torch.no_grad():
+                logits = engine.model(ids).logits[0, len(e.prompt_token_ids) - 1 : -1]
+            expected = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(e.prompt_token_ids) :, None])[:, 0]
+            trained = torch.tensor(e.loss_mask or [1] * len(e.response_token_ids), dtype=torch.bool)
+            assert torch.allclose(torch.tensor(e.logprobs)[trained], expected[trained], atol=1e-4)
+    # a template that appends every turn (ChatML without reasoning blocks) keeps one sample per episode
+    plain = workflow(
+        engine, {"env": f"{__name__}:ToolThenUserEnv", "max_turns": 3}, apply_chat_template=True,
+        chat_template=THINKING.replace("{%- if loop.index0 > ns.last_query %}", "{%- if false %}"), max_prompt_tokens=200,
+    )  # fmt: skip
+    assert [e.episode_id for e in plain.run(TASKS, sampling, 1)] == [""] * 4
