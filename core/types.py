@@ -111,6 +111,8 @@ class WorkflowSpec:
     """The `judge` reward's settings (a taskset's JudgeConfig as a dict), when reward_fn lists it."""
     reasoning_tags: list[str] = field(default_factory=list)
     """[open, close] of the reasoning block rewards do not score (FormatConfig.reasoning_tags)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More variables the chat template reads (model.chat_template_kwargs, e.g. enable_thinking)."""
 
 
 @dataclass

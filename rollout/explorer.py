@@ -92,6 +92,7 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
         auxiliary_models=auxiliary_models(cfg),
         judge=judge_settings(ts.judge) if JUDGE in ts.reward_fn else None,
         reasoning_tags=list(ts.format.reasoning_tags),
+        chat_template_kwargs=dict(cfg.model.chat_template_kwargs),
     )
 
 

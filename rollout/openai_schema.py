@@ -33,6 +33,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
+from ..core.data.prompts import RESERVED_TEMPLATE_KWARGS
+
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 MAX_ID_CHARS = 256
@@ -193,11 +195,6 @@ class _Body(BaseModel):
 class CompletionBody(_Body):
     prompt: Text | list[int] | list[Text] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=1)
-
-
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "tokenize", "chat_template",
-                            "continue_final_message", "return_dict", "tokenizer_kwargs")  # fmt: skip
-"""The door's own arguments of apply_chat_template, which chat_template_kwargs cannot set."""
 
 
 def _template_kwargs(value: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import grpc
 
+from ..core.data.prompts import template_kwargs_problem
 from ..core.reasoning import reasoning_tags_problem
 from ..core.rpc.convert import (
     completion_to_proto,
@@ -223,7 +224,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         system_prompt = spec.system_prompt if spec.HasField("system_prompt") else None
         tags = list(spec.reasoning_tags)
         key = (spec.name, tuple(names), tuple(weights), spec.max_prompt_tokens, spec.apply_chat_template,
-               chat_template, system_prompt, spec.args_json, spec.auxiliary_json, spec.judge_json, tuple(tags))  # fmt: skip
+               chat_template, system_prompt, spec.args_json, spec.auxiliary_json, spec.judge_json, tuple(tags),
+               spec.chat_template_kwargs_json)  # fmt: skip
         with self._workflows_lock:
             cached = self._workflows.get(key)
         if cached is not None:
@@ -261,10 +263,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         )
         why = reasoning_tags_problem(tags)
         require(why is None, "workflow.reasoning_tags", why or "")
+        template_kwargs = cast(
+            dict[str, Any], _json_field(spec.chat_template_kwargs_json, "workflow.chat_template_kwargs_json", dict) or {}
+        )
+        why = template_kwargs_problem(template_kwargs)
+        require(why is None, "workflow.chat_template_kwargs_json", why or "")
         try:
             workflow = build_workflow(
                 WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
-                             system_prompt, spec.name, args, auxiliary, judge, tags),
+                             system_prompt, spec.name, args, auxiliary, judge, tags, template_kwargs),
                 cast(RolloutEngine, self.batching), self.tokenizer,
             )  # fmt: skip
         except ValueError as e:  # the workflow refuses its settings

@@ -225,7 +225,9 @@ class StageLoop:
         exps, metrics = self.source.take(self.explore_step, self.global_step, self.schedule)
         metrics.update(self.mixture(exps))
         if self.plan.trains_on == "pairs" and exps:  # DPO on the pairs the explorer formed
-            trained, self.global_step = self.rows.train(explored_pairs(exps), self.global_step)
+            pairs = explored_pairs(exps)
+            per_pair = [pairs[i : i + 2] for i in range(0, len(pairs), 2)]
+            trained, self.global_step = self.rows.train(per_pair, self.global_step)
             metrics.update(trained)
             self.record.completions(exps, self.explore_step, self.global_step)
         else:

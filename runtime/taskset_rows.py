@@ -9,7 +9,7 @@ from typing import Any
 
 from ..client.trainer import TrainSequence
 from ..core.config import RLCoreConfig
-from ..core.data.prompts import PromptFormat, model_chat_template
+from ..core.data.prompts import PromptFormat, model_prompt_format
 from ..core.data.taskset import preference_pair, training_tasksets
 from ..core.step_metrics import mean_dicts, mixture_metrics
 from ..core.types import Experience, Task
@@ -22,9 +22,8 @@ Formats = dict[str, tuple[str, Any, PromptFormat]]
 def taskset_formats(cfg: RLCoreConfig) -> Formats:
     """Each training taskset's format (a mixture's keep theirs): how SFT and DPO encode its rows."""
     return {
-        t.name: (key, t, PromptFormat(
-            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, model_chat_template(cfg.model),
-            t.format.system_prompt,
+        t.name: (key, t, model_prompt_format(
+            cfg.model, t.format.system_prompt,
             # an SFT stage renders its conversations with the tools its taskset's workflow declares
             resolve_workflow(t.default_workflow_type).tool_schemas(dict(t.workflow_args)),
         ))
@@ -32,20 +31,25 @@ def taskset_formats(cfg: RLCoreConfig) -> Formats:
     }  # fmt: skip
 
 
-def row_sequences(tasks: list[Task], formats: Formats, default: str, tokenizer: Any, pairs: bool) -> list[TrainSequence]:
-    """SFT: each task's reference response (or its chat conversation); DPO (`pairs`): each task's
-    (chosen, rejected) pair, one after the other. A task of no training taskset's name is encoded
-    by the `default` one's format."""
-    seqs = []
+def row_sequences(
+    tasks: list[Task], formats: Formats, default: str, tokenizer: Any, pairs: bool
+) -> list[list[TrainSequence]]:
+    """Each task's sequences. SFT: its reference response, or its chat conversation's samples (one
+    unless a thinking template renders its history anew, prompts.py); DPO (`pairs`): its (chosen,
+    rejected) pair, one after the other. A task of no training taskset's name is encoded by the
+    `default` one's format."""
+    out = []
     for t in tasks:
+        seqs: list[TrainSequence] = []
+        out.append(seqs)
         key, ts, prompt_format = formats.get(t.source) or formats[default]
         fmt = ts.format
         prompt_format = prompt_format.for_task(t)  # its row's own system prompt and tools
         if pairs:
             responses = list(preference_pair(t, fmt, key))
         elif "messages" in t.metadata and fmt.prompt_type == "messages":
-            prompt_ids, response_ids, mask = prompt_format.encode_sft_messages(tokenizer, t.metadata["messages"])
-            seqs.append(TrainSequence(prompt_ids, response_ids, loss_mask=[float(m) for m in mask]))
+            for prompt_ids, response_ids, mask in prompt_format.encode_sft_messages(tokenizer, t.metadata["messages"]):
+                seqs.append(TrainSequence(prompt_ids, response_ids, loss_mask=[float(m) for m in mask]))
             continue
         elif t.response is None:
             raise ValueError(f"SFT needs a reference response: task {t.task_id} has no column '{fmt.response_key}'")
@@ -54,7 +58,7 @@ def row_sequences(tasks: list[Task], formats: Formats, default: str, tokenizer: 
         for response in responses:
             prompt_ids, response_ids = prompt_format.encode_sft_example(tokenizer, t.prompt, response)
             seqs.append(TrainSequence(prompt_ids, response_ids))
-    return seqs
+    return out
 
 
 def explored_pairs(exps: list[Experience]) -> list[TrainSequence]:
@@ -87,22 +91,25 @@ class RowsSource:
     def __init__(self, cfg: RLCoreConfig, pairs: bool, handle: Any, formats: Formats, tokenizer: Any, train_batch: int):
         self.handle, self.formats, self.tokenizer, self.pairs = handle, formats, tokenizer, pairs
         self.default = cfg.buffer.explorer_input.taskset.name
-        self.per_update = train_batch * (2 if pairs else 1)  # a pair's two sequences stay together
+        self.per_update = train_batch  # tasks: a pair's two sequences, a conversation's samples stay together
         self.loss = "dpo" if pairs else "cross_entropy"
 
     def step(self, tasks: list[Task], global_step: int) -> tuple[dict[str, float], int]:
         """The step's metrics and the trainer's global step after it."""
         return self.train(row_sequences(tasks, self.formats, self.default, self.tokenizer, self.pairs), global_step)
 
-    def train(self, seqs: list[TrainSequence], global_step: int) -> tuple[dict[str, float], int]:
-        """A step on these sequences (a DPO pair's two one after the other): its metrics and the
-        trainer's global step after it."""
+    def train(self, per_task: list[list[TrainSequence]], global_step: int) -> tuple[dict[str, float], int]:
+        """A step on each task's sequences (a DPO pair's two one after the other), train_batch
+        tasks an update: its metrics and the trainer's global step after it."""
         updates = []
-        for i in range(0, len(seqs), self.per_update):
-            result = self.handle.forward_backward(seqs[i : i + self.per_update], self.loss)
+        for i in range(0, len(per_task), self.per_update):
+            chunk = [s for seqs in per_task[i : i + self.per_update] for s in seqs]
+            result = self.handle.forward_backward(chunk, self.loss)
             step = self.handle.optim_step()
             updates.append({**result.metrics, "actor/grad_norm": step.grad_norm, "actor/lr": step.lr})
             global_step = step.global_step
         metrics = mean_dicts(updates)
-        metrics["perf/tokens"] = float(sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in seqs))
+        metrics["perf/tokens"] = float(
+            sum(len(s.prompt_token_ids) + len(s.response_token_ids) for seqs in per_task for s in seqs)
+        )
         return metrics, global_step

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from ..batch import Sequence
-from ..data.prompts import PromptFormat, model_chat_template
+from ..data.prompts import model_prompt_format
 from ..data.taskset import TaskStream, load_tasks
 from .aggregation import LossNorm
 from .losses import Batch, PolicyLoss, SFTLoss
@@ -81,10 +81,7 @@ class ExpertPass(StepPass):
                 "more rows or a lower mix_expert_ratio"
             )
         self.stream = TaskStream(tasks, self.per_step, cfg.seed, ts.shuffle)
-        self.format = PromptFormat(
-            cfg.model.max_prompt_tokens, cfg.model.apply_chat_template, model_chat_template(cfg.model),
-            ts.format.system_prompt,
-        )  # fmt: skip
+        self.format = model_prompt_format(cfg.model, ts.format.system_prompt)
         self.response_key, self.mu = ts.format.response_key, cfg.algorithm.mix_mu
 
     def sequences(self, step: int, first_index: int) -> list[Sequence]:

@@ -30,6 +30,16 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
             )
         if check_paths and not os.path.isfile(model.chat_template_path):
             raise ConfigError(f"model.chat_template_path: '{model.chat_template_path}' is not a file")
+    if model.chat_template_kwargs:
+        from ..data.prompts import template_kwargs_problem
+
+        why = template_kwargs_problem(model.chat_template_kwargs)
+        if why is not None:
+            raise ConfigError(f"model.chat_template_kwargs: {why}")
+        if not model.apply_chat_template:
+            raise ConfigError(
+                "model.chat_template_kwargs: the chat template's variables need model.apply_chat_template: true"
+            )
     sc = model.scratch
     if sc.enabled:
         if sc.tokenizer not in ("char", "bpe"):

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..config import ConfigError, Stage, inherits_previous_model
-from .prompts import PromptFormat, model_chat_template
+from .prompts import PromptFormat, model_prompt_format
 from .taskset import load_tasks, tasksets_of
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -64,9 +64,7 @@ def check_prompt_lengths(stages: list[Stage], only_on_disk: bool = False) -> boo
             continue
         limit = cfg.model.max_prompt_tokens
         for key, ts in tasksets_of(cfg):
-            fmt = PromptFormat(
-                limit, cfg.model.apply_chat_template, model_chat_template(cfg.model), ts.format.system_prompt
-            )
+            fmt = model_prompt_format(cfg.model, ts.format.system_prompt)
             if only_on_disk and not os.path.exists(ts.path):  # a generator writes it at launch
                 checked_all = False
                 continue

@@ -14,6 +14,31 @@ def model_chat_template(model: Any) -> str | None:
     return model.chat_template  # type: ignore[no-any-return]
 
 
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "tokenize", "chat_template",
+                            "continue_final_message", "return_dict", "tokenizer_kwargs")  # fmt: skip
+"""apply_chat_template's own arguments, which rlcore passes itself: chat template variables
+(model.chat_template_kwargs, the door's chat_template_kwargs) cannot set them."""
+
+
+def template_kwargs_problem(kwargs: Any) -> str | None:
+    """Why `kwargs` cannot be a chat template's variables (None: they can)."""
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        return f"must be an object of variable name -> value; got {kwargs!r}"
+    taken = [k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS]
+    if taken:
+        return f"{', '.join(taken)} cannot be set here (rlcore passes it to the chat template itself)"
+    return None
+
+
+def model_prompt_format(model: Any, system_prompt: str | None, tools: list[dict[str, Any]] | None = None) -> PromptFormat:
+    """How the run's model reads a taskset's prompts: model.max_prompt_tokens, apply_chat_template,
+    its chat template and chat_template_kwargs, with the taskset's system prompt (and a workflow's tools)."""
+    return PromptFormat(
+        model.max_prompt_tokens, model.apply_chat_template, model_chat_template(model), system_prompt, tools,
+        dict(model.chat_template_kwargs) or None,
+    )  # fmt: skip
+
+
 @dataclass
 class PromptFormat:
     max_prompt_tokens: int
@@ -23,8 +48,8 @@ class PromptFormat:
     tools: list[dict[str, Any]] | None = None
     """OpenAI function schemas the chat template declares to the model (tool_call)."""
     template_kwargs: dict[str, Any] | None = None
-    """More variables the chat template reads (e.g. `enable_thinking`: the door's
-    `chat_template_kwargs`)."""
+    """More variables the chat template reads (e.g. `enable_thinking`: model.chat_template_kwargs,
+    the door's `chat_template_kwargs`)."""
 
     def for_task(self, task: Any) -> PromptFormat:
         """This format for one task: its row's own system prompt and tools (format.system_prompt_key,
@@ -66,37 +91,52 @@ class PromptFormat:
 
     def encode_sft_messages(
         self, tokenizer: Any, messages: list[dict]
-    ) -> tuple[list[int], list[int], list[int]]:
-        """(prompt ids, response ids, response loss mask) of a conversation for SFT. Each assistant
-        turn's tokens, its content and the token that closes it, are trained (1); the template's text
-        around them and every other turn are context (0). The prompt runs to the first assistant
-        turn. Segments are tokenized one by one, as a rollout's are (the prompt, then what the
-        model generates, then the turns appended after it)."""
+    ) -> list[tuple[list[int], list[int], list[int]]]:
+        """The samples (prompt ids, response ids, response loss mask) of a conversation for SFT. Each
+        assistant turn's tokens, its content and the token that closes it, are trained (1); the
+        template's text around them and every other turn are context (0). The prompt runs to the
+        first assistant turn. Segments are tokenized one by one, as a rollout's are (the prompt, then
+        what the model generates, then the turns appended after it). One sample, unless the template
+        renders the turns before an assistant turn differently from what came before it (a thinking
+        template drops the reasoning of the turns before a new user turn): that turn then starts a
+        new sample whose prompt is the conversation as rendered now, as a rollout goes on
+        (rollout/workflows/conversation.py), so every turn trains in the context it is generated in."""
         eos = tokenizer.eos_token or ""
-        segments: list[tuple[str, int]] = []
+        samples: list[list[tuple[str, int]]] = [[]]
         done = ""
         for k, message in enumerate(messages):
             if message.get("role") != "assistant":
                 continue
             before = self.render(tokenizer, messages[:k], True)
             after = self.render(tokenizer, messages[: k + 1], False)
-            if not before.startswith(done) or not after.startswith(before):
+            if not after.startswith(before):
                 raise ValueError(
-                    "the chat template does not render a conversation by appending turns; SFT on messages "
-                    "needs one that does"
+                    "the chat template does not render an assistant turn as the generation prompt followed by "
+                    "the reply; SFT on messages needs one that does"
                 )
+            if not before.startswith(done):  # the history renders anew: a new sample
+                samples.append([])
+                done = ""
             reply = after[len(before) :]
             cut = reply.find(eos) + len(eos) if eos and eos in reply else len(reply)
-            segments += [(before[len(done) :], 0), (reply[:cut], 1), (reply[cut:], 0)]
+            samples[-1] += [(before[len(done) :], 0), (reply[:cut], 1), (reply[cut:], 0)]
             done = after
-        if not any(trained and text for text, trained in segments):
+        encoded = [self._sft_sample(tokenizer, segments) for segments in samples if any(t for _, t in segments)]
+        if not encoded:
             raise ValueError("the conversation has no assistant turn to train on")
+        return encoded
+
+    @staticmethod
+    def _sft_sample(tokenizer: Any, segments: list[tuple[str, int]]) -> tuple[list[int], list[int], list[int]]:
+        """(prompt ids, response ids, mask) of one sample's (text, trained) segments."""
         ids: list[int] = []
         mask: list[int] = []
         for text, trained in segments:
             piece = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
             ids += piece
             mask += [trained] * len(piece)
+        if 1 not in mask:
+            raise ValueError("the conversation has no assistant turn to train on")
         first, end = mask.index(1), len(mask) - mask[::-1].index(1)  # no context after the last turn
         return ids[:first], ids[first:end], mask[first:end]
 

@@ -84,6 +84,7 @@ def write_arithmetic_chain_taskset(
     seed: int = 0,
     demos: bool = False,
     wrong_fraction: float = 0.0,
+    thinking: bool = False,
 ) -> None:
     """Write `num_tasks` chains of `steps` additions for the `arithmetic_chain` environment: rows
     like {"prompt": "12+7=", "addends": [5, 23], "answer": "47"}. Step k adds addends[k-1] to the
@@ -95,7 +96,10 @@ def write_arithmetic_chain_taskset(
     `demos` writes SFT demonstrations instead, one row per step of each chain: the prompt is the
     conversation so far as the environment renders it (earlier questions, answers and EOS tokens),
     the response the step's answer. With probability `wrong_fraction` an answer forgets the carry,
-    and the next question builds on it, as the environment would."""
+    and the next question builds on it, as the environment would. `thinking` writes each chain as
+    one chat conversation instead ({"messages": [...], "answer": ...}: the questions as user turns,
+    each answer opening with a reasoning block, `<think>\n19+5=24\n</think>\n\n<answer>24</answer>`,
+    as a thinking chat template such as Qwen3's expects)."""
     if part not in ("train", "test"):
         raise ValueError(f"part must be train or test; got '{part}'")
     if steps < 1:
@@ -121,15 +125,21 @@ def write_arithmetic_chain_taskset(
             if not demos:
                 f.write(json.dumps({"prompt": f"{a}+{b}=", "addends": addends, "answer": str(total)}) + "\n")
                 continue
-            conversation, left = "", a
+            conversation, left, messages = "", a, []
             for addend in [b, *addends]:
                 conversation += f"{left}+{addend}="
                 right = left + addend
                 shown = _sum_without_carry(left, addend) if noise.random() < wrong_fraction else right
                 reply = f"<answer>{shown}</answer>"
-                f.write(json.dumps({"prompt": conversation, "response": reply, "answer": str(right)}) + "\n")
+                if thinking:
+                    messages += [{"role": "user", "content": f"{left}+{addend}="},
+                                 {"role": "assistant", "content": f"<think>\n{left}+{addend}={shown}\n</think>\n\n{reply}"}]  # fmt: skip
+                else:
+                    f.write(json.dumps({"prompt": conversation, "response": reply, "answer": str(right)}) + "\n")
                 conversation += f"{reply}</s>"  # the EOS the model ends its turn with
                 left = shown
+            if thinking:
+                f.write(json.dumps({"messages": messages, "answer": str(total)}) + "\n")
     os.replace(tmp, path)
 
 

@@ -47,5 +47,5 @@ def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) ->
         engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None, judge, spec.reasoning_tags),
         max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
         chat_template=spec.chat_template, system_prompt=spec.system_prompt, args=spec.args,
-        auxiliary=auxiliary,
+        auxiliary=auxiliary, chat_template_kwargs=spec.chat_template_kwargs,
     )  # fmt: skip

@@ -15,7 +15,7 @@ from ..rewards.compose import RewardComposer
 class Workflow(ABC):
     """Built once per distinct WorkflowSpec on an engine (rollout workers cache them), then run on
     batch after batch. Construction: `Workflow(engine, tokenizer, reward, *, max_prompt_tokens,
-    apply_chat_template, chat_template, system_prompt, args, auxiliary)`; `args` holds the taskset's
+    apply_chat_template, chat_template, system_prompt, args, auxiliary, chat_template_kwargs)`; `args` holds the taskset's
     `workflow_args` (JSON values), which a workflow reads and checks itself (ValueError naming the
     key). A user's workflow is a subclass named by import path in `default_workflow_type`."""
 
@@ -31,6 +31,7 @@ class Workflow(ABC):
         system_prompt: str | None = None,
         args: dict[str, Any] | None = None,
         auxiliary: dict[str, AuxiliaryModel] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ):
         self.engine = engine
         self.auxiliary: dict[str, AuxiliaryModel] = dict(auxiliary or {})
@@ -38,8 +39,9 @@ class Workflow(ABC):
         self.tokenizer = tokenizer
         self.reward = reward
         self.prompt_format = PromptFormat(
-            max_prompt_tokens, apply_chat_template, chat_template, system_prompt
-        )
+            max_prompt_tokens, apply_chat_template, chat_template, system_prompt,
+            template_kwargs=chat_template_kwargs or None,
+        )  # fmt: skip
         self.args: dict[str, Any] = dict(args or {})
         self.timing: dict[str, float] = {}
         """Seconds the last batch spent in the engine (engine_s) and in reward functions (reward_s)."""

@@ -127,8 +127,9 @@ class ConversationWorkflow(Workflow):
         if getattr(self, "_turns", None) is None:
             pf = self.prompt_format
             self._turns = TurnFormat(
-                self.tokenizer, pf.apply_chat_template, pf.chat_template, pf.system_prompt, pf.tools
-            )
+                self.tokenizer, pf.apply_chat_template, pf.chat_template, pf.system_prompt, pf.tools,
+                pf.template_kwargs,
+            )  # fmt: skip
         return self._turns
 
     @abstractmethod

@@ -139,11 +139,14 @@ def test_a_thinking_templates_new_user_turns_go_on_as_samples_that_train_on_the_
     episode's three replies is a sample of its own, its prompt the conversation rendered again. The
     samples cross the worker's stream as one episode (Experience.episode_id): the explorer counts
     repeat_times episodes per task, the step's metrics count each episode once, and the trainer's
-    log-probs equal the engine's on every trained token of every sample."""
+    log-probs equal the engine's on every trained token of every sample. model.chat_template_kwargs
+    reach the worker's template: with enable_thinking false every prompt ends in an empty reasoning block."""
     root = str(tmp_path)
     cfg = tiny_grpo_config(
         root,
         **{"model.max_model_len": 160, "model.max_prompt_tokens": 64, "model.apply_chat_template": True,
+           "model.chat_template_kwargs": {"enable_thinking": False},
+           "monitor.log_completions": True, "monitor.save_completions_probability": 1.0,
            "model.scratch.tokenizer": "bpe", "model.scratch.vocab_size": 512, "model.scratch.chat_template": "chatml_thinking",
            "buffer.total_steps": 2, "buffer.explorer_input.taskset.default_workflow_type": "multi_turn",
            "buffer.explorer_input.taskset.workflow_args": {
@@ -157,6 +160,11 @@ def test_a_thinking_templates_new_user_turns_go_on_as_samples_that_train_on_the_
         assert m["rollout/turns_mean"] == 3 and m["rollout/env_mean"] == pytest.approx(0.75)
         assert m["rollout/response_len_mean"] <= 12  # the model's tokens of an episode: 3 replies of at most 4
         assert m["rollout/logprob_diff_max"] < 1e-3, m
+    with open(os.path.join(root, "it", "run", "completions.jsonl")) as f:
+        prompts = [json.loads(line)["prompt"] for line in f]
+    assert len(prompts) == 2 * 3 * 4 * 4  # every sample of every episode
+    assert all(p.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") for p in prompts), prompts[:3]
+    assert sum(p.count("<|im_start|>user") == 3 for p in prompts) == 2 * 4 * 4  # third samples: the whole chat
 
 
 def test_a_mixture_samples_each_taskset_by_weight_with_its_own_workflow(tmp_path):

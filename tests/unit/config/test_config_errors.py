@@ -56,6 +56,8 @@ BAD_OVERRIDES = [
     (["buffer.explorer_input.mixture=[{name: b, path: x.jsonl, weight: 0.01}]"], r"buffer\.explorer_input\.mixture\[0\]\.weight: 0\.01 of 1\.01 gives it no task of a batch of \d+; raise its weight or buffer\.batch_size$"),
     (["model.chat_template_path=/no/such/template.jinja"], r"model\.chat_template_path: '/no/such/template\.jinja' is not a file$"),
     (["model.chat_template_path=/etc/hostname", "model.chat_template=x"], r"model\.chat_template_path: give the template inline \(model\.chat_template\) or as a file, not both$"),
+    (["model.apply_chat_template=true", "model.chat_template_kwargs={tools: []}"], r"model\.chat_template_kwargs: tools cannot be set here \(rlcore passes it to the chat template itself\)$"),
+    (["model.chat_template_kwargs={enable_thinking: false}"], r"model\.chat_template_kwargs: the chat template's variables need model\.apply_chat_template: true$"),
     (["model.scratch.enabled=true", "model.scratch.tokenizer=wordpiece"], r"model\.scratch\.tokenizer must be one of char, bpe; got 'wordpiece'$"),
     ([f"{TASKSET}.workflow_args={{x: .nan}}"], rf"{TASKSET}\.workflow_args must hold JSON values \(it travels with RunTasks\): Out of range float values are not JSON compliant"),
     (["stages.0.mode=train"], r"stages\[0\]: index out of range \(stages is empty; set the whole list: stages=\[\.\.\.\]\)$"),

@@ -179,7 +179,7 @@ def test_sft_on_messages_trains_the_assistant_turns_only(engine: HFEngine) -> No
         {"role": "tool", "content": "1702"},
         {"role": "assistant", "content": "<answer>1702</answer>"},
     ]
-    prompt, response, mask = fmt.encode_sft_messages(tok, messages)
+    ((prompt, response, mask),) = fmt.encode_sft_messages(tok, messages)  # ChatML appends: one sample
     assert prompt == fmt.encode_prompt(tok, "What is 37*46?")  # what a rollout's prompt is
     runs: list[tuple[int, str]] = []
     for token, m in zip(response, mask, strict=True):
@@ -193,6 +193,32 @@ def test_sft_on_messages_trains_the_assistant_turns_only(engine: HFEngine) -> No
     ]
     with pytest.raises(ValueError, match="no assistant turn"):
         fmt.encode_sft_messages(tok, messages[:1])
+
+
+def test_sft_on_a_thinking_conversation_trains_each_turn_in_the_context_it_is_generated_in() -> None:
+    """The thinking template drops the reasoning of the turns before a new user turn: the tool turn
+    appends to the first sample (its two replies with their reasoning), the user turn starts a
+    second whose prompt is the conversation as rendered now, the last reply trained with its own
+    reasoning, as a rollout would see it (workflows/conversation.py)."""
+    from rlcore.core.scratch_model import build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer(512, thinking=True)
+    fmt = PromptFormat(200, True, None, None, [Calculator().schema])
+    messages = [
+        {"role": "user", "content": "What is 37*46?"},
+        {"role": "assistant", "content": "<think>\nUse the tool.\n</think>\n\n" + call("calculator", expression="37*46")},
+        {"role": "tool", "content": "1702"},
+        {"role": "assistant", "content": "<think>\nIt says 1702.\n</think>\n\n<answer>1702</answer>"},
+        {"role": "user", "content": "And halved?"},
+        {"role": "assistant", "content": "<think>\n1702/2\n</think>\n\n<answer>851</answer>"},
+    ]  # fmt: skip
+    (p1, r1, m1), (p2, r2, m2) = fmt.encode_sft_messages(tok, messages)
+    assert p1 == fmt.encode_prompt(tok, "What is 37*46?")
+    trained = tok.decode([t for t, m in zip(r1, m1, strict=True) if m])
+    assert trained.count("<think>") == 2 and "It says 1702." in trained and 0 in m1
+    assert p2 == list(tok(fmt.render(tok, messages[:5], True), add_special_tokens=False)["input_ids"])
+    assert "Use the tool." not in tok.decode(p2) and "<answer>1702</answer>" in tok.decode(p2)  # reasoning dropped
+    assert m2 == [1] * len(r2) and tok.decode(r2) == "<think>\n1702/2\n</think>\n\n<answer>851</answer><|im_end|>"
 
 
 def test_a_messages_row_of_the_wrong_shape_names_the_row_and_field(tmp_path: Path) -> None:
