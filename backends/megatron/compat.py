@@ -17,12 +17,21 @@ that has closed it; when the minimum megatron-core moves past one, delete it.
   and of wall time in every rank process's first save). rlcore saves synchronously, so the writing
   and the reading of those results both happen in the rank's own process, and a plain queue
   carries them (`checkpoint_results_in_process`).
+- Its TransformerEngine-less norm (`WrappedTorchNorm`, the local layer spec's and the transformer
+  block's final norm) refuses sequence parallelism, which a MoE layer beside tensor parallelism
+  needs: sequence parallelism hands each tensor-parallel rank a slice of the tokens, so a norm's
+  weight gets part of its gradient on each, and finalize_model_grads sums the parts of the weights
+  tagged `sequence_parallel`, which WrappedTorchNorm does not tag (TENorm does). `SequenceParallelRMSNorm`
+  is torch's RMSNorm with its weight tagged (`sequence_parallel_norms` puts it in the spec and the
+  block's final norm).
 """
 
 from __future__ import annotations
 
 import queue
 from typing import Any
+
+import torch
 
 _TE_MOE_NAMES = (
     "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss", "fused_permute", "fused_permute_with_probs",
@@ -71,3 +80,34 @@ def checkpoint_results_in_process() -> None:
 
     if getattr(filesystem_async, "_results_queue", False) is None:
         filesystem_async._results_queue = queue.Queue()
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm, built as megatron-core builds a norm, its weight tagged for the sum over
+    tensor-parallel ranks that sequence parallelism needs (the module docstring)."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_unused: Any):
+        if config.normalization != "RMSNorm":
+            raise ValueError(f"SequenceParallelRMSNorm is an RMSNorm; the config asks for {config.normalization}")
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+
+def sequence_parallel_norms(spec: Any) -> Any:
+    """`spec` (the local GPT layer spec) with SequenceParallelRMSNorm for its TE-less norms, and the
+    transformer block's final norm too (idempotent; a release whose norm takes sequence parallelism
+    is left as it is)."""
+    from megatron.core.transformer import transformer_block
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    layer = spec.submodules
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(layer, name) is WrappedTorchNorm:
+            setattr(layer, name, SequenceParallelRMSNorm)
+    attention = layer.self_attention.submodules
+    for name in ("q_layernorm", "k_layernorm"):
+        if getattr(attention, name, None) is WrappedTorchNorm:
+            setattr(attention, name, SequenceParallelRMSNorm)
+    if transformer_block.LayerNormImpl is WrappedTorchNorm:
+        transformer_block.LayerNormImpl = SequenceParallelRMSNorm
+    return spec

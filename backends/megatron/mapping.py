@@ -218,15 +218,17 @@ def padded_vocab(vocab: int, tp_size: int) -> int:
     return -(-vocab // tp_size) * tp_size
 
 
-def check_layout(dims: ModelDims, tp_size: int, pp_size: int, ep_size: int = 1) -> None:
-    """Refuse a TP/PP/EP layout that does not split this model into equal shards and stages."""
+def check_layout(dims: ModelDims, tp_size: int, pp_size: int, ep_size: int = 1, cp_size: int = 1) -> None:
+    """Refuse a TP/PP/EP/CP layout that does not split this model into equal shards and stages, or
+    that is not proven: a MoE model with tensor parallelism runs with sequence parallelism
+    (megatron-core trains MoE layers beside TP only so), proven without pipeline or context parallelism."""
     tp_field = "trainer.megatron.tensor_model_parallel_size"
     ep_field = "trainer.megatron.expert_model_parallel_size"
-    if dims.num_experts and tp_size > 1:
+    if dims.num_experts and tp_size > 1 and (pp_size > 1 or cp_size > 1):
         raise ValueError(
-            f"{tp_field} must be 1 for a MoE model: megatron-core trains MoE layers beside tensor parallelism "
-            f"only with sequence parallelism, which rlcore's megatron strategy does not run; split the experts "
-            f"with {ep_field}"
+            f"{tp_field} ({tp_size}) with a MoE model runs with sequence parallelism, proven without pipeline "
+            f"and context parallelism: set trainer.megatron.pipeline_model_parallel_size and context_parallel_size "
+            f"to 1, or {tp_field} to 1 (split the experts with {ep_field})"
         )
     if not dims.num_experts and ep_size > 1:
         raise ValueError(

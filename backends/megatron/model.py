@@ -58,6 +58,7 @@ def transformer_config(
         attention_dropout=0.0,
         attention_softmax_in_fp32=True,
         tensor_model_parallel_size=tp,
+        sequence_parallel=tp > 1 and bool(dims.num_experts),
         pipeline_model_parallel_size=pp,
         context_parallel_size=cp,
         cp_comm_type="all_gather" if cp > 1 else None,  # what context_parallel.attend does
@@ -138,8 +139,10 @@ def build_gpt(
 def layer_spec(dims: ModelDims, packed: bool = False) -> ModuleSpec:
     """megatron-core's local GPT layer spec (RMSNorm; query/key norms for Qwen3; MoE layers for
     Qwen3-MoE); `packed`: its core attention also takes packed sequences (packing.py)."""
-    spec = get_gpt_layer_local_spec(
-        num_experts=dims.num_experts or None, normalization="RMSNorm", qk_layernorm=dims.qk_norm
+    spec = compat.sequence_parallel_norms(
+        get_gpt_layer_local_spec(
+            num_experts=dims.num_experts or None, normalization="RMSNorm", qk_layernorm=dims.qk_norm
+        )
     )
     if packed:
         from .packing import PackedDotProductAttention
@@ -238,7 +241,11 @@ def freeze_padding_embedding(model: GPTModel, pad_token_id: int | None) -> None:
         return
 
     def detach_pad_rows(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        is_pad = (args[0] == pad_token_id).unsqueeze(-1)
-        return torch.where(is_pad, output.detach(), output)
+        is_pad = args[0] == pad_token_id  # [b, s]
+        if model.config.sequence_parallel:  # the output is this TP rank's slice of [s, b, h]
+            chunk = output.shape[0]
+            rank = parallel_state.get_tensor_model_parallel_rank()
+            is_pad = is_pad.t()[rank * chunk : (rank + 1) * chunk]
+        return torch.where(is_pad.unsqueeze(-1), output.detach(), output)
 
     model.embedding.word_embeddings.register_forward_hook(detach_pad_rows)

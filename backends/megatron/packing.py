@@ -134,19 +134,29 @@ class PackedInput:
 
 
 def schedule_inputs(
-    mbs: list[Batch], packs: bool, pipelined: bool
+    mbs: list[Batch], packs: bool, pipelined: bool, multiple: int = 1
 ) -> tuple[list[Batch], list[PackedInput | None]]:
     """The micro-batches as the schedule runs them, with each one's packed input (None each when the
     strategy does not pack). Pipelined stages exchange fixed-shape activations: packed rows get a
-    padding tail to the longest, padded batches are padded to the most rows and the widest."""
+    padding tail to the longest, padded batches are padded to the most rows and the widest. With
+    sequence parallelism each tensor-parallel rank takes an equal slice of the tokens: every width is
+    then a multiple of `multiple` (the tensor-parallel size)."""
     if packs:
-        width = max(PackedInput.width_of(mb) for mb in mbs) if pipelined else None
-        return mbs, [PackedInput.of(mb, width) for mb in mbs]
+        widths = [PackedInput.width_of(mb) for mb in mbs]
+        if pipelined:
+            widths = [max(widths)] * len(widths)
+        return mbs, [PackedInput.of(mb, _round_up(w, multiple)) for mb, w in zip(mbs, widths, strict=True)]
     if pipelined:
         rows = max(mb["input_ids"].shape[0] for mb in mbs)
-        width = max(mb["input_ids"].shape[1] for mb in mbs)
+        width = _round_up(max(mb["input_ids"].shape[1] for mb in mbs), multiple)
         mbs = [_pad(mb, rows, width) for mb in mbs]
+    elif multiple > 1:
+        mbs = [_pad(mb, mb["input_ids"].shape[0], _round_up(mb["input_ids"].shape[1], multiple)) for mb in mbs]
     return mbs, [None] * len(mbs)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _pad(mb: Batch, rows: int, width: int) -> Batch:

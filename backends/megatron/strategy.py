@@ -85,7 +85,7 @@ class MegatronStrategy(TrainingStrategy):
             value_model_config(model_path) if value_head else AutoConfig.from_pretrained(model_path)
         )
         self.dims = ModelDims.from_hf_config(self._hf_config, value_head=value_head)
-        check_layout(self.dims, tp, pp, ep)
+        check_layout(self.dims, tp, pp, ep, cp)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         self._step_hparams: AdamHparams | None = None
         self._routes = RoutingCounts()  # what compute_logprobs replayed (routing.py)
@@ -268,7 +268,8 @@ class MegatronStrategy(TrainingStrategy):
         gets a padding tail). Each micro-batch's routing records are replayed (routing.py; `routes`
         counts how many the router would have chosen otherwise)."""
         mbs = [{k: v.to(self.device) for k, v in mb.items()} for mb in micro_batches]
-        mbs, inputs = schedule_inputs(mbs, self.packs_sequences, self.pp > 1)
+        sequence_parallel = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+        mbs, inputs = schedule_inputs(mbs, self.packs_sequences, self.pp > 1, sequence_parallel)
         first = inputs[0]  # the whole row's width (a context-parallel rank holds a part of it)
         rows, width = (1, first.row_width) if first is not None else mbs[0]["input_ids"].shape
 
@@ -378,8 +379,10 @@ class MegatronStrategy(TrainingStrategy):
 
     def _gather_grad_shards(self) -> None:
         """After the reduce-scatter each DP rank holds only its slice of the summed gradients;
-        all-gather the slices so every rank has them whole (the optimizer reads only its own)."""
-        for bucket_group in self.model.bucket_groups:
+        all-gather the slices so every rank has them whole (the optimizer reads only its own). The
+        experts' buckets are reduced over the expert-data-parallel group, the rest over the
+        data-parallel group: each bucket group says which."""
+        for bucket_group in self.model.bucket_groups + self.model.expert_parallel_bucket_groups:
             group = bucket_group.intra_distributed_optimizer_instance_group
             for bucket in bucket_group.buckets:
                 shards = shard_buffer(bucket.grad_data, group.size())

@@ -88,11 +88,14 @@ def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
             f"explorer.rollout_model.engine_type is {engine}: set it to hf (or {key}: none)"
         )
     mc = cfg.trainer.megatron
-    if cfg.trainer.strategy == "megatron" and (mc.pipeline_model_parallel_size > 1 or mc.context_parallel_size > 1):
+    if cfg.trainer.strategy == "megatron" and (
+        mc.pipeline_model_parallel_size > 1 or mc.context_parallel_size > 1 or mc.tensor_model_parallel_size > 1
+    ):
         raise ConfigError(
-            f"{key}: r3 on megatron is proven without pipeline and context parallelism (a recomputed "
-            f"layer must route as its forward did); set trainer.megatron.pipeline_model_parallel_size and "
-            f"context_parallel_size to 1 (or {key}: none)"
+            f"{key}: r3 on megatron is proven without pipeline, context and tensor parallelism (a recomputed "
+            f"layer must route as its forward did; with TP each rank's routers see a slice of the tokens); set "
+            f"trainer.megatron.pipeline_model_parallel_size, context_parallel_size and tensor_model_parallel_size "
+            f"to 1 (or {key}: none)"
         )
     sc = cfg.model.scratch
     if sc.enabled and sc.architecture != "qwen3_moe":

@@ -57,7 +57,7 @@ def main() -> None:
     init_world("cpu")
     model_parallel(args.tp, args.pp, 1, seed=0, ep=args.ep)
     errors = {}
-    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, 101, (2, 10), generator=torch.Generator().manual_seed(3))  # TP divides it (sequence parallel)
     for case in args.cases.split(","):
         for tied in (False, True):
             hf_model = tiny_hf_model(case, tied)

@@ -29,6 +29,11 @@ CASES: list[tuple[str, str, str, int, list[str]]] = [
     # the experts split over 2 expert-parallel ranks (tokens reach them by all-to-all), the rest
     # data-parallel over the same 2 ranks
     ("qwen3_moe-megatron-ep2", "qwen3_moe", "megatron", 2, ["megatron.expert_model_parallel_size=2"]),
+    # tensor parallelism beside expert parallelism: megatron-core's MoE layers then need sequence
+    # parallelism (each TP rank's norms and routers see a slice of the tokens); 4 ranks: TP2 x DP2,
+    # the experts over 2 EP ranks
+    ("qwen3_moe-megatron-tp2-ep2", "qwen3_moe", "megatron", 4,
+     ["megatron.tensor_model_parallel_size=2", "megatron.expert_model_parallel_size=2"]),
     # routing replay: the batch's rows carry random expert records (as an engine's), forced on
     # megatron-core's routers (EP2, recompute) against the HF model forced the same way (fsdp and
     # fsdp2 replay through transformers' own routers: tests/unit/backends/test_routing_replay.py)

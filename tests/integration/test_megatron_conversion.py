@@ -1,5 +1,5 @@
 """HF -> megatron-core conversion of every family the mapping covers (Llama, Qwen2, Qwen3, Qwen3-MoE),
-at TP1, TP2, PP2 and (Qwen3-MoE) EP2: the whole model's logits equal the HF model's within 1e-5
+at TP1, TP2, PP2 and (Qwen3-MoE) EP2 and TP2+EP2: the whole model's logits equal the HF model's within 1e-5
 (float32). The round trip
 back to HF names is bit-exact (tests/unit/backends/test_megatron_mapping.py) and first-step
 gradients match HF's in the parity suite (test_strategy_parity.py)."""
@@ -19,11 +19,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 DENSE = ["llama_gqa", "qwen2_gqa", "qwen3_gqa"]
 LAYOUTS = [
-    # (tp, pp, ep, families): Qwen3-MoE's experts split over 2 EP ranks; a MoE model at TP > 1 is refused
+    # (tp, pp, ep, families): Qwen3-MoE's experts split over 2 EP ranks; a MoE model at TP > 1 runs with
+    # sequence parallelism
     (1, 1, 1, [*DENSE, "qwen3_moe"]),
     (2, 1, 1, DENSE),
     (1, 2, 1, [*DENSE, "qwen3_moe"]),
     (1, 1, 2, ["qwen3_moe"]),
+    (2, 1, 2, ["qwen3_moe"]),  # TP2+EP2: sequence parallelism (the experts' EP group is the TP group)
 ]
 
 

@@ -28,7 +28,7 @@ BAD_OVERRIDES = [
     ([f"{TASKSET}.format.reasoning_tags=[<think>]"], rf"{TASKSET}\.format\.reasoning_tags: give \[open, close\], two different non-empty tags such as \['<think>', '</think>'\]; got \['<think>'\]$"),
     (["algorithm.router_replay=r2"], r"algorithm\.router_replay must be one of none, r3; got 'r2'$"),
     (["algorithm.router_replay=r3", "explorer.rollout_model.engine_type=vllm"], r"algorithm\.router_replay: r3 needs the engine to record each token's experts, which the HF engine does; explorer\.rollout_model\.engine_type is vllm: set it to hf"),
-    (["algorithm.router_replay=r3", "trainer.strategy=megatron", "trainer.megatron.pipeline_model_parallel_size=2"], r"algorithm\.router_replay: r3 on megatron is proven without pipeline and context parallelism .* set trainer\.megatron\.pipeline_model_parallel_size and context_parallel_size to 1"),
+    (["algorithm.router_replay=r3", "trainer.strategy=megatron", "trainer.megatron.pipeline_model_parallel_size=2"], r"algorithm\.router_replay: r3 on megatron is proven without pipeline, context and tensor parallelism .* set trainer\.megatron\.pipeline_model_parallel_size, context_parallel_size and tensor_model_parallel_size to 1"),
     (["algorithm.router_replay=r3", "model.scratch.enabled=true"], r"algorithm\.router_replay: a llama model has no experts to route; set model\.scratch\.architecture: qwen3_moe"),
     (["algorithm.router_replay=r3", f"{TASKSET}.default_workflow_type=multi_turn"], rf"algorithm\.router_replay: r3 records the routing of single-turn episodes only; {TASKSET}\.default_workflow_type is multi_turn"),
     (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"),
