@@ -121,6 +121,11 @@ class TrainingStrategy(ABC):
     """Routing replay (algorithm.router_replay r3): forwards force the experts a micro-batch's routing
     records name (core/batch.py). Set on the policy only: a critic, a teacher or any other model
     built from the same class routes by itself, records or not."""
+    records_routing: bool = False
+    """Routing replay of the trainer's own routing (algorithm.router_replay r2): compute_logprobs of
+    the policy records each micro-batch's routing into it (core/moe_routing.OWN_ROUTES) and
+    forward_backward replays it, counting the routes the updated router would have chosen otherwise
+    (take_routing_counts). Set on the policy only, as replays_routing."""
 
     def take_routing_counts(self) -> tuple[int, int]:
         """Routing replay: of the token routes the policy's compute_logprobs replayed since the last

@@ -39,6 +39,10 @@ ROUTED_EXPERTS = "routed_experts"
 experts token t was routed to."""
 ROUTED_VALID = "routed_valid"
 """[B, T] bool: the positions a record covers (the others route freely)."""
+OWN_ROUTES = "own_routes"
+"""algorithm.router_replay r2: the experts the policy's own old-log-prob pass routed a micro-batch's
+tokens to, uint8 [tokens, layers, top_k] in the order that strategy's model takes them (this rank's
+share): its update forwards replay them."""
 ROUTERS = ("Qwen3MoeTopKRouter",)
 """transformers router classes whose contract (above) routing replay is proven on."""
 MAX_EXPERTS = 256

@@ -172,6 +172,7 @@ class StageTraining:
         )  # fmt: skip
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
         self.strategy.replays_routing = algo.router_replay == "r3"  # the policy only (base.py)
+        self.strategy.records_routing = algo.router_replay == "r2"
         ctx = PassContext(
             cfg, model_path, device, total_steps, tokenizer, rollouts, self.max_response_len,
             build_model=self._build_model, micro=self.micro,
@@ -240,6 +241,8 @@ class StageTraining:
             for (mbs, _), mini, more in zip(local, minis, extra, strict=True)
         ]
         metrics.update(mean_dicts(updates))
+        if algo.router_replay == "r2":  # the share of replayed routes the updated router would have changed
+            metrics.update(self._routing_share("actor/routing_drift"))
         metrics.update(rollout_metrics(exps))
         metrics.update(timers)
         metrics["perf/train_s"] = time.perf_counter() - t1
@@ -273,14 +276,19 @@ class StageTraining:
                 with timed(timers, f"perf/{p.name}_score_s"):
                     p.score(mbs, temperature)
         metrics = gap.metrics(self.strategy.dp_group) if algo.do_old_log_prob_compute else {}
-        if algo.router_replay != "none" and algo.do_old_log_prob_compute:
-            routes = torch.tensor(self.strategy.take_routing_counts(), dtype=torch.float64)
-            dist.all_reduce(routes)  # the world: sequence-parallel ranks replay slices of one row
-            if routes[1]:  # the share of replayed token routes the trainer would have chosen otherwise
-                metrics["rollout/routing_mismatch"] = float(routes[0] / routes[1])
+        if algo.router_replay == "r3" and algo.do_old_log_prob_compute:
+            # the share of replayed token routes the trainer would have chosen otherwise
+            metrics.update(self._routing_share("rollout/routing_mismatch"))
         if mismatch is not None:
             metrics.update(mismatch.metrics(self.strategy.dp_group, rc.kind))
         return metrics
+
+    def _routing_share(self, name: str) -> dict[str, float]:
+        """{name: the share of the token routes replayed since the last call that the router would
+        have chosen otherwise} over the world (sequence-parallel ranks replay slices of one row)."""
+        routes = torch.tensor(self.strategy.take_routing_counts(), dtype=torch.float64)
+        dist.all_reduce(routes)
+        return {name: float(routes[0] / routes[1])} if routes[1] else {}
 
     def step_temperature(self, exps: list[Experience]) -> tuple[float, list[float] | None]:
         """The temperature the step's experiences were sampled at, and each one's when they differ (a

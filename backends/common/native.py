@@ -17,7 +17,7 @@ import os
 from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ...core.config.schema import LoraConfig
-from ...core.moe_routing import RoutingCounts
+from ...core.moe_routing import OWN_ROUTES, RoutingCounts, RoutingRecorder, replayed
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from .attention import use_packed_attention
 from .dist_utils import all_reduce_sum
@@ -140,10 +140,11 @@ class NativeStrategy(TrainingStrategy):
     ) -> dict[str, float]:
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
+        drift = self._routes if self.records_routing else None
         for i, mb in enumerate(micro_batches):
             mb = self._to_device(mb)
             # around the backward too: a recomputed layer routes again
-            with self._gradient_sync(i == len(micro_batches) - 1), self._replay(self.model, mb):
+            with self._gradient_sync(i == len(micro_batches) - 1), self._replay(self.model, mb, drift):
                 logprobs, entropy = self._outputs(self.model, mb, temperature, loss_fn.needs_entropy)
                 loss, metrics = loss_fn(logprobs, entropy, mb)
                 # FSDP averages gradients over ranks while the loss is already this rank's share of
@@ -199,20 +200,35 @@ class NativeStrategy(TrainingStrategy):
             if self._routes is None:
                 self._routes = RoutingCounts()
             counts = None if reference else self._routes
-            for mb in micro_batches:
-                mb = self._to_device(mb)
-                with self._replay(model, mb, counts):
+            records = self.records_routing and not reference
+            for batch in micro_batches:
+                mb = self._to_device(batch)
+                with self._replay(model, mb, counts), self._recording(model, batch, records):
                     logprobs, _ = forward_logprobs(
                         model, mb, temperature, False, self.packs_sequences, self.sp
                     )
                 out.append(logprobs.float().cpu())
         return out
 
+    @contextmanager
+    def _recording(self, model: torch.nn.Module, batch: Batch, records: bool) -> Iterator[None]:
+        """algorithm.router_replay r2: the routing of the forward inside, recorded into `batch`
+        (OWN_ROUTES: the model's token order) for forward_backward to replay."""
+        if not records:
+            yield
+            return
+        with RoutingRecorder(model) as recorder:
+            yield
+        batch[OWN_ROUTES] = recorder.take().cpu()
+
     def _replay(
         self, model: torch.nn.Module, mb: Batch, counts: RoutingCounts | None = None
     ) -> AbstractContextManager:
         """The micro-batch's routing records replayed on `model` (routing.py), when this is the policy
-        that replays them."""
+        that replays them: the engine's (r3), or those of its own old-log-prob pass (r2)."""
+        if self.records_routing and OWN_ROUTES in mb:
+            own = mb[OWN_ROUTES]
+            return replayed(model, own, torch.ones(own.shape[0], dtype=torch.bool), counts)
         if not self.replays_routing:
             return nullcontext()
         return replay_routing(model, mb, self.packs_sequences, self.sp, counts)

@@ -36,6 +36,8 @@ class Replay:
         self.valid: torch.Tensor | None = None
         """[tokens] the tokens the record covers."""
         self.counts: RoutingCounts | None = None
+        self.recording: list[torch.Tensor] | None = None
+        """algorithm.router_replay r2: while a list, each forward's own top-k [tokens, top_k] is added."""
 
     def get_replay_topk(
         self, scores: torch.Tensor, topk: int, num_groups: int | None, group_topk: int | None,
@@ -43,6 +45,8 @@ class Replay:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         probs, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
         if self.target is None or self.valid is None:
+            if self.recording is not None:
+                self.recording.append(own.detach().to(torch.uint8))
             return probs, own
         if self.target.shape[0] != own.shape[0]:
             raise ValueError(
@@ -108,6 +112,32 @@ def set_records(
         replay.target, replay.valid, replay.counts = per_layer[:, layer], valid, counts
 
 
+def record(model: torch.nn.Module) -> None:
+    """algorithm.router_replay r2: the routers' own choices of the next forward are kept (`recorded`)."""
+    for replay in replays_of(model):
+        replay.recording = []
+
+
+def recorded(model: torch.nn.Module) -> torch.Tensor:
+    """[tokens, layers, top_k] uint8: what the routers chose in the forward since `record`, in
+    megatron's token order (this rank's)."""
+    replays = replays_of(model)
+    taken = [replay.recording.pop() for replay in replays if replay.recording]
+    if len(taken) != len(replays):
+        raise RuntimeError("routing replay: a router recorded nothing in the forward")
+    for replay in replays:
+        replay.recording = None
+    return torch.stack(taken, dim=1)
+
+
+def set_own(model: torch.nn.Module, own: torch.Tensor, counts: RoutingCounts | None) -> None:
+    """algorithm.router_replay r2: replay `recorded`'s record of the same micro-batch on every token."""
+    valid = torch.ones(own.shape[0], dtype=torch.bool, device=own.device)
+    for layer, replay in enumerate(replays_of(model)):
+        replay.target, replay.valid, replay.counts = own[:, layer].long(), valid, counts
+
+
 def clear(model: Any) -> None:
     for replay in replays_of(model):
         replay.target = replay.valid = replay.counts = None
+        replay.recording = None

@@ -31,7 +31,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ...core.algorithms.logprob import at_temperature
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
-from ...core.moe_routing import RoutingCounts
+from ...core.moe_routing import OWN_ROUTES, RoutingCounts
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, freeze_routers, resolve_dtype, value_head_init, value_model_config
@@ -273,10 +273,16 @@ class MegatronStrategy(TrainingStrategy):
         first = inputs[0]  # the whole row's width (a context-parallel rank holds a part of it)
         rows, width = (1, first.row_width) if first is not None else mbs[0]["input_ids"].shape
 
-        def forward_step(data_iterator: Iterator[tuple[Batch, PackedInput | None]], chunk: torch.nn.Module):
-            mb, packed = next(data_iterator)
+        own_routes = self.records_routing and forward_only and routes is not None  # r2: the policy's pass
+
+        def forward_step(data_iterator: Iterator[tuple[Batch, PackedInput | None, Batch]], chunk: torch.nn.Module):
+            mb, packed, original = next(data_iterator)
             if self.replays_routing:  # kept for the backward's recompute
                 routing.set_records(chunk, mb, packed, routes)
+            elif own_routes:
+                routing.record(chunk)
+            elif self.records_routing and OWN_ROUTES in mb:  # the update replays its old pass's routing
+                routing.set_own(chunk, mb[OWN_ROUTES], self._routes)
             if packed is not None:
                 output = chunk(
                     packed.input_ids,
@@ -289,12 +295,14 @@ class MegatronStrategy(TrainingStrategy):
                     mb["input_ids"]
                 )
                 output = chunk(mb["input_ids"], positions, attention_mask=None)
+            if own_routes:
+                original[OWN_ROUTES] = routing.recorded(chunk).cpu()
             return output, partial(loss_of, mb, packed)
 
         try:
             return get_forward_backward_func()(
                 forward_step_func=forward_step,
-                data_iterator=iter(list(zip(mbs, inputs, strict=True))),
+                data_iterator=iter(list(zip(mbs, inputs, micro_batches, strict=True))),
                 model=[model],
                 num_microbatches=len(mbs),
                 seq_length=width,

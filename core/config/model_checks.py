@@ -77,22 +77,17 @@ ROUTER_REPLAY_MODELS = ("qwen3_moe",)
 
 
 def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
-    """algorithm.router_replay r3: an MoE model, the HF engine (it records the routing), megatron
-    without pipeline or context parallelism, single-turn tasksets (their one engine call is the
-    experience's record)."""
+    """algorithm.router_replay r2 and r3: an MoE model, megatron without pipeline, context or tensor
+    parallelism; r3 also the HF engine (it records the routing) and single-turn tasksets (their one
+    engine call is the experience's record)."""
     key = "algorithm.router_replay"
-    engine = cfg.explorer.rollout_model.engine_type
-    if engine != "hf":
-        raise ConfigError(
-            f"{key}: r3 needs the engine to record each token's experts, which the HF engine does; "
-            f"explorer.rollout_model.engine_type is {engine}: set it to hf (or {key}: none)"
-        )
+    mode = cfg.algorithm.router_replay
     mc = cfg.trainer.megatron
     if cfg.trainer.strategy == "megatron" and (
         mc.pipeline_model_parallel_size > 1 or mc.context_parallel_size > 1 or mc.tensor_model_parallel_size > 1
     ):
         raise ConfigError(
-            f"{key}: r3 on megatron is proven without pipeline, context and tensor parallelism (a recomputed "
+            f"{key}: {mode} on megatron is proven without pipeline, context and tensor parallelism (a recomputed "
             f"layer must route as its forward did; with TP each rank's routers see a slice of the tokens); set "
             f"trainer.megatron.pipeline_model_parallel_size, context_parallel_size and tensor_model_parallel_size "
             f"to 1 (or {key}: none)"
@@ -109,9 +104,21 @@ def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
             model_type = json.load(f).get("model_type")
         if model_type not in ROUTER_REPLAY_MODELS:
             raise ConfigError(
-                f"{key}: r3 replays the routers of {', '.join(ROUTER_REPLAY_MODELS)} models; model.model_path is "
+                f"{key}: {mode} replays the routers of {', '.join(ROUTER_REPLAY_MODELS)} models; model.model_path is "
                 f"a {model_type} model: set {key}: none"
             )
+    if mode == "r3":
+        _check_rollout_routing(cfg, key)
+
+
+def _check_rollout_routing(cfg: RLCoreConfig, key: str) -> None:
+    """r3: the HF engine records the routing, of single-turn episodes."""
+    engine = cfg.explorer.rollout_model.engine_type
+    if engine != "hf":
+        raise ConfigError(
+            f"{key}: r3 needs the engine to record each token's experts, which the HF engine does; "
+            f"explorer.rollout_model.engine_type is {engine}: set it to hf (or {key}: none)"
+        )
     inputs = cfg.buffer.explorer_input
     for path, ts in [("buffer.explorer_input.taskset", inputs.taskset)] + [
         (f"buffer.explorer_input.mixture[{i}]", t) for i, t in enumerate(inputs.mixture)

@@ -307,6 +307,12 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             f"algorithm.sync_ref_model moves the reference model, but {a.algorithm_type} as configured reads none: "
             "set algorithm.kl_loss_coef > 0 (with a kl_loss_fn) or use_kl_in_reward true, or sync_ref_model false"
         )
+    if a.router_replay == "r2" and not a.do_old_log_prob_compute:
+        raise ConfigError(
+            "algorithm.router_replay: r2 records the routing of the trainer's old-log-prob pass, and without "
+            "recomputed old log-probs (do_old_log_prob_compute false, a decoupled run's default) there is none: "
+            "set algorithm.do_old_log_prob_compute true, or router_replay r3 or none"
+        )
     rc = a.rollout_correction
     if rc.kind != "none" and not a.do_old_log_prob_compute:
         raise ConfigError(

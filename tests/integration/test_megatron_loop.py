@@ -33,13 +33,13 @@ pytestmark = pytest.mark.integration
 STEPS = 3
 
 
-def _megatron_plan(plan: dict, run_dir: str) -> dict:
-    """The fsdp2 run's plan with the strategy switched to megatron TP=2 and a fresh run folder."""
+def _megatron_plan(plan: dict, run_dir: str, tp: int = 2) -> dict:
+    """The fsdp2 run's plan with the strategy switched to megatron TP=`tp` and a fresh run folder."""
     stages = []
     for s in plan["stages"]:
         cfg = yaml.safe_load(s["config"])
         cfg["trainer"]["strategy"] = "megatron"
-        cfg["trainer"]["megatron"]["tensor_model_parallel_size"] = 2
+        cfg["trainer"]["megatron"]["tensor_model_parallel_size"] = tp
         stages.append({**s, "config": yaml.safe_dump(cfg)})
     return {**plan, "run_dir": run_dir, "run_address": None, "rollout_endpoints": [], "stages": stages}
 
@@ -119,3 +119,42 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
     assert wa.keys() == wb.keys()
     for name in wa:
         assert (wa[name] - wb[name]).abs().max().item() <= 1e-4, name
+
+
+@pytest.mark.timeout(900)
+def test_r2_on_megatron_replays_its_old_pass_routing_as_fsdp2_does(tmp_path):
+    """algorithm.router_replay r2 on a tiny Qwen3-MoE, 2 mini-batches a step (the second one's update
+    after the first moved the weights, the learning rate raised so the routers move): megatron-core's
+    routers record the old-log-prob pass and replay it in each update as transformers' do on fsdp2,
+    step for step (the same losses, rewards and share of replayed routes the updated router would
+    have changed, which is not 0)."""
+    root = str(tmp_path / "fsdp2")
+    cfg = tiny_grpo_config(
+        root,
+        **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
+           "model.scratch.architecture": "qwen3_moe", "model.scratch.num_experts": 4,
+           "model.scratch.num_experts_per_tok": 2, "model.scratch.num_key_value_heads": 1,
+           "algorithm.router_replay": "r2", "algorithm.optimizer.lr": 0.02, "buffer.train_batch_size": 8},
+    )  # fmt: skip
+    launch(cfg, root + ".yaml")
+    fsdp2_dir = os.path.join(root, "it", "run")
+    with open(os.path.join(fsdp2_dir, "launch", "plan.json")) as f:
+        plan = json.load(f)
+    megatron_dir = str(tmp_path / "megatron")
+    os.makedirs(megatron_dir)
+    plan_path = os.path.join(megatron_dir, "plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(_megatron_plan(plan, megatron_dir, tp=1), f)
+    proc = subprocess.run(
+        torchrun(2, "tests.integration.megatron_worker", plan_path), cwd=REPO, capture_output=True, text=True,
+        timeout=800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    a = [m for m in read_metrics(fsdp2_dir) if "actor/loss" in m]
+    b = [m for m in read_metrics(megatron_dir) if "actor/loss" in m]
+    assert len(a) == len(b) == STEPS
+    assert max(m["actor/routing_drift"] for m in a) > 0, a
+    for x, y in zip(a, b, strict=True):
+        assert x["rollout/reward_mean"] == y["rollout/reward_mean"], (x, y)
+        assert abs(x["actor/loss"] - y["actor/loss"]) <= 1e-4, (x["actor/loss"], y["actor/loss"])
+        assert abs(x["actor/routing_drift"] - y["actor/routing_drift"]) <= 0.02, (x, y)

@@ -36,3 +36,4 @@ def test_the_engines_routing_is_replayed_by_the_trainer(tmp_path) -> None:
     assert none["mismatch_mean"] is None  # nothing recorded, nothing replayed
     assert r3["gap_step1"] <= none["gap_step1"], (r3, none)
     assert "| log-prob gap per token, step 1 (same rollouts) |" in out.with_suffix(".md").read_text()
+

@@ -94,12 +94,15 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Rollout-training mismatch correction: truncated or masked importance weights of the engine's
     log-probs against the trainer's (needs do_old_log_prob_compute); metrics rollout_correction/*."""
-    router_replay: str = choice("none", ("none", "r3"))
+    router_replay: str = choice("none", ("none", "r2", "r3"))
     """MoE models: r3 (rollout routing replay, arXiv 2510.11370) has the engine record the experts it
     routed each token to, and the trainer's forwards route the same tokens to the same experts (the
     router still trains, through their probabilities), closing the engine/trainer log-prob gap that
-    routing differences open; none: the trainer routes by itself. The HF engine, single-turn
-    tasksets; fsdp, fsdp2, or megatron without pipeline or context parallelism."""
+    routing differences open (the HF engine, single-turn tasksets); r2 (routing replay, as GSPO's
+    authors and verl name it) records the routing of the trainer's own old-log-prob pass and replays
+    it in the update's forwards, so every mini-batch of a step routes as the policy that computed its
+    old log-probs did (any engine and workflow; needs the recomputed old log-probs); none: the
+    trainer routes by itself. fsdp, fsdp2, or megatron without pipeline, context or tensor parallelism."""
     entropy_coef: float = bounded(0.0, ge=0.0)
     """Weight of the entropy bonus (subtracted from the loss)."""
     clip_ratio_low: float | None = bounded(None, ge=0.0, lt=1.0)
