@@ -42,7 +42,7 @@ from ..weights.schedule import SyncSchedule
 from .explore_position import begin_put, check_buffer_holds, end_put, resume_position, save_position
 from .paths import published_dir, stage_dir, trainer_stage_dir
 from .run_lock import PeerLaunch
-from .training import plan_steps
+from .step_sizes import plan_steps
 
 log = logging.getLogger("rlcore.explore")
 

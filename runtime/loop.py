@@ -35,8 +35,8 @@ from .paths import SUMMARY, published_dir, stage_dir
 from .publisher import Publisher
 from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
+from .step_sizes import mini_batches, plan_steps
 from .taskset_rows import RowsSource, explored_pairs, mixture_report, taskset_formats
-from .training import mini_batches, plan_steps
 
 log = logging.getLogger("rlcore.loop")
 

@@ -12,7 +12,6 @@ Every method is collective: all ranks call it with the same arguments (trainer_w
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from ..core.hf_export import ADAPTER_DIR, HF_DIR, export_adapter, export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience
 from . import scoring
+from .step_sizes import experiences_per_step, max_response_len, mini_batches, plan_steps
 
 POLICY_TERMS = {"grpo": "ppo_clip", "ppo": "ppo_clip", "importance_sampling": "importance_sampling",
                 "cispo": "cispo", "gspo": "gspo"}  # fmt: skip
@@ -93,47 +93,6 @@ def reject_tokens(local: scoring.Local, seqs: list[Sequence], group: dist.Proces
     kept = scoring.aligned(local, seqs, [mb["loss_mask"] for mb in mbs], width, group)
     for i, s in enumerate(seqs):
         s.loss_mask = [int(v) for v in kept[i, : len(s.response_ids)].tolist()]
-
-
-def max_response_len(cfg: RLCoreConfig) -> int:
-    """The longest response any training taskset (a mixture's too) samples: Dr. GRPO's divisor."""
-    ts = cfg.buffer.explorer_input.taskset
-    return max(
-        t.rollout_args.max_tokens or cfg.model.max_response_tokens
-        for t in [ts, *cfg.buffer.explorer_input.mixture]
-    )
-
-
-def experiences_per_step(cfg: RLCoreConfig) -> int:
-    """What one explore step hands the trainer: batch_size tasks x repeat_times rollouts, or without
-    rollouts batch_size taskset rows."""
-    explores = trains_on(cfg.algorithm) == "rollouts"
-    return cfg.buffer.batch_size * (cfg.algorithm.repeat_times if explores else 1)
-
-
-def mini_batches(num_rows: int, cfg: RLCoreConfig) -> list[range]:
-    """The rows of each of a step's mini-batches: train_batch_size rows each, the last one short
-    when rows are missing (stale ones dropped), never more than the planned updates per step: the
-    extra samples of split episodes (Experience.episode_id) join the last one."""
-    train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
-    count = min(-(-num_rows // train_batch), max(experiences_per_step(cfg) // train_batch, 1))
-    return [
-        range(i * train_batch, num_rows if i == count - 1 else (i + 1) * train_batch) for i in range(count)
-    ]
-
-
-def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:
-    """(experiences per optimizer step, explore steps, optimizer steps) of a stage."""
-    per_step = experiences_per_step(cfg)
-    train_batch = cfg.buffer.train_batch_size or per_step
-    updates_per_step = per_step // train_batch
-    explore_steps = (num_tasks // cfg.buffer.batch_size) * cfg.buffer.total_epochs
-    if cfg.buffer.total_steps is not None:
-        explore_steps = min(explore_steps, cfg.buffer.total_steps)
-    train_steps = explore_steps * updates_per_step
-    if cfg.trainer.total_steps is not None:
-        train_steps = min(train_steps, cfg.trainer.total_steps)
-    return train_batch, math.ceil(train_steps / updates_per_step), train_steps
 
 
 class StageTraining:

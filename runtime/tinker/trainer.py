@@ -51,7 +51,7 @@ from ...weights.base import announce
 from ...weights.sender import WeightSender, connect
 from .. import scoring
 from ..handles import RemoteHandle, Restored, Synced
-from ..training import max_response_len, mini_batches, plan_steps
+from ..step_sizes import max_response_len, mini_batches, plan_steps
 
 log = logging.getLogger("rlcore.loop")
 

@@ -88,7 +88,7 @@ def test_the_extra_samples_of_split_episodes_join_the_steps_last_mini_batch(
     train_batch: int | None, rows: int, sizes: list[int]
 ) -> None:
     from rlcore.core.config import load_config, resolve_stages
-    from rlcore.runtime.training import mini_batches
+    from rlcore.runtime.step_sizes import mini_batches
 
     sets = ["stages.1.buffer.batch_size=8"]
     sets += [] if train_batch is None else [f"buffer.train_batch_size={train_batch}"]
