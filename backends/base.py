@@ -121,6 +121,10 @@ class TrainingStrategy(ABC):
     """Routing replay (algorithm.router_replay r3): forwards force the experts a micro-batch's routing
     records name (core/batch.py). Set on the policy only: a critic, a teacher or any other model
     built from the same class routes by itself, records or not."""
+    router_aux_loss_coef: float = 0.0
+    """trainer.router_aux_loss_coef: forward_backward adds this weight times the routers'
+    load-balancing loss (core/moe_balance.py) to each micro-batch's loss, its share of the batch's
+    mean, and reports it (actor/router_aux_loss). Set on the policy only."""
     records_routing: bool = False
     """Routing replay of the trainer's own routing (algorithm.router_replay r2): compute_logprobs of
     the policy records each micro-batch's routing into it (core/moe_routing.OWN_ROUTES) and

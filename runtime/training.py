@@ -132,6 +132,7 @@ class StageTraining:
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
         self.strategy.replays_routing = algo.router_replay == "r3"  # the policy only (base.py)
         self.strategy.records_routing = algo.router_replay == "r2"
+        self.strategy.router_aux_loss_coef = cfg.trainer.router_aux_loss_coef
         ctx = PassContext(
             cfg, model_path, device, total_steps, tokenizer, rollouts, self.max_response_len,
             build_model=self._build_model, micro=self.micro,

@@ -40,8 +40,9 @@ def freeze_routers(model: torch.nn.Module, suffix: str = HF_ROUTER_SUFFIX) -> in
 
 
 ROUTER_LOGITS_REFUSED = (
-    "model config output_router_logits must be false: rlcore trains MoE models without the router's "
-    "load-balancing loss on every strategy (set it false in the model's config.json)"
+    "model config output_router_logits must be false: rlcore adds the router's load-balancing loss "
+    "itself, the same on every strategy (set it false in the model's config.json, and "
+    "trainer.router_aux_loss_coef to weigh it)"
 )
 """One refusal for every strategy: a load-balancing loss one strategy added and another ignored would
 make the same config train differently."""

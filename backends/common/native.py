@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from ...core import moe_routing
 from ...core.config.schema import LoraConfig
 from ...core.moe_routing import OWN_ROUTES, RoutingCounts, RoutingRecorder, replayed
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
@@ -31,7 +32,7 @@ from .attention import use_packed_attention
 from .dist_utils import all_reduce_sum
 from .hf_model import forward_logprobs, forward_values, freeze_routers, load_causal_lm, load_value_model
 from .lora import LoraLayout, adapter_off, apply_lora
-from .routing import replay_routing
+from .routing import load_balance, replay_routing
 from .schedule import FP16_INITIAL_LOSS_SCALE
 from .sharded_checkpoint import REFERENCE_DIR, load_module, load_sharded, save_module, save_sharded
 from .ulysses import SequenceParallel
@@ -144,9 +145,17 @@ class NativeStrategy(TrainingStrategy):
         for i, mb in enumerate(micro_batches):
             mb = self._to_device(mb)
             # around the backward too: a recomputed layer routes again
-            with self._gradient_sync(i == len(micro_batches) - 1), self._replay(self.model, mb, drift):
+            with (
+                self._gradient_sync(i == len(micro_batches) - 1),
+                self._replay(self.model, mb, drift),
+                self._balance(mb) as balance,
+            ):
                 logprobs, entropy = self._outputs(self.model, mb, temperature, loss_fn.needs_entropy)
                 loss, metrics = loss_fn(logprobs, entropy, mb)
+                if balance is not None:  # this micro-batch's share of the batch's mean
+                    aux = balance.loss(self._moe_layers) / (len(micro_batches) * self.dp_size)
+                    loss = loss + self.router_aux_loss_coef * aux
+                    metrics = {**metrics, "actor/router_aux_loss": float(aux)}
                 # FSDP averages gradients over ranks while the loss is already this rank's share of
                 # the global mean: scaling by the world size turns the average back into the sum
                 # (with sequence parallelism every rank of a group computes its share's loss and the
@@ -220,6 +229,21 @@ class NativeStrategy(TrainingStrategy):
         with RoutingRecorder(model) as recorder:
             yield
         batch[OWN_ROUTES] = recorder.take().cpu()
+
+    def _balance(self, mb: Batch) -> AbstractContextManager:
+        """trainer.router_aux_loss_coef > 0: the routers' outputs of the micro-batch's forward."""
+        if not self.router_aux_loss_coef:
+            return nullcontext()
+        if self.sp is not None:
+            raise ValueError(
+                "trainer.router_aux_loss_coef with trainer.ulysses_sequence_parallel_size > 1: each rank's "
+                "routers see a slice of the tokens, which the loss does not combine yet; set one of them off"
+            )
+        return load_balance(self.model, mb, self.packs_sequences)
+
+    @property
+    def _moe_layers(self) -> int:
+        return len(moe_routing.routers(self.model))
 
     def _replay(
         self, model: torch.nn.Module, mb: Batch, counts: RoutingCounts | None = None

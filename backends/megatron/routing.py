@@ -20,8 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from megatron.core.transformer.moe.router import TopKRouter
 
+from ...core import moe_balance
 from ...core.moe_routing import ROUTED_EXPERTS, ROUTED_VALID, RoutingCounts, check_experts
 from .packing import PackedInput
 
@@ -29,8 +31,8 @@ from .packing import PackedInput
 class Replay:
     """One router's replay: the experts per token of the current micro-batch, or none."""
 
-    def __init__(self, top_k: int, num_experts: int) -> None:
-        self.top_k, self.num_experts = top_k, num_experts
+    def __init__(self, top_k: int, num_experts: int, pre_softmax: bool = False) -> None:
+        self.top_k, self.num_experts, self.pre_softmax = top_k, num_experts, pre_softmax
         self.target: torch.Tensor | None = None
         """[tokens, top_k] the recorded experts, in the router's token order."""
         self.valid: torch.Tensor | None = None
@@ -38,6 +40,9 @@ class Replay:
         self.counts: RoutingCounts | None = None
         self.recording: list[torch.Tensor] | None = None
         """algorithm.router_replay r2: while a list, each forward's own top-k [tokens, top_k] is added."""
+        self.balance: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        """trainer.router_aux_loss_coef: while a list, each forward's (softmax over every expert, the
+        experts the tokens went to) is added."""
 
     def get_replay_topk(
         self, scores: torch.Tensor, topk: int, num_groups: int | None, group_topk: int | None,
@@ -47,6 +52,7 @@ class Replay:
         if self.target is None or self.valid is None:
             if self.recording is not None:
                 self.recording.append(own.detach().to(torch.uint8))
+            self._balanced(scores, own)
             return probs, own
         if self.target.shape[0] != own.shape[0]:
             raise ValueError(
@@ -57,7 +63,13 @@ class Replay:
             other = (own.sort(-1).values != self.target.sort(-1).values).any(-1) & self.valid
             self.counts.differing += int(other.sum())
             self.counts.recorded += int(self.valid.sum())
+        self._balanced(scores, experts)
         return scores.gather(1, experts), experts
+
+    def _balanced(self, scores: torch.Tensor, experts: torch.Tensor) -> None:
+        if self.balance is not None:  # scores: the logits, or the softmax already (pre_softmax)
+            probs = scores.float() if self.pre_softmax else F.softmax(scores, dtype=torch.float, dim=-1)
+            self.balance.append((probs, experts))
 
 
 def install(module: torch.nn.Module) -> list[Replay]:
@@ -65,7 +77,7 @@ def install(module: torch.nn.Module) -> list[Replay]:
     replays = []
     for m in module.modules():
         if isinstance(m, TopKRouter):
-            m.router_replay = Replay(m.topk, m.config.num_moe_experts)
+            m.router_replay = Replay(m.topk, m.config.num_moe_experts, m.config.moe_router_pre_softmax)
             replays.append(m.router_replay)
     return replays
 
@@ -137,7 +149,24 @@ def set_own(model: torch.nn.Module, own: torch.Tensor, counts: RoutingCounts | N
         replay.target, replay.valid, replay.counts = own[:, layer].long(), valid, counts
 
 
+def balance(model: torch.nn.Module) -> None:
+    """trainer.router_aux_loss_coef: the routers' outputs of the next forward are kept (`balance_loss`)."""
+    for replay in replays_of(model):
+        replay.balance = []
+
+
+def balance_loss(model: torch.nn.Module, mask_N: torch.Tensor) -> torch.Tensor:
+    """The load-balancing loss (core/moe_balance.py) of the forward since `balance`, over the tokens
+    where mask_N (megatron's token order); the capture stops."""
+    layers = []
+    for replay in replays_of(model):
+        if replay.balance:
+            layers.append(replay.balance[0])
+        replay.balance = None
+    return moe_balance.mean_over_layers(layers, mask_N)
+
+
 def clear(model: Any) -> None:
     for replay in replays_of(model):
         replay.target = replay.valid = replay.counts = None
-        replay.recording = None
+        replay.recording = replay.balance = None

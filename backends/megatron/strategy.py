@@ -274,6 +274,7 @@ class MegatronStrategy(TrainingStrategy):
         rows, width = (1, first.row_width) if first is not None else mbs[0]["input_ids"].shape
 
         own_routes = self.records_routing and forward_only and routes is not None  # r2: the policy's pass
+        balanced = bool(self.router_aux_loss_coef) and not forward_only and not self.value_head
 
         def forward_step(data_iterator: Iterator[tuple[Batch, PackedInput | None, Batch]], chunk: torch.nn.Module):
             mb, packed, original = next(data_iterator)
@@ -283,6 +284,8 @@ class MegatronStrategy(TrainingStrategy):
                 routing.record(chunk)
             elif self.records_routing and OWN_ROUTES in mb:  # the update replays its old pass's routing
                 routing.set_own(chunk, mb[OWN_ROUTES], self._routes)
+            if balanced:
+                routing.balance(chunk)
             if packed is not None:
                 output = chunk(
                     packed.input_ids,
@@ -297,6 +300,9 @@ class MegatronStrategy(TrainingStrategy):
                 output = chunk(mb["input_ids"], positions, attention_mask=None)
             if own_routes:
                 original[OWN_ROUTES] = routing.recorded(chunk).cpu()
+            if balanced:  # this micro-batch's share of the batch's mean load-balancing loss
+                aux = routing.balance_loss(chunk, self._token_mask(mb, packed)) / (len(mbs) * self.dp_size)
+                return output, partial(self._with_aux, partial(loss_of, mb, packed), aux)
             return output, partial(loss_of, mb, packed)
 
         try:
@@ -339,6 +345,22 @@ class MegatronStrategy(TrainingStrategy):
             return packed.to_rows(output[0, :, 0].float())
         values = output[:, :-1, 0].float()
         return torch.cat([values.new_zeros((values.shape[0], 1)), values], dim=1)
+
+    def _with_aux(self, inner: Callable, aux: torch.Tensor, output: torch.Tensor):
+        """`inner`'s (loss, count, metrics) with trainer.router_aux_loss_coef x `aux` added."""
+        loss, count, metrics = inner(output)
+        metrics = {**metrics, "actor/router_aux_loss": float(aux)}
+        return loss + self.router_aux_loss_coef * aux, count, metrics
+
+    @staticmethod
+    def _token_mask(mb: Batch, packed: PackedInput | None) -> torch.Tensor:
+        """[tokens] the real tokens of a micro-batch in the order its routers see them: the packed
+        row's positions of real tokens, or padded rows sequence-major."""
+        if packed is None:
+            return mb["attention_mask"].t().flatten().bool()
+        mask = torch.zeros(packed.row_width, dtype=torch.bool, device=packed.keep.device)
+        mask[packed.keep] = True
+        return mask
 
     def _loss(
         self, loss_fn: LossFn, temperature: float, mb: Batch, packed: PackedInput | None, output: torch.Tensor

@@ -70,6 +70,8 @@ def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
     _check_megatron_section(cfg)
     if cfg.algorithm.router_replay != "none":
         _check_router_replay(cfg, check_paths)
+    if cfg.trainer.router_aux_loss_coef > 0:
+        _check_router_aux_loss(cfg, check_paths)
 
 
 ROUTER_REPLAY_MODELS = ("qwen3_moe",)
@@ -82,21 +84,52 @@ def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
     engine call is the experience's record)."""
     key = "algorithm.router_replay"
     mode = cfg.algorithm.router_replay
+    _check_router_layout(
+        cfg, key, f"{mode} on megatron",
+        "a recomputed layer must route as its forward did; with TP each rank's routers see a slice of the tokens",
+        f"{key}: none",
+    )  # fmt: skip
+    _check_moe_model(cfg, key, f"{mode} replays the routers of", f"{key}: none", check_paths)
+    if mode == "r3":
+        _check_rollout_routing(cfg, key)
+
+
+def _check_router_aux_loss(cfg: RLCoreConfig, check_paths: bool) -> None:
+    """trainer.router_aux_loss_coef > 0: an MoE model, whole rows on each rank (no Ulysses; megatron
+    without pipeline, context or tensor parallelism: the loss is computed from one rank's routers)."""
+    key, off = "trainer.router_aux_loss_coef", "trainer.router_aux_loss_coef: 0"
+    _check_router_layout(
+        cfg, key, "the load-balancing loss on megatron",
+        "the loss joins the last stage's, from whole rows: with CP or TP each rank's routers see a slice",
+        off,
+    )  # fmt: skip
+    if cfg.trainer.ulysses_sequence_parallel_size > 1:
+        raise ConfigError(
+            f"{key}: with trainer.ulysses_sequence_parallel_size > 1 each rank's routers see a slice of the "
+            f"tokens, which the loss does not combine yet; set ulysses_sequence_parallel_size to 1 (or {off})"
+        )
+    _check_moe_model(cfg, key, "the load-balancing loss is computed on the routers of", off, check_paths)
+
+
+def _check_router_layout(cfg: RLCoreConfig, key: str, what: str, why: str, off: str) -> None:
     mc = cfg.trainer.megatron
     if cfg.trainer.strategy == "megatron" and (
         mc.pipeline_model_parallel_size > 1 or mc.context_parallel_size > 1 or mc.tensor_model_parallel_size > 1
     ):
         raise ConfigError(
-            f"{key}: {mode} on megatron is proven without pipeline, context and tensor parallelism (a recomputed "
-            f"layer must route as its forward did; with TP each rank's routers see a slice of the tokens); set "
+            f"{key}: {what} is proven without pipeline, context and tensor parallelism ({why}); set "
             f"trainer.megatron.pipeline_model_parallel_size, context_parallel_size and tensor_model_parallel_size "
-            f"to 1 (or {key}: none)"
+            f"to 1 (or {off})"
         )
+
+
+def _check_moe_model(cfg: RLCoreConfig, key: str, what: str, off: str, check_paths: bool) -> None:
+    """The model has routers rlcore knows (a scratch qwen3_moe, or a model folder of that type)."""
     sc = cfg.model.scratch
     if sc.enabled and sc.architecture != "qwen3_moe":
         raise ConfigError(
             f"{key}: a {sc.architecture} model has no experts to route; set "
-            f"model.scratch.architecture: qwen3_moe (or {key}: none)"
+            f"model.scratch.architecture: qwen3_moe (or {off})"
         )
     config = os.path.join(cfg.model.model_path, "config.json")
     if not sc.enabled and check_paths and os.path.isfile(config):
@@ -104,11 +137,9 @@ def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
             model_type = json.load(f).get("model_type")
         if model_type not in ROUTER_REPLAY_MODELS:
             raise ConfigError(
-                f"{key}: {mode} replays the routers of {', '.join(ROUTER_REPLAY_MODELS)} models; model.model_path is "
-                f"a {model_type} model: set {key}: none"
+                f"{key}: {what} {', '.join(ROUTER_REPLAY_MODELS)} models; model.model_path is "
+                f"a {model_type} model: set {off}"
             )
-    if mode == "r3":
-        _check_rollout_routing(cfg, key)
 
 
 def _check_rollout_routing(cfg: RLCoreConfig, key: str) -> None:

@@ -122,19 +122,21 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
 
 
 @pytest.mark.timeout(900)
-def test_r2_on_megatron_replays_its_old_pass_routing_as_fsdp2_does(tmp_path):
-    """algorithm.router_replay r2 on a tiny Qwen3-MoE, 2 mini-batches a step (the second one's update
-    after the first moved the weights, the learning rate raised so the routers move): megatron-core's
-    routers record the old-log-prob pass and replay it in each update as transformers' do on fsdp2,
-    step for step (the same losses, rewards and share of replayed routes the updated router would
-    have changed, which is not 0)."""
+def test_r2_and_the_router_aux_loss_on_megatron_train_as_on_fsdp2(tmp_path):
+    """algorithm.router_replay r2 and trainer.router_aux_loss_coef on a tiny Qwen3-MoE, 2 mini-batches
+    a step (the second one's update after the first moved the weights, the learning rate raised so
+    the routers move): megatron-core's routers record the old-log-prob pass and replay it in each
+    update as transformers' do on fsdp2, and the load-balancing loss joins each update the same way,
+    step for step (the same losses, gradient norms, rewards, aux loss and share of replayed routes the
+    updated router would have changed, which is not 0)."""
     root = str(tmp_path / "fsdp2")
     cfg = tiny_grpo_config(
         root,
         **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
            "model.scratch.architecture": "qwen3_moe", "model.scratch.num_experts": 4,
            "model.scratch.num_experts_per_tok": 2, "model.scratch.num_key_value_heads": 1,
-           "algorithm.router_replay": "r2", "algorithm.optimizer.lr": 0.02, "buffer.train_batch_size": 8},
+           "algorithm.router_replay": "r2", "algorithm.optimizer.lr": 0.02, "buffer.train_batch_size": 8,
+           "trainer.router_aux_loss_coef": 0.1},
     )  # fmt: skip
     launch(cfg, root + ".yaml")
     fsdp2_dir = os.path.join(root, "it", "run")
@@ -158,3 +160,6 @@ def test_r2_on_megatron_replays_its_old_pass_routing_as_fsdp2_does(tmp_path):
         assert x["rollout/reward_mean"] == y["rollout/reward_mean"], (x, y)
         assert abs(x["actor/loss"] - y["actor/loss"]) <= 1e-4, (x["actor/loss"], y["actor/loss"])
         assert abs(x["actor/routing_drift"] - y["actor/routing_drift"]) <= 0.02, (x, y)
+        assert abs(x["actor/router_aux_loss"] - y["actor/router_aux_loss"]) <= 1e-5, (x, y)
+        assert x["actor/router_aux_loss"] > 0.9  # about 1 (balanced routing) at this size
+        assert abs(x["actor/grad_norm"] - y["actor/grad_norm"]) <= 1e-3 * max(1.0, x["actor/grad_norm"])

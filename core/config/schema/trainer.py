@@ -98,6 +98,10 @@ class TrainerConfig:
     """MoE models (Qwen3-MoE): the routers' weights are not trained (no gradient, no optimizer
     state), so the experts each token goes to move only with the hidden states; one knob against
     the routing drift between the engine's and the trainer's passes in RL. Every strategy."""
+    router_aux_loss_coef: float = bounded(0.0, ge=0.0)
+    """MoE models: the weight of the routers' load-balancing loss (core/moe_balance.py, the same on
+    every strategy) added to the policy's loss in every update, SFT's too; 0 (the default, as RL
+    usually runs): none. Reported as actor/router_aux_loss."""
     max_restarts: int = bounded(0, ge=0)
     """How often a failed trainer world is restarted (every node's ranks, by torchrun) to resume
     from its last verified checkpoint, the explorer's and the experience buffer's position

@@ -35,6 +35,34 @@ def moe_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path
 
 
+def _training(model_path: str, tmp_path, strategy: str, packed: bool, trainer: dict):
+    """StageTraining of a GRPO stage with router_replay r2 on the tiny Qwen3-MoE, one rank."""
+    from rlcore.core.config import load_config, resolve_stages
+    from rlcore.core.config.plan import filled
+    from rlcore.runtime.training import StageTraining
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "1+1=", "answer": "2"}\n' * 4)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": {"model_path": model_path, "max_prompt_tokens": 16, "max_response_tokens": 8},
+        "cluster": {"device": "cpu"}, "algorithm": {"router_replay": "r2"},
+        "trainer": {"strategy": strategy, "use_remove_padding": packed, **trainer},
+        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": str(tasks)}}},
+    }))  # fmt: skip
+    stage = resolve_stages(load_config(str(path), []))[0]
+    return StageTraining(filled(stage.config), str(tmp_path / "stage"), model_path, "cpu", 2, stage.plan.passes)
+
+
+def _sequences() -> list[Sequence]:
+    gen = torch.Generator().manual_seed(3)
+    return [
+        Sequence(torch.randint(1, 80, (p,), generator=gen).tolist(), torch.randint(1, 80, (r,), generator=gen).tolist(),
+                 None, index=i)
+        for i, (p, r) in enumerate([(4, 5), (7, 2), (3, 8)])
+    ]  # fmt: skip
+
+
 class Capture:
     """A loss that keeps the log-probs forward_backward computed."""
 
@@ -55,29 +83,10 @@ def test_r2_records_the_old_pass_routing_and_the_update_replays_it(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from rlcore.core.config import load_config, resolve_stages
-    from rlcore.core.config.plan import filled
-    from rlcore.runtime.training import StageTraining
-
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"prompt": "1+1=", "answer": "2"}\n' * 4)
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump({
-        "model": {"model_path": moe_model_path, "max_prompt_tokens": 16, "max_response_tokens": 8},
-        "cluster": {"device": "cpu"}, "algorithm": {"router_replay": "r2"},
-        "trainer": {"strategy": strategy, "use_remove_padding": packed},
-        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": str(tasks)}}},
-    }))  # fmt: skip
-    stage = resolve_stages(load_config(str(path), []))[0]
-    training = StageTraining(filled(stage.config), str(tmp_path / "stage"), moe_model_path, "cpu", 2, stage.plan.passes)
+    training = _training(moe_model_path, tmp_path, strategy, packed, {})
     policy = training.strategy
     assert policy.records_routing and not policy.replays_routing
-    gen = torch.Generator().manual_seed(3)
-    seqs = [
-        Sequence(torch.randint(1, 80, (p,), generator=gen).tolist(), torch.randint(1, 80, (r,), generator=gen).tolist(),
-                 None, index=i)
-        for i, (p, r) in enumerate([(4, 5), (7, 2), (3, 8)])
-    ]  # fmt: skip
+    seqs = _sequences()
     mbs, _ = training.micro(seqs)
     hf = AutoModelForCausalLM.from_pretrained(moe_model_path, dtype=torch.float32).eval()
     policy.compute_logprobs(mbs, TEMPERATURE)
@@ -104,3 +113,48 @@ def test_r2_records_the_old_pass_routing_and_the_update_replays_it(
                 want, _ = forward_logprobs(hf, mb, TEMPERATURE, False, packed)
             mask = mb["loss_mask"].bool()
             assert torch.allclose(got[mask], want[mask], atol=1e-5), (got[mask] - want[mask]).abs().max()
+
+
+class Nothing:
+    """A policy loss of 0 that still runs the forward (the aux loss alone trains)."""
+
+    needs_entropy = False
+
+    def __call__(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, batch: dict) -> tuple:
+        return logprobs.sum() * 0.0, {}
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_the_router_aux_loss_adds_its_coefficient_times_its_gradient(
+    strategy: str, packed: bool, moe_model_path: str, tmp_path, world
+) -> None:
+    """trainer.router_aux_loss_coef: forward_backward adds coef x the mean over micro-batches of
+    core/moe_balance's loss (padding left out) to the policy's: with a policy loss of 0 the gradients
+    are exactly coef x those of that mean on a plain HF model (the routers' and, through the hidden
+    states they route, every earlier weight's)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.backends.common.routing import load_balance
+
+    coef = 0.5
+    training = _training(moe_model_path, tmp_path, strategy, packed, {"router_aux_loss_coef": coef})
+    policy = training.strategy
+    assert policy.router_aux_loss_coef == coef
+    mbs, _ = training.micro(_sequences())
+    metrics = policy.forward_backward(mbs, Nothing(), TEMPERATURE)
+    grads = dict(policy.iter_full_grads())
+    hf = AutoModelForCausalLM.from_pretrained(moe_model_path, dtype=torch.float32)
+    total = 0.0
+    for mb in mbs:
+        with load_balance(hf, mb, packed) as balance:
+            forward_logprobs(hf, mb, TEMPERATURE, False, packed)
+        aux = balance.loss(len(moe_routing.routers(hf))) / len(mbs)
+        (coef * aux).backward()
+        total += float(aux)
+    assert metrics["actor/router_aux_loss"] == pytest.approx(total, rel=1e-5)
+    routers = [n for n, _ in hf.named_parameters() if n.endswith("mlp.gate.weight")]
+    assert routers and all(hf.get_parameter(n).grad.any() for n in routers)
+    for name, p in hf.named_parameters():  # the routers' probabilities depend on every earlier weight
+        want = p.grad if p.grad is not None else torch.zeros_like(p)
+        assert torch.allclose(grads[name], want, atol=1e-7, rtol=1e-5), (name, (grads[name] - want).abs().max())
