@@ -142,8 +142,13 @@ def _check_moe_model(cfg: RLCoreConfig, key: str, what: str, off: str, check_pat
             )
 
 
+ROUTING_WORKFLOWS = ("single_turn", "multi_turn", "tool_call")
+"""The workflows whose experiences carry the engine's routing records (r3): one engine call, or the
+conversation loop that joins its calls' records (rollout/workflows/conversation.py)."""
+
+
 def _check_rollout_routing(cfg: RLCoreConfig, key: str) -> None:
-    """r3: the HF engine records the routing, of single-turn episodes."""
+    """r3: the HF engine records the routing, in the workflows that carry it."""
     engine = cfg.explorer.rollout_model.engine_type
     if engine != "hf":
         raise ConfigError(
@@ -154,10 +159,10 @@ def _check_rollout_routing(cfg: RLCoreConfig, key: str) -> None:
     for path, ts in [("buffer.explorer_input.taskset", inputs.taskset)] + [
         (f"buffer.explorer_input.mixture[{i}]", t) for i, t in enumerate(inputs.mixture)
     ]:
-        if ts.default_workflow_type != "single_turn":
+        if ts.default_workflow_type not in ROUTING_WORKFLOWS:
             raise ConfigError(
-                f"{key}: r3 records the routing of single-turn episodes only; {path}.default_workflow_type "
-                f"is {ts.default_workflow_type} (several engine calls per episode): use single_turn, or {key}: none"
+                f"{key}: r3 carries the engine's routing in the {', '.join(ROUTING_WORKFLOWS)} workflows; "
+                f"{path}.default_workflow_type is {ts.default_workflow_type}: use one of them, or {key}: none"
             )
 
 

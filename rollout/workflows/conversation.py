@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from ...core.types import Experience, SamplingParams, Task
+from ...core.types import Experience, SamplingParams, Task, routing_tokens
 from ..envs.base import TextEnv
 from .base import Workflow
 from .turns import HistoryRerendered, TurnFormat
@@ -43,6 +43,7 @@ class Sample:
     logprobs: list[float]
     mask: list[int]
     last_reply: str
+    routes: bytes = b""
 
 
 @dataclass
@@ -66,6 +67,10 @@ class Episode:
     """Set when the episode is over."""
     earlier: list[Sample] = field(default_factory=list)
     """The samples before the current one (module docstring)."""
+    routes: bytes = b""
+    """Rollout routing replay: the experts of each token of the current sample (but the last) as the
+    engine call that first ran it routed it (the prompt's and an observation's by the next call's
+    prefill, a reply's by the decode that generated it): core/moe_routing's layout."""
 
     @property
     def context(self) -> list[int]:
@@ -78,8 +83,20 @@ class Episode:
 
     def new_sample(self, prompt: list[int]) -> None:
         """Go on from `prompt` (the whole conversation rendered again), the current sample kept."""
-        self.earlier.append(Sample(self.prompt, self.response, self.logprobs, self.mask, self.last_reply))
-        self.prompt, self.response, self.logprobs, self.mask = prompt, [], [], []
+        self.earlier.append(
+            Sample(self.prompt, self.response, self.logprobs, self.mask, self.last_reply, self.routes)
+        )
+        self.prompt, self.response, self.logprobs, self.mask, self.routes = prompt, [], [], [], b""
+
+    def add_routes(self, call_prompt: int, completion: Any) -> None:
+        """An engine call's record (of `call_prompt` tokens and the completion) for the tokens no
+        earlier call of this sample ran."""
+        record = completion.routed_experts
+        if not record:
+            return
+        covered = routing_tokens(call_prompt, len(completion.token_ids))
+        width = len(record) // covered
+        self.routes += record[len(self.routes) : covered * width]
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Append the model's tokens (with their log-probs) or context tokens (logprobs None)."""
@@ -190,6 +207,7 @@ class ConversationWorkflow(Workflow):
             completions = self.engine.generate(prompts, replace(sampling, n=n, max_tokens=room))
             for group, samples in zip(groups, completions, strict=True):
                 for ep, c in zip(group, samples, strict=True):
+                    ep.add_routes(len(ep.context), c)
                     ep.add(c.token_ids, c.logprobs)
                     ep.turns += 1
                     ep.last_reply, ep.last_reply_ids = c.text, c.token_ids
@@ -241,7 +259,7 @@ class ConversationWorkflow(Workflow):
         """The episode as one experience per sample; `reward` and `components`: the taskset's
         rewards of its last reply. Its samples share the episode's reward, finish and counts."""
         components = {"env": ep.env_reward, **components}
-        current = Sample(ep.prompt, ep.response, ep.logprobs, ep.mask, ep.last_reply)
+        current = Sample(ep.prompt, ep.response, ep.logprobs, ep.mask, ep.last_reply, ep.routes)
         samples = [*ep.earlier, current]
         episode_id = f"{ep.task.task_id}/{uuid.uuid4().hex}" if len(samples) > 1 else ""
         return [
@@ -258,6 +276,7 @@ class ConversationWorkflow(Workflow):
                 loss_mask=s.mask if 0 in s.mask else [],
                 metrics={"turns": float(ep.turns), **ep.env.metrics},
                 episode_id=episode_id,
+                routed_experts=s.routes,
             )
             for s in samples
         ]

@@ -98,7 +98,7 @@ class AlgorithmConfig:
     """MoE models: r3 (rollout routing replay, arXiv 2510.11370) has the engine record the experts it
     routed each token to, and the trainer's forwards route the same tokens to the same experts (the
     router still trains, through their probabilities), closing the engine/trainer log-prob gap that
-    routing differences open (the HF engine, single-turn tasksets); r2 (routing replay, as GSPO's
+    routing differences open (the HF engine; single_turn, multi_turn and tool_call workflows); r2 (routing replay, as GSPO's
     authors and verl name it) records the routing of the trainer's own old-log-prob pass and replays
     it in the update's forwards, so every mini-batch of a step routes as the policy that computed its
     old log-probs did (any engine and workflow; needs the recomputed old log-probs); none: the

@@ -35,7 +35,7 @@ BAD_OVERRIDES = [
     (["algorithm.router_replay=r3", "explorer.rollout_model.engine_type=vllm"], r"algorithm\.router_replay: r3 needs the engine to record each token's experts, which the HF engine does; explorer\.rollout_model\.engine_type is vllm: set it to hf"),
     (["algorithm.router_replay=r3", "trainer.strategy=megatron", "trainer.megatron.pipeline_model_parallel_size=2"], r"algorithm\.router_replay: r3 on megatron is proven without pipeline, context and tensor parallelism .* set trainer\.megatron\.pipeline_model_parallel_size, context_parallel_size and tensor_model_parallel_size to 1"),
     (["algorithm.router_replay=r3", "model.scratch.enabled=true"], r"algorithm\.router_replay: a llama model has no experts to route; set model\.scratch\.architecture: qwen3_moe"),
-    (["algorithm.router_replay=r3", f"{TASKSET}.default_workflow_type=multi_turn"], rf"algorithm\.router_replay: r3 records the routing of single-turn episodes only; {TASKSET}\.default_workflow_type is multi_turn"),
+    (["algorithm.router_replay=r3", f"{TASKSET}.default_workflow_type=adaptive_teaching"], rf"algorithm\.router_replay: r3 carries the engine's routing in the single_turn, multi_turn, tool_call workflows; {TASKSET}\.default_workflow_type is adaptive_teaching"),
     (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"),
     (["mode=foo"], r"mode must be one of both, colocate, train, explore, bench; got 'foo'$"),
     (["algorithm.algorithm_type=on_policy_distill"], r"algorithm\.distill_coef 1\.0 distills from a teacher: set model\.teacher_model_path \(an HF model folder with the student's tokenizer\) or model\.teacher_service \(an auxiliary model serving one\)$"),

@@ -3,6 +3,9 @@ token to, against transformers' own routing of the finished sequence in one plai
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 
 from rlcore.core import moe_routing
@@ -73,3 +76,44 @@ def test_the_static_loop_records_what_the_eager_loop_records() -> None:
         assert torch.equal(x.sort(-1).values, y.sort(-1).values)
     plain = decode_static(states, prompts, 2, sampling, check_every=3, **options)
     assert plain.routed_experts is None and plain.tokens == static.tokens
+
+
+@pytest.fixture(scope="module")
+def moe_engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+    from rlcore.rollout.engines.hf import HFEngine
+
+    path = str(tmp_path_factory.mktemp("models") / "qwen3_moe")
+    build_scratch_model(path, ScratchModelConfig(enabled=True, architecture="qwen3_moe"), max_model_len=256, seed=0)
+    return HFEngine(path, max_model_len=256)
+
+
+@pytest.mark.parametrize("template", [None, "thinking"], ids=["appended", "re-rendered"])
+def test_a_conversations_record_joins_its_engine_calls(moe_engine: Any, template: str | None) -> None:
+    """multi_turn with r3: each token's experts as the engine call that first ran it routed them (the
+    prompt and an observation by the next call's prefill, a reply by its decode), which is
+    transformers' routing of the whole sample in one forward; a sample the thinking template started
+    anew records from its own prompt on."""
+    from rlcore.core.scratch_model import CHATML_THINKING_TEMPLATE
+    from rlcore.core.types import Task
+    from rlcore.rollout.rewards.compose import build_reward
+    from rlcore.rollout.workflows.multi_turn import MultiTurnWorkflow
+
+    env = "tests.unit.rollout.test_multi_turn:" + ("ToolThenUserEnv" if template else "CountingEnv")
+    wf = MultiTurnWorkflow(
+        moe_engine, moe_engine.tokenizer, build_reward(["format"], [0.5]), max_prompt_tokens=64,
+        apply_chat_template=template is not None, chat_template=CHATML_THINKING_TEMPLATE if template else None,
+        args={"env": env, "max_turns": 3},
+    )  # fmt: skip
+    sampling = SamplingParams(temperature=1.0, n=2, max_tokens=5, seed=7, return_routed_experts=True)
+    exps = wf.run([Task("t0", "12+7="), Task("t1", "3+4=")], sampling, 0)
+    assert len(exps) == (8 if template else 4)  # the thinking template: 2 samples an episode
+    model = moe_engine.model
+    layers, top_k = moe_routing.shape_of(model)
+    for e in exps:
+        record = moe_routing.from_bytes(e.routed_experts, layers, top_k)
+        assert record.shape[0] == moe_routing.routing_tokens(len(e.prompt_token_ids), len(e.response_token_ids))
+        with torch.no_grad(), moe_routing.RoutingRecorder(model) as plain:
+            model(input_ids=torch.tensor([e.prompt_token_ids + e.response_token_ids]))
+        assert torch.equal(record.sort(-1).values, plain.take()[:-1].sort(-1).values)
