@@ -233,7 +233,7 @@ def _architecture(name: str) -> tuple[type, type]:
     """transformers' (config class, causal-LM class) of a scratch `architecture`."""
     import transformers
 
-    prefix = {"llama": "Llama", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}[name]
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}[name]
     return getattr(transformers, f"{prefix}Config"), getattr(transformers, f"{prefix}ForCausalLM")
 
 

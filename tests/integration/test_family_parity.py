@@ -112,6 +112,28 @@ def test_a_model_family_trains_like_plain_hf_and_resumes_exactly(case_id, family
     assert_resumed(resumed, run, SAVE_AT)
 
 
+# (id, architecture, ranks, TrainerConfig overrides): every family at every layout the conversion covers
+# that the 20-step cases above do not, first step only (llama's run in test_strategy_parity.py)
+FIRST_STEP_LAYOUTS: list[tuple[str, str, int, list[str]]] = [
+    ("qwen2-tp1", "qwen2", 1, []),
+    ("qwen2-tp2", "qwen2", 2, ["megatron.tensor_model_parallel_size=2"]),
+    ("qwen2-pp2", "qwen2", 2, ["megatron.pipeline_model_parallel_size=2"]),
+    ("qwen3-tp1", "qwen3", 1, []),
+    ("qwen3-pp2", "qwen3", 2, ["megatron.pipeline_model_parallel_size=2"]),
+    ("qwen3_moe-tp1", "qwen3_moe", 1, []),
+    ("qwen3_moe-pp2", "qwen3_moe", 2, ["megatron.pipeline_model_parallel_size=2"]),
+]
+
+
+@pytest.mark.parametrize("architecture,ranks,sets", [c[1:] for c in FIRST_STEP_LAYOUTS], ids=[c[0] for c in FIRST_STEP_LAYOUTS])
+def test_first_step_gradients_by_hf_name_at_every_layout(architecture, ranks, sets, family_model, tmp_path):
+    """megatron's first step of each family at TP1, TP2 and PP2: the loss and log-probs within 1e-5
+    of a plain HF model's and every gradient, gathered to its HF name, within 1e-4."""
+    model = family_model(architecture)
+    run = run_worker(model, "megatron", ranks, sets, str(tmp_path), "--steps", "1", "--total-steps", str(STEPS))
+    assert_first_step(run, reference_run(model, 1, STEPS))
+
+
 FROZEN_STEPS = 6
 
 

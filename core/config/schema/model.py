@@ -17,8 +17,9 @@ class ScratchModelConfig:
 
     enabled: bool = False
     """Build the model and tokenizer into `model.model_path` if that folder has no config.json."""
-    architecture: str = choice("llama", ("llama", "qwen3", "qwen3_moe"))
-    """transformers' model class: llama; qwen3 (RMSNorms of each head's queries and keys); qwen3_moe
+    architecture: str = choice("llama", ("llama", "qwen2", "qwen3", "qwen3_moe"))
+    """transformers' model class: llama; qwen2 (biases on the query, key and value projections);
+    qwen3 (RMSNorms of each head's queries and keys); qwen3_moe
     (Qwen3's attention, every MLP a mixture of `num_experts` experts of which each token takes
     `num_experts_per_tok`)."""
     hidden_size: int = bounded(128, gt=0)
