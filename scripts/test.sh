@@ -4,7 +4,7 @@
 # lowest priority, on the CPU time pytest leaves idle while its tests wait on the processes they
 # start (about a sixth of 2 cores), so they add nothing to its wall time; their output and verdict
 # come after pytest's. pytest hands whole files to 2 workers, the longest first (tests/conftest.py,
-# LONGEST_FILES). Arguments go to pytest (e.g. `bash scripts/test.sh -x --durations=30`).
+LONGEST_FILES). Arguments go to pytest (e.g. `bash scripts/test.sh -x --durations=30`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
