@@ -65,29 +65,6 @@ class LongTestWatch:
                         self.reporter.write_line(line)
 
 
-LONGEST_FILES = (
-    "integration/test_multi_host.py", "integration/test_strategy_parity.py", "integration/test_family_parity.py",
-    "integration/test_decoupled_launch.py", "integration/test_vllm_loop.py", "integration/test_worker_failover.py",
-    "integration/test_external_models.py", "integration/test_tinker_server.py", "unit/runtime/test_fork_server.py",
-    "integration/test_vllm_engine.py", "integration/test_router_replay_launch.py", "integration/test_algorithm_menu.py",
-)  # fmt: skip
-"""The files that took longest in a whole run (`--durations=0`, summed per file: 243 s down to 43 s
-of the suite's 1833 on 2 cores), longest first. `scripts/test.sh` hands whole files to its 2
-workers in collection order (`--dist loadfile --no-loadscope-reorder`): these first, then the
-other integration files, then the unit tests, so that the short files fill the gaps at the end
-instead of a long one running alone there (longest processing time first)."""
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.split("::")[0].removeprefix("tests/")
-        if path in LONGEST_FILES:
-            return LONGEST_FILES.index(path)
-        return len(LONGEST_FILES) + (0 if path.startswith("integration/") else 1)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
-
-
 @pytest.hookimpl(trylast=True)  # after the terminal reporter's own
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.get_plugin("terminalreporter") is not None and not hasattr(config, "workerinput"):
