@@ -177,9 +177,19 @@ class Experience:
 
 
 def by_episode(exps: list[Experience]) -> list[list[Experience]]:
-    """`exps` as episodes, in order: the samples sharing an episode_id together, any other
-    experience an episode of its own."""
+    """`exps` as episodes, in order: the samples of one group sharing an episode_id together (an
+    agent names its episodes through the door: two tasks may reuse a name), any other experience an
+    episode of its own."""
     episodes: dict[Any, list[Experience]] = {}
     for i, e in enumerate(exps):
-        episodes.setdefault(e.episode_id or i, []).append(e)
+        episodes.setdefault((e.group_id, e.episode_id) if e.episode_id else i, []).append(e)
     return list(episodes.values())
+
+
+def episode_starts(exps: list[Experience]) -> list[int]:
+    """The index in `exps` of each episode's first sample (its samples are consecutive)."""
+    starts, index = [], 0
+    for samples in by_episode(exps):
+        starts.append(index)
+        index += len(samples)
+    return starts

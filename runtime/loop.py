@@ -25,7 +25,7 @@ from typing import Any
 from ..core.config import Stage, inherits_previous_model
 from ..core.data.taskset import task_stream
 from ..core.step_metrics import memory_metrics
-from ..core.types import Experience
+from ..core.types import Experience, episode_starts
 from ..weights.schedule import SyncSchedule
 from .buffer_source import BufferSource, StopWhileWaiting
 from .engine_link import EngineLink, RunContext
@@ -212,7 +212,7 @@ class StageLoop:
         """Lock-step: the step's rollout (lockstep_source.py), the next one started ahead, train."""
         assert self.lockstep is not None
         exps, metrics = self.lockstep.take(self.explore_step, self.global_step, self.mixture)
-        following, updates = self.explore_step + 1, len(mini_batches(len(exps), self.cfg))
+        following, updates = self.explore_step + 1, len(mini_batches(len(exps), self.cfg, episode_starts(exps)))
         last = following >= self.total_explore_steps or self.global_step + updates >= self.total_train_steps
         self.lockstep.start_ahead(following, last)
         metrics.update(self._train(exps))

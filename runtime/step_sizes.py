@@ -26,15 +26,23 @@ def experiences_per_step(cfg: RLCoreConfig) -> int:
     return cfg.buffer.batch_size * (cfg.algorithm.repeat_times if explores else 1)
 
 
-def mini_batches(num_rows: int, cfg: RLCoreConfig) -> list[range]:
+def mini_batches(num_rows: int, cfg: RLCoreConfig, starts: list[int] | None = None) -> list[range]:
     """The rows of each of a step's mini-batches: train_batch_size rows each, the last one short
-    when rows are missing (stale ones dropped), never more than the planned updates per step: the
-    extra samples of split episodes (Experience.episode_id) join the last one."""
+    when rows are missing (stale ones dropped), never more than the planned updates per step. More
+    rows than planned (split episodes, Experience.episode_id; `starts`: each episode's first row):
+    equal shares, each cut at an episode's start so that no episode spans two updates."""
     train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
     count = min(-(-num_rows // train_batch), max(experiences_per_step(cfg) // train_batch, 1))
-    return [
-        range(i * train_batch, num_rows if i == count - 1 else (i + 1) * train_batch) for i in range(count)
-    ]
+    if starts is None or num_rows <= count * train_batch:
+        return [
+            range(i * train_batch, num_rows if i == count - 1 else (i + 1) * train_batch) for i in range(count)
+        ]
+    cuts = [0]
+    for k in range(1, count):
+        cut = next((s for s in starts if s >= k * num_rows / count), num_rows)
+        if cuts[-1] < cut < num_rows:
+            cuts.append(cut)
+    return [range(a, b) for a, b in zip(cuts, [*cuts[1:], num_rows], strict=True)]
 
 
 def plan_steps(cfg: RLCoreConfig, num_tasks: int) -> tuple[int, int, int]:

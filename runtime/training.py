@@ -36,7 +36,7 @@ from ..core.config import RLCoreConfig
 from ..core.config.plan import Passes, filled, plan_stage
 from ..core.hf_export import ADAPTER_DIR, HF_DIR, export_adapter, export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
-from ..core.types import Experience
+from ..core.types import Experience, episode_starts
 from . import scoring
 from .step_sizes import experiences_per_step, max_response_len, mini_batches, plan_steps
 
@@ -169,7 +169,7 @@ class StageTraining:
         keep = scoring.trained(exps, algo.overlong_filter)
 
         # Log-prob passes happen before any update, on this rank's share of every mini-batch.
-        minis = [seqs[r.start : r.stop] for r in mini_batches(len(seqs), self.cfg)]
+        minis = [seqs[r.start : r.stop] for r in mini_batches(len(seqs), self.cfg, episode_starts(exps))]
         local = [self.micro(m) for m in minis]
         scoring.mask_rows(local, keep)
         timers: dict[str, float] = {}

@@ -76,6 +76,8 @@ class BalanceCapture:
     def loss(self, num_layers: int) -> torch.Tensor:
         """The first forward's loss (a recompute in the backward adds more layers, unused)."""
         layers = self.layers[:num_layers]
+        if not layers:
+            return moe_balance.mean_over_layers(layers, torch.ones(0, dtype=torch.bool))  # raises, naming the key
         mask = self.mask_N if self.mask_N is not None else torch.ones(layers[0][0].shape[0], dtype=torch.bool)
         return moe_balance.mean_over_layers(layers, mask.to(layers[0][0].device))
 

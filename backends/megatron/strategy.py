@@ -284,6 +284,8 @@ class MegatronStrategy(TrainingStrategy):
                 routing.record(chunk)
             elif self.records_routing and OWN_ROUTES in mb:  # the update replays its old pass's routing
                 routing.set_own(chunk, mb[OWN_ROUTES], self._routes)
+            elif self.records_routing:  # a row without a record (mix's expert rows) routes by itself
+                routing.clear(chunk)
             if balanced:
                 routing.balance(chunk)
             if packed is not None:

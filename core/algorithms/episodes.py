@@ -5,8 +5,9 @@ follows (a thinking template drops the reasoning of earlier turns after a new us
 a new sample, and an agent's episode through the door may hold several conversations: one episode,
 several experiences, one reward. Counting each sample in its group's statistics would weigh an
 episode by how often it was split, so a response-level advantage (grpo, rloo, opmd, ...) is
-computed on one row per episode and given to each of its samples, as tinker-cookbook and prime-rl
-give a trajectory's advantage to each of its pieces. A per-token advantage (gae,
+computed on one row per episode (its last sample's, with the KL penalties of all its samples in its
+reward) and given to each of its samples, as tinker-cookbook and prime-rl give a trajectory's
+advantage to each of its pieces. A per-token advantage (gae,
 reinforce_plus_plus) has one value per token of each sample: it is computed on the samples
 themselves, each one a sequence of its own.
 """
@@ -21,18 +22,20 @@ import torch
 from .scored import ScoredBatch
 
 
-def episode_rows(episode_ids: Sequence[str]) -> tuple[list[int], list[int]]:
-    """(the first row of each episode, each row's episode index); an empty id is an episode of its own."""
-    position: dict[str, int] = {}
-    first: list[int] = []
+def episode_rows(episode_ids: Sequence[str], group_ids: Sequence[str]) -> tuple[list[int], list[int]]:
+    """(the last row of each episode, each row's episode index); an empty id is an episode of its own,
+    and an id names an episode within its group."""
+    position: dict[tuple[str, str], int] = {}
+    last: list[int] = []
     index: list[int] = []
-    for i, eid in enumerate(episode_ids):
-        key = eid or f"\x00row{i}"
+    for i, (eid, gid) in enumerate(zip(episode_ids, group_ids, strict=True)):
+        key = (gid, eid) if eid else ("", f"\x00row{i}")
         if key not in position:
-            position[key] = len(first)
-            first.append(i)
+            position[key] = len(last)
+            last.append(i)
+        last[position[key]] = i
         index.append(position[key])
-    return first, index
+    return last, index
 
 
 def select(batch: ScoredBatch, rows: list[int]) -> ScoredBatch:
@@ -46,14 +49,25 @@ def select(batch: ScoredBatch, rows: list[int]) -> ScoredBatch:
     return replace(batch, group_ids=[batch.group_ids[i] for i in rows], episode_ids=None, **tensors)
 
 
+def episodes_of(batch: ScoredBatch, last: list[int], index: list[int]) -> ScoredBatch:
+    """One row per episode: its last sample's (the episode's end: its score, its truncation), with the
+    KL penalty in the reward (use_kl_in_reward) of every sample of the episode, summed."""
+    episodes = select(batch, last)
+    if batch.scores is not None:
+        penalty_N = (batch.scores - batch.rewards).double()
+        summed_E = penalty_N.new_zeros(len(last)).index_add_(0, torch.tensor(index), penalty_N)
+        episodes.rewards = (episodes.scores.double() - summed_E).to(batch.rewards.dtype)
+    return episodes
+
+
 def per_episode(fn: Callable[[ScoredBatch], torch.Tensor], batch: ScoredBatch) -> torch.Tensor:
     """`fn`'s advantages of `batch` with each episode counted once (module docstring)."""
     if batch.episode_ids is None:
         return fn(batch)
-    rows, index = episode_rows(batch.episode_ids)
-    if len(rows) == len(index):  # every sample a whole episode
+    last, index = episode_rows(batch.episode_ids, batch.group_ids)
+    if len(last) == len(index):  # every sample a whole episode
         return fn(batch)
-    adv = fn(select(batch, rows))
+    adv = fn(episodes_of(batch, last, index))
     if adv.dim() == 1:
         return adv[torch.tensor(index, dtype=torch.long)]
     return fn(batch)

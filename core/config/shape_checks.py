@@ -287,6 +287,11 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
             f"algorithm.algorithm_type {algo.algorithm_type} needs a reference model, which a Tinker service does "
             "not hold: train it with rlcore's own trainer (drop trainer.remote)"
         )
+    if cfg.trainer.router_aux_loss_coef > 0:
+        raise ConfigError(
+            f"trainer.router_aux_loss_coef: a Tinker service (trainer.remote {cfg.trainer.remote}) adds no "
+            "load-balancing loss of rlcore's: set it 0, or train with rlcore's own trainer"
+        )
     if data != "rollouts":
         return
     ts = [cfg.buffer.explorer_input.taskset, *cfg.buffer.explorer_input.mixture]
@@ -300,6 +305,7 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
         (bool(step_passes(algo)), f"the pass(es) {', '.join(step_passes(algo))} beside the policy"),
         (algo.entropy_coef > 0, "algorithm.entropy_coef (Tinker's losses have no entropy term): set it 0"),
         (algo.rollout_correction.kind != "none", "algorithm.rollout_correction: set kind none"),
+        (algo.router_replay != "none", "algorithm.router_replay (rlcore's trainer replays routing): set it none"),
         (any((t.rollout_args.temperature or 1.0) != 1.0 for t in ts),
          "a training taskset sampled at a temperature other than 1 (Tinker's log-probs are at temperature 1, "
          "the ratio would compare different distributions): set rollout_args.temperature 1.0"),

@@ -112,7 +112,7 @@ class PromptFormat:
             if not after.startswith(before):
                 raise ValueError(
                     "the chat template does not render an assistant turn as the generation prompt followed by "
-                    "the reply; SFT on messages needs one that does"
+                    "the reply; SFT on messages needs one that does (model.chat_template or chat_template_path)"
                 )
             if not before.startswith(done):  # the history renders anew: a new sample
                 samples.append([])
@@ -121,7 +121,9 @@ class PromptFormat:
             cut = reply.find(eos) + len(eos) if eos and eos in reply else len(reply)
             samples[-1] += [(before[len(done) :], 0), (reply[:cut], 1), (reply[cut:], 0)]
             done = after
-        encoded = [self._sft_sample(tokenizer, segments) for segments in samples if any(t for _, t in segments)]
+        encoded = [
+            self._sft_sample(tokenizer, segments) for segments in samples if any(t and text for text, t in segments)
+        ]
         if not encoded:
             raise ValueError("the conversation has no assistant turn to train on")
         return encoded

@@ -38,5 +38,5 @@ class MultiTurnWorkflow(ConversationWorkflow):
     def start(self, task: Task) -> Episode:
         env = self.env_cls(task, self.env_args)
         first = env.reset()
-        prompt = self.prompt_format.encode_prompt(self.tokenizer, first)
+        prompt = self.format_for(task).encode_prompt(self.tokenizer, first)  # its row's system prompt too
         return Episode(task, env, prompt, messages=[{"role": "user", "content": first}])

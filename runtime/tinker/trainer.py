@@ -46,7 +46,7 @@ from ...core.config.host_checks import tinker_url
 from ...core.config.plan import StagePlan
 from ...core.config.shape_checks import TINKER_LOSSES
 from ...core.step_metrics import rollout_metrics
-from ...core.types import Experience
+from ...core.types import Experience, episode_starts
 from ...weights.base import announce
 from ...weights.sender import WeightSender, connect
 from .. import scoring
@@ -162,7 +162,7 @@ class TinkerTrainer(RemoteHandle):
             old = self._recomputed(seqs, old, mask, metrics)
         loss, config = TINKER_LOSSES[algo.policy_loss_fn], _clip_config(algo)
         losses, optims = [], []
-        for rows in mini_batches(len(exps), self.cfg):
+        for rows in mini_batches(len(exps), self.cfg, episode_starts(exps)):
             lo = rows.start
             weights = self._weights(mask[lo : rows.stop])
             datums = []

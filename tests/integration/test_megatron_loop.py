@@ -44,6 +44,28 @@ def _megatron_plan(plan: dict, run_dir: str, tp: int = 2) -> dict:
     return {**plan, "run_dir": run_dir, "run_address": None, "rollout_endpoints": [], "stages": stages}
 
 
+def _both_runs(tmp_path, sections: dict, tp: int) -> tuple[str, str]:
+    """The fsdp2 launch of tiny_grpo_config with `sections` (2 ranks, mode colocate), then its plan
+    run again on megatron at TP=`tp`: the two runs' folders."""
+    root = str(tmp_path / "fsdp2")
+    cfg = tiny_grpo_config(
+        root, **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2, **sections}
+    )
+    launch(cfg, root + ".yaml")
+    fsdp2_dir = os.path.join(root, "it", "run")
+    with open(os.path.join(fsdp2_dir, "launch", "plan.json")) as f:
+        plan = json.load(f)
+    megatron_dir = str(tmp_path / "megatron")
+    os.makedirs(megatron_dir)
+    plan_path = os.path.join(megatron_dir, "plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(_megatron_plan(plan, megatron_dir, tp), f)
+    cmd = torchrun(2, "tests.integration.megatron_worker", plan_path)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return fsdp2_dir, megatron_dir
+
+
 CASES: dict[str, dict] = {
     "ppo": {"algorithm.algorithm_type": "ppo"},  # a megatron critic beside the policy
     # expert micro-batches beside the rollouts' and a teacher's reverse KL in the advantages (below)
@@ -70,25 +92,9 @@ def test_loop_on_megatron_matches_fsdp2(tmp_path, case):
             intermediate_size=128,
         ), max_model_len=48, seed=5)  # fmt: skip
         sections["model.teacher_model_path"] = teacher
-    cfg = tiny_grpo_config(
-        root,
-        **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
-           "model.scratch.num_key_value_heads": 2,  # TP=2 splits the KV heads
-           **sections},
-    )  # fmt: skip
-    launch(cfg, root + ".yaml")
-    fsdp2_dir = os.path.join(root, "it", "run")
-    with open(os.path.join(fsdp2_dir, "launch", "plan.json")) as f:
-        plan = json.load(f)
-
-    megatron_dir = str(tmp_path / "megatron")
-    os.makedirs(megatron_dir)
-    plan_path = os.path.join(megatron_dir, "plan.json")
-    with open(plan_path, "w") as f:
-        json.dump(_megatron_plan(plan, megatron_dir), f)
-    cmd = torchrun(2, "tests.integration.megatron_worker", plan_path)
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    fsdp2_dir, megatron_dir = _both_runs(
+        tmp_path, {"model.scratch.num_key_value_heads": 2, **sections}, tp=2  # TP=2 splits the KV heads
+    )
 
     a = [m for m in read_metrics(fsdp2_dir) if "actor/loss" in m]
     b = [m for m in read_metrics(megatron_dir) if "actor/loss" in m]
@@ -129,29 +135,14 @@ def test_r2_and_the_router_aux_loss_on_megatron_train_as_on_fsdp2(tmp_path):
     update as transformers' do on fsdp2, and the load-balancing loss joins each update the same way,
     step for step (the same losses, gradient norms, rewards, aux loss and share of replayed routes the
     updated router would have changed, which is not 0)."""
-    root = str(tmp_path / "fsdp2")
-    cfg = tiny_grpo_config(
-        root,
-        **{"mode": "colocate", "buffer.total_steps": STEPS, "cluster.ranks_per_node": 2,
-           "model.scratch.architecture": "qwen3_moe", "model.scratch.num_experts": 4,
-           "model.scratch.num_experts_per_tok": 2, "model.scratch.num_key_value_heads": 1,
-           "algorithm.router_replay": "r2", "algorithm.optimizer.lr": 0.02, "buffer.train_batch_size": 8,
-           "trainer.router_aux_loss_coef": 0.1},
+    fsdp2_dir, megatron_dir = _both_runs(
+        tmp_path,
+        {"model.scratch.architecture": "qwen3_moe", "model.scratch.num_experts": 4,
+         "model.scratch.num_experts_per_tok": 2, "model.scratch.num_key_value_heads": 1,
+         "algorithm.router_replay": "r2", "algorithm.optimizer.lr": 0.02, "buffer.train_batch_size": 8,
+         "trainer.router_aux_loss_coef": 0.1},
+        tp=1,
     )  # fmt: skip
-    launch(cfg, root + ".yaml")
-    fsdp2_dir = os.path.join(root, "it", "run")
-    with open(os.path.join(fsdp2_dir, "launch", "plan.json")) as f:
-        plan = json.load(f)
-    megatron_dir = str(tmp_path / "megatron")
-    os.makedirs(megatron_dir)
-    plan_path = os.path.join(megatron_dir, "plan.json")
-    with open(plan_path, "w") as f:
-        json.dump(_megatron_plan(plan, megatron_dir, tp=1), f)
-    proc = subprocess.run(
-        torchrun(2, "tests.integration.megatron_worker", plan_path), cwd=REPO, capture_output=True, text=True,
-        timeout=800,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     a = [m for m in read_metrics(fsdp2_dir) if "actor/loss" in m]
     b = [m for m in read_metrics(megatron_dir) if "actor/loss" in m]
     assert len(a) == len(b) == STEPS

@@ -129,8 +129,9 @@ class ModelConfig:
     chat_template_path: str | None = None
     """A file holding that template (read where the run is launched; not with chat_template)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """More variables the chat template reads wherever it renders (rollouts, multi-turn turns, SFT,
-    evaluation), e.g. {enable_thinking: false} for Qwen3's; needs apply_chat_template."""
+    """More variables the chat template reads wherever rlcore renders prompts (rollouts, multi-turn
+    turns, SFT, evaluation; the door's requests carry their own chat_template_kwargs), e.g.
+    {enable_thinking: false} for Qwen3's; needs apply_chat_template."""
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
     lora_configs: list[LoraConfig] = field(default_factory=list)
     """LoRA: train one adapter instead of the full weights (a list of at most one, as in other

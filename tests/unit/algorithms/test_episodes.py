@@ -18,7 +18,7 @@ from rlcore.core.types import Experience, by_episode
 # split in 2, e5 (0) whole
 SPLIT = [("a", "e1", 1.0), ("a", "e1", 1.0), ("a", "e1", 1.0), ("a", "", 0.0), ("a", "", 1.0),
          ("b", "e4", 0.5), ("b", "e4", 0.5), ("b", "", 0.0)]  # fmt: skip
-WHOLE = [0, 3, 4, 5, 7]  # the first sample of each episode
+LAST = [2, 3, 4, 6, 7]  # the last sample of each episode
 T = 6
 
 
@@ -32,8 +32,10 @@ def batch(rows: list[tuple[str, str, float]], cfg: AlgorithmConfig) -> ScoredBat
     )  # fmt: skip
 
 
-def test_episode_rows_find_each_episodes_first_row_and_index() -> None:
-    assert episode_rows([e for _, e, _ in SPLIT]) == (WHOLE, [0, 0, 0, 1, 2, 3, 3, 4])
+def test_episode_rows_find_each_episodes_last_row_and_index_within_its_group() -> None:
+    assert episode_rows([e for _, e, _ in SPLIT], [g for g, _, _ in SPLIT]) == (LAST, [0, 0, 0, 1, 2, 3, 3, 4])
+    # an agent reused an episode name in another task: two episodes
+    assert episode_rows(["x", "x", "x"], ["a", "a", "b"]) == ([1, 2], [0, 0, 1])
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_FNS))
@@ -44,8 +46,8 @@ def test_a_split_episode_gets_the_advantage_it_would_get_whole(name: str) -> Non
     cfg = with_preset(AlgorithmConfig(algorithm_type=algo, advantage_fn=name))
     fn = ADVANTAGE_FNS.resolve(name)
     split = batch(SPLIT, cfg)
-    whole = batch([SPLIT[i] for i in WHOLE], cfg)
-    whole.values, whole.ref_logprobs = split.values[WHOLE], split.ref_logprobs[WHOLE]
+    whole = batch([SPLIT[i] for i in LAST], cfg)
+    whole.values, whole.ref_logprobs = split.values[LAST], split.ref_logprobs[LAST]
     got, alone = per_episode(fn, split), fn(whole)
     if alone.dim() == 1:
         assert torch.equal(got, alone[torch.tensor([0, 0, 0, 1, 2, 3, 3, 4])])
@@ -62,6 +64,21 @@ def test_grpo_counts_a_split_episode_once_in_its_groups_mean_and_std() -> None:
     # group a is (1, 0, 1): mean 2/3, std 0.577; counted per sample it would be (1, 1, 1, 0, 1)
     assert adv[:3].tolist() == pytest.approx([(1 - 2 / 3) / (3**-0.5 * 1)] * 3, rel=1e-5)
     assert adv[3].item() == pytest.approx(-(2 / 3) / 3**-0.5, rel=1e-5)
+
+
+def test_an_episodes_kl_penalties_add_up_in_its_reward() -> None:
+    """use_kl_in_reward: each sample's reward is its score less its KL penalty; the episode's row
+    takes its last sample's score less the penalties of all its samples."""
+    from rlcore.core.algorithms.episodes import episodes_of
+
+    cfg = with_preset(AlgorithmConfig(algorithm_type="grpo"))
+    split = batch(SPLIT, cfg)
+    split.scores = split.rewards.clone()
+    split.rewards = split.scores - torch.tensor([0.1, 0.2, 0.3, 0.0, 0.05, 0.4, 0.1, 0.0])
+    last, index = episode_rows(split.episode_ids, split.group_ids)
+    episodes = episodes_of(split, last, index)
+    assert episodes.rewards.tolist() == pytest.approx([1.0 - 0.6, 0.0, 1.0 - 0.05, 0.5 - 0.5, 0.0])
+    assert episodes.scores.tolist() == [1.0, 0.0, 1.0, 0.5, 0.0]
 
 
 def exp(group: str, episode: str, reward: float, tokens: int, finish: str = "stop") -> Experience:
@@ -96,3 +113,12 @@ def test_the_extra_samples_of_split_episodes_join_the_steps_last_mini_batch(
     minis = mini_batches(rows, cfg)
     assert [len(r) for r in minis] == sizes and minis[0].start == 0 and minis[-1].stop == rows
     assert all(a.stop == b.start for a, b in zip(minis, minis[1:], strict=False))
+    # with the episodes' first rows (3 samples each): the same when no more rows than planned, else
+    # equal shares cut where an episode starts
+    starts = list(range(0, rows, 3))
+    shares = [len(r) for r in mini_batches(rows, cfg, starts)]
+    if rows <= 64:
+        assert shares == sizes
+    else:
+        assert sum(shares) == rows and len(shares) == len(sizes) and max(shares) - min(shares) <= 3, shares
+        assert all(r.start % 3 == 0 for r in mini_batches(rows, cfg, starts))

@@ -194,6 +194,14 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
           "algorithm.policy_loss_fn=opmd"],
          "trainer.remote tinker://h:1 (a Tinker service) does not go with algorithm.policy_loss_fn opmd (Tinker's "
          "losses serve ppo_clip, importance_sampling, cispo, gspo)"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
+          "algorithm.router_replay=r2", "model.scratch.architecture=qwen3_moe"],
+         "trainer.remote tinker://h:1 (a Tinker service) does not go with algorithm.router_replay (rlcore's "
+         "trainer replays routing): set it none"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
+          "trainer.router_aux_loss_coef=0.01", "model.scratch.architecture=qwen3_moe"],
+         "trainer.router_aux_loss_coef: a Tinker service (trainer.remote tinker://h:1) adds no load-balancing "
+         "loss of rlcore's: set it 0"),
         (
             ["mode=colocate", "explorer.rollout_model.engine_num=2"],
             "mode colocate runs its engines inside the trainer: explorer.rollout_model.engine_num must be 1 (in "
