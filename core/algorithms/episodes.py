@@ -56,7 +56,8 @@ def episodes_of(batch: ScoredBatch, last: list[int], index: list[int]) -> Scored
     if batch.scores is not None:
         penalty_N = (batch.scores - batch.rewards).double()
         summed_E = penalty_N.new_zeros(len(last)).index_add_(0, torch.tensor(index), penalty_N)
-        episodes.rewards = (episodes.scores.double() - summed_E).to(batch.rewards.dtype)
+        last_scores = batch.scores[torch.tensor(last, dtype=torch.long)].double()
+        episodes.rewards = (last_scores - summed_E).to(batch.rewards.dtype)
     return episodes
 
 
