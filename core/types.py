@@ -182,8 +182,14 @@ def by_episode(exps: list[Experience]) -> list[list[Experience]]:
     episode of its own."""
     episodes: dict[Any, list[Experience]] = {}
     for i, e in enumerate(exps):
-        episodes.setdefault((e.group_id, e.episode_id) if e.episode_id else i, []).append(e)
+        episodes.setdefault(episode_key(e.group_id, e.episode_id, i), []).append(e)
     return list(episodes.values())
+
+
+def episode_key(group_id: str, episode_id: str, row: int) -> tuple[str, str] | int:
+    """What names the episode of the experience at `row`: its group and episode id, or the row itself
+    (an experience without an episode id is a whole episode)."""
+    return (group_id, episode_id) if episode_id else row
 
 
 def episode_starts(exps: list[Experience]) -> list[int]:

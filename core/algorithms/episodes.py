@@ -19,17 +19,18 @@ from dataclasses import fields, replace
 
 import torch
 
+from ..types import episode_key
 from .scored import ScoredBatch
 
 
 def episode_rows(episode_ids: Sequence[str], group_ids: Sequence[str]) -> tuple[list[int], list[int]]:
     """(the last row of each episode, each row's episode index); an empty id is an episode of its own,
     and an id names an episode within its group."""
-    position: dict[tuple[str, str], int] = {}
+    position: dict[tuple[str, str] | int, int] = {}
     last: list[int] = []
     index: list[int] = []
     for i, (eid, gid) in enumerate(zip(episode_ids, group_ids, strict=True)):
-        key = (gid, eid) if eid else ("", f"\x00row{i}")
+        key = episode_key(gid, eid, i)
         if key not in position:
             position[key] = len(last)
             last.append(i)
