@@ -372,7 +372,8 @@ def test_a_rollout_host_cut_off_is_left_out_and_rejoins_when_its_link_returns(tm
             back = re.compile(rf"rollout workers now: .*{cut.address}:\d+.* \(were: {steady.address}:\d+\)")
             _wait_for(lambda: back.search(cluster.output("node0")), "the cut worker back", cluster, 120)
             back_at = len(metrics(run_dir, "stage1_rl"))
-            last = max(back_at + 2, RL_STEPS)  # a step served by the returned worker, the one-host run's steps
+            # a step served by the returned worker, and the one-host run's steps
+            last = max(back_at + 2, RL_STEPS)
             _wait_for(lambda: logged(run_dir, "stage1_rl", last), "a step after the return", cluster, 120)
             cluster.procs["node0"].send_signal(signal.SIGINT)
             assert cluster.procs["node0"].wait(timeout=300) == 128 + signal.SIGINT, cluster.report()
