@@ -24,6 +24,13 @@ that has closed it; when the minimum megatron-core moves past one, delete it.
   tagged `sequence_parallel`, which WrappedTorchNorm does not tag (TENorm does). `SequenceParallelRMSNorm`
   is torch's RMSNorm with its weight tagged (`sequence_parallel_norms` puts it in the spec and the
   block's final norm).
+- Its experts tag their weights for the expert-data-parallel reduction (`allreduce = False`) only
+  when expert parallelism is > 1. With EP1 beside tensor parallelism, rlcore's layout keeps every
+  expert whole on each TP rank (expert TP 1), and sequence parallelism hands each TP rank its own
+  slice of the tokens: each rank's expert gradients are a part of the sum. Untagged, they were
+  reduced over the data-parallel group only, which does not span the TP ranks (seen: expert
+  gradients at 0.72-0.95 of HF's at TP2, everything else exact); tagged, the expert-data-parallel
+  group (it does) sums them (`sum_expert_grads_over_tp`).
 """
 
 from __future__ import annotations
@@ -111,3 +118,15 @@ def sequence_parallel_norms(spec: Any) -> Any:
     if transformer_block.LayerNormImpl is WrappedTorchNorm:
         transformer_block.LayerNormImpl = SequenceParallelRMSNorm
     return spec
+
+
+def sum_expert_grads_over_tp(module: torch.nn.Module, config: Any) -> None:
+    """Tag the expert weights of `module` for the expert-data-parallel reduction where tensor
+    parallelism runs beside EP1 with experts whole on each TP rank (see the module's docstring);
+    call before DistributedDataParallel and the optimizer read the tags. Idempotent."""
+    folded = config.tensor_model_parallel_size > 1 and config.expert_tensor_parallel_size == 1
+    if not folded or config.expert_model_parallel_size > 1:
+        return
+    for name, param in module.named_parameters():
+        if ".experts." in name and getattr(param, "allreduce", True):
+            param.allreduce = False  # type: ignore[attr-defined]

@@ -224,12 +224,6 @@ def check_layout(dims: ModelDims, tp_size: int, pp_size: int, ep_size: int = 1, 
     (megatron-core trains MoE layers beside TP only so), proven without pipeline or context parallelism."""
     tp_field = "trainer.megatron.tensor_model_parallel_size"
     ep_field = "trainer.megatron.expert_model_parallel_size"
-    if dims.num_experts and tp_size > 1 and ep_size == 1:
-        raise ValueError(
-            f"{tp_field} ({tp_size}) with a MoE model is proven beside expert parallelism (TP2+EP2); with the "
-            f"experts whole on every TP rank their gradients are not right yet: split them with {ep_field}, or set "
-            f"{tp_field} to 1"
-        )
     if dims.num_experts and tp_size > 1 and dims.value_head:
         raise ValueError(
             f"{tp_field} ({tp_size}) with a MoE critic: sequence parallelism hands its value head a slice of the "

@@ -109,6 +109,7 @@ class MegatronStrategy(TrainingStrategy):
         module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)
         routing.install(module)
+        compat.sum_expert_grads_over_tp(module, self.config)
         freeze_padding_embedding(module, self._hf_config.pad_token_id)
         if trainer_cfg.freeze_router:
             freeze_routers(module, "." + ROUTER)

@@ -122,6 +122,7 @@ FIRST_STEP_LAYOUTS: list[tuple[str, str, int, list[str]]] = [
     ("qwen3-pp2", "qwen3", 2, ["megatron.pipeline_model_parallel_size=2"]),
     ("qwen3_moe-tp1", "qwen3_moe", 1, []),
     ("qwen3_moe-pp2", "qwen3_moe", 2, ["megatron.pipeline_model_parallel_size=2"]),
+    ("qwen3_moe-tp2", "qwen3_moe", 2, ["megatron.tensor_model_parallel_size=2"]),
 ]
 
 
