@@ -22,7 +22,7 @@ LAYOUTS = [
     # (tp, pp, ep, families): Qwen3-MoE's experts split over 2 EP ranks; a MoE model at TP > 1 runs with
     # sequence parallelism
     (1, 1, 1, [*DENSE, "qwen3_moe"]),
-    (2, 1, 1, DENSE),
+    (2, 1, 1, [*DENSE, "qwen3_moe"]),  # Qwen3-MoE: every expert whole on each TP rank, sequence parallelism
     (1, 2, 1, [*DENSE, "qwen3_moe"]),
     (1, 1, 2, ["qwen3_moe"]),
     (2, 1, 2, ["qwen3_moe"]),  # TP2+EP2: sequence parallelism (the experts' EP group is the TP group)
