@@ -74,7 +74,7 @@ class BufferSource:
         """plan.source explorer_thread: explore from `start_step` (or the position a checkpoint kept)
         on the workers at `endpoints`; `registered()`: the launch's workers as the run lists them now
         (restarted ones come back at new addresses), None where it does not manage them."""
-        from .explore_loop import ExploreLoop, await_restarted
+        from .explore_loop import ExploreLoop
         from .explorer_thread import ExplorerThread
 
         def build(step: int, resume_from: dict[str, Any] | None) -> ExploreLoop:
@@ -85,10 +85,8 @@ class BufferSource:
             )  # fmt: skip
 
         def await_workers(loop: ExploreLoop) -> bool:
-            gone = {c.address for c in loop.workers.clients} | set(loop.workers.lost)
-            return registered is not None and bool(
-                await_restarted(self.cfg, registered, gone, thread.stop, loop.explore_step)
-            )
+            then = f", then exploring step {loop.explore_step} again"
+            return bool(loop.pool.await_restarted(thread.stop, then))
 
         if self.resume_from is not None:
             start_step = int(self.resume_from["explore_step"])

@@ -12,17 +12,78 @@ is put once either way (the file and sql storages keep all of a put or none of i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import threading
 from typing import Any
 
-from ..buffer.base import BufferError
+from ..buffer.base import BufferError, Group
+from ..core.types import Task
 
 log = logging.getLogger("rlcore.explore")
 
 PUTTING = "explorer_put.json"
 """Beside the position: the position after the put under way."""
+
+
+class ExplorePosition:
+    """Where an explorer stands, saved in `state_file` with each step's put: the next explore step,
+    the tasks still running (a resumed explorer sends them again), the groups put per buffer writer
+    id, its earlier launches' included (a resumed explorer checks that the buffer still holds them)."""
+
+    def __init__(self, state_file: str, step: int, stage: str):
+        self.state_file, self.step, self.stage = state_file, step, stage
+        self.resend: list[Task] = []
+        """Tasks that were still running when the explorer last stopped."""
+        self.put: dict[str, int] = {}
+        self.saved: dict[str, Any] | None = None
+        """The position written after the last step."""
+
+    def resume(self, buffer: Any) -> None:
+        """Resume from `state_file` (continue_from_checkpoint), or from a put it began, if that landed."""
+        saved = None
+        if os.path.isfile(self.state_file):
+            with open(self.state_file) as f:
+                saved = json.load(f)
+        if (position := resume_position(buffer, saved, self.state_file)) is not None:
+            self.restore(position)
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Resume from `saved` (a failed loop's position, or the one a checkpoint kept)."""
+        self.step = int(saved["explore_step"])
+        self.resend = [Task(**t) for t in saved.get("running", [])]
+        self.put = {str(w): int(n) for w, n in saved.get("put", {}).items()}
+        log.info(
+            "resumed exploring %s at step %d%s", self.stage, self.step,
+            f" ({len(self.resend)} task(s) that were still running are sent again)" if self.resend else "",
+        )  # fmt: skip
+
+    def check_buffer(self, buffer: Any) -> None:
+        check_buffer_holds(buffer, self.put, self.state_file)
+
+    def record(
+        self, buffer: Any, groups: list[Group], running: list[Task] | None, version: int, lock: threading.Lock
+    ) -> None:
+        """A step's groups into `buffer` and the position after them saved, under `lock` (so that a
+        checkpoint's snapshot sees both or neither); `running`: the tasks still running (None: no
+        task scheduler)."""
+        state: dict[str, Any] = {"explore_step": self.step + 1, "policy_version": version}
+        if running is not None:
+            state["running"] = [dataclasses.asdict(t) for t in running]
+        state["put"] = dict(self.put)
+        if groups:
+            state["put"][buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
+        with lock:
+            if groups:
+                begin_put(self.state_file, state)  # a resumed explorer asks the buffer whether the put landed
+                buffer.put(groups)
+            self.put, self.saved = dict(state["put"]), state
+            self.step += 1
+            save_position(self.state_file, state)
+            if groups:
+                end_put(self.state_file)
 
 
 def save_position(path: str, state: dict[str, Any]) -> None:

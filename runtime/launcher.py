@@ -20,11 +20,12 @@ from ..core.config import ConfigError, Stage, to_yaml
 from ..core.config.plan import RunPlan, explores_only, plan_launch
 from ..core.data.prompt_lengths import check_prompt_lengths
 from ..core.rpc.cli import write_atomic
+from ..weights.follower import wait_for_weights
 from ..weights.publish import pin_newest
 from . import failure, paths
 from .child import QUIET_DATASETS, process_env, quiet_datasets, rank_threads
 from .control_plane import control_plane, ensure_token
-from .explore_loop import drive_explorer, wait_for_weights
+from .explore_launch import drive_explorer
 from .lifecycle import StopSignals, end_process
 from .loop import planned_steps
 from .nodes import PLAN, join_world, log_size, node_log, silent_nodes, start_world, torchrun_command

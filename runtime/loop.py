@@ -26,13 +26,13 @@ from ..core.config import Stage, inherits_previous_model
 from ..core.data.taskset import task_stream
 from ..core.step_metrics import memory_metrics
 from ..core.types import Experience, episode_starts
+from ..weights.publisher import Publisher
 from ..weights.schedule import SyncSchedule
 from .buffer_source import BufferSource, StopWhileWaiting
 from .engine_link import EngineLink, RunContext
 from .handles import TrainerHandle
 from .lockstep_source import LockstepSource
 from .paths import SUMMARY, published_dir, stage_dir
-from .publisher import Publisher
 from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
 from .step_sizes import mini_batches, plan_steps

@@ -200,7 +200,7 @@ def test_a_resumed_explorer_refuses_a_buffer_that_lost_groups_it_acknowledged(tm
 
     from rlcore.buffer.file import FileBuffer
     from rlcore.buffer.sql import SqlBuffer
-    from rlcore.runtime.explore_loop import check_buffer_holds
+    from rlcore.runtime.explore_position import check_buffer_holds
 
     live, copy = tmp_path / "live", tmp_path / "copy"
     live.mkdir()

@@ -1,4 +1,4 @@
-"""A decoupled run's trainer side of the weights (runtime/publisher.py) with plan.explorer_weights
+"""A decoupled run's trainer side of the weights (weights/publisher.py) with plan.explorer_weights
 nccl: the first version a folder, later ones pushed to the workers the explorer registered, a folder
 whenever none are registered or the push fails, and a push again while the trainer waits when the
 explorer registers workers that lack the newest version."""
@@ -9,8 +9,8 @@ import pytest
 
 from rlcore.core.config.plan import plan_stage
 from rlcore.runtime.handles import Synced
-from rlcore.runtime.publisher import Publisher
 from rlcore.weights.publish import register_receivers, registered_receivers, unregister_receivers
+from rlcore.weights.publisher import Publisher
 
 from ..config.minimal import resolve
 

@@ -2,22 +2,34 @@
 explorers, as a folder (plan.explorer_weights publish), or (nccl) pushed over a process group to the
 rollout workers the explore launch registered, after the first version, which is always a folder
 (the workers start from it). A push that fails, or finds no workers registered, publishes a folder
-instead: the explorer loads whichever is newer (weights/publish.py says what the two launches
-write there)."""
+instead: the explorer loads whichever is newer (follower.py, its half; publish.py says what the
+two launches write there)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any, Protocol
 
 from ..core.config.plan import StagePlan
-from ..weights.publish import record_push, registered_receivers
-from .handles import TrainerHandle
+from .publish import record_push, registered_receivers
 
 log = logging.getLogger("rlcore.loop")
 
 
+class PublishingTrainer(Protocol):
+    """The two calls a Publisher makes of the trainer (runtime/handles.py TrainerHandle)."""
+
+    def publish_weights(self, folder: str) -> tuple[int, Any]:
+        """The next version written in `folder`: (version, what was sent: its `seconds`)."""
+        ...
+
+    def push_weights(self, endpoints: list[str], transport: str, token: str) -> tuple[int, float]:
+        """The weights pushed to the workers at `endpoints`: (the policy version they got, seconds)."""
+        ...
+
+
 class Publisher:
-    def __init__(self, plan: StagePlan, handle: TrainerHandle, folder: str):
+    def __init__(self, plan: StagePlan, handle: PublishingTrainer, folder: str):
         self.handle, self.folder = handle, folder
         self.by_group = plan.explorer_weights == "nccl"
         self.step = -1
