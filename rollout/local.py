@@ -14,6 +14,7 @@ from ..core.config.schema import RLCoreConfig
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from .engines import in_process
+from .loopback_door import workflow_context
 from .workflows import build_workflow
 from .workflows.base import Workflow, sampled_at
 
@@ -42,7 +43,8 @@ class LocalRollout:
     ) -> list[Experience]:
         key = json.dumps(asdict(spec), sort_keys=True)
         if key not in self._workflows:
-            self._workflows[key] = build_workflow(spec, self.engine, self.engine.tokenizer)
+            context = workflow_context()
+            self._workflows[key] = build_workflow(spec, self.engine, self.engine.tokenizer, context)
         self._awake()
         experiences = sampled_at(
             self._workflows[key].run(tasks, sampling, self.engine.policy_version), sampling

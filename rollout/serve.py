@@ -17,6 +17,8 @@ from ..core.rpc.cli import tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions
 from ..core.signals import StopFlag
+from .http_door import HttpDoor
+from .loopback_door import workflow_context
 from .server import RolloutServicer, rollout_service
 
 log = logging.getLogger("rlcore.rollout.serve")
@@ -62,31 +64,6 @@ def _heartbeat_loop(
                 )
             except RpcError as again:
                 log.warning("registering again with the run at %s failed: %s", run.address, again)
-
-
-class HttpDoor:
-    """The OpenAI-compatible door (openai_door.py) served by uvicorn in a thread of this process."""
-
-    def __init__(self, app: Any, host: str, port: int, model_name: str):
-        import uvicorn
-
-        self.model_name = model_name
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        )
-        self.thread = threading.Thread(target=self.server.run, name="http-door", daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise OSError(f"the HTTP door could not listen on {host}:{port}")
-            time.sleep(0.05)
-        bound = self.server.servers[0].sockets[0].getsockname()
-        self.address = f"{host}:{bound[1]}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namespace) -> HttpDoor:
@@ -241,7 +218,7 @@ def serve_main(args: argparse.Namespace) -> int:
     )
     servicer = RolloutServicer(
         engine, engine_name=args.engine, model_path=args.model, max_message_bytes=options.max_message_bytes,
-        partial_rollout=args.partial_rollout,
+        partial_rollout=args.partial_rollout, workflow_context=workflow_context(),
     )  # fmt: skip
     _log_rlcore_records()
     try:

@@ -44,7 +44,7 @@ from .gate import GenerationGate
 from .rewards.compose import resolve_reward
 from .rewards.judge import JUDGE, check_judge
 from .workflows import WORKFLOWS, build_workflow, resolve_workflow
-from .workflows.base import Workflow, sampled_at
+from .workflows.base import Workflow, WorkflowContext, sampled_at
 
 log = logging.getLogger("rlcore.rollout.server")
 
@@ -68,9 +68,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         worker_id: str = "",
         max_message_bytes: int = 0,
         partial_rollout: bool = False,
+        workflow_context: WorkflowContext | None = None,
     ):
-        """`partial_rollout`: a weight update interrupts the tasks' engine calls (rollout/gate.py)."""
+        """`partial_rollout`: a weight update interrupts the tasks' engine calls (rollout/gate.py);
+        `workflow_context`: what this process hands the workflows it builds (serve.py: a loopback door)."""
         self.engine = engine
+        self.workflow_context = workflow_context
         self.engine_name = engine_name
         self.model_path = model_path
         self.worker_id = worker_id
@@ -272,7 +275,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             workflow = build_workflow(
                 WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
                              system_prompt, spec.name, args, auxiliary, judge, tags, template_kwargs),
-                cast(RolloutEngine, self.batching), self.tokenizer,
+                cast(RolloutEngine, self.batching), self.tokenizer, self.workflow_context,
             )  # fmt: skip
         except ValueError as e:  # the workflow refuses its settings
             raise InvalidArgument("workflow.args_json", str(e)) from None

@@ -10,7 +10,7 @@ from ...core.registry import Registry
 if TYPE_CHECKING:
     from ...core.types import WorkflowSpec
     from ..engines.base import RolloutEngine
-    from .base import Workflow
+    from .base import Workflow, WorkflowContext
 
 WORKFLOWS = Registry(
     "workflow.name",
@@ -34,9 +34,11 @@ def resolve_workflow(name: str) -> type[Workflow]:
     return WORKFLOWS.resolve_class(name, Workflow, "workflow")
 
 
-def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) -> Workflow:
+def build_workflow(
+    spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any, context: WorkflowContext | None = None
+) -> Workflow:
     """The workflow `spec` names, on `engine`, with its reward functions resolved (ValueError for an
-    unknown workflow or reward function)."""
+    unknown workflow or reward function); `context`: what the calling process hands it."""
     from ..auxiliary import build_auxiliary
     from ..rewards.compose import build_reward
     from ..rewards.judge import Judge
@@ -47,5 +49,5 @@ def build_workflow(spec: WorkflowSpec, engine: RolloutEngine, tokenizer: Any) ->
         engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None, judge, spec.reasoning_tags),
         max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
         chat_template=spec.chat_template, system_prompt=spec.system_prompt, args=spec.args,
-        auxiliary=auxiliary, chat_template_kwargs=spec.chat_template_kwargs,
+        auxiliary=auxiliary, chat_template_kwargs=spec.chat_template_kwargs, context=context,
     )  # fmt: skip

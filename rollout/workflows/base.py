@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ...core.data.prompts import PromptFormat
 from ...core.types import Experience, SamplingParams, Task
@@ -12,10 +14,31 @@ from ..engines.base import RolloutEngine
 from ..rewards.compose import RewardComposer
 
 
+class Door(Protocol):
+    """An OpenAI-compatible door over an engine on loopback (rollout/loopback_door.py), for the
+    programs of a workflow that call the model over HTTP: each request carries its episode id
+    (X-Episode-Id) and `recorder` (rollout/episodes.py) keeps the episode's turns token by token."""
+
+    base_url: str
+    key_env: str
+    """The environment variable of this process that holds the door's token."""
+    model_name: str
+    recorder: Any
+
+
+@dataclass(frozen=True)
+class WorkflowContext:
+    """What the process that runs a workflow hands it (a rollout worker, an engine in the trainer's
+    process): `open_door(engine)`, a Door over `engine` (None: this process serves none)."""
+
+    open_door: Callable[[RolloutEngine], Door] | None = None
+
+
 class Workflow(ABC):
     """Built once per distinct WorkflowSpec on an engine (rollout workers cache them), then run on
     batch after batch. Construction: `Workflow(engine, tokenizer, reward, *, max_prompt_tokens,
-    apply_chat_template, chat_template, system_prompt, args, auxiliary, chat_template_kwargs)`; `args` holds the taskset's
+    apply_chat_template, chat_template, system_prompt, args, auxiliary, chat_template_kwargs, context)`;
+    `context` is what the process running it hands it (WorkflowContext); `args` holds the taskset's
     `workflow_args` (JSON values), which a workflow reads and checks itself (ValueError naming the
     key). A user's workflow is a subclass named by import path in `default_workflow_type`."""
 
@@ -32,8 +55,10 @@ class Workflow(ABC):
         args: dict[str, Any] | None = None,
         auxiliary: dict[str, AuxiliaryModel] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        context: WorkflowContext | None = None,
     ):
         self.engine = engine
+        self.context = context or WorkflowContext()
         self.auxiliary: dict[str, AuxiliaryModel] = dict(auxiliary or {})
         """OpenAI-compatible services by name (explorer.auxiliary_models; 'external')."""
         self.tokenizer = tokenizer

@@ -11,7 +11,7 @@ v1 API), trained on as the engine generated them.
 The taskset's rows come from `generator: verifiers` (core/data/verifiers_tasks.py): each names its
 task by index. Each episode runs the environment as verifiers runs it (its harness program in a
 subprocess runtime, its own turns, tools and stops), with the model behind an OpenAI-compatible door
-this workflow serves on loopback over its engine (openai_door.py). Every request of an episode
+the process running this workflow serves on loopback over its engine (rollout/loopback_door.py). Every request of an episode
 carries its episode id (X-Episode-Id), so the door records the turns token by token (episodes.py):
 the model's tokens with their log-probs train, the environment's turns are context. The
 environment's weighted rewards are the experience's reward (rlcore's reward_fn is not used), each
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import secrets
 import threading
 import uuid
 from typing import Any
@@ -118,7 +116,12 @@ class _Running:
         self.vf = vf
         self._tasks: list[Any] = []
         self._iter = iter(self.env.taskset)
-        self.door = LoopbackDoor(workflow.engine)
+        if workflow.context.open_door is None:
+            raise ValueError(
+                "the verifiers workflow serves its environment's programs an OpenAI-compatible door: run it on a "
+                "rollout worker or in the explorer, whose processes hand it one"
+            )
+        self.door = workflow.context.open_door(workflow.engine)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="verifiers", daemon=True).start()
         self._serving = self.env.serving()  # held: the environment serves as long as this workflow lives
@@ -156,23 +159,3 @@ class _Running:
         )
         ctx = vf.ModelContext(model=self.door.model_name, client=client, sampling=vf.Sampling(**knobs))
         return await asyncio.wait_for(self.env.run_episode(task, ctx), self.timeout_s)
-
-
-class LoopbackDoor:
-    """An OpenAI-compatible door over `engine` on 127.0.0.1, for the programs of an environment:
-    its own token (in an environment variable of this process, which verifiers' client reads), its
-    episode recorder."""
-
-    def __init__(self, engine: Any):
-        from ..openai_door import OpenAIDoor, build_app
-        from ..serve import HttpDoor
-        from ..server import RolloutServicer
-
-        servicer = RolloutServicer(engine, engine_name="workflow", model_path="")
-        self.model_name = "policy"
-        self.key_env = f"RLCORE_VERIFIERS_DOOR_KEY_{uuid.uuid4().hex[:8].upper()}"
-        os.environ[self.key_env] = secrets.token_hex(16)
-        self.recorder = servicer.episodes
-        door = OpenAIDoor(servicer, self.recorder, os.environ[self.key_env], self.model_name)
-        self.http = HttpDoor(build_app(door), "127.0.0.1", 0, self.model_name)
-        self.base_url = f"http://{self.http.address}/v1"

@@ -67,7 +67,7 @@ def serve_main(args: argparse.Namespace) -> int:
     from ...client.base import ClientOptions
     from ...client.trainer import TrainerClient
     from ...core.config.dtypes import compute_dtype
-    from ...rollout.serve import HttpDoor
+    from ...rollout.http_door import HttpDoor
     from .service import TinkerService
 
     api_key = os.environ.get(args.api_key_env, "")

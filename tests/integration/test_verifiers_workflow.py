@@ -15,6 +15,7 @@ pytest.importorskip("verifiers", reason="the verifiers workflow: pip install 'rl
 from rlcore.core.data.verifiers_tasks import write_verifiers_taskset  # noqa: E402
 from rlcore.core.types import SamplingParams, Task, WorkflowSpec  # noqa: E402
 from rlcore.rollout.engines.hf import HFEngine  # noqa: E402
+from rlcore.rollout.loopback_door import workflow_context  # noqa: E402
 from rlcore.rollout.workflows import build_workflow  # noqa: E402
 from tests.envs.vf_digits import score  # noqa: E402
 
@@ -42,7 +43,7 @@ def test_verifiers_episodes_are_the_engines_tokens_and_the_environments_reward(b
 
     engine = HFEngine(bpe_model_path, max_model_len=256)
     spec = WorkflowSpec(["exact_match"], [], 128, True, None, None, "verifiers", ENV)
-    workflow = build_workflow(spec, engine, engine.tokenizer)
+    workflow = build_workflow(spec, engine, engine.tokenizer, workflow_context())
     exps = workflow.run(tasks, SamplingParams(n=2, max_tokens=8, seed=3), policy_version=0)
 
     assert [e.group_id for e in exps] == ["t2", "t2", "t3", "t3", "t4", "t4"]
