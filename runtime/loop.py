@@ -7,9 +7,9 @@ and reads top to bottom:
     per step:   take the step's experiences from the stage's source  ->  train  ->  sync (or
                 publish)  ->  evaluate  ->  checkpoint  ->  log  ->  heartbeat (pause / stop)
 
-The sources (plan.source): rollouts explored in lock-step (lockstep_source.py, with rollout-ahead
-and dynamic sampling: `rl_step`), an experience buffer (buffer_source.py: `buffer_step`), the
-taskset's rows for SFT and DPO (taskset_rows.py: `RowsSource`). Where progress goes (monitors,
+A step is one call whatever the source (plan.source, step_sources.py): rollouts explored in
+lock-step (lockstep_source.py, with rollout-ahead and dynamic sampling), an experience buffer
+(buffer_source.py), the taskset's rows for SFT and DPO (taskset_rows.py). Where progress goes (monitors,
 the progress bar, the controller's heartbeats) is stage_record.py; checkpoints, the resume and the
 stage's summary are stage_checkpoints.py.
 """
@@ -25,7 +25,7 @@ from typing import Any
 from ..core.config import Stage, inherits_previous_model
 from ..core.data.taskset import task_stream
 from ..core.step_metrics import memory_metrics
-from ..core.types import Experience, episode_starts
+from ..core.types import Experience
 from ..weights.publisher import Publisher
 from ..weights.schedule import SyncSchedule
 from .buffer_source import BufferSource, StopWhileWaiting
@@ -35,8 +35,9 @@ from .lockstep_source import LockstepSource
 from .paths import SUMMARY, published_dir, stage_dir
 from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
-from .step_sizes import mini_batches, plan_steps
-from .taskset_rows import RowsSource, explored_pairs, mixture_report, taskset_formats
+from .step_sizes import plan_steps
+from .step_sources import StepSource, step_source
+from .taskset_rows import RowsSource, mixture_report, taskset_formats
 
 log = logging.getLogger("rlcore.loop")
 
@@ -102,6 +103,8 @@ class StageLoop:
         self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None  # fmt: skip
         self.rows = RowsSource(cfg, plan.trains_on == "pairs", handle, formats, tokenizer, self.train_batch)
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
+        self.steps: StepSource | None = None
+        """The stage's step (step_sources.py), built when the stage runs."""
         self.record = StageRecord(stage, sdir, run, self.total_train_steps, tokenizer)
         self.checkpoints = StageCheckpoints(stage, sdir, handle, is_last)
         self.global_step = self.explore_step = 0
@@ -122,6 +125,10 @@ class StageLoop:
                 )  # fmt: skip
                 if resumed and self.plan.source == "explorer_thread":  # its in-memory buffer, as checkpointed
                     self.source.load_state_dict(self.checkpoints.source_state(self.global_step))
+            self.steps = step_source(
+                self.plan, self.cfg, self.rows, self.stream, self._train, self.mixture, self.schedule,
+                self.record.completions, self.lockstep, self.source, (self.total_explore_steps, self.total_train_steps),
+            )  # fmt: skip
             self.record.open(self.checkpoints.resumed_at)
             last_eval, stopped = self._steps(resumed)
             self._heartbeat(wait=False)  # flush the last records
@@ -135,7 +142,8 @@ class StageLoop:
         return self.checkpoints.summary(self.global_step, last_eval, stopped)
 
     def _steps(self, resumed: bool) -> tuple[dict[str, float], bool]:
-        cfg, plan = self.cfg, self.plan
+        cfg, plan, steps = self.cfg, self.plan, self.steps
+        assert steps is not None
         if not resumed and self.link.sync_on_start:
             self.link.sync(self.global_step)
         if plan.source == "evaluation":
@@ -155,10 +163,10 @@ class StageLoop:
         while not self._done():
             start, step_before = time.perf_counter(), self.global_step
             try:
-                metrics = self._step()
+                metrics, self.global_step = steps.step(self.explore_step, self.global_step)
             except StopWhileWaiting:  # asked to stop while it waited for experiences
                 return last_eval, self._stop()
-            self.explore_step = self.source.next_step if self.source is not None else self.explore_step + 1
+            self.explore_step = steps.next_explore_step(self.explore_step)
             if plan.explores and self.schedule.due_after_step(self.global_step, self.link.synced_step):
                 metrics.update(self.link.sync(self.global_step))
             if plan.publishes and self.schedule.due_after_step(self.global_step, self.published):
@@ -186,15 +194,6 @@ class StageLoop:
             self._log(last_eval)
         return last_eval, False
 
-    def _step(self) -> dict[str, float]:
-        """One step from the stage's source of experiences."""
-        if self.plan.reads_buffer:
-            return self.buffer_step()
-        if self.plan.explores:
-            return self.rl_step()
-        metrics, self.global_step = self.rows.step(self.stream.batch(self.explore_step), self.global_step)
-        return metrics
-
     def _stop(self) -> bool:
         """Stopped on the run's request: the step's checkpoint (if it has none yet)."""
         if self.checkpoints.last_saved != self.global_step:
@@ -203,44 +202,17 @@ class StageLoop:
         return True
 
     def _done(self) -> bool:
-        exhausted = self.source is not None and self.source.exhausted
+        exhausted = self.steps is not None and self.steps.exhausted
         return exhausted or self.explore_step >= self.total_explore_steps or self.global_step >= self.total_train_steps  # fmt: skip
 
-    # ------------------------------------------------------------------ steps
-
-    def rl_step(self) -> dict[str, float]:
-        """Lock-step: the step's rollout (lockstep_source.py), the next one started ahead, train."""
-        assert self.lockstep is not None
-        exps, metrics = self.lockstep.take(self.explore_step, self.global_step, self.mixture)
-        following, updates = self.explore_step + 1, len(mini_batches(len(exps), self.cfg, episode_starts(exps)))
-        last = following >= self.total_explore_steps or self.global_step + updates >= self.total_train_steps
-        self.lockstep.start_ahead(following, last)
-        metrics.update(self._train(exps))
-        metrics.update(self.lockstep.wait())  # the sync, evaluation and checkpoint find the engines idle
-        return metrics
-
-    def buffer_step(self) -> dict[str, float]:
-        """A step on the experience buffer's groups (plan.reads_buffer), trained on like explored ones."""
-        assert self.source is not None
-        exps, metrics = self.source.take(self.explore_step, self.global_step, self.schedule)
-        metrics.update(self.mixture(exps))
-        if self.plan.trains_on == "pairs" and exps:  # DPO on the pairs the explorer formed
-            pairs = explored_pairs(exps)
-            per_pair = [pairs[i : i + 2] for i in range(0, len(pairs), 2)]
-            trained, self.global_step = self.rows.train(per_pair, self.global_step)
-            metrics.update(trained)
-            self.record.completions(exps, self.explore_step, self.global_step)
-        else:
-            metrics.update(self._train(exps))
-        return metrics
-
-    def _train(self, exps: list[Experience]) -> dict[str, float]:
-        """The algorithm's step on the scored experiences (none: nothing to train)."""
+    def _train(self, exps: list[Experience], explore_step: int, global_step: int) -> tuple[dict[str, float], int]:
+        """The algorithm's step on explore step `explore_step`'s scored experiences (none: nothing to
+        train): its metrics and the global step after it."""
         if not exps:
-            return {}
-        metrics, self.global_step = self.handle.train_step(exps)
-        self.record.completions(exps, self.explore_step, self.global_step)
-        return metrics
+            return {}, global_step
+        metrics, global_step = self.handle.train_step(exps)
+        self.record.completions(exps, explore_step, global_step)
+        return metrics, global_step
 
     # ------------------------------------------------------------------ sync, evaluation, resume
 
