@@ -30,7 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = ("adaptive_teaching.yaml", "on_policy_distill.yaml")
 """adaptive_teaching needs an OpenAI-compatible student service of its own; on_policy_distill the
 quickstart's trained model as its teacher."""
-TIMING = ("asynchronous.yaml", "replay.yaml", "long_tails.yaml", "decoupled.yaml", "dpo_explored.yaml")
+TIMING = (
+    "asynchronous.yaml", "replay.yaml", "long_tails.yaml", "decoupled.yaml", "dpo_explored.yaml", "partial_rollout.yaml",
+)
 """Recipes whose records depend on timing (which step an experience lands in, which published
 version an explorer loads)."""
 TWO_LAUNCHES = ("decoupled.yaml", "dpo_explored.yaml")
