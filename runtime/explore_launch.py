@@ -12,6 +12,7 @@ from typing import Any
 
 from ..core.config import Stage
 from .explore_loop import ExploreLoop
+from .launch_plan import LaunchPlan
 from .paths import published_dir, stage_dir, trainer_stage_dir
 from .run_lock import PeerLaunch
 
@@ -45,7 +46,7 @@ class ExploreLaunch:
         return bool(self.reporter.heartbeat(*where, wait=False) == "stop")
 
 
-def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -> int:
+def drive_explorer(stages: list[Stage], all_stages: int, plan: LaunchPlan) -> int:
     """Mode explore: every explore stage in order, on the launch's rollout workers."""
     from ..client.base import ClientOptions
     from .run_reporter import RunReporter
@@ -55,21 +56,21 @@ def drive_explorer(stages: list[Stage], all_stages: int, plan: dict[str, Any]) -
     handler.setFormatter(logging.Formatter("[explorer] %(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     rlcore_log = logging.getLogger("rlcore")
     rlcore_log.addHandler(handler)
-    rlcore_log.setLevel(plan.get("log_level", logging.INFO))
+    rlcore_log.setLevel(plan.log_level)
     reporter = RunReporter(
-        plan["run_address"], ClientOptions.from_control(base.control), base.control.heartbeat_interval
+        str(plan.run_address), ClientOptions.from_control(base.control), base.control.heartbeat_interval
     )
     try:
         for stage in stages:
-            sdir = stage_dir(plan["run_dir"], stage, all_stages)
+            sdir = stage_dir(plan.run_dir, stage, all_stages)
             os.makedirs(sdir, exist_ok=True)
             published = published_dir(trainer_stage_dir(stage.config, stage, all_stages))
-            holds = plan["worker_version"] if stage is stages[0] else -1
-            trainer = PeerLaunch(os.path.dirname(plan["run_dir"]), "mode-train launch")
+            holds = plan.worker_version if stage is stages[0] else -1
+            trainer = PeerLaunch(os.path.dirname(plan.run_dir), "mode-train launch")
             launch = ExploreLaunch(reporter, trainer, stage.config.buffer.trainer_input.experience_buffer.max_wait_s)
             summary = ExploreLoop(
-                stage, sdir, published, plan["rollout_endpoints"], holds, launch,
-                registered=reporter.rollout_workers if plan["workers_managed"] else None,
+                stage, sdir, published, plan.rollout_endpoints, holds, launch,
+                registered=reporter.rollout_workers if plan.workers_managed else None,
             ).run()
             if summary["stopped"]:
                 break

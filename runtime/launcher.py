@@ -19,13 +19,13 @@ from typing import Any
 from ..core.config import ConfigError, Stage, to_yaml
 from ..core.config.plan import RunPlan, explores_only, plan_launch
 from ..core.data.prompt_lengths import check_prompt_lengths
-from ..core.rpc.cli import write_atomic
 from ..weights.follower import wait_for_weights
 from ..weights.publish import pin_newest
 from . import failure, paths
 from .child import QUIET_DATASETS, process_env, quiet_datasets, rank_threads
 from .control_plane import control_plane, ensure_token
 from .explore_launch import drive_explorer
+from .launch_plan import LaunchPlan
 from .lifecycle import StopSignals, end_process
 from .loop import planned_steps
 from .nodes import PLAN, join_world, log_size, node_log, silent_nodes, start_world, torchrun_command
@@ -193,7 +193,7 @@ def run(
             try:
                 plane["workers_ready"]()
                 plan = _rank_plan(stages, run_plan, base, run_dir, device, threads, plane, worker_version)
-                write_atomic(plan_path, json.dumps(plan, indent=2))
+                plan.write(plan_path)
                 controller.mark_running()
             except BaseException:  # the workers did not start (or the plan could not be written)
                 if world is not None:
@@ -289,21 +289,21 @@ def _announce(stages: list[Stage], run_plan: RunPlan, device: str, run_dir: str)
 def _rank_plan(
     stages: list[Stage], run_plan: RunPlan, base: Any, run_dir: str, device: str, threads: int,
     plane: dict[str, Any], worker_version: int,
-) -> dict[str, Any]:  # fmt: skip
+) -> LaunchPlan:  # fmt: skip
     """What the trainer ranks (and the loop in this process) read: launch/plan.json."""
-    return {
-        "run_dir": run_dir, "device": device, "log_level": base.log.level, "threads_per_rank": threads,
-        "num_nodes": base.cluster.num_nodes, "max_restarts": base.trainer.max_restarts,
-        "collective_timeout_s": base.cluster.collective_timeout_s,
-        "run_address": plane["run_address"], "rollout_endpoints": plane["rollout_endpoints"],
-        "workers_managed": plane["workers_managed"],
-        "master_address": plane["master_address"], "worker_version": worker_version,
-        "run_plan": run_plan.as_dict(),
-        "stages": [
+    return LaunchPlan(
+        run_dir=run_dir, device=device, log_level=base.log.level, threads_per_rank=threads,
+        num_nodes=base.cluster.num_nodes, max_restarts=base.trainer.max_restarts,
+        collective_timeout_s=base.cluster.collective_timeout_s,
+        run_address=plane["run_address"], rollout_endpoints=plane["rollout_endpoints"],
+        workers_managed=plane["workers_managed"],
+        master_address=plane["master_address"], worker_version=worker_version,
+        run_plan=run_plan.as_dict(),
+        stages=[
             {"index": s.index, "name": s.name, "config": to_yaml(s.config), "plan": s.plan.as_dict()}
             for s in stages
         ],
-    }  # fmt: skip
+    )  # fmt: skip
 
 
 class WorldProcess:
@@ -325,16 +325,16 @@ class WorldProcess:
     def end(self) -> None:
         end_process(self.proc)
 
-    def run(self, controller: Any, plan: dict[str, Any], stops: StopSignals) -> int:
+    def run(self, controller: Any, plan: LaunchPlan, stops: StopSignals) -> int:
         """Wait for the world; start it again while restart_due says so; its exit code."""
         rc, self.node_failed = wait_trainer_world(self.proc, controller, 0)
         while restart_due(
             rc, plan, self.base, stops, self.node_failed or failure.world_failure(self.launch_dir, self.log, self.log_start)
         ):
             failure.clear(self.launch_dir)
-            write_atomic(self.plan_path, json.dumps(plan, indent=2))
+            plan.write(self.plan_path)
             self._start()
-            rc, self.node_failed = wait_trainer_world(self.proc, controller, plan["restart"])
+            rc, self.node_failed = wait_trainer_world(self.proc, controller, plan.restart)
         return rc
 
     def why(self, rc: int) -> str:
@@ -347,16 +347,16 @@ class WorldProcess:
         )
 
 
-def restart_due(rc: int, plan: dict[str, Any], base: Any, stops: StopSignals, why: str | None) -> bool:
+def restart_due(rc: int, plan: LaunchPlan, base: Any, stops: StopSignals, why: str | None) -> bool:
     """Whether a trainer world that exited with `rc` (for the reason `why`, when one is known) is
     started again (trainer.max_restarts): it failed, not on a problem of the user's to fix (a
     ValueError: code 2) nor on a stop request, and restarts are left. The plan then counts the
     restart: its ranks resume from the last checkpoint (trainer_rank.py); the workers and the
     controller carry on."""
-    done = plan.get("restart", 0)
+    done = plan.restart
     if rc in (0, 2) or stops.received is not None or done >= base.trainer.max_restarts:
         return False
-    plan["restart"] = done + 1
+    plan.restart = done + 1
     print(
         f"rlcore: the trainer world failed ({why or f'exit code {rc}'}); restart {done + 1} of "
         f"{base.trainer.max_restarts} (trainer.max_restarts) from the last checkpoint",

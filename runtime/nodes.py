@@ -16,7 +16,6 @@ a host that went down), so the failure is one line that says where.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any
 from ..core.config import Stage
 from . import failure, fork_client
 from .child import process_env, rank_threads, wrap
+from .launch_plan import LaunchPlan
 from .lifecycle import end_process
 
 PLAN = "plan.json"
@@ -77,14 +77,13 @@ def torchrun_args(cluster: Any, rdzv_id: str) -> list[str]:
     return args
 
 
-def read_plan(plan_path: str, stop: threading.Event | None = None) -> dict[str, Any] | None:
+def read_plan(plan_path: str, stop: threading.Event | None = None) -> LaunchPlan | None:
     """The launch's plan once node 0 wrote it (atomically); None if `stop` is set first."""
     waiting = stop or threading.Event()
     while not os.path.exists(plan_path):
         if waiting.wait(PLAN_POLL_S):
             return None
-    with open(plan_path) as f:
-        return dict(json.load(f))
+    return LaunchPlan.read(plan_path)
 
 
 class NodeHeartbeat:
@@ -120,7 +119,7 @@ class NodeHeartbeat:
             if plan is None:
                 return
             worker_id = None
-            with RunClient(plan["run_address"], options) as run:
+            with RunClient(str(plan.run_address), options) as run:
                 while not self._stop.is_set():
                     try:
                         if worker_id is None:
@@ -165,8 +164,7 @@ class NodeHeartbeat:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.run_ended():
             try:
-                with open(self.plan_path) as f:
-                    attempt = int(json.load(f).get("restart", 0))
+                attempt = LaunchPlan.read(self.plan_path).restart
             except (OSError, ValueError):
                 attempt = self.attempt
             if attempt > self.attempt:

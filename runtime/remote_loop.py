@@ -9,27 +9,27 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from ..client.base import ClientOptions
 from ..client.trainer import TrainerClient
 from ..core.config import Stage
 from .handles import RemoteHandle, RemoteTrainer
+from .launch_plan import LaunchPlan
 from .lifecycle import StopSignals
 from .loop import RunContext, run_stages
 from .run_reporter import RunReporter
 from .service_watch import ServiceWatch
 
 
-def drive_remote(stages: list[Stage], plan: dict[str, Any], stops: StopSignals) -> int:
+def drive_remote(stages: list[Stage], plan: LaunchPlan, stops: StopSignals) -> int:
     """Every stage of `plan` (launch/plan.json) against trainer.remote; `stops`: the launch's
     SIGINT/SIGTERM handling."""
     base = stages[0].config
     options = ClientOptions.from_control(base.control)
-    reporter = RunReporter(plan["run_address"], options, base.control.heartbeat_interval)
+    reporter = RunReporter(str(plan.run_address), options, base.control.heartbeat_interval)
     run = RunContext(
-        plan["run_dir"], plan["device"], plan["rollout_endpoints"], reporter,
-        workers=reporter.rollout_workers if plan["workers_managed"] else None,
+        plan.run_dir, plan.device, plan.rollout_endpoints, reporter,
+        workers=reporter.rollout_workers if plan.workers_managed else None,
     )  # fmt: skip
     try:
         handle = _remote_handle(stages[0], options)
@@ -38,7 +38,7 @@ def drive_remote(stages: list[Stage], plan: dict[str, Any], stops: StopSignals) 
         )
         ok = False
         try:
-            with loop_logs(plan["log_level"]), watch:
+            with loop_logs(plan.log_level), watch:
                 run_stages(stages, handle, run)
             ok = True
         finally:

@@ -12,16 +12,15 @@ import os
 import sys
 from typing import Any
 
-from ..core.config import from_yaml
 from ..core.config.loader import Stage
-from ..core.config.plan import StagePlan
 from . import failure, nodes
+from .launch_plan import LaunchPlan
 from .lifecycle import die_with_parent
 from .rank_entry import run_rank, sender_factory
 from .trainer_world import Commander, TrainerWorld, exit_world
 
 
-def _sender_factory(plan: dict[str, Any]) -> Any:
+def _sender_factory(plan: LaunchPlan) -> Any:
     """Rank 0's way to reach the run's rollout workers (they join the sync group at the address
     the launch chose), with the run's control settings."""
     from ..client.base import ClientOptions
@@ -29,18 +28,18 @@ def _sender_factory(plan: dict[str, Any]) -> Any:
     def options(cfg: Any) -> ClientOptions:
         return ClientOptions.from_control(cfg.control, timeout=cfg.synchronizer.sync_timeout)
 
-    return sender_factory(options, plan["device"], sync_master_address(plan))
+    return sender_factory(options, plan.device, sync_master_address(plan))
 
 
-def sync_master_address(plan: dict[str, Any]) -> str:
+def sync_master_address(plan: LaunchPlan) -> str:
     """Where rank 0 offers the rollout workers' weight-sync group: the address the launch chose,
     or across hosts its own node's (torchrun's MASTER_ADDR: rank 0 may run on any node)."""
-    if plan.get("num_nodes", 1) > 1 and os.environ.get("MASTER_ADDR"):
+    if plan.num_nodes > 1 and os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"]
-    return str(plan["master_address"])
+    return plan.master_address
 
 
-def read_plan(plan_path: str) -> dict[str, Any]:
+def read_plan(plan_path: str) -> LaunchPlan:
     """The launch's plan, once written: the launcher starts the trainer world beside the rollout
     workers and writes the plan (atomically) when they are ready. A rank dies with torchrun's agent,
     and that agent with the launcher, so a launch that fails first leaves no rank waiting."""
@@ -55,15 +54,15 @@ def read_plan(plan_path: str) -> dict[str, Any]:
     return plan
 
 
-def restarted(plan: dict[str, Any], stages: list[Stage]) -> None:
+def restarted(plan: LaunchPlan, stages: list[Stage]) -> None:
     """After the launch restarted the world (trainer.max_restarts), every stage resumes from its last
     verified checkpoint: finished stages are skipped, the running one goes on from its checkpoint
     (its explorer's and experience buffer's position included), or from its start without one."""
-    restart = int(plan.get("restart", 0))
+    restart = plan.restart
     if not restart:
         return
     print(
-        f"rlcore: trainer world restart {restart} of {plan.get('max_restarts', restart)} "
+        f"rlcore: trainer world restart {restart} of {plan.max_restarts} "
         "(trainer.max_restarts): resuming from the last checkpoint",
         flush=True,
     )
@@ -78,21 +77,21 @@ def main(plan_path: str) -> int:
     from . import handles, loop  # noqa: F401
 
     plan = read_plan(plan_path)
-    device = plan["device"]
+    device = plan.device
     rank = int(os.environ.get("RANK", 0))
-    launch_dir = os.path.join(plan["run_dir"], "launch")
+    launch_dir = os.path.join(plan.run_dir, "launch")
     try:
         return run_rank(
             rank, device, lambda commands: _lead(plan, TrainerWorld(device, _sender_factory(plan)), commands),
-            log_level=plan["log_level"], threads=plan.get("threads_per_rank"),
-            collective_timeout_s=plan.get("collective_timeout_s"), keep_serving=False,
+            log_level=plan.log_level, threads=plan.threads_per_rank,
+            collective_timeout_s=plan.collective_timeout_s, keep_serving=False,
         )  # fmt: skip
     except Exception as e:  # for the launcher to say in one line; the traceback goes to a file
         failure.report(launch_dir, f"rank{rank}", e)
         return 2 if isinstance(e, ValueError) else 1
 
 
-def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
+def _lead(plan: LaunchPlan, world: TrainerWorld, commands: Any) -> int:
     """Rank 0: run every stage through the loop, then release the other ranks."""
     from .handles import LocalTrainer
     from .loop import RunContext, run_stages
@@ -100,22 +99,17 @@ def _lead(plan: dict[str, Any], world: TrainerWorld, commands: Any) -> int:
     reporter = None
     command = Commander(world, commands)
     try:
-        stages = [
-            Stage(s["index"], s["name"], from_yaml(s["config"]), StagePlan.from_dict(s["plan"]))
-            for s in plan["stages"]
-        ]
+        stages = plan.stage_list()
         restarted(plan, stages)
-        if plan.get("run_address"):
+        if plan.run_address:
             from ..client.base import ClientOptions
             from .run_reporter import RunReporter
 
             control = stages[0].config.control
-            reporter = RunReporter(
-                plan["run_address"], ClientOptions.from_control(control), control.heartbeat_interval
-            )
+            reporter = RunReporter(plan.run_address, ClientOptions.from_control(control), control.heartbeat_interval)
         run = RunContext(
-            plan["run_dir"], plan["device"], plan.get("rollout_endpoints") or [], reporter,
-            workers=reporter.rollout_workers if reporter is not None and plan.get("workers_managed") else None,
+            plan.run_dir, plan.device, plan.rollout_endpoints, reporter,
+            workers=reporter.rollout_workers if reporter is not None and plan.workers_managed else None,
         )  # fmt: skip
         run_stages(stages, LocalTrainer(command), run)
         return 0
