@@ -9,10 +9,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
+
+from ..core.strategy_capabilities import Capabilities
 
 Batch = dict[str, torch.Tensor]
 
@@ -59,6 +61,10 @@ class TrainingStrategy(ABC):
     split one model replica (tensor or pipeline parallel) get the same share. Strategies without
     model parallelism keep the defaults (every rank is its own data-parallel rank).
     """
+
+    capabilities: ClassVar[Capabilities]
+    """What the strategy can do: its row of core/strategy_capabilities.py's table, which the config
+    checks read without importing it."""
 
     packs_sequences: bool = False
     """Whether the model runs on each micro-batch's real tokens only (trainer.use_remove_padding on a

@@ -26,6 +26,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
+from ...core.strategy_capabilities import CAPABILITIES
 from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
 from ..common.lora import adapter_modules, trainable
@@ -35,6 +36,8 @@ from .units import UnitLayout
 
 
 class FSDP1Strategy(NativeStrategy):
+    capabilities = CAPABILITIES["fsdp"]
+
     def __init__(
         self,
         model_path: str,

@@ -31,6 +31,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
+from ...core.strategy_capabilities import CAPABILITIES
 from ..common.dist_utils import rank_device
 from ..common.hf_model import load_causal_lm, resolve_dtype, transformer_blocks
 from ..common.lora import trainable
@@ -39,6 +40,8 @@ from ..common.schedule import build_optimizer
 
 
 class FSDP2Strategy(NativeStrategy):
+    capabilities = CAPABILITIES["fsdp2"]
+
     def __init__(
         self,
         model_path: str,

@@ -32,6 +32,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from ...core.algorithms.logprob import at_temperature
 from ...core.config.schema import LoraConfig, OptimizerConfig, TrainerConfig
 from ...core.moe_routing import OWN_ROUTES, RoutingCounts
+from ...core.strategy_capabilities import CAPABILITIES
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
 from ..common.hf_model import VALUE_HEAD, freeze_routers, resolve_dtype, value_head_init, value_model_config
@@ -59,6 +60,8 @@ from .setup import model_parallel, optimizer_config, parallel_sizes
 
 
 class MegatronStrategy(TrainingStrategy):
+    capabilities = CAPABILITIES["megatron"]
+
     def __init__(
         self,
         model_path: str,

@@ -9,11 +9,9 @@ import json
 import os
 from collections.abc import Sequence
 
+from ..strategy_capabilities import has, strategies_with
 from .errors import ConfigError
 from .schema import LoraConfig, MegatronConfig, RLCoreConfig
-
-LORA_STRATEGIES = ("fsdp", "fsdp2")
-"""The strategies that train a LoRA adapter (megatron-core 0.16 has no LoRA of its own)."""
 
 
 def check_model(cfg: RLCoreConfig, check_paths: bool) -> None:
@@ -166,18 +164,14 @@ def _check_rollout_routing(cfg: RLCoreConfig, key: str) -> None:
             )
 
 
-SEQUENCE_PARALLEL_STRATEGIES = ("fsdp", "fsdp2")
-"""The strategies with Ulysses sequence parallelism (trainer.ulysses_sequence_parallel_size)."""
-
-
 def _check_sequence_parallel(cfg: RLCoreConfig) -> None:
     t = cfg.trainer
     size = t.ulysses_sequence_parallel_size
     if size == 1:
         return
-    if t.strategy not in SEQUENCE_PARALLEL_STRATEGIES:
+    if not has(t.strategy, "ulysses"):
         raise ConfigError(
-            f"trainer.ulysses_sequence_parallel_size: Ulysses runs on {' and '.join(SEQUENCE_PARALLEL_STRATEGIES)}, "
+            f"trainer.ulysses_sequence_parallel_size: Ulysses runs on {' and '.join(strategies_with('ulysses'))}, "
             f"not {t.strategy}; use --strategy fsdp2, or set it to 1"
         )
     if not t.use_remove_padding:
@@ -197,9 +191,10 @@ def _check_context_parallel(cfg: RLCoreConfig) -> None:
     size = t.megatron.context_parallel_size
     if size == 1:
         return
-    if t.strategy != "megatron":
+    if not has(t.strategy, "context_parallel"):
         raise ConfigError(
-            f"trainer.megatron.context_parallel_size: context parallelism runs on megatron, not {t.strategy}; "
+            f"trainer.megatron.context_parallel_size: context parallelism runs on "
+            f"{' and '.join(strategies_with('context_parallel'))}, not {t.strategy}; "
             "use --strategy megatron, or trainer.ulysses_sequence_parallel_size on fsdp/fsdp2"
         )
     if not t.use_remove_padding:
@@ -209,17 +204,13 @@ def _check_context_parallel(cfg: RLCoreConfig) -> None:
         )
 
 
-OFFLOAD_STRATEGIES = ("fsdp", "fsdp2")
-"""The strategies that offload models to the CPU (FSDP1's CPUOffload, FSDP2's CPUOffloadPolicy)."""
-
-
 def _check_offload(cfg: RLCoreConfig) -> None:
     t = cfg.trainer
     for key, on in (("fsdp_config.param_offload", t.fsdp_config.param_offload),
                     ("offload_untrained_models", t.offload_untrained_models)):  # fmt: skip
-        if on and t.strategy not in OFFLOAD_STRATEGIES:
+        if on and not has(t.strategy, "offload"):
             raise ConfigError(
-                f"trainer.{key}: offloading a model to the CPU runs on {' and '.join(OFFLOAD_STRATEGIES)}, "
+                f"trainer.{key}: offloading a model to the CPU runs on {' and '.join(strategies_with('offload'))}, "
                 f"not {t.strategy}; use --strategy fsdp2, or set it false (megatron offloads its "
                 "optimizer: trainer.megatron.optimizer_offload_fraction)"
             )
@@ -248,9 +239,9 @@ def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:
         raise ConfigError(
             f"model.lora_configs: one adapter is trained at a time; got {len(adapters)} (keep one entry)"
         )
-    if cfg.trainer.strategy not in LORA_STRATEGIES:
+    if not has(cfg.trainer.strategy, "lora"):
         raise ConfigError(
-            f"model.lora_configs: LoRA trains on strategies {' and '.join(LORA_STRATEGIES)}; "
+            f"model.lora_configs: LoRA trains on strategies {' and '.join(strategies_with('lora'))}; "
             f"{cfg.trainer.strategy} has none (megatron-core 0.16 has no LoRA of its own): use "
             "--strategy fsdp2, or leave model.lora_configs empty for full fine-tuning"
         )

@@ -35,3 +35,14 @@ def test_megatron_without_cuda_is_refused_in_one_line(
     assert main(["launch", "--strategy", "megatron", recipe, "model.scratch.enabled=true"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "megatron-core runs only on NVIDIA GPUs" in err[0], err
+
+
+def test_each_strategy_carries_its_row_of_the_torch_free_capability_table() -> None:
+    """What the config checks read (core/strategy_capabilities.py) is what each strategy class says
+    of itself; the table names exactly the registered strategies."""
+    from rlcore.core.strategy_capabilities import CAPABILITIES, strategies_with
+
+    assert list(CAPABILITIES) == list(STRATEGIES)
+    for name in STRATEGIES:
+        assert STRATEGIES.resolve(name).capabilities is CAPABILITIES[name], name
+    assert strategies_with("lora") == ["fsdp", "fsdp2"] and strategies_with("context_parallel") == ["megatron"]
