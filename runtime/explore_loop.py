@@ -1,5 +1,6 @@
-"""Mode explore: the explorer side of a decoupled run, in the launch process (the mode-train launch
-trains: loop.py's buffer_step). Per step:
+"""The explorer's steps: a decoupled run's explorer side, in a mode-explore launch's process
+(explore_launch.py; the mode-train launch trains on what it puts) or in a thread of an asynchronous
+`both` stage (buffer_source.py). Per step:
 
     load the newest weights the trainer published (waiting while they are more than
     synchronizer.max_staleness versions behind)  ->  explore the step's tasks on the rollout workers
@@ -66,8 +67,8 @@ def grouped(exps: list[Experience]) -> list[Group]:
 
 
 class ExploreLoop:
-    """The explorer's steps. Run by a mode-explore launch (`run`), or in a thread of an asynchronous
-    `both` stage (`start`), which hands it the buffer, the step to start at and a stop event."""
+    """The explorer's steps (`run`): of a mode-explore launch, or of the thread of an asynchronous
+    `both` stage, which hands it the buffer, the step to start at and the lock; `stop` ends it."""
 
     def __init__(
         self, stage: Stage, sdir: str, published: str, endpoints: list[str], holds: int = -1,
