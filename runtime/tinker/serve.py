@@ -20,6 +20,7 @@ import sys
 import time
 
 from ...core.rpc.cli import EXIT_USAGE, await_port_file, usage_error, write_atomic
+from ...core.signals import StopFlag
 from ..child import wrap
 
 TRAINER_TOKEN_ENV = "RLCORE_TINKER_TRAINER_TOKEN"
@@ -100,10 +101,10 @@ def serve_main(args: argparse.Namespace) -> int:
           f"{args.strategy} on {device})", flush=True)  # fmt: skip
     if args.port_file:
         write_atomic(args.port_file, door.address)
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    signals = StopFlag()  # SIGTERM: a flag this loop polls (core/signals.py); Ctrl-C: KeyboardInterrupt
+    signal.signal(signal.SIGTERM, signals.handler)
     try:
-        while not stop["now"] and (proc is None or proc.poll() is None):
+        while not signals.signals and (proc is None or proc.poll() is None):
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
