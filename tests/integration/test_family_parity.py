@@ -66,22 +66,35 @@ def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], st
 
 
 @pytest.fixture(scope="module")
-def family_run(family_model: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory):
+def family_reference(family_model: Callable[[str], str]) -> Callable[..., tuple]:
+    """(architecture, routed) -> the plain HF model's 20-step run on that family's model, made once
+    (its first step is every layout's first-step reference: the same batch, weights and schedule)."""
+    done: dict[tuple[str, bool], tuple] = {}
+
+    def get(architecture: str, routed: bool = False) -> tuple:
+        if (architecture, routed) not in done:
+            torch.set_num_threads(1)
+            done[architecture, routed] = reference_run(family_model(architecture), STEPS, STEPS, routed=routed)
+        return done[architecture, routed]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def family_run(family_model: Callable[[str], str], family_reference, tmp_path_factory: pytest.TempPathFactory):
     """case id -> (its 20-step run, the HF reference on the same model), each made once."""
     done: dict[str, tuple[Run, tuple]] = {}
 
     def get(case_id: str) -> tuple[Run, tuple]:
         if case_id not in done:
             _, architecture, strategy, ranks, sets = CASE_BY_ID[case_id]
-            model = family_model(architecture)
             routed = case_id.endswith("-r3")
             run = run_worker(
-                model, strategy, ranks, sets, str(tmp_path_factory.mktemp(case_id)),
+                family_model(architecture), strategy, ranks, sets, str(tmp_path_factory.mktemp(case_id)),
                 "--steps", str(STEPS), "--total-steps", str(STEPS), "--save-at", str(SAVE_AT),
                 *(["--routed"] if routed else []),
             )  # fmt: skip
-            torch.set_num_threads(1)
-            done[case_id] = run, reference_run(model, STEPS, STEPS, routed=routed)
+            done[case_id] = run, family_reference(architecture, routed)
         return done[case_id]
 
     return get
@@ -127,12 +140,14 @@ FIRST_STEP_LAYOUTS: list[tuple[str, str, int, list[str]]] = [
 
 
 @pytest.mark.parametrize("architecture,ranks,sets", [c[1:] for c in FIRST_STEP_LAYOUTS], ids=[c[0] for c in FIRST_STEP_LAYOUTS])
-def test_first_step_gradients_by_hf_name_at_every_layout(architecture, ranks, sets, family_model, tmp_path):
+def test_first_step_gradients_by_hf_name_at_every_layout(
+    architecture, ranks, sets, family_model, family_reference, tmp_path
+):
     """megatron's first step of each family at TP1, TP2 and PP2: the loss and log-probs within 1e-5
     of a plain HF model's and every gradient, gathered to its HF name, within 1e-4."""
     model = family_model(architecture)
     run = run_worker(model, "megatron", ranks, sets, str(tmp_path), "--steps", "1", "--total-steps", str(STEPS))
-    assert_first_step(run, reference_run(model, 1, STEPS))
+    assert_first_step(run, family_reference(architecture))
 
 
 FROZEN_STEPS = 6
