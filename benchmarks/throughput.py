@@ -134,15 +134,19 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
 
     from rlcore.core.types import SamplingParams
     from rlcore.rollout.engines import build_engine
+    from rlcore.rollout.engines.spec import EngineSpec
 
     with open(spec_path) as f:
         spec = json.load(f)
     start = time.perf_counter()
     name = spec["engine"]
     engine: Any = build_engine(
-        "vllm" if name == "vllm" else "hf", spec["model_dir"], device=spec["device"], dtype=spec["dtype"],
-        max_model_len=model_len(spec["max_tokens"]), max_batch_size=spec["prompts"] * spec["n"],
-        in_process=True, seed=SEED, enforce_eager=name == "hf-eager",
+        EngineSpec(
+            "vllm" if name == "vllm" else "hf", spec["model_dir"], spec["device"], spec["dtype"],
+            model_len(spec["max_tokens"]), spec["prompts"] * spec["n"],
+            {"seed": SEED, "enforce_eager": name == "hf-eager"},
+        ),
+        in_process=True,
     )  # fmt: skip
     start_s = time.perf_counter() - start
     prompts = task_prompts(spec["tasks"], AutoTokenizer.from_pretrained(spec["model_dir"]), spec["prompts"])

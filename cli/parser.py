@@ -142,8 +142,14 @@ def _add_rollout_parser(commands: Any) -> None:
     )
     serve.add_argument("--model", required=True, help="HF model folder")
     serve.add_argument(
-        "--engine", default=engine.engine_type, choices=list(ENGINES),
-        help=f"inference engine (default {engine.engine_type})",
+        "--engine", default=engine.engine_type, metavar="ENGINE",
+        help=f"inference engine: {', '.join(ENGINES)} or a RolloutEngine subclass by import path "
+        f"'pkg.mod:Class' (default {engine.engine_type})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--engine-spec", default="", metavar="JSON",
+        help="the whole engine as `rlcore launch` resolves it from its config (rollout/engines/spec.py's "
+        "EngineSpec); it replaces the engine flags",
     )  # fmt: skip
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help=DEVICE_HELP)
     serve.add_argument(

@@ -14,6 +14,7 @@ from ..core.config.schema import RLCoreConfig
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
 from .engines import in_process
+from .engines.spec import engine_spec
 from .loopback_door import workflow_context
 from .workflows import build_workflow
 from .workflows.base import Workflow, sampled_at
@@ -29,11 +30,8 @@ class LocalRollout:
     def __init__(self, cfg: RLCoreConfig, model_path: str, device: str):
         rm = cfg.explorer.rollout_model
         self.engine, self.reused = in_process.acquire(
-            rm.engine_type, model_path, device=device, dtype=engine_dtype(cfg, device),
-            max_model_len=cfg.model.max_model_len, max_batch_size=rm.max_batch_size,
-            gpu_memory_utilization=rm.gpu_memory_utilization, enforce_eager=rm.enforce_eager,
-            enable_sleep_mode=rm.enable_sleep_mode, seed=cfg.seed,
-        )  # fmt: skip
+            engine_spec(cfg, model_path, device, engine_dtype(cfg, device), seed=cfg.seed)
+        )
         self._workflows: dict[str, Workflow] = {}
         self.sleeps = rm.enable_sleep_mode
         self.timing: dict[str, float] = {}  # the last batch's workflow timing

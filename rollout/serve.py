@@ -6,17 +6,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..core.config.dtypes import compute_dtype
 from ..core.rpc.cli import tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions
-from ..core.signals import StopFlag
+from ..core.signals import StopSignals
+from .engines.spec import EngineSpec
 from .http_door import HttpDoor
 from .loopback_door import workflow_context
 from .server import RolloutServicer, rollout_service
@@ -157,7 +158,8 @@ def _log_rlcore_records() -> None:
 
 
 def _engine(args: argparse.Namespace) -> Any:
-    """The engine the flags ask for; ValueError says in one line why it cannot load."""
+    """The engine --engine-spec (a launch's) or the engine flags ask for; ValueError says in one line
+    why it cannot load."""
     import torch
 
     from .engines import build_engine
@@ -165,32 +167,34 @@ def _engine(args: argparse.Namespace) -> Any:
 
     if os.path.isabs(args.model) and not os.path.isdir(args.model):  # else HF reads it as a repo id
         raise ValueError(f"--model {args.model}: no such folder; give an HF model folder or a hub id")
+    spec = _engine_spec(args)
     try:
-        max_model_len = resolve_max_model_len(args.model, args.max_model_len, "--max-model-len")
+        max_model_len = resolve_max_model_len(args.model, spec.max_model_len, "--max-model-len")
     except OSError as e:
         raise ValueError(f"--model {args.model}: {e}") from None
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = compute_dtype(args.dtype, device)
-    service = None
-    if args.engine == "tinker":
-        from .engines.tinker import ServiceSpec
-
-        if not args.service_url:
-            raise ValueError(
-                "--engine tinker samples from a Tinker service: give --service-url http://HOST:PORT"
-            )
-        service = ServiceSpec(args.service_url, args.service_model or args.model, args.service_key_env)
+    device = spec.device if spec.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    spec = replace(spec, device=device, dtype=compute_dtype(spec.dtype, device), max_model_len=max_model_len)
     try:
-        return build_engine(
-            args.engine, args.model, device=device, dtype=dtype, max_model_len=max_model_len,
-            max_batch_size=args.max_batch_size, tensor_parallel_size=args.tensor_parallel_size,
-            gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-            seed=args.seed, service=service,
-        )  # fmt: skip
+        return build_engine(spec)
     except (OSError, ValueError, ImportError) as e:
-        raise ValueError(f"cannot load --model {args.model} with the {args.engine} engine: {e}") from None
+        raise ValueError(f"cannot load --model {args.model} with the {spec.engine_type} engine: {e}") from None
+
+
+def _engine_spec(args: argparse.Namespace) -> EngineSpec:
+    """--engine-spec with --model's folder, or the spec the engine flags make (args.engine becomes
+    the spec's engine, which the worker reports)."""
+    if args.engine_spec:
+        spec = EngineSpec.from_json(args.engine_spec).with_model(args.model)
+        args.engine = spec.engine_type
+        return spec
+    options = {
+        "tensor_parallel_size": args.tensor_parallel_size, "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enforce_eager": args.enforce_eager, "seed": args.seed, "service_url": args.service_url,
+        "service_model": args.service_model, "service_key_env": args.service_key_env,
+    }  # fmt: skip
+    return EngineSpec(args.engine, args.model, args.device, args.dtype, args.max_model_len, args.max_batch_size, options)
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -227,8 +231,7 @@ def serve_main(args: argparse.Namespace) -> int:
         return usage_error(str(e))
 
     stop = threading.Event()
-    signals = StopFlag()  # not stop.set() in the handler: see core/signals.py
-    previous = {s: signal.signal(s, signals.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = StopSignals().install()  # polled below; the handlers go back in the finally
     run = None
     http: HttpDoor | None = None
     try:
@@ -268,6 +271,5 @@ def serve_main(args: argparse.Namespace) -> int:
         if run is not None:
             run.close()
         engine.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore()
     return 0

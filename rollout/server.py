@@ -79,12 +79,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.worker_id = worker_id
         """Set by serve_main once the worker registered with a run."""
         self.max_message_bytes = max_message_bytes
-        # Not in the RolloutEngine interface, but every engine has them (see engines/base.py).
-        attrs = cast(Any, engine)
-        self.tokenizer: Any = attrs.tokenizer
+        self.tokenizer: Any = engine.tokenizer
         self.vocab_size = len(self.tokenizer)
-        self.max_model_len: int = attrs.max_model_len
-        self.max_batch_size: int = attrs.max_batch_size
+        self.max_model_len = engine.max_model_len
+        self.max_batch_size = engine.max_batch_size
         self._engine_lock = threading.Lock()
         self.gate = GenerationGate(interrupts=partial_rollout)
         self.batching = BatchingEngine(engine, self._engine_lock, self.gate)

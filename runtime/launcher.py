@@ -19,6 +19,7 @@ from typing import Any
 from ..core.config import ConfigError, Stage, to_yaml
 from ..core.config.plan import RunPlan, explores_only, plan_launch
 from ..core.data.prompt_lengths import check_prompt_lengths
+from ..core.signals import StopSignals
 from ..weights.follower import wait_for_weights
 from ..weights.publish import pin_newest
 from . import failure, paths
@@ -26,7 +27,7 @@ from .child import QUIET_DATASETS, process_env, quiet_datasets, rank_threads
 from .control_plane import control_plane, ensure_token
 from .explore_launch import drive_explorer
 from .launch_plan import LaunchPlan
-from .lifecycle import StopSignals, end_process
+from .lifecycle import end_process
 from .loop import planned_steps
 from .nodes import PLAN, join_world, log_size, node_log, silent_nodes, start_world, torchrun_command
 from .paths import EXPLORER_DIR, SUMMARY, published_dir, stage_dir, trainer_stage_dir
@@ -46,6 +47,9 @@ from .run_lock import RunLock
 from .workers import (
     gpu_placement,
 )
+
+STOP_ANNOUNCE = "stopping after the current step (a checkpoint first); again to stop at once"
+"""What `rlcore launch` says at a first SIGINT/SIGTERM."""
 
 
 def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
@@ -168,7 +172,7 @@ def run(
 ) -> int:  # fmt: skip
     """Serve the control plane, start the workers and the trainer world (`world` when the launch
     started it already; or drive a remote one, or explore: mode explore) and wait; SIGINT/SIGTERM
-    stop the run after its current step (lifecycle.StopSignals). `num_stages`: the config's stages,
+    stop the run after its current step (core/signals.StopSignals). `num_stages`: the config's stages,
     of which `stages` may be some."""
     base = stages[0].config
     num_stages = num_stages or len(stages)
@@ -199,7 +203,9 @@ def run(
                 if world is not None:
                     world.end()
                 raise
-            with StopSignals(controller.request_stop, base.control.stop_grace_s) as stops:
+            with StopSignals(
+                controller.request_stop, base.control.stop_grace_s, announce=STOP_ANNOUNCE
+            ) as stops:
                 try:
                     if run_plan.role == "explorer":
                         rc = drive_explorer(stages, num_stages, plan)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.config import Stage
+from ..core.signals import StopSignals
 from . import failure, fork_client
 from .child import process_env, rank_threads, wrap
 from .launch_plan import LaunchPlan
@@ -212,7 +213,7 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
         flush=True,
     )
     heartbeat = NodeHeartbeat(plan_path, base.control, cluster.node_rank)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stops = StopSignals(at_once=True, signals=(signal.SIGTERM,)).install()  # as Ctrl-C: ends the ranks below
     attempt = 0
     try:
         while True:
@@ -244,7 +245,7 @@ def join_world(stages: list[Stage], device: str, run_dir: str) -> int:
             attempt = next_attempt
             print(f"rlcore: trainer node {cluster.node_rank}: joining restart {attempt}", flush=True)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        stops.restore()
         heartbeat.stop()
     if rc == 0:
         print(f"rlcore: trainer node {cluster.node_rank}: the trainer world finished", flush=True)
@@ -305,10 +306,6 @@ def watch_node(
             if time.monotonic() - ended_at > grace_s:
                 end_process(world, grace_s=end_grace_s)
                 return world.returncode or 1, ""
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def log_size(path: str) -> int:

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from ..client.base import ClientOptions
 from ..client.trainer import TrainerClient
 from ..core.config import Stage
+from ..core.signals import StopSignals
 from .handles import RemoteHandle, RemoteTrainer
 from .launch_plan import LaunchPlan
-from .lifecycle import StopSignals
 from .loop import RunContext, run_stages
 from .run_reporter import RunReporter
 from .service_watch import ServiceWatch

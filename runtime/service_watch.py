@@ -5,7 +5,7 @@ the loop drives it from the launch process (remote_loop.drive_remote).
             error; a probe waits at most that long); after two heartbeats without an answer the
             run ends at once, wherever the loop waits (a trainer call, rollouts sampling from the
             service, a sync), in one line naming the service and what to do
-    stop    SIGINT/SIGTERM (lifecycle.StopSignals) asks the run to finish its step first; while
+    stop    SIGINT/SIGTERM (core/signals.StopSignals) asks the run to finish its step first; while
             the service does not answer that step cannot end, so the run stops now, as a second
             signal would
 

@@ -36,7 +36,7 @@ from ..core.rpc.address import reachable_host
 from ..core.rpc.cli import EXIT_USAGE, tls_from_args, usage_error, write_atomic
 from ..core.rpc.security import TLSFiles, read_token
 from ..core.rpc.server import MiB, RpcServer, ServerOptions, Service
-from ..core.signals import StopFlag
+from ..core.signals import StopSignals
 from ..proto.v1 import trainer_pb2_grpc
 from .child import wrap
 from .fork_server import ForkServer, wanted
@@ -70,7 +70,7 @@ def _sender_factory(token: str, tls: TLSFiles | None, max_message_bytes: int, de
     return sender_factory(options, device, reachable_host(host))
 
 
-def _serve_rank0(opts: dict[str, Any], commands: Any, signals: StopFlag) -> int:
+def _serve_rank0(opts: dict[str, Any], commands: Any, signals: StopSignals) -> int:
     token = read_token(opts["token_env"])
     assert token is not None
     tls = (
@@ -126,10 +126,9 @@ def rank_main(options_path: str) -> int:
         opts = json.load(f)
     rank = world_rank(opts)
     os.environ["RANK"] = str(rank)  # what init_world's env:// rendezvous reads
-    signals = StopFlag()  # not stop.set() in the handler: see core/signals.py
+    signals = StopSignals()  # polled by rank 0's server loop
     if rank == 0:  # rank 0 decides when the world ends; the others follow its shutdown broadcast
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signals.handler)
+        signals.install()
         write_atomic(opts["pid_file"], str(os.getpid()))
     else:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -216,11 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     proc = subprocess.Popen(cmd, env=env)
-
-    def on_sigterm(*_: object) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    stops = StopSignals(at_once=True, signals=(signal.SIGTERM,)).install()  # Ctrl-C: Python's own
     try:
         if args.node_rank == 0:
             return proc.wait()
@@ -235,14 +230,14 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    except _Terminated:
-        return _stop_world(proc, options["pid_file"])
     except KeyboardInterrupt:
-        _stop_world(proc, options["pid_file"])
+        rc = _stop_world(proc, options["pid_file"])
+        if stops.received == signal.SIGTERM:  # asked to stop: rank 0's exit code is the world's
+            return rc
         print("rlcore: interrupted", file=sys.stderr)
         return _EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        stops.restore()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -274,10 +269,6 @@ def _wait_node(
         ),
         poll_s=probe_s,
     )  # fmt: skip
-
-
-class _Terminated(Exception):
-    """SIGTERM reached `rlcore trainer serve`."""
 
 
 def _stop_world(proc: subprocess.Popen, pid_file: str) -> int:

@@ -12,8 +12,8 @@ from typing import Any
 
 from ..core.config import ConfigError, Stage
 from ..core.config.dtypes import engine_dtype
-from ..core.config.host_checks import tinker_url
 from ..core.config.plan import gpu_sharing
+from ..rollout.engines.spec import engine_spec
 from .child import process_env, wrap
 from .placement import GpuPlacement, place_gpus, visible_gpus
 
@@ -27,16 +27,6 @@ def _tls_flags(tls: Any) -> list[str]:
     if tls.require_client_cert:
         flags.append("--tls-require-client-cert")
     return flags
-
-
-def _service_flags(cfg: Any) -> list[str]:
-    """The Tinker service a tinker engine samples from: the one trainer.remote names."""
-    url = tinker_url(cfg.trainer.remote)
-    if cfg.explorer.rollout_model.engine_type != "tinker" or url is None:
-        return []
-    tk = cfg.trainer.tinker
-    return ["--service-url", url, "--service-model", tk.base_model or cfg.model.model_path,
-            "--service-key-env", tk.api_key_env]  # fmt: skip
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -114,17 +104,13 @@ class RolloutWorkers:
         self._keeper: threading.Thread | None = None
         self._commands: list[tuple[list[str], dict[str, str]]] = []
         for i in range(count):
+            spec = engine_spec(cfg, "", device, engine_dtype(cfg, device), seed=cfg.seed + i)
             cmd = [
                 *wrap(os.getpid(), "rlcore.cli"), "rollout", "serve", "--model", "",  # _start fills it
-                "--engine", rm.engine_type, "--device", device, "--dtype", engine_dtype(cfg, device),
-                "--max-model-len", str(cfg.model.max_model_len), "--max-batch-size", str(rm.max_batch_size),
-                "--tensor-parallel-size", str(rm.tensor_parallel_size),
-                "--gpu-memory-utilization", str(rm.gpu_memory_utilization),
-                *(["--enforce-eager"] if rm.enforce_eager else []),
-                *(["--partial-rollout"] if cfg.explorer.partial_rollout else []), "--seed", str(cfg.seed + i),
+                "--engine-spec", spec.to_json(), *(["--partial-rollout"] if cfg.explorer.partial_rollout else []),
                 "--threads", str(threads), "--host", control.host, "--port", "0", "--register", run_address,
                 "--index", str(i), "--token-env", control.token_env,
-                "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls), *_service_flags(cfg),
+                "--max-message-mb", str(control.max_message_mb), *_tls_flags(control.tls),
             ]  # fmt: skip
             self._commands.append((cmd, process_env(cfg.cluster, threads, None if gpus is None else gpus[i])))
         self.procs = [self._start(i, "w") for i in range(count)]

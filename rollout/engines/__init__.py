@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import inspect
+from typing import TYPE_CHECKING, Any
 
 from ...core.registry import Registry
+from .spec import COMMON, CONTEXT, SHARED, EngineSpec
 
 if TYPE_CHECKING:
     from .base import RolloutEngine
-    from .tinker import ServiceSpec
 
 ENGINES = Registry(
     "explorer.rollout_model.engine_type",
@@ -20,43 +21,46 @@ ENGINES = Registry(
 )
 
 
-def build_engine(
-    engine_type: str,
-    model_path: str,
-    *,
-    device: str,
-    dtype: str,
-    max_model_len: int | None,
-    max_batch_size: int,
-    tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float = 0.9,
-    enforce_eager: bool = False,
-    enable_sleep_mode: bool = False,
-    in_process: bool = False,
-    seed: int = 0,
-    service: ServiceSpec | None = None,
-) -> RolloutEngine:
-    """Construct the engine `engine_type` names; the vLLM-only options go to vLLM only (the HF
-    engine refuses a tensor-parallel size above 1; enforce_eager goes to both). `max_model_len` None
-    takes the model's own position limit; one above it is refused (ValueError). `service`: the Tinker
-    service the tinker engine samples from (that engine only)."""
-    cls = ENGINES.resolve(engine_type)
-    common = {
-        "device": device,
-        "dtype": dtype,
-        "max_model_len": max_model_len,
-        "max_batch_size": max_batch_size,
-    }
-    if engine_type == "tinker":
-        return cls(model_path, **common, service=service)
-    if engine_type != "vllm":
-        if tensor_parallel_size != 1:
+def engine_class(engine_type: str) -> type[RolloutEngine]:
+    """The engine class `engine_type` names: an ENGINES entry or a RolloutEngine subclass by import
+    path 'pkg.mod:Class' (ValueError saying what is allowed)."""
+    from .base import RolloutEngine
+
+    return ENGINES.resolve_class(engine_type, RolloutEngine, ENGINES.key_path)
+
+
+def build_engine(spec: EngineSpec, **context: Any) -> RolloutEngine:
+    """The engine `spec` describes, given the options its constructor declares (spec.py says which
+    settings reach which engine); `context` adds CONTEXT settings of the caller's (in_process).
+    ValueError, in one line, for a setting the engine does not take."""
+    cls: Any = engine_class(spec.engine_type)  # the interface leaves construction to each engine
+    options = engine_options(cls, {**spec.options, **context}, spec.engine_options)
+    common = {name: getattr(spec, name) for name in COMMON}
+    engine: RolloutEngine = cls(spec.model_path, **common, **options)
+    return engine
+
+
+def engine_options(cls: type, offered: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `cls`'s constructor among `offered` (SHARED and CONTEXT settings)
+    and `own` (its engine_options section); ValueError for one it lacks that would change something."""
+    declared = {
+        name: p for name, p in inspect.signature(cls).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in COMMON
+    }  # fmt: skip
+    taken = {}
+    for name, value in offered.items():
+        if name in declared:
+            taken[name] = value
+        elif name not in CONTEXT and value != SHARED.get(name, value):
             raise ValueError(
-                f"tensor_parallel_size must be 1 for the {engine_type} engine; got {tensor_parallel_size}"
+                f"explorer.rollout_model.{name}: the {cls.__name__} engine has no such setting "
+                f"(its own: {', '.join(declared) or 'none'}); leave it at {SHARED[name]!r} or choose another engine"
             )
-        return cls(model_path, **common, enforce_eager=enforce_eager)
-    return cls(
-        model_path, **common, tensor_parallel_size=tensor_parallel_size,
-        gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-        enable_sleep_mode=enable_sleep_mode, in_process=in_process, seed=seed,
-    )  # fmt: skip
+    for name, value in own.items():
+        if name not in declared:
+            raise ValueError(
+                f"explorer.rollout_model.engine_options.{name}: not an option of the {cls.__name__} engine "
+                f"(its options: {', '.join(declared) or 'none'})"
+            )
+        taken[name] = value
+    return taken

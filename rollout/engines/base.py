@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 class RolloutEngine(ABC):
     """Generates completions for token-id prompts and takes new weights from the trainer.
 
-    Construction: `Engine(model_path, *, device, dtype, max_model_len, max_batch_size, **options)`.
+    Construction: `Engine(model_path, *, device, dtype, max_model_len, max_batch_size, **options)`: its
+    keyword parameters beyond those four are its options (spec.py says which settings reach them).
 
     Weights arrive three ways: `load_weights` (full tensors in this process: colocated runs),
     `join_weight_sync` + `receive_weights` (buckets over a process group from a trainer rank) and
@@ -36,6 +37,10 @@ class RolloutEngine(ABC):
     """Ranks this engine takes in a weight-sync group (one per process that receives)."""
     tokenizer: Any
     """The served model's HF tokenizer (workflows encode prompts and decode with it)."""
+    max_model_len: int
+    """Longest prompt + response in tokens (the worker reports it; requests past it are refused)."""
+    max_batch_size: int
+    """Sequences one `generate` call holds (the rollout worker merges concurrent calls up to it)."""
     sleeping: bool = False
     """Whether `sleep` has released the engine's memory."""
     interruptible: bool = False

@@ -11,11 +11,12 @@ engine still holds the previous stage's weights: the trainer pushes its own befo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import build_engine
 from .base import RolloutEngine
+from .spec import EngineSpec
 
 log = logging.getLogger("rlcore.rollout.in_process")
 
@@ -36,11 +37,11 @@ class _Kept:
 _kept: _Kept | None = None
 
 
-def acquire(engine_type: str, model_path: str, **settings: Any) -> tuple[RolloutEngine, bool]:
+def acquire(spec: EngineSpec) -> tuple[RolloutEngine, bool]:
     """This stage's in-process engine and whether an earlier stage built it (then it holds that
-    stage's weights, not `model_path`'s). `settings` are build_engine's keyword arguments."""
+    stage's weights, not `spec.model_path`'s)."""
     global _kept
-    settings = {"engine_type": engine_type, **settings}
+    settings = {k: v for k, v in asdict(spec).items() if k != "model_path"}
     if _kept is not None:
         changed = _differences(_kept.settings, settings)
         if changed:
@@ -49,13 +50,12 @@ def acquire(engine_type: str, model_path: str, **settings: Any) -> tuple[Rollout
                 f"later stage, but this stage asks for other settings ({changed}): give every stage that "
                 "runs an engine in process the same engine settings"
             )
-        _check_same_model(_kept.model_path, model_path)
-        log.info("reusing the in-process %s engine an earlier stage built", engine_type)
+        _check_same_model(_kept.model_path, spec.model_path)
+        log.info("reusing the in-process %s engine an earlier stage built", spec.engine_type)
         return _kept.engine, True
-    options = {k: v for k, v in settings.items() if k != "engine_type"}
-    engine = build_engine(engine_type, model_path, in_process=True, **options)
-    if engine_type in PROCESS_WIDE:
-        _kept = _Kept(settings, model_path, engine)
+    engine = build_engine(spec, in_process=True)
+    if spec.engine_type in PROCESS_WIDE:
+        _kept = _Kept(settings, spec.model_path, engine)
     return engine, False
 
 

@@ -56,18 +56,26 @@ class TinkerEngine(RolloutEngine):
         self,
         model_path: str,
         *,
-        service: ServiceSpec | None = None,
         device: str = "cpu",
         dtype: str = "float32",
         max_model_len: int | None = None,
         max_batch_size: int = 256,
         enforce_eager: bool = False,
+        service_url: str = "",
+        service_model: str = "",
+        service_key_env: str = "TINKER_API_KEY",
     ):
         """`model_path`: a local HF folder (or hub id) of the service's base model, for the tokenizer
-        and the position limit; `service`: where to sample. device, dtype and the batch size are the
+        and the position limit; `service_url`: where to sample (a run's tinker:// trainer, or
+        --service-url), `service_model` its base model's name there (default: model_path),
+        `service_key_env` the variable holding its API key. device, dtype and the batch size are the
         service's business and ignored here."""
-        if service is None:
-            raise ValueError("the tinker engine samples from a Tinker service: give its URL (--service-url)")
+        if not service_url:
+            raise ValueError(
+                "the tinker engine samples from a Tinker service: give its URL (--service-url http://HOST:PORT, "
+                "or trainer.remote tinker://HOST:PORT in a run)"
+            )
+        service = ServiceSpec(service_url, service_model or model_path, service_key_env)
         try:
             import tinker
         except ImportError as e:

@@ -20,7 +20,7 @@ import sys
 import time
 
 from ...core.rpc.cli import EXIT_USAGE, await_port_file, usage_error, write_atomic
-from ...core.signals import StopFlag
+from ...core.signals import StopSignals
 from ..child import wrap
 
 TRAINER_TOKEN_ENV = "RLCORE_TINKER_TRAINER_TOKEN"
@@ -101,13 +101,13 @@ def serve_main(args: argparse.Namespace) -> int:
           f"{args.strategy} on {device})", flush=True)  # fmt: skip
     if args.port_file:
         write_atomic(args.port_file, door.address)
-    signals = StopFlag()  # SIGTERM: a flag this loop polls (core/signals.py); Ctrl-C: KeyboardInterrupt
-    signal.signal(signal.SIGTERM, signals.handler)
-    try:
-        while not signals.signals and (proc is None or proc.poll() is None):
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    # SIGTERM: a flag this loop polls (core/signals.py); Ctrl-C: KeyboardInterrupt
+    with StopSignals(signals=(signal.SIGTERM,)) as signals:
+        try:
+            while signals.received is None and (proc is None or proc.poll() is None):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
     door.stop()
     service.close()
     trainer.close()

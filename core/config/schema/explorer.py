@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .fields import bounded, choice
 from .model import AuxiliaryModelConfig
@@ -10,8 +11,13 @@ from .model import AuxiliaryModelConfig
 
 @dataclass
 class RolloutModelConfig:
-    engine_type: str = choice("hf", "rlcore.rollout.engines:ENGINES")
-    """Inference engine."""
+    engine_type: str = choice("hf", "rlcore.rollout.engines:ENGINES", by_path=True)
+    """Inference engine: a registered one, or a RolloutEngine subclass by import path 'pkg.mod:Class'
+    (its constructor's keyword parameters are its options: rollout/engines/spec.py)."""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    """The engine's own options, by its constructor's parameter names (e.g. a custom engine's); a key
+    it does not take is refused where the engine is built. The settings below reach the engines that
+    take them."""
     engine_num: int = bounded(1, ge=1)
     """Engines: rollout workers (mode both), or in mode colocate 1 (in trainer rank 0) or the trainer's
     ranks (one in each, every rank generating its share of a batch). An in-process vLLM engine is
