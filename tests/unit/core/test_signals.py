@@ -53,13 +53,16 @@ def test_graceful_asks_for_a_stop_in_a_thread_then_a_second_signal_interrupts(ca
 
 
 def test_graceful_interrupts_the_main_thread_once_its_grace_has_passed(capsys) -> None:
-    stops = StopSignals(lambda: None, grace_s=0.2)
+    """The interruption arrives as a SIGINT of the process's own (_thread.interrupt_main), which the
+    installed handler turns into KeyboardInterrupt as it would a second signal from outside."""
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        stops.handler(signal.SIGINT, None)
-        for _ in range(100):  # a main loop's short waits (the interruption arrives between two)
-            time.sleep(0.1)
+    with StopSignals(lambda: None, grace_s=0.2) as stops:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):  # a main loop's short waits (the interruption arrives between two)
+                time.sleep(0.1)
     assert time.monotonic() - t0 < 5 and "did not stop within 0.2 s" in capsys.readouterr().err
+    assert stops.signals == [signal.SIGTERM, signal.SIGINT] and stops.exit_code == 128 + signal.SIGTERM
 
 
 def test_at_once_interrupts_at_the_first_signal() -> None:
