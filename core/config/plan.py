@@ -34,15 +34,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from .errors import ConfigError
 from .host_checks import tinker_url
 from .schema import RLCoreConfig
 
-SOURCES = ("rollouts", "explorer_thread", "buffer", "explore", "responses", "pairs", "evaluation")
-ENGINES = ("workers", "in_process", "none")
-ROLES = ("trainer", "remote", "explorer")
+Source = Literal["rollouts", "explorer_thread", "buffer", "explore", "responses", "pairs", "evaluation"]
+EngineHome = Literal["workers", "in_process", "none"]
+TrainerKind = Literal["local", "remote", "tinker", "none"]
+TrainsOn = Literal["rollouts", "responses", "pairs"]
+ExplorerWeights = Literal["publish", "nccl", ""]
+Role = Literal["trainer", "remote", "explorer"]
+SOURCES: tuple[Source, ...] = get_args(Source)
+ENGINES: tuple[EngineHome, ...] = get_args(EngineHome)
+ROLES: tuple[Role, ...] = get_args(Role)
 
 SYNCING_MODES = ("both", "colocate")
 """Modes whose trainer sends its weights to engines by synchronizer.sync_method."""
@@ -66,11 +72,11 @@ class Passes:
 class StagePlan:
     index: int
     name: str
-    source: str
-    """Where a step's experiences come from (SOURCES; see the module's docstring)."""
-    engines: str
+    source: Source
+    """Where a step's experiences come from (see the module's docstring)."""
+    engines: EngineHome
     """Where this launch's engines of the stage live, for rollouts and evaluation (ENGINES)."""
-    explorer_engines: str
+    explorer_engines: EngineHome
     """Where the stage's explorer thread generates (asynchronous both: workers; else none)."""
     on_workers: bool
     """Whether the stage's engines, when it has any, are rollout workers: mode both and explore, and
@@ -81,17 +87,17 @@ class StagePlan:
     or none."""
     publishes: bool
     """The trainer publishes its weights as folders for an explorer (source buffer or explorer_thread)."""
-    explorer_weights: str
+    explorer_weights: ExplorerWeights
     """How a decoupled run's trainer (source buffer) gets its weights to the explore launch's rollout
     workers, and how that launch (source explore) expects them: publish (every version a folder the
     explorer has its workers load; synchronizer.sync_method auto or checkpoint) or nccl (the first
     version a folder the workers start from, every later one pushed to the workers the explorer
     registers, over a process group: NCCL on GPU, gloo on CPU; a folder again whenever no group
     forms); "" for the other sources."""
-    trainer: str
+    trainer: TrainerKind
     """local, remote (trainer.remote), tinker (trainer.remote tinker://...) or none (the stage runs in an
     explore launch)."""
-    trains_on: str
+    trains_on: TrainsOn
     """rollouts, responses (SFT) or pairs (DPO)."""
     passes: Passes
     max_staleness: int | None
@@ -128,8 +134,8 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class RunPlan:
-    role: str
-    """What this launch runs (ROLES): trainer (its own trainer world), remote (the loop against
+    role: Role
+    """What this launch runs: trainer (its own trainer world), remote (the loop against
     trainer.remote), explorer (the stages in mode explore of a decoupled run)."""
     stages: list[StagePlan]
     """The stages this launch runs, in order."""
@@ -198,7 +204,7 @@ def on_workers(cfg: RLCoreConfig, served: bool = False) -> bool:
     return cfg.mode in ("both", "explore") or cfg.trainer.remote is not None or served
 
 
-def source_of(cfg: RLCoreConfig, data: str) -> str:
+def source_of(cfg: RLCoreConfig, data: TrainsOn) -> Source:
     from ..algorithms import pairs_from_buffer
 
     if data != "rollouts" and not pairs_from_buffer(cfg.algorithm):  # DPO's pairs may be explored
@@ -219,10 +225,12 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
     from ..algorithms import algorithm_of, reads_reference, step_passes, trains_on
 
     algo = cfg.algorithm
-    data = trains_on(algo)
+    data = cast(TrainsOn, trains_on(algo))  # Algorithm.trains_on: one of TrainsOn
     source = source_of(cfg, data)
     workers = on_workers(cfg, served)
     evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
+    engines: EngineHome
+    explorer_engines: EngineHome
     if source == "explore":
         engines, explorer_engines = "workers", "none"
     elif source == "explorer_thread":  # the thread explores on the workers; the trainer evaluates in process
@@ -241,6 +249,7 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
         weights = "nccl" if method == "auto" else method
     else:
         weights = "memory" if engines == "in_process" else "none"
+    trainer: TrainerKind
     if source == "explore":
         trainer = "none"
     elif tinker:
@@ -254,7 +263,7 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
         refill=algorithm_of(algo).refills(algo),
     )
     ex = cfg.explorer
-    explorer_weights = ""
+    explorer_weights: ExplorerWeights = ""
     if source in ("buffer", "explore"):
         explorer_weights = "nccl" if pushes_to_explorer(cfg) else "publish"
     return StagePlan(
@@ -273,7 +282,7 @@ def explores_only(cfg: Any) -> bool:
     return bool(cfg.mode == "explore")
 
 
-def launch_role(explorer: bool, first: StagePlan) -> str:
+def launch_role(explorer: bool, first: StagePlan) -> Role:
     """What a launch runs (ROLES): a decoupled run's explorer (`explorer`, see explores_only); the
     loop against a remote trainer when its first stage's trainer is remote; else a trainer world."""
     if explorer:
@@ -308,7 +317,7 @@ def plan_launch(stages: list[StagePlan], explorer: bool) -> RunPlan:
     return plan_run(launch_role(False, stages[0]), stages)
 
 
-def plan_run(role: str, stages: list[StagePlan]) -> RunPlan:
+def plan_run(role: Role, stages: list[StagePlan]) -> RunPlan:
     """The plan of a launch in `role` (launch_role) running the stages planned as `stages`."""
     return RunPlan(
         role=role, stages=list(stages), worker_stages=[p.index for p in stages if p.on_workers],
