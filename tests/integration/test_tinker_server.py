@@ -181,8 +181,12 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
     assert out.metrics["loss:sum"] > 0
 
 
+ONE_MODULE_ALGORITHM = "tests.integration.mean_baseline_algorithm:MEAN_BASELINE"
+
+
 def _plan(root: str, model: str, **extra) -> dict:
-    """An SFT warm-up of 2 steps, then a GRPO step of 4 tasks x 4 answers, on the served model."""
+    """An SFT warm-up of 2 steps, then a GRPO step of 4 tasks x 4 answers, then a step of an algorithm
+    written outside rlcore in one module (ONE_MODULE_ALGORITHM), on the served model."""
     cfg = tiny_grpo_config(
         root, **{"model.model_path": model, "model.scratch": {"enabled": False}, "algorithm.kl_loss_coef": 0.0,
                  "buffer.explorer_input.eval_tasksets": [heldout_taskset(root, 8)], **extra}
@@ -191,6 +195,8 @@ def _plan(root: str, model: str, **extra) -> dict:
         {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
          "buffer": {"batch_size": 8, "total_steps": 2}},
         {"name": "rl", "mode": "both", "buffer": {"total_steps": 1}},
+        {"name": "custom", "mode": "both", "algorithm": {"algorithm_type": ONE_MODULE_ALGORITHM},
+         "buffer": {"total_steps": 1}},
     ]  # fmt: skip
     return cfg
 
@@ -200,10 +206,13 @@ def test_launch_through_a_tinker_service_is_the_run_rlcore_trains_itself(
 ) -> None:
     """trainer.remote tinker://: the loop runs in the launch, training through the service and
     sampling from it. The same plan trained by rlcore's own trainer and through the Tinker service
-    gives the same SFT losses (the lr schedule and the token mean computed client-side) and the same
+    gives the same SFT losses (the lr schedule and the token mean computed client-side), the same
     first GRPO step (the seeded samples, their rewards, the clipped loss with the advantages carrying
-    the aggregation weights)."""
+    the aggregation weights), and the same step of an algorithm added as one module outside rlcore
+    (its advantage function computed in each, as it records)."""
     monkeypatch.setenv("TINKER_API_KEY", KEY)
+    record = tmp_path / "advantages.jsonl"
+    monkeypatch.setenv("RLCORE_TEST_ADVANTAGES", str(record))
     local_root, remote_root = str(tmp_path / "local"), str(tmp_path / "tinker")
     launch(_plan(local_root, tiny_model_path), os.path.join(tmp_path, "local.yaml"))
     remote = _plan(
@@ -221,14 +230,30 @@ def test_launch_through_a_tinker_service_is_the_run_rlcore_trains_itself(
         if "sft/loss" in a:
             assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-5), (a, b)
             assert b["actor/lr"] == pytest.approx(a["actor/lr"], rel=1e-9)
-    local_rl = [r for r in rows(local_root, "stage1_rl") if "actor/loss" in r]
-    tinker_rl = [r for r in rows(remote_root, "stage1_rl") if "actor/loss" in r]
-    assert len(local_rl) == len(tinker_rl) == 1
-    first, other = local_rl[0], tinker_rl[0]
-    assert other["rollout/reward_mean"] == first["rollout/reward_mean"]
-    assert other["actor/loss"] == pytest.approx(first["actor/loss"], rel=1e-4, abs=1e-6)
-    assert other["actor/grad_norm"] == pytest.approx(first["actor/grad_norm"], rel=1e-4)
-    assert "eval/heldout/accuracy" in rows(remote_root, "stage1_rl")[-1]
+    for stage in ("stage1_rl", "stage2_custom"):
+        local_rl = [r for r in rows(local_root, stage) if "actor/loss" in r]
+        tinker_rl = [r for r in rows(remote_root, stage) if "actor/loss" in r]
+        assert len(local_rl) == len(tinker_rl) == 1, stage
+        first, other = local_rl[0], tinker_rl[0]
+        assert other["rollout/reward_mean"] == first["rollout/reward_mean"], stage
+        assert other["actor/loss"] == pytest.approx(first["actor/loss"], rel=1e-4, abs=1e-6), stage
+        assert other["actor/grad_norm"] == pytest.approx(first["actor/grad_norm"], rel=1e-4), stage
+        assert "eval/heldout/accuracy" in rows(remote_root, stage)[-1]
+    # the one-module algorithm's advantages, computed by the local trainer's rank, then by the launch
+    # that trains through the service: the same rewards, each less its group's mean (each launch also
+    # tried the function on its config check's batch of 4, core/algorithms/plugs.py)
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    steps = [r for r in records if len(r["rewards"]) == 16]  # 4 tasks x 4 answers
+    probes = [r for r in records if r not in steps]
+    assert len(steps) == 2 and probes and all(len(r["rewards"]) == 4 for r in probes), records
+    assert steps[0]["groups"] == steps[1]["groups"] and steps[0]["rewards"] == steps[1]["rewards"]
+    for step in steps:
+        for group in set(step["groups"]):
+            rows_of = [i for i, g in enumerate(step["groups"]) if g == group]
+            mean = sum(step["rewards"][i] for i in rows_of) / len(rows_of)
+            for i in rows_of:
+                assert step["advantages"][i] == pytest.approx(step["rewards"][i] - mean, abs=1e-6)
+    assert steps[0]["advantages"] == pytest.approx(steps[1]["advantages"], abs=1e-6)
     # each stage's checkpoints are the service's; the RL stage started from the warm-up's last
     with open(os.path.join(remote_root, "it", "run", "stage1_rl", "tinker_checkpoints.json")) as f:
         saved = json.load(f)
