@@ -8,10 +8,12 @@ covers the token, the probabilities then taken at the replayed experts (megatron
 which equals transformers' for Qwen3-MoE's softmax router).
 
 Tokens reach the router in megatron's order: sequence-major [T, B] for padded rows, the packed row
-for THD. A micro-batch's records are set in the schedule's forward step and stay for its backward, so
-recomputed layers route the same; that holds in megatron's schedule without pipelining, where each
-micro-batch's backward follows its forward (pipeline and context parallelism are refused for r3 by
-the config checks).
+for THD; with tensor parallelism (which megatron-core runs with sequence parallelism for MoE layers)
+each TP rank's routers see its contiguous share of that sequence dimension, so each rank replays its
+share of the records. A micro-batch's records are set in the schedule's forward step and stay for
+its backward, so recomputed layers route the same; that holds in megatron's schedule without
+pipelining, where each micro-batch's backward follows its forward (pipeline and context parallelism
+are refused for r3 by the config checks).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state
 from megatron.core.transformer.moe.router import TopKRouter
 
 from ...core import moe_balance
@@ -31,8 +34,10 @@ from .packing import PackedInput
 class Replay:
     """One router's replay: the experts per token of the current micro-batch, or none."""
 
-    def __init__(self, top_k: int, num_experts: int, pre_softmax: bool = False) -> None:
+    def __init__(self, top_k: int, num_experts: int, pre_softmax: bool = False, sequence_parallel: bool = False):
         self.top_k, self.num_experts, self.pre_softmax = top_k, num_experts, pre_softmax
+        self.sequence_parallel = sequence_parallel
+        """The router sees this TP rank's share of the sequence (megatron's sequence parallelism)."""
         self.target: torch.Tensor | None = None
         """[tokens, top_k] the recorded experts, in the router's token order."""
         self.valid: torch.Tensor | None = None
@@ -77,7 +82,9 @@ def install(module: torch.nn.Module) -> list[Replay]:
     replays = []
     for m in module.modules():
         if isinstance(m, TopKRouter):
-            m.router_replay = Replay(m.topk, m.config.num_moe_experts, m.config.moe_router_pre_softmax)
+            m.router_replay = Replay(
+                m.topk, m.config.num_moe_experts, m.config.moe_router_pre_softmax, m.config.sequence_parallel
+            )
             replays.append(m.router_replay)
     return replays
 
@@ -109,9 +116,10 @@ def set_records(
         row_experts[packed.keep] = experts[packed.layout.real]
         row_valid[packed.keep] = valid[packed.layout.real]
         mine = packed.split.index(device=experts.device)
-        experts, valid = row_experts[mine], row_valid[mine]
+        experts, valid = _tp_share(replays[0], row_experts[mine], row_valid[mine])
     else:  # [B, T] rows reach the router sequence-major
-        experts, valid = experts.transpose(0, 1).flatten(0, 1), valid.transpose(0, 1).flatten()
+        experts, valid = _tp_share(replays[0], experts.transpose(0, 1), valid.transpose(0, 1))
+        experts, valid = experts.flatten(0, 1), valid.flatten()
     top_k = replays[0].top_k
     if top_k * len(replays) != experts.shape[-1]:
         raise ValueError(
@@ -122,6 +130,15 @@ def set_records(
     per_layer = experts.view(-1, len(replays), top_k).long()
     for layer, replay in enumerate(replays):
         replay.target, replay.valid, replay.counts = per_layer[:, layer], valid, counts
+
+
+def _tp_share(replay: Replay, *sequence_major: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """This TP rank's contiguous share of each tensor's first (sequence) dimension, as sequence
+    parallelism scatters the layer input; the tensors whole without it."""
+    if not replay.sequence_parallel:
+        return sequence_major
+    size, rank = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+    return tuple(t.chunk(size, dim=0)[rank] for t in sequence_major)
 
 
 def record(model: torch.nn.Module) -> None:

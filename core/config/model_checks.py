@@ -77,15 +77,17 @@ ROUTER_REPLAY_MODELS = ("qwen3_moe",)
 
 
 def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
-    """algorithm.router_replay r2 and r3: an MoE model, megatron without pipeline, context or tensor
-    parallelism; r3 also the HF engine (it records the routing) and single-turn tasksets (their one
-    engine call is the experience's record)."""
+    """algorithm.router_replay r2 and r3: an MoE model, megatron without pipeline or context
+    parallelism (r3 with tensor parallelism replays each rank's share of the tokens; r2's records at
+    TP are not proven); r3 also the HF engine (it records the routing) and the workflows that carry
+    its records."""
     key = "algorithm.router_replay"
     mode = cfg.algorithm.router_replay
     _check_router_layout(
         cfg, key, f"{mode} on megatron",
-        "a recomputed layer must route as its forward did; with TP each rank's routers see a slice of the tokens",
-        f"{key}: none",
+        "a recomputed layer must route as its forward did, for which each pipeline stage and context-parallel "
+        "rank would need its own share of the records" + ("" if mode == "r3" else ", and each TP rank its share"),
+        f"{key}: none", tensor_parallel=mode == "r3",
     )  # fmt: skip
     _check_moe_model(cfg, key, f"{mode} replays the routers of", f"{key}: none", check_paths)
     if mode == "r3":
@@ -109,15 +111,20 @@ def _check_router_aux_loss(cfg: RLCoreConfig, check_paths: bool) -> None:
     _check_moe_model(cfg, key, "the load-balancing loss is computed on the routers of", off, check_paths)
 
 
-def _check_router_layout(cfg: RLCoreConfig, key: str, what: str, why: str, off: str) -> None:
+def _check_router_layout(
+    cfg: RLCoreConfig, key: str, what: str, why: str, off: str, tensor_parallel: bool = False
+) -> None:
+    """`what` on megatron refused with pipeline and context parallelism, and with tensor parallelism
+    unless `tensor_parallel` says it holds there."""
     mc = cfg.trainer.megatron
-    if cfg.trainer.strategy == "megatron" and (
-        mc.pipeline_model_parallel_size > 1 or mc.context_parallel_size > 1 or mc.tensor_model_parallel_size > 1
-    ):
+    refused = ["pipeline_model_parallel_size", "context_parallel_size"]
+    if not tensor_parallel:
+        refused.append("tensor_model_parallel_size")
+    if cfg.trainer.strategy == "megatron" and any(getattr(mc, name) > 1 for name in refused):
+        names = [n.removesuffix("_model_parallel_size").removesuffix("_parallel_size") for n in refused]
         raise ConfigError(
-            f"{key}: {what} is proven without pipeline, context and tensor parallelism ({why}); set "
-            f"trainer.megatron.pipeline_model_parallel_size, context_parallel_size and tensor_model_parallel_size "
-            f"to 1 (or {off})"
+            f"{key}: {what} is proven without {', '.join(names[:-1])} and {names[-1]} parallelism ({why}); set "
+            f"trainer.megatron.{', '.join(refused[:-1])} and {refused[-1]} to 1 (or {off})"
         )
 
 

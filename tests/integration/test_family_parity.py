@@ -136,18 +136,29 @@ FIRST_STEP_LAYOUTS: list[tuple[str, str, int, list[str]]] = [
     ("qwen3_moe-tp1", "qwen3_moe", 1, []),
     ("qwen3_moe-pp2", "qwen3_moe", 2, ["megatron.pipeline_model_parallel_size=2"]),
     ("qwen3_moe-tp2", "qwen3_moe", 2, ["megatron.tensor_model_parallel_size=2"]),
-]
+    # routing replay at TP2 (sequence parallelism: each rank's routers replay their share of the
+    # batch's records, as in the 20-step -r3 cases above), packed and padded, with recompute
+    ("qwen3_moe-tp2-r3", "qwen3_moe", 2, ["megatron.tensor_model_parallel_size=2", "gradient_checkpointing=true"]),
+    ("qwen3_moe-tp2-padded-r3", "qwen3_moe", 2,
+     ["megatron.tensor_model_parallel_size=2", "use_remove_padding=false", "gradient_checkpointing=true"]),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("architecture,ranks,sets", [c[1:] for c in FIRST_STEP_LAYOUTS], ids=[c[0] for c in FIRST_STEP_LAYOUTS])
-def test_first_step_gradients_by_hf_name_at_every_layout(
-    architecture, ranks, sets, family_model, family_reference, tmp_path
-):
-    """megatron's first step of each family at TP1, TP2 and PP2: the loss and log-probs within 1e-5
-    of a plain HF model's and every gradient, gathered to its HF name, within 1e-4."""
-    model = family_model(architecture)
-    run = run_worker(model, "megatron", ranks, sets, str(tmp_path), "--steps", "1", "--total-steps", str(STEPS))
-    assert_first_step(run, family_reference(architecture))
+@pytest.mark.parametrize("layout", FIRST_STEP_LAYOUTS, ids=[c[0] for c in FIRST_STEP_LAYOUTS])
+def test_first_step_gradients_by_hf_name_at_every_layout(layout, family_model, family_reference, tmp_path):
+    """megatron's first step of each family at TP1, TP2 and PP2 (-r3: the batch's routing records
+    replayed): the loss and log-probs within 1e-5 of a plain HF model's (its routers forced the same
+    way) and every gradient, gathered to its HF name, within 1e-4."""
+    case_id, architecture, ranks, sets = layout
+    routed = case_id.endswith("-r3")
+    run = run_worker(
+        family_model(architecture), "megatron", ranks, sets, str(tmp_path), "--steps", "1", "--total-steps",
+        str(STEPS), *(["--routed"] if routed else []),
+    )  # fmt: skip
+    assert_first_step(run, family_reference(architecture, routed))
+    if routed:  # records of transformers' own routing: each rank's routers agree on its share
+        differing, recorded = run.result["own_routing_counts"]
+        assert recorded > 0 and differing == 0, run.result["own_routing_counts"]
 
 
 FROZEN_STEPS = 6
