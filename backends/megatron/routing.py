@@ -8,12 +8,13 @@ covers the token, the probabilities then taken at the replayed experts (megatron
 which equals transformers' for Qwen3-MoE's softmax router).
 
 Tokens reach the router in megatron's order: sequence-major [T, B] for padded rows, the packed row
-for THD; with tensor parallelism (which megatron-core runs with sequence parallelism for MoE layers)
-each TP rank's routers see its contiguous share of that sequence dimension, so each rank replays its
-share of the records. A micro-batch's records are set in the schedule's forward step and stay for
-its backward, so recomputed layers route the same; that holds in megatron's schedule without
-pipelining, where each micro-batch's backward follows its forward (pipeline and context parallelism
-are refused for r3 by the config checks).
+for THD, of which a context-parallel rank holds its chunks; with tensor parallelism (which
+megatron-core runs with sequence parallelism for MoE layers) each TP rank's routers see its
+contiguous share of that sequence dimension. Each rank replays its share of the records. A
+micro-batch's records are set in the schedule's forward step and stay for its backward, so
+recomputed layers route the same; that holds in megatron's schedule without pipelining, where each
+micro-batch's backward follows its forward (pipeline parallelism is refused for r3 by the config
+checks).
 """
 
 from __future__ import annotations

@@ -77,17 +77,18 @@ ROUTER_REPLAY_MODELS = ("qwen3_moe",)
 
 
 def _check_router_replay(cfg: RLCoreConfig, check_paths: bool) -> None:
-    """algorithm.router_replay r2 and r3: an MoE model, megatron without pipeline or context
-    parallelism (r3 with tensor parallelism replays each rank's share of the tokens; r2's records at
-    TP are not proven); r3 also the HF engine (it records the routing) and the workflows that carry
-    its records."""
+    """algorithm.router_replay r2 and r3: an MoE model; on megatron r3 replays each tensor- and
+    context-parallel rank's share of the records, without pipeline parallelism (a recomputed layer of
+    one micro-batch runs after later micro-batches' forwards), and r2 without pipeline, context or
+    tensor parallelism (its records at those layouts are not proven); r3 also the HF engine (it
+    records the routing) and the workflows that carry its records."""
     key = "algorithm.router_replay"
     mode = cfg.algorithm.router_replay
     _check_router_layout(
         cfg, key, f"{mode} on megatron",
-        "a recomputed layer must route as its forward did, for which each pipeline stage and context-parallel "
-        "rank would need its own share of the records" + ("" if mode == "r3" else ", and each TP rank its share"),
-        f"{key}: none", tensor_parallel=mode == "r3",
+        "a recomputed layer must route as its forward did"
+        + (": in a pipeline schedule later micro-batches' forwards come between" if mode == "r3" else ""),
+        f"{key}: none", allowed=("tensor_model_parallel_size", "context_parallel_size") if mode == "r3" else (),
     )  # fmt: skip
     _check_moe_model(cfg, key, f"{mode} replays the routers of", f"{key}: none", check_paths)
     if mode == "r3":
@@ -111,20 +112,23 @@ def _check_router_aux_loss(cfg: RLCoreConfig, check_paths: bool) -> None:
     _check_moe_model(cfg, key, "the load-balancing loss is computed on the routers of", off, check_paths)
 
 
+LAYOUT_SIZES = ("pipeline_model_parallel_size", "context_parallel_size", "tensor_model_parallel_size")
+"""trainer.megatron's parallel sizes that split a layer's tokens or its micro-batches' order."""
+
+
 def _check_router_layout(
-    cfg: RLCoreConfig, key: str, what: str, why: str, off: str, tensor_parallel: bool = False
+    cfg: RLCoreConfig, key: str, what: str, why: str, off: str, allowed: tuple[str, ...] = ()
 ) -> None:
-    """`what` on megatron refused with pipeline and context parallelism, and with tensor parallelism
-    unless `tensor_parallel` says it holds there."""
+    """`what` on megatron refused where a LAYOUT_SIZES size not in `allowed` is above 1."""
     mc = cfg.trainer.megatron
-    refused = ["pipeline_model_parallel_size", "context_parallel_size"]
-    if not tensor_parallel:
-        refused.append("tensor_model_parallel_size")
+    refused = [name for name in LAYOUT_SIZES if name not in allowed]
     if cfg.trainer.strategy == "megatron" and any(getattr(mc, name) > 1 for name in refused):
         names = [n.removesuffix("_model_parallel_size").removesuffix("_parallel_size") for n in refused]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        sizes = refused[0] if len(refused) == 1 else f"{', '.join(refused[:-1])} and {refused[-1]}"
         raise ConfigError(
-            f"{key}: {what} is proven without {', '.join(names[:-1])} and {names[-1]} parallelism ({why}); set "
-            f"trainer.megatron.{', '.join(refused[:-1])} and {refused[-1]} to 1 (or {off})"
+            f"{key}: {what} is proven without {listed} parallelism ({why}); set trainer.megatron.{sizes} to 1 "
+            f"(or {off})"
         )
 
 

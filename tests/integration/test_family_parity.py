@@ -141,12 +141,15 @@ FIRST_STEP_LAYOUTS: list[tuple[str, str, int, list[str]]] = [
     ("qwen3_moe-tp2-r3", "qwen3_moe", 2, ["megatron.tensor_model_parallel_size=2", "gradient_checkpointing=true"]),
     ("qwen3_moe-tp2-padded-r3", "qwen3_moe", 2,
      ["megatron.tensor_model_parallel_size=2", "use_remove_padding=false", "gradient_checkpointing=true"]),
+    # context parallelism (each rank 2 of every sequence's 4 chunks), plain and replaying its chunks' records
+    ("qwen3_moe-cp2", "qwen3_moe", 2, ["megatron.context_parallel_size=2", "gradient_checkpointing=true"]),
+    ("qwen3_moe-cp2-r3", "qwen3_moe", 2, ["megatron.context_parallel_size=2", "gradient_checkpointing=true"]),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("layout", FIRST_STEP_LAYOUTS, ids=[c[0] for c in FIRST_STEP_LAYOUTS])
 def test_first_step_gradients_by_hf_name_at_every_layout(layout, family_model, family_reference, tmp_path):
-    """megatron's first step of each family at TP1, TP2 and PP2 (-r3: the batch's routing records
+    """megatron's first step of each family at TP1, TP2 and PP2, Qwen3-MoE at CP2 (-r3: the batch's routing records
     replayed): the loss and log-probs within 1e-5 of a plain HF model's (its routers forced the same
     way) and every gradient, gathered to its HF name, within 1e-4."""
     case_id, architecture, ranks, sets = layout

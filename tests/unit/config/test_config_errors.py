@@ -33,7 +33,7 @@ BAD_OVERRIDES = [
     (["algorithm.router_replay=r2", "trainer.strategy=megatron", "trainer.megatron.context_parallel_size=2"], r"algorithm\.router_replay: r2 on megatron is proven without pipeline, context and tensor parallelism"),
     (["algorithm.router_replay=r2", "model.scratch.architecture=qwen3_moe", "algorithm.do_old_log_prob_compute=false"], r"algorithm\.router_replay: r2 records the routing of the trainer's old-log-prob pass, and without recomputed old log-probs .* set algorithm\.do_old_log_prob_compute true, or router_replay r3 or none$"),
     (["algorithm.router_replay=r3", "explorer.rollout_model.engine_type=vllm"], r"algorithm\.router_replay: r3 needs the engine to record each token's experts, which the HF engine does; explorer\.rollout_model\.engine_type is vllm: set it to hf"),
-    (["algorithm.router_replay=r3", "trainer.strategy=megatron", "trainer.megatron.pipeline_model_parallel_size=2"], r"algorithm\.router_replay: r3 on megatron is proven without pipeline and context parallelism .* set trainer\.megatron\.pipeline_model_parallel_size and context_parallel_size to 1"),
+    (["algorithm.router_replay=r3", "trainer.strategy=megatron", "trainer.megatron.pipeline_model_parallel_size=2"], r"algorithm\.router_replay: r3 on megatron is proven without pipeline parallelism \(a recomputed layer must route as its forward did: in a pipeline schedule later micro-batches' forwards come between\); set trainer\.megatron\.pipeline_model_parallel_size to 1 \(or algorithm\.router_replay: none\)$"),
     (["algorithm.router_replay=r3", "model.scratch.enabled=true"], r"algorithm\.router_replay: a llama model has no experts to route; set model\.scratch\.architecture: qwen3_moe"),
     (["algorithm.router_replay=r3", f"{TASKSET}.default_workflow_type=adaptive_teaching"], rf"algorithm\.router_replay: r3 carries the engine's routing in the single_turn, multi_turn, tool_call workflows; {TASKSET}\.default_workflow_type is adaptive_teaching"),
     (["trainer.strategy=fsdp3"], r"trainer\.strategy must be one of fsdp, fsdp2, megatron; got 'fsdp3'$"),
@@ -253,14 +253,15 @@ def test_router_replay_refuses_a_model_folder_without_its_routers(
     )
 
 
-def test_r3_on_megatron_takes_tensor_parallelism_and_r2_does_not(recipe: str) -> None:
-    """r3 replays each TP rank's share of the records (proven: test_family_parity.py's -tp2-r3 layouts);
-    r2's records at TP are not proven, so it is still refused there. (The checks alone: megatron itself
-    needs CUDA, which `config validate` asks for on this machine.)"""
+@pytest.mark.parametrize("layout", ["tensor_model_parallel_size", "context_parallel_size"])
+def test_r3_on_megatron_takes_tensor_and_context_parallelism_and_r2_does_not(recipe: str, layout: str) -> None:
+    """r3 replays each TP and CP rank's share of the records (proven: test_family_parity.py's -tp2-r3
+    and -cp2-r3 layouts); r2's records there are not proven, so it is still refused. (The checks
+    alone: megatron itself needs CUDA, which `config validate` asks for on this machine.)"""
     from rlcore.core.config import ConfigError, load_config, resolve_stages
 
-    tp2 = ["model.scratch.architecture=qwen3_moe", "trainer.strategy=megatron", "trainer.megatron.tensor_model_parallel_size=2"]
-    (stage,) = resolve_stages(load_config(recipe, ["algorithm.router_replay=r3", *tp2]), check_paths=False)
+    split = ["model.scratch.architecture=qwen3_moe", "trainer.strategy=megatron", f"trainer.megatron.{layout}=2"]
+    (stage,) = resolve_stages(load_config(recipe, ["algorithm.router_replay=r3", *split]), check_paths=False)
     assert stage.config.algorithm.router_replay == "r3"
     with pytest.raises(ConfigError, match=r"^algorithm\.router_replay: r2 on megatron is proven without pipeline, context and tensor"):
-        resolve_stages(load_config(recipe, ["algorithm.router_replay=r2", *tp2]), check_paths=False)
+        resolve_stages(load_config(recipe, ["algorithm.router_replay=r2", *split]), check_paths=False)
