@@ -30,7 +30,7 @@ class LocalRollout:
     def __init__(self, cfg: RLCoreConfig, model_path: str, device: str):
         rm = cfg.explorer.rollout_model
         self.engine, self.reused = in_process.acquire(
-            engine_spec(cfg, model_path, device, engine_dtype(cfg, device), seed=cfg.seed)
+            engine_spec(cfg, model_path, device, engine_dtype(cfg, device), seed=cfg.seed, in_process=True)
         )
         self._workflows: dict[str, Workflow] = {}
         self.sleeps = rm.enable_sleep_mode

@@ -315,9 +315,11 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
 
 def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
     rm, sc = cfg.explorer.rollout_model, cfg.synchronizer
-    if rm.engine_type != "vllm":
+    if rm.engine_type in ("hf", "tinker"):  # the registered engines without them (an engine of yours by
+        # import path takes what its constructor declares: rollout/engines/spec.py, checked as it is built)
         for key, bad in (
             ("tensor_parallel_size", rm.tensor_parallel_size != 1),
+            ("gpu_memory_utilization", rm.gpu_memory_utilization != 0.9),
             ("enable_sleep_mode", rm.enable_sleep_mode),
         ):
             if bad:

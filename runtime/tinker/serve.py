@@ -101,13 +101,14 @@ def serve_main(args: argparse.Namespace) -> int:
           f"{args.strategy} on {device})", flush=True)  # fmt: skip
     if args.port_file:
         write_atomic(args.port_file, door.address)
-    # SIGTERM: a flag this loop polls (core/signals.py); Ctrl-C: KeyboardInterrupt
-    with StopSignals(signals=(signal.SIGTERM,)) as signals:
-        try:
-            while signals.received is None and (proc is None or proc.poll() is None):
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
+    # SIGTERM: a flag this loop polls (core/signals.py), kept through the shutdown below so that a
+    # second one is recorded, not fatal; Ctrl-C: KeyboardInterrupt
+    signals = StopSignals(signals=(signal.SIGTERM,)).install()
+    try:
+        while signals.received is None and (proc is None or proc.poll() is None):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
     door.stop()
     service.close()
     trainer.close()

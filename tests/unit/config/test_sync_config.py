@@ -21,6 +21,8 @@ def _check(tmp_path: Path, *overrides: str) -> None:
     [
         (["explorer.rollout_model.tensor_parallel_size=2"],
          r"^explorer.rollout_model.tensor_parallel_size applies to engine_type vllm only; got engine_type hf"),
+        (["explorer.rollout_model.gpu_memory_utilization=0.5"],
+         r"^explorer.rollout_model.gpu_memory_utilization applies to engine_type vllm only; got engine_type hf"),
         (["mode=colocate", "explorer.rollout_model.engine_type=vllm", "cluster.ranks_per_node=2"],
          r"^mode colocate with engine_type vllm and 2 trainer ranks runs one vLLM engine in every rank: set "
          r"explorer.rollout_model.engine_num=2 \(got 1\)$"),

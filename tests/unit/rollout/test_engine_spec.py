@@ -7,7 +7,7 @@ import pytest
 
 from rlcore.rollout.engines import build_engine, engine_class, engine_options
 from rlcore.rollout.engines.base import RolloutEngine
-from rlcore.rollout.engines.spec import EngineSpec
+from rlcore.rollout.engines.spec import EngineSpec, engine_spec
 
 
 class Recording(RolloutEngine):
@@ -62,3 +62,17 @@ def test_an_import_path_must_name_an_engine_and_the_spec_crosses_processes_as_js
     assert EngineSpec.from_json(original.to_json()).with_model("other").model_path == "other"
     with pytest.raises(ValueError, match=r"^--engine-spec is not an engine spec"):
         EngineSpec.from_json('{"engine_type": "hf"}')
+
+
+def test_an_engine_of_yours_takes_the_shared_settings_it_declares_and_in_process_engines_run_unsplit(recipe: str):
+    """The config checks refuse vLLM's settings on the registered engines without them, not on an
+    engine by import path (its constructor decides as it is built); an engine in a trainer rank's
+    process runs on that rank's device, whatever tensor parallelism the rollout workers take."""
+    from rlcore.core.config import load_config, resolve_stages
+
+    tp2 = [f"explorer.rollout_model.engine_type={PATH}", "explorer.rollout_model.tensor_parallel_size=2"]
+    (stage,) = resolve_stages(load_config(recipe, tp2), check_paths=False)
+    workers = engine_spec(stage.config, "m", "cpu", "float32", seed=3)
+    assert workers.engine_type == PATH and workers.options["tensor_parallel_size"] == 2
+    assert workers.options["seed"] == 3 and "service_url" not in workers.options
+    assert engine_spec(stage.config, "m", "cpu", "float32", seed=3, in_process=True).options["tensor_parallel_size"] == 1
