@@ -144,9 +144,8 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
         EngineSpec(
             "vllm" if name == "vllm" else "hf", spec["model_dir"], spec["device"], spec["dtype"],
             model_len(spec["max_tokens"]), spec["prompts"] * spec["n"],
-            {"seed": SEED, "enforce_eager": name == "hf-eager"},
+            {"seed": SEED, "enforce_eager": name == "hf-eager", "in_process": True},
         ),
-        in_process=True,
     )  # fmt: skip
     start_s = time.perf_counter() - start
     prompts = task_prompts(spec["tasks"], AutoTokenizer.from_pretrained(spec["model_dir"]), spec["prompts"])

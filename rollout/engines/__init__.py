@@ -29,12 +29,11 @@ def engine_class(engine_type: str) -> type[RolloutEngine]:
     return ENGINES.resolve_class(engine_type, RolloutEngine, ENGINES.key_path)
 
 
-def build_engine(spec: EngineSpec, **context: Any) -> RolloutEngine:
+def build_engine(spec: EngineSpec) -> RolloutEngine:
     """The engine `spec` describes, given the options its constructor declares (spec.py says which
-    settings reach which engine); `context` adds CONTEXT settings of the caller's (in_process).
-    ValueError, in one line, for a setting the engine does not take."""
+    settings reach which engine). ValueError, in one line, for a setting the engine does not take."""
     cls: Any = engine_class(spec.engine_type)  # the interface leaves construction to each engine
-    options = engine_options(cls, {**spec.options, **context}, spec.engine_options)
+    options = engine_options(cls, spec.options, spec.engine_options)
     common = {name: getattr(spec, name) for name in COMMON}
     engine: RolloutEngine = cls(spec.model_path, **common, **options)
     return engine

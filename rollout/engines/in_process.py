@@ -38,8 +38,8 @@ _kept: _Kept | None = None
 
 
 def acquire(spec: EngineSpec) -> tuple[RolloutEngine, bool]:
-    """This stage's in-process engine and whether an earlier stage built it (then it holds that
-    stage's weights, not `spec.model_path`'s)."""
+    """This stage's in-process engine (`spec`: engine_spec's with in_process) and whether an earlier
+    stage built it (then it holds that stage's weights, not `spec.model_path`'s)."""
     global _kept
     settings = {k: v for k, v in asdict(spec).items() if k != "model_path"}
     if _kept is not None:
@@ -53,7 +53,7 @@ def acquire(spec: EngineSpec) -> tuple[RolloutEngine, bool]:
         _check_same_model(_kept.model_path, spec.model_path)
         log.info("reusing the in-process %s engine an earlier stage built", spec.engine_type)
         return _kept.engine, True
-    engine = build_engine(spec, in_process=True)
+    engine = build_engine(spec)
     if spec.engine_type in PROCESS_WIDE:
         _kept = _Kept(settings, spec.model_path, engine)
     return engine, False

@@ -60,14 +60,14 @@ class EngineSpec:
 
 def engine_spec(cfg: Any, model_path: str, device: str, dtype: str, seed: int, in_process: bool = False) -> EngineSpec:
     """The spec of the engines a run's config asks for (explorer.rollout_model), on `device`;
-    `in_process`: the engine in a trainer rank's process, on that rank's device (the tensor-parallel
-    size is the rollout workers')."""
+    `in_process`: the engine in a trainer rank's process (the in_process setting), on that rank's
+    device (the tensor-parallel size is the rollout workers')."""
     from ...core.config.host_checks import tinker_url
 
     rm = cfg.explorer.rollout_model
     options: dict[str, Any] = {name: getattr(rm, name) for name in SHARED}
     if in_process:
-        options["tensor_parallel_size"] = SHARED["tensor_parallel_size"]
+        options.update(in_process=True, tensor_parallel_size=SHARED["tensor_parallel_size"])
     options["seed"] = seed
     url = tinker_url(cfg.trainer.remote)
     if url is not None:  # a Tinker trainer: the service an engine may sample from

@@ -75,4 +75,6 @@ def test_an_engine_of_yours_takes_the_shared_settings_it_declares_and_in_process
     workers = engine_spec(stage.config, "m", "cpu", "float32", seed=3)
     assert workers.engine_type == PATH and workers.options["tensor_parallel_size"] == 2
     assert workers.options["seed"] == 3 and "service_url" not in workers.options
-    assert engine_spec(stage.config, "m", "cpu", "float32", seed=3, in_process=True).options["tensor_parallel_size"] == 1
+    in_process = engine_spec(stage.config, "m", "cpu", "float32", seed=3, in_process=True).options
+    assert in_process["tensor_parallel_size"] == 1 and in_process["in_process"] is True
+    assert "in_process" not in workers.options
