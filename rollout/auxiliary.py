@@ -4,6 +4,7 @@ simulator), through the `openai` package. Configured in `explorer.auxiliary_mode
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,13 +24,16 @@ class AuxiliaryModel:
         self.name, self.model_name = spec["name"], spec["model_name"]
         self.max_concurrency = int(spec.get("max_concurrency") or 16)
         self._client: Any = None
+        self._making = threading.Lock()
 
     @property
     def client(self) -> Any:
-        """The openai client, made on first use (the URL and key are read from this process's
-        environment when named by variable)."""
-        if self._client is None:
-            self._client = openai_client(self.spec, f"auxiliary model '{self.name}'")
+        """The openai client, made once on first use (the URL and key are read from this process's
+        environment when named by variable); chat_many's threads share it (each making its own
+        would cost each an SSL context and a connection pool, about 0.1 s of CPU)."""
+        with self._making:
+            if self._client is None:
+                self._client = openai_client(self.spec, f"auxiliary model '{self.name}'")
         return self._client
 
     def chat(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..config.schema import TasksetConfig
@@ -31,6 +33,28 @@ def load_dataset_of(cfg: TasksetConfig, key_path: str) -> Any:
     """The taskset's rows as a `datasets.Dataset`: a file (jsonl, json, parquet, csv), a folder
     written by `save_to_disk` (a Dataset, or a DatasetDict and `split`), a folder of data files,
     or a Hub id with `subset_name` and `split`."""
+    if is_hub_id(cfg.path):
+        return _from_hub(cfg, key_path)
+    with _no_download_count():
+        return _from_disk(cfg, key_path)
+
+
+@contextmanager
+def _no_download_count() -> Iterator[None]:
+    """datasets sends a HEAD request to its download counter on every load through a packaged
+    builder (json, parquet, csv...), a local file's too: a launch would reach the network twice (up
+    to 3 s each on a slow link) to read files on disk."""
+    import datasets
+
+    before = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = before
+
+
+def _from_disk(cfg: TasksetConfig, key_path: str) -> Any:
     import datasets
 
     path = cfg.path
@@ -47,15 +71,19 @@ def load_dataset_of(cfg: TasksetConfig, key_path: str) -> Any:
                 ds = ds[cfg.split]
             return ds
         return datasets.load_dataset(path, cfg.subset_name, split=cfg.split)
-    if is_hub_id(path):
-        try:
-            return datasets.load_dataset(path, cfg.subset_name, split=cfg.split)
-        except Exception as e:  # no network, unknown id, subset or split: one line
-            what = f"subset '{cfg.subset_name}', " if cfg.subset_name else ""
-            message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(
-                f"{key_path}.path: cannot load '{path}' ({what}split '{cfg.split}') from the Hugging Face Hub: {message}"
-            ) from None
     if not supported(path):
         raise ValueError(f"{key_path}.path: unsupported file type of {path}; use one of {describe_formats()}")
     return datasets.load_dataset(FORMATS[file_format(path)[0]], data_files={cfg.split: path}, split=cfg.split)
+
+
+def _from_hub(cfg: TasksetConfig, key_path: str) -> Any:
+    import datasets
+
+    try:
+        return datasets.load_dataset(cfg.path, cfg.subset_name, split=cfg.split)
+    except Exception as e:  # no network, unknown id, subset or split: one line
+        what = f"subset '{cfg.subset_name}', " if cfg.subset_name else ""
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"{key_path}.path: cannot load '{cfg.path}' ({what}split '{cfg.split}') from the Hugging Face Hub: {message}"
+        ) from None

@@ -38,3 +38,35 @@ def test_hub_ids_are_recognised_and_an_unreachable_one_is_one_line(monkeypatch: 
         "buffer.explorer_input.taskset.path: cannot load 'rlcore-test/no-such-dataset' (subset 'main', split 'test') "
         "from the Hugging Face Hub: "
     ) and "\n" not in message
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "folder"])
+def test_a_taskset_on_disk_loads_without_reaching_the_network(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """datasets' packaged builders (json, parquet...) send a HEAD request to its download counter on
+    every load; a taskset on disk is read without one (no host name is even looked up)."""
+    import socket
+
+    ds = datasets.Dataset.from_dict(ROWS)
+    path = {"jsonl": tmp_path / "t.jsonl", "parquet": tmp_path / "t.parquet", "folder": tmp_path / "files"}[kind]
+    if kind == "jsonl":
+        ds.to_json(str(path))
+    elif kind == "parquet":
+        ds.to_parquet(str(path))
+    else:
+        path.mkdir()
+        ds.to_json(str(path / "part-0.jsonl"))
+    looked_up: list[str] = []
+    real = socket.getaddrinfo
+
+    def recording(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+        looked_up.append(str(host))
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", recording)
+    monkeypatch.setattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", True)  # datasets' default
+    tasks = load_tasks(TasksetConfig(name="d", path=str(path)), "taskset")
+    assert [t.answer for t in tasks] == ["2", "4"]
+    assert looked_up == []
+    assert datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True  # the setting is back as it was
