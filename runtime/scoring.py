@@ -1,6 +1,6 @@
-"""From scored experiences to advantages in the trainer's micro-batches: the rewards an algorithm
-sees (DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch, and the advantages
-written back into each micro-batch row.
+"""From scored experiences to advantages in the trainer's rows: the rewards an algorithm sees
+(DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch, and the advantages
+written back into each row. `AlgorithmStep` is that half of a step, one for every trainer.
 
 Micro-batches hold whole rows ([B, L]: prompt then response, right-padded); a ScoredBatch holds
 response-aligned [N, T] tensors. Every rank knows every experience, but each data-parallel rank
@@ -9,12 +9,16 @@ computed log-probs for its own rows only: `aligned` sums their parts over the da
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Listing
+
 import torch
 import torch.distributed as dist
 
 from ..core.algorithms.dapo import overlong_penalty, truncated
+from ..core.algorithms.episodes import per_episode
 from ..core.algorithms.kl import kl_estimate
 from ..core.algorithms.scored import ScoredBatch
+from ..core.algorithms.step_pass import StepPass, StepRows
 from ..core.batch import Batch, Sequence
 from ..core.config.schema import AlgorithmConfig
 from ..core.types import Experience
@@ -108,41 +112,67 @@ def shaped_scores(
     return scores
 
 
-def token_kl(
-    local: Local, seqs: list[Sequence], algo: AlgorithmConfig, width: int, group: dist.ProcessGroup | None
-) -> torch.Tensor:
-    """[N, T] the KL estimate (algo.kl_penalty_fn) of each trained response token, old policy
-    against the reference."""
-    per_mb = [
-        kl_estimate(mb["old_logprobs"], mb["ref_logprobs"], algo.kl_penalty_fn) * mb["loss_mask"]
-        for mbs, _ in local
-        for mb in mbs
-    ]
-    return aligned(local, seqs, per_mb, width, group)
+class AlgorithmStep:
+    """The algorithm's half of a step, the same for every trainer (rlcore's own, training.py; a
+    Tinker service, tinker/trainer.py): which experiences train, the rewards the algorithm sees
+    (DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch and its advantages,
+    with the step passes' hooks around them. The trainer runs its log-prob passes between
+    `trained` and `advantages` and lends the step's rows (StepRows: its micro-batches, gathered over
+    its data-parallel ranks, or WholeRows on one client); the advantages land in their
+    "advantages" field."""
 
+    def __init__(self, algo: AlgorithmConfig, max_response_len: int, passes: Listing[StepPass] = ()):
+        """`algo`: the stage's algorithm config, preset filled (with_preset)."""
+        from ..core.algorithms import advantage_fn_of, reference_in_advantage
+        from ..core.algorithms.kl import build_kl_controller
 
-def build_scored(
-    exps: list[Experience], seqs: list[Sequence], local: Local, algo: AlgorithmConfig, kl_coef: float,
-    group: dist.ProcessGroup | None, scores: torch.Tensor, keep: list[bool], with_ref: bool,
-) -> tuple[ScoredBatch, torch.Tensor | None]:  # fmt: skip
-    """The algorithm's view of the step, and the per-sequence KL (None without KL in the reward)."""
-    mask = response_mask(exps, keep)
-    width = mask.shape[1]
-    batch = ScoredBatch(
-        scores, [e.group_id for e in exps], response_mask=mask, cfg=algo, episode_ids=episode_ids(exps)
-    )
-    seq_kl = None
-    if algo.use_kl_in_reward:
-        kl = token_kl(local, seqs, algo, width, group)
-        seq_kl = kl.sum(dim=1).double()
-        batch.scores = scores
-        batch.rewards = scores - kl_coef * seq_kl.float()
-        batch.token_penalty = kl_coef * kl
-    if with_ref:
-        batch.ref_logprobs = aligned(
-            local, seqs, [mb["ref_logprobs"] for mbs, _ in local for mb in mbs], width, group
+        self.algo, self.max_response_len, self.passes = algo, max_response_len, list(passes)
+        self.advantage_fn = None if algo.advantage_fn is None else advantage_fn_of(algo.advantage_fn)
+        self.ref_in_advantage = reference_in_advantage(algo)
+        self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
+
+    def trained(self, exps: list[Experience]) -> list[bool]:
+        """Whether each experience enters the loss (overlong filtering leaves truncated ones out)."""
+        return trained(exps, bool(self.algo.overlong_filter))
+
+    def advantages(
+        self, exps: list[Experience], keep: list[bool], rows: StepRows, metrics: dict[str, float]
+    ) -> ScoredBatch:
+        """The algorithm's view of the step and its advantages, placed in `rows`' "advantages" (the
+        rows' micro-batches hold "old_logprobs", and "ref_logprobs" when the step reads the
+        reference)."""
+        algo = self.algo
+        scores = shaped_scores(exps, algo, self.max_response_len, metrics)
+        mask = response_mask(exps, keep)
+        width = mask.shape[1]
+        batch = ScoredBatch(
+            scores, [e.group_id for e in exps], response_mask=mask, cfg=algo, episode_ids=episode_ids(exps)
         )
-    return batch, seq_kl
+        mbs = rows.micro_batches()
+        if algo.use_kl_in_reward:
+            kl_fn = algo.kl_penalty_fn
+            kl = rows.gather(
+                [kl_estimate(mb["old_logprobs"], mb["ref_logprobs"], kl_fn) * mb["loss_mask"] for mb in mbs], width
+            )
+            seq_kl = kl.sum(dim=1).double()
+            coef = self.kl_ctrl.value
+            batch.scores = scores
+            batch.rewards = scores - coef * seq_kl.float()
+            batch.token_penalty = coef * kl
+            metrics["rollout/kl_penalty"] = float(seq_kl.mean())
+            metrics["rollout/kl_coef"] = coef
+            self.kl_ctrl.update(float(seq_kl.mean()), len(exps))
+        if self.ref_in_advantage:
+            batch.ref_logprobs = rows.gather([mb["ref_logprobs"] for mb in mbs], width)
+        if algo.overlong_filter:
+            metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
+        for p in self.passes:
+            p.before_advantages(batch, rows)
+        assert self.advantage_fn is not None, "an RL algorithm has an advantage function"
+        rows.place(per_episode(self.advantage_fn, batch), "advantages")
+        for p in self.passes:
+            p.after_advantages(batch, rows, metrics)
+        return batch
 
 
 class LocalRows:
@@ -159,3 +189,27 @@ class LocalRows:
 
     def micro_batches(self) -> list[Batch]:
         return [mb for mbs, _ in self.local for mb in mbs]
+
+
+class WholeRows:
+    """A step's rows held whole by one process (a Tinker client): one "micro-batch" of [N, T]
+    response-aligned tensors, "loss_mask" (response_mask) and "old_logprobs" (the engine's, or
+    recomputed), to which `place` adds fields."""
+
+    def __init__(self, mask: torch.Tensor, old_logprobs: list[list[float]]):
+        old = torch.zeros_like(mask)
+        for i, lps in enumerate(old_logprobs):
+            n = min(len(lps), mask.shape[1])
+            old[i, :n] = torch.tensor(lps[:n], dtype=old.dtype)
+        self.batch: Batch = {"loss_mask": mask, "old_logprobs": old}
+
+    def gather(self, per_micro_batch: list[torch.Tensor], width: int) -> torch.Tensor:
+        (values,) = per_micro_batch
+        return values[:, :width].float()
+
+    def place(self, values: torch.Tensor, key: str) -> None:
+        mask = self.batch["loss_mask"]
+        self.batch[key] = mask * (values.unsqueeze(1) if values.dim() == 1 else values[:, : mask.shape[1]])
+
+    def micro_batches(self) -> list[Batch]:
+        return [self.batch]

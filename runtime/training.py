@@ -22,12 +22,10 @@ import torch.distributed as dist
 
 from ..backends import STRATEGIES
 from ..backends.base import AdamHparams, TrainingStrategy
-from ..core.algorithms import STEP_PASSES, advantage_fn_of, reference_in_advantage, trains_on, with_preset
+from ..core.algorithms import STEP_PASSES, trains_on, with_preset
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.correction import MismatchStats, correct, reject
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
-from ..core.algorithms.episodes import per_episode
-from ..core.algorithms.kl import build_kl_controller
 from ..core.algorithms.losses import build_loss
 from ..core.algorithms.step_pass import PassContext, StepPass, WithPasses, timed
 from ..core.batch import Batch, Sequence, deal, equalize, micro_batches, plan_micro_batches, shard
@@ -119,12 +117,8 @@ class StageTraining:
         passes = passes or plan_stage(filled(cfg)).passes
         rollouts = experiences_per_step(cfg)
         self.updates_per_step = max(rollouts // self.train_batch, 1)
-        self.ref_in_advantage = reference_in_advantage(self.algo)
         self.needs_ref = passes.reference
         self.syncs_ref = self.needs_ref and algo.sync_ref_model
-        self.kl_ctrl = build_kl_controller(algo.kl_ctrl)
-        fn = self.algo.advantage_fn
-        self.advantage_fn = None if fn is None else advantage_fn_of(fn)
         self.strategy = self._build_model(
             model_path, algo.optimizer, with_reference=self.needs_ref,
             lora=cfg.model.lora_configs[0] if cfg.model.lora_configs else None,
@@ -140,6 +134,7 @@ class StageTraining:
         self.passes: list[StepPass] = [
             STEP_PASSES.resolve_class(name, StepPass, "algorithm pass")(ctx) for name in passes.extra
         ]
+        self.step = scoring.AlgorithmStep(self.algo, self.max_response_len, self.passes)
         self.state = TrainerState()
 
     def _build_model(
@@ -166,7 +161,7 @@ class StageTraining:
             )
             for i, e in enumerate(exps)
         ]  # fmt: skip
-        keep = scoring.trained(exps, algo.overlong_filter)
+        keep = self.step.trained(exps)
 
         # Log-prob passes happen before any update, on this rank's share of every mini-batch.
         minis = [seqs[r.start : r.stop] for r in mini_batches(len(seqs), self.cfg, episode_starts(exps))]
@@ -174,23 +169,7 @@ class StageTraining:
         scoring.mask_rows(local, keep)
         timers: dict[str, float] = {}
         metrics = self._score(local, temperature, timers)
-        scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
-        batch, seq_kl = scoring.build_scored(
-            exps, seqs, local, algo, self.kl_ctrl.value, self.strategy.dp_group, scores, keep, self.ref_in_advantage
-        )  # fmt: skip
-        if seq_kl is not None:
-            metrics["rollout/kl_penalty"] = float(seq_kl.mean())
-            metrics["rollout/kl_coef"] = self.kl_ctrl.value
-            self.kl_ctrl.update(float(seq_kl.mean()), len(seqs))
-        if algo.overlong_filter:
-            metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
-        rows = scoring.LocalRows(local, seqs, self.strategy.dp_group)
-        for p in self.passes:
-            p.before_advantages(batch, rows)
-        assert self.advantage_fn is not None, "an RL algorithm has an advantage function"
-        rows.place(per_episode(self.advantage_fn, batch), "advantages")
-        for p in self.passes:
-            p.after_advantages(batch, rows, metrics)
+        self.step.advantages(exps, keep, scoring.LocalRows(local, seqs, self.strategy.dp_group), metrics)
         if algo.rollout_correction.kind == "mis":  # rewards and advantages saw every sampled token
             reject_tokens(local, seqs, self.strategy.dp_group)
         extra = self._extra_batches(len(seqs), len(minis), metrics)
@@ -442,7 +421,7 @@ class StageTraining:
         """A checkpoint of this stage, with an HF export in its hf/ folder when `export` (LoRA: the
         merged model) and, with LoRA, the adapter in peft's format in adapter/."""
         self.state.explore_step = explore_step
-        self.state.kl_ctrl = self.kl_ctrl.state_dict()
+        self.state.kl_ctrl = self.step.kl_ctrl.state_dict()
         adapter = self.strategy.adapter_config()
         write = dist.get_rank() == 0
 
@@ -464,5 +443,5 @@ class StageTraining:
 
     def load(self, path: str) -> TrainerState:
         self.state = load_checkpoint(path, self.checkpointed)
-        self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
+        self.step.kl_ctrl.load_state_dict(self.state.kl_ctrl)
         return self.state

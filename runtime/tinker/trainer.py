@@ -37,10 +37,8 @@ import torch
 from ...backends.common.schedule import lr_lambda
 from ...client.base import ClientOptions
 from ...client.trainer import ForwardBackwardResult, OptimStepResult, TrainSequence
-from ...core.algorithms import advantage_fn_of, with_preset
+from ...core.algorithms import with_preset
 from ...core.algorithms.aggregation import LossNorm, token_weights
-from ...core.algorithms.episodes import per_episode
-from ...core.algorithms.scored import ScoredBatch
 from ...core.config import RLCoreConfig
 from ...core.config.host_checks import tinker_url
 from ...core.config.plan import StagePlan
@@ -116,6 +114,7 @@ class TinkerTrainer(RemoteHandle):
     def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
         self.cfg, self.plan, self.stage_dir = cfg, plan, stage_dir
         self.algo = with_preset(cfg.algorithm)
+        self.step = scoring.AlgorithmStep(self.algo, max_response_len(cfg))
         self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.max_response_len = max_response_len(cfg)
         self.lr = lr_lambda(self.algo.optimizer, total_steps)
@@ -146,20 +145,15 @@ class TinkerTrainer(RemoteHandle):
                 f"an experience sampled at temperature {hot}: a Tinker service scores at temperature 1, the ratio "
                 "would compare different distributions; sample at temperature 1"
             )
-        keep = scoring.trained(exps, algo.overlong_filter)
-        if algo.overlong_filter:
-            metrics["rollout/overlong_filtered"] = 1.0 - sum(keep) / len(keep)
-        scores = scoring.shaped_scores(exps, algo, self.max_response_len, metrics)
+        keep = self.step.trained(exps)
         mask = scoring.response_mask(exps, keep)
-        batch = ScoredBatch(
-            scores, [e.group_id for e in exps], response_mask=mask, cfg=algo, episode_ids=scoring.episode_ids(exps)
-        )
-        adv = per_episode(advantage_fn_of(algo.advantage_fn), batch)
-        adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * mask
         seqs = [TrainSequence(e.prompt_token_ids, e.response_token_ids) for e in exps]
         old = [list(e.logprobs) for e in exps]
-        if self.plan.passes.old_logprobs:
+        if self.plan.passes.old_logprobs:  # the one log-prob pass a Tinker service runs
             old = self._recomputed(seqs, old, mask, metrics)
+        whole = scoring.WholeRows(mask, old)
+        self.step.advantages(exps, keep, whole, metrics)
+        adv = whole.batch["advantages"]
         loss, config = TINKER_LOSSES[algo.policy_loss_fn], _clip_config(algo)
         losses, optims = [], []
         for rows in mini_batches(len(exps), self.cfg, episode_starts(exps)):
