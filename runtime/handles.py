@@ -73,6 +73,10 @@ class Synced:
 
 
 class TrainerHandle(ABC):
+    runs_passes: frozenset[str] | None = None
+    """The step passes (plan.Passes.names) this trainer runs; None: every one. The config check
+    reads the same from plan.TRAINER_PASSES, without importing the trainer."""
+
     @abstractmethod
     def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
         """Build the model, optimizer and lr schedule of a stage (`cfg`, planned as `plan`)."""

@@ -62,10 +62,50 @@ class Passes:
     """The reference model's log-probs (a KL term, KL in the reward, DPO, maxent's target)."""
     old_logprobs: bool
     """The trainer recomputes the log-probs the ratio divides by (else the engine's are used)."""
+    correction: bool
+    """Rollout correction: weights (or rejections) from the recomputed log-probs against the
+    engine's (algorithm.rollout_correction)."""
+    routing_replay: bool
+    """The trainer's forward replays (r3) or records (r2) the routers' choices (algorithm.router_replay)."""
     extra: tuple[str, ...]
     """The step passes the algorithm runs beside the policy (Algorithm.passes: critic, experts...)."""
     refill: bool
     """Dynamic sampling: groups that teach nothing are replaced by fresh rounds (dapo)."""
+
+    def names(self) -> tuple[str, ...]:
+        """The passes a trainer runs for a step beside the policy's forward and backward, by name:
+        reference, old_logprobs, correction, routing_replay, then the algorithm's own (`extra`)."""
+        flags = (("reference", self.reference), ("old_logprobs", self.old_logprobs),
+                 ("correction", self.correction), ("routing_replay", self.routing_replay))  # fmt: skip
+        return (*(name for name, on in flags if on), *self.extra)
+
+
+TRAINER_PASSES: dict[TrainerKind, frozenset[str]] = {"tinker": frozenset({"old_logprobs"})}
+"""The passes (Passes.names) a kind of trainer runs, for the kinds that do not run them all: a
+Tinker service recomputes log-probs by a forward and nothing else. rlcore's own trainer, local or
+served, runs every pass. Each trainer class declares its own as `runs_passes` (a unit test holds
+the two equal); the config check refuses the rest in one rule (shape_checks.py)."""
+
+
+def passes_refused(trainer: TrainerKind, passes: Passes) -> list[str]:
+    """The passes of `passes` that a trainer of kind `trainer` does not run, in order."""
+    runs = TRAINER_PASSES.get(trainer)
+    return [] if runs is None else [name for name in passes.names() if name not in runs]
+
+
+def passes_of(algo: Any) -> Passes:
+    """What a step of `algo` (AlgorithmConfig, preset filled) computes beyond the policy's."""
+    from ..algorithms import algorithm_of, reads_reference, step_passes, trains_on
+
+    rollouts = trains_on(algo) == "rollouts"
+    return Passes(
+        reference=reads_reference(algo),
+        old_logprobs=bool(algo.do_old_log_prob_compute) and rollouts,
+        correction=algo.rollout_correction.kind != "none" and rollouts,
+        routing_replay=algo.router_replay != "none",
+        extra=step_passes(algo),
+        refill=algorithm_of(algo).refills(algo),
+    )
 
 
 @dataclass(frozen=True)
@@ -222,7 +262,7 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
     """The plan of one stage whose config is validated and filled (`filled`). `served`: the stage
     is trained by a TrainerService (`rlcore trainer serve`), which hosts no engine: whatever its
     client's config says, the stage's engines are rollout workers and its trainer remote."""
-    from ..algorithms import algorithm_of, reads_reference, step_passes, trains_on
+    from ..algorithms import trains_on
 
     algo = cfg.algorithm
     data = cast(TrainsOn, trains_on(algo))  # Algorithm.trains_on: one of TrainsOn
@@ -256,12 +296,7 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
         trainer = "tinker"
     else:
         trainer = "remote" if cfg.trainer.remote is not None or served else "local"
-    passes = Passes(
-        reference=reads_reference(algo),
-        old_logprobs=bool(algo.do_old_log_prob_compute) and data == "rollouts",
-        extra=step_passes(algo),
-        refill=algorithm_of(algo).refills(algo),
-    )
+    passes = passes_of(algo)
     ex = cfg.explorer
     explorer_weights: ExplorerWeights = ""
     if source in ("buffer", "explore"):

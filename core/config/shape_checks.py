@@ -8,7 +8,7 @@ import dataclasses
 
 from .errors import ConfigError
 from .host_checks import check_address, tinker_url
-from .plan import max_staleness
+from .plan import TrainerKind, max_staleness, passes_of, passes_refused
 from .schema import RLCoreConfig, TinkerConfig
 
 
@@ -276,12 +276,33 @@ TINKER_LOSSES = {
 weights folded into the advantages)."""
 
 
+PASS_FIXES = {
+    "reference": "the reference model's log-probs, for the KL loss, the KL in the reward or an advantage "
+                 "that reads them: set algorithm.kl_loss_coef=0 and use_kl_in_reward false",
+    "old_logprobs": "recomputed log-probs: set algorithm.do_old_log_prob_compute false",
+    "correction": "the rollout correction's weights: set algorithm.rollout_correction.kind none",
+    "routing_replay": "the routers' choices replayed or recorded: set algorithm.router_replay none",
+}  # fmt: skip
+"""What each of a step's passes (plan.Passes.names) computes and how a config goes without it; an
+algorithm's own pass (Algorithm.passes: critic, experts, teacher) goes with its algorithm."""
+
+
+def _check_trainer_passes(cfg: RLCoreConfig, trainer: TrainerKind, setting: str) -> None:
+    """One rule for every trainer: the step's passes it does not run are refused, the first named."""
+    refused = passes_refused(trainer, passes_of(cfg.algorithm))
+    if refused:
+        name = refused[0]
+        fix = PASS_FIXES.get(
+            name, f"algorithm_type {cfg.algorithm.algorithm_type}'s own, beside the policy: train it with rlcore's trainer"
+        )
+        raise ConfigError(f"{setting} runs no {name} pass ({fix})")
+
+
 def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
     """What a Tinker service trains: SFT (cross_entropy) and policy gradients with Tinker's losses,
-    without a reference model or a pass of rlcore's beside the policy."""
-    from ..algorithms import reads_reference, step_passes
-
+    with the step passes it runs (plan.TRAINER_PASSES)."""
     algo = cfg.algorithm
+    setting = f"trainer.remote {cfg.trainer.remote} (a Tinker service)"
     if data == "pairs":
         raise ConfigError(
             f"algorithm.algorithm_type {algo.algorithm_type} needs a reference model, which a Tinker service does "
@@ -292,6 +313,7 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
             f"trainer.router_aux_loss_coef: a Tinker service (trainer.remote {cfg.trainer.remote}) adds no "
             "load-balancing loss of rlcore's: set it 0, or train with rlcore's own trainer"
         )
+    _check_trainer_passes(cfg, "tinker", setting)
     if data != "rollouts":
         return
     ts = [cfg.buffer.explorer_input.taskset, *cfg.buffer.explorer_input.mixture]
@@ -299,18 +321,12 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
         (algo.policy_loss_fn not in TINKER_LOSSES,
          f"algorithm.policy_loss_fn {algo.policy_loss_fn} (Tinker's losses serve {', '.join(TINKER_LOSSES)})"),
         (algo.clip_ratio_c is not None, "algorithm.clip_ratio_c (Tinker's ppo has no dual clip): drop it"),
-        (reads_reference(algo),
-         "a reference model (the KL loss, KL in the reward, or an advantage that reads it): set "
-         "algorithm.kl_loss_coef=0 and use_kl_in_reward false"),
-        (bool(step_passes(algo)), f"the pass(es) {', '.join(step_passes(algo))} beside the policy"),
         (algo.entropy_coef > 0, "algorithm.entropy_coef (Tinker's losses have no entropy term): set it 0"),
-        (algo.rollout_correction.kind != "none", "algorithm.rollout_correction: set kind none"),
-        (algo.router_replay != "none", "algorithm.router_replay (rlcore's trainer replays routing): set it none"),
         (any((t.rollout_args.temperature or 1.0) != 1.0 for t in ts),
          "a training taskset sampled at a temperature other than 1 (Tinker's log-probs are at temperature 1, "
          "the ratio would compare different distributions): set rollout_args.temperature 1.0"),
     ]  # fmt: skip
-    _refuse(problems, f"trainer.remote {cfg.trainer.remote} (a Tinker service)")
+    _refuse(problems, setting)
 
 
 def _check_engine_and_sync(cfg: RLCoreConfig) -> None:

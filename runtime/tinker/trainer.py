@@ -60,6 +60,8 @@ RECORD = "tinker_checkpoints.json"
 
 
 class TinkerTrainer(RemoteHandle):
+    runs_passes = frozenset({"old_logprobs"})  # a forward with the service's current weights
+
     def __init__(self, remote: str, api_key_env: str):
         import tinker
 
@@ -112,6 +114,9 @@ class TinkerTrainer(RemoteHandle):
     # ------------------------------------------------------------------ the stage
 
     def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
+        refused = [name for name in plan.passes.names() if name not in self.runs_passes]
+        if refused:  # the config check refuses these first (shape_checks._check_trainer_passes)
+            raise ValueError(f"{self.peer} runs no {refused[0]} pass: drop it from the stage's algorithm")
         self.cfg, self.plan, self.stage_dir = cfg, plan, stage_dir
         self.algo = with_preset(cfg.algorithm)
         self.step = scoring.AlgorithmStep(self.algo, max_response_len(cfg))

@@ -184,8 +184,19 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
          "trainer.remote tinker://h:1 (a Tinker service) does not go with explorer.rollout_model.engine_type hf"),
         (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "synchronizer.sync_method=nccl"],
          "trainer.remote tinker://h:1 (a Tinker service) does not go with synchronizer.sync_method nccl"),
+        # one rule for the passes a trainer does not run (plan.TRAINER_PASSES), each named with its way out
         (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker"],
-         "trainer.remote tinker://h:1 (a Tinker service) does not go with a reference model (the KL loss"),
+         "trainer.remote tinker://h:1 (a Tinker service) runs no reference pass (the reference model's log-probs, "
+         "for the KL loss, the KL in the reward or an advantage that reads them: set algorithm.kl_loss_coef=0 and "
+         "use_kl_in_reward false)"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
+          "algorithm.rollout_correction.kind=tis"],
+         "trainer.remote tinker://h:1 (a Tinker service) runs no correction pass (the rollout correction's "
+         "weights: set algorithm.rollout_correction.kind none)"),
+        (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.algorithm_type=ppo",
+          "algorithm.kl_loss_coef=0", "algorithm.use_kl_in_reward=false"],
+         "trainer.remote tinker://h:1 (a Tinker service) runs no critic pass (algorithm_type ppo's own, beside "
+         "the policy: train it with rlcore's trainer)"),
         (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
           "buffer.explorer_input.taskset.rollout_args.temperature=0.7"],
          "trainer.remote tinker://h:1 (a Tinker service) does not go with a training taskset sampled at a "
@@ -196,8 +207,8 @@ def test_bad_configs_in_a_real_process(tmp_path: Path, recipe: str) -> None:
          "losses serve ppo_clip, importance_sampling, cispo, gspo)"),
         (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
           "algorithm.router_replay=r2", "model.scratch.architecture=qwen3_moe"],
-         "trainer.remote tinker://h:1 (a Tinker service) does not go with algorithm.router_replay (rlcore's "
-         "trainer replays routing): set it none"),
+         "trainer.remote tinker://h:1 (a Tinker service) runs no routing_replay pass (the routers' choices "
+         "replayed or recorded: set algorithm.router_replay none)"),
         (["trainer.remote=tinker://h:1", "explorer.rollout_model.engine_type=tinker", "algorithm.kl_loss_coef=0",
           "trainer.router_aux_loss_coef=0.01", "model.scratch.architecture=qwen3_moe"],
          "trainer.router_aux_loss_coef: a Tinker service (trainer.remote tinker://h:1) adds no load-balancing "
