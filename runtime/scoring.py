@@ -2,8 +2,9 @@
 (DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch, and the advantages
 written back into each row. `AlgorithmStep` is that half of a step, one for every trainer.
 
-Micro-batches hold whole rows ([B, L]: prompt then response, right-padded); a ScoredBatch holds
-response-aligned [N, T] tensors. Every rank knows every experience, but each data-parallel rank
+rlcore's trainer's micro-batches hold whole rows ([B, L]: prompt then response, right-padded;
+LocalRows), a Tinker client's one micro-batch of response-aligned rows (WholeRows); a ScoredBatch
+holds response-aligned [N, T] tensors. Every rank knows every experience, but each data-parallel rank
 computed log-probs for its own rows only: `aligned` sums their parts over the data-parallel group.
 """
 

@@ -36,10 +36,12 @@ if TYPE_CHECKING:
 
 class StepRows(Protocol):
     """A step's rows as every rank sees them (runtime/scoring.py): all experiences' sequences, and
-    the micro-batches this rank holds."""
+    the micro-batches this rank holds (rlcore's trainer: LocalRows, whole [B, L] rows, prompt then
+    response; a Tinker client: WholeRows, one micro-batch of [N, T] response-aligned rows)."""
 
     def gather(self, per_micro_batch: list[torch.Tensor], width: int) -> torch.Tensor:
-        """[N, width] response-aligned rows of a [B, L] tensor per micro-batch, from every rank."""
+        """[N, width] response-aligned rows of one tensor per micro-batch (laid out as the
+        micro-batches are), from every rank."""
         ...
 
     def place(self, values: torch.Tensor, key: str) -> None:

@@ -169,7 +169,17 @@ class StagePlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StagePlan:
         passes = d["passes"]
+        for kind, given, fields in ((cls, d, STAGE_FIELDS), (Passes, passes, PASS_FIELDS)):
+            if set(given) != fields:
+                raise ValueError(
+                    f"stage plan: {kind.__name__} fields {sorted(set(given) ^ fields)} differ from this rlcore's "
+                    "(written by another rlcore version?); launch the run again"
+                )
         return cls(**{**d, "passes": Passes(**{**passes, "extra": tuple(passes["extra"])})})
+
+
+STAGE_FIELDS = frozenset(f.name for f in dataclasses.fields(StagePlan))
+PASS_FIELDS = frozenset(f.name for f in dataclasses.fields(Passes))
 
 
 @dataclass(frozen=True)

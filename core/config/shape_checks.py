@@ -282,20 +282,24 @@ PASS_FIXES = {
     "old_logprobs": "recomputed log-probs: set algorithm.do_old_log_prob_compute false",
     "correction": "the rollout correction's weights: set algorithm.rollout_correction.kind none",
     "routing_replay": "the routers' choices replayed or recorded: set algorithm.router_replay none",
+    "teacher": "a teacher's log-probs, on-policy distillation: set algorithm.distill_coef 0, or train with "
+               "rlcore's trainer",
 }  # fmt: skip
 """What each of a step's passes (plan.Passes.names) computes and how a config goes without it; an
-algorithm's own pass (Algorithm.passes: critic, experts, teacher) goes with its algorithm."""
+algorithm's own pass (Algorithm.passes: critic, experts) goes with its algorithm."""
+
+
+def pass_refusal(setting: str, name: str, algorithm_type: str) -> str:
+    """The one line that refuses step pass `name` to a trainer (`setting`: what names it)."""
+    fix = PASS_FIXES.get(name, f"algorithm_type {algorithm_type}'s own, beside the policy: train it with rlcore's trainer")
+    return f"{setting} runs no {name} pass ({fix})"
 
 
 def _check_trainer_passes(cfg: RLCoreConfig, trainer: TrainerKind, setting: str) -> None:
     """One rule for every trainer: the step's passes it does not run are refused, the first named."""
     refused = passes_refused(trainer, passes_of(cfg.algorithm))
     if refused:
-        name = refused[0]
-        fix = PASS_FIXES.get(
-            name, f"algorithm_type {cfg.algorithm.algorithm_type}'s own, beside the policy: train it with rlcore's trainer"
-        )
-        raise ConfigError(f"{setting} runs no {name} pass ({fix})")
+        raise ConfigError(pass_refusal(setting, refused[0], cfg.algorithm.algorithm_type))
 
 
 def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,19 +40,24 @@ def load_dataset_of(cfg: TasksetConfig, key_path: str) -> Any:
         return _from_disk(cfg, key_path)
 
 
+_COUNTER = threading.Lock()
+
+
 @contextmanager
 def _no_download_count() -> Iterator[None]:
     """datasets sends a HEAD request to its download counter on every load through a packaged
     builder (json, parquet, csv...), a local file's too: a launch would reach the network twice (up
-    to 3 s each on a slow link) to read files on disk."""
+    to 3 s each on a slow link) to read files on disk. The setting is process-wide: loads from disk
+    take turns (a thread's load would otherwise put it back under another's)."""
     import datasets
 
-    before = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
-    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
-    try:
-        yield
-    finally:
-        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = before
+    with _COUNTER:
+        before = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+        try:
+            yield
+        finally:
+            datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = before
 
 
 def _from_disk(cfg: TasksetConfig, key_path: str) -> Any:

@@ -42,7 +42,7 @@ from ...core.algorithms.aggregation import LossNorm, token_weights
 from ...core.config import RLCoreConfig
 from ...core.config.host_checks import tinker_url
 from ...core.config.plan import StagePlan
-from ...core.config.shape_checks import TINKER_LOSSES
+from ...core.config.shape_checks import TINKER_LOSSES, pass_refusal
 from ...core.step_metrics import rollout_metrics
 from ...core.types import Experience, episode_starts
 from ...weights.base import announce
@@ -116,7 +116,7 @@ class TinkerTrainer(RemoteHandle):
     def configure(self, cfg: RLCoreConfig, plan: StagePlan, model_path: str, stage_dir: str, total_steps: int) -> None:
         refused = [name for name in plan.passes.names() if name not in self.runs_passes]
         if refused:  # the config check refuses these first (shape_checks._check_trainer_passes)
-            raise ValueError(f"{self.peer} runs no {refused[0]} pass: drop it from the stage's algorithm")
+            raise ValueError(pass_refusal(self.peer, refused[0], cfg.algorithm.algorithm_type))
         self.cfg, self.plan, self.stage_dir = cfg, plan, stage_dir
         self.algo = with_preset(cfg.algorithm)
         self.step = scoring.AlgorithmStep(self.algo, max_response_len(cfg))

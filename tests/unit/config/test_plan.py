@@ -133,6 +133,11 @@ def test_a_launch_plan_has_a_role_and_travels_as_json(tmp_path, monkeypatch: pyt
     assert plan.role == "trainer" and plan.worker_stages == [1] and not plan.gpu_sharing
     assert [p.source for p in plan.stages] == ["responses", "rollouts"]
     assert RunPlan.from_dict(yaml.safe_load(yaml.safe_dump(plan.as_dict()))) == plan
+    older = plan.as_dict()  # a plan.json of an rlcore whose Passes had no routing_replay yet
+    del older["stages"][1]["passes"]["routing_replay"]
+    with pytest.raises(ValueError, match=r"^stage plan: Passes fields \['routing_replay'\] differ from this rlcore's "
+                       r"\(written by another rlcore version\?\); launch the run again$"):
+        RunPlan.from_dict(older)
     with pytest.raises(ConfigError, match=r"stages\[1\] \(rl\): mode explore runs in a launch of its own"):
         plan_launch([s.plan for s in resolve_stages(load_config(quickstart, ["stages.1.mode=explore"]), False)], False)
     decoupled = resolve_stages(load_config(os.path.join(REPO, "configs", "decoupled.yaml"), ["mode=explore"]), False)
