@@ -174,7 +174,7 @@ class ExploreLoop:
         metrics.update(explored)
         self.dropped += int(explored.get("rollout/tasks_dropped", 0))
         groups = grouped(exps)
-        if self.stage.plan.trains_on == "pairs":  # DPO's (algorithm.dpo_pairs buffer): a pair per task
+        if self.stage.plan.trains_on == "pairs":  # DPO's (algorithm.dpo.pairs buffer): a pair per task
             pairs = [p for p in map(best_and_worst, groups) if p is not None]
             metrics["buffer/groups_tied"] = float(len(groups) - len(pairs))
             groups = pairs

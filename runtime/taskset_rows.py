@@ -1,6 +1,6 @@
 """The sequences an SFT or DPO step trains on (plan.source responses or pairs), from the taskset's
 own rows: each row encoded by its taskset's format (a mixture's tasksets keep theirs); or DPO's
-pairs an explorer wrote to the experience buffer (algorithm.dpo_pairs buffer: `explored_pairs`)."""
+pairs an explorer wrote to the experience buffer (algorithm.dpo.pairs buffer: `explored_pairs`)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def row_sequences(
 
 
 def explored_pairs(exps: list[Experience]) -> list[TrainSequence]:
-    """DPO's sequences from the experience buffer's pairs (algorithm.dpo_pairs buffer): each group an
+    """DPO's sequences from the experience buffer's pairs (algorithm.dpo.pairs buffer): each group an
     explorer wrote is [chosen, rejected] of one task (dpo.best_and_worst), trained as it was sampled."""
     if len(exps) % 2 or any(
         a.group_id != b.group_id or a.reward <= b.reward for a, b in zip(exps[::2], exps[1::2], strict=True)
@@ -70,7 +70,7 @@ def explored_pairs(exps: list[Experience]) -> list[TrainSequence]:
         groups = sorted({e.group_id for e in exps})
         raise ValueError(
             f"the experience buffer holds groups that are not (chosen, rejected) pairs ({len(exps)} experiences in "
-            f"{len(groups)} groups): algorithm.dpo_pairs buffer trains on what an explorer of the same config "
+            f"{len(groups)} groups): algorithm.dpo.pairs buffer trains on what an explorer of the same config "
             "writes; point buffer.trainer_input.experience_buffer at a new buffer for it"
         )
     return [TrainSequence(e.prompt_token_ids, e.response_token_ids, [float(m) for m in e.loss_mask]) for e in exps]

@@ -361,8 +361,8 @@ class StageTraining:
         algo = self.algo
         chosen_lengths = torch.tensor([sum(s.loss_mask) for s in specs[0::2]], dtype=torch.float64)
         pairs = dpo_pairs(
-            policy, reference, algo.dpo_beta, algo.dpo_label_smoothing, algo.dpo_nll_coef, chosen_lengths,
-            algo.dpo_nll_norm,
+            policy, reference, algo.dpo.beta, algo.dpo.label_smoothing, algo.dpo.nll_coef, chosen_lengths,
+            algo.dpo.nll_norm,
         )  # fmt: skip
         weighted = [
             dataclasses.replace(s, advantages=[w] * len(s.response))

@@ -255,9 +255,9 @@ def trains_on(cfg: Any) -> str:
 
 
 def pairs_from_buffer(cfg: Any) -> bool:
-    """Whether DPO trains on the pairs an explorer forms from its groups (algorithm.dpo_pairs: buffer):
+    """Whether DPO trains on the pairs an explorer forms from its groups (algorithm.dpo.pairs: buffer):
     the taskset's rows are then prompts to explore, as an RL algorithm's are."""
-    return trains_on(cfg) == "pairs" and cfg.dpo_pairs == "buffer"
+    return trains_on(cfg) == "pairs" and cfg.dpo.pairs == "buffer"
 
 
 def reference_in_advantage(cfg: Any) -> bool:
@@ -277,3 +277,25 @@ def reads_reference(cfg: Any) -> bool:
     return data == "pairs" or (
         data == "rollouts" and (kl_in_loss(cfg) or bool(cfg.use_kl_in_reward) or reference_in_advantage(cfg))
     )
+
+
+SECTION_READERS: dict[str, tuple[str, ...]] = {
+    "opmd": ("advantage_fn opmd", "policy_loss_fn opmd"),
+    "maxent_grpo": ("advantage_fn maxent_grpo",),
+    "mix": ("the experts pass",),
+    "dpo": ("training on pairs",),
+}
+"""Each per-algorithm section of `algorithm` (schema ALGORITHM_SECTIONS) and what reads it."""
+
+
+def sections_read(cfg: Any) -> frozenset[str] | None:
+    """The per-algorithm sections `cfg` (AlgorithmConfig) reads (SECTION_READERS), or None where a
+    part of the algorithm is your own (by import path), which may read any of them."""
+    spec, filled = algorithm_of(cfg), with_preset(cfg)
+    fns = (filled.advantage_fn, filled.policy_loss_fn)
+    if cfg.algorithm_type not in ALGORITHMS or any(f is not None and ":" in f for f in fns):
+        return None
+    parts = {f"advantage_fn {filled.advantage_fn}", f"policy_loss_fn {filled.policy_loss_fn}"}
+    parts |= {f"the {name} pass" for name in step_passes(cfg)}
+    parts.add(f"training on {spec.data}")
+    return frozenset(s for s, readers in SECTION_READERS.items() if parts & set(readers))

@@ -5,17 +5,17 @@ rejected one y_l,
     z = beta * [(log pi(y_w|x) - log pi_ref(y_w|x)) - (log pi(y_l|x) - log pi_ref(y_l|x))]
     L = -(1 - eps) * log sigmoid(z) - eps * log sigmoid(-z),    averaged over the P pairs,
 
-log pi(y|x) being the sum of the response's token log-probs (algorithm.dpo_beta, dpo_label_smoothing).
-With algorithm.dpo_nll_coef = alpha > 0 the chosen responses' negative log-likelihood is added, as
+log pi(y|x) being the sum of the response's token log-probs (algorithm.dpo.beta, algorithm.dpo.label_smoothing).
+With algorithm.dpo.nll_coef = alpha > 0 the chosen responses' negative log-likelihood is added, as
 in RPO (Pang et al. 2024, "Iterative Reasoning Preference Optimization", arXiv:2404.19733): plain
 DPO can lower the chosen responses' likelihood along with the rejected ones' (the margin grows
 while both fall), and the NLL term holds it up. RPO's equation normalises each pair's NLL by its own
 chosen length and averages over pairs,
 
-    L_NLL = (1/P) sum_p -log pi(y_w^p|x^p) / |y_w^p|          (algorithm.dpo_nll_norm: pair, default)
+    L_NLL = (1/P) sum_p -log pi(y_w^p|x^p) / |y_w^p|          (algorithm.dpo.nll_norm: pair, default)
 
 while TRL's rpo_alpha divides the chosen responses' summed NLL by all their tokens together
-(dpo_nll_norm: batch_tokens): the two agree when every chosen response has the same length.
+(algorithm.dpo.nll_norm: batch_tokens): the two agree when every chosen response has the same length.
 
 How rlcore trains it: pairs need not share a micro-batch or a rank. A first pass (no gradients)
 scores every response under the policy and the reference and gives each pair its dL/dz; then
@@ -100,7 +100,7 @@ class SequenceSurrogate:
 def best_and_worst(group: list[Any]) -> list[Any] | None:
     """A task's group of scored experiences as a DPO pair [chosen, rejected]: its highest and lowest
     reward (the first of equals, in group order); None when every reward ties (no preference) or the
-    two responses are the same tokens (algorithm.dpo_pairs buffer)."""
+    two responses are the same tokens (algorithm.dpo.pairs buffer)."""
     chosen = max(group, key=lambda e: e.reward)
     rejected = min(group, key=lambda e: e.reward)
     if chosen.reward == rejected.reward or chosen.response_token_ids == rejected.response_token_ids:

@@ -2,13 +2,13 @@
 listwise target, the maximum-entropy policy over the group's candidates blended with the
 reference model's, and the policy is trained by likelihood under those weights,
 
-    q_i = normalise( softmax_i(r_i / T) * (1 - eps K) + eps )          T = maxent_q_temperature,
-                                                                        eps = maxent_q_epsilon
-    s_i = log pi_ref(y_i)  (divided by |y_i| with maxent_length_normalize_ref)
+    q_i = normalise( softmax_i(r_i / T) * (1 - eps K) + eps )          T = maxent_grpo.q_temperature,
+                                                                        eps = maxent_grpo.q_epsilon
+    s_i = log pi_ref(y_i)  (divided by |y_i| with maxent_grpo.length_normalize_ref)
     w_i = softmax_i( (log q_i + beta s_i) / (tau + beta) )   i.e.  pi* ∝ q^(1/(tau+beta)) pi_ref^(beta/(tau+beta))
     loss = mean_groups( -sum_i w_i * mean_t log pi(y_i,t) )
 
-tau = maxent_tau, beta = kl_loss_coef (its KL loss term applies too when kl_loss_fn is set). The
+tau = algorithm.maxent_grpo.tau, beta = kl_loss_coef (its KL loss term applies too when kl_loss_fn is set). The
 weights are constants (no gradient). Here the advantage of response i is K w_i, so that with the
 `weighted_likelihood` loss and seq-mean-token-mean the batch loss is the mean over groups above.
 A group that cannot rank its responses (one response, or all rewards equal so q is uniform) is
@@ -33,17 +33,17 @@ def maxent_advantages(batch: ScoredBatch) -> torch.Tensor:
     assert cfg is not None, "maxent_grpo reads its knobs from the algorithm config"
     r = batch.rewards.double()
     centred, count_N, group_N = group_centred(r, batch.group_ids)
-    q = _group_softmax(r / max(cfg.maxent_q_temperature, 1e-8), group_N)
-    eps = min(cfg.maxent_q_epsilon, 1.0 / float(count_N.max()) - 1e-8)
+    q = _group_softmax(r / max(cfg.maxent_grpo.q_temperature, 1e-8), group_N)
+    eps = min(cfg.maxent_grpo.q_epsilon, 1.0 / float(count_N.max()) - 1e-8)
     q = q * (1.0 - eps * count_N) + eps
     q = q / group_sum(q, group_N)
-    beta, tau = cfg.kl_loss_coef, cfg.maxent_tau
+    beta, tau = cfg.kl_loss_coef, cfg.maxent_grpo.tau
     logits = q.log()
     if beta > 0:
         ref = batch.need("ref_logprobs", "maxent_grpo with kl_loss_coef > 0").double()
         mask = batch.need("response_mask", "maxent_grpo").double()
         s = (ref * mask).sum(-1)
-        if cfg.maxent_length_normalize_ref:
+        if cfg.maxent_grpo.length_normalize_ref:
             s = s / mask.sum(-1).clamp(min=1)
         logits = logits + beta * s
     w = _group_softmax(logits / (tau + beta), group_N)

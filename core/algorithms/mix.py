@@ -7,7 +7,7 @@ the expert part being the likelihood of expert responses (buffer.expert_taskset)
 policy part with the configured policy loss and aggregation, and the expert part as the mean NLL
 over the step's expert tokens (Trinity's token-level SFT loss), as Trinity-RFT's code does, not the
 equation's per-row mean (1/B' sum_b 1/T'_b sum_t): a long expert response weighs more. A train batch holds
-algorithm.mix_expert_ratio expert rows (Trinity's expert_data_ratio): ceil(r / (1 - r)) expert rows
+algorithm.mix.expert_ratio expert rows (Trinity's expert_data_ratio): ceil(r / (1 - r)) expert rows
 per rollout, added to the rollouts rather than taking their place, so the explored samples per
 step stay those of the other algorithms.
 
@@ -72,17 +72,17 @@ class ExpertPass(StepPass):
         cfg = ctx.cfg
         ts = cfg.buffer.expert_taskset
         assert ts is not None, "config validation asks mix for buffer.expert_taskset"
-        self.per_step = expert_rows_per_step(ctx.rollouts_per_step, cfg.algorithm.mix_expert_ratio)
+        self.per_step = expert_rows_per_step(ctx.rollouts_per_step, cfg.algorithm.mix.expert_ratio)
         tasks = load_tasks(ts, KEY)
         if len(tasks) < self.per_step:
             raise ValueError(
-                f"{KEY}: {len(tasks)} rows, but each step takes {self.per_step} (algorithm.mix_expert_ratio "
-                f"{cfg.algorithm.mix_expert_ratio} of a train batch with {ctx.rollouts_per_step} rollouts): give "
-                "more rows or a lower mix_expert_ratio"
+                f"{KEY}: {len(tasks)} rows, but each step takes {self.per_step} (algorithm.mix.expert_ratio "
+                f"{cfg.algorithm.mix.expert_ratio} of a train batch with {ctx.rollouts_per_step} rollouts): give "
+                "more rows or a lower algorithm.mix.expert_ratio"
             )
         self.stream = TaskStream(tasks, self.per_step, cfg.seed, ts.shuffle)
         self.format = model_prompt_format(cfg.model, ts.format.system_prompt)
-        self.response_key, self.mu = ts.format.response_key, cfg.algorithm.mix_mu
+        self.response_key, self.mu = ts.format.response_key, cfg.algorithm.mix.mu
 
     def sequences(self, step: int, first_index: int) -> list[Sequence]:
         """Batch `step` of the expert rows, indexed from `first_index` on (after the rollouts)."""

@@ -2,11 +2,11 @@
 trinity/algorithm/advantage_fn/opmd_advantage.py, policy_loss_fn/opmd_policy_loss.py): a
 KL-regularised policy update taken as a REINFORCE step with a group baseline and no importance ratio,
 
-    A_i = r_i - b_group,   b = mean(r_group)                               (opmd_baseline: mean)
-                           b = tau * log( 1/K sum_j exp(r_j / tau) )       (opmd_baseline: logavgexp)
+    A_i = r_i - b_group,   b = mean(r_group)                               (opmd.baseline: mean)
+                           b = tau * log( 1/K sum_j exp(r_j / tau) )       (opmd.baseline: logavgexp)
     loss = 1/(1 + tau) * aggregate_t( -A_i * log pi(y_t) ),
 
-tau (algorithm.opmd_tau) being the strength of the mirror-descent regulariser. No std division; a
+tau (algorithm.opmd.tau) being the strength of the mirror-descent regulariser. No std division; a
 group of one has no baseline and gets advantage 0. The old log-probs are not used (no ratio, no
 clip), so the loss is the same on and off policy."""
 
@@ -23,8 +23,8 @@ def opmd_advantages(batch: ScoredBatch) -> torch.Tensor:
     """[N] r_i minus its group's mean or tau-log-average-exp (module docstring)."""
     cfg = batch.cfg
     centred, count_N, group_N = group_centred(batch.rewards, batch.group_ids)
-    if cfg is not None and cfg.opmd_baseline == "logavgexp":
-        tau = cfg.opmd_tau
+    if cfg is not None and cfg.opmd.baseline == "logavgexp":
+        tau = cfg.opmd.tau
         r = batch.rewards.double()
         # shifted by the group max so exp cannot overflow: b = m + tau log(mean exp((r - m) / tau))
         peak = group_max(r, group_N)
@@ -37,4 +37,4 @@ def opmd_terms(
     logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token -A log pi / (1 + tau); nothing is clipped."""
-    return -adv * logprobs / (1.0 + cfg.opmd_tau), torch.zeros_like(logprobs)
+    return -adv * logprobs / (1.0 + cfg.opmd.tau), torch.zeros_like(logprobs)

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import functools
 import re
+import sys
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +30,11 @@ from .layer_checks import (
     schema_node,
     stage_problems,
 )
+from .moved_keys import move_keys
 from .plan import StagePlan, filled, plan_stage, pushes_to_explorer, syncs_engines
 from .recipes import read_recipe
 from .schema import STAGE_SECTIONS, RLCoreConfig, SynchronizerConfig
+from .section_checks import check_algorithm_sections
 from .shape_checks import check_stages
 from .unknown_keys import unknown_key_problems
 from .validate import ConfigError, validate_config
@@ -176,8 +179,13 @@ def load_config(path: str, overrides: list[str] | None = None, strategy: str | N
     The result is in struct mode and checked against the schema (unknown keys, types). Call
     `resolve_stages` for fully validated dataclass configs.
     """
-    data = read_recipe(path)
+    notes: list[str] = []
+    data = read_recipe(path, notes)
     override_layers = _parse_overrides(overrides or [])
+    for layer in override_layers:
+        notes += [f"override: {note}" for note in move_keys(layer)]
+    for note in dict.fromkeys(notes):  # a moved key: one line each, before any check reads the config
+        print(f"rlcore: note: {note}", file=sys.stderr)
     problems = layer_problems(RLCoreConfig, data, "") + stage_problems(data.get("stages"))
     if problems:  # every one of the file's, in one run
         raise ConfigError.of(problems)
@@ -238,9 +246,11 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
     if not raw_stages:
         obj = _to_object(cfg)
         validate_config(obj, check_paths=check_paths)
+        check_algorithm_sections(obj.algorithm, [("", obj.algorithm, {})])
         return [Stage.resolved(0, "main", obj)]
 
     stages: list[Stage] = []
+    own_algorithm: list[dict[str, Any]] = []  # what each stage sets under `algorithm` itself
     seen: set[str] = set()
     for i, raw in enumerate(raw_stages):
         prefix = f"stages[{i}]."
@@ -274,6 +284,11 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
         except ConfigError as e:
             raise ConfigError(f"{prefix}{e}") from None
         stages.append(Stage.resolved(i, name, obj))
+        own_algorithm.append(raw.get("algorithm") or {})
+    check_algorithm_sections(
+        OmegaConf.to_object(cfg.algorithm),  # type: ignore[arg-type]  # the run-wide section, typed
+        [(f"stages[{s.index}].", s.config.algorithm, own) for s, own in zip(stages, own_algorithm, strict=True)],
+    )
     check_stages([s.config for s in stages])
     return stages
 

@@ -8,7 +8,7 @@ where engines live, how weights travel); the plan says what the run does with it
                   explorer_thread   an explorer thread of this launch, through an in-memory buffer
                                     (asynchronous both)
                   buffer            the experience buffer an explore launch writes (mode train: RL, or
-                                    DPO on the pairs it forms with algorithm.dpo_pairs buffer)
+                                    DPO on the pairs it forms with algorithm.dpo.pairs buffer)
                   explore           none: this stage explores into the buffer (a mode-explore launch)
                   responses, pairs  the taskset's own rows (SFT, DPO)
                   evaluation        none: the stage evaluates only (mode bench)

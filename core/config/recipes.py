@@ -8,12 +8,14 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .moved_keys import move_keys
 
 
-def read_recipe(path: str) -> dict[str, Any]:
+def read_recipe(path: str, notes: list[str] | None = None) -> dict[str, Any]:
     """The recipe at `path` as plain data, merged onto its `base:` chain, before any schema check or
-    interpolation (what a tool that derives recipes from recipes starts from)."""
-    return _recipe(path, [])
+    interpolation (what a tool that derives recipes from recipes starts from). Each file's moved
+    keys (moved_keys.py) are rewritten before it merges, with a note each in `notes`."""
+    return _recipe(path, [], [] if notes is None else notes)
 
 
 class DuplicateKey(Exception):
@@ -36,7 +38,7 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: 
         return super().construct_mapping(node, deep=deep)
 
 
-def _recipe(path: str, chain: list[str]) -> dict[str, Any]:
+def _recipe(path: str, chain: list[str], notes: list[str]) -> dict[str, Any]:
     """The recipe at `path` as a mapping, on top of its `base:` recipe when it names one (a path
     relative to the recipe's folder): sections merge key by key, stages by name (a stage of the
     same name merges into the base's, a new name is appended), other lists are replaced."""
@@ -56,6 +58,7 @@ def _recipe(path: str, chain: list[str]) -> dict[str, Any]:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    notes += [f"{path}: {note}" for note in move_keys(data)]
     base = data.pop("base", None)
     if base is None:
         return data
@@ -66,7 +69,7 @@ def _recipe(path: str, chain: list[str]) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: base '{base}' leads back to itself ({' -> '.join(chain + [path, base_path])})"
         )
-    return _over(_recipe(base_path, chain + [path]), data)
+    return _over(_recipe(base_path, chain + [path], notes), data)
 
 
 def _over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def check_shape(cfg: RLCoreConfig, data: str) -> None:
     from ..algorithms import pairs_from_buffer
 
     algo = cfg.algorithm.algorithm_type
-    if cfg.algorithm.dpo_pairs == "buffer":
+    if cfg.algorithm.dpo.pairs == "buffer":
         _check_explored_pairs(cfg, data)
     explored = data == "rollouts" or pairs_from_buffer(cfg.algorithm)  # what an explorer writes
     if cfg.mode in ("both", "colocate") and data != "rollouts":
@@ -40,7 +40,7 @@ def check_shape(cfg: RLCoreConfig, data: str) -> None:
         raise ConfigError(
             f"mode explore writes rollouts for an RL algorithm; algorithm.algorithm_type {algo} trains on the "
             f"taskset's own {data}: set an RL algorithm_type (grpo, ppo, rloo, ...) or mode train"
-            + (" (or algorithm.dpo_pairs buffer: DPO on pairs it explores)" if data == "pairs" else "")
+            + (" (or algorithm.dpo.pairs buffer: DPO on pairs it explores)" if data == "pairs" else "")
         )
     if cfg.mode in ("train", "explore") and explored:
         _check_decoupled(cfg)
@@ -136,12 +136,12 @@ def _check_partial_rollout(cfg: RLCoreConfig) -> None:
 
 
 def _check_explored_pairs(cfg: RLCoreConfig, data: str) -> None:
-    """algorithm.dpo_pairs buffer: DPO, in a decoupled run, on groups of two responses or more."""
-    key = "algorithm.dpo_pairs"
+    """algorithm.dpo.pairs buffer: DPO, in a decoupled run, on groups of two responses or more."""
+    key = "algorithm.dpo.pairs"
     if data != "pairs":
         raise ConfigError(
             f"{key}: buffer is where DPO's pairs come from; algorithm.algorithm_type {cfg.algorithm.algorithm_type} "
-            "trains on no pairs: set algorithm_type dpo, or dpo_pairs taskset"
+            "trains on no pairs: set algorithm_type dpo, or algorithm.dpo.pairs taskset"
         )
     if cfg.mode not in ("train", "explore"):
         raise ConfigError(

@@ -41,7 +41,7 @@ from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
 from rlcore.core.algorithms.ppo import ValueLoss
 from rlcore.core.algorithms.scored import ScoredBatch
 from rlcore.core.batch import Batch, Sequence, deal, equalize, micro_batches, pack, plan_micro_batches, shard
-from rlcore.core.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
+from rlcore.core.config.schema import AlgorithmConfig, DpoConfig, OptimizerConfig, TrainerConfig
 from rlcore.core.types import routing_tokens
 
 SEED = 1234
@@ -298,7 +298,7 @@ def _train(
 
 
 def dpo_algorithm_config() -> AlgorithmConfig:
-    return dataclasses.replace(algorithm_config(), algorithm_type="dpo", dpo_beta=DPO_BETA)
+    return dataclasses.replace(algorithm_config(), algorithm_type="dpo", dpo=DpoConfig(beta=DPO_BETA))
 
 
 def dpo_reference_run(

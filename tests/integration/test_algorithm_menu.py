@@ -105,7 +105,7 @@ def test_dpo_stage_trains_on_generated_preference_pairs(tmp_path):
     pairs = {"generator": "arithmetic", "path": os.path.join(root, "pairs.jsonl"),
              "generator_args": {"num_tasks": 64, "max_operand": 9, "preference_pairs": True}}  # fmt: skip
     cfg = tiny_grpo_config(
-        root, **{"mode": "train", "algorithm.algorithm_type": "dpo", "algorithm.dpo_beta": 0.5,
+        root, **{"mode": "train", "algorithm.algorithm_type": "dpo", "algorithm.dpo.beta": 0.5,
                  "buffer.total_steps": 6, "buffer.explorer_input.taskset": pairs},
     )  # fmt: skip
     launch(cfg, root + ".yaml")
@@ -120,7 +120,7 @@ def test_mix_trains_on_rollouts_and_expert_rows_and_resumes_the_expert_stream(tm
     as rollouts) to the policy loss's rollouts; a resumed run reads the same expert batches (the same
     expert NLL at every step) and ends on the same weights."""
     experts = {"path": "", "generator": "arithmetic", "generator_args": {"num_tasks": 64, "max_operand": 9}}
-    mix = {"algorithm.algorithm_type": "mix", "algorithm.mix_mu": 0.5, "algorithm.repeat_times": 2}
+    mix = {"algorithm.algorithm_type": "mix", "algorithm.mix.mu": 0.5, "algorithm.repeat_times": 2}
 
     def config(root: str, steps: int) -> dict:
         ts = {**experts, "path": os.path.join(root, "experts.jsonl")}

@@ -265,7 +265,7 @@ def _lines(run_dir: str) -> list[dict]:
 
 
 def test_dpo_trains_on_the_pairs_an_explorer_forms(tmp_path) -> None:
-    """algorithm.dpo_pairs buffer: the explore launch writes each task's best and worst responses as
+    """algorithm.dpo.pairs buffer: the explore launch writes each task's best and worst responses as
     a pair (two tasks in five reward every response alike and give none), the train launch trains
     DPO on them, 4 pairs a step, until the explorer finishes; each pair once (the sql buffer's
     ledger). The 12 pairs fill 3 steps exactly: the trainer's fourth take finds the buffer read to
@@ -273,7 +273,7 @@ def test_dpo_trains_on_the_pairs_an_explorer_forms(tmp_path) -> None:
     import sqlite3
 
     path = _config(str(tmp_path), "sql", **{
-        "algorithm.algorithm_type": "dpo", "algorithm.dpo_pairs": "buffer", "algorithm.dpo_beta": 0.5,
+        "algorithm.algorithm_type": "dpo", "algorithm.dpo.pairs": "buffer", "algorithm.dpo.beta": 0.5,
         "buffer.explorer_input.taskset.reward_fn": ["tests.integration.rewards:two_in_five_constant"],
         "buffer.explorer_input.taskset.generator_args.num_tasks": 4 * STEPS,  # each task explored once
     })  # fmt: skip

@@ -11,7 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithm import AlgorithmConfig, KLControllerConfig, OptimizerConfig, RolloutCorrectionConfig
+from .algorithm import (
+    ALGORITHM_SECTIONS,
+    AlgorithmConfig,
+    DpoConfig,
+    KLControllerConfig,
+    MaxEntConfig,
+    MixConfig,
+    OpmdConfig,
+    OptimizerConfig,
+    RolloutCorrectionConfig,
+)
 from .buffer import (
     BufferConfig,
     ExperienceBufferConfig,
@@ -38,7 +48,12 @@ from .model import (
 from .trainer import FsdpConfig, MegatronConfig, SynchronizerConfig, TinkerConfig, TrainerConfig
 
 __all__ = [
+    "ALGORITHM_SECTIONS",
     "AlgorithmConfig",
+    "DpoConfig",
+    "MaxEntConfig",
+    "MixConfig",
+    "OpmdConfig",
     "AuxiliaryModelConfig",
     "BufferConfig",
     "ClusterConfig",

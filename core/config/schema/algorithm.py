@@ -59,6 +59,70 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class OpmdConfig:
+    """algorithm.opmd: online policy mirror descent (core/algorithms/opmd.py)."""
+
+    tau: float = bounded(1.0, gt=0.0)
+    """The regulariser's strength: the loss is scaled by 1/(1 + tau), and the logavgexp baseline is
+    tau * log(mean exp(r / tau))."""
+    baseline: str = choice("mean", ("mean", "logavgexp"))
+    """The group baseline: the mean reward, or the tau-softened maximum (logavgexp)."""
+
+
+@dataclass
+class MaxEntConfig:
+    """algorithm.maxent_grpo: MaxEnt-GRPO's target distribution (core/algorithms/maxent.py)."""
+
+    tau: float = bounded(0.3, gt=0.0)
+    """The entropy temperature: the group's target is q^(1/(tau+beta)) pi_ref^(beta/(tau+beta)),
+    beta = algorithm.kl_loss_coef; a smaller tau puts more weight on the best responses."""
+    q_temperature: float = bounded(2.0, gt=0.0)
+    """q = softmax(reward / q_temperature) over the group."""
+    q_epsilon: float = bounded(1e-6, ge=0.0, lt=1.0)
+    """q is mixed with this much of the uniform distribution (no candidate gets 0)."""
+    length_normalize_ref: bool = True
+    """The reference log-prob of a response is its per-token mean (false: its sum)."""
+
+
+@dataclass
+class MixConfig:
+    """algorithm.mix: GRPO on the rollouts plus the expert rows' likelihood (core/algorithms/mix.py)."""
+
+    mu: float = bounded(0.1, ge=0.0, le=1.0)
+    """The weight of the expert rows' NLL; the policy loss on rollouts weighs 1 - mu."""
+    expert_ratio: float = bounded(0.5, ge=0.0, lt=1.0)
+    """The fraction of each train batch that is expert rows (Trinity-RFT's expert_data_ratio); they
+    are added to the explored rollouts, ceil(r / (1 - r)) per rollout."""
+
+
+@dataclass
+class DpoConfig:
+    """algorithm.dpo: direct preference optimisation on (chosen, rejected) pairs (core/algorithms/dpo.py)."""
+
+    beta: float = bounded(0.1, gt=0.0)
+    """How far from the reference the implicit reward lets the policy move (larger: less)."""
+    label_smoothing: float = bounded(0.0, ge=0.0, lt=0.5)
+    """Conservative DPO: the probability that a pair's preference label is flipped (0: plain DPO)."""
+    nll_coef: float = bounded(0.0, ge=0.0)
+    """Weight of the chosen responses' per-token NLL added to DPO's loss (RPO; 0: plain DPO)."""
+    pairs: str = choice("taskset", ("taskset", "buffer"))
+    """Where the (chosen, rejected) pairs come from: taskset (its rows' chosen and rejected columns)
+    or buffer (a decoupled run: the mode-explore launch samples algorithm.repeat_times responses per
+    task and writes the best and the worst by reward as a pair, a group whose rewards all tie gives
+    none; the mode-train launch trains on them)."""
+    nll_norm: str = choice("pair", ("pair", "batch_tokens"))
+    """How the NLL term is normalised: pair (RPO's equation: each pair's chosen NLL over its own
+    length, averaged over pairs) or batch_tokens (TRL's rpo_alpha: the chosen responses' summed NLL
+    over all their tokens together)."""
+
+
+ALGORITHM_SECTIONS = ("opmd", "maxent_grpo", "mix", "dpo")
+"""The sections of `algorithm` that one algorithm reads, each named after its algorithm_type
+(core/algorithms sections_read says which a stage's algorithm reads; the config check refuses one
+set where nothing reads it)."""
+
+
+@dataclass
 class AlgorithmConfig:
     algorithm_type: str = choice("grpo", "rlcore.core.algorithms:ALGORITHMS", by_path=True)
     """The algorithm's preset (core/algorithms/__init__.py): grpo, dr_grpo, rloo,
@@ -135,44 +199,18 @@ class AlgorithmConfig:
     """The policy's share alpha in the reference after a sync (1.0: the reference becomes the policy)."""
     ref_model_sync_steps: int = bounded(512, ge=1)
     """Optimizer steps between reference syncs."""
-    opmd_tau: float = bounded(1.0, gt=0.0)
-    """OPMD's regulariser strength: the loss is scaled by 1/(1 + tau), and the logavgexp baseline
-    is tau * log(mean exp(r / tau))."""
-    opmd_baseline: str = choice("mean", ("mean", "logavgexp"))
-    """OPMD's group baseline: the mean reward, or the tau-softened maximum (logavgexp)."""
-    maxent_tau: float = bounded(0.3, gt=0.0)
-    """MaxEnt-GRPO's entropy temperature: the group's target is q^(1/(tau+beta)) pi_ref^(beta/(tau+beta)),
-    beta = kl_loss_coef; a smaller tau puts more weight on the best responses."""
-    maxent_q_temperature: float = bounded(2.0, gt=0.0)
-    """MaxEnt-GRPO: q = softmax(reward / maxent_q_temperature) over the group."""
-    maxent_q_epsilon: float = bounded(1e-6, ge=0.0, lt=1.0)
-    """MaxEnt-GRPO: q is mixed with this much of the uniform distribution (no candidate gets 0)."""
-    maxent_length_normalize_ref: bool = True
-    """MaxEnt-GRPO: the reference log-prob of a response is its per-token mean (false: its sum)."""
-    mix_mu: float = bounded(0.1, ge=0.0, le=1.0)
-    """mix: the weight of the expert rows' NLL; the policy loss on rollouts weighs 1 - mix_mu."""
-    mix_expert_ratio: float = bounded(0.5, ge=0.0, lt=1.0)
-    """mix: the fraction of each train batch that is expert rows (Trinity-RFT's expert_data_ratio);
-    they are added to the explored rollouts, ceil(r / (1 - r)) per rollout."""
+    opmd: OpmdConfig = field(default_factory=OpmdConfig)
+    """OPMD's knobs (read where algorithm_type is opmd, or advantage_fn / policy_loss_fn opmd)."""
+    maxent_grpo: MaxEntConfig = field(default_factory=MaxEntConfig)
+    """MaxEnt-GRPO's knobs (read where algorithm_type, or advantage_fn, is maxent_grpo)."""
+    mix: MixConfig = field(default_factory=MixConfig)
+    """mix's knobs (read where algorithm_type is mix: a step also trains on expert rows)."""
     distill_coef: float | None = bounded(None, ge=0.0)
     """On-policy distillation's weight: each token's advantage gains -distill_coef x (log pi_student
     - log pi_teacher), the teacher being model.teacher_model_path (core/algorithms/distill.py); unset:
     the preset's (on_policy_distill 1, the others 0: no teacher)."""
-    dpo_beta: float = bounded(0.1, gt=0.0)
-    """DPO's beta: how far from the reference the implicit reward lets the policy move (larger: less)."""
-    dpo_label_smoothing: float = bounded(0.0, ge=0.0, lt=0.5)
-    """Conservative DPO: the probability that a pair's preference label is flipped (0: plain DPO)."""
-    dpo_nll_coef: float = bounded(0.0, ge=0.0)
-    """Weight of the chosen responses' per-token NLL added to DPO's loss (RPO; 0: plain DPO)."""
-    dpo_pairs: str = choice("taskset", ("taskset", "buffer"))
-    """Where DPO's (chosen, rejected) pairs come from: taskset (its rows' chosen and rejected
-    columns) or buffer (a decoupled run: the mode-explore launch samples algorithm.repeat_times
-    responses per task and writes the best and the worst by reward as a pair, a group whose rewards
-    all tie gives none; the mode-train launch trains on them)."""
-    dpo_nll_norm: str = choice("pair", ("pair", "batch_tokens"))
-    """How the NLL term is normalised: pair (RPO's equation: each pair's chosen NLL over its own
-    length, averaged over pairs) or batch_tokens (TRL's rpo_alpha: the chosen responses' summed NLL
-    over all their tokens together)."""
+    dpo: DpoConfig = field(default_factory=DpoConfig)
+    """DPO's knobs (read where algorithm_type is dpo: the step trains on pairs)."""
     overlong_filter: bool | None = None
     """Leave responses the token budget cut off (finish reason 'length') out of the loss (DAPO);
     unset: the preset's (dapo: true, the others false)."""

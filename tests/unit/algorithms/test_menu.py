@@ -169,7 +169,7 @@ def test_dpo_runs_in_mode_train_on_pairs_only(tmp_path) -> None:
     with pytest.raises(  # mode train with grpo reads a decoupled run's buffer; mode explore writes rollouts
         ConfigError,
         match=r"mode explore writes rollouts for an RL algorithm; algorithm\.algorithm_type dpo .*"
-        r" \(or algorithm\.dpo_pairs buffer: DPO on pairs it explores\)$",
+        r" \(or algorithm\.dpo\.pairs buffer: DPO on pairs it explores\)$",
     ):
         _validate(tmp_path, algorithm_type="dpo", mode="explore", keep_taskset=True)
     # the taskset has no chosen/rejected columns

@@ -15,7 +15,7 @@ from rlcore.core.algorithms.maxent import maxent_advantages, weighted_likelihood
 from rlcore.core.algorithms.opmd import opmd_advantages, opmd_terms
 from rlcore.core.algorithms.reinforce import reinforce_plus_plus_advantages
 from rlcore.core.algorithms.scored import ScoredBatch
-from rlcore.core.config.schema import AlgorithmConfig
+from rlcore.core.config.schema import AlgorithmConfig, MaxEntConfig, OpmdConfig
 
 
 def test_token_rewards_put_the_score_on_the_last_trained_token_and_the_penalty_on_every_token() -> None:
@@ -56,10 +56,10 @@ REWARDS = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 0.7])
 
 
 def test_opmd_mean_baseline_and_logavgexp_baseline() -> None:
-    mean = opmd_advantages(ScoredBatch(REWARDS, GROUPS, cfg=AlgorithmConfig(opmd_baseline="mean")))
+    mean = opmd_advantages(ScoredBatch(REWARDS, GROUPS, cfg=AlgorithmConfig(opmd=OpmdConfig(baseline="mean"))))
     assert mean.tolist() == pytest.approx([0.5, -0.5, 0.0, 0.0, 0.0, 0.0])
     tau = 0.5
-    cfg = AlgorithmConfig(opmd_baseline="logavgexp", opmd_tau=tau)
+    cfg = AlgorithmConfig(opmd=OpmdConfig(baseline="logavgexp", tau=tau))
     got = opmd_advantages(ScoredBatch(REWARDS, GROUPS, cfg=cfg)).tolist()
     b_a = tau * math.log((math.exp(2.0) + math.exp(0.0) + math.exp(1.0)) / 3)
     # group b: all equal -> b = r exactly -> 0; group c of one -> 0
@@ -70,7 +70,7 @@ def test_opmd_loss_is_reinforce_scaled_by_one_over_one_plus_tau() -> None:
     logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     adv = torch.tensor([[0.5, 0.5]])
     loss, clipped = opmd_terms(
-        logprobs, torch.zeros(1, 2) + 7.0, adv, torch.ones(1, 2), AlgorithmConfig(opmd_tau=3.0)
+        logprobs, torch.zeros(1, 2) + 7.0, adv, torch.ones(1, 2), AlgorithmConfig(opmd=OpmdConfig(tau=3.0))
     )
     torch.testing.assert_close(
         loss, torch.tensor([[0.125, 0.25]])
@@ -83,7 +83,7 @@ def test_opmd_loss_is_reinforce_scaled_by_one_over_one_plus_tau() -> None:
 
 def test_maxent_weights_without_the_reference() -> None:
     # beta = 0: w = softmax(log q / tau) = q^(1/tau) normalised, q = softmax(r / T) (epsilon 0)
-    cfg = AlgorithmConfig(maxent_tau=0.5, maxent_q_temperature=1.0, maxent_q_epsilon=0.0, kl_loss_coef=0.0)
+    cfg = AlgorithmConfig(maxent_grpo=MaxEntConfig(tau=0.5, q_temperature=1.0, q_epsilon=0.0), kl_loss_coef=0.0)
     adv = maxent_advantages(ScoredBatch(REWARDS, GROUPS, cfg=cfg)).tolist()
     q = [math.exp(r) for r in (1.0, 0.0, 0.5)]
     w = [x**2 / sum(y**2 for y in q) for x in q]  # 1/tau = 2
@@ -94,7 +94,7 @@ def test_maxent_weights_without_the_reference() -> None:
 def test_maxent_weights_blend_the_reference_by_beta() -> None:
     # two responses, rewards 1 and 0, T = 1, eps = 0; reference mean log-probs -1 (2 tokens) and -3 (1 token)
     tau, beta = 0.3, 0.2
-    cfg = AlgorithmConfig(maxent_tau=tau, maxent_q_temperature=1.0, maxent_q_epsilon=0.0, kl_loss_coef=beta)
+    cfg = AlgorithmConfig(maxent_grpo=MaxEntConfig(tau=tau, q_temperature=1.0, q_epsilon=0.0), kl_loss_coef=beta)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     ref = torch.tensor([[-0.5, -1.5], [-3.0, 9.0]])  # the 9.0 is padding
     batch = ScoredBatch(torch.tensor([1.0, 0.0]), ["g", "g"], response_mask=mask, ref_logprobs=ref, cfg=cfg)
@@ -103,7 +103,7 @@ def test_maxent_weights_blend_the_reference_by_beta() -> None:
     w0 = math.exp(logits[0]) / (math.exp(logits[0]) + math.exp(logits[1]))
     assert maxent_advantages(batch).tolist() == pytest.approx([2 * w0, 2 * (1 - w0)], rel=1e-6)
     # the sum of log-probs instead of their mean
-    cfg.maxent_length_normalize_ref = False
+    cfg.maxent_grpo.length_normalize_ref = False
     logits = [(math.log(q[0]) + beta * -2.0) / (tau + beta), (math.log(q[1]) + beta * -3.0) / (tau + beta)]
     w0 = math.exp(logits[0]) / (math.exp(logits[0]) + math.exp(logits[1]))
     assert maxent_advantages(batch).tolist() == pytest.approx([2 * w0, 2 * (1 - w0)], rel=1e-6)

@@ -59,7 +59,7 @@ def test_groups_come_back_whole_in_order_once_with_every_field(storage) -> None:
 
 
 def test_dpo_pairs_come_back_as_the_pairs_a_trainer_reads(storage) -> None:
-    """algorithm.dpo_pairs buffer: an explorer's (chosen, rejected) pairs through every storage are
+    """algorithm.dpo.pairs buffer: an explorer's (chosen, rejected) pairs through every storage are
     DPO's sequences, chosen then rejected, as sampled (loss masks kept)."""
     from rlcore.core.algorithms.dpo import best_and_worst
     from rlcore.runtime.taskset_rows import explored_pairs

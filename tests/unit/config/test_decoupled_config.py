@@ -60,10 +60,10 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
         (["mode=train", "algorithm.sample_strategy=staleness_control"], r"staleness_control leaves out experiences older than synchronizer\.max_staleness: set it"),
         (["algorithm.sample_strategy=staleness_control", "synchronizer.max_staleness=1"], r"staleness_control is for a trainer on the experience buffer"),
         (["mode=train", "algorithm.sample_strategy=newest"], r"algorithm\.sample_strategy must be one of default, staleness_control; got 'newest'"),
-        (["mode=train", "algorithm.dpo_pairs=buffer"], r"^algorithm\.dpo_pairs: buffer is where DPO's pairs come from; algorithm\.algorithm_type grpo trains on no pairs"),
-        (["algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer"], r"^algorithm\.dpo_pairs: buffer pairs come from a decoupled run's explorer: .*; got mode both$"),
-        (["mode=explore", "algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer", "algorithm.repeat_times=1"], r"^algorithm\.dpo_pairs: .*algorithm\.repeat_times must be 2 or more; got 1$"),
-        (["mode=train", "algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer", "trainer.remote=127.0.0.1:5000"], r"is half of a decoupled run.*drop trainer\.remote"),
+        (["mode=train", "algorithm.dpo.pairs=buffer"], r"^algorithm\.dpo\.pairs: buffer is where DPO's pairs come from; algorithm\.algorithm_type grpo trains on no pairs"),
+        (["algorithm.algorithm_type=dpo", "algorithm.dpo.pairs=buffer"], r"^algorithm\.dpo\.pairs: buffer pairs come from a decoupled run's explorer: .*; got mode both$"),
+        (["mode=explore", "algorithm.algorithm_type=dpo", "algorithm.dpo.pairs=buffer", "algorithm.repeat_times=1"], r"^algorithm\.dpo\.pairs: .*algorithm\.repeat_times must be 2 or more; got 1$"),
+        (["mode=train", "algorithm.algorithm_type=dpo", "algorithm.dpo.pairs=buffer", "trainer.remote=127.0.0.1:5000"], r"is half of a decoupled run.*drop trainer\.remote"),
         (["explorer.partial_rollout=true"], r"^explorer\.partial_rollout continues generation across weight updates .*got mode both \(lock-step\)$"),
     ],
 )  # fmt: skip
@@ -73,11 +73,11 @@ def test_what_a_decoupled_run_refuses(tmp_path, overrides: list[str], message: s
 
 
 def test_dpo_on_explored_pairs_is_a_decoupled_run_on_the_taskset_s_prompts(tmp_path) -> None:
-    """algorithm.dpo_pairs buffer: the explore launch explores (its taskset needs prompts, not
+    """algorithm.dpo.pairs buffer: the explore launch explores (its taskset needs prompts, not
     chosen/rejected columns), the train launch reads the buffer; both train pairs."""
     from rlcore.core.config.plan import plan_stage
 
-    sets = ("algorithm.algorithm_type=dpo", "algorithm.dpo_pairs=buffer")
+    sets = ("algorithm.algorithm_type=dpo", "algorithm.dpo.pairs=buffer")
     explore, train = (plan_stage(resolve(tmp_path, f"mode={m}", *sets)) for m in ("explore", "train"))
     assert (explore.source, explore.trains_on) == ("explore", "pairs")
     assert (train.source, train.trains_on, train.publishes, train.passes.reference) == ("buffer", "pairs", True, True)

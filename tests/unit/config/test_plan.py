@@ -43,8 +43,8 @@ def before(cfg) -> dict:
     algo = with_preset(cfg.algorithm)
     data = trains_on(algo)
     asynchronous = cfg.synchronizer.asynchronous
-    # what an explorer writes: rollouts, or DPO's pairs (algorithm.dpo_pairs buffer, added since)
-    buffered = data == "rollouts" or (data == "pairs" and cfg.algorithm.dpo_pairs == "buffer")
+    # what an explorer writes: rollouts, or DPO's pairs (algorithm.dpo.pairs buffer, added since)
+    buffered = data == "rollouts" or (data == "pairs" and cfg.algorithm.dpo.pairs == "buffer")
     reads_buffer = buffered and (cfg.mode == "train" or asynchronous)
     explores = data == "rollouts" and not reads_buffer
     has_engine = explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
