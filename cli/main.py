@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..backends import check_strategy_runs
 from ..core.config import ConfigError, Stage, load_config, resolve_stages, to_yaml
+from ..core.config.moved_keys import MOVED
 from ..core.config.package_checks import check_packages, install_command
 from ..core.config.schema import STAGE_SECTIONS
 from .parser import build_parser
@@ -136,6 +137,10 @@ def _show(args: argparse.Namespace) -> int:
 
 def _key_yaml(config: DictConfig, key: str) -> str:
     """`key: value` of a dotted key, as YAML; ConfigError (with the closest key) when there is none."""
+    parts = key.split(".")
+    if len(parts) >= 2 and parts[-2] == "algorithm" and parts[-1] in MOVED:  # a key that moved
+        section, name = MOVED[parts[-1]]
+        key = ".".join([*parts[:-1], section, name])
     node: Any = config
     for depth, part in enumerate(key.split(".")):
         if not isinstance(node, DictConfig) or part not in node:

@@ -1,5 +1,5 @@
 """From scored experiences to advantages in the trainer's rows: the rewards an algorithm sees
-(DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch, and the advantages
+(the length term, DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch, and the advantages
 written back into each row. `AlgorithmStep` is that half of a step, one for every trainer.
 
 rlcore's trainer's micro-batches hold whole rows ([B, L]: prompt then response, right-padded;
@@ -18,11 +18,12 @@ import torch.distributed as dist
 from ..core.algorithms.dapo import overlong_penalty, truncated
 from ..core.algorithms.episodes import per_episode
 from ..core.algorithms.kl import kl_estimate
+from ..core.algorithms.length import length_rewards
 from ..core.algorithms.scored import ScoredBatch
 from ..core.algorithms.step_pass import StepPass, StepRows
 from ..core.batch import Batch, Sequence
-from ..core.config.schema import AlgorithmConfig
-from ..core.types import Experience
+from ..core.config.schema import AlgorithmConfig, LengthPenaltyConfig
+from ..core.types import Experience, episode_key
 
 Local = list[tuple[list[Batch], list[list[int]]]]
 """Per mini-batch: this rank's micro-batches and, per micro-batch, the global index of each row."""
@@ -99,8 +100,13 @@ def place_advantages(local: Local, seqs: list[Sequence], adv: torch.Tensor, key:
 def shaped_scores(
     exps: list[Experience], algo: AlgorithmConfig, max_tokens: int, metrics: dict[str, float]
 ) -> torch.Tensor:
-    """[N] each experience's reward with DAPO's soft overlong punishment (when configured)."""
+    """[N] each experience's reward with the length term (algorithm.length_penalty) and DAPO's soft
+    overlong punishment, when configured."""
     scores = torch.tensor([e.reward for e in exps], dtype=torch.float32)
+    if algo.length_penalty.kind != "none":
+        terms = torch.tensor(length_terms(exps, algo.length_penalty), dtype=torch.float32)
+        scores = scores + terms
+        metrics["rollout/length_penalty"] = float(terms.mean())
     if algo.overlong_buffer_len > 0:
         penalty = torch.tensor(
             [
@@ -111,6 +117,24 @@ def shaped_scores(
         scores = scores + penalty
         metrics["rollout/overlong_penalty"] = float(penalty.mean())
     return scores
+
+
+def length_terms(exps: list[Experience], lp: LengthPenaltyConfig) -> list[float]:
+    """Each experience's length term (core/algorithms/length.py): an episode's samples share theirs,
+    taken over the episode's model tokens and reward, as they share the episode's reward."""
+    units: dict[tuple[str, str] | int, list[int]] = {}
+    for i, e in enumerate(exps):
+        units.setdefault(episode_key(e.group_id, e.episode_id, i), []).append(i)
+    firsts = [exps[rows[0]] for rows in units.values()]
+    lengths = [sum(exps[i].model_tokens for i in rows) for rows in units.values()]
+    per_unit = length_rewards(
+        lengths, [e.reward for e in firsts], [e.group_id for e in firsts], lp.kind, lp.coef, lp.correct_reward
+    )
+    out = [0.0] * len(exps)
+    for rows, term in zip(units.values(), per_unit, strict=True):
+        for i in rows:
+            out[i] = term
+    return out
 
 
 class AlgorithmStep:

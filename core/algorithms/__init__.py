@@ -284,13 +284,16 @@ SECTION_READERS: dict[str, tuple[str, ...]] = {
     "maxent_grpo": ("advantage_fn maxent_grpo",),
     "mix": ("the experts pass",),
     "dpo": ("training on pairs",),
+    "length_penalty": ("training on rollouts",),
 }
-"""Each per-algorithm section of `algorithm` (schema ALGORITHM_SECTIONS) and what reads it."""
+"""The sections of `algorithm` that only some algorithms read, and what reads each: one per
+algorithm (schema ALGORITHM_SECTIONS, named after its algorithm_type) and the length term, which
+shapes explored rewards (core/config/section_checks.py refuses one set where nothing reads it)."""
 
 
 def sections_read(cfg: Any) -> frozenset[str] | None:
-    """The per-algorithm sections `cfg` (AlgorithmConfig) reads (SECTION_READERS), or None where a
-    part of the algorithm is your own (by import path), which may read any of them."""
+    """The sections of SECTION_READERS that `cfg` (AlgorithmConfig) reads, or None where a part of
+    the algorithm is your own (by import path), which may read any of them."""
     spec, filled = algorithm_of(cfg), with_preset(cfg)
     fns = (filled.advantage_fn, filled.policy_loss_fn)
     if cfg.algorithm_type not in ALGORITHMS or any(f is not None and ":" in f for f in fns):

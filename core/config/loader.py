@@ -183,7 +183,7 @@ def load_config(path: str, overrides: list[str] | None = None, strategy: str | N
     data = read_recipe(path, notes)
     override_layers = _parse_overrides(overrides or [])
     for layer in override_layers:
-        notes += [f"override: {note}" for note in move_keys(layer)]
+        notes += [f"override: {note}" for note in move_keys(layer, where="override: ")]
     for note in dict.fromkeys(notes):  # a moved key: one line each, before any check reads the config
         print(f"rlcore: note: {note}", file=sys.stderr)
     problems = layer_problems(RLCoreConfig, data, "") + stage_problems(data.get("stages"))
@@ -346,13 +346,17 @@ def to_yaml(cfg: DictConfig | RLCoreConfig) -> str:
 
 
 def from_yaml(text: str) -> RLCoreConfig:
-    """Rebuild a config written by `to_yaml` (used to hand a stage's config to trainer ranks)."""
+    """Rebuild a config written by `to_yaml` (used to hand a stage's config to trainer ranks, and by a
+    trainer service's clients, whose older keys are moved as a launch moves them)."""
     typed = typed_yaml.load(RLCoreConfig, text)
     if typed is not None:
         return typed
     schema = OmegaConf.structured(RLCoreConfig)  # converts what it can, or says which key is wrong
+    data = yaml.safe_load(text)
+    if isinstance(data, dict):
+        move_keys(data)  # an older client's keys (moved_keys.py), as a launch reads them
     try:
-        cfg = OmegaConf.merge(schema, OmegaConf.create(text))
+        cfg = OmegaConf.merge(schema, OmegaConf.create(data if isinstance(data, dict) else text))
     except OmegaConfBaseException as e:
         raise explain(e) from None
     assert isinstance(cfg, DictConfig)

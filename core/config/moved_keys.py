@@ -34,32 +34,35 @@ MOVED: dict[str, tuple[str, str]] = {
 def move_keys(data: dict[str, Any], where: str = "") -> list[str]:
     """Rewrite the old keys of a config's plain data (a recipe, or one override layer) in place:
     its `algorithm` section's and each stage's (`stages` as a list, or an override's mapping of
-    indices). Returns one note per key moved. ConfigError when a section sets a key both ways."""
-    notes = _move_algorithm(data.get("algorithm"), f"{where}algorithm")
+    indices). Returns one note per key moved. ConfigError (starting with `where`: the file, or
+    "override: ") when a section sets a key both ways."""
+    notes = _move_algorithm(data.get("algorithm"), "algorithm", where)
     stages = data.get("stages")
     items = (
         stages.items() if isinstance(stages, dict) else enumerate(stages) if isinstance(stages, list) else ()
     )
     for i, stage in items:
         if isinstance(stage, dict):
-            notes += _move_algorithm(stage.get("algorithm"), f"{where}stages[{i}].algorithm")
+            notes += _move_algorithm(stage.get("algorithm"), f"stages[{i}].algorithm", where)
     return notes
 
 
-def _move_algorithm(algo: Any, path: str) -> list[str]:
+def _move_algorithm(algo: Any, path: str, where: str) -> list[str]:
     if not isinstance(algo, dict):
         return []
     notes = []
     for old in [k for k in algo if k in MOVED]:
         section, key = MOVED[old]
         value = algo.pop(old)
-        below = algo.setdefault(section, {})
+        if algo.get(section) is None:  # absent, or written empty (`dpo:`)
+            algo[section] = {}
+        below = algo[section]
         if not isinstance(below, dict):  # the section itself is malformed: the schema check says so
             algo[old] = value
             continue
         if key in below and below[key] != value:
             raise ConfigError(
-                f"{path}.{old} ({value!r}) and {path}.{section}.{key} ({below[key]!r}) are the same "
+                f"{where}{path}.{old} ({value!r}) and {path}.{section}.{key} ({below[key]!r}) are the same "
                 f"setting: keep {path}.{section}.{key}"
             )
         below[key] = value

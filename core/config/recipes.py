@@ -58,7 +58,7 @@ def _recipe(path: str, chain: list[str], notes: list[str]) -> dict[str, Any]:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    notes += [f"{path}: {note}" for note in move_keys(data)]
+    notes += [f"{path}: {note}" for note in move_keys(data, where=f"{path}: ")]
     base = data.pop("base", None)
     if base is None:
         return data

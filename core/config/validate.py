@@ -325,6 +325,11 @@ def _check_algorithm(cfg: RLCoreConfig) -> None:
             f"algorithm.rollout_correction.kind {rc.kind} corrects for the engine that sampled the rollouts, and "
             f"{a.algorithm_type} trains on the taskset's own rows: set kind none"
         )
+    if a.length_penalty.kind != "none" and trains_on(a) == "rollouts" and a.repeat_times < 2:
+        raise ConfigError(
+            f"algorithm.length_penalty.kind {a.length_penalty.kind} compares the lengths of the responses to one "
+            "task, and algorithm.repeat_times is 1: set repeat_times to 2 or more, or kind none"
+        )
     ts = cfg.buffer.explorer_input.taskset
     budget = ts.rollout_args.max_tokens or cfg.model.max_response_tokens
     if a.overlong_buffer_len >= budget:

@@ -8,6 +8,9 @@ import os
 import random
 from typing import Literal
 
+FILLER = "ok so "
+"""What a demonstration with filler (filler_fraction) says before its answer."""
+
 
 def write_arithmetic_taskset(
     path: str,
@@ -20,6 +23,8 @@ def write_arithmetic_taskset(
     copies: int = 1,
     wrong_fraction: float = 0.0,
     preference_pairs: bool = False,
+    working_fraction: float = 0.0,
+    filler_fraction: float = 0.0,
 ) -> None:
     """Write `num_tasks` rows like {"prompt": "37+48=", "response": "<answer>85</answer>", "answer": "85"}.
 
@@ -31,6 +36,11 @@ def write_arithmetic_taskset(
     probability `wrong_fraction`, a response that forgets the carry (27+15 -> 32), like a student
     who has not learnt carrying. The `answer` column always holds the true value, so a verifiable
     reward can teach past the demonstrations (this is what the quickstart's GRPO stage shows).
+
+    `working_fraction` of the demonstrations first write the ones column's sum, then the answer
+    ("7+8=15 <answer>85</answer>"): working that costs tokens and helps with the carry.
+    `filler_fraction` of them open with words that say nothing ("ok so <answer>85</answer>"): a habit
+    that costs as many tokens and helps with nothing (configs/length_penalty.yaml trains it away).
 
     `preference_pairs` adds DPO's columns: `chosen` the right response, `rejected` a sloppy one (the
     carry forgotten; where there is no carry to forget, the last digit off by one).
@@ -46,10 +56,9 @@ def write_arithmetic_taskset(
     pool = problems[:n_test] if part == "test" else problems[n_test:]
     if copies < 1:
         raise ValueError(f"copies must be >= 1; got {copies}")
-    if not 0.0 <= wrong_fraction <= 1.0:
-        raise ValueError(f"wrong_fraction must be in [0, 1]; got {wrong_fraction}")
-    if wrong_fraction and ops != "+":
-        raise ValueError("wrong_fraction (forgotten carries) is defined for ops '+' only")
+    _check_fractions(
+        ops, wrong_fraction=wrong_fraction, working_fraction=working_fraction, filler_fraction=filler_fraction
+    )
     if num_tasks > len(pool):
         raise ValueError(f"num_tasks ({num_tasks}) exceeds the {len(pool)} {part} problems available")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -60,9 +69,10 @@ def write_arithmetic_taskset(
             value = {"+": a + b, "-": a - b, "*": a * b}[op]
             for _ in range(copies):
                 shown = _sum_without_carry(a, b) if noise.random() < wrong_fraction else value
+                habits = _habits(a, b, noise, working_fraction, filler_fraction)
                 row = {
                     "prompt": f"{a}{op}{b}=",
-                    "response": f"<answer>{shown}</answer>",
+                    "response": f"{habits}<answer>{shown}</answer>",
                     "answer": str(value),
                 }
                 if preference_pairs:
@@ -72,6 +82,31 @@ def write_arithmetic_taskset(
                     row["chosen"], row["rejected"] = f"<answer>{value}</answer>", f"<answer>{sloppy}</answer>"
                 f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
+
+
+def _check_fractions(ops: str, **fractions: float) -> None:
+    """Each share in [0, 1]; forgotten carries and the ones column's working are sums' ('+' only)."""
+    for name, value in fractions.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1]; got {value}")
+    for name, what in (
+        ("wrong_fraction", "forgotten carries"),
+        ("working_fraction", "the ones column's sum written out"),
+    ):
+        if fractions.get(name) and ops != "+":
+            raise ValueError(f"{name} ({what}) is defined for ops '+' only")
+
+
+def _habits(a: int, b: int, noise: random.Random, working_fraction: float, filler_fraction: float) -> str:
+    """What a demonstration of a + b writes before its answer: filler, then the ones column's sum,
+    each drawn only when asked for (a seed's demonstrations without them stay the same)."""
+    working = (
+        f"{a % 10}+{b % 10}={a % 10 + b % 10} "
+        if working_fraction and noise.random() < working_fraction
+        else ""
+    )
+    filler = FILLER if filler_fraction and noise.random() < filler_fraction else ""
+    return filler + working
 
 
 def write_arithmetic_chain_taskset(

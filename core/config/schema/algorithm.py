@@ -116,6 +116,21 @@ class DpoConfig:
     over all their tokens together)."""
 
 
+@dataclass
+class LengthPenaltyConfig:
+    """algorithm.length_penalty: a reward term that makes a response shorter than the others to its
+    task worth more (Kimi k1.5's length reward, core/algorithms/length.py); rollout/length_penalty."""
+
+    kind: str = choice("none", ("none", "group", "correct"))
+    """none; group (the paper's rule): lambda = 0.5 - (n - n_min) / (n_max - n_min) over the group's
+    response lengths, a correct response gains coef * lambda, a wrong one coef * min(0, lambda);
+    correct: only correct responses are shaped, lambda over the group's correct ones alone."""
+    coef: float = bounded(0.1, gt=0.0)
+    """The term's weight: the shortest response gains coef / 2, the longest loses coef / 2."""
+    correct_reward: float = 1.0
+    """A response is correct when its reward (before any shaping) is at least this."""
+
+
 ALGORITHM_SECTIONS = ("opmd", "maxent_grpo", "mix", "dpo")
 """The sections of `algorithm` that one algorithm reads, each named after its algorithm_type
 (core/algorithms sections_read says which a stage's algorithm reads; the config check refuses one
@@ -211,6 +226,7 @@ class AlgorithmConfig:
     the preset's (on_policy_distill 1, the others 0: no teacher)."""
     dpo: DpoConfig = field(default_factory=DpoConfig)
     """DPO's knobs (read where algorithm_type is dpo: the step trains on pairs)."""
+    length_penalty: LengthPenaltyConfig = field(default_factory=LengthPenaltyConfig)
     overlong_filter: bool | None = None
     """Leave responses the token budget cut off (finish reason 'length') out of the loss (DAPO);
     unset: the preset's (dapo: true, the others false)."""

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from rlcore.core.config.schema import FormatConfig, TasksetConfig
-from rlcore.core.data.synthetic import write_arithmetic_taskset
+from rlcore.core.data.synthetic import FILLER, write_arithmetic_taskset
 from rlcore.core.data.taskset import TaskStream, ensure_taskset, load_tasks
 
 
@@ -137,3 +137,31 @@ def test_sloppy_demonstrations_forget_carries_but_keep_true_answers(tmp_path):
     ]
     wrong = sum(r["response"] != f"<answer>{r['answer']}</answer>" for r in carry_rows)
     assert 0.3 < wrong / len(carry_rows) < 0.7
+
+
+def test_arithmetic_demonstrations_may_show_their_working(tmp_path) -> None:
+    """working_fraction: that share of the demonstrations write the ones column's sum before the
+    answer; filler_fraction: that share open with words that say nothing (configs/length_penalty.yaml)."""
+    worked = tmp_path / "worked.jsonl"
+    write_arithmetic_taskset(str(worked), num_tasks=50, max_operand=49, copies=4, working_fraction=0.5, seed=3)
+    rows = [json.loads(line) for line in open(worked)]
+    shown = 0
+    for r in rows:
+        a, b = map(int, r["prompt"].rstrip("=").split("+"))
+        working, _, answer = r["response"].rpartition("<answer>")
+        assert answer == f"{a + b}</answer>"
+        assert working in ("", f"{a % 10}+{b % 10}={a % 10 + b % 10} ")
+        shown += bool(working)
+    assert 0.35 < shown / len(rows) < 0.65
+    filled = tmp_path / "filled.jsonl"
+    write_arithmetic_taskset(str(filled), num_tasks=50, max_operand=49, copies=4, filler_fraction=0.5, seed=3)
+    responses = [json.loads(line)["response"] for line in open(filled)]
+    with_filler = [r for r in responses if r.startswith(FILLER)]
+    assert 0.35 < len(with_filler) / len(responses) < 0.65
+    assert all(r.removeprefix(FILLER).startswith("<answer>") for r in responses)
+    with pytest.raises(ValueError, match=r"filler_fraction must be in \[0, 1\]; got -1"):
+        write_arithmetic_taskset(str(filled), filler_fraction=-1)
+    with pytest.raises(ValueError, match=r"working_fraction must be in \[0, 1\]; got 1.5"):
+        write_arithmetic_taskset(str(worked), working_fraction=1.5)
+    with pytest.raises(ValueError, match=r"working_fraction .* is defined for ops '\+' only"):
+        write_arithmetic_taskset(str(worked), ops="*", working_fraction=0.5)
