@@ -27,9 +27,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP = ("adaptive_teaching.yaml", "on_policy_distill.yaml")
-"""adaptive_teaching needs an OpenAI-compatible student service of its own; on_policy_distill the
-quickstart's trained model as its teacher."""
+SKIP = ("adaptive_teaching.yaml", "on_policy_distill.yaml", "judge.yaml", "tinker.yaml")
+"""adaptive_teaching needs an OpenAI-compatible student service of its own, judge a judge service,
+tinker a Tinker service; on_policy_distill the quickstart's trained model as its teacher."""
 TIMING = (
     "asynchronous.yaml", "replay.yaml", "long_tails.yaml", "decoupled.yaml", "dpo_explored.yaml", "partial_rollout.yaml",
 )
