@@ -284,7 +284,7 @@ SECTION_READERS: dict[str, tuple[str, ...]] = {
     "maxent_grpo": ("advantage_fn maxent_grpo",),
     "mix": ("the experts pass",),
     "dpo": ("training on pairs",),
-    "length_penalty": ("training on rollouts",),
+    "length_penalty": ("an advantage of rollouts' rewards",),
 }
 """The sections of `algorithm` that only some algorithms read, and what reads each: one per
 algorithm (schema ALGORITHM_SECTIONS, named after its algorithm_type) and the length term, which
@@ -301,4 +301,6 @@ def sections_read(cfg: Any) -> frozenset[str] | None:
     parts = {f"advantage_fn {filled.advantage_fn}", f"policy_loss_fn {filled.policy_loss_fn}"}
     parts |= {f"the {name} pass" for name in step_passes(cfg)}
     parts.add(f"training on {spec.data}")
+    if spec.data == "rollouts" and filled.advantage_fn != "zero":  # on_policy_distill's reads no reward
+        parts.add("an advantage of rollouts' rewards")
     return frozenset(s for s, readers in SECTION_READERS.items() if parts & set(readers))

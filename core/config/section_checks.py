@@ -24,62 +24,87 @@ def check_algorithm_sections(
 
     default = AlgorithmConfig()
     read_by = [sections_read(algo) for _, algo, _ in stages]
+    if any(read is None for read in read_by):
+        return  # an algorithm of your own may read any section
     single = len(stages) == 1 and not stages[0][0]
     for (prefix, algo, own), read in zip(stages, read_by, strict=True):
         for section in SECTION_READERS:
-            keys = own.get(section) if not single else None
-            if read is None or section in read or not isinstance(keys, dict):
+            keys = None if single else own.get(section)
+            if section in read or not isinstance(keys, dict):  # type: ignore[operator]
                 continue
-            changed = [
-                k
-                for k in keys
-                if getattr(getattr(algo, section), k, None) != getattr(getattr(default, section), k, None)
-            ]
+            changed = [k for k in keys if _value(algo, section, k) != _value(default, section, k)]
             if changed:
-                raise ConfigError(_unread(prefix, section, changed[0], [algo], SECTION_READERS[section]))
-    known = [read for read in read_by if read is not None]
-    if len(known) < len(read_by):
-        return  # an algorithm of your own may read any section
+                readers = [p for (p, _, _), r in zip(stages, read_by, strict=True) if section in r]  # type: ignore[operator]
+                raise ConfigError(_unread(prefix, section, changed[0], algo, readers))
     for section in SECTION_READERS:
-        values, defaults = getattr(run, section), getattr(default, section)
-        changed = [k for k in vars(defaults) if getattr(values, k) != getattr(defaults, k)]
-        if changed and not any(section in read for read in known):
-            raise ConfigError(
-                _unread("", section, changed[0], [a for _, a, _ in stages], SECTION_READERS[section], single)
-            )
+        changed = [
+            k
+            for k in vars(getattr(default, section))
+            if _value(run, section, k) != _value(default, section, k)
+        ]
+        if changed and not any(section in read for read in read_by):  # type: ignore[operator]
+            owner = next((s for s in stages if s[1].algorithm_type == section), None)  # its parts replaced
+            if single or owner is not None:
+                prefix, algo, _ = owner or stages[0]
+                raise ConfigError(_unread(prefix, section, changed[0], algo, [], run_wide=not single))
+            types = ", ".join(dict.fromkeys(a.algorithm_type for _, a, _ in stages))
+            raise ConfigError(_unread_by_all(section, changed[0], types))
+
+
+def _value(algo: AlgorithmConfig, section: str, key: str) -> Any:
+    return getattr(getattr(algo, section), key, None)
+
+
+def _what(section: str) -> tuple[str, str]:
+    """What reads `section` (a line's words) and, for a section of one algorithm, whose it is."""
+    from ..algorithms import SECTION_READERS
+
+    named = section in ALGORITHM_SECTIONS
+    return " or ".join(SECTION_READERS[section]), (f" (algorithm_type {section}'s)" if named else "")
 
 
 def _unread(
-    prefix: str,
-    section: str,
-    key: str,
-    algos: list[AlgorithmConfig],
-    readers: tuple[str, ...],
-    single: bool = True,
+    prefix: str, section: str, key: str, algo: AlgorithmConfig, readers: list[str], run_wide: bool = False
 ) -> str:
-    """One line: what reads the section, why this stage's (or no stage's) algorithm does not, the fix."""
-    default = getattr(getattr(AlgorithmConfig(), section), key)
-    drop = f"drop {prefix}algorithm.{section} (or set {prefix}algorithm.{section}.{key} back to {default!r})"
-    named = section in ALGORITHM_SECTIONS
-    whose = f" (algorithm_type {section}'s)" if named else ""
-    if not single:  # set run-wide, read by no stage
-        types = ", ".join(dict.fromkeys(a.algorithm_type for a in algos))
-        this = f"no stage's algorithm_type ({types}) reads it"
-        fix = f"set it on the stage whose algorithm reads it (stages[N].algorithm.{section})"
+    """One line for a stage (`prefix`) whose algorithm does not read `section`: why, and the fix:
+    the stage that reads it where one does (`readers`), else the algorithm_type that would."""
+    from ..algorithms import ALGORITHMS, SECTION_READERS
+
+    what, whose = _what(section)
+    where = "" if run_wide else prefix
+    drop = f"drop {where}algorithm.{section} (or set {where}algorithm.{section}.{key} back to {_value(AlgorithmConfig(), section, key)!r})"
+    preset = ALGORITHMS.get(section)
+    replaced = [
+        part
+        for part in ("advantage_fn", "policy_loss_fn")
+        if preset is not None and algo.algorithm_type == section
+        and f"{part} {getattr(preset, part)}" in SECTION_READERS[section] and getattr(algo, part) != getattr(preset, part)
+    ]  # fmt: skip
+    if replaced:
+        this = f"{prefix}algorithm." + " and ".join(f"{part} is {getattr(algo, part)}" for part in replaced)
+        fix = f"remove {prefix}algorithm.{' and '.join(replaced)} (algorithm_type {section}'s own reads it)"
+    elif section in ALGORITHM_SECTIONS:
+        this = f"{prefix}algorithm.algorithm_type is {algo.algorithm_type}"
+        fix = f"set {prefix}algorithm.algorithm_type {section}"
     else:
-        (algo,) = algos
-        replaced = [f"{part} is {getattr(algo, part)}" for part in ("advantage_fn", "policy_loss_fn")
-                    if getattr(algo, part) is not None and algo.algorithm_type == section]  # fmt: skip
-        if replaced:
-            this = f"{prefix}algorithm.{' and '.join(replaced)}"
-            fix = f"leave {prefix}algorithm.advantage_fn and policy_loss_fn to algorithm_type {section}"
-        elif named:
-            this = f"{prefix}algorithm.algorithm_type is {algo.algorithm_type}"
-            fix = f"set {prefix}algorithm.algorithm_type {section}"
-        else:
-            this = f"{prefix}algorithm.algorithm_type {algo.algorithm_type} trains on no rollouts"
-            fix = "set it on a stage of an RL algorithm"
+        this = f"{prefix}algorithm.algorithm_type {algo.algorithm_type} computes no advantage of rollouts' rewards"
+        fix = f"set {prefix}algorithm.algorithm_type to an RL algorithm"
+    if readers:  # another stage reads it: that is where it belongs
+        fix = f"move it to {readers[0]}algorithm.{section}"
+    return f"{where}algorithm.{section}.{key}: algorithm.{section} is read only by {what}{whose}, and {this} (it would change nothing): {fix}, or {drop}"
+
+
+def _unread_by_all(section: str, key: str, types: str) -> str:
+    """One line for a section set run-wide that no stage's algorithm reads."""
+    what, whose = _what(section)
+    fix = (
+        f"set algorithm_type {section} on the stage that should read it (stages[N].algorithm.algorithm_type)"
+        if section in ALGORITHM_SECTIONS
+        else "train an RL algorithm in one of the stages"
+    )
+    default = _value(AlgorithmConfig(), section, key)
     return (
-        f"{prefix}algorithm.{section}.{key}: algorithm.{section} is read only by {' or '.join(readers)}{whose}, "
-        f"and {this} (it would change nothing): {fix}, or {drop}"
+        f"algorithm.{section}.{key}: algorithm.{section} is read only by {what}{whose}, and no stage's "
+        f"algorithm_type ({types}) reads it (it would change nothing): {fix}, or drop algorithm.{section} (or set "
+        f"algorithm.{section}.{key} back to {default!r})"
     )

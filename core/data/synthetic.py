@@ -41,6 +41,8 @@ def write_arithmetic_taskset(
     ("7+8=15 <answer>85</answer>"): working that costs tokens and helps with the carry.
     `filler_fraction` of them open with words that say nothing ("ok so <answer>85</answer>"): a habit
     that costs as many tokens and helps with nothing (configs/length_penalty.yaml trains it away).
+    Their draws share the seed's stream with the wrong answers': with a habit the answers differ
+    from the same seed's without one (without any, they are what they always were).
 
     `preference_pairs` adds DPO's columns: `chosen` the right response, `rejected` a sloppy one (the
     carry forgotten; where there is no carry to forget, the last digit off by one).

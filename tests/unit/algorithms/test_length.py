@@ -98,7 +98,9 @@ def test_length_shaping_needs_groups_to_compare(tmp_path) -> None:
         resolve(tmp_path, "algorithm.length_penalty.kind=group", "algorithm.repeat_times=1",
                 "algorithm.algorithm_type=reinforce_plus_plus")  # fmt: skip
     with pytest.raises(ConfigError, match=r"^algorithm\.length_penalty\.kind: algorithm\.length_penalty is read only "
-                       r"by training on rollouts, and algorithm\.algorithm_type sft trains on no rollouts "):  # fmt: skip
+                       r"by an advantage of rollouts' rewards, and algorithm\.algorithm_type sft computes no advantage of "
+                       r"rollouts' rewards \(it would change nothing\): set algorithm\.algorithm_type to an RL algorithm, "
+                       r"or drop algorithm\.length_penalty "):  # fmt: skip
         resolve(
             tmp_path, "mode=train", "algorithm.algorithm_type=sft", "algorithm.length_penalty.kind=correct"
         )
@@ -108,3 +110,17 @@ def test_length_shaping_needs_groups_to_compare(tmp_path) -> None:
     ):
         resolve(tmp_path, "algorithm.length_penalty.kind=shortest")
     assert resolve(tmp_path, "algorithm.length_penalty.kind=correct").algorithm.length_penalty.coef == 0.1
+
+
+def test_the_term_is_read_only_where_rewards_make_the_advantage() -> None:
+    from rlcore.core.algorithms import sections_read
+
+    for algorithm_type in ("grpo", "ppo", "dapo", "rloo", "opmd"):
+        assert "length_penalty" in sections_read(AlgorithmConfig(algorithm_type=algorithm_type)), (
+            algorithm_type
+        )
+    # on-policy distillation's advantage is the teacher's alone (zero from rewards); SFT and DPO explore nothing
+    for algorithm_type in ("on_policy_distill", "sft", "dpo"):
+        assert "length_penalty" not in sections_read(AlgorithmConfig(algorithm_type=algorithm_type)), (
+            algorithm_type
+        )

@@ -116,8 +116,8 @@ def test_a_section_no_algorithm_reads_is_refused_in_one_line(tmp_path) -> None:
         )
     # opmd's own parts replaced by others: its section is read by neither
     with pytest.raises(ConfigError, match=r"^algorithm\.opmd\.tau: .* and algorithm\.advantage_fn is grpo and "
-                       r"policy_loss_fn is ppo_clip \(it would change nothing\): leave algorithm\.advantage_fn and "
-                       r"policy_loss_fn to algorithm_type opmd, or drop algorithm\.opmd "):  # fmt: skip
+                       r"policy_loss_fn is ppo_clip \(it would change nothing\): remove algorithm\.advantage_fn and "
+                       r"policy_loss_fn \(algorithm_type opmd's own reads it\), or drop algorithm\.opmd "):  # fmt: skip
         resolve(tmp_path, "algorithm.algorithm_type=opmd", "algorithm.advantage_fn=grpo",
                 "algorithm.policy_loss_fn=ppo_clip", "algorithm.opmd.tau=2")  # fmt: skip
     # read: by the algorithm_type, or by a part put in its place; its defaults spelt out change nothing
@@ -141,7 +141,7 @@ def test_a_stage_may_set_only_the_sections_its_algorithm_reads(tmp_path) -> None
     with pytest.raises(
         ConfigError,
         match=r"^algorithm\.dpo\.beta: .* and no stage's algorithm_type \(sft, grpo\) reads it \(it "
-        r"would change nothing\): set it on the stage whose algorithm reads it \(stages\[N\]\.algorithm\.dpo\)",
+        r"would change nothing\): set algorithm_type dpo on the stage that should read it \(stages\[N\]\.algorithm\.algorithm_type\)",
     ):
         stages[1] = {"name": "rl", "algorithm": {"algorithm_type": "grpo"}}
         _stages(tmp_path, {"stages": stages, "algorithm": {"dpo": {"beta": 0.3}}})
@@ -170,8 +170,8 @@ def test_the_length_term_set_run_wide_is_read_by_the_rl_stage(tmp_path) -> None:
     assert resolved[1].config.algorithm.length_penalty.kind == "group"
     stages[0]["algorithm"]["length_penalty"] = {"kind": "correct"}
     with pytest.raises(ConfigError, match=r"^stages\[0\]\.algorithm\.length_penalty\.kind: algorithm\.length_penalty "
-                       r"is read only by training on rollouts, and stages\[0\]\.algorithm\.algorithm_type sft trains "
-                       r"on no rollouts \(it would change nothing\): set it on a stage of an RL algorithm, or drop "):  # fmt: skip
+                       r"is read only by an advantage of rollouts' rewards, and stages\[0\]\.algorithm\.algorithm_type sft "
+                       r"computes no advantage of rollouts' rewards \(it would change nothing\): move it to stages\[1\]\.algorithm\.length_penalty, or drop "):  # fmt: skip
         _stages(tmp_path, {"stages": stages})
 
 
