@@ -140,7 +140,7 @@ def length_terms(exps: list[Experience], lp: LengthPenaltyConfig) -> list[float]
 class AlgorithmStep:
     """The algorithm's half of a step, the same for every trainer (rlcore's own, training.py; a
     Tinker service, tinker/trainer.py): which experiences train, the rewards the algorithm sees
-    (DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch and its advantages,
+    (the length term, DAPO's overlong shaping, the KL penalty in the reward), its ScoredBatch and its advantages,
     with the step passes' hooks around them. The trainer runs its log-prob passes between
     `trained` and `advantages` and lends the step's rows (StepRows: its micro-batches, gathered over
     its data-parallel ranks, or WholeRows on one client); the advantages land in their

@@ -119,9 +119,9 @@ class TinkerTrainer(RemoteHandle):
             raise ValueError(pass_refusal(self.peer, refused[0], cfg.algorithm.algorithm_type))
         self.cfg, self.plan, self.stage_dir = cfg, plan, stage_dir
         self.algo = with_preset(cfg.algorithm)
-        self.step = scoring.AlgorithmStep(self.algo, max_response_len(cfg))
-        self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.max_response_len = max_response_len(cfg)
+        self.step = scoring.AlgorithmStep(self.algo, self.max_response_len)
+        self.train_batch = plan_steps(cfg, cfg.buffer.batch_size)[0]
         self.lr = lr_lambda(self.algo.optimizer, total_steps)
         self.global_step = 0
         if self._sender is not None:  # each stage links to its workers afresh
