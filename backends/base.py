@@ -51,10 +51,11 @@ class TrainingStrategy(ABC):
     """One training backend across all ranks of the trainer world.
 
     Construction: `Strategy(model_path, trainer_cfg, optimizer_cfg, *, device, dtype, total_steps,
-    with_reference, seed, value_head=False, lora=None)`; every rank builds it, collectives happen inside.
-    `value_head=True` builds a critic (the model's trunk with a scalar head, backends/common/
-    hf_model.load_value_model): loss functions then get per-token values in place of log-probs,
-    and `compute_values` replaces `compute_logprobs`. `lora` (a LoraConfig) trains a LoRA adapter on
+    with_reference, seed, value_head=False, head_bias=True, lora=None)`; every rank builds it,
+    collectives happen inside. `value_head=True` builds a critic (the model's trunk with a scalar
+    head, backends/common/hf_model.load_value_model): loss functions then get per-token values in
+    place of log-probs, and `compute_values` replaces `compute_logprobs`; `head_bias=False` leaves
+    the head without a bias (a reward model's). `lora` (a LoraConfig) trains a LoRA adapter on
     a frozen base instead of the full weights (`adapter_config`).
 
     Data parallelism: the loop gives each data-parallel rank its own share of a batch; ranks that

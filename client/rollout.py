@@ -77,6 +77,7 @@ def workflow_to_proto(w: WorkflowSpec) -> rollout_pb2.WorkflowSpec:
         auxiliary_json=json.dumps(w.auxiliary_models) if w.auxiliary_models else "",
         judge_json=json.dumps(w.judge) if w.judge else "", reasoning_tags=list(w.reasoning_tags),
         chat_template_kwargs_json=json.dumps(w.chat_template_kwargs) if w.chat_template_kwargs else "",
+        reward_model_json=json.dumps(w.reward_model) if w.reward_model else "",
     )  # fmt: skip
     if w.chat_template is not None:
         msg.chat_template = w.chat_template

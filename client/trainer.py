@@ -157,8 +157,9 @@ class TrainerClient(BlockingClient):
         clip_ratio_high: float | None = None,
     ) -> ForwardBackwardResult:
         """Accumulate gradients of `loss` (grpo, ppo, importance_sampling, cispo, gspo, cross_entropy,
-        or dpo: `sequences` are (chosen, rejected) pairs, pair k at 2k and 2k + 1, on a stage with a
-        reference model) over `sequences`; no optimizer step. `normalize_tokens` > 0 divides by that
+        dpo: `sequences` are (chosen, rejected) pairs, pair k at 2k and 2k + 1, on a stage with a
+        reference model; or bradley_terry: such pairs on a reward model's stage, a chosen sequence's
+        one advantage its pair's margin) over `sequences`; no optimizer step. `normalize_tokens` > 0 divides by that
         many tokens (a step spanning several calls; 1: the sum). `clip_ratio_low/high`: a policy
         loss's clip range [1 - low, 1 + high] (None: the configured one)."""
         request = forward_backward_request(
@@ -175,7 +176,7 @@ class TrainerClient(BlockingClient):
     ) -> list[list[float]]:
         """Per sequence, the log-prob of each response token under the current policy (the reference
         model with `reference=True`), scaled by `temperature`; nothing is updated. Only the
-        sequences' token ids are used."""
+        sequences' token ids are used. On a reward model's stage: each sequence's score, one value."""
         request = compute_logprobs_request(sequences, temperature, reference)
         return _logprobs_result(self._unary("ComputeLogprobs", request, timeout))
 

@@ -113,6 +113,9 @@ class WorkflowSpec:
     """[open, close] of the reasoning block rewards do not score (FormatConfig.reasoning_tags)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """More variables the chat template reads (model.chat_template_kwargs, e.g. enable_thinking)."""
+    reward_model: dict[str, Any] | None = None
+    """The `reward_model` reward's settings (a taskset's RewardModelRewardConfig as a dict), when
+    reward_fn lists it."""
 
 
 @dataclass

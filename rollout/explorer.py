@@ -24,6 +24,7 @@ from .engines import in_process
 from .rewards.answer import extract_answer
 from .rewards.compose import correctness_names
 from .rewards.judge import JUDGE, judge_settings
+from .rewards.reward_model import REWARD_MODEL, reward_model_settings
 
 log = logging.getLogger("rlcore.explorer")
 
@@ -91,6 +92,7 @@ def workflow_spec(cfg: RLCoreConfig, ts: TasksetConfig) -> WorkflowSpec:
         args=dict(ts.workflow_args),
         auxiliary_models=auxiliary_models(cfg),
         judge=judge_settings(ts.judge) if JUDGE in ts.reward_fn else None,
+        reward_model=reward_model_settings(ts.reward_model) if REWARD_MODEL in ts.reward_fn else None,
         reasoning_tags=list(ts.format.reasoning_tags),
         chat_template_kwargs=dict(cfg.model.chat_template_kwargs),
     )

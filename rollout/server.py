@@ -43,6 +43,7 @@ from .episodes import EpisodeRecorder
 from .gate import GenerationGate
 from .rewards.compose import resolve_reward
 from .rewards.judge import JUDGE, check_judge
+from .rewards.reward_model import REWARD_MODEL, check_reward_model
 from .workflows import WORKFLOWS, build_workflow, resolve_workflow
 from .workflows.base import Workflow, WorkflowContext, sampled_at
 
@@ -226,7 +227,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         tags = list(spec.reasoning_tags)
         key = (spec.name, tuple(names), tuple(weights), spec.max_prompt_tokens, spec.apply_chat_template,
                chat_template, system_prompt, spec.args_json, spec.auxiliary_json, spec.judge_json, tuple(tags),
-               spec.chat_template_kwargs_json)  # fmt: skip
+               spec.chat_template_kwargs_json, spec.reward_model_json)  # fmt: skip
         with self._workflows_lock:
             cached = self._workflows.get(key)
         if cached is not None:
@@ -242,10 +243,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         auxiliary = _auxiliary(spec.auxiliary_json)
         require(bool(names), "workflow.reward_fn", "must list at least one reward function")
         judge = _judge(spec.judge_json, names, auxiliary)
+        scorer = _reward_model(spec.reward_model_json, names)
         for i, name in enumerate(names):
             require(names.index(name) == i, f"workflow.reward_fn[{i}]", f"'{name}' is listed twice")
-            if name == JUDGE:
-                continue  # built from judge_json, checked above
+            if name in (JUDGE, REWARD_MODEL):
+                continue  # built from judge_json and reward_model_json, checked above
             try:
                 # Import paths run user code on this worker: the token is the trust boundary.
                 resolve_reward(name)
@@ -272,7 +274,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             workflow = build_workflow(
                 WorkflowSpec(names, weights, spec.max_prompt_tokens, spec.apply_chat_template, chat_template,
-                             system_prompt, spec.name, args, auxiliary, judge, tags, template_kwargs),
+                             system_prompt, spec.name, args, auxiliary, judge, tags, template_kwargs, scorer),
                 cast(RolloutEngine, self.batching), self.tokenizer, self.workflow_context,
             )  # fmt: skip
         except ValueError as e:  # the workflow refuses its settings
@@ -423,6 +425,21 @@ def _judge(text: str, names: list[str], auxiliary: list[dict[str, Any]]) -> dict
         check_judge(settings, [a["name"] for a in auxiliary])
     except ValueError as e:
         raise InvalidArgument("workflow.judge_json", str(e)) from None
+    return cast(dict[str, Any], settings)
+
+
+def _reward_model(text: str, names: list[str]) -> dict[str, Any] | None:
+    """RunTasks' workflow.reward_model_json as checked settings: given exactly when reward_fn lists
+    'reward_model'; its path a model folder on this worker."""
+    if REWARD_MODEL not in names:
+        require(not text, "workflow.reward_model_json", "is set but reward_fn does not list 'reward_model'")
+        return None
+    require(bool(text), "workflow.reward_model_json", "reward_fn lists 'reward_model': give its settings (path)")
+    settings = _json_field(text, "workflow.reward_model_json", dict)
+    try:
+        check_reward_model(settings)
+    except ValueError as e:
+        raise InvalidArgument("workflow.reward_model_json", str(e)) from None
     return cast(dict[str, Any], settings)
 
 

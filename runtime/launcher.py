@@ -73,12 +73,13 @@ def print_summary(run_dir: str, stages: list[Stage], elapsed_s: float) -> None:
         if s.index not in summaries:
             continue
         summary = summaries[s.index]
-        accs = {k: v for k, v in summary["eval"].items() if k.endswith("/accuracy")} or {
+        accuracy = ("/accuracy", "/pair_accuracy")  # a policy's, a reward model's
+        accs = {k: v for k, v in summary["eval"].items() if k.endswith(accuracy)} or {
             k: v for k, v in summary["eval"].items() if k.endswith("/reward_mean")
         }  # an environment that scores itself reports its reward
         parts = []
         for k, v in accs.items():
-            if k.endswith("/accuracy"):
+            if k.endswith(accuracy):
                 delta = f" ({(v - previous[k]) * 100:+.1f} points)" if k in previous else ""
                 parts.append(f"{k.removeprefix('eval/')} {v * 100:.1f}%{delta}")
             else:

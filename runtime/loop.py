@@ -16,6 +16,7 @@ stage's summary are stage_checkpoints.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import time
 from typing import Any
 
 from ..core.config import Stage, inherits_previous_model
+from ..core.config.stage_refs import with_stage_exports
 from ..core.data.taskset import task_stream
 from ..core.step_metrics import memory_metrics
 from ..core.types import Experience
@@ -37,7 +39,7 @@ from .stage_checkpoints import StageCheckpoints
 from .stage_record import StageRecord
 from .step_sizes import plan_steps
 from .step_sources import StepSource, step_source
-from .taskset_rows import RowsSource, mixture_report, taskset_formats
+from .taskset_rows import PairEvaluation, RowsSource, mixture_report, taskset_formats
 
 log = logging.getLogger("rlcore.loop")
 
@@ -53,27 +55,36 @@ def run_stages(stages: list[Stage], handle: TrainerHandle, run: RunContext) -> N
     """Every stage in order; a stage an earlier launch finished is skipped (its export feeds the
     next), and a stage stopped on the run's request ends the run."""
     previous_model = None
+    reward_models: dict[str, str] = {}  # a reward model stage's name -> its export (stage_refs.py)
     for stage in stages:
         sdir = stage_dir(run.run_dir, stage, len(stages))
         os.makedirs(sdir, exist_ok=True)
-        summary_file = os.path.join(sdir, SUMMARY)
-        if os.path.isfile(summary_file):  # finished in an earlier run that we are resuming?
-            with open(summary_file) as f:
-                done = json.load(f)
-            if done["global_step"] >= planned_steps(stage):
-                previous_model = done["final_model"]
-                continue
-        model_path = stage.config.model.model_path
-        if inherits_previous_model(stage.config):
-            if not previous_model:
-                raise ValueError(f"stage {stage.name} inherits weights but the previous stage exported none")
-            model_path = previous_model
-        # a model a service holds (tinker://..., the previous stage's) has the first stage's tokenizer
-        tokenizer = stages[0].config.model.model_path if "://" in model_path else None
-        summary = StageLoop(stage, sdir, model_path, handle, run, stage is stages[-1], tokenizer).run()
-        previous_model = summary["final_model"]
-        if summary["stopped"]:
+        stage = dataclasses.replace(stage, config=with_stage_exports(stage.config, reward_models))
+        summary = done = _finished(stage, os.path.join(sdir, SUMMARY))  # in an earlier run that we resume?
+        if summary is None:
+            model_path = stage.config.model.model_path
+            if inherits_previous_model(stage.config):
+                if not previous_model:
+                    raise ValueError(f"stage {stage.name} inherits weights but the previous stage exported none")
+                model_path = previous_model
+            # a model a service holds (tinker://..., the previous stage's) has the first stage's tokenizer
+            tokenizer = stages[0].config.model.model_path if "://" in model_path else None
+            summary = StageLoop(stage, sdir, model_path, handle, run, stage is stages[-1], tokenizer).run()
+        if stage.plan.trained_model == "reward":  # a reward model feeds no later stage's policy
+            reward_models[stage.name] = summary["final_model"]
+        else:
+            previous_model = summary["final_model"]
+        if summary["stopped"] and done is None:
             break
+
+
+def _finished(stage: Stage, summary_file: str) -> dict[str, Any] | None:
+    """The summary of `stage` when an earlier launch of the run finished it, else None."""
+    if not os.path.isfile(summary_file):
+        return None
+    with open(summary_file) as f:
+        done: dict[str, Any] = json.load(f)
+    return done if done["global_step"] >= planned_steps(stage) else None
 
 
 class StageLoop:
@@ -87,6 +98,7 @@ class StageLoop:
 
         cfg = self.cfg = stage.config
         plan = self.plan = stage.plan
+        self.model_path = model_path
         self.stage, self.sdir, self.handle, self.run_ctx = stage, sdir, handle, run
         self.stream = task_stream(cfg)
         self.train_batch, self.total_explore_steps, self.total_train_steps = plan_steps(
@@ -101,7 +113,8 @@ class StageLoop:
         self.link = EngineLink(cfg, plan, handle, run, probe_prompt)
         self.schedule = SyncSchedule(cfg.synchronizer)
         self.lockstep = LockstepSource(cfg, plan, self.link, self.stream, self.schedule) if plan.explores else None  # fmt: skip
-        self.rows = RowsSource(cfg, plan.trains_on == "pairs", handle, formats, tokenizer, self.train_batch)
+        self.rows = RowsSource(cfg, plan, handle, formats, tokenizer, self.train_batch)
+        self.pair_eval = PairEvaluation(cfg, handle, tokenizer) if plan.trained_model == "reward" else None
         self.source: BufferSource | None = None  # plan.reads_buffer: opened with the stage's run
         self.steps: StepSource | None = None
         """The stage's step (step_sources.py), built when the stage runs."""
@@ -139,7 +152,7 @@ class StageLoop:
             self.link.close()
             if self.source is not None:
                 self.source.close()
-        return self.checkpoints.summary(self.global_step, last_eval, stopped)
+        return self.checkpoints.summary(self.global_step, last_eval, stopped, self.model_path)
 
     def _steps(self, resumed: bool) -> tuple[dict[str, float], bool]:
         cfg, plan, steps = self.cfg, self.plan, self.steps
@@ -147,7 +160,7 @@ class StageLoop:
         if not resumed and self.link.sync_on_start:
             self.link.sync(self.global_step)
         if plan.source == "evaluation":
-            result = self.link.evaluate(self.global_step)
+            result = self._evaluate(self.global_step)
             self._log(result)
             return result, False
         if plan.publishes:  # the explorers wait for the weights they start from
@@ -158,7 +171,7 @@ class StageLoop:
             registered = self.run_ctx.workers  # None: the workers are not the launch's to restart
             self.source.start_explorer(self.link.explore_endpoints, self.explore_step, registered)
         if cfg.explorer.eval_on_startup and self.global_step == 0:
-            self._log(self.link.evaluate(self.global_step))
+            self._log(self._evaluate(self.global_step))
         last_eval: dict[str, float] = {}
         while not self._done():
             start, step_before = time.perf_counter(), self.global_step
@@ -177,7 +190,7 @@ class StageLoop:
             done = self._done()
             evaluated: dict[str, float] = {}
             if self.link.eval_due(self.explore_step, done) and self.evaluated_step != self.global_step:
-                last_eval = evaluated = self.link.evaluate(self.global_step)
+                last_eval = evaluated = self._evaluate(self.global_step)
                 self.evaluated_step = self.global_step
             metrics.update(evaluated)
             # a step that trained nothing (the buffer was read to its end, or every experience was too
@@ -190,7 +203,7 @@ class StageLoop:
             if not done and self._heartbeat(wait=True) == "stop":
                 return last_eval, self._stop()
         if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
-            last_eval = self.link.evaluate(self.global_step)
+            last_eval = self._evaluate(self.global_step)
             self._log(last_eval)
         return last_eval, False
 
@@ -215,6 +228,11 @@ class StageLoop:
         return metrics, global_step
 
     # ------------------------------------------------------------------ sync, evaluation, resume
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """The stage's evaluation at `step`: on the engines, or a reward model's on its eval
+        tasksets' pairs (taskset_rows.PairEvaluation)."""
+        return self.link.evaluate(step) if self.pair_eval is None else self.pair_eval.evaluate()
 
     def _publish(self) -> dict[str, float]:
         assert self.publisher is not None

@@ -86,10 +86,12 @@ class StageCheckpoints:
         log.info("resumed %s from %s (step %d)", self.stage.name, restored.path, restored.global_step)
         return restored
 
-    def summary(self, global_step: int, last_eval: dict[str, float], stopped: bool) -> dict[str, Any]:
+    def summary(self, global_step: int, last_eval: dict[str, float], stopped: bool, start_model: str) -> dict[str, Any]:
+        """The stage's summary, also written to its folder: its steps, last evaluation, final
+        checkpoint and model, and the model it started from (`start_model`)."""
         summary = {
             "stage": self.stage.name, "global_step": global_step, "stopped": stopped, "eval": last_eval,
-            "final_checkpoint": self.final_checkpoint, "final_model": self.final_model,
+            "final_checkpoint": self.final_checkpoint, "final_model": self.final_model, "start_model": start_model,
         }  # fmt: skip
         with open(os.path.join(self.sdir, SUMMARY), "w") as f:
             json.dump(summary, f, indent=2)

@@ -42,7 +42,7 @@ from .trainer_world import Commander
 from .training import POLICY_TERMS, SequenceSpec, StageTraining, sequence_spec
 
 POLICY_LOSSES = tuple(POLICY_TERMS)
-LOSSES = (*POLICY_LOSSES, "cross_entropy", "dpo")
+LOSSES = (*POLICY_LOSSES, "cross_entropy", "dpo", "bradley_terry")
 SERVICE_NAME = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
 
 
@@ -104,8 +104,8 @@ def validate_forward_backward(
     ]
     require(any(sum(s.loss_mask) > 0 for s in seqs), "sequences", "no response token has loss_mask > 0")
     require(
-        request.loss != "dpo" or len(seqs) % 2 == 0, "sequences",
-        f"loss dpo takes (chosen, rejected) pairs, pair k at 2k and 2k+1; got an odd count ({len(seqs)})",
+        request.loss not in ("dpo", "bradley_terry") or len(seqs) % 2 == 0, "sequences",
+        f"loss {request.loss} takes (chosen, rejected) pairs, pair k at 2k and 2k+1; got an odd count ({len(seqs)})",
     )  # fmt: skip
     clip: list[float | None] = []
     for name in ("clip_ratio_low", "clip_ratio_high"):
@@ -285,6 +285,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         with self._lock:
             t = self._configured()
             call = validate_forward_backward(request, self.world.vocab_size, t.cfg.model.max_model_len)
+            if t.reward_model != (call.loss == "bradley_terry"):
+                raise FailedPrecondition(
+                    f"loss {call.loss} on a stage that trains a {'reward model' if t.reward_model else 'policy'}: "
+                    "bradley_terry trains a reward model (Configure with algorithm.algorithm_type reward_model), "
+                    "the other losses a policy"
+                )
             if call.loss == "dpo" and not t.needs_ref:
                 raise FailedPrecondition(
                     "loss dpo compares the policy with the reference model, which the configured stage does "

@@ -253,7 +253,7 @@ class TrainerWorld:
         if rank0:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
-        export_hf(t.strategy.iter_full_weights(), partial, t.strategy.hf_config(), self.model_path, write=rank0)
+        export_hf(t.strategy.iter_full_weights(), partial, t.export_config(), self.model_path, write=rank0)
         dist.barrier()
         if not rank0:
             return {}

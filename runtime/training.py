@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ..backends import STRATEGIES
 from ..backends.base import AdamHparams, TrainingStrategy
-from ..core.algorithms import STEP_PASSES, trains_on, with_preset
+from ..core.algorithms import STEP_PASSES, trains_on, trains_reward_model, with_preset
 from ..core.algorithms.aggregation import LossNorm
 from ..core.algorithms.correction import MismatchStats, correct, reject
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
@@ -35,7 +35,7 @@ from ..core.config.plan import Passes, filled, plan_stage
 from ..core.hf_export import ADAPTER_DIR, HF_DIR, export_adapter, export_hf
 from ..core.step_metrics import LogprobGap, mean_dicts, rollout_metrics
 from ..core.types import Experience, episode_starts
-from . import scoring
+from . import reward_training, scoring
 from .step_sizes import experiences_per_step, max_response_len, mini_batches, plan_steps
 
 POLICY_TERMS = {"grpo": "ppo_clip", "ppo": "ppo_clip", "importance_sampling": "importance_sampling",
@@ -107,6 +107,8 @@ class StageTraining:
         self.total_steps = total_steps
         algo = cfg.algorithm
         self.explores = trains_on(algo) == "rollouts"
+        self.reward_model = trains_reward_model(algo)
+        """The stage trains a reward model (reward_training.py): a value head without a bias."""
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_token_id = tokenizer.pad_token_id
         ts = cfg.buffer.explorer_input.taskset
@@ -120,7 +122,8 @@ class StageTraining:
         self.needs_ref = passes.reference
         self.syncs_ref = self.needs_ref and algo.sync_ref_model
         self.strategy = self._build_model(
-            model_path, algo.optimizer, with_reference=self.needs_ref,
+            model_path, algo.optimizer, value_head=self.reward_model, head_bias=not self.reward_model,
+            with_reference=self.needs_ref,
             lora=cfg.model.lora_configs[0] if cfg.model.lora_configs else None,
         )  # fmt: skip
         self.strategy.reference_in_checkpoint = self.syncs_ref  # it moves: checkpoints keep it
@@ -138,13 +141,14 @@ class StageTraining:
         self.state = TrainerState()
 
     def _build_model(
-        self, path: str, optim: Any, value_head: bool = False, with_reference: bool = False, lora: Any = None
-    ) -> Any:
+        self, path: str, optim: Any, value_head: bool = False, with_reference: bool = False, lora: Any = None,
+        head_bias: bool = True,
+    ) -> Any:  # fmt: skip
         """A model of the stage's strategy (trainer.strategy) from `path` with its own optimizer."""
         cfg = self.cfg
         return STRATEGIES.resolve(cfg.trainer.strategy)(
             path, cfg.trainer, optim, device=self.device, dtype=cfg.model.dtype, total_steps=self.total_steps,
-            with_reference=with_reference, seed=cfg.seed, value_head=value_head, lora=lora,
+            with_reference=with_reference, seed=cfg.seed, value_head=value_head, head_bias=head_bias, lora=lora,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the algorithm step
@@ -298,12 +302,19 @@ class StageTraining:
         self, specs: list[SequenceSpec], loss: str, temperature: float, normalize_tokens: float,
         clip: tuple[float | None, float | None] = (None, None),
     ) -> dict[str, Any]:  # fmt: skip
-        """Accumulate the gradients of `loss` (cross_entropy, dpo, or a policy loss: POLICY_TERMS)
-        over `specs`; no optimizer step. `clip`: the policy loss's (clip_ratio_low, clip_ratio_high),
+        """Accumulate the gradients of `loss` (cross_entropy, dpo, a policy loss: POLICY_TERMS, or
+        a reward model's bradley_terry) over `specs`; no optimizer step. `clip`: the policy loss's (clip_ratio_low, clip_ratio_high),
         None for the configured one."""
+        if self.reward_model != (loss == "bradley_terry"):
+            raise ValueError(
+                f"loss {loss} on a stage that trains a {'reward model' if self.reward_model else 'policy'}: "
+                "bradley_terry trains a reward model (algorithm_type reward_model), the other losses a policy"
+            )
         if loss == "dpo":
             return self._dpo(specs, temperature)
-        mbs = self._spec_batches(specs)
+        if loss == "bradley_terry":
+            return reward_training.train_pairs(self, specs, self.algo.reward_model.center_coef)
+        mbs = self.spec_batches(specs)
         algo = self.cfg.algorithm
         if loss == "cross_entropy":
             algo = dataclasses.replace(algo, algorithm_type="sft")
@@ -332,7 +343,7 @@ class StageTraining:
         value = metrics["sft/loss"] if loss == "cross_entropy" else metrics["actor/loss"]
         return {"loss": value, "metrics": metrics, "num_tokens": int(round(num_tokens))}
 
-    def _spec_batches(self, specs: list[SequenceSpec]) -> list[Batch]:
+    def spec_batches(self, specs: list[SequenceSpec]) -> list[Batch]:
         """This rank's micro-batches of `specs`, with their loss masks and advantages."""
         seqs = [Sequence(s.prompt, s.response, s.old_logprobs, index=i) for i, s in enumerate(specs)]
         mbs, rows = self.micro(seqs)
@@ -369,7 +380,7 @@ class StageTraining:
             for s, w in zip(specs, pairs.weights.tolist(), strict=True)
         ]
         metrics = self.strategy.forward_backward(
-            self._spec_batches(weighted), SequenceSurrogate(), temperature
+            self.spec_batches(weighted), SequenceSurrogate(), temperature
         )
         metrics.update(pairs.metrics)
         num_tokens = sum(sum(s.loss_mask) for s in specs)
@@ -377,7 +388,9 @@ class StageTraining:
 
     def logprobs(self, specs: list[SequenceSpec], temperature: float, reference: bool) -> list[list[float]]:
         """Each rank scores its data-parallel share; every rank returns all sequences' response
-        log-probs, in order."""
+        log-probs, in order (a reward model's stage: each sequence's score, one value)."""
+        if self.reward_model:
+            return [[v] for v in reward_training.sequence_scores(self, specs)]
         seqs = [Sequence(s.prompt, s.response, None, index=i) for i, s in enumerate(specs)]
         mbs, rows = self.micro(seqs)
         mine: dict[int, list[float]] = {}
@@ -432,7 +445,7 @@ class StageTraining:
                 )
             if export:
                 export_hf(
-                    self.strategy.iter_full_weights(), os.path.join(folder, HF_DIR), self.strategy.hf_config(),
+                    self.strategy.iter_full_weights(), os.path.join(folder, HF_DIR), self.export_config(),
                     self.model_path, write,
                 )  # fmt: skip
 
@@ -440,6 +453,14 @@ class StageTraining:
             self.stage_dir, self.checkpointed, self.state, self.cfg.trainer.max_checkpoints_to_keep,
             exports if export or adapter is not None else None,
         )  # fmt: skip
+
+    def export_config(self) -> Any:
+        """The HF config an export writes: the strategy's, a reward model's named as its family's
+        sequence classifier (it loads as AutoModelForSequenceClassification)."""
+        config = self.strategy.hf_config()
+        if self.reward_model:
+            return reward_training.sequence_classifier_config(config, self.pad_token_id)
+        return config
 
     def load(self, path: str) -> TrainerState:
         self.state = load_checkpoint(path, self.checkpointed)

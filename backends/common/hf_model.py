@@ -88,10 +88,14 @@ def value_model_config(model_path: str) -> Any:
     return config
 
 
-def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = False) -> torch.nn.Module:
+def load_value_model(
+    model_path: str, seed: int, gradient_checkpointing: bool = False, head_bias: bool = True
+) -> torch.nn.Module:
     """A critic: the model's trunk with a scalar head per position (AutoModelForTokenClassification,
     one label), float32 on CPU. A folder without a value head (a causal LM) gets `value_head_init`'s;
-    the head's dropout is off, so the values are a deterministic function of the weights."""
+    the head's dropout is off, so the values are a deterministic function of the weights. Without
+    `head_bias` the head has none (a reward model, whose pairwise loss cannot move a bias: its
+    export is AutoModelForSequenceClassification's head, `score.weight` alone)."""
     from transformers import AutoModelForTokenClassification
 
     config = value_model_config(model_path)
@@ -103,11 +107,16 @@ def load_value_model(model_path: str, seed: int, gradient_checkpointing: bool = 
         "a critic without dropout"
     )
     head = getattr(model, VALUE_HEAD)
-    if any(k.startswith(VALUE_HEAD + ".") for k in info["missing_keys"]):
+    if VALUE_HEAD + ".weight" in info["missing_keys"]:
         weight, bias = value_head_init(head.in_features, seed)
         with torch.no_grad():
             head.weight.copy_(weight)
             head.bias.copy_(bias)
+    if not head_bias:
+        bare = torch.nn.Linear(head.in_features, 1, bias=False)
+        with torch.no_grad():
+            bare.weight.copy_(head.weight)
+        setattr(model, VALUE_HEAD, bare)
     model.config.use_cache = False
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -59,6 +59,8 @@ class NativeStrategy(TrainingStrategy):
     """float16 only (float16_scaler): gradients stay multiplied by its scale until optimizer_step."""
     value_head: bool = False
     """A critic: the loss functions get per-token values where a policy's get log-probs."""
+    head_bias: bool = True
+    """The value head has a bias (a critic's; a reward model's has none)."""
     lora: LoraLayout | None = None
     """With a LoRA adapter: its layout (the policy is then a peft model)."""
     _peft: Any = None
@@ -105,7 +107,7 @@ class NativeStrategy(TrainingStrategy):
         freeze_router: bool = False,
     ) -> torch.nn.Module:  # fmt: skip
         if self.value_head:
-            model = load_value_model(model_path, seed, gradient_checkpointing)
+            model = load_value_model(model_path, seed, gradient_checkpointing, self.head_bias)
         else:
             model = load_causal_lm(model_path, gradient_checkpointing)
         self._prepared(model)

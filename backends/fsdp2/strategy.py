@@ -54,10 +54,11 @@ class FSDP2Strategy(NativeStrategy):
         with_reference: bool,
         seed: int,
         value_head: bool = False,
+        head_bias: bool = True,
         lora: LoraConfig | None = None,
     ):
         assert not (value_head and with_reference), "a critic has no reference model"
-        self.grad_clip, self.value_head = trainer_cfg.grad_clip, value_head
+        self.grad_clip, self.value_head, self.head_bias = trainer_cfg.grad_clip, value_head, head_bias
         self.packs_sequences = trainer_cfg.use_remove_padding
         self.device = rank_device(device)
         self.world_size = dist.get_world_size()

@@ -105,6 +105,8 @@ class ModelDims:
     max_positions: int
     value_head: bool = False
     """A critic: a scalar head (HF `score.weight` [1, H], `score.bias` [1]) replaces the output layer."""
+    head_bias: bool = True
+    """The scalar head has a bias (a critic's; a reward model's has only `score.weight`)."""
     num_experts: int = 0
     """Qwen3-MoE: experts per layer (every layer a MoE layer); 0: a dense model."""
     experts_per_token: int = 0
@@ -119,7 +121,7 @@ class ModelDims:
 
     @classmethod
     def from_hf_config(
-        cls, config: Any, value_head: bool = False, fused_experts: bool | None = None
+        cls, config: Any, value_head: bool = False, fused_experts: bool | None = None, head_bias: bool = True
     ) -> ModelDims:
         """Read an HF `LlamaConfig` / `Qwen2Config` / `Qwen3Config` (duck-typed), refusing what
         megatron would not reproduce exactly, so a wrong model fails here rather than training
@@ -170,6 +172,7 @@ class ModelDims:
             rope_theta=float(rope_theta),
             max_positions=config.max_position_embeddings,
             value_head=value_head,
+            head_bias=head_bias,
             **moe,
         )
 
@@ -274,7 +277,7 @@ def megatron_names(dims: ModelDims) -> list[str]:
                 names.append(f"{_LAYERS}{i}.{suffix}")
     names.append(_FINAL_NORM)
     if dims.value_head:
-        names += [_OUTPUT, _OUTPUT_BIAS]
+        names += [_OUTPUT, _OUTPUT_BIAS] if dims.head_bias else [_OUTPUT]
     elif not dims.tied:
         names.append(_OUTPUT)
     return names

@@ -132,7 +132,7 @@ def build_gpt(
         rotary_base=int(dims.rope_theta),
     )
     if dims.value_head and last_stage:
-        model.output_layer = ValueHead(dims.hidden)
+        model.output_layer = ValueHead(dims.hidden, dims.head_bias)
     return model
 
 
@@ -161,10 +161,10 @@ class ValueHead(torch.nn.Module):
     needs one because its ranks' logits differ); its gradient norm counts once, as for every
     replicated weight."""
 
-    def __init__(self, hidden: int):
+    def __init__(self, hidden: int, bias: bool = True):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1, hidden))
-        self.bias = torch.nn.Parameter(torch.zeros(1))
+        self.bias = torch.nn.Parameter(torch.zeros(1)) if bias else None  # a reward model's has none
 
     def forward(
         self,

@@ -74,6 +74,7 @@ class MegatronStrategy(TrainingStrategy):
         with_reference: bool,
         seed: int,
         value_head: bool = False,
+        head_bias: bool = True,
         lora: LoraConfig | None = None,
     ):
         from transformers import AutoConfig
@@ -87,7 +88,7 @@ class MegatronStrategy(TrainingStrategy):
         self._hf_config = (
             value_model_config(model_path) if value_head else AutoConfig.from_pretrained(model_path)
         )
-        self.dims = ModelDims.from_hf_config(self._hf_config, value_head=value_head)
+        self.dims = ModelDims.from_hf_config(self._hf_config, value_head=value_head, head_bias=head_bias)
         check_layout(self.dims, tp, pp, ep, cp)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         self._step_hparams: AdamHparams | None = None
@@ -108,6 +109,7 @@ class MegatronStrategy(TrainingStrategy):
         if value_head and VALUE_HEAD + ".weight" not in hf:  # a causal LM's folder: a fresh head
             weight, bias = value_head_init(self.dims.hidden, seed)
             fresh = {VALUE_HEAD + ".weight": weight, VALUE_HEAD + ".bias": bias}
+            fresh = fresh if head_bias else {VALUE_HEAD + ".weight": weight}
             hf = ChainMap(fresh, cast(MutableMapping[str, torch.Tensor], hf))  # read-only: lookups
         module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)

@@ -101,7 +101,11 @@ class Algorithm:
     path 'pkg.mod:Class' (a StepPass subclass)."""
     data: str = "rollouts"
     """What a step trains on: rollouts (explored and scored, mode both or colocate), or the
-    taskset's own rows in mode train: responses (SFT) or preference pairs (DPO)."""
+    taskset's own rows in mode train: responses (SFT) or preference pairs (DPO, reward_model)."""
+    model: str = "policy"
+    """What the stage trains: policy (a causal LM), or reward (a reward model: the policy's trunk
+    with a scalar head, on pairs, reward_model.py); a reward model's export feeds no later stage's
+    policy."""
 
     def refills(self, cfg: Any) -> bool:
         """Whether a lock-step replaces the groups that teach nothing (`cfg`: AlgorithmConfig, preset
@@ -168,6 +172,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "sft": Algorithm(None, None, defaults=_PPO_CLIP, data="responses"),
     # DPO reads the reference model by definition (dpo.py), whatever kl_loss_coef says
     "dpo": Algorithm(None, None, defaults=_PPO_CLIP, data="pairs"),
+    # a Bradley-Terry reward model on the same pairs (reward_model.py)
+    "reward_model": Algorithm(None, None, defaults=_PPO_CLIP, data="pairs", model="reward"),
 }
 
 
@@ -254,10 +260,15 @@ def trains_on(cfg: Any) -> str:
     return algorithm_of(cfg).data
 
 
+def trains_reward_model(cfg: Any) -> bool:
+    """Whether the stage trains a reward model (Algorithm.model reward), not a policy."""
+    return algorithm_of(cfg).model == "reward"
+
+
 def pairs_from_buffer(cfg: Any) -> bool:
     """Whether DPO trains on the pairs an explorer forms from its groups (algorithm.dpo.pairs: buffer):
     the taskset's rows are then prompts to explore, as an RL algorithm's are."""
-    return trains_on(cfg) == "pairs" and cfg.dpo.pairs == "buffer"
+    return trains_on(cfg) == "pairs" and not trains_reward_model(cfg) and cfg.dpo.pairs == "buffer"
 
 
 def reference_in_advantage(cfg: Any) -> bool:
@@ -274,7 +285,7 @@ def reads_reference(cfg: Any) -> bool:
     """Whether anything reads the reference model: DPO, the KL loss, the KL in the reward, or the
     advantage (`cfg` preset filled, see with_preset)."""
     data = trains_on(cfg)
-    return data == "pairs" or (
+    return (data == "pairs" and not trains_reward_model(cfg)) or (
         data == "rollouts" and (kl_in_loss(cfg) or bool(cfg.use_kl_in_reward) or reference_in_advantage(cfg))
     )
 
@@ -283,7 +294,8 @@ SECTION_READERS: dict[str, tuple[str, ...]] = {
     "opmd": ("advantage_fn opmd", "policy_loss_fn opmd"),
     "maxent_grpo": ("advantage_fn maxent_grpo",),
     "mix": ("the experts pass",),
-    "dpo": ("training on pairs",),
+    "dpo": ("training a policy on pairs",),
+    "reward_model": ("training a reward model",),
     "length_penalty": ("an advantage of rollouts' rewards",),
 }
 """The sections of `algorithm` that only some algorithms read, and what reads each: one per
@@ -300,7 +312,7 @@ def sections_read(cfg: Any) -> frozenset[str] | None:
         return None
     parts = {f"advantage_fn {filled.advantage_fn}", f"policy_loss_fn {filled.policy_loss_fn}"}
     parts |= {f"the {name} pass" for name in step_passes(cfg)}
-    parts.add(f"training on {spec.data}")
+    parts.add("training a reward model" if spec.model == "reward" else f"training a {spec.model} on {spec.data}")
     if spec.data == "rollouts" and filled.advantage_fn != "zero":  # on_policy_distill's reads no reward
         parts.add("an advantage of rollouts' rewards")
     return frozenset(s for s, readers in SECTION_READERS.items() if parts & set(readers))

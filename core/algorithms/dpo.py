@@ -84,17 +84,21 @@ def dpo_pairs(
 
 
 class SequenceSurrogate:
-    """The `LossFn` (backends/base.py) of the surrogate: sum over tokens of weight * log-prob, the
-    weight of each response's tokens standing in `advantages`."""
+    """The `LossFn` (backends/base.py) of the surrogate: sum over tokens of weight * log-prob (DPO)
+    or weight * score (a reward model's head, reward_model.py, fed where log-probs are), the weight
+    of each response's tokens standing in `advantages`; reported as `metric`."""
 
     needs_entropy = False
     needs_reference = False
+
+    def __init__(self, metric: str = "dpo/surrogate"):
+        self.metric = metric
 
     def __call__(
         self, logprobs: torch.Tensor, entropy: torch.Tensor | None, batch: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, float]]:
         surrogate = (batch["advantages"] * logprobs * batch["loss_mask"]).sum()
-        return surrogate, {"dpo/surrogate": float(surrogate.detach())}
+        return surrogate, {self.metric: float(surrogate.detach())}
 
 
 def best_and_worst(group: list[Any]) -> list[Any] | None:

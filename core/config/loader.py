@@ -36,6 +36,7 @@ from .recipes import read_recipe
 from .schema import STAGE_SECTIONS, RLCoreConfig, SynchronizerConfig
 from .section_checks import check_algorithm_sections
 from .shape_checks import check_stages
+from .stage_refs import check_stage_refs
 from .unknown_keys import unknown_key_problems
 from .validate import ConfigError, validate_config
 
@@ -247,7 +248,9 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
         obj = _to_object(cfg)
         validate_config(obj, check_paths=check_paths)
         check_algorithm_sections(obj.algorithm, [("", obj.algorithm, {})])
-        return [Stage.resolved(0, "main", obj)]
+        only = [Stage.resolved(0, "main", obj)]
+        check_stage_refs(only)
+        return only
 
     stages: list[Stage] = []
     own_algorithm: list[dict[str, Any]] = []  # what each stage sets under `algorithm` itself
@@ -290,6 +293,7 @@ def resolve_stages(cfg: DictConfig, check_paths: bool = True) -> list[Stage]:
         [(f"stages[{s.index}].", s.config.algorithm, own) for s, own in zip(stages, own_algorithm, strict=True)],
     )
     check_stages([s.config for s in stages])
+    check_stage_refs(stages)
     return stages
 
 

@@ -44,6 +44,7 @@ Source = Literal["rollouts", "explorer_thread", "buffer", "explore", "responses"
 EngineHome = Literal["workers", "in_process", "none"]
 TrainerKind = Literal["local", "remote", "tinker", "none"]
 TrainsOn = Literal["rollouts", "responses", "pairs"]
+TrainedModel = Literal["policy", "reward"]
 ExplorerWeights = Literal["publish", "nccl", ""]
 Role = Literal["trainer", "remote", "explorer"]
 SOURCES: tuple[Source, ...] = get_args(Source)
@@ -138,7 +139,11 @@ class StagePlan:
     """local, remote (trainer.remote), tinker (trainer.remote tinker://...) or none (the stage runs in an
     explore launch)."""
     trains_on: TrainsOn
-    """rollouts, responses (SFT) or pairs (DPO)."""
+    """rollouts, responses (SFT) or pairs (DPO, reward_model)."""
+    trained_model: TrainedModel
+    """What the stage trains: policy (a causal LM), or reward (algorithm_type reward_model: a scalar
+    head on the trunk, which no engine holds: the stage has no engines, evaluates on its eval
+    tasksets' pairs by the trainer's scores, and its export feeds no later stage's policy)."""
     passes: Passes
     max_staleness: int | None
     """synchronizer.max_staleness with its default filled (asynchronous both: 1), in policy versions
@@ -272,13 +277,14 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
     """The plan of one stage whose config is validated and filled (`filled`). `served`: the stage
     is trained by a TrainerService (`rlcore trainer serve`), which hosts no engine: whatever its
     client's config says, the stage's engines are rollout workers and its trainer remote."""
-    from ..algorithms import trains_on
+    from ..algorithms import trains_on, trains_reward_model
 
     algo = cfg.algorithm
     data = cast(TrainsOn, trains_on(algo))  # Algorithm.trains_on: one of TrainsOn
     source = source_of(cfg, data)
     workers = on_workers(cfg, served)
-    evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
+    reward = trains_reward_model(algo)
+    evaluates = bool(cfg.buffer.explorer_input.eval_tasksets) and not reward  # on engines
     engines: EngineHome
     explorer_engines: EngineHome
     if source == "explore":
@@ -315,7 +321,8 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
         index=index, name=name, source=source, engines=engines, explorer_engines=explorer_engines,
         on_workers=workers, weights=weights, publishes=source in ("buffer", "explorer_thread"),
         explorer_weights=explorer_weights, trainer=trainer,
-        trains_on=data, passes=passes, max_staleness=max_staleness(cfg),
+        trains_on=data, trained_model="reward" if reward else "policy", passes=passes,
+        max_staleness=max_staleness(cfg),
         schedules_tasks=ex.over_rollout.ratio > 0 or ex.dynamic_timeout.enable,
         engine_per_rank=cfg.mode == "colocate" and ex.rollout_model.engine_num > 1,
     )  # fmt: skip

@@ -41,7 +41,8 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: 
 def _recipe(path: str, chain: list[str], notes: list[str]) -> dict[str, Any]:
     """The recipe at `path` as a mapping, on top of its `base:` recipe when it names one (a path
     relative to the recipe's folder): sections merge key by key, stages by name (a stage of the
-    same name merges into the base's, a new name is appended), other lists are replaced."""
+    same name merges into the base's, a new name goes right after the stage listed before it, at the
+    end when it is listed first), other lists are replaced."""
     if not os.path.isfile(path):
         raise ConfigError(
             f"config file '{path}' not found" + (f" (the base of {chain[-1]})" if chain else "")
@@ -85,13 +86,18 @@ def _over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stages_over(base: list[Any], top: list[Any]) -> list[Any]:
+    """`top`'s stages over `base`'s by name; a new stage goes right after the one `top` lists before
+    it (at the end when it comes first)."""
     merged = list(base)
-    names = [s.get("name") if isinstance(s, dict) else None for s in base]
+    at = len(merged)  # where a new stage goes
     for stage in top:
+        names = [s.get("name") if isinstance(s, dict) else None for s in merged]
         name = stage.get("name") if isinstance(stage, dict) else None
         if name is not None and name in names:
             i = names.index(name)
             merged[i] = _over(merged[i], stage)
         else:
-            merged.append(stage)
+            i = at
+            merged.insert(i, stage)
+        at = i + 1
     return merged

@@ -308,9 +308,10 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
     algo = cfg.algorithm
     setting = f"trainer.remote {cfg.trainer.remote} (a Tinker service)"
     if data == "pairs":
+        why = "trains a reward model" if algo.algorithm_type == "reward_model" else "needs a reference model"
         raise ConfigError(
-            f"algorithm.algorithm_type {algo.algorithm_type} needs a reference model, which a Tinker service does "
-            "not hold: train it with rlcore's own trainer (drop trainer.remote)"
+            f"algorithm.algorithm_type {algo.algorithm_type} {why}, which a Tinker service does not hold: "
+            "train it with rlcore's own trainer (drop trainer.remote)"
         )
     if cfg.trainer.router_aux_loss_coef > 0:
         raise ConfigError(

@@ -93,10 +93,11 @@ SELF_SCORED = ("verifiers",)
 
 def _check_taskset(
     ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
-    chat: bool = False, evaluated: bool = False,
+    chat: bool = False, evaluated: bool = False, margin_key: str | None = None,
 ) -> None:  # fmt: skip
     """`trains_on`: what its rows give (Algorithm.data); `rewarded`: whether rewards score them;
-    `chat`: model.apply_chat_template; `evaluated`: an eval taskset."""
+    `chat`: model.apply_chat_template; `evaluated`: an eval taskset; `margin_key`: the column of a
+    reward model's pair margins."""
     why = reasoning_tags_problem(ts.format.reasoning_tags)
     if why is not None:
         raise ConfigError(f"{path}.format.reasoning_tags: {why}")
@@ -166,7 +167,7 @@ def _check_taskset(
             check_taskset(
                 ts, path, needs_answer=rewarded and ts.default_workflow_type not in SELF_SCORED
                 and any(n in correctness for n in ts.reward_fn),
-                needs_response=trains_on == "responses", needs_pair=trains_on == "pairs",
+                needs_response=trains_on == "responses", needs_pair=trains_on == "pairs", margin_key=margin_key,
             )  # fmt: skip
         except TasksetError as e:
             raise ConfigError(str(e)) from None
@@ -219,7 +220,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         check_packages(cfg)
     check_algorithm_plugs(cfg)  # before anything asks the algorithm what it trains on
 
-    from ..algorithms import pairs_from_buffer, trains_on
+    from ..algorithms import pairs_from_buffer, trains_on, trains_reward_model
 
     buf = cfg.buffer
     data = trains_on(cfg.algorithm)
@@ -236,7 +237,12 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             f"buffer.train_batch_size ({buf.train_batch_size}) must divide {what} ({group}), or be 0"
         )
     chat = cfg.model.apply_chat_template
-    _check_taskset(buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, rows, chat=chat)
+    reward_model = trains_reward_model(cfg.algorithm)
+    margin_key = cfg.algorithm.reward_model.margin_key if reward_model else None
+    _check_taskset(  # rows trained as they are (SFT's, DPO's, a reward model's) are not rewarded
+        buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, rows, rewarded=rows == "rollouts",
+        chat=chat, margin_key=margin_key,
+    )  # fmt: skip
     if buf.expert_taskset is not None:
         if buf.expert_taskset.format.prompt_type == "messages":
             raise ConfigError(
@@ -246,9 +252,10 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
             buf.expert_taskset, "buffer.expert_taskset", check_paths, "responses", rewarded=False, chat=chat
         )
     for i, ts in enumerate(buf.explorer_input.eval_tasksets):
-        _check_taskset(
-            ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, chat=chat, evaluated=True
-        )
+        _check_taskset(  # a reward model evaluates on pairs, scored by itself
+            ts, f"buffer.explorer_input.eval_tasksets[{i}]", check_paths, "pairs" if reward_model else "rollouts",
+            rewarded=not reward_model, chat=chat, evaluated=True,
+        )  # fmt: skip
     _check_mixture(cfg, check_paths, rows, chat)
 
     check_hosts(cfg)
@@ -256,6 +263,8 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
     _check_control(cfg, check_paths)
     full = filled(cfg)  # as the plan fills it (a preset's dynamic_sampling, do_old_log_prob_compute, ...)
     _check_algorithm(full)
+    if reward_model:
+        _check_reward_model(full)
     _check_distillation(full, check_paths)
     check_shape(full, data)
 
@@ -268,6 +277,19 @@ def check_algorithm_plugs(cfg: RLCoreConfig) -> None:
         check_plugs(cfg.algorithm)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_reward_model(cfg: RLCoreConfig) -> None:
+    """What a reward model's stage (algorithm_type reward_model) trains with."""
+    if cfg.model.lora_configs:
+        raise ConfigError(
+            "model.lora_configs: a reward model trains its full weights and its head (no LoRA adapter): "
+            "drop lora_configs for this stage"
+        )
+    if cfg.trainer.router_aux_loss_coef > 0:
+        raise ConfigError(
+            "trainer.router_aux_loss_coef: a reward model's step adds no load-balancing loss: set it 0 for this stage"
+        )
 
 
 def _check_algorithm(cfg: RLCoreConfig) -> None:

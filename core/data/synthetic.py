@@ -25,6 +25,7 @@ def write_arithmetic_taskset(
     preference_pairs: bool = False,
     working_fraction: float = 0.0,
     filler_fraction: float = 0.0,
+    near_misses: bool = False,
 ) -> None:
     """Write `num_tasks` rows like {"prompt": "37+48=", "response": "<answer>85</answer>", "answer": "85"}.
 
@@ -45,7 +46,11 @@ def write_arithmetic_taskset(
     from the same seed's without one (without any, they are what they always were).
 
     `preference_pairs` adds DPO's columns: `chosen` the right response, `rejected` a sloppy one (the
-    carry forgotten; where there is no carry to forget, the last digit off by one).
+    carry forgotten; where there is no carry to forget, the last digit off by one). Sloppy answers
+    are never too large, so "the larger answer is right" tells such pairs apart; with `near_misses`
+    the rejected answer is off by 1 or 10 either way (each of the four equally likely, drawn after
+    the row's other draws; off downwards only where the answer would go below 0), which only
+    checking the sum tells apart (a reward model's pairs, configs/reward_model.yaml).
     """
     if part not in ("train", "test"):
         raise ValueError(f"part must be train or test; got '{part}'")
@@ -78,12 +83,22 @@ def write_arithmetic_taskset(
                     "answer": str(value),
                 }
                 if preference_pairs:
-                    sloppy = _sum_without_carry(a, b) if op == "+" else value
-                    if sloppy == value:
-                        sloppy = value + (1 if value % 10 != 9 else -1)
+                    sloppy = _near_miss(value, noise) if near_misses else _sloppy(a, b, op, value)
                     row["chosen"], row["rejected"] = f"<answer>{value}</answer>", f"<answer>{sloppy}</answer>"
                 f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
+
+
+def _sloppy(a: int, b: int, op: str, value: int) -> int:
+    """The carry forgotten; where there is none to forget, the last digit off by one."""
+    sloppy = _sum_without_carry(a, b) if op == "+" else value
+    return sloppy if sloppy != value else value + (1 if value % 10 != 9 else -1)
+
+
+def _near_miss(value: int, noise: random.Random) -> int:
+    """`value` off by 1 or 10, up or down (down only while it stays >= 0)."""
+    off = noise.choice((-10, -1, 1, 10))
+    return value - off if value + off < 0 else value + off
 
 
 def _check_fractions(ops: str, **fractions: float) -> None:

@@ -13,12 +13,14 @@ SUMMARY_KEYS: tuple[tuple[str, str], ...] = (
     ("rollout/reward_mean", "reward"),
     ("actor/loss", "loss"),
     ("sft/loss", "loss"),
+    ("reward_model/loss", "loss"),
+    ("reward_model/accuracy", "pair_acc"),
     ("actor/kl_loss", "kl"),
     ("actor/grad_norm", "grad_norm"),
     ("perf/tokens_per_s", "tok/s"),
     ("perf/step_time_s", "step_s"),
 )
-_EVAL_SUFFIXES = ("/accuracy", "/reward_mean")
+_EVAL_SUFFIXES = ("/accuracy", "/reward_mean", "/pair_accuracy")
 
 
 def format_value(value: float) -> str:

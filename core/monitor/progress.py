@@ -12,7 +12,8 @@ from .console import format_value
 # eval metrics does not blank the training numbers
 POSTFIX_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("rollout/reward_mean",)),
-    ("loss", ("actor/loss", "sft/loss")),
+    ("loss", ("actor/loss", "sft/loss", "reward_model/loss")),
+    ("pair_acc", ("reward_model/accuracy",)),
     ("kl", ("actor/kl_loss",)),
     ("tok/s", ("perf/tokens_per_s",)),
 )

@@ -10,5 +10,6 @@ REWARDS = Registry(
         "format": "rlcore.rollout.rewards.answer:format_reward",
         "math": "rlcore.rollout.rewards.latex_math:math_verify",
         "judge": "rlcore.rollout.rewards.judge:Judge",  # built from the taskset's judge block
+        "reward_model": "rlcore.rollout.rewards.reward_model:RewardModelScorer",  # from its reward_model block
     },
 )

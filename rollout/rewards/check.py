@@ -24,6 +24,7 @@ from ...core.data.taskset_check import TasksetError, first_row, value_of
 from ...core.types import Task
 from .compose import build_reward
 from .judge import JUDGE, check_judge, judge_settings
+from .reward_model import REWARD_MODEL, check_reward_model, reward_model_settings
 
 
 def _first_row(key: str, ts: TasksetConfig) -> dict[str, Any] | None:
@@ -63,13 +64,21 @@ def check_rewards(key: str, ts: TasksetConfig, auxiliary: Sequence[str]) -> None
             raise ConfigError(f"{key}.{e}") from None
     elif ts.judge.model is not None:
         raise ConfigError(f"{key}.judge: model is set but reward_fn does not list 'judge'; add it there")
+    if REWARD_MODEL in names:
+        try:
+            check_reward_model(reward_model_settings(ts.reward_model))
+        except ValueError as e:
+            raise ConfigError(f"{key}.{e}") from None
+    elif ts.reward_model.path is not None:
+        raise ConfigError(f"{key}.reward_model: path is set but reward_fn does not list 'reward_model'; add it there")
     weights = list(ts.reward_weights)
-    if weights and len(weights) == len(names) and JUDGE in names:  # the judge is not called before the run
-        del weights[names.index(JUDGE)]
-    if JUDGE in names:
-        names.remove(JUDGE)
-        if not names:
-            return
+    for served in (JUDGE, REWARD_MODEL):  # a judge or a reward model is not called before the run
+        if served in names:
+            if weights and len(weights) == len(names):
+                del weights[names.index(served)]
+            names.remove(served)
+    if not names:
+        return
     try:
         composer = build_reward(names, weights or None)
     except ValueError as e:

@@ -23,6 +23,7 @@ from ...core.types import Task
 from ..auxiliary import AuxiliaryError
 from . import REWARDS
 from .judge import JUDGE
+from .reward_model import REWARD_MODEL
 
 RewardFn = Callable[[str, Task], float]
 
@@ -146,6 +147,8 @@ def resolve_reward(name: str) -> RewardFn:
         raise ValueError(
             "reward_fn 'judge' asks an auxiliary model: set the taskset's judge block (model, template, parse)"
         )
+    if name == REWARD_MODEL:
+        raise ValueError("reward_fn 'reward_model' scores with a reward model: set the taskset's reward_model.path")
     fn = REWARDS.resolve(name) if name in REWARDS or ":" not in name else import_path(name, what="reward_fn")
     if not callable(fn):
         raise ValueError(
@@ -157,11 +160,12 @@ def resolve_reward(name: str) -> RewardFn:
 
 def build_reward(
     names: list[str], weights: list[float] | None = None, judge: Callable[..., list[float]] | None = None,
-    reasoning_tags: Sequence[str] = (),
+    reasoning_tags: Sequence[str] = (), reward_model: Callable[..., list[float]] | None = None,
 ) -> RewardComposer:  # fmt: skip
     """Resolve `names` (see `resolve_reward`); `weights` None or empty means 1.0 each; `judge` is
-    the taskset's Judge, for 'judge' in `names`; `reasoning_tags` [open, close] (or empty) name the
-    reasoning block the functions do not score."""
+    the taskset's Judge, for 'judge' in `names`, and `reward_model` its RewardModelScorer, for
+    'reward_model'; `reasoning_tags` [open, close] (or empty) name the reasoning block the functions
+    do not score."""
     why = reasoning_tags_problem(reasoning_tags)
     if why is not None:
         raise ValueError(f"format.reasoning_tags: {why}")
@@ -176,7 +180,6 @@ def build_reward(
             f"reward_weights has {len(weights)} entries but reward_fn has {len(names)}; "
             "give one weight per reward function or none"
         )
-    if JUDGE in names and judge is None:
-        resolve_reward(JUDGE)  # says what it needs
-    fns = [judge if n == JUDGE and judge is not None else resolve_reward(n) for n in names]
+    built = {n: fn for n, fn in ((JUDGE, judge), (REWARD_MODEL, reward_model)) if fn is not None}
+    fns = [built[n] if n in built else resolve_reward(n) for n in names]  # resolve_reward says what one needs
     return RewardComposer(list(names), fns, [float(w) for w in weights], reasoning_tags)

@@ -39,14 +39,22 @@ def build_workflow(
 ) -> Workflow:
     """The workflow `spec` names, on `engine`, with its reward functions resolved (ValueError for an
     unknown workflow or reward function); `context`: what the calling process hands it."""
+    from ...core.data.prompts import PromptFormat
     from ..auxiliary import build_auxiliary
     from ..rewards.compose import build_reward
     from ..rewards.judge import Judge
+    from ..rewards.reward_model import RewardModelScorer
 
     auxiliary = build_auxiliary(spec.auxiliary_models)
     judge = Judge(spec.judge, auxiliary) if spec.judge else None
+    prompts = PromptFormat(  # as the workflow renders its prompts (base.Workflow)
+        spec.max_prompt_tokens, spec.apply_chat_template, spec.chat_template, spec.system_prompt,
+        template_kwargs=spec.chat_template_kwargs or None,
+    )  # fmt: skip
+    scorer = RewardModelScorer(spec.reward_model, prompts) if spec.reward_model else None
+    reward = build_reward(spec.reward_fn, spec.reward_weights or None, judge, spec.reasoning_tags, scorer)
     return resolve_workflow(spec.name)(
-        engine, tokenizer, build_reward(spec.reward_fn, spec.reward_weights or None, judge, spec.reasoning_tags),
+        engine, tokenizer, reward,
         max_prompt_tokens=spec.max_prompt_tokens, apply_chat_template=spec.apply_chat_template,
         chat_template=spec.chat_template, system_prompt=spec.system_prompt, args=spec.args,
         auxiliary=auxiliary, chat_template_kwargs=spec.chat_template_kwargs, context=context,

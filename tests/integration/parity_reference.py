@@ -30,7 +30,13 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from rlcore.backends.common.hf_model import forward_logprobs, forward_values, load_causal_lm, load_value_model
+from rlcore.backends.common.hf_model import (
+    forward_logprobs,
+    forward_values,
+    load_causal_lm,
+    load_value_model,
+    value_head_init,
+)
 from rlcore.backends.common.routing import replay_routing
 from rlcore.backends.common.schedule import build_optimizer
 from rlcore.core import moe_routing
@@ -41,7 +47,13 @@ from rlcore.core.algorithms.losses import PolicyLoss, SFTLoss, build_loss
 from rlcore.core.algorithms.ppo import ValueLoss
 from rlcore.core.algorithms.scored import ScoredBatch
 from rlcore.core.batch import Batch, Sequence, deal, equalize, micro_batches, pack, plan_micro_batches, shard
-from rlcore.core.config.schema import AlgorithmConfig, DpoConfig, OptimizerConfig, TrainerConfig
+from rlcore.core.config.schema import (
+    AlgorithmConfig,
+    DpoConfig,
+    OptimizerConfig,
+    RewardModelConfig,
+    TrainerConfig,
+)
 from rlcore.core.types import routing_tokens
 
 SEED = 1234
@@ -320,6 +332,66 @@ def dpo_reference_run(
         loss = -torch.nn.functional.logsigmoid(z).mean()
         loss.backward()
         return float(loss)
+
+    return _train(model, backward, steps, total_steps)
+
+
+RM_MARGINS = (0.0, 0.5, 0.25, 0.0)
+"""Each pair's margin in the reward model's run (the chosen sequence's one advantage)."""
+RM_CENTER = 0.05
+"""The reward model's centring coefficient (algorithm.reward_model.center_coef) in its run."""
+
+
+def reward_model_algorithm_config() -> AlgorithmConfig:
+    return dataclasses.replace(
+        algorithm_config(), algorithm_type="reward_model", reward_model=RewardModelConfig(center_coef=RM_CENTER)
+    )
+
+
+def plain_reward_model(model_path: str) -> torch.nn.Module:
+    """The tiny model's trunk as transformers' own AutoModelForSequenceClassification (one label,
+    padding at PAD_ID), its head set to the one rlcore's reward model starts from (value_head_init
+    at SEED): the ground truth's model."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_path, num_labels=1, pad_token_id=PAD_ID, dtype=torch.float32
+    )
+    with torch.no_grad():
+        model.score.weight.copy_(value_head_init(model.config.hidden_size, SEED)[0])
+    return model
+
+
+def plain_scores(model: torch.nn.Module, seqs: list[Sequence]) -> torch.Tensor:
+    """[N] transformers' own scores of the sequences (right-padded, with an attention mask; it
+    reads each row at its last token that is not the pad token)."""
+    width = max(s.length for s in seqs)
+    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : s.length] = torch.tensor(s.prompt_ids + s.response_ids)
+        mask[i, : s.length] = 1
+    return model(input_ids=ids, attention_mask=mask).logits[:, 0].double()
+
+
+def reward_model_reference_run(
+    model_path: str, steps: int, total_steps: int
+) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(loss per step, first-step gradients, final weights) of transformers' sequence classifier on
+    the batch's 4 (chosen, rejected) pairs, the Bradley-Terry loss with RM_MARGINS and RM_CENTER
+    differentiated by autograd: the ground truth of --reward-model."""
+    torch.manual_seed(SEED)
+    model = plain_reward_model(model_path)
+    seqs = parity_sequences(model_path)
+    margins = torch.tensor(RM_MARGINS, dtype=torch.float64)
+
+    def backward() -> float:
+        r = plain_scores(model, seqs)
+        chosen, rejected = r[0::2], r[1::2]
+        loss = -torch.nn.functional.logsigmoid(chosen - rejected - margins).mean()
+        loss = loss + RM_CENTER * (chosen + rejected).square().mean()
+        loss.backward()
+        return float(loss.detach())
 
     return _train(model, backward, steps, total_steps)
 

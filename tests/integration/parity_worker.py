@@ -15,7 +15,9 @@ before the first step. `--set` overrides TrainerConfig fields (e.g. megatron.ten
 With `--set offload_untrained_models=true` the strategy also builds the (offloaded) reference, and
 result.json adds "reference_logprob_diffs" before training and "trained_reference_logprob_diffs"
 after it (the reference is the HF model throughout). `--critic` trains the strategy's value model on the value loss instead; `--dpo` trains DPO on the
-batch's pairs through the trainer's own path (StageTraining), no checkpoint (parity_reference.py).
+batch's pairs through the trainer's own path (StageTraining), no checkpoint (parity_reference.py);
+`--reward-model` trains a Bradley-Terry reward model on them the same way, and writes each
+sequence's final score (result.json "scores") and its HF export (DIR/export).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import torch.distributed as dist
 
 from tests.integration.parity_reference import (
     LOSS_METRIC,
+    NUM_SEQS,
+    RM_MARGINS,
     SEED,
     TEMPERATURE,
     algorithm_config,
@@ -40,6 +44,7 @@ from tests.integration.parity_reference import (
     parity_loss,
     parity_sequences,
     rank_micro_batches,
+    reward_model_algorithm_config,
     trainer_config,
     with_value_targets,
 )
@@ -59,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--critic", action="store_true", help="train a value model on the value loss")
     p.add_argument("--dpo", action="store_true", help="train DPO on the batch's pairs (StageTraining)")
+    p.add_argument("--reward-model", action="store_true", help="train a reward model on the pairs (StageTraining)")
     p.add_argument("--lora", default=None, help="train this peft adapter folder on the frozen model (LoRA)")
     p.add_argument("--routed", action="store_true", help="the batch carries routing records to replay (MoE)")
     return p.parse_args(argv)
@@ -83,7 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     from rlcore.runtime.trainer_world import exit_world, init_world
 
     init_world(args.device)  # on CUDA: this rank's GPU, gloo beside NCCL for the CPU count below
-    run_dpo(args) if args.dpo else run(args)
+    if args.reward_model:
+        run_reward_model(args)
+    else:
+        run_dpo(args) if args.dpo else run(args)
     exit_world(0)  # as a launch rank leaves (a plain return could abort after the results are written)
 
 
@@ -224,6 +233,43 @@ def run_dpo(args: argparse.Namespace) -> None:
         result["losses"].append(out["loss"])
         result["grad_norms"].append(grad_norm)
         result["lrs"].append(lr)
+    write_results(args.out, result, grads, collect(training.strategy.iter_full_weights(), keep=rank == 0))
+
+
+def run_reward_model(args: argparse.Namespace) -> None:
+    """A Bradley-Terry reward model through StageTraining.train_sequences(loss="bradley_terry") on the
+    parity batch's pairs (RM_MARGINS, RM_CENTER); then each sequence's score and an HF export
+    (DIR/export, result.json's "scores")."""
+    from rlcore.core.config.schema import RLCoreConfig
+    from rlcore.core.hf_export import HF_DIR
+    from rlcore.runtime.training import StageTraining, sequence_spec
+
+    torch.set_num_threads(1)
+    cfg = RLCoreConfig(seed=SEED, algorithm=reward_model_algorithm_config(), trainer=trainer_config(args.set))
+    cfg.trainer.strategy = args.strategy
+    cfg.model.model_path, cfg.model.dtype = args.model, args.dtype
+    training = StageTraining(cfg, os.path.join(args.out, "stage"), args.model, args.device, args.total_steps)
+    margins = [RM_MARGINS[i // 2] if i % 2 == 0 else 0.0 for i in range(NUM_SEQS)]
+    specs = [
+        sequence_spec(s.prompt_ids, s.response_ids, [], [m], None)
+        for s, m in zip(parity_sequences(args.model), margins, strict=True)
+    ]
+    result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": [], "accuracies": []}
+    grads: dict[str, torch.Tensor] = {}
+    rank = dist.get_rank()
+    for step in range(1, args.steps + 1):
+        out = training.train_sequences(specs, "bradley_terry", 1.0, 0.0)
+        if step == 1:
+            grads = collect(training.strategy.iter_full_grads(), keep=rank == 0)
+        grad_norm, lr = training.optimizer_step()
+        result["losses"].append(out["loss"])
+        result["accuracies"].append(out["metrics"]["reward_model/accuracy"])
+        result["grad_norms"].append(grad_norm)
+        result["lrs"].append(lr)
+    result["scores"] = [v for (v,) in training.logprobs(specs, 1.0, reference=False)]
+    checkpoint = training.save(export=True, explore_step=0)
+    if rank == 0:
+        os.replace(os.path.join(checkpoint, HF_DIR), os.path.join(args.out, "export"))
     write_results(args.out, result, grads, collect(training.strategy.iter_full_weights(), keep=rank == 0))
 
 

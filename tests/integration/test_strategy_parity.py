@@ -20,7 +20,14 @@ import pytest
 import torch
 
 from .parity_checks import Run, assert_curve, assert_first_step, assert_resumed, run_worker, worst_relative
-from .parity_reference import dpo_reference_run, reference_run
+from .parity_reference import (
+    dpo_reference_run,
+    parity_sequences,
+    plain_reward_model,
+    plain_scores,
+    reference_run,
+    reward_model_reference_run,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -292,3 +299,43 @@ def test_dpo_trains_like_the_textbook_loss(case_id, tiny_model_path, tmp_path):
     assert max(diffs) <= 1e-4, (run.result["losses"], ref_losses)
     worst, rel = worst_relative(run.weights, {n: w for n, w in ref_weights.items() if n in run.weights})
     assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
+
+
+REWARD_MODEL_CASES = ["fsdp2-2", "megatron-tp2"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case_id", REWARD_MODEL_CASES)
+def test_reward_model_trains_like_transformers(case_id, tiny_model_path, tmp_path):
+    """A Bradley-Terry reward model (algorithm_type reward_model, with margins and the centring term)
+    through the trainer's own path, pairs split over micro-batches and ranks, against transformers'
+    AutoModelForSequenceClassification and autograd on the same loss in one process: the first
+    step's loss within 1e-5 and its gradients, the 20-step curve within 1e-3, the final weights;
+    its HF export loads as AutoModelForSequenceClassification and scores as the trainer does."""
+    from transformers import AutoModelForSequenceClassification
+
+    _, strategy, ranks, sets = CASE_BY_ID[case_id]
+    run = run_worker(
+        tiny_model_path, strategy, ranks, sets, str(tmp_path), "--reward-model",
+        "--steps", str(STEPS), "--total-steps", str(STEPS),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    ref_losses, ref_grads, ref_weights = reward_model_reference_run(tiny_model_path, STEPS, STEPS)
+    assert ref_losses[-1] < ref_losses[0] - 0.1, ref_losses  # it learns the pairs
+    losses = run.result["losses"]
+    assert abs(losses[0] - ref_losses[0]) <= 1e-5, (losses[0], ref_losses[0])
+    diffs = [abs(a - b) for a, b in zip(losses, ref_losses, strict=True)]
+    assert max(diffs) <= 1e-3, (losses, ref_losses)
+    assert run.result["accuracies"][-1] == 1.0, run.result["accuracies"]
+    worst, rel = worst_relative(run.grads, ref_grads)
+    assert rel <= 1e-4, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
+    assert set(run.weights) == set(ref_weights), set(run.weights) ^ set(ref_weights)  # score.weight, no bias
+    worst, rel = worst_relative(run.weights, ref_weights)
+    assert rel <= 1e-3, f"final weight {worst} differs by {rel:.3g}"
+
+    exported = AutoModelForSequenceClassification.from_pretrained(os.path.join(str(tmp_path), "export"))
+    assert type(exported).__name__.endswith("ForSequenceClassification"), type(exported)
+    with torch.no_grad():
+        scores = plain_scores(exported, parity_sequences(tiny_model_path))
+    assert scores.tolist() == pytest.approx(run.result["scores"], abs=1e-5)
+    assert plain_reward_model(tiny_model_path).config.pad_token_id == exported.config.pad_token_id

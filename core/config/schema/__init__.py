@@ -21,6 +21,7 @@ from .algorithm import (
     MixConfig,
     OpmdConfig,
     OptimizerConfig,
+    RewardModelConfig,
     RolloutCorrectionConfig,
 )
 from .buffer import (
@@ -30,6 +31,7 @@ from .buffer import (
     FormatConfig,
     JudgeConfig,
     ReplayBufferConfig,
+    RewardModelRewardConfig,
     RolloutArgs,
     TasksetConfig,
     TrainerInput,
@@ -52,6 +54,7 @@ __all__ = [
     "ALGORITHM_SECTIONS",
     "AlgorithmConfig",
     "DpoConfig",
+    "RewardModelConfig",
     "MaxEntConfig",
     "MixConfig",
     "OpmdConfig",
@@ -87,6 +90,7 @@ __all__ = [
     "SynchronizerConfig",
     "TLSConfig",
     "JudgeConfig",
+    "RewardModelRewardConfig",
     "TasksetConfig",
     "TinkerConfig",
     "TrainerConfig",

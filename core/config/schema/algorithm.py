@@ -117,6 +117,19 @@ class DpoConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """algorithm.reward_model: a Bradley-Terry reward model on (chosen, rejected) pairs
+    (core/algorithms/reward_model.py); its export loads as AutoModelForSequenceClassification."""
+
+    margin_key: str | None = None
+    """The taskset column holding each pair's margin m (how much better the chosen response is; the
+    loss is -log sigmoid(r_chosen - r_rejected - m), as Llama 2's); unset: no margin."""
+    center_coef: float = bounded(0.0, ge=0.0)
+    """Weight of the centring term mean((r_chosen + r_rejected)^2), which keeps the scores near 0
+    (TRL's center_rewards_coefficient; 0: none)."""
+
+
+@dataclass
 class LengthPenaltyConfig:
     """algorithm.length_penalty: a reward term that makes a response shorter than the others to its
     task worth more (Kimi k1.5's length reward, core/algorithms/length.py); rollout/length_penalty."""
@@ -131,7 +144,7 @@ class LengthPenaltyConfig:
     """A response is correct when its reward (before any shaping) is at least this."""
 
 
-ALGORITHM_SECTIONS = ("opmd", "maxent_grpo", "mix", "dpo")
+ALGORITHM_SECTIONS = ("opmd", "maxent_grpo", "mix", "dpo", "reward_model")
 """The sections of `algorithm` that one algorithm reads, each named after its algorithm_type
 (core/algorithms sections_read says which a stage's algorithm reads; the config check refuses one
 set where nothing reads it)."""
@@ -226,6 +239,8 @@ class AlgorithmConfig:
     the preset's (on_policy_distill 1, the others 0: no teacher)."""
     dpo: DpoConfig = field(default_factory=DpoConfig)
     """DPO's knobs (read where algorithm_type is dpo: the step trains on pairs)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A reward model's knobs (read where algorithm_type is reward_model)."""
     length_penalty: LengthPenaltyConfig = field(default_factory=LengthPenaltyConfig)
     overlong_filter: bool | None = None
     """Leave responses the token budget cut off (finish reason 'length') out of the loss (DAPO);

@@ -91,6 +91,22 @@ class JudgeConfig:
 
 
 @dataclass
+class RewardModelRewardConfig:
+    """The `reward_model` reward (list 'reward_model' in reward_fn): a reward model scores each prompt
+    and response, in the process that runs the workflow (rollout/rewards/reward_model.py)."""
+
+    path: str | None = None
+    """A folder AutoModelForSequenceClassification loads with one label (an algorithm_type
+    reward_model stage's export, or any such model and its tokenizer), or 'stage:<name>': the
+    export of the run's earlier reward_model stage of that name."""
+    normalize: str = choice("none", ("none", "sigmoid"))
+    """none: the score as it is; sigmoid: sigmoid(score), in (0, 1) (the Bradley-Terry probability that
+    the response beats one scored 0)."""
+    batch_size: int = bounded(32, ge=1)
+    """Responses scored per forward pass."""
+
+
+@dataclass
 class TasksetConfig:
     name: str = "taskset"
     """Label used in metrics (eval/<name>/...)."""
@@ -107,6 +123,8 @@ class TasksetConfig:
     """One weight per reward_fn; empty: all 1.0."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The `judge` reward's service, template and parse rule (used when reward_fn lists 'judge')."""
+    reward_model: RewardModelRewardConfig = field(default_factory=RewardModelRewardConfig)
+    """The `reward_model` reward's model (used when reward_fn lists 'reward_model')."""
     shuffle: bool = True
     """Shuffle each epoch (seeded by the global seed and the epoch)."""
     num_samples: int | None = bounded(None, gt=0)

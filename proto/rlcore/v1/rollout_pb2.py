@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as rlcore_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlcore/v1/rollout.proto\x12\trlcore.v1\x1a\x16rlcore/v1/common.proto\"L\n\x14\x46inishEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x10\n\x08group_id\x18\x03 \x01(\t\"C\n\x15\x46inishEpisodeResponse\x12*\n\x0b\x65xperiences\x18\x01 \x03(\x0b\x32\x15.rlcore.v1.Experience\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x06Prompt\x12(\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x13.rlcore.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x42\x07\n\x05input\"b\n\x0fGenerateRequest\x12\"\n\x07prompts\x18\x01 \x03(\x0b\x32\x11.rlcore.v1.Prompt\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.rlcore.v1.SamplingParams\"?\n\x11PromptCompletions\x12*\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x15.rlcore.v1.Completion\"Y\n\x10GenerateResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.rlcore.v1.PromptCompletions\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"C\n\x16GenerateStreamResponse\x12)\n\ncompletion\x18\x01 \x01(\x0b\x32\x15.rlcore.v1.Completion\"\xd5\x02\n\x0cWorkflowSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\treward_fn\x18\x02 \x03(\t\x12\x16\n\x0ereward_weights\x18\x03 \x03(\x01\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\x12\x1b\n\x13\x61pply_chat_template\x18\x05 \x01(\x08\x12\x1a\n\rchat_template\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rsystem_prompt\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x11\n\targs_json\x18\x08 \x01(\t\x12\x16\n\x0e\x61uxiliary_json\x18\t \x01(\t\x12\x12\n\njudge_json\x18\n \x01(\t\x12\x16\n\x0ereasoning_tags\x18\x0b \x03(\t\x12!\n\x19\x63hat_template_kwargs_json\x18\x0c \x01(\tB\x10\n\x0e_chat_templateB\x10\n\x0e_system_prompt\"\x89\x01\n\x0fRunTasksRequest\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.rlcore.v1.Task\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.rlcore.v1.SamplingParams\x12)\n\x08workflow\x18\x03 \x01(\x0b\x32\x17.rlcore.v1.WorkflowSpec\"R\n\x10RunTasksResponse\x12\x12\n\ntask_index\x18\x01 \x01(\x05\x12*\n\x0b\x65xperiences\x18\x02 \x03(\x0b\x32\x15.rlcore.v1.Experience\"\x10\n\x0eGetInfoRequest\"\xfc\x02\n\x0fGetInfoResponse\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x17\n\x0f\x61\x63tive_requests\x18\x07 \x01(\x05\x12\x1a\n\x12\x63ompleted_requests\x18\x08 \x01(\x03\x12\x18\n\x10generated_tokens\x18\t \x01(\x03\x12\x12\n\nvocab_size\x18\n \x01(\x05\x12\x11\n\tworker_id\x18\x0b \x01(\t\x12\x19\n\x11max_message_bytes\x18\x0c \x01(\x03\x12\x19\n\x11weight_sync_ranks\x18\r \x01(\x05\x12\x0e\n\x06\x62usy_s\x18\x0e \x01(\x01\x12\x13\n\x0b\x62usy_span_s\x18\x0f \x01(\x01\x12\x1d\n\x15interrupted_sequences\x18\x10 \x01(\x03\"\x0e\n\x0cPauseRequest\"\'\n\rPauseResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\"\x0f\n\rResumeRequest\"(\n\x0eResumeResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\"\x9e\x01\n\x15InitWeightSyncRequest\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x13\n\x0bmaster_port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x12\n\ngroup_name\x18\x07 \x01(\t\"9\n\x16InitWeightSyncResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tnum_ranks\x18\x02 \x01(\x05\"\x9c\x01\n\x18\x42\x65ginWeightUpdateRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.rlcore.v1.TensorMeta\x12\x14\n\x0c\x62ucket_bytes\x18\x03 \x01(\x03\x12\x11\n\tchecksums\x18\x04 \x01(\x08\x12\x17\n\x0f\x63heckpoint_path\x18\x05 \x01(\t\"0\n\x19\x42\x65ginWeightUpdateResponse\x12\x13\n\x0bnum_buckets\x18\x01 \x01(\x05\"3\n\x19\x46inishWeightUpdateRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\"\x84\x01\n\x1a\x46inishWeightUpdateResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x11\n\treceive_s\x18\x03 \x01(\x01\x12\x0e\n\x06load_s\x18\x04 \x01(\x01\x12\x18\n\x10verified_buckets\x18\x05 \x01(\x05\x32\x9a\x06\n\x0eRolloutService\x12\x43\n\x08Generate\x12\x1a.rlcore.v1.GenerateRequest\x1a\x1b.rlcore.v1.GenerateResponse\x12Q\n\x0eGenerateStream\x12\x1a.rlcore.v1.GenerateRequest\x1a!.rlcore.v1.GenerateStreamResponse0\x01\x12\x45\n\x08RunTasks\x12\x1a.rlcore.v1.RunTasksRequest\x1a\x1b.rlcore.v1.RunTasksResponse0\x01\x12@\n\x07GetInfo\x12\x19.rlcore.v1.GetInfoRequest\x1a\x1a.rlcore.v1.GetInfoResponse\x12:\n\x05Pause\x12\x17.rlcore.v1.PauseRequest\x1a\x18.rlcore.v1.PauseResponse\x12=\n\x06Resume\x12\x18.rlcore.v1.ResumeRequest\x1a\x19.rlcore.v1.ResumeResponse\x12U\n\x0eInitWeightSync\x12 .rlcore.v1.InitWeightSyncRequest\x1a!.rlcore.v1.InitWeightSyncResponse\x12^\n\x11\x42\x65ginWeightUpdate\x12#.rlcore.v1.BeginWeightUpdateRequest\x1a$.rlcore.v1.BeginWeightUpdateResponse\x12\x61\n\x12\x46inishWeightUpdate\x12$.rlcore.v1.FinishWeightUpdateRequest\x1a%.rlcore.v1.FinishWeightUpdateResponse\x12R\n\rFinishEpisode\x12\x1f.rlcore.v1.FinishEpisodeRequest\x1a .rlcore.v1.FinishEpisodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlcore/v1/rollout.proto\x12\trlcore.v1\x1a\x16rlcore/v1/common.proto\"L\n\x14\x46inishEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x10\n\x08group_id\x18\x03 \x01(\t\"C\n\x15\x46inishEpisodeResponse\x12*\n\x0b\x65xperiences\x18\x01 \x03(\x0b\x32\x15.rlcore.v1.Experience\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x06Prompt\x12(\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x13.rlcore.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x42\x07\n\x05input\"b\n\x0fGenerateRequest\x12\"\n\x07prompts\x18\x01 \x03(\x0b\x32\x11.rlcore.v1.Prompt\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.rlcore.v1.SamplingParams\"?\n\x11PromptCompletions\x12*\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x15.rlcore.v1.Completion\"Y\n\x10GenerateResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.rlcore.v1.PromptCompletions\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"C\n\x16GenerateStreamResponse\x12)\n\ncompletion\x18\x01 \x01(\x0b\x32\x15.rlcore.v1.Completion\"\xf0\x02\n\x0cWorkflowSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\treward_fn\x18\x02 \x03(\t\x12\x16\n\x0ereward_weights\x18\x03 \x03(\x01\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\x12\x1b\n\x13\x61pply_chat_template\x18\x05 \x01(\x08\x12\x1a\n\rchat_template\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rsystem_prompt\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x11\n\targs_json\x18\x08 \x01(\t\x12\x16\n\x0e\x61uxiliary_json\x18\t \x01(\t\x12\x12\n\njudge_json\x18\n \x01(\t\x12\x16\n\x0ereasoning_tags\x18\x0b \x03(\t\x12!\n\x19\x63hat_template_kwargs_json\x18\x0c \x01(\t\x12\x19\n\x11reward_model_json\x18\r \x01(\tB\x10\n\x0e_chat_templateB\x10\n\x0e_system_prompt\"\x89\x01\n\x0fRunTasksRequest\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.rlcore.v1.Task\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.rlcore.v1.SamplingParams\x12)\n\x08workflow\x18\x03 \x01(\x0b\x32\x17.rlcore.v1.WorkflowSpec\"R\n\x10RunTasksResponse\x12\x12\n\ntask_index\x18\x01 \x01(\x05\x12*\n\x0b\x65xperiences\x18\x02 \x03(\x0b\x32\x15.rlcore.v1.Experience\"\x10\n\x0eGetInfoRequest\"\xfc\x02\n\x0fGetInfoResponse\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x17\n\x0f\x61\x63tive_requests\x18\x07 \x01(\x05\x12\x1a\n\x12\x63ompleted_requests\x18\x08 \x01(\x03\x12\x18\n\x10generated_tokens\x18\t \x01(\x03\x12\x12\n\nvocab_size\x18\n \x01(\x05\x12\x11\n\tworker_id\x18\x0b \x01(\t\x12\x19\n\x11max_message_bytes\x18\x0c \x01(\x03\x12\x19\n\x11weight_sync_ranks\x18\r \x01(\x05\x12\x0e\n\x06\x62usy_s\x18\x0e \x01(\x01\x12\x13\n\x0b\x62usy_span_s\x18\x0f \x01(\x01\x12\x1d\n\x15interrupted_sequences\x18\x10 \x01(\x03\"\x0e\n\x0cPauseRequest\"\'\n\rPauseResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\"\x0f\n\rResumeRequest\"(\n\x0eResumeResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\"\x9e\x01\n\x15InitWeightSyncRequest\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x13\n\x0bmaster_port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x12\n\ngroup_name\x18\x07 \x01(\t\"9\n\x16InitWeightSyncResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tnum_ranks\x18\x02 \x01(\x05\"\x9c\x01\n\x18\x42\x65ginWeightUpdateRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.rlcore.v1.TensorMeta\x12\x14\n\x0c\x62ucket_bytes\x18\x03 \x01(\x03\x12\x11\n\tchecksums\x18\x04 \x01(\x08\x12\x17\n\x0f\x63heckpoint_path\x18\x05 \x01(\t\"0\n\x19\x42\x65ginWeightUpdateResponse\x12\x13\n\x0bnum_buckets\x18\x01 \x01(\x05\"3\n\x19\x46inishWeightUpdateRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\"\x84\x01\n\x1a\x46inishWeightUpdateResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x11\n\treceive_s\x18\x03 \x01(\x01\x12\x0e\n\x06load_s\x18\x04 \x01(\x01\x12\x18\n\x10verified_buckets\x18\x05 \x01(\x05\x32\x9a\x06\n\x0eRolloutService\x12\x43\n\x08Generate\x12\x1a.rlcore.v1.GenerateRequest\x1a\x1b.rlcore.v1.GenerateResponse\x12Q\n\x0eGenerateStream\x12\x1a.rlcore.v1.GenerateRequest\x1a!.rlcore.v1.GenerateStreamResponse0\x01\x12\x45\n\x08RunTasks\x12\x1a.rlcore.v1.RunTasksRequest\x1a\x1b.rlcore.v1.RunTasksResponse0\x01\x12@\n\x07GetInfo\x12\x19.rlcore.v1.GetInfoRequest\x1a\x1a.rlcore.v1.GetInfoResponse\x12:\n\x05Pause\x12\x17.rlcore.v1.PauseRequest\x1a\x18.rlcore.v1.PauseResponse\x12=\n\x06Resume\x12\x18.rlcore.v1.ResumeRequest\x1a\x19.rlcore.v1.ResumeResponse\x12U\n\x0eInitWeightSync\x12 .rlcore.v1.InitWeightSyncRequest\x1a!.rlcore.v1.InitWeightSyncResponse\x12^\n\x11\x42\x65ginWeightUpdate\x12#.rlcore.v1.BeginWeightUpdateRequest\x1a$.rlcore.v1.BeginWeightUpdateResponse\x12\x61\n\x12\x46inishWeightUpdate\x12$.rlcore.v1.FinishWeightUpdateRequest\x1a%.rlcore.v1.FinishWeightUpdateResponse\x12R\n\rFinishEpisode\x12\x1f.rlcore.v1.FinishEpisodeRequest\x1a .rlcore.v1.FinishEpisodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,35 +49,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATESTREAMRESPONSE']._serialized_start=567
   _globals['_GENERATESTREAMRESPONSE']._serialized_end=634
   _globals['_WORKFLOWSPEC']._serialized_start=637
-  _globals['_WORKFLOWSPEC']._serialized_end=978
-  _globals['_RUNTASKSREQUEST']._serialized_start=981
-  _globals['_RUNTASKSREQUEST']._serialized_end=1118
-  _globals['_RUNTASKSRESPONSE']._serialized_start=1120
-  _globals['_RUNTASKSRESPONSE']._serialized_end=1202
-  _globals['_GETINFOREQUEST']._serialized_start=1204
-  _globals['_GETINFOREQUEST']._serialized_end=1220
-  _globals['_GETINFORESPONSE']._serialized_start=1223
-  _globals['_GETINFORESPONSE']._serialized_end=1603
-  _globals['_PAUSEREQUEST']._serialized_start=1605
-  _globals['_PAUSEREQUEST']._serialized_end=1619
-  _globals['_PAUSERESPONSE']._serialized_start=1621
-  _globals['_PAUSERESPONSE']._serialized_end=1660
-  _globals['_RESUMEREQUEST']._serialized_start=1662
-  _globals['_RESUMEREQUEST']._serialized_end=1677
-  _globals['_RESUMERESPONSE']._serialized_start=1679
-  _globals['_RESUMERESPONSE']._serialized_end=1719
-  _globals['_INITWEIGHTSYNCREQUEST']._serialized_start=1722
-  _globals['_INITWEIGHTSYNCREQUEST']._serialized_end=1880
-  _globals['_INITWEIGHTSYNCRESPONSE']._serialized_start=1882
-  _globals['_INITWEIGHTSYNCRESPONSE']._serialized_end=1939
-  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_start=1942
-  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_end=2098
-  _globals['_BEGINWEIGHTUPDATERESPONSE']._serialized_start=2100
-  _globals['_BEGINWEIGHTUPDATERESPONSE']._serialized_end=2148
-  _globals['_FINISHWEIGHTUPDATEREQUEST']._serialized_start=2150
-  _globals['_FINISHWEIGHTUPDATEREQUEST']._serialized_end=2201
-  _globals['_FINISHWEIGHTUPDATERESPONSE']._serialized_start=2204
-  _globals['_FINISHWEIGHTUPDATERESPONSE']._serialized_end=2336
-  _globals['_ROLLOUTSERVICE']._serialized_start=2339
-  _globals['_ROLLOUTSERVICE']._serialized_end=3133
+  _globals['_WORKFLOWSPEC']._serialized_end=1005
+  _globals['_RUNTASKSREQUEST']._serialized_start=1008
+  _globals['_RUNTASKSREQUEST']._serialized_end=1145
+  _globals['_RUNTASKSRESPONSE']._serialized_start=1147
+  _globals['_RUNTASKSRESPONSE']._serialized_end=1229
+  _globals['_GETINFOREQUEST']._serialized_start=1231
+  _globals['_GETINFOREQUEST']._serialized_end=1247
+  _globals['_GETINFORESPONSE']._serialized_start=1250
+  _globals['_GETINFORESPONSE']._serialized_end=1630
+  _globals['_PAUSEREQUEST']._serialized_start=1632
+  _globals['_PAUSEREQUEST']._serialized_end=1646
+  _globals['_PAUSERESPONSE']._serialized_start=1648
+  _globals['_PAUSERESPONSE']._serialized_end=1687
+  _globals['_RESUMEREQUEST']._serialized_start=1689
+  _globals['_RESUMEREQUEST']._serialized_end=1704
+  _globals['_RESUMERESPONSE']._serialized_start=1706
+  _globals['_RESUMERESPONSE']._serialized_end=1746
+  _globals['_INITWEIGHTSYNCREQUEST']._serialized_start=1749
+  _globals['_INITWEIGHTSYNCREQUEST']._serialized_end=1907
+  _globals['_INITWEIGHTSYNCRESPONSE']._serialized_start=1909
+  _globals['_INITWEIGHTSYNCRESPONSE']._serialized_end=1966
+  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_start=1969
+  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_end=2125
+  _globals['_BEGINWEIGHTUPDATERESPONSE']._serialized_start=2127
+  _globals['_BEGINWEIGHTUPDATERESPONSE']._serialized_end=2175
+  _globals['_FINISHWEIGHTUPDATEREQUEST']._serialized_start=2177
+  _globals['_FINISHWEIGHTUPDATEREQUEST']._serialized_end=2228
+  _globals['_FINISHWEIGHTUPDATERESPONSE']._serialized_start=2231
+  _globals['_FINISHWEIGHTUPDATERESPONSE']._serialized_end=2363
+  _globals['_ROLLOUTSERVICE']._serialized_start=2366
+  _globals['_ROLLOUTSERVICE']._serialized_end=3160
 # @@protoc_insertion_point(module_scope)

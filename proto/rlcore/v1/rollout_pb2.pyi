@@ -66,7 +66,7 @@ class GenerateStreamResponse(_message.Message):
     def __init__(self, completion: _Optional[_Union[_common_pb2.Completion, _Mapping]] = ...) -> None: ...
 
 class WorkflowSpec(_message.Message):
-    __slots__ = ("name", "reward_fn", "reward_weights", "max_prompt_tokens", "apply_chat_template", "chat_template", "system_prompt", "args_json", "auxiliary_json", "judge_json", "reasoning_tags", "chat_template_kwargs_json")
+    __slots__ = ("name", "reward_fn", "reward_weights", "max_prompt_tokens", "apply_chat_template", "chat_template", "system_prompt", "args_json", "auxiliary_json", "judge_json", "reasoning_tags", "chat_template_kwargs_json", "reward_model_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REWARD_FN_FIELD_NUMBER: _ClassVar[int]
     REWARD_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class WorkflowSpec(_message.Message):
     JUDGE_JSON_FIELD_NUMBER: _ClassVar[int]
     REASONING_TAGS_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MODEL_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     reward_fn: _containers.RepeatedScalarFieldContainer[str]
     reward_weights: _containers.RepeatedScalarFieldContainer[float]
@@ -91,7 +92,8 @@ class WorkflowSpec(_message.Message):
     judge_json: str
     reasoning_tags: _containers.RepeatedScalarFieldContainer[str]
     chat_template_kwargs_json: str
-    def __init__(self, name: _Optional[str] = ..., reward_fn: _Optional[_Iterable[str]] = ..., reward_weights: _Optional[_Iterable[float]] = ..., max_prompt_tokens: _Optional[int] = ..., apply_chat_template: _Optional[bool] = ..., chat_template: _Optional[str] = ..., system_prompt: _Optional[str] = ..., args_json: _Optional[str] = ..., auxiliary_json: _Optional[str] = ..., judge_json: _Optional[str] = ..., reasoning_tags: _Optional[_Iterable[str]] = ..., chat_template_kwargs_json: _Optional[str] = ...) -> None: ...
+    reward_model_json: str
+    def __init__(self, name: _Optional[str] = ..., reward_fn: _Optional[_Iterable[str]] = ..., reward_weights: _Optional[_Iterable[float]] = ..., max_prompt_tokens: _Optional[int] = ..., apply_chat_template: _Optional[bool] = ..., chat_template: _Optional[str] = ..., system_prompt: _Optional[str] = ..., args_json: _Optional[str] = ..., auxiliary_json: _Optional[str] = ..., judge_json: _Optional[str] = ..., reasoning_tags: _Optional[_Iterable[str]] = ..., chat_template_kwargs_json: _Optional[str] = ..., reward_model_json: _Optional[str] = ...) -> None: ...
 
 class RunTasksRequest(_message.Message):
     __slots__ = ("tasks", "sampling", "workflow")

@@ -105,7 +105,8 @@ class TrainerServiceServicer:
 
     def ComputeLogprobs(self, request, context):
         """Log-probs of each sequence's response tokens under the current policy (or the reference
-        model); nothing is updated. E.g. to score sequences, or to check an engine's log-probs.
+        model); nothing is updated. E.g. to score sequences, or to check an engine's log-probs. On a
+        reward model's stage: each sequence's score, one value.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -98,7 +98,7 @@ def test_a_key_given_both_ways_with_two_values_is_refused(tmp_path) -> None:
 def test_a_section_no_algorithm_reads_is_refused_in_one_line(tmp_path) -> None:
     with pytest.raises(
         ConfigError,
-        match=r"^algorithm\.dpo\.beta: algorithm\.dpo is read only by training on pairs \(algorithm_type dpo's\), "
+        match=r"^algorithm\.dpo\.beta: algorithm\.dpo is read only by training a policy on pairs \(algorithm_type dpo's\), "
         r"and algorithm\.algorithm_type is grpo \(it would change nothing\): set algorithm\.algorithm_type dpo, "
         r"or drop algorithm\.dpo \(or set algorithm\.dpo\.beta back to 0\.1\)$",
     ):
@@ -129,7 +129,7 @@ def test_a_stage_may_set_only_the_sections_its_algorithm_reads(tmp_path) -> None
     stages = [{"name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft", "dpo": {"beta": 0.3}}},
               {"name": "rl"}]  # fmt: skip
     with pytest.raises(ConfigError, match=r"^stages\[0\]\.algorithm\.dpo\.beta: algorithm\.dpo is read only by "
-                       r"training on pairs \(algorithm_type dpo's\), and stages\[0\]\.algorithm\.algorithm_type is "
+                       r"training a policy on pairs \(algorithm_type dpo's\), and stages\[0\]\.algorithm\.algorithm_type is "
                        r"sft \(it would change nothing\): set stages\[0\]\.algorithm\.algorithm_type dpo, or drop "
                        r"stages\[0\]\.algorithm\.dpo "):  # fmt: skip
         _stages(tmp_path, {"stages": stages})

@@ -47,7 +47,9 @@ def before(cfg) -> dict:
     buffered = data == "rollouts" or (data == "pairs" and cfg.algorithm.dpo.pairs == "buffer")
     reads_buffer = buffered and (cfg.mode == "train" or asynchronous)
     explores = data == "rollouts" and not reads_buffer
-    has_engine = explores or bool(cfg.buffer.explorer_input.eval_tasksets) or cfg.mode == "bench"
+    # a reward model's stage evaluates its held-out pairs by the trainer's scores (added since)
+    evaluates = bool(cfg.buffer.explorer_input.eval_tasksets) and algo.algorithm_type != "reward_model"
+    has_engine = explores or evaluates or cfg.mode == "bench"
     explores_on_workers = cfg.mode in ("both", "explore") or cfg.trainer.remote is not None
     on_workers = (has_engine or asynchronous) and explores_on_workers
     endpoints = on_workers and not asynchronous  # the trainer's engines (asynchronous: its own, to evaluate)

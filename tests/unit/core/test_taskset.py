@@ -165,3 +165,21 @@ def test_arithmetic_demonstrations_may_show_their_working(tmp_path) -> None:
         write_arithmetic_taskset(str(worked), working_fraction=1.5)
     with pytest.raises(ValueError, match=r"working_fraction .* is defined for ops '\+' only"):
         write_arithmetic_taskset(str(worked), ops="*", working_fraction=0.5)
+
+
+def test_near_miss_pairs_miss_by_one_or_ten_either_way(tmp_path) -> None:
+    """A reward model's pairs (near_misses): the rejected answer is off by 1 or 10, as often too
+    large as too small, so "the larger answer is right" does not tell them apart; without it the
+    pairs are the sloppy ones they always were (never too large)."""
+
+    def offsets(near: bool) -> list[int]:
+        path = str(tmp_path / f"pairs_{near}.jsonl")
+        write_arithmetic_taskset(path, num_tasks=400, max_operand=49, preference_pairs=True, near_misses=near)
+        rows = [json.loads(line) for line in open(path)]
+        assert all(r["chosen"] == f"<answer>{r['answer']}</answer>" for r in rows)
+        return [int(r["rejected"][8:-9]) - int(r["answer"]) for r in rows]
+
+    near = offsets(True)
+    assert set(near) == {-10, -1, 1, 10}
+    assert 0.4 < sum(d > 0 for d in near) / len(near) < 0.6
+    assert max(offsets(False)) <= 1 and sum(d == -10 for d in offsets(False)) > 100  # sloppy: carries forgotten

@@ -171,7 +171,7 @@ def test_composer_default_weights_are_one() -> None:
 @pytest.mark.parametrize(
     "names, weights, message",
     [
-        (["nope"], None, "reward_fn must be one of exact_match, numeric, format, math, judge; got 'nope'"),
+        (["nope"], None, "reward_fn must be one of exact_match, numeric, format, math, judge, reward_model; got 'nope'"),
         ([f"{__name__}:missing"], None, "has no attribute 'missing'"),
         ([f"{__name__}:NOT_A_FUNCTION"], None, r"is not callable \(got int\)"),
         (["format", "exact_match"], [1.0], "reward_weights has 1 entries but reward_fn has 2"),
