@@ -53,12 +53,14 @@ def planned_steps(stage: Stage) -> int:
 
 def run_stages(stages: list[Stage], handle: TrainerHandle, run: RunContext) -> None:
     """Every stage in order; a stage an earlier launch finished is skipped (its export feeds the
-    next), and a stage stopped on the run's request ends the run."""
+    next, a reward model's the stages that name it), and a stage stopped on the run's request ends
+    the run."""
     previous_model = None
     reward_models: dict[str, str] = {}  # a reward model stage's name -> its export (stage_refs.py)
     for stage in stages:
         sdir = stage_dir(run.run_dir, stage, len(stages))
         os.makedirs(sdir, exist_ok=True)
+        is_last = stage is stages[-1]
         stage = dataclasses.replace(stage, config=with_stage_exports(stage.config, reward_models))
         summary = done = _finished(stage, os.path.join(sdir, SUMMARY))  # in an earlier run that we resume?
         if summary is None:
@@ -69,9 +71,10 @@ def run_stages(stages: list[Stage], handle: TrainerHandle, run: RunContext) -> N
                 model_path = previous_model
             # a model a service holds (tinker://..., the previous stage's) has the first stage's tokenizer
             tokenizer = stages[0].config.model.model_path if "://" in model_path else None
-            summary = StageLoop(stage, sdir, model_path, handle, run, stage is stages[-1], tokenizer).run()
-        if stage.plan.trained_model == "reward":  # a reward model feeds no later stage's policy
-            reward_models[stage.name] = summary["final_model"]
+            summary = StageLoop(stage, sdir, model_path, handle, run, is_last, tokenizer).run()
+        if stage.plan.trained_model == "reward":  # a reward model feeds no later stage's policy: the
+            reward_models[stage.name] = summary["final_model"]  # next starts where this one started
+            previous_model = previous_model or summary.get("start_model")
         else:
             previous_model = summary["final_model"]
         if summary["stopped"] and done is None:

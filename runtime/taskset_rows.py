@@ -4,6 +4,7 @@ pairs an explorer wrote to the experience buffer (algorithm.dpo.pairs buffer: `e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -70,7 +71,7 @@ def row_sequences(
 def pair_margin(task: Task, margin_key: str) -> float:
     """A pair's margin from its row's column `margin_key` (a number)."""
     value = task.metadata.get(margin_key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(
             f"algorithm.reward_model.margin_key: task {task.task_id} has no numeric margin in column "
             f"'{margin_key}' (got {value!r}); give every row a number, or unset the key"

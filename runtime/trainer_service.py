@@ -387,7 +387,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             require(is_host_port(e), f"endpoints[{i}]", f"must be host:port; got '{e}'")
         require(len(set(endpoints)) == len(endpoints), "endpoints", "lists a worker more than once")
         with self._lock:
-            self._configured()
+            if self._configured().reward_model:
+                raise FailedPrecondition(
+                    "the configured stage trains a reward model, which no rollout engine holds: sync a policy's stage"
+                )
             out = self._run(SyncWeightsCall(endpoints))
         if "failed" in out:
             raise FailedPrecondition(f"the weight sync failed: {out['failed']}")

@@ -111,6 +111,8 @@ class MegatronStrategy(TrainingStrategy):
             fresh = {VALUE_HEAD + ".weight": weight, VALUE_HEAD + ".bias": bias}
             fresh = fresh if head_bias else {VALUE_HEAD + ".weight": weight}
             hf = ChainMap(fresh, cast(MutableMapping[str, torch.Tensor], hf))  # read-only: lookups
+        elif value_head and head_bias and VALUE_HEAD + ".bias" not in hf:  # a reward model's export: bias 0
+            hf = ChainMap({VALUE_HEAD + ".bias": torch.zeros(1)}, cast(MutableMapping[str, torch.Tensor], hf))
         module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)
         routing.install(module)

@@ -459,7 +459,10 @@ def check_stages(stages: list[RLCoreConfig]) -> None:
 def _runs_vllm_in_process(cfg: RLCoreConfig) -> bool:
     if cfg.explorer.rollout_model.engine_type != "vllm" or cfg.trainer.remote is not None:
         return False
-    evaluates = bool(cfg.buffer.explorer_input.eval_tasksets)
+    from ..algorithms import trains_reward_model
+
+    # a reward model evaluates its held-out pairs by the trainer's scores, on no engine
+    evaluates = bool(cfg.buffer.explorer_input.eval_tasksets) and not trains_reward_model(cfg.algorithm)
     return cfg.mode in ("colocate", "bench") or (cfg.mode == "train" and evaluates)
 
 

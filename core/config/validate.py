@@ -197,8 +197,14 @@ def _check_mixture(cfg: RLCoreConfig, check_paths: bool, data: str, chat: bool) 
                 f"{key}.weight: {weights[i]} of {sum(weights)} gives it no task of a batch of {cfg.buffer.batch_size}; "
                 "raise its weight or buffer.batch_size"
             )
+    from ..algorithms import trains_reward_model
+
+    margin_key = cfg.algorithm.reward_model.margin_key if trains_reward_model(cfg.algorithm) else None
     for i, ts in enumerate(ins.mixture):
-        _check_taskset(ts, f"buffer.explorer_input.mixture[{i}]", check_paths, data, chat=chat)
+        _check_taskset(
+            ts, f"buffer.explorer_input.mixture[{i}]", check_paths, data, rewarded=data == "rollouts", chat=chat,
+            margin_key=margin_key,
+        )  # fmt: skip
 
 
 def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:

@@ -49,7 +49,7 @@ def write_arithmetic_taskset(
     carry forgotten; where there is no carry to forget, the last digit off by one). Sloppy answers
     are never too large, so "the larger answer is right" tells such pairs apart; with `near_misses`
     the rejected answer is off by 1 or 10 either way (each of the four equally likely, drawn after
-    the row's other draws; off downwards only where the answer would go below 0), which only
+    the row's other draws; upwards where downwards would go below 0), which only
     checking the sum tells apart (a reward model's pairs, configs/reward_model.yaml).
     """
     if part not in ("train", "test"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,8 +137,10 @@ def check_taskset(
                     f"{key}: {path} row {number}: the {what} ('{name}') is a {type(value).__name__}, neither "
                     'text nor chat messages with an assistant turn ([{"role": "assistant", "content": ...}])'
                 )
-        margin = MISSING if margin_key is None else column(row, margin_key)
-        if margin_key is not None and (isinstance(margin, bool) or not isinstance(margin, int | float)):
+        margin = MISSING if margin_key is None else row.get(margin_key, MISSING)  # a column of its own
+        if margin_key is not None and (
+            isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin)
+        ):
             raise TasksetError(
                 f"algorithm.reward_model.margin_key: {path} row {number} has no number in column '{margin_key}' "
                 f"(got {'nothing' if margin is MISSING else repr(margin)}); give every row one, or unset the key"

@@ -8,8 +8,17 @@ engines), on the GPU when there is one, as a batch reward: a workflow's response
 `batch_size` at a time.
 
 A response is scored as the reward_model stage trained on it: the prompt as the policy's stage
-renders it (its chat template and system prompt), then the response's tokens and the end-of-text
-token, read at that last token (core/algorithms/reward_model.py).
+renders it (its chat template and the taskset's system prompt), then the response's tokens and the
+end-of-text token, read at that last token (core/algorithms/reward_model.py). What it does not see:
+a row's own system prompt or tools (format.system_prompt_key, tools_key), a messages row's
+conversation (its prompt text only), and, with format.reasoning_tags, the reasoning block (it
+scores the answer after it, as every reward function does); a response the token budget cut off
+is scored as if it had ended. The model is held in float32, once per process (on a rollout worker
+beside its engine: on the GPU, count it against the engine's memory).
+
+transformers' own AutoModelForSequenceClassification reads a row at its last token that is not the
+pad token: the same score, except for a tokenizer whose pad token is its end-of-text token (Qwen's
+base models), where it reads the token before; this scorer reads the last token itself.
 """
 
 from __future__ import annotations
