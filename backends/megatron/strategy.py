@@ -105,14 +105,7 @@ class MegatronStrategy(TrainingStrategy):
             self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu", cp=cp,
             recompute=trainer_cfg.gradient_checkpointing, ep=ep,
         )  # fmt: skip
-        hf: Mapping[str, torch.Tensor] = HFWeights(model_path)
-        if value_head and VALUE_HEAD + ".weight" not in hf:  # a causal LM's folder: a fresh head
-            weight, bias = value_head_init(self.dims.hidden, seed)
-            fresh = {VALUE_HEAD + ".weight": weight, VALUE_HEAD + ".bias": bias}
-            fresh = fresh if head_bias else {VALUE_HEAD + ".weight": weight}
-            hf = ChainMap(fresh, cast(MutableMapping[str, torch.Tensor], hf))  # read-only: lookups
-        elif value_head and head_bias and VALUE_HEAD + ".bias" not in hf:  # a reward model's export: bias 0
-            hf = ChainMap({VALUE_HEAD + ".bias": torch.zeros(1)}, cast(MutableMapping[str, torch.Tensor], hf))
+        hf = _with_head(HFWeights(model_path), self.dims, seed) if value_head else HFWeights(model_path)
         module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)
         routing.install(module)
@@ -481,3 +474,18 @@ class MegatronStrategy(TrainingStrategy):
                 reference.load_state_dict(ref_state["model"])
         self.step = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)["step"]
         self._set_lr()
+
+
+def _with_head(hf: Mapping[str, torch.Tensor], dims: ModelDims, seed: int) -> Mapping[str, torch.Tensor]:
+    """A value model's HF weights with the scalar head it lacks: a causal LM's folder gets a fresh
+    head (value_head_init), a reward model's export (no bias) a critic's bias 0. Read-only lookups."""
+    weight_name, bias_name = VALUE_HEAD + ".weight", VALUE_HEAD + ".bias"
+    added: dict[str, torch.Tensor] = {}
+    if weight_name not in hf:
+        weight, bias = value_head_init(dims.hidden, seed)
+        added = {weight_name: weight, bias_name: bias}
+    elif dims.head_bias and bias_name not in hf:
+        added = {bias_name: torch.zeros(1)}
+    if not dims.head_bias:
+        added.pop(bias_name, None)
+    return ChainMap(added, cast(MutableMapping[str, torch.Tensor], hf)) if added else hf
