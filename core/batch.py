@@ -16,8 +16,10 @@ backends run collectives in every forward, so all ranks must run the same number
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .moe_routing import ROUTED_EXPERTS, ROUTED_VALID
 from .types import routing_tokens
@@ -227,3 +229,12 @@ def micro_batches(groups: list[list[Sequence]], pad_token_id: int, template: Seq
             dummy["advantages"].zero_()
             out.append(dummy)
     return out
+
+
+def gathered_by_index(mine: dict[int, Any], count: int) -> list[Any]:
+    """Each sequence's value, 0..count-1, from every rank's `mine` (sequence index -> value of the
+    share it scored; ranks of one model replica hold the same share). Collective."""
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    merged = {i: v for part in parts for i, v in part.items()}
+    return [merged[i] for i in range(count)]

@@ -21,11 +21,10 @@ import dataclasses
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 
 from ..core.algorithms.dpo import SequenceSurrogate
 from ..core.algorithms.reward_model import bradley_terry_pairs
-from ..core.batch import Batch, Sequence
+from ..core.batch import Batch, Sequence, gathered_by_index
 
 SequenceSpec = Any
 """training.SequenceSpec (prompt, response, loss_mask, advantages, old_logprobs)."""
@@ -60,10 +59,7 @@ def sequence_scores(t: StageTraining, specs: list[SequenceSpec]) -> list[float]:
     for values, idx in zip(t.strategy.compute_values(mbs), rows, strict=True):
         for r, i in enumerate(idx):  # the appended token's position: p + n - 1 of its extended row
             mine[i] = float(values[r, len(ext[i].prompt) + len(ext[i].response) - 1])
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, mine)  # ranks of one model replica hold the same share
-    merged = {i: v for part in parts for i, v in part.items()}
-    return [merged[i] for i in range(len(specs))]
+    return gathered_by_index(mine, len(specs))
 
 
 def train_pairs(t: StageTraining, specs: list[SequenceSpec], center_coef: float) -> dict[str, Any]:

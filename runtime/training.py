@@ -28,7 +28,16 @@ from ..core.algorithms.correction import MismatchStats, correct, reject
 from ..core.algorithms.dpo import SequenceSurrogate, dpo_pairs
 from ..core.algorithms.losses import build_loss
 from ..core.algorithms.step_pass import PassContext, StepPass, WithPasses, timed
-from ..core.batch import Batch, Sequence, deal, equalize, micro_batches, plan_micro_batches, shard
+from ..core.batch import (
+    Batch,
+    Sequence,
+    deal,
+    equalize,
+    gathered_by_index,
+    micro_batches,
+    plan_micro_batches,
+    shard,
+)
 from ..core.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from ..core.config import RLCoreConfig
 from ..core.config.plan import Passes, filled, plan_stage
@@ -398,10 +407,7 @@ class StageTraining:
             for r, i in enumerate(idx):  # the response sits at columns [p, p + n) of its row
                 p, n = len(specs[i].prompt), len(specs[i].response)
                 mine[i] = lp[r, p : p + n].float().tolist()
-        parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, mine)  # ranks of one model replica hold the same share
-        merged = {i: lps for part in parts for i, lps in part.items()}
-        return [merged[i] for i in range(len(specs))]
+        return gathered_by_index(mine, len(specs))
 
     def micro(self, mini: list[Sequence]) -> tuple[list[Batch], list[list[int]]]:
         """This rank's share of a mini-batch as micro-batches, with the same count on every rank.

@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -211,61 +212,61 @@ def write_results(
 
 def run_dpo(args: argparse.Namespace) -> None:
     """DPO through StageTraining.train_sequences(loss="dpo") on the parity batch's pairs."""
-    from rlcore.core.config.schema import RLCoreConfig
-    from rlcore.runtime.training import StageTraining, sequence_spec
+    from rlcore.runtime.training import sequence_spec
 
-    torch.set_num_threads(1)
-    cfg = RLCoreConfig(seed=SEED, algorithm=dpo_algorithm_config(), trainer=trainer_config(args.set))
-    cfg.trainer.strategy = args.strategy
-    cfg.model.model_path, cfg.model.dtype = args.model, args.dtype
-    training = StageTraining(cfg, os.path.join(args.out, "stage"), args.model, args.device, args.total_steps)
+    training = stage_training(args, dpo_algorithm_config())
     specs = [
         sequence_spec(s.prompt_ids, s.response_ids, [], [0.0], None) for s in parity_sequences(args.model)
     ]
-    result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": []}
+    result, grads = train_pairs(training, specs, "dpo", args.steps)
+    write_results(args.out, result, grads, collect(training.strategy.iter_full_weights(), keep=dist.get_rank() == 0))
+
+
+def stage_training(args: argparse.Namespace, algorithm: Any) -> Any:
+    """The trainer's own StageTraining of the parity run's model and strategy, for `algorithm`."""
+    from rlcore.core.config.schema import RLCoreConfig
+    from rlcore.runtime.training import StageTraining
+
+    torch.set_num_threads(1)
+    cfg = RLCoreConfig(seed=SEED, algorithm=algorithm, trainer=trainer_config(args.set))
+    cfg.trainer.strategy = args.strategy
+    cfg.model.model_path, cfg.model.dtype = args.model, args.dtype
+    return StageTraining(cfg, os.path.join(args.out, "stage"), args.model, args.device, args.total_steps)
+
+
+def train_pairs(training: Any, specs: list[Any], loss: str, steps: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """`steps` optimizer steps of `loss` on `specs`: (result.json's per-step lists, with each step's
+    metrics under "metrics"; the first step's gradients on rank 0)."""
+    result: dict[str, list] = {"losses": [], "grad_norms": [], "lrs": [], "metrics": []}
     grads: dict[str, torch.Tensor] = {}
-    rank = dist.get_rank()
-    for step in range(1, args.steps + 1):
-        out = training.train_sequences(specs, "dpo", 1.0, 0.0)
+    for step in range(1, steps + 1):
+        out = training.train_sequences(specs, loss, 1.0, 0.0)
         if step == 1:
-            grads = collect(training.strategy.iter_full_grads(), keep=rank == 0)
+            grads = collect(training.strategy.iter_full_grads(), keep=dist.get_rank() == 0)
         grad_norm, lr = training.optimizer_step()
         result["losses"].append(out["loss"])
+        result["metrics"].append(out["metrics"])
         result["grad_norms"].append(grad_norm)
         result["lrs"].append(lr)
-    write_results(args.out, result, grads, collect(training.strategy.iter_full_weights(), keep=rank == 0))
+    return result, grads
 
 
 def run_reward_model(args: argparse.Namespace) -> None:
     """A Bradley-Terry reward model through StageTraining.train_sequences(loss="bradley_terry") on the
     parity batch's pairs (RM_MARGINS, RM_CENTER); then each sequence's score and an HF export
     (DIR/export, result.json's "scores")."""
-    from rlcore.core.config.schema import RLCoreConfig
     from rlcore.core.hf_export import HF_DIR
-    from rlcore.runtime.training import StageTraining, sequence_spec
+    from rlcore.runtime.training import sequence_spec
 
-    torch.set_num_threads(1)
-    cfg = RLCoreConfig(seed=SEED, algorithm=reward_model_algorithm_config(), trainer=trainer_config(args.set))
-    cfg.trainer.strategy = args.strategy
-    cfg.model.model_path, cfg.model.dtype = args.model, args.dtype
-    training = StageTraining(cfg, os.path.join(args.out, "stage"), args.model, args.device, args.total_steps)
+    training = stage_training(args, reward_model_algorithm_config())
     margins = [RM_MARGINS[i // 2] if i % 2 == 0 else 0.0 for i in range(NUM_SEQS)]
     specs = [
         sequence_spec(s.prompt_ids, s.response_ids, [], [m], None)
         for s, m in zip(parity_sequences(args.model), margins, strict=True)
     ]
-    result: dict[str, list[float]] = {"losses": [], "grad_norms": [], "lrs": [], "accuracies": []}
-    grads: dict[str, torch.Tensor] = {}
+    result, grads = train_pairs(training, specs, "bradley_terry", args.steps)
+    result["accuracies"] = [m["reward_model/accuracy"] for m in result["metrics"]]
     rank = dist.get_rank()
-    for step in range(1, args.steps + 1):
-        out = training.train_sequences(specs, "bradley_terry", 1.0, 0.0)
-        if step == 1:
-            grads = collect(training.strategy.iter_full_grads(), keep=rank == 0)
-        grad_norm, lr = training.optimizer_step()
-        result["losses"].append(out["loss"])
-        result["accuracies"].append(out["metrics"]["reward_model/accuracy"])
-        result["grad_norms"].append(grad_norm)
-        result["lrs"].append(lr)
     result["scores"] = [v for (v,) in training.logprobs(specs, 1.0, reference=False)]
     checkpoint = training.save(export=True, explore_step=0)
     if rank == 0:
