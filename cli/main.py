@@ -253,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             from ..runtime.trainer_serve import serve_main as trainer_serve_main
 
             return trainer_serve_main(args)
+        if args.command == "reward-model":
+            from ..rollout.rewards.reward_server import serve_main as reward_serve_main
+
+            return reward_serve_main(args)
         if args.command == "warm":
             return _warm()
         if args.command == "tinker":

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-V", "--version", action="version", version=f"rlcore {_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{launch,config,rollout,trainer,tinker,bench,warm}"
+        dest="command", required=True, metavar="{launch,config,rollout,trainer,reward-model,tinker,bench,warm}"
     )
 
     launch = commands.add_parser("launch", help="validate the config, then run every stage")
@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_parser(commands)
     _add_rollout_parser(commands)
     _add_trainer_parser(commands)
+    _add_reward_model_parser(commands)
     _add_tinker_parser(commands)
     _add_bench_parser(commands)
     commands.add_parser(
@@ -266,6 +267,25 @@ def _add_trainer_parser(commands: Any) -> None:
         help="seconds the hosts wait for each other at the rendezvous",
     )
     _add_server_args(tserve)
+
+
+def _add_reward_model_parser(commands: Any) -> None:
+    reward = commands.add_parser("reward-model", help="reward model servers")
+    sub = reward.add_subparsers(dest="reward_model_command", required=True, metavar="{serve}")
+    serve = sub.add_parser(
+        "serve", help="serve a reward model over gRPC (RewardService) until interrupted: a taskset's "
+        "reward_model.address scores with it",
+    )  # fmt: skip
+    serve.add_argument(
+        "--model", required=True,
+        help="folder AutoModelForSequenceClassification loads with one label (a reward_model stage's export)",
+    )  # fmt: skip
+    serve.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (across calls)")
+    serve.add_argument(
+        "--batch-wait-ms", type=float, default=5.0,
+        help="a call that finds the model idle waits this long for concurrent calls to share its pass (0: never)",
+    )  # fmt: skip
+    _add_server_args(serve)
 
 
 def _add_tinker_parser(commands: Any) -> None:

@@ -69,8 +69,9 @@ def check_rewards(key: str, ts: TasksetConfig, auxiliary: Sequence[str]) -> None
             check_reward_model(reward_model_settings(ts.reward_model))
         except ValueError as e:
             raise ConfigError(f"{key}.{e}") from None
-    elif ts.reward_model.path is not None:
-        raise ConfigError(f"{key}.reward_model: path is set but reward_fn does not list 'reward_model'; add it there")
+    elif ts.reward_model.path is not None or ts.reward_model.address is not None:
+        given = "path" if ts.reward_model.path is not None else "address"
+        raise ConfigError(f"{key}.reward_model: {given} is set but reward_fn does not list 'reward_model'; add it there")
     weights = list(ts.reward_weights)
     for served in (JUDGE, REWARD_MODEL):  # a judge or a reward model is not called before the run
         if served in names:

@@ -93,17 +93,24 @@ class JudgeConfig:
 @dataclass
 class RewardModelRewardConfig:
     """The `reward_model` reward (list 'reward_model' in reward_fn): a reward model scores each prompt
-    and response, in the process that runs the workflow (rollout/rewards/reward_model.py)."""
+    and response, in the process that runs the workflow (`path`) or on a reward model server
+    (`address`; rollout/rewards/reward_model.py)."""
 
     path: str | None = None
     """A folder AutoModelForSequenceClassification loads with one label (an algorithm_type
     reward_model stage's export, or any such model and its tokenizer), or 'stage:<name>': the
     export of the run's earlier reward_model stage of that name."""
+    address: str | None = None
+    """Instead of path: host:port of `rlcore reward-model serve`, which scores for every worker."""
+    token_env: str = "RLCORE_TOKEN"
+    """With address: the variable holding that server's token (its --token-env), where workflows run."""
+    timeout_s: float = bounded(300.0, gt=0)
+    """With address: how long one call may take, retries while the server is unavailable included."""
     normalize: str = choice("none", ("none", "sigmoid"))
     """none: the score as it is; sigmoid: sigmoid(score), in (0, 1) (the Bradley-Terry probability that
     the response beats one scored 0)."""
     batch_size: int = bounded(32, ge=1)
-    """Responses scored per forward pass."""
+    """Responses scored per forward pass (with address: per call)."""
 
 
 @dataclass

@@ -75,3 +75,15 @@ def test_bad_settings_are_one_line_naming_the_key(tmp_path, classifier):
         check_reward_model(_settings(classifier, batch_size=0))
     with pytest.raises(ValueError, match=r"^reward_model\.path: 'stage:rm' names a stage"):
         RewardModelScorer(_settings("stage:rm"), PromptFormat(16))
+    served = {"path": None, "address": "127.0.0.1:9", "token_env": "RM_TOKEN", "timeout_s": 60.0}
+    check_reward_model(_settings(**served))
+    with pytest.raises(ValueError, match=r"^reward_model: give path .* or address .*, not both"):
+        check_reward_model(_settings(**{**served, "path": classifier}))
+    with pytest.raises(ValueError, match=r"^reward_model\.address: give the server's host:port; got 'localhost'"):
+        check_reward_model(_settings(**{**served, "address": "localhost"}))
+    with pytest.raises(ValueError, match=r"^reward_model\.token_env: name the variable"):
+        check_reward_model(_settings(**{**served, "token_env": ""}))
+    with pytest.raises(ValueError, match=r"^reward_model\.timeout_s must be a number > 0; got 0"):
+        check_reward_model(_settings(**{**served, "timeout_s": 0}))
+    with pytest.raises(ValueError, match=r"^reward_model: unknown key\(s\) url; allowed: path, address"):
+        check_reward_model(_settings(classifier, url="x"))
