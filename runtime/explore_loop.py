@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from ..buffer import open_buffer
 from ..buffer.base import Group
+from ..core.algorithms import algorithm_of
 from ..core.algorithms.dpo import best_and_worst
 from ..core.config import Stage
 from ..core.data.taskset import task_stream
@@ -99,7 +100,7 @@ class ExploreLoop:
         token = (read_token(cfg.control.token_env) or "") if by_group else ""
         self.weights = WeightsFollower(published, cfg.synchronizer, self.workers.clients, holds, by_group, token)
         self.given_buffer = buffer
-        self.position = ExplorePosition(os.path.join(sdir, STATE), start_step or 0, stage.name)
+        self.position = ExplorePosition(os.path.join(sdir, STATE), start_step or 0, stage.name, self.stream.selection)
         self.resumes = start_step is None and cfg.continue_from_checkpoint
         self.dropped = 0
         """Tasks the scheduler left out so far."""
@@ -173,6 +174,10 @@ class ExploreLoop:
             return self._step(buffer)  # the step again, on the restarted workers
         metrics.update(explored)
         self.dropped += int(explored.get("rollout/tasks_dropped", 0))
+        if self.stage.plan.passes.refill:  # dynamic sampling: the groups that teach nothing stay out of the buffer
+            exps = self._refill(exps, metrics)
+        if self.stream.selection is not None:
+            metrics.update(self.stream.selection.metrics(self.explore_step))
         groups = grouped(exps)
         if self.stage.plan.trains_on == "pairs":  # DPO's (algorithm.dpo.pairs buffer): a pair per task
             pairs = [p for p in map(best_and_worst, groups) if p is not None]
@@ -260,11 +265,31 @@ class ExploreLoop:
         seed = rollout_seed(self.cfg.seed, self.explore_step)
         if self.scheduler is not None:
             self.scheduler.submit(self.explorer.plan(tasks, seed), self.weights.version)
-            return self.scheduler.collect(len(tasks), everything=self.explore_step + 1 == self.total_steps)
-        exps = self.explorer.explore(tasks, seed)
+            exps, metrics = self.scheduler.collect(len(tasks), everything=self.explore_step + 1 == self.total_steps)
+            if self.stream.selection is not None:
+                self.stream.selection.record(exps, self.explore_step)
+            return exps, metrics
+        return self._explored(self.explorer.explore(tasks, seed)), {}
+
+    def _explored(self, exps: list[Experience]) -> list[Experience]:
+        """Rollouts of this step, with the version of the weights that generated them, into the task history."""
         for e in exps:
             e.policy_version = self.weights.version
-        return exps, {}
+        if self.stream.selection is not None:
+            self.stream.selection.record(exps, self.explore_step)
+        return exps
+
+    def _refill(self, exps: list[Experience], metrics: dict[str, float]) -> list[Experience]:
+        """The step's groups whose rewards differ, refilled to buffer.batch_size groups by the
+        algorithm's extra rounds (dynamic sampling); with the task scheduler, whose steps hold what
+        finished, those groups only (its next steps bring more)."""
+        algo, step = self.cfg.algorithm, self.explore_step
+
+        def extra_round(r: int) -> list[Experience]:
+            return self._explored(self.explorer.explore(self.stream.extra(step, r), rollout_seed(self.cfg.seed, step, r)))
+
+        want = 0 if self.scheduler is not None else self.cfg.buffer.batch_size
+        return algorithm_of(algo).refill(algo, exps, want, extra_round, metrics)
 
 
 def _display(stage: Stage, sdir: str, total_steps: int, own: bool) -> tuple[Any, Any]:

@@ -33,8 +33,10 @@ class ExplorePosition:
     the tasks still running (a resumed explorer sends them again), the groups put per buffer writer
     id, its earlier launches' included (a resumed explorer checks that the buffer still holds them)."""
 
-    def __init__(self, state_file: str, step: int, stage: str):
-        self.state_file, self.step, self.stage = state_file, step, stage
+    def __init__(self, state_file: str, step: int, stage: str, selection: Any = None):
+        """`selection`: the stage's TaskSelection (its history and where its streams stand are
+        saved with the position); None: the tasks come in the taskset's order."""
+        self.state_file, self.step, self.stage, self.selection = state_file, step, stage, selection
         self.resend: list[Task] = []
         """Tasks that were still running when the explorer last stopped."""
         self.put: dict[str, int] = {}
@@ -55,6 +57,14 @@ class ExplorePosition:
         self.step = int(saved["explore_step"])
         self.resend = [Task(**t) for t in saved.get("running", [])]
         self.put = {str(w): int(n) for w, n in saved.get("put", {}).items()}
+        if self.selection is not None:
+            if "task_selection" not in saved:
+                raise ValueError(
+                    f"{self.state_file}: the explorer's position was saved without "
+                    "buffer.explorer_input.task_selection, so its task history is unknown: resume with the filter "
+                    "and the curriculum off, or start a new run (another name=)"
+                )
+            self.selection.load_state_dict(saved["task_selection"])
         log.info(
             "resumed exploring %s at step %d%s", self.stage, self.step,
             f" ({len(self.resend)} task(s) that were still running are sent again)" if self.resend else "",
@@ -73,6 +83,8 @@ class ExplorePosition:
         if running is not None:
             state["running"] = [dataclasses.asdict(t) for t in running]
         state["put"] = dict(self.put)
+        if self.selection is not None:  # the history with this step's rollouts, the walk before the next
+            state["task_selection"] = self.selection.state_dict(self.step + 1)
         if groups:
             state["put"][buffer.writer] = self.put.get(buffer.writer, 0) + len(groups)
         with lock:

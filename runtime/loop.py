@@ -139,8 +139,9 @@ class StageLoop:
                 self.source = BufferSource(
                     self.stage, self.sdir, self.run_ctx.run_dir, lambda: self._heartbeat(False), self._while_waiting
                 )  # fmt: skip
-                if resumed and self.plan.source == "explorer_thread":  # its in-memory buffer, as checkpointed
-                    self.source.load_state_dict(self.checkpoints.source_state(self.global_step))
+            state = self._kept_state()
+            if resumed and state is not None:  # an in-memory buffer, a task history, as checkpointed
+                state.load_state_dict(self.checkpoints.source_state(self.global_step))
             self.steps = step_source(
                 self.plan, self.cfg, self.rows, self.stream, self._train, self.mixture, self.schedule,
                 self.record.completions, self.lockstep, self.source, (self.total_explore_steps, self.total_train_steps),
@@ -202,7 +203,7 @@ class StageLoop:
             # checkpoint before and logs it again (the monitors keep the row logged last); the other way
             # round the row of a step the checkpoint holds was lost.
             self._log(metrics if self.global_step > step_before else evaluated)
-            self.checkpoints.save(self.global_step, self.explore_step, final=done, source=self.source)
+            self.checkpoints.save(self.global_step, self.explore_step, final=done, source=self._kept_state())
             if not done and self._heartbeat(wait=True) == "stop":
                 return last_eval, self._stop()
         if cfg.buffer.explorer_input.eval_tasksets and not last_eval:  # e.g. resumed a finished stage
@@ -210,10 +211,19 @@ class StageLoop:
             self._log(last_eval)
         return last_eval, False
 
+    def _kept_state(self) -> Any:
+        """What keeps state of its own beside the trainer's checkpoint (state_dict, load_state_dict):
+        an asynchronous run's in-memory buffer and explorer position, a lock-step run's task selection."""
+        if self.source is not None and self.plan.source == "explorer_thread":
+            return self.source
+        if self.lockstep is not None and self.lockstep.selection is not None:
+            return self.lockstep
+        return None
+
     def _stop(self) -> bool:
         """Stopped on the run's request: the step's checkpoint (if it has none yet)."""
         if self.checkpoints.last_saved != self.global_step:
-            self.checkpoints.save(self.global_step, self.explore_step, final=True, source=self.source)
+            self.checkpoints.save(self.global_step, self.explore_step, final=True, source=self._kept_state())
         log.info("stopped at step %d on the run's request", self.global_step)
         return True
 

@@ -46,7 +46,7 @@ class RowsStep:
     """SFT or DPO on the taskset's rows of each explore step."""
 
     rows: RowsSource
-    stream: Any  # TaskStream | MixtureStream
+    stream: Any  # TaskStream | SelectingStream | MixtureStream
     exhausted: bool = False
 
     def step(self, explore_step: int, global_step: int) -> tuple[Metrics, int]:

@@ -68,12 +68,6 @@ def _check_decoupled(cfg: RLCoreConfig) -> None:
             f"mode {cfg.mode} with algorithm {cfg.algorithm.algorithm_type} is half of a decoupled run, whose trainer "
             "is started by `rlcore launch` (trainer.remote is not supported there yet): drop trainer.remote"
         )
-    if cfg.mode == "explore":
-        if cfg.algorithm.dynamic_sampling:
-            raise ConfigError(
-                "algorithm.dynamic_sampling refills a lock-step batch; a decoupled run (mode explore) does not run "
-                "it: set it false, or use mode both"
-            )
 
 
 def _check_asynchronous(cfg: RLCoreConfig) -> None:
@@ -87,7 +81,6 @@ def _check_asynchronous(cfg: RLCoreConfig) -> None:
         )
     problems = [
         (sc.rollout_ahead != 0, "synchronizer.rollout_ahead (the explorer runs ahead by itself): set it 0"),
-        (bool(cfg.algorithm.dynamic_sampling), "algorithm.dynamic_sampling (a lock-step refill): set it false"),
         (cfg.trainer.remote is not None, "trainer.remote: drop it"),
         (eb.storage_type != "queue" or bool(eb.path),
          "buffer.trainer_input.experience_buffer other than the in-memory queue (a persistent buffer is for "

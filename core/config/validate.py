@@ -19,6 +19,7 @@ from .model_checks import check_model
 from .package_checks import check_packages
 from .plan import filled
 from .schema import MONITOR_TYPES, RLCoreConfig, TasksetConfig
+from .selection_checks import check_task_selection
 from .shape_checks import check_engines, check_shape
 
 
@@ -93,11 +94,11 @@ SELF_SCORED = ("verifiers",)
 
 def _check_taskset(
     ts: TasksetConfig, path: str, check_paths: bool, trains_on: str = "rollouts", rewarded: bool = True,
-    chat: bool = False, evaluated: bool = False, margin_key: str | None = None,
+    chat: bool = False, evaluated: bool = False, numbers: tuple[tuple[str, str], ...] = (),
 ) -> None:  # fmt: skip
     """`trains_on`: what its rows give (Algorithm.data); `rewarded`: whether rewards score them;
-    `chat`: model.apply_chat_template; `evaluated`: an eval taskset; `margin_key`: the column of a
-    reward model's pair margins."""
+    `chat`: model.apply_chat_template; `evaluated`: an eval taskset; `numbers`: (column, the config
+    key naming it) of the columns that hold a number in every row (number_columns)."""
     why = reasoning_tags_problem(ts.format.reasoning_tags)
     if why is not None:
         raise ConfigError(f"{path}.format.reasoning_tags: {why}")
@@ -167,7 +168,7 @@ def _check_taskset(
             check_taskset(
                 ts, path, needs_answer=rewarded and ts.default_workflow_type not in SELF_SCORED
                 and any(n in correctness for n in ts.reward_fn),
-                needs_response=trains_on == "responses", needs_pair=trains_on == "pairs", margin_key=margin_key,
+                needs_response=trains_on == "responses", needs_pair=trains_on == "pairs", numbers=numbers,
             )  # fmt: skip
         except TasksetError as e:
             raise ConfigError(str(e)) from None
@@ -197,14 +198,25 @@ def _check_mixture(cfg: RLCoreConfig, check_paths: bool, data: str, chat: bool) 
                 f"{key}.weight: {weights[i]} of {sum(weights)} gives it no task of a batch of {cfg.buffer.batch_size}; "
                 "raise its weight or buffer.batch_size"
             )
-    from ..algorithms import trains_reward_model
-
-    margin_key = cfg.algorithm.reward_model.margin_key if trains_reward_model(cfg.algorithm) else None
     for i, ts in enumerate(ins.mixture):
         _check_taskset(
             ts, f"buffer.explorer_input.mixture[{i}]", check_paths, data, rewarded=data == "rollouts", chat=chat,
-            margin_key=margin_key,
+            numbers=number_columns(cfg),
         )  # fmt: skip
+
+
+def number_columns(cfg: RLCoreConfig) -> tuple[tuple[str, str], ...]:
+    """(column, the key that names it) of the training tasksets' columns that must hold a number in
+    every row: a reward model's pair margins, a curriculum's difficulty."""
+    from ..algorithms import trains_reward_model
+
+    out = []
+    if trains_reward_model(cfg.algorithm) and cfg.algorithm.reward_model.margin_key is not None:
+        out.append((cfg.algorithm.reward_model.margin_key, "algorithm.reward_model.margin_key"))
+    curriculum = cfg.buffer.explorer_input.task_selection.curriculum
+    if curriculum.order == "column" and curriculum.column is not None:
+        out.append((curriculum.column, "buffer.explorer_input.task_selection.curriculum.column"))
+    return tuple(out)
 
 
 def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
@@ -244,10 +256,9 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         )
     chat = cfg.model.apply_chat_template
     reward_model = trains_reward_model(cfg.algorithm)
-    margin_key = cfg.algorithm.reward_model.margin_key if reward_model else None
     _check_taskset(  # rows trained as they are (SFT's, DPO's, a reward model's) are not rewarded
         buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, rows, rewarded=rows == "rollouts",
-        chat=chat, margin_key=margin_key,
+        chat=chat, numbers=number_columns(cfg),
     )  # fmt: skip
     if buf.expert_taskset is not None:
         if buf.expert_taskset.format.prompt_type == "messages":
@@ -273,6 +284,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         _check_reward_model(full)
     _check_distillation(full, check_paths)
     check_shape(full, data)
+    check_task_selection(full, rows)
 
 
 def check_algorithm_plugs(cfg: RLCoreConfig) -> None:

@@ -12,6 +12,7 @@ from ..config.schema import FormatConfig, RLCoreConfig, TasksetConfig
 from ..registry import import_path
 from ..types import Task
 from .dataset_files import load_dataset_of
+from .task_selection import SelectingStream, TaskSelection, selects
 from .taskset_check import messages_problem, response_text, tools_problem, value_of
 
 
@@ -46,17 +47,27 @@ def mixture_counts(batch_size: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def task_stream(cfg: RLCoreConfig) -> TaskStream | MixtureStream:
+def task_stream(cfg: RLCoreConfig) -> TaskStream | SelectingStream | MixtureStream:
     """The stage's training batches: of its taskset, or of its mixture (one stream per taskset)."""
     sets = training_tasksets(cfg)
+    chooser = cfg.buffer.explorer_input.task_selection
+    selection = TaskSelection(chooser, "buffer.explorer_input.task_selection") if selects(chooser) else None
+
+    def stream(key: str, ts: TasksetConfig, size: int, seed: int) -> TaskStream | SelectingStream:
+        ordered = TaskStream(load_tasks(ts, key), size, seed, ts.shuffle)
+        if selection is None:
+            return ordered
+        selection.check_column(ordered.tasks, key)
+        return SelectingStream(ordered, selection)
+
     if len(sets) == 1:
         key, ts = sets[0]
-        return TaskStream(load_tasks(ts, key), cfg.buffer.batch_size, cfg.seed, ts.shuffle)
+        return stream(key, ts, cfg.buffer.batch_size, cfg.seed)
     counts = mixture_counts(cfg.buffer.batch_size, [ts.weight for _, ts in sets])
     streams = []
     for i, ((key, ts), count) in enumerate(zip(sets, counts, strict=True)):
         try:
-            streams.append(TaskStream(load_tasks(ts, key), count, cfg.seed + i, ts.shuffle))
+            streams.append(stream(key, ts, count, cfg.seed + i))
         except ValueError as e:
             raise ValueError(f"{key}: {e} (its share of each batch, by weight)") from None
     return MixtureStream(streams)
@@ -208,8 +219,9 @@ class MixtureStream:
     """Batches made of several TaskStreams' batches, in taskset order (batch k of each): as seeded
     and resumable as theirs."""
 
-    def __init__(self, streams: list[TaskStream]):
+    def __init__(self, streams: list[TaskStream | SelectingStream]):
         self.streams = streams
+        self.selection = streams[0].selection
         self.tasks = [t for s in streams for t in s.tasks]
         self.batch_size = sum(s.batch_size for s in streams)
         self.batches_per_epoch = max(s.batches_per_epoch for s in streams)
@@ -296,13 +308,19 @@ class TaskStream:
         self.seed = seed
         self.shuffle = shuffle
         self.batches_per_epoch = len(tasks) // batch_size
+        self.selection: Any = None
+        """The TaskSelection that chooses the batches (task_selection.SelectingStream); None: the order alone."""
 
-    def batch(self, index: int) -> list[Task]:
-        epoch, i = divmod(index, self.batches_per_epoch)
+    def order(self, epoch: int) -> list[int]:
+        """The tasks' indices in epoch `epoch`'s order."""
         order = list(range(len(self.tasks)))
         if self.shuffle:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        picked = order[i * self.batch_size : (i + 1) * self.batch_size]
+        return order
+
+    def batch(self, index: int) -> list[Task]:
+        epoch, i = divmod(index, self.batches_per_epoch)
+        picked = self.order(epoch)[i * self.batch_size : (i + 1) * self.batch_size]
         return [self.tasks[j] for j in picked]
 
     def extra(self, index: int, round_: int) -> list[Task]:

@@ -99,13 +99,14 @@ def tools_problem(value: Any) -> str | None:
 
 def check_taskset(
     ts: TasksetConfig, key: str, needs_answer: bool, needs_response: bool, needs_pair: bool = False,
-    margin_key: str | None = None,
+    numbers: tuple[tuple[str, str], ...] = (),
 ) -> int:  # fmt: skip
     """Read every row of the taskset file `ts.path`; returns how many rows it has. `key` is the
     config path of the taskset (for messages); `needs_answer` / `needs_response` / `needs_pair`: the
     rewards compare with an answer / the stage trains on reference responses (SFT) / on preference
-    pairs (DPO: chosen and rejected, text or chat messages); `margin_key`: each pair's margin, a
-    number (algorithm.reward_model.margin_key)."""
+    pairs (DPO: chosen and rejected, text or chat messages); `numbers`: (column, the config key that
+    names it) of columns every row must hold a number in (a reward model's pair margins, a
+    curriculum's difficulty)."""
     path, fmt = ts.path, ts.format
     messages = fmt.prompt_type == "messages"
     required = [("messages", fmt.messages_key)] if messages else [("prompt", fmt.prompt_key)]
@@ -137,14 +138,13 @@ def check_taskset(
                     f"{key}: {path} row {number}: the {what} ('{name}') is a {type(value).__name__}, neither "
                     'text nor chat messages with an assistant turn ([{"role": "assistant", "content": ...}])'
                 )
-        margin = MISSING if margin_key is None else row.get(margin_key, MISSING)  # a column of its own
-        if margin_key is not None and (
-            isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin)
-        ):
-            raise TasksetError(
-                f"algorithm.reward_model.margin_key: {path} row {number} has no number in column '{margin_key}' "
-                f"(got {'nothing' if margin is MISSING else repr(margin)}); give every row one, or unset the key"
-            )
+        for name, config_key in numbers:
+            value = row.get(name, MISSING)  # a column of its own
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise TasksetError(
+                    f"{config_key}: {path} row {number} has no number in column '{name}' "
+                    f"(got {'nothing' if value is MISSING else repr(value)}); give every row one, or unset the key"
+                )
         tools = row.get(fmt.tools_key)
         problem = None if tools is None else tools_problem(tools)
         if problem is not None:

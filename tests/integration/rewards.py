@@ -30,6 +30,13 @@ def half_constant(response: str, task: Task) -> float:
     return 1.0 if digits and int(digits) % 2 == 0 else distinct_chars(response, task)
 
 
+def solved_half(response: str, task: Task) -> float:
+    """1.0 (solved) for every response to an even-numbered task, and below 1 for the others
+    (distinct_chars up to 0.9): half the taskset is always solved, the rest never, yet varies."""
+    digits = "".join(c for c in task.task_id if c.isdigit())
+    return 1.0 if digits and int(digits) % 2 == 0 else min(distinct_chars(response, task), 0.9)
+
+
 def always_nan(response: str, task: Task) -> float:
     """A reward with a bug no row escapes: never a number."""
     return float("nan")

@@ -33,6 +33,7 @@ from .buffer import (
     ReplayBufferConfig,
     RewardModelRewardConfig,
     RolloutArgs,
+    TaskSelectionConfig,
     TasksetConfig,
     TrainerInput,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "ExperienceBufferConfig",
     "ExplorerConfig",
     "ExplorerInput",
+    "TaskSelectionConfig",
     "ExternalModelConfig",
     "FormatConfig",
     "KLControllerConfig",

@@ -154,6 +154,53 @@ class TasksetConfig:
 
 
 @dataclass
+class DifficultyFilterConfig:
+    """Skip (or down-weight) the training tasks whose recent pass rate says they teach nothing:
+    always solved (every response right: zero advantage) or never solved."""
+
+    enable: bool = False
+    too_easy: float | None = bounded(1.0, ge=0.0, le=1.0)
+    """A task whose recent pass rate is at least this is too easy (null: none is)."""
+    too_hard: float | None = bounded(0.0, ge=0.0, le=1.0)
+    """A task whose recent pass rate is at most this is too hard (null: none is)."""
+    readmit_after: int = bounded(8, ge=1)
+    """Explore steps after its last exploration before a filtered task is explored again (its
+    history then says whether it still is too easy or too hard)."""
+    keep_probability: float = bounded(0.0, ge=0.0, lt=1.0)
+    """The chance that a filtered task is explored anyway when its turn comes (0: skipped; above 0:
+    down-weighted), drawn from the seed, so a resume draws the same."""
+
+
+@dataclass
+class CurriculumConfig:
+    """Easy tasks first: the tasks a step may draw are the easiest `start_fraction` of the taskset,
+    growing linearly to all of it over `ramp_steps` explore steps."""
+
+    order: str = choice("none", ("none", "history", "column"))
+    """none: no curriculum; history: easiest = highest recent pass rate (a task not explored yet
+    counts as `unseen_pass_rate`); column: by a numeric column of the taskset, smallest first."""
+    column: str | None = None
+    """order column: the taskset's column that holds each task's difficulty (a number, smaller is easier)."""
+    start_fraction: float = bounded(0.25, gt=0.0, le=1.0)
+    ramp_steps: int = bounded(50, ge=1)
+    unseen_pass_rate: float = bounded(0.5, ge=0.0, le=1.0)
+
+
+@dataclass
+class TaskSelectionConfig:
+    """Which training tasks a step explores, by each task's history (core/data/task_selection.py):
+    the history is kept with the run's checkpoints (a lock-step run's, or the explorer's position in
+    a decoupled or asynchronous run), so a resume selects exactly what the run would have."""
+
+    history_window: int = bounded(4, ge=1)
+    """A task's recent pass rate is the mean over its last this many explorations."""
+    success_reward: float = 1.0
+    """A response passes when its reward is at least this (1.0: a right answer of exact_match)."""
+    difficulty_filter: DifficultyFilterConfig = field(default_factory=DifficultyFilterConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+
+@dataclass
 class ExplorerInput:
     taskset: TasksetConfig = field(default_factory=TasksetConfig)
     eval_tasksets: list[TasksetConfig] = field(default_factory=list)
@@ -163,6 +210,8 @@ class ExplorerInput:
     workflow, reward functions and rollout_args (its sampling temperature too: each experience
     carries the one it was sampled at, and the trainer scores it at that one).
     An epoch ends when the taskset that takes longest has been seen once."""
+    task_selection: TaskSelectionConfig = field(default_factory=TaskSelectionConfig)
+    """Difficulty filtering and curriculum over the training tasks, by their history."""
 
 
 @dataclass

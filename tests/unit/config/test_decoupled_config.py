@@ -19,6 +19,13 @@ def test_a_decoupled_run_divides_by_the_behaviour_policys_log_probs_unless_told(
     assert told.algorithm.do_old_log_prob_compute is True
 
 
+def test_dynamic_sampling_runs_in_every_mode_that_explores(tmp_path) -> None:
+    """The explorer of a decoupled or asynchronous run drops (and refills) the groups that teach
+    nothing before they reach the buffer, as a lock-step run does."""
+    for mode in (["mode=explore"], ["synchronizer.asynchronous=true"], []):
+        assert resolve(tmp_path, "algorithm.algorithm_type=dapo", *mode).algorithm.dynamic_sampling is True
+
+
 def test_asynchronous_both_defaults_to_one_step_ahead_and_the_behaviour_policy(tmp_path) -> None:
     cfg = resolve(tmp_path, "synchronizer.asynchronous=true")
     assert cfg.synchronizer.max_staleness == 1 and cfg.algorithm.do_old_log_prob_compute is False
@@ -44,7 +51,6 @@ def test_the_buffer_lives_in_the_run_folder_both_launches_share(tmp_path) -> Non
     "overrides, message",
     [
         (["mode=explore", "algorithm.algorithm_type=sft"], r"mode explore writes rollouts for an RL algorithm; algorithm\.algorithm_type sft"),
-        (["mode=explore", "algorithm.algorithm_type=dapo"], r"algorithm\.dynamic_sampling refills a lock-step batch"),
         (["mode=train", "trainer.remote=127.0.0.1:5000"], r"mode train with algorithm grpo is half of a decoupled run.*drop trainer\.remote"),
         (["mode=train", "buffer.trainer_input.experience_buffer.path=nowhere"], r"buffer\.trainer_input\.experience_buffer\.path must be host:port"),
         (["mode=train", "synchronizer.asynchronous=true"], r"synchronizer\.asynchronous runs mode both's explorer beside its trainer; got mode train"),

@@ -1,0 +1,41 @@
+"""buffer.explorer_input.task_selection: the difficulty filter's thresholds and the curriculum's
+order, each refused in one line naming the key and the fix (core/data/task_selection.py runs them)."""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+from .schema import RLCoreConfig
+
+KEY = "buffer.explorer_input.task_selection"
+
+
+def check_task_selection(cfg: RLCoreConfig, data: str) -> None:
+    """The filter and the curriculum choose the tasks an RL stage explores (`data`: what the stage
+    trains on; rollouts, or the taskset's own responses or pairs, which nothing explores)."""
+    sel = cfg.buffer.explorer_input.task_selection
+    f, c = sel.difficulty_filter, sel.curriculum
+    if c.order == "column" and not c.column:
+        raise ConfigError(
+            f"{KEY}.curriculum.column: order column ranks the tasks by a numeric column of the taskset: name it"
+        )
+    if c.order != "column" and c.column:
+        raise ConfigError(
+            f"{KEY}.curriculum.column '{c.column}' is read by order column only; got order {c.order}: "
+            "set order column, or drop the column"
+        )
+    if f.enable and f.too_easy is None and f.too_hard is None:
+        raise ConfigError(
+            f"{KEY}.difficulty_filter: too_easy and too_hard are both null, so nothing is filtered: set one, "
+            "or enable false"
+        )
+    if f.enable and f.too_easy is not None and f.too_hard is not None and f.too_hard >= f.too_easy:
+        raise ConfigError(
+            f"{KEY}.difficulty_filter.too_hard ({f.too_hard}) must be below too_easy ({f.too_easy}): a pass rate "
+            "between them is a task worth exploring"
+        )
+    if (f.enable or c.order != "none") and data != "rollouts":
+        raise ConfigError(
+            f"{KEY} chooses the tasks an RL stage explores; algorithm.algorithm_type "
+            f"{cfg.algorithm.algorithm_type} trains on the taskset's own {data}: turn the filter and the "
+            "curriculum off"
+        )

@@ -1,0 +1,107 @@
+"""Task history and difficulty filtering inside real launches, on a taskset where half the tasks are
+always solved (tests.integration.rewards:solved_half gives every response to an even-numbered task
+1.0, and less to the others): after its first epoch a lock-step run explores only the others, and a run stopped and resumed
+from its checkpoint draws and trains exactly what the uninterrupted run does; a decoupled run's
+explorer (mode explore beside mode train) and an asynchronous one filter too, and drop the groups
+that teach nothing before the buffer (dynamic sampling, refused there before)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from .launch_utils import launch, read_metrics, tiny_grpo_config
+from .test_decoupled_launch import _config, _finish, _start
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+SOLVED_HALF = {
+    "buffer.explorer_input.taskset.reward_fn": ["tests.integration.rewards:solved_half"],
+    "buffer.explorer_input.taskset.generator_args": {"num_tasks": 8, "max_operand": 9},  # 2 batches an epoch
+    "buffer.total_epochs": 3,
+    "buffer.explorer_input.task_selection": {"difficulty_filter": {"enable": True, "too_hard": None, "readmit_after": 100}},
+}  # fmt: skip
+"""Batches of 4 of 8 tasks: epoch 0 (steps 1-2) explores each once, then only the 4 odd-numbered."""
+
+KEYS = ("tasks/skipped_easy", "tasks/pool_easy", "tasks/pool_open", "rollout/effective_groups", "rollout/reward_mean", "actor/loss")  # fmt: skip
+
+
+def _steps(run_dir: str) -> list[dict]:
+    return [m for m in read_metrics(run_dir) if "actor/loss" in m]
+
+
+def _explored_tasks(run_dir: str) -> list[set[int]]:
+    """The task numbers each step's completions came from."""
+    steps: dict[int, set[int]] = {}
+    with open(os.path.join(run_dir, "completions.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            steps.setdefault(row["step"], set()).add(int(row["group"].rsplit("-", 1)[1]))
+    return [steps[s] for s in sorted(steps)]
+
+
+def test_a_lockstep_run_skips_the_solved_half_and_resumes_its_history_exactly(tmp_path) -> None:
+    logged = {"monitor.log_completions": True, "monitor.save_completions_probability": 1.0}
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    launch(tiny_grpo_config(straight, **{**SOLVED_HALF, **logged, "buffer.total_steps": 6}), straight + ".yaml")
+    cfg = tiny_grpo_config(resumed, **{**SOLVED_HALF, **logged, "buffer.total_steps": 3})
+    launch(cfg, resumed + ".yaml")
+    launch(cfg, resumed + ".yaml", "buffer.total_steps=6", "continue_from_checkpoint=true")
+
+    a, b = (os.path.join(r, "it", "run") for r in (straight, resumed))
+    explored = _explored_tasks(a)
+    assert sorted(explored[0] | explored[1]) == list(range(8))  # epoch 0: every task once
+    assert all(s == {1, 3, 5, 7} for s in explored[2:]), explored  # then the solved half is skipped
+    steps = _steps(a)
+    skipped = [m.get("tasks/skipped_easy", 0) for m in steps]  # the even ones the walk passed over
+    assert skipped[:2] == [0, 0] and all(n > 0 for n in skipped[2:]), skipped
+    assert steps[-1]["tasks/pool_easy"] == 4 and steps[-1]["tasks/pool_open"] == 4
+    assert _explored_tasks(b) == explored
+    for x, y in zip(steps, _steps(b), strict=True):
+        for key in KEYS:
+            assert abs(x.get(key, 0) - y.get(key, 0)) < 1e-6, (x["step"], key, x.get(key), y.get(key))
+    states = [json.load(open(os.path.join(r, "source_state", "step_6.json"))) for r in (a, b)]
+    assert states[0] == states[1] and len(states[0]["task_selection"]["history"]) == 8
+
+
+def test_a_decoupled_explorer_filters_and_drops_the_groups_that_teach_nothing(tmp_path) -> None:
+    """mode explore + mode train over the file buffer, with dapo (dynamic sampling: each step's
+    groups whose rewards are all equal are dropped and refilled before the put)."""
+    root = str(tmp_path)
+    path = _config(root, "file", **{**SOLVED_HALF, "algorithm.algorithm_type": "dapo", "buffer.total_steps": 4})
+    trainer = _start(path, "train")
+    explorer = _start(path, "explore")
+    _finish(explorer, "mode explore")
+    _finish(trainer, "mode train")
+    run_dir = os.path.join(root, "it", "run")
+    explore = read_metrics(os.path.join(run_dir, "explorer"))
+    assert len(explore) == 4
+    # every step puts 4 groups whose rewards differ: the solved ones were dropped (and others explored
+    # in their place) in epoch 0, and skipped before they were explored after it
+    assert [m["rollout/groups_kept"] for m in explore] == [4, 4, 4, 4]
+    assert sum(m["rollout/groups_dropped"] for m in explore[:2]) > 0
+    assert all(m.get("tasks/skipped_easy", 0) > 0 for m in explore[2:]), explore
+    assert all(m["buffer/groups_put"] == 4 for m in explore)
+    with open(os.path.join(run_dir, "explorer", "explorer_state.json")) as f:
+        saved = json.load(f)
+    assert saved["explore_step"] == 4 and len(saved["task_selection"]["history"]) == 8
+    train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
+    assert [m["step"] for m in train] == [1, 2, 3, 4]
+
+
+def test_an_asynchronous_run_filters_in_its_explorer_thread(tmp_path) -> None:
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(root, **{
+        **SOLVED_HALF, "algorithm.algorithm_type": "dapo", "buffer.total_steps": 4,
+        "synchronizer.asynchronous": True, "synchronizer.max_staleness": 2,
+    })  # fmt: skip
+    launch(cfg, os.path.join(root, "cfg.yaml"))
+    run_dir = os.path.join(root, "it", "run")
+    explore = read_metrics(os.path.join(run_dir, "explorer"))
+    assert [m["rollout/groups_kept"] for m in explore] == [4, 4, 4, 4]
+    assert all(m.get("tasks/skipped_easy", 0) > 0 for m in explore[2:]), explore
+    state = json.load(open(os.path.join(run_dir, "source_state", "step_4.json")))
+    assert len(state["explorer"]["task_selection"]["history"]) == 8
+    assert [m["step"] for m in _steps(run_dir)] == [1, 2, 3, 4]
