@@ -37,7 +37,7 @@ def rollout_metrics(exps: list[Experience]) -> dict[str, float]:
         "rollout/reward_std": float(rewards.std()) if len(ends) > 1 else 0.0,
         "rollout/response_len_mean": sum(e.model_tokens for e in exps) / len(ends),
         "rollout/truncated_frac": sum(e.finish_reason == "length" for e in ends) / len(ends),
-        # groups whose rewards differ: the others have advantage 0 everywhere and teach nothing
+        # groups whose rewards differ (the others teach nothing, unless a length term shapes them)
         "rollout/effective_groups": float(len(informative_groups([e.reward for e in ends], [e.group_id for e in ends]))),
     }
     if len(ends) < len(exps):  # a re-rendered history went on as a new sample

@@ -168,14 +168,14 @@ class ExploreLoop:
             if self.stop.is_set():
                 return None
             exps, explored = self._explore()
+            if self.stage.plan.passes.refill:  # dynamic sampling: the groups that teach nothing stay out of the buffer
+                exps = self._refill(exps, explored)
         except NoWorkerAnswers:
             if not self._wait_for_restarts():
                 raise
             return self._step(buffer)  # the step again, on the restarted workers
         metrics.update(explored)
         self.dropped += int(explored.get("rollout/tasks_dropped", 0))
-        if self.stage.plan.passes.refill:  # dynamic sampling: the groups that teach nothing stay out of the buffer
-            exps = self._refill(exps, metrics)
         if self.stream.selection is not None:
             metrics.update(self.stream.selection.metrics(self.explore_step))
         groups = grouped(exps)
@@ -187,7 +187,8 @@ class ExploreLoop:
         self.position.record(buffer, groups, running, self.weights.version, self.lock)
         if not groups:
             log.warning("explore step %d: every task was left out (or tied); nothing put", self.explore_step - 1)
-        metrics.update(rollout_metrics(exps))
+        if exps:
+            metrics.update(rollout_metrics(exps))
         metrics.update(self.explorer.report())
         metrics["rollout/policy_version"] = float(self.weights.version)
         metrics["buffer/groups_put"] = float(len(groups))
@@ -205,7 +206,9 @@ class ExploreLoop:
         e is trained on from optimizer step e x (optimizer steps per explore step) on: its weights may
         be up to max_staleness versions older than that, the unit the trainer drops in."""
         position = self.explore_step
-        if self.stage.plan.trains_on == "pairs":  # tied groups give no pair: the trainer's step that reads next
+        if self.stage.plan.trains_on == "pairs" or self.stage.plan.passes.refill:
+            # tied groups give no pair, dynamic sampling may put fewer groups than a batch: the
+            # position is the trainer's step that reads next
             position = sum(self.position.put.values()) // self.cfg.buffer.batch_size
         need = SyncSchedule(self.cfg.synchronizer).oldest_for_explore(position, self.updates_per_step)
         if self.launch is not None:

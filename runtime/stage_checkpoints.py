@@ -62,9 +62,11 @@ class StageCheckpoints:
                 return json.load(f)  # type: ignore[no-any-return]
         except FileNotFoundError:
             raise ValueError(
-                f"stage {self.stage.name}: the checkpoint of step {global_step} has no saved explorer position "
-                f"and in-memory buffer ({path}; written since rlcore 2026-11-29): this asynchronous run cannot "
-                "resume exactly from it; start it again without continue_from_checkpoint (or with a new name=)"
+                f"stage {self.stage.name}: the checkpoint of step {global_step} has no saved state of its experience "
+                f"source ({path}): an asynchronous run's explorer position and in-memory buffer (written since rlcore "
+                "2026-11-29), or the task history of buffer.explorer_input.task_selection (kept only while the filter "
+                "or the curriculum is on), so the run cannot resume exactly from it: resume with the settings it "
+                "was saved with, or start it again without continue_from_checkpoint (or with a new name=)"
             ) from None
 
     def resume(self) -> Restored | None:

@@ -23,6 +23,8 @@ def check_task_selection(cfg: RLCoreConfig, data: str) -> None:
             f"{KEY}.curriculum.column '{c.column}' is read by order column only; got order {c.order}: "
             "set order column, or drop the column"
         )
+    if c.order == "column":
+        _check_column_is_free(cfg, str(c.column))
     if f.enable and f.too_easy is None and f.too_hard is None:
         raise ConfigError(
             f"{KEY}.difficulty_filter: too_easy and too_hard are both null, so nothing is filtered: set one, "
@@ -39,3 +41,18 @@ def check_task_selection(cfg: RLCoreConfig, data: str) -> None:
             f"{cfg.algorithm.algorithm_type} trains on the taskset's own {data}: turn the filter and the "
             "curriculum off"
         )
+
+
+def _check_column_is_free(cfg: RLCoreConfig, column: str) -> None:
+    """The curriculum's column is not one a training taskset's format takes for itself (its prompt,
+    answer, ...: those become the task's prompt and answer, not a column the curriculum reads)."""
+    from ..data.taskset import training_tasksets
+
+    for key, ts in training_tasksets(cfg):
+        fmt = ts.format
+        taken = {fmt.prompt_key, fmt.answer_key, fmt.response_key, fmt.messages_key, fmt.tools_key, fmt.system_prompt_key}
+        if column in taken:
+            raise ConfigError(
+                f"{KEY}.curriculum.column '{column}' is {key}'s own (its format names it for the prompt, answer, "
+                "response, messages, tools or system prompt): give the difficulty a column of its own"
+            )

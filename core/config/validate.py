@@ -256,6 +256,7 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         )
     chat = cfg.model.apply_chat_template
     reward_model = trains_reward_model(cfg.algorithm)
+    check_task_selection(cfg, rows)  # before the tasksets' rows are read for its column
     _check_taskset(  # rows trained as they are (SFT's, DPO's, a reward model's) are not rewarded
         buf.explorer_input.taskset, "buffer.explorer_input.taskset", check_paths, rows, rewarded=rows == "rollouts",
         chat=chat, numbers=number_columns(cfg),
@@ -284,7 +285,6 @@ def validate_config(cfg: RLCoreConfig, check_paths: bool = True) -> None:
         _check_reward_model(full)
     _check_distillation(full, check_paths)
     check_shape(full, data)
-    check_task_selection(full, rows)
 
 
 def check_algorithm_plugs(cfg: RLCoreConfig) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..types import by_episode
+
 
 @dataclass
 class TaskRecord:
@@ -40,10 +42,11 @@ class TaskHistory:
         self.tasks: dict[str, TaskRecord] = {}
 
     def record(self, exps: Iterable[Any], step: int) -> None:
-        """Explore step `step`'s experiences (anything with .group_id, the task's id, and .reward)."""
+        """Explore step `step`'s experiences (.group_id: the task's id), each episode counted once
+        (the samples of a split one share its reward)."""
         rewards: dict[str, list[float]] = {}
-        for e in exps:
-            rewards.setdefault(e.group_id, []).append(float(e.reward))
+        for samples in by_episode(list(exps)):
+            rewards.setdefault(samples[-1].group_id, []).append(float(samples[-1].reward))
         for task_id, values in rewards.items():
             rec = self.tasks.setdefault(task_id, TaskRecord())
             rec.pass_rates = [*rec.pass_rates, sum(r >= self.success_reward for r in values) / len(values)][-self.window :]

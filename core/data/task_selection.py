@@ -5,8 +5,9 @@ each task's history (task_history.py), difficulty filtering and a curriculum.
                 solved) is passed over when its turn comes, until readmit_after explore steps after
                 its last exploration (then it runs again and its new history decides); with
                 keep_probability > 0 it is down-weighted instead (explored with that chance)
-    curriculum  a step draws from the easiest part of the taskset (by recent pass rate, or by a
-                column): start_fraction of it at step 0, all of it after ramp_steps explore steps
+    curriculum  a step draws from the easiest part of the tasks the filter leaves open (by recent
+                pass rate, or by a column): start_fraction of them at step 0, all after ramp_steps
+                explore steps
 
 A selecting stream walks each epoch's seeded order as TaskStream does and passes over the tasks the
 filter or the curriculum leaves out (they have their turn again in the next epoch). Where it
@@ -66,17 +67,21 @@ class TaskSelection:
             return "hard"
         return None
 
-    def opened(self, tasks: list[Task], step: int, at_least: int) -> list[bool] | None:
-        """Which of `tasks` the curriculum opens at explore step `step` (at least `at_least` of
-        them); None: all."""
+    def opened(
+        self, tasks: list[Task], step: int, at_least: int, candidates: list[int] | None = None
+    ) -> list[bool] | None:
+        """Which of `tasks` the curriculum opens at explore step `step`: the easiest share of the
+        `candidates` (their indices: the tasks the filter leaves open; None: all), at least
+        `at_least` of them; None: all."""
         c = self.cfg.curriculum
         if c.order == "none":
             return None
+        pool = list(range(len(tasks))) if candidates is None else candidates
         fraction = c.start_fraction + (1.0 - c.start_fraction) * min(1.0, step / c.ramp_steps)
-        size = max(at_least, math.ceil(len(tasks) * fraction))
-        if size >= len(tasks):
+        size = max(at_least, math.ceil(len(pool) * fraction))
+        if size >= len(pool):
             return None
-        ranked = sorted(range(len(tasks)), key=lambda j: (self._difficulty(tasks[j]), j))
+        ranked = sorted(pool, key=lambda j: (self._difficulty(tasks[j]), j))
         inside = [False] * len(tasks)
         for j in ranked[:size]:
             inside[j] = True
@@ -183,21 +188,22 @@ class SelectingStream:
         return self._orders[epoch]
 
     def _states(self, index: int) -> list[str | None]:
-        """Each task's state at batch `index`: None (open), 'easy' or 'hard' (filtered), OUTSIDE."""
+        """Each task's state at batch `index`: None (open), 'easy' or 'hard' (filtered), OUTSIDE (the
+        curriculum, which ranks the tasks the filter leaves, has not opened it yet)."""
         sel = self.selection
-        inside = sel.opened(self.tasks, index, self.batch_size)
-        return [
-            sel.filtered(t, index) if inside is None or inside[j] else OUTSIDE for j, t in enumerate(self.tasks)
-        ]
+        states = [sel.filtered(t, index) for t in self.tasks]
+        inside = sel.opened(self.tasks, index, self.batch_size, [j for j, s in enumerate(states) if s is None])
+        if inside is None:
+            return states
+        return [OUTSIDE if s is None and not inside[j] else s for j, s in enumerate(states)]
 
     def _draw(self, index: int) -> tuple[list[int], dict[str, int]]:
         """The task indices of batch `index`, walking on from where the stream stands, and the counts."""
         states = self._states(index)
         held = Counter(states)
-        counts = {
-            "tasks/pool_open": held[None], "tasks/pool_easy": held["easy"], "tasks/pool_hard": held["hard"],
-            "tasks/pool_curriculum": len(states) - held[OUTSIDE],
-        }  # fmt: skip
+        counts = {"tasks/pool_open": held[None], "tasks/pool_easy": held["easy"], "tasks/pool_hard": held["hard"]}
+        if self.selection.cfg.curriculum.order != "none":
+            counts["tasks/pool_closed"] = held[OUTSIDE]
         if held[None] < self.batch_size:
             return self._too_few(index, states, counts)
         keep = self.selection.cfg.difficulty_filter.keep_probability

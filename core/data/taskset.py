@@ -53,8 +53,7 @@ def task_stream(cfg: RLCoreConfig) -> TaskStream | SelectingStream | MixtureStre
     chooser = cfg.buffer.explorer_input.task_selection
     selection = TaskSelection(chooser, "buffer.explorer_input.task_selection") if selects(chooser) else None
 
-    def stream(key: str, ts: TasksetConfig, size: int, seed: int) -> TaskStream | SelectingStream:
-        ordered = TaskStream(load_tasks(ts, key), size, seed, ts.shuffle)
+    def stream(ordered: TaskStream, key: str) -> TaskStream | SelectingStream:
         if selection is None:
             return ordered
         selection.check_column(ordered.tasks, key)
@@ -62,14 +61,15 @@ def task_stream(cfg: RLCoreConfig) -> TaskStream | SelectingStream | MixtureStre
 
     if len(sets) == 1:
         key, ts = sets[0]
-        return stream(key, ts, cfg.buffer.batch_size, cfg.seed)
+        return stream(TaskStream(load_tasks(ts, key), cfg.buffer.batch_size, cfg.seed, ts.shuffle), key)
     counts = mixture_counts(cfg.buffer.batch_size, [ts.weight for _, ts in sets])
     streams = []
     for i, ((key, ts), count) in enumerate(zip(sets, counts, strict=True)):
         try:
-            streams.append(stream(key, ts, count, cfg.seed + i))
+            ordered = TaskStream(load_tasks(ts, key), count, cfg.seed + i, ts.shuffle)
         except ValueError as e:
             raise ValueError(f"{key}: {e} (its share of each batch, by weight)") from None
+        streams.append(stream(ordered, key))
     return MixtureStream(streams)
 
 

@@ -20,6 +20,11 @@ def tasks(n: int, name: str = "t") -> list[Task]:
     return [Task(task_id=f"{name}-{i}", source=name, prompt=str(i), answer="1", metadata={"level": n - i}) for i in range(n)]
 
 
+def exp(group_id: str, reward: float, episode_id: str = "") -> SimpleNamespace:
+    """What the history reads of an Experience."""
+    return SimpleNamespace(group_id=group_id, reward=reward, episode_id=episode_id)
+
+
 def selection(**filter_args) -> TaskSelection:
     cfg = TaskSelectionConfig()
     cfg.difficulty_filter.enable = True
@@ -31,7 +36,7 @@ def selection(**filter_args) -> TaskSelection:
 def solve(sel: TaskSelection, batch: list[Task], step: int, solved: set[str], n: int = 4) -> None:
     """Record `n` responses per task: all right for the tasks in `solved`, half right for the rest."""
     sel.record(
-        [SimpleNamespace(group_id=t.task_id, reward=float(t.task_id in solved or i % 2)) for t in batch for i in range(n)],
+        [exp(t.task_id, float(t.task_id in solved or i % 2)) for t in batch for i in range(n)],
         step,
     )
 
@@ -58,6 +63,9 @@ def test_the_history_keeps_each_tasks_recent_pass_rate_over_its_window() -> None
     assert rec.last_step == 5 and rec.explored == 3
     solve(sel, t, 6, set())
     assert sel.history.get("t-0").pass_rate == 0.75
+    # an episode split into several samples (a re-rendered history) counts once, with its reward
+    sel.record([exp("t-0", 0.0, "e1"), exp("t-0", 1.0, "e1"), exp("t-0", 0.0, "e2")], 7)
+    assert sel.history.get("t-0").pass_rates[-1] == 0.5
 
 
 def test_always_solved_tasks_are_passed_over_until_readmitted() -> None:
@@ -78,7 +86,7 @@ def test_always_solved_tasks_are_passed_over_until_readmitted() -> None:
 def test_never_solved_tasks_are_hard_and_thresholds_can_be_off() -> None:
     sel = selection(too_easy=None, too_hard=0.0)
     t = tasks(2)
-    sel.record([SimpleNamespace(group_id="t-0", reward=0.0)] * 4 + [SimpleNamespace(group_id="t-1", reward=1.0)] * 4, 0)
+    sel.record([exp("t-0", 0.0)] * 4 + [exp("t-1", 1.0)] * 4, 0)
     assert sel.filtered(t[0], 1) == "hard" and sel.filtered(t[1], 1) is None
 
 
@@ -146,15 +154,30 @@ def test_the_curriculum_opens_the_easiest_first_and_all_after_its_ramp() -> None
     sel = TaskSelection(cfg, "k")
     stream = SelectingStream(TaskStream(tasks(16), 2, 0, True), sel)
     assert {t.task_id for t in stream.batch(0)} <= {f"t-{i}" for i in range(12, 16)}  # levels 1..4
-    assert stream.drawn_metrics(0)["tasks/pool_curriculum"] == 4
+    assert stream.drawn_metrics(0)["tasks/pool_closed"] == 12 and stream.drawn_metrics(0)["tasks/pool_open"] == 4
     assert sel.opened(stream.tasks, 4, 2) is None
     by_history = TaskSelectionConfig()
     by_history.curriculum.order = "history"
     h = TaskSelection(by_history, "k")
     t = tasks(4)
-    h.record([SimpleNamespace(group_id="t-3", reward=1.0)], 0)
-    h.record([SimpleNamespace(group_id="t-0", reward=0.0)], 0)
+    h.record([exp("t-3", 1.0)], 0)
+    h.record([exp("t-0", 0.0)], 0)
     assert h.opened(t, 0, 1) == [False, False, False, True]  # solved first, then the unseen, the failed last
+    assert h.opened(t, 0, 1, candidates=[0, 1, 2]) == [False, True, False, False]  # among those the filter leaves
+
+
+def test_the_curriculum_ranks_only_the_tasks_the_filter_leaves_open() -> None:
+    cfg = TaskSelectionConfig()
+    cfg.difficulty_filter.enable, cfg.difficulty_filter.readmit_after = True, 100
+    cfg.curriculum.order, cfg.curriculum.start_fraction, cfg.curriculum.ramp_steps = "history", 0.5, 100
+    sel = TaskSelection(cfg, "k")
+    stream = SelectingStream(TaskStream(tasks(16), 2, 0, True), sel)
+    solved = {f"t-{i}" for i in range(8)}
+    run(stream, range(8), solved)  # every task once: half always solved, half at pass rate 0.5
+    counts = stream.drawn_metrics(8) if stream.batch(8) else {}
+    # the solved half is filtered; the curriculum opens ceil(8 x (0.5 + 0.5 x 8 / 100)) = 5 of the other 8
+    assert counts["tasks/pool_easy"] == 8 and counts["tasks/pool_open"] == 5 and counts["tasks/pool_closed"] == 3
+    assert "tasks/readmitted_early" not in counts
 
 
 def test_a_curriculum_column_without_numbers_is_named() -> None:
@@ -175,6 +198,7 @@ def test_a_curriculum_column_without_numbers_is_named() -> None:
         (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.too_hard=0.6", "buffer.explorer_input.task_selection.difficulty_filter.too_easy=0.5"], r"too_hard \(0\.6\) must be below too_easy \(0\.5\)"),
         (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "algorithm.algorithm_type=sft", "mode=train"], r"task_selection chooses the tasks an RL stage explores; algorithm\.algorithm_type sft trains on the taskset's own responses"),
         (["buffer.explorer_input.task_selection.difficulty_filter.keep_probability=1.0"], r"keep_probability must be < 1"),
+        (["buffer.explorer_input.task_selection.curriculum.order=column", "buffer.explorer_input.task_selection.curriculum.column=answer"], r"curriculum\.column 'answer' is buffer\.explorer_input\.taskset's own"),
         (["buffer.explorer_input.task_selection.curriculum.order=hardest"], r"curriculum\.order must be one of none, history, column; got 'hardest'"),
     ],
 )  # fmt: skip

@@ -94,3 +94,35 @@ def test_a_position_the_full_disk_refuses_is_one_line(tmp_path) -> None:
         save_position(path, {"explore_step": 1})
         with open(path) as f:
             assert json.load(f) == {"explore_step": 1}
+
+
+def test_the_position_carries_the_task_history_and_a_position_without_one_is_refused(tmp_path) -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from rlcore.core.config.schema import TaskSelectionConfig
+    from rlcore.core.data.task_selection import SelectingStream, TaskSelection
+    from rlcore.core.data.taskset import TaskStream
+    from rlcore.core.types import Task
+    from rlcore.runtime.explore_position import ExplorePosition
+
+    def selection() -> TaskSelection:
+        cfg = TaskSelectionConfig()
+        cfg.difficulty_filter.enable = True
+        sel = TaskSelection(cfg, "k")
+        SelectingStream(TaskStream([Task(task_id=f"t{i}", source="t", prompt="p") for i in range(4)], 2, 0, True), sel)
+        return sel
+
+    buffer = FileBuffer("exps", str(tmp_path / "b"), "w1")
+    sel = selection()
+    sel.streams[0].batch(0)
+    sel.record([SimpleNamespace(group_id="t0", reward=1.0, episode_id="")], 0)
+    position = ExplorePosition(str(tmp_path / "explorer_state.json"), 0, "rl", sel)
+    position.record(buffer, [group("t0")], None, 0, threading.Lock())
+    again = ExplorePosition(position.state_file, 0, "rl", selection())
+    again.resume(buffer)
+    assert again.step == 1 and again.selection.state_dict(1) == sel.state_dict(1)
+    plain = ExplorePosition(str(tmp_path / "plain.json"), 0, "rl")
+    plain.record(buffer, [], None, 0, threading.Lock())
+    with pytest.raises(ValueError, match=r"plain\.json: the explorer's position was saved without buffer\.explorer_input\.task_selection"):
+        ExplorePosition(plain.state_file, 0, "rl", selection()).resume(buffer)
