@@ -21,5 +21,6 @@ BENCHMARKS = {
     "startup": "rlcore.benchmarks.startup",
     "shared": "rlcore.benchmarks.shared_machine",
     "routing": "rlcore.benchmarks.routing_replay",
+    "curriculum": "rlcore.benchmarks.curriculum",
 }
 """`rlcore bench` name -> module."""

@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -187,6 +188,15 @@ def run_algorithm(
     return summarise(rows, cfg.buffer.batch_size, cfg.algorithm.repeat_times, explores=resolved.plan.explores)
 
 
+def measured_in(workdir: str | None, name: str, measure: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """`measure(folder)`'s result, its runs in `workdir` (kept) or in a temporary folder (removed)."""
+    if workdir is not None:
+        os.makedirs(workdir, exist_ok=True)
+        return measure(os.path.abspath(workdir))
+    with tempfile.TemporaryDirectory(prefix=f"rlcore-bench-{name}-") as folder:
+        return measure(folder)
+
+
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     checkpoint = run_sft(args, workdir)
     runs: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in args.algorithms}
@@ -303,12 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.algorithms is None
         else comma_names(parser, "--algorithms", args.algorithms, known)
     )
-    if args.workdir is not None:
-        os.makedirs(args.workdir, exist_ok=True)
-        result = measure(args, os.path.abspath(args.workdir))
-    else:
-        with tempfile.TemporaryDirectory(prefix="rlcore-bench-algorithms-") as workdir:
-            result = measure(args, workdir)
+    result = measured_in(args.workdir, "algorithms", lambda workdir: measure(args, workdir))
     write_outputs(result, args.out, markdown(result), lambda path: plot(result, path))
     return 0
 
