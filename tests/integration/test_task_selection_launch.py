@@ -1,9 +1,10 @@
 """Task history and difficulty filtering inside real launches, on a taskset where half the tasks are
 always solved (tests.integration.rewards:solved_half gives every response to an even-numbered task
-1.0, and less to the others): after its first epoch a lock-step run explores only the others, and a run stopped and resumed
-from its checkpoint draws and trains exactly what the uninterrupted run does; a decoupled run's
-explorer (mode explore beside mode train) and an asynchronous one filter too, and drop the groups
-that teach nothing before the buffer (dynamic sampling, refused there before)."""
+1.0, and less to the others): after its first epoch a lock-step run explores only the others, and a
+run stopped at a checkpoint, or killed (-9) mid-run, and resumed draws and trains exactly what the
+uninterrupted run does; a decoupled run's explorer (mode explore beside mode train) and an
+asynchronous one filter too, and drop the groups that teach nothing before the buffer (dynamic
+sampling, refused there before)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,45 @@ def test_an_asynchronous_run_filters_in_its_explorer_thread(tmp_path) -> None:
     state = json.load(open(os.path.join(run_dir, "source_state", "step_4.json")))
     assert len(state["explorer"]["task_selection"]["history"]) == 8
     assert [m["step"] for m in _steps(run_dir)] == [1, 2, 3, 4]
+
+
+def test_a_lockstep_run_killed_mid_run_resumes_its_task_history_exactly(tmp_path) -> None:
+    """SIGKILL to the whole launch once step 3's state is saved (checkpoints every step): the resumed
+    run ends with the history, the draws and the metrics of the run never killed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from .launch_utils import REPO
+
+    settings = {**SOLVED_HALF, "trainer.save_interval": 1, "trainer.save_hf_checkpoint": "never", "buffer.total_steps": 6}
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    launch(tiny_grpo_config(straight, **settings), straight + ".yaml")
+    cfg = tiny_grpo_config(killed, **settings)
+    with open(killed + ".yaml", "w") as f:
+        yaml.safe_dump(cfg, f)
+    run_dir = os.path.join(killed, "it", "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.cli", "launch", killed + ".yaml"], cwd=REPO, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not os.path.isfile(os.path.join(run_dir, "source_state", "step_3.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the launch ended before step 3's state"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not os.path.isfile(os.path.join(run_dir, "source_state", "step_6.json"))  # killed before its end
+    launch(cfg, killed + ".yaml", "continue_from_checkpoint=true")
+
+    a = os.path.join(straight, "it", "run")
+    states = [json.load(open(os.path.join(r, "source_state", "step_6.json"))) for r in (a, run_dir)]
+    assert states[0] == states[1] and len(states[0]["task_selection"]["history"]) == 8
+    last = {m["step"]: m for m in _steps(run_dir)}  # a step retrained after the kill is logged again
+    assert sorted(last) == [1, 2, 3, 4, 5, 6]
+    for x in _steps(a):
+        for key in KEYS:
+            assert abs(x.get(key, 0) - last[x["step"]].get(key, 0)) < 1e-6, (x["step"], key)
