@@ -47,11 +47,10 @@ def _check_column_is_free(cfg: RLCoreConfig, column: str) -> None:
     """The curriculum's column is not one a training taskset's format takes for itself (its prompt,
     answer, ...: those become the task's prompt and answer, not a column the curriculum reads)."""
     from ..data.taskset import training_tasksets
+    from ..data.taskset_check import own_columns
 
     for key, ts in training_tasksets(cfg):
-        fmt = ts.format
-        taken = {fmt.prompt_key, fmt.answer_key, fmt.response_key, fmt.messages_key, fmt.tools_key, fmt.system_prompt_key}
-        if column in taken:
+        if column in own_columns(ts.format):
             raise ConfigError(
                 f"{KEY}.curriculum.column '{column}' is {key}'s own (its format names it for the prompt, answer, "
                 "response, messages, tools or system prompt): give the difficulty a column of its own"

@@ -30,6 +30,7 @@ from typing import Any
 from ..config.schema import TaskSelectionConfig
 from ..types import Task
 from .task_history import TaskHistory
+from .taskset_check import is_number
 
 log = logging.getLogger("rlcore.tasks")
 
@@ -102,7 +103,7 @@ class TaskSelection:
         key = f"{self.key_path}.curriculum.column"
         for t in tasks:
             value = t.metadata.get(str(c.column))
-            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            if not is_number(value):
                 raise ValueError(
                     f"{key}: task {t.task_id} of {key_path} has {value!r} in column '{c.column}'; the curriculum "
                     "orders tasks by a number there (smaller: easier): fill it in every row, or use order history"

@@ -13,7 +13,7 @@ from ..registry import import_path
 from ..types import Task
 from .dataset_files import load_dataset_of
 from .task_selection import SelectingStream, TaskSelection, selects
-from .taskset_check import messages_problem, response_text, tools_problem, value_of
+from .taskset_check import messages_problem, own_columns, response_text, tools_problem, value_of
 
 
 def tasksets_of(cfg: RLCoreConfig) -> list[tuple[str, TasksetConfig]]:
@@ -149,7 +149,7 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
         )
     if cfg.num_samples is not None:
         ds = ds.select(range(min(cfg.num_samples, len(ds))))
-    tasks = []
+    tasks, own = [], own_columns(fmt)
     for i, row in enumerate(rows_of(ds)):
         answer = value_of(row, fmt.answer_key)
         response = value_of(row, fmt.response_key)
@@ -166,18 +166,7 @@ def load_tasks(cfg: TasksetConfig, key_path: str) -> list[Task]:
                 answer=None if answer is None else str(answer),
                 response=None if response is None else str(response),
                 metadata={
-                    **{
-                        k: v
-                        for k, v in row.items()
-                        if k
-                        not in (
-                            fmt.prompt_key,
-                            fmt.answer_key,
-                            fmt.response_key,
-                            fmt.tools_key,
-                            fmt.system_prompt_key,
-                        )
-                    },
+                    **{k: v for k, v in row.items() if k not in own},
                     **_row_tools(row, fmt, key_path, cfg.path, i),
                 },
             )
@@ -244,7 +233,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
         )
     if cfg.num_samples is not None:
         ds = ds.select(range(min(cfg.num_samples, len(ds))))
-    tasks = []
+    tasks, own = [], own_columns(fmt)
     for i, row in enumerate(rows_of(ds)):
         messages = value_of(row, fmt.messages_key)
         problem = messages_problem(messages, needs_assistant=False)
@@ -263,11 +252,7 @@ def _message_tasks(cfg: TasksetConfig, key_path: str, ds: Any) -> list[Task]:
                 answer=None if answer is None else str(answer),
                 metadata={
                     "messages": messages,
-                    **{
-                        k: v
-                        for k, v in row.items()
-                        if k not in (fmt.messages_key, fmt.answer_key, fmt.tools_key, fmt.system_prompt_key)
-                    },
+                    **{k: v for k, v in row.items() if k not in own},
                     **_row_tools(row, fmt, key_path, cfg.path, i),
                 },
             )

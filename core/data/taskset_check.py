@@ -43,6 +43,18 @@ def column(row: dict[str, Any], key: str) -> Any:
     return node
 
 
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a column of margins or difficulties holds."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def own_columns(fmt: Any) -> tuple[str, ...]:
+    """The columns a taskset's format (FormatConfig) takes for the task itself: its prompt (or
+    messages), answer, response, tools and system prompt; the others become the task's metadata."""
+    first = (fmt.messages_key,) if fmt.prompt_type == "messages" else (fmt.prompt_key, fmt.response_key)
+    return (*first, fmt.answer_key, fmt.tools_key, fmt.system_prompt_key)
+
+
 def value_of(row: dict[str, Any], key: str) -> Any:
     """`column`, None for a missing field (as dict.get)."""
     found = column(row, key)
@@ -140,7 +152,7 @@ def check_taskset(
                 )
         for name, config_key in numbers:
             value = row.get(name, MISSING)  # a column of its own
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            if not is_number(value):
                 raise TasksetError(
                     f"{config_key}: {path} row {number} has no number in column '{name}' "
                     f"(got {'nothing' if value is MISSING else repr(value)}); give every row one, or unset the key"
