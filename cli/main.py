@@ -223,10 +223,10 @@ def entry() -> None:
     interpreter's finalization (core/fast_exit.py: a second or more of a launch's end, and of each
     rollout worker's). Where RLCORE_FORK_SERVER names a warm fork server, the command runs in a fork
     of it (runtime/fork_client.py), which imported torch and the rest already."""
-    from ..runtime.child import wait_politely
+    from ..runtime.child import thread_settings
     from ..runtime.fork_client import hand_over
 
-    wait_politely()  # before torch is imported, here or in a warm server's fork
+    thread_settings()  # before torch is imported, here or in a warm server's fork
     hand_over("rlcore.cli")
     from ..core.fast_exit import exit_now
 

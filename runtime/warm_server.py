@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import Any
 
-from .child import SPIN_WAIT
+from .child import thread_settings
 from .fork_client import ENV, client_command
 from .fork_server import PRELOAD, host
 
@@ -40,8 +40,7 @@ class WarmServer:
     def __init__(self, log: str | None = None, timeout_s: float = 60.0, export: bool = True):
         self.log, self.timeout_s, self.export = log, timeout_s, export
         self.env = {k: v for k, v in os.environ.items() if k != ENV}
-        if "OMP_WAIT_POLICY" not in self.env and "GOMP_SPINCOUNT" not in self.env:
-            self.env.update(SPIN_WAIT)  # as `rlcore` sets it for itself (runtime/child.py)
+        thread_settings(self.env)  # as `rlcore` sets them for itself (runtime/child.py)
         self.path = ""
         self._proc: Any = None
         self._dir = ""

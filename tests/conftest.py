@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rlcore.runtime.child import wait_politely
+from rlcore.runtime.child import thread_settings
 
-wait_politely()  # OpenMP's waiting as `rlcore` sets it, before this process imports torch (and its children)
+thread_settings()  # OpenMP's and MKL's threads as `rlcore` sets them, before this process imports torch (and its children)
 
 # ruff: noqa: E402 - the imports below import torch
 

@@ -3,7 +3,7 @@
 import os
 
 from rlcore.core.config.schema import ClusterConfig
-from rlcore.runtime.child import KEEP_FREED_MALLOC, process_env
+from rlcore.runtime.child import FIXED_TEAMS, KEEP_FREED_MALLOC, SPIN_WAIT, process_env, thread_settings
 
 
 def _clear_malloc_env(monkeypatch):
@@ -37,3 +37,17 @@ def test_users_malloc_settings_win(monkeypatch):
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")
     env = process_env(ClusterConfig(), threads=1)
     assert not any(k in env for k in KEEP_FREED_MALLOC)
+
+
+def test_thread_settings_fix_openmp_and_mkl_teams_unless_the_user_set_them():
+    env: dict[str, str] = {}
+    thread_settings(env)
+    assert env == {**SPIN_WAIT, **FIXED_TEAMS}
+    users = {"OMP_WAIT_POLICY": "PASSIVE", "MKL_DYNAMIC": "TRUE"}
+    thread_settings(users)
+    assert users == {"OMP_WAIT_POLICY": "PASSIVE", "MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "FALSE"}
+
+
+def test_the_test_process_and_its_children_run_with_fixed_teams():
+    """tests/conftest.py sets them before torch is imported, as `rlcore` does for itself."""
+    assert {k: os.environ[k] for k in FIXED_TEAMS} == FIXED_TEAMS
