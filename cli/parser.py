@@ -305,6 +305,11 @@ def _add_tinker_parser(commands: Any) -> None:
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help=DTYPE_HELP)
     serve.add_argument("--threads", type=int, default=0, help="CPU threads per trainer rank (0: cores / ranks)")
     serve.add_argument("--max-model-len", type=int, default=2048, help="longest sequence trained or sampled")
+    serve.add_argument(
+        "--keep-samplers", type=int, default=3,
+        help="unnamed sampler weights (one per save_weights_and_get_sampling_client) kept per model; older ones "
+        "are deleted",
+    )  # fmt: skip
     serve.add_argument("--trainer", default="", help="host:port of a running `rlcore trainer serve` to use")
     serve.add_argument("--trainer-token-env", default="", help="with --trainer: the variable holding its token")
     serve.add_argument(

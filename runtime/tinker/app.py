@@ -73,9 +73,9 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
         try:
             return await call_next(request)
         except UserError as e:
-            return _error(400, str(e))
+            return _error(400, service.public(str(e)))
         except NotFound as e:
-            return _error(404, str(e))
+            return _error(404, service.public(str(e)))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -89,6 +89,7 @@ def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]
     _training_routes(app, service)
     _sampling_routes(app, service)
     _future_routes(app, service)
+    _rest_routes(app, service)
     return app
 
 
@@ -216,8 +217,7 @@ def _sampling_routes(app: FastAPI, service: TinkerService) -> None:
     @app.get("/api/v1/samplers/{sampler_id}")
     async def get_sampler(sampler_id: str) -> dict[str, Any]:
         base_model, folder = service.sampler(sampler_id)
-        path = next((c.tinker_path for c in service.checkpoints.values() if c.folder == folder), None)
-        return {"sampler_id": sampler_id, "base_model": base_model, "model_path": path}
+        return {"sampler_id": sampler_id, "base_model": base_model, "model_path": service.records.path_of(folder)}
 
     @app.post("/api/v1/asample")
     async def asample(request: Request) -> dict[str, Any]:
@@ -246,3 +246,37 @@ def _future_routes(app: FastAPI, service: TinkerService) -> None:
         if result.proto is not None:
             return Response(result.proto, media_type=PROTO)
         return JSONResponse(result.json)
+
+
+def _rest_routes(app: FastAPI, service: TinkerService) -> None:
+    """The RestClient's listings of training runs and checkpoints (records.py), weights info and
+    checkpoint deletion. Every client of a server sees every run (one key per server)."""
+
+    @app.get("/api/v1/training_runs")
+    async def training_runs(limit: int = 20, offset: int = 0) -> dict[str, Any]:
+        return service.records.training_runs(limit, offset)
+
+    @app.get("/api/v1/training_runs/{model_id}")
+    async def training_run(model_id: str) -> dict[str, Any]:
+        return service.records.training_run(model_id)
+
+    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
+    async def checkpoints_of(model_id: str) -> dict[str, Any]:
+        return service.records.checkpoints_of(model_id)
+
+    @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(model_id: str, checkpoint_id: str) -> Response:
+        await run_in_threadpool(service.delete_checkpoint, model_id, checkpoint_id)
+        return Response(status_code=204)
+
+    @app.get("/api/v1/checkpoints")
+    async def all_checkpoints(limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        return service.records.all_checkpoints(limit, offset)
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request) -> dict[str, Any]:
+        given = await body(request)
+        path = given.get("tinker_path") if isinstance(given, dict) else None
+        if not isinstance(path, str):
+            raise UserError("tinker_path: required (a tinker:// checkpoint path)")
+        return service.records.weights_info(path)

@@ -5,6 +5,7 @@ is given, so every request goes with normalize_tokens 1. Per loss (lp: the learn
 target, slp: the sampler's, `logprobs` in loss_fn_inputs; r = exp(lp - slp)):
 
     cross_entropy        -sum(weights * lp)                     rlcore cross_entropy, loss_mask = weights
+                                                                (weights outside [0, 1]: the linear surrogate)
     importance_sampling  -sum(r * advantages)                   rlcore importance_sampling
     ppo                  -sum(min(r A, clip(r, lo, hi) A))      rlcore ppo, clip 1 - lo, hi - 1
     cispo                -sum(sg(clip(r, lo, hi)) * lp * A)     rlcore cispo, clip 1 - lo, hi - 1
@@ -18,6 +19,12 @@ ratio and its loss over one mask, so the trainer trains gspo's gradient instead,
 forward_backward_custom does: the learner's log-probs of a forward (the ones the response returns),
 g = dL/dlp from the formula on them, then -sum(-g * lp), rlcore's cispo with a zero clip range
 (its weight clip(r, 1, 1) = 1), whose gradient is sum(g * grad lp); the loss reported is the formula's.
+
+cross_entropy's weights may be any real numbers: the SDK's forward_backward_custom sends
+weights = -dC/dlp of the user's loss C on a forward's log-probs. rlcore's loss mask is a mask (a
+weight in [0, 1] that also counts tokens), so weights outside it train the same linear surrogate
+gspo does, rlcore's cispo with a zero clip range and advantages = weights (old log-probs 0: the
+weight clip(r, 1, 1) is 1 whatever r), whose value and gradient are cross_entropy's.
 
 lo and hi are loss_fn_config's clip_low_threshold and clip_high_threshold (0.8 and 1.2 unless
 given). Policy losses train every position (a zero advantage adds nothing). dro, stable_reinforce
@@ -66,14 +73,14 @@ def plan_loss(loss_fn: str, config: dict[str, float], datums: list[Datum]) -> Lo
         unknown = sorted(config)
         if unknown:
             raise UserError(f"loss_fn_config: {', '.join(unknown)} not taken by cross_entropy")
-        seqs = []
-        for d, datum in enumerate(datums):
-            weights = datum.inputs["weights"].astype(np.float64)
-            if weights.min() < 0 or weights.max() > 1:
-                raise UserError(f"data[{d}].loss_fn_inputs.weights: rlcore trains weights in [0, 1]; got "
-                                f"{weights.min():g}..{weights.max():g}")  # fmt: skip
-            seqs.append(TrainSequence(datum.prompt, datum.response, loss_mask=weights.tolist()))
-        return LossPlan("cross_entropy", seqs)
+        weights = [datum.inputs["weights"].astype(np.float64) for datum in datums]
+        if all(w.size == 0 or (w.min() >= 0 and w.max() <= 1) for w in weights):
+            seqs = [
+                TrainSequence(datum.prompt, datum.response, loss_mask=w.tolist())
+                for datum, w in zip(datums, weights, strict=True)
+            ]
+            return LossPlan("cross_entropy", seqs)
+        return _weighted_surrogate(datums, weights)
     takes = POLICY[loss_fn]
     unknown = sorted(k for k in config if not ("clip" in takes and k in CLIP_DEFAULTS))
     if unknown:
@@ -107,6 +114,19 @@ def plan_loss(loss_fn: str, config: dict[str, float], datums: list[Datum]) -> Lo
             )
         )
     return plan
+
+
+def _weighted_surrogate(datums: list[Datum], weights: list[np.ndarray]) -> LossPlan:
+    """cross_entropy with weights outside [0, 1] as rlcore's cispo with a zero clip range: loss
+    -sum(1 * w * lp) over the positions whose weight is not 0 (the module's docstring)."""
+    seqs = [
+        TrainSequence(
+            datum.prompt, datum.response, loss_mask=(w != 0).astype(np.float64).tolist(),
+            advantages=w.tolist(), old_logprobs=[0.0] * len(w),
+        )  # fmt: skip
+        for datum, w in zip(datums, weights, strict=True)
+    ]
+    return LossPlan("cispo", seqs, clip_ratio_low=0.0, clip_ratio_high=0.0)
 
 
 def gspo_loss(

@@ -21,7 +21,7 @@ from ...core.types import SamplingParams
 from ...rollout.batching import BatchingEngine
 from ...rollout.engines.base import iter_safetensors
 from .errors import UserError
-from .wire import Sampled, sample_response
+from .wire import PromptTopk, Sampled, sample_response
 
 
 def sampling_params(params: Any, num_samples: int) -> SamplingParams:
@@ -58,6 +58,12 @@ def sampling_params(params: Any, num_samples: int) -> SamplingParams:
     except ValueError as e:  # a value the wire's type cannot hold (a negative seed)
         raise UserError(f"sampling_params: {e}") from None
 
+
+DROPPED = (
+    "sampling_session_id: the weights it samples were dropped (deleted, or older than the unnamed sampler "
+    "weights the server keeps per model: `rlcore tinker serve --keep-samplers`): sample from a newer "
+    "save_weights_and_get_sampling_client, or save named sampler weights"
+)
 
 LINGER_S = 0.01
 """How long a request that finds the engine idle waits for others to share its call."""
@@ -96,17 +102,17 @@ class Sampler:
     def _hold(self, folder: str) -> None:
         if self.holds != folder:
             if not os.path.isdir(folder):
-                raise UserError(f"sampling_session_id: its weights ({folder}) were dropped: sample from a newer "
-                                "save_weights_and_get_sampling_client, or save named sampler weights")  # fmt: skip
+                raise UserError(DROPPED)
             self.version += 1
             self.holds = None  # a load that fails halfway leaves weights of no folder
             self.engine.load_weights(iter_safetensors(folder), self.version)
             self.holds = folder
 
     def sample(
-        self, folder: str, prompt: list[int], params: Any, num_samples: int, prompt_logprobs: bool
+        self, folder: str, prompt: list[int], params: Any, num_samples: int, prompt_logprobs: bool, topk: int = 0
     ) -> bytes:
-        """SampleResponse bytes of `num_samples` samples of `prompt` under the weights in `folder`."""
+        """SampleResponse bytes of `num_samples` samples of `prompt` under the weights in `folder`, with
+        the prompt's log-probs and the `topk` likeliest tokens at each prompt position when asked."""
         if not prompt:
             raise UserError("prompt: holds no tokens")
         vocab = self.engine.model.config.vocab_size
@@ -118,6 +124,8 @@ class Sampler:
         bad = next((t for t in sampling.stop_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise UserError(f"sampling_params.stop: token id {bad} is outside the vocabulary [0, {vocab})")
+        if topk > vocab:
+            raise UserError(f"topk_prompt_logprobs: {topk} exceeds the vocabulary ({vocab} tokens)")
         if len(prompt) + sampling.max_tokens > limit:
             raise UserError(f"prompt ({len(prompt)} tokens) + sampling_params.max_tokens ({sampling.max_tokens}) "
                             f"exceeds the served context of {limit} tokens")  # fmt: skip
@@ -128,18 +136,23 @@ class Sampler:
                     del self._batchers[gone]
                 batcher = self._batchers[folder] = BatchingEngine(_WithWeights(self, folder), self.lock)  # type: ignore[arg-type]
         (completions,), _ = batcher.generate_versioned([prompt], sampling, LINGER_S)
-        scored = None
-        if prompt_logprobs:
+        scored = top = None
+        if prompt_logprobs or topk:
             with self.lock:
                 self._hold(folder)
-                scored = self._prompt_logprobs(prompt)
+                scored, top = self._prompt_logprobs(prompt, topk)
         samples = [Sampled(c.token_ids, c.logprobs, c.finish_reason == "stop") for c in completions]
-        return sample_response(samples, scored)
+        return sample_response(samples, scored if prompt_logprobs else None, top)
 
     @torch.no_grad()
-    def _prompt_logprobs(self, prompt: list[int]) -> list[float]:
-        """log p(prompt[i] | prompt[:i]) for i >= 1, by the function the trainer scores with."""
+    def _prompt_logprobs(self, prompt: list[int], topk: int) -> tuple[list[float], PromptTopk | None]:
+        """log p(prompt[i] | prompt[:i]) for i >= 1, by the function the trainer scores with, and the
+        `topk` likeliest tokens after each prompt[:i] with their log-probs (none when topk is 0)."""
         model = self.engine.model
         ids = torch.tensor([prompt], device=model.device)
         logits = model(input_ids=ids).logits[:, :-1].float()
-        return token_logprobs(logits, ids[:, 1:])[0].tolist()
+        scored = token_logprobs(logits, ids[:, 1:])[0].tolist()
+        if not topk:
+            return scored, None
+        values, tokens = torch.log_softmax(logits[0], dim=-1).topk(topk, dim=-1)
+        return scored, PromptTopk(tokens.cpu().numpy(), values.cpu().numpy())

@@ -9,13 +9,13 @@ requests in seq_id order and waits for each to be accepted; client/config turns 
 chunk sends off); a request sent again with a seq_id already taken gets the first one's future.
 Sampling runs on its own thread, beside training. Checkpoints are named
 `tinker://<model_id>/weights/<name>` (training state: weights and optimizer) and
-`tinker://<model_id>/sampler_weights/<name>` (an HF folder of the weights), recorded in
-`<workdir>/checkpoints.json` so a restarted server still finds them.
+`tinker://<model_id>/sampler_weights/<name>` (an HF folder of the weights), recorded with the
+training runs by records.py, so a restarted server still lists and finds them. No answer names a
+server path: error lines name the workdir and the base models' folders by placeholders.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -24,53 +24,32 @@ import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...client.trainer import TrainerClient
 from ...core.config.loader import to_yaml
 from ...core.config.schema import LoraConfig, RLCoreConfig
-from ...core.rpc.cli import write_atomic
 from .errors import NotFound, UserError
 from .losses import loss_sum, plan_loss, required_inputs, trainer_step
-from .sampler import Sampler
+from .records import Checkpoint, ModelSpec, Records
+from .sampler import DROPPED, Sampler
 from .wire import decode_datums, forward_backward_output, loss_config
 
 LORA_ALPHA = 32
 """Every adapter's alpha (Tinker's LoraConfig has a rank only): the update is scaled by 32 / rank."""
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
+UNEMBED = ["lm_head"]
 FINISHED_KEPT = 10_000
 """Results of finished futures kept for the client to fetch (a client may fetch one again)."""
 SAMPLE_THREADS = 64
 """Sampling requests served at once (they share engine calls: sampler.py); as many as client/config
 lets the SDK send."""
 UNNAMED_KEPT = 3
-"""Unnamed sampler weights (save_weights_and_get_sampling_client, one per RL step) kept per model:
-older folders are deleted, and their samplers answer that their weights were dropped."""
-
-
-@dataclass
-class ModelSpec:
-    """What a training model is: its base model (by the served name) and its adapter."""
-
-    base_model: str
-    lora_rank: int
-    """0: full fine-tuning."""
-    train_attn: bool = True
-    train_mlp: bool = True
-    seed: int = 0
-
-
-@dataclass
-class Checkpoint:
-    tinker_path: str
-    kind: str
-    """weights (a training checkpoint folder) or sampler_weights (an HF folder)."""
-    folder: str
-    model_id: str
-    spec: ModelSpec
-    time: float = field(default_factory=time.time)
+"""Unnamed sampler weights (save_weights_and_get_sampling_client, one per RL step) kept per model by
+default (`rlcore tinker serve --keep-samplers`): older folders are deleted, and their samplers answer
+that their weights were dropped."""
 
 
 @dataclass
@@ -86,7 +65,7 @@ class Result:
 class TinkerService:
     def __init__(
         self, trainer: TrainerClient, base_models: dict[str, str], workdir: str, device: str, dtype: str,
-        max_model_len: int, strategy: str,
+        max_model_len: int, strategy: str, keep_samplers: int = UNNAMED_KEPT,
     ):  # fmt: skip
         self.trainer, self.base_models, self.workdir = trainer, base_models, os.path.abspath(workdir)
         self.device, self.dtype, self.max_model_len, self.strategy = device, dtype, max_model_len, strategy
@@ -104,9 +83,10 @@ class TinkerService:
         self._engine_lock = threading.Lock()
         self.unnamed: dict[str, list[str]] = {}
         """model -> its unnamed sampler folders, oldest first."""
+        self.keep_samplers = keep_samplers
         self.train_queue = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
         self.sample_queue = ThreadPoolExecutor(SAMPLE_THREADS, thread_name_prefix="tinker-sample")
-        self.checkpoints: dict[str, Checkpoint] = self._read_checkpoints()
+        self.records = Records(self.workdir)
         self._sampler: Sampler | None = None
 
     # ------------------------------------------------------------------ sessions and models
@@ -141,6 +121,7 @@ class TinkerService:
             spec = self.models.get(model_id)
         if spec is None:
             raise NotFound(f"model_id: no model {model_id} on this server")
+        self.records.touched(model_id)
         return spec
 
     def spec_of(self, base_model: str, lora: Any) -> ModelSpec:
@@ -149,9 +130,21 @@ class TinkerService:
             return ModelSpec(base_model, 0)
         if lora.rank < 0:
             raise UserError(f"lora_config.rank: must be >= 0 (0: full fine-tuning); got {lora.rank}")
-        if lora.rank and not (lora.train_attn or lora.train_mlp):
-            raise UserError("lora_config: train_attn and train_mlp are both false: the adapter would train nothing")
-        return ModelSpec(base_model, lora.rank, lora.train_attn, lora.train_mlp, lora.seed or 0)
+        if lora.rank and not (lora.train_attn or lora.train_mlp or lora.train_unembed):
+            raise UserError("lora_config: train_attn, train_mlp and train_unembed are all false: the adapter "
+                            "would train nothing")  # fmt: skip
+        if lora.rank and lora.train_unembed and self._tied(base_model):
+            raise UserError(f"lora_config.train_unembed: {base_model} ties its unembedding to its embedding, and "
+                            "an adapter on it is not served here: create the client with train_unembed=False")  # fmt: skip
+        unembed = bool(lora.rank and lora.train_unembed)
+        return ModelSpec(base_model, lora.rank, lora.train_attn, lora.train_mlp, lora.seed or 0, unembed)
+
+    def _tied(self, base_model: str) -> bool:
+        """Whether the base model's unembedding (lm_head) shares its embedding's weight."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.base_path(base_model))
+        return bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
 
     def create_model(self, model_id: str, spec: ModelSpec) -> str:
         """Queue the model's construction (it replaces the live one); the future's request id."""
@@ -169,8 +162,7 @@ class TinkerService:
         m.max_model_len, m.dtype = self.max_model_len, self.dtype
         m.max_prompt_tokens = m.max_response_tokens = self.max_model_len // 2
         if spec.lora_rank:
-            targets: Any = "all-linear" if spec.train_attn and spec.train_mlp else (ATTENTION if spec.train_attn else MLP)
-            m.lora_configs = [LoraConfig(lora_rank=spec.lora_rank, lora_alpha=LORA_ALPHA, target_modules=targets)]
+            m.lora_configs = [LoraConfig(lora_rank=spec.lora_rank, lora_alpha=LORA_ALPHA, target_modules=_targets(spec))]
         cfg.algorithm.algorithm_type, cfg.algorithm.kl_loss_coef = "grpo", 0.0
         cfg.algorithm.loss_agg_mode = "token-mean"  # with normalize_tokens 1: Tinker's sums
         cfg.algorithm.optimizer.lr_scheduler_type = "constant"
@@ -185,6 +177,7 @@ class TinkerService:
                 self.models.pop(self.live, None)
             self.live = model_id
             self.models[model_id] = spec
+        self.records.started(model_id, spec)
 
     def info(self, model_id: str) -> dict[str, Any]:
         spec = self.model(model_id)
@@ -269,8 +262,8 @@ class TinkerService:
                     self.samplers[sampler] = (spec.base_model, folder)
                     kept = self.unnamed.setdefault(model_id, [])
                     kept.append(folder)
-                    dropped = kept[:-UNNAMED_KEPT]
-                    del kept[:-UNNAMED_KEPT]
+                    dropped = kept[: -self.keep_samplers]
+                    del kept[: -self.keep_samplers]
                 for old in dropped:
                     self._drop(old)
                 out["sampling_session_id"] = sampler
@@ -318,47 +311,36 @@ class TinkerService:
         if not name or "/" in name or not re.fullmatch(r"[\w.:+=@-]+", name):
             raise UserError(f"path: '{name}' is not a checkpoint name (letters, digits and . _ - : + = @; no /)")
         path = f"tinker://{model_id}/{kind}/{name}"
-        with self.lock:
-            taken = path in self.checkpoints
-        if taken and not overwrite:
+        if self.records.taken(path) and not overwrite:
             raise UserError(f"path: {path} exists; save under another name" +
                             (" (or with overwrite)" if kind == "weights" else ""))  # fmt: skip
         return path
 
     def checkpoint(self, path: str, kind: str | None = None) -> Checkpoint:
-        with self.lock:
-            ckpt = self.checkpoints.get(path)
-        if ckpt is None:
-            raise NotFound(f"path: no checkpoint {path} on this server")
-        if kind is not None and ckpt.kind != kind:
-            raise UserError(f"path: {path} holds {ckpt.kind}, not {kind}")
-        return ckpt
+        return self.records.checkpoint(path, kind)
 
     def _record(self, ckpt: Checkpoint) -> None:
+        self.records.record(ckpt)
+
+    def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> None:
+        """The RestClient's delete_checkpoint: the record and its folder (a sampler of it then says
+        its weights were dropped; the live model keeps training)."""
+        ckpt = self.records.find(model_id, checkpoint_id)
         with self.lock:
-            self.checkpoints[ckpt.tinker_path] = ckpt
-            rows = [asdict(c) for c in self.checkpoints.values()]
-        write_atomic(os.path.join(self.workdir, "checkpoints.json"), json.dumps(rows, indent=1))
+            for kept in self.unnamed.values():
+                if ckpt.folder in kept:
+                    kept.remove(ckpt.folder)
+        self._drop(ckpt.folder)
 
     def _drop(self, folder: str) -> None:
-        """Delete an unnamed sampler folder and its record (a sampler still naming it says so)."""
-        with self.lock:
-            for path in [p for p, c in self.checkpoints.items() if c.folder == folder]:
-                del self.checkpoints[path]
+        """Delete a checkpoint folder and its record (a sampler still naming it says so)."""
+        self.records.forget_folder(folder)
         sampler = self._sampler
         if sampler is not None:
             with sampler.lock:  # not while the engine loads it
                 shutil.rmtree(folder, ignore_errors=True)
         else:
             shutil.rmtree(folder, ignore_errors=True)
-
-    def _read_checkpoints(self) -> dict[str, Checkpoint]:
-        try:
-            with open(os.path.join(self.workdir, "checkpoints.json")) as f:
-                rows = json.load(f)
-        except FileNotFoundError:
-            return {}
-        return {r["tinker_path"]: Checkpoint(**{**r, "spec": ModelSpec(**r["spec"])}) for r in rows}
 
     # ------------------------------------------------------------------ sampling
 
@@ -389,14 +371,18 @@ class TinkerService:
         if request.sampling_session_id is None:
             raise UserError("sampling_session_id: required (create a sampling client first)")
         base_model, folder = self.sampler(request.sampling_session_id)
+        if not os.path.isdir(folder):
+            raise UserError(DROPPED)
         prompt: list[int] = []
         for c, chunk in enumerate(request.prompt.chunks):
             if getattr(chunk, "type", None) != "encoded_text":
                 raise UserError(f"prompt.chunks[{c}]: {chunk.type} chunks are not served (text tokens only)")
             prompt.extend(chunk.tokens)
-        for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        for name in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
             if getattr(request, name):
                 raise UserError(f"{name}: not served (0 only)")
+        if request.topk_prompt_logprobs < 0:
+            raise UserError(f"topk_prompt_logprobs: must be >= 0; got {request.topk_prompt_logprobs}")
         if request.target_prompt_logprobs is not None or request.prompt_logprobs_last_n is not None:
             raise UserError("target_prompt_logprobs / prompt_logprobs_last_n: not served")
         engine = self._engine(base_model)
@@ -404,7 +390,7 @@ class TinkerService:
         def run() -> Result:
             return Result(
                 proto=engine.sample(folder, prompt, request.sampling_params, request.num_samples,
-                                    bool(request.prompt_logprobs))  # fmt: skip
+                                    bool(request.prompt_logprobs), request.topk_prompt_logprobs)  # fmt: skip
             )
 
         return self._submit(self.sample_queue, run)
@@ -421,12 +407,25 @@ class TinkerService:
 
     def _submit(self, queue: ThreadPoolExecutor, fn: Any) -> str:
         request_id = uuid.uuid4().hex
-        future = queue.submit(_as_result, fn)
+        future = queue.submit(self._answer, fn)
         with self._futures_lock:
             self.futures[request_id] = future
             while len(self.futures) > FINISHED_KEPT and next(iter(self.futures.values())).done():
                 self.futures.popitem(last=False)  # the oldest finished results go first
         return request_id
+
+    def _answer(self, fn: Any) -> Result:
+        """_as_result of `fn`, its error line without the server's paths (its workdir and the base
+        models' folders, which a client names by their served names)."""
+        result = _as_result(fn)
+        if result.error is not None:
+            result.error = self.public(result.error)
+        return result
+
+    def public(self, message: str) -> str:
+        for name, path in sorted(self.base_models.items(), key=lambda kv: -len(kv[1])):
+            message = message.replace(os.path.abspath(path), f"<{name}>").replace(path, f"<{name}>")
+        return message.replace(self.workdir, "<workdir>")
 
     def future(self, request_id: str) -> Future:
         with self._futures_lock:
@@ -454,6 +453,16 @@ def _as_result(fn: Any) -> Result:
     except Exception as e:
         return Result(error=f"{type(e).__name__}: {e}", category="server")
     return out if isinstance(out, Result) else Result(json=out)
+
+
+def _targets(spec: ModelSpec) -> Any:
+    """The adapted layers of a LoRA model: peft's all-linear (every linear layer of the blocks, not
+    lm_head) when attention and MLP both train, else the named ones; lm_head with train_unembed."""
+    if spec.train_attn and spec.train_mlp and not spec.train_unembed:
+        return "all-linear"
+    return (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else []) + (
+        UNEMBED if spec.train_unembed else []
+    )
 
 
 def _safe(name: str) -> str:

@@ -150,8 +150,23 @@ class Sampled:
     """Ended on a stop token or string (else: it reached max_tokens)."""
 
 
-def sample_response(sequences: list[Sampled], prompt_logprobs: list[float] | None) -> bytes:
-    """SampleResponse: each sequence's tokens and log-probs; prompt log-probs (NaN at position 0)."""
+@dataclass
+class PromptTopk:
+    """The k likeliest tokens after each prompt prefix prompt[:i], i >= 1: [positions - 1, k] each."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+
+
+TOPK_EMPTY = (0, -99999.0)
+"""The SDK's (token id, log-prob) of a position without top-k entries (tinker.types.topk_logprobs)."""
+
+
+def sample_response(
+    sequences: list[Sampled], prompt_logprobs: list[float] | None, topk: PromptTopk | None = None
+) -> bytes:
+    """SampleResponse: each sequence's tokens and log-probs; prompt log-probs (NaN at position 0);
+    the prompt's top-k (position 0 empty)."""
     from tinker.proto import tinker_public_pb2 as pb
 
     out = pb.SampleResponse(
@@ -166,4 +181,11 @@ def sample_response(sequences: list[Sampled], prompt_logprobs: list[float] | Non
     )
     if prompt_logprobs is not None:
         out.prompt_logprobs = np.asarray([math.nan, *prompt_logprobs], dtype="<f4").tobytes()
+    if topk is not None:
+        k = topk.token_ids.shape[1]
+        ids = np.concatenate([np.full((1, k), TOPK_EMPTY[0]), topk.token_ids]).astype("<i4")
+        lps = np.concatenate([np.full((1, k), TOPK_EMPTY[1]), topk.logprobs]).astype("<f4")
+        out.topk_prompt_logprobs.CopyFrom(
+            pb.TopkLogprobs(token_ids=ids.tobytes(), logprobs=lps.tobytes(), k=k, length=len(ids))
+        )
     return bytes(out.SerializeToString())

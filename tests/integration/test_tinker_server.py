@@ -181,6 +181,86 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
     assert out.metrics["loss:sum"] > 0
 
 
+def test_a_custom_loss_an_unembedding_adapter_the_rest_listings_and_prompt_top_k(service, server) -> None:
+    """What programs written for the SDK also use: forward_backward_custom (a DPO loss computed on the
+    client, whose weights have both signs) trains and its loss falls; an adapter on the unembedding
+    alone trains (train_unembed honoured); the RestClient lists the run and its checkpoints, tells
+    their adapter and deletes one (a sampler of it then says so, naming no server path); a sampler
+    gives the prompt's top-k log-probs."""
+    import torch
+
+    tc = service.create_lora_training_client(
+        base_model=MODEL, rank=4, seed=2, train_attn=False, train_mlp=False, train_unembed=True
+    ).result()
+    tok = tc.get_tokenizer()
+    data = []
+    for prompt, chosen, rejected in (("2+3=", "5.", "6."), ("4+4=", "8.", "9."), ("7+1=", "8.", "7.")):
+        n = len(tok(prompt, add_special_tokens=False)["input_ids"])
+        for answer in (chosen, rejected):  # the answer's tokens weigh, the prompt's do not
+            ids = tok(prompt + answer, add_special_tokens=False)["input_ids"]
+            data.append(_datum(ids, [0.0] * (n - 1) + [1.0] * (len(ids) - n)))
+    fwd = tc.forward(data, "cross_entropy").result()
+    reference = [torch.tensor(_lps(fwd, i)) for i in range(len(data))]
+
+    def dpo(batch, logprobs):
+        margin = []
+        for i in range(0, len(batch), 2):
+            chosen, rejected = (
+                ((logprobs[j] - reference[j]) * torch.tensor(batch[j].loss_fn_inputs["weights"].tolist())).sum()
+                for j in (i, i + 1)
+            )
+            margin.append(chosen - rejected)
+        loss = -torch.nn.functional.logsigmoid(2.0 * torch.stack(margin)).mean()
+        return loss, {"dpo_loss": float(loss.detach())}
+
+    losses = []
+    for _ in range(6):
+        fb = tc.forward_backward_custom(data, dpo)
+        tc.optim_step(types.AdamParams(learning_rate=2e-2))
+        losses.append(fb.result().metrics["dpo_loss"])
+    assert losses[0] == pytest.approx(np.log(2), abs=1e-4) and losses[-1] < 0.9 * losses[0], losses
+
+    rest = tinker.RestClient(base_url=server, api_key=KEY)
+    model_id = tc.model_id
+    state = tc.save_state("dpo").result().path
+    sampler_path = tc.save_weights_for_sampler("dpo-sampler").result().path
+    run = rest.get_training_run(model_id).result()
+    assert (run.training_run_id, run.is_lora, run.lora_rank) == (model_id, True, 4)
+    assert run.last_checkpoint.tinker_path == state
+    assert run.last_sampler_checkpoint.tinker_path == sampler_path
+    assert model_id in [r.training_run_id for r in rest.list_training_runs(limit=100).result().training_runs]
+    listed = rest.list_checkpoints(model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type) for c in listed] == [
+        ("weights/dpo", "training"), ("sampler_weights/dpo-sampler", "sampler")
+    ]
+    assert all(c.size_bytes and c.size_bytes > 0 for c in listed)
+    assert {c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints} >= {state, sampler_path}
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    assert (info.base_model, info.lora_rank, info.train_unembed, info.train_mlp) == (MODEL, 4, True, False)
+
+    # the prompt's top-k: the likeliest first, each position's own token's log-prob among them or below
+    sampler = service.create_sampling_client(model_path=sampler_path).result()
+    ids = tok("4+4=8.", add_special_tokens=False)["input_ids"]
+    out = sampler.sample(types.ModelInput.from_ints(ids), 1, types.SamplingParams(max_tokens=2, seed=0),
+                         include_prompt_logprobs=True, topk_prompt_logprobs=3).result()  # fmt: skip
+    assert out.topk_prompt_logprobs[0] is None and len(out.topk_prompt_logprobs) == len(ids)
+    for i in range(1, len(ids)):
+        top = out.topk_prompt_logprobs[i]
+        assert len(top) == 3 and [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+        own = dict(top).get(ids[i])
+        assert (own == pytest.approx(out.prompt_logprobs[i], abs=1e-5)) if own is not None else (
+            out.prompt_logprobs[i] <= top[-1][1] + 1e-5
+        )
+
+    rest.delete_checkpoint_from_tinker_path(sampler_path).result()
+    assert [c.checkpoint_id for c in rest.list_checkpoints(model_id).result().checkpoints] == ["weights/dpo"]
+    with pytest.raises(tinker.BadRequestError, match="weights it samples were dropped") as dropped:
+        sampler.sample(types.ModelInput.from_ints(ids[:3]), 1, types.SamplingParams(max_tokens=2)).result()
+    assert "/" not in str(dropped.value).split("dropped")[0].split("sampling_session_id")[-1]
+    with pytest.raises(tinker.NotFoundError, match="no training run"):
+        rest.get_training_run("nobody:train:0").result()
+
+
 ONE_MODULE_ALGORITHM = "tests.integration.mean_baseline_algorithm:MEAN_BASELINE"
 
 

@@ -1,7 +1,8 @@
-"""Tinker's gspo as rlcore serves it (runtime/tinker/losses.py) against Tinker's documented formula,
-computed directly (torch autograd, as the documentation writes it) on a batch whose advantages fall
-outside sequence_ratio_mask: the loss it reports, and the gradient the trainer's surrogate (rlcore's
-own cispo loss with a zero clip range) gives."""
+"""Tinker's losses as rlcore serves them (runtime/tinker/losses.py): gspo against Tinker's documented
+formula, computed directly (torch autograd, as the documentation writes it) on a batch whose
+advantages fall outside sequence_ratio_mask: the loss it reports, and the gradient the trainer's
+surrogate (rlcore's own cispo loss with a zero clip range) gives; cross_entropy with the weights the
+SDK's forward_backward_custom sends (any real numbers) through the same surrogate."""
 
 from __future__ import annotations
 
@@ -58,10 +59,31 @@ def _datum(advantages: list[float], mask: list[int] | None) -> pb.Datum:
     return pb.Datum(model_input=[chunk], loss_fn_inputs=inputs)
 
 
-def _plan(datums: list[pb.Datum]):
-    request = pb.ForwardBackwardRequest(model_id="m", seq_id=1, loss_fn="gspo", data=datums)
-    decoded = decode_datums(request, required_inputs("gspo"))
-    return plan_loss("gspo", {"clip_low_threshold": LOW, "clip_high_threshold": HIGH}, decoded)
+def _plan(datums: list[pb.Datum], loss_fn: str = "gspo"):
+    request = pb.ForwardBackwardRequest(model_id="m", seq_id=1, loss_fn=loss_fn, data=datums)
+    decoded = decode_datums(request, required_inputs(loss_fn))
+    config = {"clip_low_threshold": LOW, "clip_high_threshold": HIGH} if loss_fn == "gspo" else {}
+    return plan_loss(loss_fn, config, decoded)
+
+
+def _weighted(weights: list[float]) -> pb.Datum:
+    inputs = {"target_tokens": _tensor(TOKENS[1:] + [11], pb.DTYPE_INT64), "weights": _tensor(weights)}
+    chunk = pb.Chunk(encoded_text=pb.EncodedTextChunk(tokens=np.asarray(TOKENS, "<i4").tobytes()))
+    return pb.Datum(model_input=[chunk], loss_fn_inputs=inputs)
+
+
+def _trained_gradient(seq, lp: list[float], policy_loss_fn: str, clip: float | None) -> list[float]:
+    """d loss / d lp of rlcore's own policy loss (or SFT's cross entropy) on one sequence, summed
+    over tokens (token-mean over one token: Tinker's sums)."""
+    algo = dataclasses.replace(AlgorithmConfig(algorithm_type="grpo"), policy_loss_fn=policy_loss_fn, kl_loss_fn="none",
+                               clip_ratio_low=clip, clip_ratio_high=clip, loss_agg_mode="token-mean")  # fmt: skip
+    batch = {k: torch.tensor([v], dtype=torch.float64) for k, v in
+             (("loss_mask", seq.loss_mask), ("advantages", seq.advantages), ("old_logprobs", seq.old_logprobs))}  # fmt: skip
+    target = torch.tensor([lp], dtype=torch.float64, requires_grad=True)
+    loss, _ = PolicyLoss(algo, LossNorm(num_tokens=1.0, num_seqs=1.0, max_response_len=len(lp)))(target, None, batch)
+    loss.backward()
+    assert target.grad is not None
+    return target.grad[0].tolist()
 
 
 def documented_gspo(
@@ -104,18 +126,8 @@ def test_gspo_is_tinkers_documented_formula_where_advantages_fall_outside_the_ra
     # the gradient: the trainer's surrogate, rlcore's cispo loss at a zero clip range summed over tokens
     step = trainer_step(plan, learner)
     assert step is not None and (step.loss, step.clip_ratio_low, step.clip_ratio_high) == ("cispo", 0.0, 0.0)
-    algo = dataclasses.replace(AlgorithmConfig(algorithm_type="grpo"), policy_loss_fn="cispo", kl_loss_fn="none",
-                               clip_ratio_low=0.0, clip_ratio_high=0.0, loss_agg_mode="token-mean")  # fmt: skip
     for seq, lp, (_, grad) in zip(step.sequences, learner, want, strict=True):
-        batch = {k: torch.tensor([v], dtype=torch.float64) for k, v in
-                 (("loss_mask", seq.loss_mask), ("advantages", seq.advantages), ("old_logprobs", seq.old_logprobs))}  # fmt: skip
-        target = torch.tensor([lp], dtype=torch.float64, requires_grad=True)
-        loss, _ = PolicyLoss(algo, LossNorm(num_tokens=1.0, num_seqs=1.0, max_response_len=6))(
-            target, None, batch
-        )
-        loss.backward()
-        assert target.grad is not None
-        assert target.grad[0].tolist() == pytest.approx(grad, rel=1e-12, abs=1e-15)
+        assert _trained_gradient(seq, lp, "cispo", 0.0) == pytest.approx(grad, rel=1e-12, abs=1e-15)
 
 
 def test_gspo_refuses_an_empty_ratio_mask_under_nonzero_advantages() -> None:
@@ -123,3 +135,24 @@ def test_gspo_refuses_an_empty_ratio_mask_under_nonzero_advantages() -> None:
         _plan([_datum([0.0, 1.0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0]), _datum([0.0, 1.0, 0, 0, 0, 0], [0] * 6)])
     plan = _plan([_datum([0.0] * 6, [0] * 6)])  # nothing to average, nothing it would weigh
     assert loss_sum(plan, [[-1.0] * 6]) == 0.0
+
+
+def test_cross_entropy_trains_any_real_weights_as_forward_backward_custom_sends_them() -> None:
+    """The SDK differentiates a custom loss C on the client and sends weights = -dC/dlp: the served
+    loss is -sum(weights * lp) and the trained gradient dC/dlp, for weights outside [0, 1] too."""
+    lp = [-1.1, -1.8, -1.4, -0.6, -2.3, -0.7]
+    target = torch.tensor(lp, dtype=torch.float64, requires_grad=True)
+    custom = -torch.nn.functional.logsigmoid(0.1 * (target[:3].sum() - target[3:].sum()))  # a DPO-like C
+    custom.backward()
+    assert target.grad is not None
+    weights = _f32((-target.grad).tolist())  # negative on the rejected half, none in [0, 1] only
+    assert min(weights) < 0
+    plan = _plan([_weighted(weights)], "cross_entropy")
+    assert loss_sum(plan, [lp]) == pytest.approx(-float(np.dot(weights, lp)), rel=1e-12)
+    step = trainer_step(plan, [lp])
+    assert step is not None and step.loss == "cispo"
+    assert _trained_gradient(step.sequences[0], lp, "cispo", 0.0) == pytest.approx([-w for w in weights], rel=1e-12)
+
+    # weights in [0, 1] stay rlcore's cross entropy, the loss mask the weights
+    plain = _plan([_weighted([0.0, 0.5, 1.0, 1.0, 0.25, 0.0])], "cross_entropy")
+    assert plain.loss == "cross_entropy" and plain.sequences[0].loss_mask == [0.0, 0.5, 1.0, 1.0, 0.25, 0.0]

@@ -12,7 +12,14 @@ from tinker.proto import tinker_public_pb2 as pb  # noqa: E402
 
 from rlcore.runtime.tinker.errors import UserError  # noqa: E402
 from rlcore.runtime.tinker.losses import loss_sum, plan_loss, required_inputs  # noqa: E402
-from rlcore.runtime.tinker.wire import decode_datums, forward_backward_output, tensor_array  # noqa: E402
+from rlcore.runtime.tinker.wire import (  # noqa: E402
+    PromptTopk,
+    Sampled,
+    decode_datums,
+    forward_backward_output,
+    sample_response,
+    tensor_array,
+)
 
 
 def _request(inputs: dict[str, pb.Tensor], tokens: list[int], loss: str = "cross_entropy") -> pb.ForwardBackwardRequest:
@@ -65,6 +72,18 @@ def test_the_output_decodes_in_the_sdk_as_each_datums_logprobs() -> None:
     out = deserialize_forward_backward_output(forward_backward_output([[-1.0, -2.5], [-0.5]], {"loss:sum": 4.0}))
     assert isinstance(out, types.ForwardBackwardOutput) and out.metrics == {"loss:sum": 4.0}
     assert [o["logprobs"].tolist() for o in out.loss_fn_outputs] == [[-1.0, -2.5], [-0.5]]
+
+
+def test_prompt_logprobs_and_their_top_k_decode_in_the_sdk_with_nothing_at_the_first_position() -> None:
+    from tinker.proto.response_conv import deserialize_sample_response
+
+    topk = PromptTopk(np.asarray([[7, 3], [2, 9]]), np.asarray([[-0.25, -1.5], [-0.5, -2.0]]))
+    out = deserialize_sample_response(sample_response([Sampled([4, 5], [-0.1, -0.2], True)], [-1.0, -0.5], topk))
+    assert out.prompt_logprobs == [None, -1.0, -0.5]
+    assert out.topk_prompt_logprobs == [None, [(7, -0.25), (3, -1.5)], [(2, -0.5), (9, -2.0)]]
+    assert out.sequences[0].tokens == [4, 5] and out.sequences[0].stop_reason == "stop"
+    plain = deserialize_sample_response(sample_response([Sampled([4], [-0.1], False)], None))
+    assert plain.prompt_logprobs is None and plain.topk_prompt_logprobs is None
 
 
 def test_token_bytes_of_a_wrong_length_are_bad_input_not_a_server_error() -> None:

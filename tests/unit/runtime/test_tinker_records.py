@@ -1,0 +1,94 @@
+"""The Tinker server's model specs (which layers an adapter takes) and its records of training runs
+and checkpoints, as the RestClient lists them (runtime/tinker/service.py, records.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'rlcore[tinker]'")
+from tinker import types  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+
+from rlcore.runtime.tinker.errors import NotFound, UserError  # noqa: E402
+from rlcore.runtime.tinker.records import Checkpoint, ModelSpec, Records  # noqa: E402
+from rlcore.runtime.tinker.service import ATTENTION, MLP, TinkerService, _targets  # noqa: E402
+
+
+def _service(tmp_path, tied: bool) -> TinkerService:
+    folder = tmp_path / "base"
+    LlamaConfig(tie_word_embeddings=tied).save_pretrained(folder)
+    return TinkerService(None, {"m": str(folder)}, str(tmp_path / "work"), "cpu", "float32", 64, "fsdp2")  # type: ignore[arg-type]
+
+
+def test_an_adapter_takes_the_layers_the_client_names_the_unembedding_included(tmp_path) -> None:
+    service = _service(tmp_path, tied=False)
+    default = service.spec_of("m", types.LoraConfig(rank=4))  # the SDK's defaults: attention, MLP, unembedding
+    assert default.train_unembed and _targets(default) == [*ATTENTION, *MLP, "lm_head"]
+    blocks = service.spec_of("m", types.LoraConfig(rank=4, train_unembed=False))
+    assert _targets(blocks) == "all-linear"  # what it was before train_unembed was honoured
+    only = service.spec_of("m", types.LoraConfig(rank=4, train_attn=False, train_mlp=False))
+    assert _targets(only) == ["lm_head"]
+    with pytest.raises(UserError, match="train_attn, train_mlp and train_unembed are all false"):
+        service.spec_of("m", types.LoraConfig(rank=4, train_attn=False, train_mlp=False, train_unembed=False))
+    assert not service.spec_of("m", types.LoraConfig(rank=0)).train_unembed  # full fine-tuning
+
+
+def test_an_unembedding_adapter_on_a_tied_model_is_refused_in_one_line(tmp_path) -> None:
+    service = _service(tmp_path, tied=True)
+    with pytest.raises(UserError, match=r"lora_config.train_unembed: m ties .*train_unembed=False"):
+        service.spec_of("m", types.LoraConfig(rank=4))
+    assert not service.spec_of("m", types.LoraConfig(rank=4, train_unembed=False)).train_unembed
+
+
+def test_error_lines_name_no_server_path(tmp_path) -> None:
+    service = _service(tmp_path, tied=False)
+    line = f"FileNotFoundError: {service.workdir}/models/x and {tmp_path / 'base'}/config.json"
+    assert service.public(line) == "FileNotFoundError: <workdir>/models/x and <m>/config.json"
+
+
+def test_runs_and_checkpoints_are_listed_across_a_restart_without_server_paths(tmp_path) -> None:
+    work = str(tmp_path)
+    records = Records(work)
+    spec = ModelSpec("m", 8, train_unembed=True)
+    records.started("s1:train:0", spec)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"x" * 10)
+    records.record(Checkpoint("tinker://s1:train:0/weights/a", "weights", str(folder), "s1:train:0", spec, 1.0))
+    records.record(Checkpoint("tinker://s1:train:0/sampler_weights/b", "sampler_weights", str(tmp_path / "gone"),
+                              "s1:train:0", spec, 2.0))  # fmt: skip
+
+    again = Records(work)  # a restarted server
+    run = types.TrainingRun.model_validate(again.training_run("s1:train:0"))
+    assert (run.is_lora, run.lora_rank, run.last_checkpoint.checkpoint_id) == (True, 8, "weights/a")
+    assert run.last_sampler_checkpoint.checkpoint_type == "sampler"
+    listed = types.CheckpointsListResponse.model_validate(again.checkpoints_of("s1:train:0")).checkpoints
+    assert [(c.checkpoint_id, c.size_bytes) for c in listed] == [("weights/a", 10), ("sampler_weights/b", None)]
+    page = types.CheckpointsListResponse.model_validate(again.all_checkpoints(limit=1, offset=0))
+    assert [c.checkpoint_id for c in page.checkpoints] == ["sampler_weights/b"] and page.cursor.total_count == 2
+    runs = types.TrainingRunsResponse.model_validate(again.training_runs(limit=20, offset=0))
+    assert [r.training_run_id for r in runs.training_runs] == ["s1:train:0"]
+    info = types.WeightsInfoResponse.model_validate(again.weights_info("tinker://s1:train:0/weights/a"))
+    assert (info.lora_rank, info.train_unembed) == (8, True)
+    assert str(tmp_path) not in json.dumps([again.training_run("s1:train:0"), again.checkpoints_of("s1:train:0")])
+    with pytest.raises(NotFound, match="no training run s2:train:0"):
+        again.checkpoints_of("s2:train:0")
+    with pytest.raises(UserError, match="checkpoint_id: 'nonsense' is not weights/<name>"):
+        again.find("s1:train:0", "nonsense")
+    with pytest.raises(UserError, match="limit: must be >= 1"):
+        again.training_runs(limit=0, offset=0)
+
+
+def test_records_of_an_older_server_read_without_train_unembed_and_list_its_runs(tmp_path) -> None:
+    spec = {"base_model": "m", "lora_rank": 4, "train_attn": True, "train_mlp": True, "seed": 0}
+    row = {"tinker_path": "tinker://s:train:0/weights/a", "kind": "weights", "folder": "/x", "model_id": "s:train:0",
+           "spec": spec, "time": 1.0}  # fmt: skip
+    with open(os.path.join(tmp_path, "checkpoints.json"), "w") as f:
+        json.dump([row], f)
+    records = Records(str(tmp_path))
+    ckpt = records.checkpoint("tinker://s:train:0/weights/a", "weights")
+    assert ckpt.spec == ModelSpec("m", 4) and not ckpt.spec.train_unembed
+    assert records.training_run("s:train:0")["last_checkpoint"]["checkpoint_id"] == "weights/a"  # no runs.json
