@@ -139,6 +139,7 @@ class EngineLink:
         metrics = {"perf/sync_s": time.perf_counter() - start}
         if synced.num_bytes:
             metrics["perf/sync_gb_per_s"] = synced.num_bytes / 1e9 / max(synced.seconds, 1e-9)
+            metrics["perf/sync_mb"] = synced.num_bytes / 1e6
         if self.cfg.synchronizer.probe and self.explorer is not None:
             metrics.update(self._probe(step))
         return metrics

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from ..core.batch import shard
 from ..core.checkpoint import TrainerState
 from ..core.config import RLCoreConfig
+from ..core.config.plan import ADAPTER_TRANSPORTS
 from ..core.fast_exit import exit_now
 from ..core.hf_export import HF_DIR, export_hf
 from ..core.step_metrics import rollout_report
@@ -51,7 +52,7 @@ from .training import StageTraining
 
 if TYPE_CHECKING:
     from ..rollout.local import LocalRollout
-    from ..weights.base import WeightTransport
+    from ..weights.base import WeightSource, WeightTransport
     from ..weights.sender import WeightSender
 
 log = logging.getLogger("rlcore.trainer_world")
@@ -114,6 +115,8 @@ class TrainerWorld:
         self.vocab_size = 0
         self.weights = "none"
         """The configured stage's weight transport (its plan's)."""
+        self.lora_sync = ""
+        """With LoRA, whether pushes after a transport's first carry the adapter alone (its plan's)."""
         self._make_sender = make_sender  # rank 0 only
         self._transports: dict[tuple[str, ...], WeightTransport] = {}
 
@@ -132,6 +135,7 @@ class TrainerWorld:
         )
         self.model_path = call.model_path
         self.weights = call.plan.weights
+        self.lora_sync = call.plan.lora_sync
         self.vocab_size = int(self.training.strategy.hf_config().vocab_size)
         return {
             "strategy": call.cfg.trainer.strategy,
@@ -185,6 +189,7 @@ class TrainerWorld:
         when rank 0 cannot reach the workers, so the ranks stay in step: rank 0 then answers
         {"failed": one line} instead of raising, every rank having finished the command."""
         from ..weights import build_transport
+        from ..weights.adapter import AdapterSource
         from ..weights.base import Endpoints
 
         t, endpoints = self._t(), call.endpoints
@@ -192,6 +197,7 @@ class TrainerWorld:
         key = (call.transport, *endpoints)
         failure: Exception | None = None
         transport = self._transports.get(key)
+        first = transport is None
         if transport is None:
             sender = None
             if endpoints and self._make_sender is not None:  # rank 0
@@ -205,8 +211,11 @@ class TrainerWorld:
             # a backstop: each phase of the push has sync_timeout of its own, and a worker that misses
             # one is an error the loop handles (it syncs again with the workers that answer)
             backstop = 2 * t.cfg.synchronizer.sync_timeout + 30
+            source: WeightSource = t.strategy
+            if self.lora_sync == "adapter" and (call.transport or self.weights) in ADAPTER_TRANSPORTS:
+                source = AdapterSource(t.strategy, with_base=first)  # type: ignore[arg-type]
             with deadline(backstop, "a weight sync", "synchronizer.sync_timeout"):
-                stats = transport.push(t.strategy, t.state.global_step)
+                stats = transport.push(source, t.state.global_step)
             if failure is not None:
                 raise failure
         except Exception as e:

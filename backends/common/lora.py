@@ -25,6 +25,7 @@ from ...core.config.schema import LoraConfig
 PREFIX = "base_model.model."
 """What peft puts in front of the wrapped model's own state-dict names."""
 BASE = ".base_layer"
+BASE_WEIGHT = BASE + ".weight"
 FACTORS = ("lora_A", "lora_B")
 
 
@@ -38,7 +39,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> torch.nn.M
     if cfg.path is not None:
         peft_model = PeftModel.from_pretrained(model, cfg.path, adapter_name=cfg.name, is_trainable=True)
     else:
-        targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+        targets = cfg.target_modules if isinstance(cfg.target_modules, str) else _named(model, cfg.target_modules)
         config = PeftLoraConfig(
             r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
             target_modules=targets, bias="none", task_type="CAUSAL_LM",
@@ -69,6 +70,23 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> torch.nn.M
             f"model.lora_configs[0].target_modules: no layer of the model matches {cfg.target_modules!r}"
         )
     return peft_model
+
+
+def _named(model: torch.nn.Module, targets: Iterable[str]) -> list[str]:
+    """A target list with `all-linear` in it as module names: every linear layer's but the output
+    head's (peft's all-linear), and the others the list names."""
+    names = set(targets)
+    if "all-linear" in names:
+        from transformers import PreTrainedModel
+        from transformers.pytorch_utils import Conv1D
+
+        head = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
+        names.discard("all-linear")
+        names |= {
+            name.split(".")[-1] for name, m in model.named_modules()
+            if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head
+        }  # fmt: skip
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -137,7 +155,7 @@ class LoraLayout:
             scale, transposed = self.scales[layer]
             delta = (factors["B"].float() @ factors["A"].float()) * scale
             for base_name, base in held:
-                if base_name.endswith(BASE + ".weight"):
+                if base_name.endswith(BASE_WEIGHT):
                     base = base + (delta.T if transposed else delta).to(base.dtype)
                 yield self.hf_name(base_name), base
             held, factors = [], {}
@@ -150,6 +168,39 @@ class LoraLayout:
         on shapes alone (meta tensors, no data)."""
         meta = ((name, torch.empty(shape, dtype=dtype, device="meta")) for name, dtype, shape in specs)
         return [(name, t.dtype, tuple(t.shape)) for name, t in self.merged(meta)]
+
+    def sync_entries(
+        self, entries: Iterable[tuple[str, torch.Tensor]], with_base: bool
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Adapter-only sync's entries (weights/adapter.py) from the peft model's (in state-dict
+        order): each adapted layer's A and B under its HF name, then its scale; `with_base`: also its
+        base weight, and every entry no adapter touches under its HF name."""
+        from ...weights.adapter import BASE, FACTOR_A, FACTOR_B, SCALE, scale_entry
+
+        done: set[str] = set()
+        for name, tensor in entries:
+            layer = self._layer(name)
+            if layer is None or layer not in self.scales or not self.is_adapter(name):
+                if not with_base:
+                    continue
+                if layer is not None and layer in self.scales and name.endswith(BASE_WEIGHT):
+                    yield self.hf_name(layer) + BASE, tensor
+                else:
+                    yield self.hf_name(name), tensor
+                continue
+            a = f".lora_A.{self.adapter}." in name
+            yield self.hf_name(layer) + (FACTOR_A if a else FACTOR_B), tensor
+            if layer in done:
+                scale, transposed = self.scales[layer]
+                yield self.hf_name(layer) + SCALE, scale_entry(scale, transposed)
+            done.add(layer)
+
+    def sync_specs(
+        self, specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], with_base: bool
+    ) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """`sync_entries`' (name, dtype, shape), in its order, from the peft model's specs."""
+        meta = ((name, torch.empty(shape, dtype=dtype, device="meta")) for name, dtype, shape in specs)
+        return [(name, t.dtype, tuple(t.shape)) for name, t in self.sync_entries(meta, with_base)]
 
     def adapter_entries(
         self, entries: Iterable[tuple[str, torch.Tensor]]

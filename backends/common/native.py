@@ -338,3 +338,14 @@ class NativeStrategy(TrainingStrategy):
     def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         assert self.lora is not None, "iter_adapter_weights without a LoRA adapter"
         return self.lora.adapter_entries(self._state(wanted=self.lora.is_adapter))
+
+    def iter_adapter_sync(self, with_base: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """Adapter-only sync's entries (weights/adapter.py): the adapter's factors and scales, and
+        `with_base` the base (a transport's first sync)."""
+        assert self.lora is not None, "adapter sync without a LoRA adapter"
+        return self.lora.sync_entries(self._state(wanted=None if with_base else self.lora.is_adapter), with_base)
+
+    def adapter_sync_specs(self, with_base: bool) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        assert self.lora is not None, "adapter sync without a LoRA adapter"
+        specs = self._state_specs()
+        return self.lora.sync_specs(specs if with_base else [s for s in specs if self.lora.is_adapter(s[0])], with_base)

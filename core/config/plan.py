@@ -88,6 +88,24 @@ served, runs every pass. Each trainer class declares its own as `runs_passes` (a
 the two equal); the config check refuses the rest in one rule (shape_checks.py)."""
 
 
+ADAPTER_ENGINES = frozenset({"hf"})
+"""The registered engines that merge an adapter-only sync into their base weights (RolloutEngine.
+merges_adapters: a unit test holds the two equal)."""
+ADAPTER_TRANSPORTS = ("nccl", "checkpoint", "memory")
+"""The transports an adapter-only sync may take: not publish, whose folders explorers also start from."""
+
+
+def lora_sync_of(cfg: RLCoreConfig, weights: str, trainer: TrainerKind) -> str:
+    """How a LoRA stage's trainer sends its weights over `weights` (synchronizer.lora_sync, auto
+    resolved): adapter, merged, or "" (no LoRA, or no transport that may carry an adapter alone)."""
+    if not cfg.model.lora_configs or trainer not in ("local", "remote") or weights not in ADAPTER_TRANSPORTS:
+        return ""
+    choice = cfg.synchronizer.lora_sync
+    if choice != "auto":
+        return choice
+    return "adapter" if cfg.explorer.rollout_model.engine_type in ADAPTER_ENGINES else "merged"
+
+
 def passes_refused(trainer: TrainerKind, passes: Passes) -> list[str]:
     """The passes of `passes` that a trainer of kind `trainer` does not run, in order."""
     runs = TRAINER_PASSES.get(trainer)
@@ -126,6 +144,10 @@ class StagePlan:
     """How the trainer's weights reach `engines`: a transport of rlcore.weights.TRANSPORTS (nccl,
     checkpoint, memory, publish, or one added there) with synchronizer.sync_method's "auto" resolved,
     or none."""
+    lora_sync: str
+    """With LoRA, what `weights` carries after a transport's first sync: adapter (the factors alone,
+    weights/adapter.py) or merged; "" without LoRA or over a transport that carries merged weights
+    only (lora_sync_of)."""
     publishes: bool
     """The trainer publishes its weights as folders for an explorer (source buffer or explorer_thread)."""
     explorer_weights: ExplorerWeights
@@ -319,7 +341,8 @@ def plan_stage(cfg: RLCoreConfig, index: int = 0, name: str = "main", served: bo
         explorer_weights = "nccl" if pushes_to_explorer(cfg) else "publish"
     return StagePlan(
         index=index, name=name, source=source, engines=engines, explorer_engines=explorer_engines,
-        on_workers=workers, weights=weights, publishes=source in ("buffer", "explorer_thread"),
+        on_workers=workers, weights=weights, lora_sync=lora_sync_of(cfg, weights, trainer),
+        publishes=source in ("buffer", "explorer_thread"),
         explorer_weights=explorer_weights, trainer=trainer,
         trains_on=data, trained_model="reward" if reward else "policy", passes=passes,
         max_staleness=max_staleness(cfg),

@@ -8,7 +8,7 @@ import dataclasses
 
 from .errors import ConfigError
 from .host_checks import check_address, tinker_url
-from .plan import TrainerKind, max_staleness, passes_of, passes_refused
+from .plan import ADAPTER_ENGINES, TrainerKind, max_staleness, passes_of, passes_refused
 from .schema import RLCoreConfig, TinkerConfig
 
 
@@ -327,6 +327,19 @@ def _check_tinker_algorithm(cfg: RLCoreConfig, data: str) -> None:
     _refuse(problems, setting)
 
 
+def _check_lora_sync(cfg: RLCoreConfig) -> None:
+    """synchronizer.lora_sync adapter on a LoRA stage: engines that merge adapters (an engine of yours
+    by import path is taken at its word). A stage without LoRA (a multi-stage run's SFT warm-up)
+    sends its weights whole whatever it says."""
+    engine = cfg.explorer.rollout_model.engine_type
+    if cfg.synchronizer.lora_sync != "adapter" or not cfg.model.lora_configs:
+        return
+    if ":" not in engine and "." not in engine and engine not in ADAPTER_ENGINES:
+        raise ConfigError(f"synchronizer.lora_sync: adapter needs engines that merge an adapter into their base "
+                          f"weights (engine_type {', '.join(sorted(ADAPTER_ENGINES))}); engine_type {engine} loads "
+                          "merged weights: set synchronizer.lora_sync auto or merged")  # fmt: skip
+
+
 def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
     rm, sc = cfg.explorer.rollout_model, cfg.synchronizer
     if rm.engine_type in ("hf", "tinker"):  # the registered engines without them (an engine of yours by
@@ -358,6 +371,7 @@ def _check_engine_and_sync(cfg: RLCoreConfig) -> None:
             f"mode colocate (or train) and cluster.device=cuda; got mode {cfg.mode}, "
             f"cluster.device={cfg.cluster.device}"
         )
+    _check_lora_sync(cfg)
     if sc.sync_method == "checkpoint" and cfg.mode != "both":
         raise ConfigError(
             "synchronizer.sync_method checkpoint has separate rollout workers load an HF folder (mode both); "

@@ -48,6 +48,10 @@ class RolloutEngine(ABC):
     decoding then come back with their tokens so far and finish_reason "interrupted"."""
     interrupt: threading.Event | None = None
     """Set by the worker's generation gate when a weight update waits (interruptible engines)."""
+    merges_adapters: bool = False
+    """Whether `load_weights` takes an adapter-only sync's entries (LoRA factors and scales, merged
+    into the base weights it reads from its model folder: weights/adapter.py), so a LoRA run may
+    send the adapter alone (synchronizer.lora_sync)."""
     _sync_group: SyncGroup | None = None
 
     @abstractmethod

@@ -22,6 +22,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core import moe_routing
 from ...core.types import Completion, SamplingParams
+from ...weights.adapter import merge_adapters
 from .base import (
     RolloutEngine,
     check_prompts,
@@ -48,6 +49,7 @@ class HFEngine(RolloutEngine):
     """A causal LM decoded with its KV cache, in batches of at most `max_batch_size` sequences."""
 
     interruptible = True
+    merges_adapters = True
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class HFEngine(RolloutEngine):
         # Weights change in place only (load_weights copies into them), so this name -> tensor map,
         # taken once, stays valid; a state_dict() walk per sync cost more than small models' copies.
         self._weights: dict[str, torch.Tensor] = self.model.state_dict()
+        self._adapter_bases: dict[str, torch.Tensor] = {}  # what adapter-only syncs merge into
         eos_ids = stop_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
         self.eos_token_ids = eos_ids
         pad = self.tokenizer.pad_token_id
@@ -187,11 +190,12 @@ class HFEngine(RolloutEngine):
         """Copy full tensors into the model in place (tied embeddings stay tied: they share storage).
 
         Tensors are copied as they arrive, so a bad entry leaves earlier ones loaded; the caller
-        treats the error as fatal for this sync and the version is not advanced.
+        treats the error as fatal for this sync and the version is not advanced. An adapter-only
+        sync's entries are merged into the base weights first (weights/adapter.py).
         """
         state = self._weights
         with torch.no_grad():
-            for name, tensor in weights:
+            for name, tensor in merge_adapters(weights, self._adapter_bases):
                 if name not in state:
                     raise ValueError(f"load_weights: '{name}' is not a parameter of the rollout model")
                 target = state[name]

@@ -252,26 +252,31 @@ def _rest_routes(app: FastAPI, service: TinkerService) -> None:
     """The RestClient's listings of training runs and checkpoints (records.py), weights info and
     checkpoint deletion. Every client of a server sees every run (one key per server)."""
 
+    records = service.records  # listings walk folders for their sizes: on the thread pool
+
     @app.get("/api/v1/training_runs")
     async def training_runs(limit: int = 20, offset: int = 0) -> dict[str, Any]:
-        return service.records.training_runs(limit, offset)
+        return await run_in_threadpool(records.training_runs, limit, offset)
 
     @app.get("/api/v1/training_runs/{model_id}")
     async def training_run(model_id: str) -> dict[str, Any]:
-        return service.records.training_run(model_id)
+        return await run_in_threadpool(records.training_run, model_id)
 
     @app.get("/api/v1/training_runs/{model_id}/checkpoints")
     async def checkpoints_of(model_id: str) -> dict[str, Any]:
-        return service.records.checkpoints_of(model_id)
+        return await run_in_threadpool(records.checkpoints_of, model_id)
 
     @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
     async def delete_checkpoint(model_id: str, checkpoint_id: str) -> Response:
+        if checkpoint_id.count("/") > 1:  # the SDK's unpublish: DELETE .../checkpoints/<kind>/<name>/publish
+            raise UserError(f"{checkpoint_id.split('/', 2)[2]}: not served (checkpoints are neither published nor "
+                            "given TTLs here)")  # fmt: skip
         await run_in_threadpool(service.delete_checkpoint, model_id, checkpoint_id)
         return Response(status_code=204)
 
     @app.get("/api/v1/checkpoints")
     async def all_checkpoints(limit: int = 100, offset: int = 0) -> dict[str, Any]:
-        return service.records.all_checkpoints(limit, offset)
+        return await run_in_threadpool(records.all_checkpoints, limit, offset)
 
     @app.post("/api/v1/weights_info")
     async def weights_info(request: Request) -> dict[str, Any]:

@@ -5,7 +5,7 @@ A training run is a model a client created (`<session>:train:<n>`), with its spe
 `tinker://<model_id>/weights/<name>` (training state: weights and optimizer) or
 `tinker://<model_id>/sampler_weights/<name>` (an HF folder of the weights), whose checkpoint_id is
 the part after the model id. Both are kept in `<workdir>/runs.json` and `<workdir>/checkpoints.json`,
-so a restarted server lists and loads what an earlier one saved. Views never show a server path.
+so a restarted server lists and loads what an earlier one saved. Views show no server path.
 """
 
 from __future__ import annotations
@@ -109,6 +109,13 @@ class Records:
             self.checkpoints[ckpt.tinker_path] = ckpt
             self._write()
 
+    def forget(self, path: str) -> bool:
+        """Forget the checkpoint `path`; whether no other record names its folder (it may go)."""
+        with self.lock:
+            ckpt = self.checkpoints.pop(path)
+            self._write()
+            return all(c.folder != ckpt.folder for c in self.checkpoints.values())
+
     def forget_folder(self, folder: str) -> None:
         """Every record of the checkpoint in `folder` goes (its folder is being deleted)."""
         with self.lock:
@@ -191,9 +198,10 @@ class Records:
 
 def _view(ckpt: Checkpoint) -> dict[str, Any]:
     """The RestClient's Checkpoint: no server path."""
-    size = None
-    if os.path.isdir(ckpt.folder):
-        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(ckpt.folder) for f in files)
+    try:
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(ckpt.folder) for f in files) or None
+    except OSError:  # deleted while listed (an unnamed sampler folder dropped)
+        size = None
     return {
         "checkpoint_id": ckpt.tinker_path.split("/", 3)[3], "checkpoint_type": KINDS[ckpt.kind],
         "time": _iso(ckpt.time), "tinker_path": ckpt.tinker_path, "size_bytes": size, "public": False,

@@ -10,8 +10,8 @@ chunk sends off); a request sent again with a seq_id already taken gets the firs
 Sampling runs on its own thread, beside training. Checkpoints are named
 `tinker://<model_id>/weights/<name>` (training state: weights and optimizer) and
 `tinker://<model_id>/sampler_weights/<name>` (an HF folder of the weights), recorded with the
-training runs by records.py, so a restarted server still lists and finds them. No answer names a
-server path: error lines name the workdir and the base models' folders by placeholders.
+training runs by records.py, so a restarted server still lists and finds them. Error lines name
+the workdir and the base models' folders by placeholders, and listings name no server path.
 """
 
 from __future__ import annotations
@@ -133,10 +133,11 @@ class TinkerService:
         if lora.rank and not (lora.train_attn or lora.train_mlp or lora.train_unembed):
             raise UserError("lora_config: train_attn, train_mlp and train_unembed are all false: the adapter "
                             "would train nothing")  # fmt: skip
-        if lora.rank and lora.train_unembed and self._tied(base_model):
-            raise UserError(f"lora_config.train_unembed: {base_model} ties its unembedding to its embedding, and "
-                            "an adapter on it is not served here: create the client with train_unembed=False")  # fmt: skip
-        unembed = bool(lora.rank and lora.train_unembed)
+        # the SDK asks for the head by default: a head tied to the embedding gets none (weights_info says so)
+        unembed = bool(lora.rank and lora.train_unembed and not self._tied(base_model))
+        if lora.rank and not (lora.train_attn or lora.train_mlp or unembed):
+            raise UserError(f"lora_config.train_unembed: {base_model} ties its unembedding to its embedding, which "
+                            "gets no adapter here, and train_attn and train_mlp are false: nothing would train")  # fmt: skip
         return ModelSpec(base_model, lora.rank, lora.train_attn, lora.train_mlp, lora.seed or 0, unembed)
 
     def _tied(self, base_model: str) -> bool:
@@ -323,14 +324,16 @@ class TinkerService:
         self.records.record(ckpt)
 
     def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> None:
-        """The RestClient's delete_checkpoint: the record and its folder (a sampler of it then says
-        its weights were dropped; the live model keeps training)."""
+        """The RestClient's delete_checkpoint: the record, and its folder unless another checkpoint's
+        record names it too (two saves of one step share a training folder); a sampler of it then
+        says its weights were dropped; the live model keeps training."""
         ckpt = self.records.find(model_id, checkpoint_id)
         with self.lock:
             for kept in self.unnamed.values():
                 if ckpt.folder in kept:
                     kept.remove(ckpt.folder)
-        self._drop(ckpt.folder)
+        if self.records.forget(ckpt.tinker_path):
+            self._drop(ckpt.folder)
 
     def _drop(self, folder: str) -> None:
         """Delete a checkpoint folder and its record (a sampler still naming it says so)."""
@@ -456,13 +459,12 @@ def _as_result(fn: Any) -> Result:
 
 
 def _targets(spec: ModelSpec) -> Any:
-    """The adapted layers of a LoRA model: peft's all-linear (every linear layer of the blocks, not
-    lm_head) when attention and MLP both train, else the named ones; lm_head with train_unembed."""
-    if spec.train_attn and spec.train_mlp and not spec.train_unembed:
-        return "all-linear"
-    return (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else []) + (
-        UNEMBED if spec.train_unembed else []
-    )
+    """The adapted layers of a LoRA model: every linear layer but the head (peft's all-linear) when
+    attention and MLP both train, else the named ones; lm_head too with train_unembed."""
+    head = UNEMBED if spec.train_unembed else []
+    if spec.train_attn and spec.train_mlp:
+        return ["all-linear", *head] if head else "all-linear"
+    return (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else []) + head
 
 
 def _safe(name: str) -> str:

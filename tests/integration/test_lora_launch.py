@@ -1,6 +1,7 @@
-"""A LoRA GRPO launch (model.lora_configs): the HF rollout worker gets the merged weights over the
-gloo group after every step, and the probe (the engine's greedy log-probs against the
-trainer's) passes after each sync; KL is taken against the adapter switched off; every checkpoint
+"""A LoRA GRPO launch (model.lora_configs): the HF rollout worker gets the adapter alone over the
+gloo group after every step (synchronizer.lora_sync auto: the stage's first sync carries the base
+too), trains exactly as a launch whose worker gets the merged weights, with a fraction of the bytes,
+and the probe (the engine's greedy log-probs against the trainer's) passes after each sync; KL is taken against the adapter switched off; every checkpoint
 holds the adapter and its optimizer only, plus the adapter in peft's format, and the last one the
 merged model, which scores like the adapter loaded with peft. (A vLLM worker passed the same test
 here; in CI vLLM loads LoRA's merged weights in test_vllm_loop.py's colocated run, which costs no
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 STEPS = 3
 
 
-def test_lora_grpo_syncs_merged_weights_that_pass_the_probe_and_exports_the_adapter(tmp_path) -> None:
+def test_lora_grpo_syncs_the_adapter_alone_as_merged_weights_would_and_exports_the_adapter(tmp_path) -> None:
     import torch
     from peft import PeftModel
     from torch.distributed.checkpoint import FileSystemReader
@@ -40,10 +41,18 @@ def test_lora_grpo_syncs_merged_weights_that_pass_the_probe_and_exports_the_adap
         },
     )
     launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=700)
+    merged_cfg = {**cfg, "name": "merged", "synchronizer": {**cfg["synchronizer"], "lora_sync": "merged"}}
+    launch(merged_cfg, os.path.join(root, "merged.yaml"), timeout_s=700)
 
     run_dir = os.path.join(root, "it", "run")
     metrics = [m for m in read_metrics(run_dir) if "actor/loss" in m]
     assert len(metrics) == STEPS
+    # the adapter alone gives the engine the merged model's weights: the same rollouts, losses, probes
+    merged = [m for m in read_metrics(os.path.join(root, "it", "merged")) if "actor/loss" in m]
+    keys = ("rollout/reward_mean", "actor/loss", "actor/grad_norm", "sync/probe_logprob_diff")
+    assert [[m[k] for k in keys] for m in metrics] == [[m[k] for k in keys] for m in merged]
+    adapter_mb, merged_mb = metrics[-1]["perf/sync_mb"], merged[-1]["perf/sync_mb"]
+    assert adapter_mb < merged_mb / 5, (adapter_mb, merged_mb)  # a rank-4 adapter of the tiny model
     # the probe ran after every sync (before step 1 and after each step) and passed
     assert all(m["sync/probe_logprob_diff"] < 1e-3 for m in metrics), [
         m["sync/probe_logprob_diff"] for m in metrics

@@ -88,7 +88,8 @@ class LoraConfig:
     """Dropout on the adapter's input while training (log-probs and the engines see none)."""
     target_modules: Any = "all-linear"
     """Which linear layers get an adapter: `all-linear` (every linear layer but the output head) or a
-    list of module names (e.g. [q_proj, v_proj])."""
+    list of module names (e.g. [q_proj, v_proj]), which may hold `all-linear` beside others (e.g.
+    [all-linear, lm_head]: the head too)."""
     lora_dtype: str = choice("auto", ("auto", "float32"))
     """The adapter's master weights: float32 (auto), as every master weight here; compute follows
     model.dtype."""

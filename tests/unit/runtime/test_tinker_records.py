@@ -14,7 +14,7 @@ from transformers import LlamaConfig  # noqa: E402
 
 from rlcore.runtime.tinker.errors import NotFound, UserError  # noqa: E402
 from rlcore.runtime.tinker.records import Checkpoint, ModelSpec, Records  # noqa: E402
-from rlcore.runtime.tinker.service import ATTENTION, MLP, TinkerService, _targets  # noqa: E402
+from rlcore.runtime.tinker.service import ATTENTION, TinkerService, _targets  # noqa: E402
 
 
 def _service(tmp_path, tied: bool) -> TinkerService:
@@ -26,21 +26,23 @@ def _service(tmp_path, tied: bool) -> TinkerService:
 def test_an_adapter_takes_the_layers_the_client_names_the_unembedding_included(tmp_path) -> None:
     service = _service(tmp_path, tied=False)
     default = service.spec_of("m", types.LoraConfig(rank=4))  # the SDK's defaults: attention, MLP, unembedding
-    assert default.train_unembed and _targets(default) == [*ATTENTION, *MLP, "lm_head"]
+    assert default.train_unembed and _targets(default) == ["all-linear", "lm_head"]  # every linear layer
     blocks = service.spec_of("m", types.LoraConfig(rank=4, train_unembed=False))
     assert _targets(blocks) == "all-linear"  # what it was before train_unembed was honoured
     only = service.spec_of("m", types.LoraConfig(rank=4, train_attn=False, train_mlp=False))
     assert _targets(only) == ["lm_head"]
+    assert _targets(service.spec_of("m", types.LoraConfig(rank=4, train_mlp=False))) == [*ATTENTION, "lm_head"]
     with pytest.raises(UserError, match="train_attn, train_mlp and train_unembed are all false"):
         service.spec_of("m", types.LoraConfig(rank=4, train_attn=False, train_mlp=False, train_unembed=False))
     assert not service.spec_of("m", types.LoraConfig(rank=0)).train_unembed  # full fine-tuning
 
 
-def test_an_unembedding_adapter_on_a_tied_model_is_refused_in_one_line(tmp_path) -> None:
+def test_a_head_tied_to_the_embedding_gets_no_adapter_and_says_so(tmp_path) -> None:
     service = _service(tmp_path, tied=True)
-    with pytest.raises(UserError, match=r"lora_config.train_unembed: m ties .*train_unembed=False"):
-        service.spec_of("m", types.LoraConfig(rank=4))
-    assert not service.spec_of("m", types.LoraConfig(rank=4, train_unembed=False)).train_unembed
+    spec = service.spec_of("m", types.LoraConfig(rank=4))  # the SDK's default asks for the head
+    assert not spec.train_unembed and _targets(spec) == "all-linear"
+    with pytest.raises(UserError, match=r"lora_config.train_unembed: m ties .*nothing would train"):
+        service.spec_of("m", types.LoraConfig(rank=4, train_attn=False, train_mlp=False))
 
 
 def test_error_lines_name_no_server_path(tmp_path) -> None:
@@ -74,6 +76,10 @@ def test_runs_and_checkpoints_are_listed_across_a_restart_without_server_paths(t
     info = types.WeightsInfoResponse.model_validate(again.weights_info("tinker://s1:train:0/weights/a"))
     assert (info.lora_rank, info.train_unembed) == (8, True)
     assert str(tmp_path) not in json.dumps([again.training_run("s1:train:0"), again.checkpoints_of("s1:train:0")])
+    # two saves of one step share a training folder: forgetting one leaves the folder to the other
+    again.record(Checkpoint("tinker://s1:train:0/weights/c", "weights", str(folder), "s1:train:0", spec, 3.0))
+    assert not again.forget("tinker://s1:train:0/weights/c") and again.checkpoint("tinker://s1:train:0/weights/a")
+    assert again.forget("tinker://s1:train:0/weights/a")
     with pytest.raises(NotFound, match="no training run s2:train:0"):
         again.checkpoints_of("s2:train:0")
     with pytest.raises(UserError, match="checkpoint_id: 'nonsense' is not weights/<name>"):
