@@ -22,5 +22,6 @@ BENCHMARKS = {
     "shared": "rlcore.benchmarks.shared_machine",
     "routing": "rlcore.benchmarks.routing_replay",
     "curriculum": "rlcore.benchmarks.curriculum",
+    "adapter-sync": "rlcore.benchmarks.adapter_sync",
 }
 """`rlcore bench` name -> module."""
