@@ -24,7 +24,6 @@ import torch.distributed as dist
 from ..core.batch import shard
 from ..core.checkpoint import TrainerState
 from ..core.config import RLCoreConfig
-from ..core.config.plan import ADAPTER_TRANSPORTS
 from ..core.fast_exit import exit_now
 from ..core.hf_export import HF_DIR, export_hf
 from ..core.step_metrics import rollout_report
@@ -212,8 +211,8 @@ class TrainerWorld:
             # one is an error the loop handles (it syncs again with the workers that answer)
             backstop = 2 * t.cfg.synchronizer.sync_timeout + 30
             source: WeightSource = t.strategy
-            if self.lora_sync == "adapter" and (call.transport or self.weights) in ADAPTER_TRANSPORTS:
-                source = AdapterSource(t.strategy, with_base=first)  # type: ignore[arg-type]
+            if self.lora_sync == "adapter" and not call.transport:  # the stage's own engines (not an explorer's)
+                source = AdapterSource(t.strategy, with_base=self._agreed(first))  # type: ignore[arg-type]
             with deadline(backstop, "a weight sync", "synchronizer.sync_timeout"):
                 stats = transport.push(source, t.state.global_step)
             if failure is not None:
@@ -229,6 +228,13 @@ class TrainerWorld:
             "num_bytes": int(stats.get("num_bytes", 0)),
             "seconds": stats.get("total_s", time.perf_counter() - start),
         }
+
+    def _agreed(self, first: bool) -> bool:
+        """Whether any rank's transport is new (only rank 0's is rebuilt after a failed push): then
+        every rank walks the whole model for the bases, as the sharded gathers need."""
+        flag = torch.tensor([int(first)], device="cuda" if self.device == "cuda" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def publish_weights(self, call: PublishWeightsCall) -> dict[str, Any]:
         """Write the current weights as the next version in `folder` for the explorers of a

@@ -14,11 +14,13 @@ an adapted layer `L` (its HF name, e.g. `model.layers.0.self_attn.q_proj`) is
 
 The first sync also carries every weight no adapter touches, as a merged sync would, so an engine
 that held other weights (an earlier stage's) holds the stage's base. The engine loads `L.weight` =
-W0 + (B @ A) x scale (transposed where marked): the same sum, in the same order and dtypes, as the
-trainer's merged view (backends/common/lora.py LoraLayout.merged), so it holds the weights a merged
-sync would give it. It keeps each W0 (on the CPU) until a sync brings another one or a plain
-`L.weight`; a sync of factors for a layer whose base it lacks (a restarted worker) fails in one line,
-and the trainer's next sync, over a new transport, starts with the bases again.
+W0 + (B @ A) x scale (transposed where marked), computed where the factors arrive: the same sum, in
+the same order and dtypes, as the trainer's merged view (backends/common/lora.py LoraLayout.merged),
+so it holds the weights a merged sync would give it (bit for bit where both compute on the same kind
+of device; B @ A on a GPU and a CPU may differ in the last bit). It keeps each W0 on the CPU until a
+sync brings another one or a plain `L.weight`; a sync of factors for a layer whose base it lacks (a
+restarted worker) fails in one line, and the trainer's next sync, over a new transport, starts with
+the bases again (on every trainer rank: TrainerWorld._agreed).
 """
 
 from __future__ import annotations
@@ -92,9 +94,9 @@ def merge_adapters(
             raise ValueError(f"adapter sync: no base weight of {layer} here to merge its adapter into (the sync "
                              "that carries the bases did not reach this engine); the next sync sends them")  # fmt: skip
         scale, transposed = parts[SCALE].tolist()
-        delta = (parts[FACTOR_B].float() @ parts[FACTOR_A].float()) * scale
-        delta = (delta.T if transposed else delta).to(device=w0.device)
-        yield layer + ".weight", w0 + delta.to(w0.dtype)
+        delta = (parts[FACTOR_B].float() @ parts[FACTOR_A].float()) * scale  # where the factors came (the engine's device)
+        delta = delta.T if transposed else delta
+        yield layer + ".weight", w0.to(delta.device) + delta.to(w0.dtype)
     if pending:
         layer, parts = next(iter(pending.items()))
         missing = [p.lstrip(".") for p in PARTS if p not in parts]

@@ -264,6 +264,23 @@ def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:
     if importlib.util.find_spec("peft") is None:
         raise ConfigError("model.lora_configs: LoRA needs the peft package: pip install 'rlcore[lora]'")
     _check_adapter(adapters[0], "model.lora_configs[0]", check_paths)
+    targets = adapters[0].target_modules
+    if check_paths and not isinstance(targets, str) and "lm_head" in targets and _ties_head(cfg.model.model_path):
+        raise ConfigError(
+            "model.lora_configs[0].target_modules: lm_head shares its weight with the embedding in "
+            f"{cfg.model.model_path} (tie_word_embeddings): an adapter on it would move the embedding too "
+            "where the merged weights load; leave lm_head out"
+        )
+
+
+def _ties_head(model_path: str) -> bool:
+    """Whether the model folder's config.json ties the output head to the embedding."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings")))
 
 
 def _check_adapter(lora: LoraConfig, path: str, check_paths: bool) -> None:

@@ -91,19 +91,22 @@ the two equal); the config check refuses the rest in one rule (shape_checks.py).
 ADAPTER_ENGINES = frozenset({"hf"})
 """The registered engines that merge an adapter-only sync into their base weights (RolloutEngine.
 merges_adapters: a unit test holds the two equal)."""
-ADAPTER_TRANSPORTS = ("nccl", "checkpoint", "memory")
-"""The transports an adapter-only sync may take: not publish, whose folders explorers also start from."""
+ADAPTER_TRANSPORTS = ("nccl", "checkpoint")
+"""The transports auto sends an adapter alone over: to rollout workers. Not memory (an engine in the
+trainer's process: no wire to spare, and the engine would keep a copy of the bases) nor publish
+(folders explorers also start from); lora_sync adapter asks for memory too."""
 
 
 def lora_sync_of(cfg: RLCoreConfig, weights: str, trainer: TrainerKind) -> str:
     """How a LoRA stage's trainer sends its weights over `weights` (synchronizer.lora_sync, auto
     resolved): adapter, merged, or "" (no LoRA, or no transport that may carry an adapter alone)."""
-    if not cfg.model.lora_configs or trainer not in ("local", "remote") or weights not in ADAPTER_TRANSPORTS:
+    if not cfg.model.lora_configs or trainer not in ("local", "remote") or weights not in (*ADAPTER_TRANSPORTS, "memory"):
         return ""
     choice = cfg.synchronizer.lora_sync
     if choice != "auto":
         return choice
-    return "adapter" if cfg.explorer.rollout_model.engine_type in ADAPTER_ENGINES else "merged"
+    wire = weights in ADAPTER_TRANSPORTS
+    return "adapter" if wire and cfg.explorer.rollout_model.engine_type in ADAPTER_ENGINES else "merged"
 
 
 def passes_refused(trainer: TrainerKind, passes: Passes) -> list[str]:

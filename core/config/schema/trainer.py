@@ -166,9 +166,10 @@ class SynchronizerConfig:
     lora_sync: str = choice("auto", ("auto", "adapter", "merged"))
     """With LoRA (model.lora_configs): adapter sends only each adapted layer's factors and scale, which
     the engines merge into the base weights they read from their model folder (a rank-16 adapter of
-    a 7B model: about 40 MB against 15 GB); merged sends the merged weights. auto: adapter where the
-    engine merges adapters (engine_type hf), merged elsewhere (vllm) and for a decoupled run's
-    published folders, which explorers also start from."""
+    a 7B model: about 40 MB against 15 GB); merged sends the merged weights. auto: adapter to rollout
+    workers whose engine merges adapters (engine_type hf; sync_method nccl or checkpoint), merged
+    to an engine in the trainer's process (no wire to spare), to vLLM, and to a decoupled run's
+    explorer and its published folders, which explorers also start from."""
     checksums: bool = False
     """Every bucket carries a CRC-32 that each engine checks before loading anything; a mismatch
     fails the sync and the engine keeps its last good version (nccl only)."""

@@ -107,8 +107,12 @@ def test_the_plan_sends_the_adapter_alone_where_the_engine_merges_it(tmp_path) -
     assert plan(lora) == "adapter"
     assert plan(lora, "explorer.rollout_model.engine_type=vllm") == "merged"
     assert plan(lora, "synchronizer.lora_sync=merged") == "merged"
-    assert plan(lora, "mode=colocate") == "adapter"  # in process: the memory transport
+    assert plan(lora, "mode=colocate") == "merged"  # in process (memory): no wire to spare
+    assert plan(lora, "mode=colocate", "synchronizer.lora_sync=adapter") == "adapter"
     assert plan() == ""  # no LoRA
     with pytest.raises(ConfigError, match="synchronizer.lora_sync: adapter needs engines that merge an adapter"):
         plan(lora, "explorer.rollout_model.engine_type=vllm", "synchronizer.lora_sync=adapter")
     assert plan("synchronizer.lora_sync=adapter") == ""  # a stage without LoRA sends its weights whole
+    (tmp_path / "m" / "config.json").write_text('{"tie_word_embeddings": true}')
+    with pytest.raises(ConfigError, match=r"target_modules: lm_head shares its weight with the embedding"):
+        plan("model.lora_configs=[{lora_rank: 4, target_modules: [all-linear, lm_head]}]")
