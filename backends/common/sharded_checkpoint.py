@@ -19,6 +19,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+UNSTEPPED = "unstepped"
+"""An optimizer that never stepped has no state, and torch's get_state_dict makes some by a step on
+zero gradients, which counts in Adam's step (its bias correction): the optimizer's next step would be
+its second. A save of such an optimizer leaves it without state again and says so (`scheduler.pt`'s
+"unstepped"), and a load of that save leaves it without state, so that a checkpoint taken before the
+first step (a Tinker model giving up the trainer at once) changes nothing that follows."""
 REFERENCE_DIR = "reference"
 """A checkpoint's sub-folder for the reference model, when it moves (algorithm.sync_ref_model)."""
 
@@ -33,10 +39,13 @@ def save_sharded(
 ) -> None:
     """Collective: write model, optimizer, scheduler (and loss scaler) state under `path`; `keep`:
     only the model entries it accepts (LoRA's adapter, not the frozen base)."""
+    unstepped = not optimizer.state
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": _kept(model_sd, keep), "optim": optim_sd}, checkpoint_id=path)
+    if unstepped:
+        optimizer.state.clear()  # UNSTEPPED: the optimizer as it was
     if dist.get_rank() == 0:
-        extra = {"scheduler": scheduler.state_dict()}
+        extra = {"scheduler": scheduler.state_dict(), UNSTEPPED: unstepped}
         if scaler is not None:
             extra["scaler"] = scaler.state_dict()
         torch.save(extra, os.path.join(path, "scheduler.pt"))
@@ -58,6 +67,8 @@ def load_sharded(
     dcp.load(state, checkpoint_id=path)  # in place: the kept entries are model_sd's own tensors
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
     extra = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)
+    if extra.get(UNSTEPPED):
+        optimizer.state.clear()  # UNSTEPPED
     scheduler.load_state_dict(extra["scheduler"])
     if scaler is not None and "scaler" in extra:
         scaler.load_state_dict(extra["scaler"])
