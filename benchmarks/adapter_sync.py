@@ -112,7 +112,10 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlcore bench adapter-sync", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="rlcore bench adapter-sync", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+    )  # fmt: skip
     parser.add_argument("--models", default=",".join(SHAPES), help=f"model shapes, comma-separated ({', '.join(SHAPES)})")
     parser.add_argument("--rank", type=positive_int, default=16, help="LoRA rank (alpha = 2 x rank)")
     parser.add_argument("--out", default=default_out("adapter_sync.json"), help="where the JSON result goes")
