@@ -306,6 +306,10 @@ def _add_tinker_parser(commands: Any) -> None:
     serve.add_argument("--threads", type=int, default=0, help="CPU threads per trainer rank (0: cores / ranks)")
     serve.add_argument("--max-model-len", type=int, default=2048, help="longest sequence trained or sampled")
     serve.add_argument(
+        "--max-models", type=int, default=8,
+        help="training models held at once (each client's create_model is one; they take turns on the trainer)",
+    )  # fmt: skip
+    serve.add_argument(
         "--keep-samplers", type=int, default=3,
         help="unnamed sampler weights (one per save_weights_and_get_sampling_client) kept per model; older ones "
         "are deleted",

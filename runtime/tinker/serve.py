@@ -79,8 +79,9 @@ def serve_main(args: argparse.Namespace) -> int:
         models = _base_models(args.base_model)
     except ValueError as e:
         return usage_error(str(e))
-    if args.keep_samplers < 1:
-        return usage_error(f"--keep-samplers: must be >= 1; got {args.keep_samplers}")
+    for flag, value in (("--keep-samplers", args.keep_samplers), ("--max-models", args.max_models)):
+        if value < 1:
+            return usage_error(f"{flag}: must be >= 1; got {value}")
     import torch
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -90,7 +91,8 @@ def serve_main(args: argparse.Namespace) -> int:
     proc, address, token = _start_trainer(args, device, workdir)
     trainer = TrainerClient(address, ClientOptions(token=token or None, timeout=3600))
     service = TinkerService(
-        trainer, models, workdir, device, dtype, args.max_model_len, args.strategy, args.keep_samplers
+        trainer, models, workdir, device, dtype, args.max_model_len, args.strategy, args.keep_samplers,
+        args.max_models,
     )
     listed = [{"model_name": n, "max_context_length": args.max_model_len, "trainable": True, "sampleable": True}
               for n in models]  # fmt: skip

@@ -2,11 +2,13 @@
 samplers and futures, over rlcore's trainer world (TrainerService, through TrainerClient) and a
 sampling engine (sampler.py).
 
-One trainer world trains one model at a time: a new model (create_model, or one created from a
-checkpoint) replaces the live one, whose later requests then fail naming the model that replaced
-it. Training requests run one at a time in the order they arrive (the SDK sends a model's
-requests in seq_id order and waits for each to be accepted; client/config turns its parallel
-chunk sends off); a request sent again with a seq_id already taken gets the first one's future.
+Several training models (one per create_model, each with its own adapter, optimizer state and
+checkpoints) share one trainer world, taking turns (turns.py: the world changes hands between a
+model's optim_step and its next forward_backward, saving one model's state and restoring the
+other's). A model's training requests run one at a time in the order they arrive (the SDK sends a
+model's requests in seq_id order and waits for each to be accepted; client/config turns its
+parallel chunk sends off); a request sent again with a seq_id already taken gets the first one's
+future.
 Sampling runs on its own thread, beside training. Checkpoints are named
 `tinker://<model_id>/weights/<name>` (training state: weights and optimizer) and
 `tinker://<model_id>/sampler_weights/<name>` (an HF folder of the weights), recorded with the
@@ -34,6 +36,7 @@ from .errors import NotFound, UserError
 from .losses import loss_sum, plan_loss, required_inputs, trainer_step
 from .records import Checkpoint, ModelSpec, Records
 from .sampler import DROPPED, Sampler
+from .turns import TrainTurns
 from .wire import decode_datums, forward_backward_output, loss_config
 
 LORA_ALPHA = 32
@@ -46,6 +49,8 @@ FINISHED_KEPT = 10_000
 SAMPLE_THREADS = 64
 """Sampling requests served at once (they share engine calls: sampler.py); as many as client/config
 lets the SDK send."""
+MAX_MODELS = 8
+"""Training models a server holds at once by default (`rlcore tinker serve --max-models`)."""
 UNNAMED_KEPT = 3
 """Unnamed sampler weights (save_weights_and_get_sampling_client, one per RL step) kept per model by
 default (`rlcore tinker serve --keep-samplers`): older folders are deleted, and their samplers answer
@@ -65,16 +70,14 @@ class Result:
 class TinkerService:
     def __init__(
         self, trainer: TrainerClient, base_models: dict[str, str], workdir: str, device: str, dtype: str,
-        max_model_len: int, strategy: str, keep_samplers: int = UNNAMED_KEPT,
+        max_model_len: int, strategy: str, keep_samplers: int = UNNAMED_KEPT, max_models: int = MAX_MODELS,
     ):  # fmt: skip
         self.trainer, self.base_models, self.workdir = trainer, base_models, os.path.abspath(workdir)
         self.device, self.dtype, self.max_model_len, self.strategy = device, dtype, max_model_len, strategy
         os.makedirs(self.workdir, exist_ok=True)
         self.lock = threading.Lock()
         self.sessions: dict[str, float] = {}
-        self.live: str | None = None
         self.models: dict[str, ModelSpec] = {}
-        self.replaced: dict[str, str] = {}
         self.seq_requests: OrderedDict[tuple[str, int], str] = OrderedDict()
         self.samplers: dict[str, tuple[str, str]] = {}
         """sampling session -> (base model name, the HF folder its weights are in)."""
@@ -84,7 +87,7 @@ class TinkerService:
         self.unnamed: dict[str, list[str]] = {}
         """model -> its unnamed sampler folders, oldest first."""
         self.keep_samplers = keep_samplers
-        self.train_queue = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
+        self.turns = TrainTurns(trainer, self._configure, max_models)
         self.sample_queue = ThreadPoolExecutor(SAMPLE_THREADS, thread_name_prefix="tinker-sample")
         self.records = Records(self.workdir)
         self._sampler: Sampler | None = None
@@ -104,8 +107,15 @@ class TinkerService:
             self.sessions[session] = time.time()
 
     def finish_session(self, session: str) -> None:
+        """The session ends, and its training models with it (their turns and saved states; their
+        checkpoints stay)."""
         with self.lock:
             self.sessions.pop(session, None)
+            gone = [m for m in self.models if m.startswith(f"{session}:train:")]
+            for model_id in gone:
+                del self.models[model_id]
+        for model_id in gone:
+            self.turns.drop(model_id)
 
     def base_path(self, name: str, field_name: str = "base_model") -> str:
         path = self.base_models.get(name)
@@ -115,9 +125,6 @@ class TinkerService:
 
     def model(self, model_id: str) -> ModelSpec:
         with self.lock:
-            if model_id in self.replaced:
-                raise UserError(f"model_id: {model_id} was replaced by {self.replaced[model_id]} (this server "
-                                "trains one model at a time; save_state before creating another)")  # fmt: skip
             spec = self.models.get(model_id)
         if spec is None:
             raise NotFound(f"model_id: no model {model_id} on this server")
@@ -148,15 +155,22 @@ class TinkerService:
         return bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
 
     def create_model(self, model_id: str, spec: ModelSpec) -> str:
-        """Queue the model's construction (it replaces the live one); the future's request id."""
+        """Queue the model's construction (its first turn); the future's request id."""
+        self._admit(model_id, spec)
 
         def run() -> dict[str, Any]:
-            self._configure(model_id, spec)
+            self.turns.hold(model_id, spec, fresh=True)
             return {"model_id": model_id}
 
         return self._train(model_id, None, run, creates=True)
 
+    def _admit(self, model_id: str, spec: ModelSpec) -> None:
+        with self.lock:
+            self.turns.admit(model_id, self.models)
+            self.models[model_id] = spec
+
     def _configure(self, model_id: str, spec: ModelSpec) -> None:
+        """Build `model_id` on the trainer world (turns.py calls it when the model's turn comes)."""
         cfg = RLCoreConfig(seed=spec.seed, project="tinker", name=model_id)
         m = cfg.model
         m.model_path = self.base_path(spec.base_model)
@@ -172,12 +186,6 @@ class TinkerService:
         cfg.buffer.explorer_input.taskset.path = "(a Tinker client sends the data)"
         folder = os.path.join(self.workdir, "models", _safe(model_id))
         self.trainer.configure(to_yaml(cfg), checkpoint_dir=folder, total_steps=1_000_000)
-        with self.lock:
-            if self.live is not None and self.live != model_id:
-                self.replaced[self.live] = model_id
-                self.models.pop(self.live, None)
-            self.live = model_id
-            self.models[model_id] = spec
         self.records.started(model_id, spec)
 
     def info(self, model_id: str) -> dict[str, Any]:
@@ -213,6 +221,7 @@ class TinkerService:
                     step.sequences, step.loss, normalize_tokens=1.0, clip_ratio_low=step.clip_ratio_low,
                     clip_ratio_high=step.clip_ratio_high,
                 )  # fmt: skip
+                self.turns.trained()
                 if step is plan:  # a surrogate (gspo's) has the loss's gradient, not its value
                     value = out.loss
             tokens = float(sum(len(s.response_token_ids) for s in plan.sequences))
@@ -228,6 +237,7 @@ class TinkerService:
                 "eps": params.eps, "weight_decay": params.weight_decay, "grad_clip_norm": params.grad_clip_norm}  # fmt: skip
 
         def run() -> dict[str, Any]:
+            self.turns.stepping(model_id)
             out = self.trainer.optim_step(adam=adam)
             return {"metrics": {"grad_norm:mean": out.grad_norm, "lr:mean": out.lr, "step:max": float(out.global_step)}}
 
@@ -274,32 +284,34 @@ class TinkerService:
 
     def load_weights(self, model_id: str, seq_id: int | None, path: str, optimizer: bool, create: bool) -> str:
         """Restore a training checkpoint into `model_id`: a new model built from it (`create`, the
-        SDK's create_training_client_from_state) or the live one."""
+        SDK's create_training_client_from_state) or an existing one."""
         ckpt = self.checkpoint(path, "weights")
-        if not create:
+        if create:
+            self._admit(model_id, ckpt.spec)
+        else:
             self.model(model_id)
 
         def run() -> dict[str, Any]:
             if create:
-                self._configure(model_id, ckpt.spec)
+                self.turns.hold(model_id, ckpt.spec, fresh=True)
             self.trainer.load_checkpoint(ckpt.folder, weights_only=not optimizer)
             return {"path": path, "model_id": model_id, "type": "load_weights"}
 
         return self._train(model_id, seq_id, run, creates=create)
 
     def _train(self, model_id: str, seq_id: int | None, fn: Any, creates: bool = False) -> str:
-        """Queue `fn` on the training thread; a (model, seq_id) already queued gets its first future.
-        Unless it `creates` the model, it fails if another model took the world before its turn."""
+        """Queue `fn` in the model's turn (turns.py); a (model, seq_id) already queued gets its first
+        future. Unless it `creates` the model, the model takes the trainer world first."""
 
-        def guarded() -> Any:
+        def in_turn() -> Any:
             if not creates:
-                self.model(model_id)
+                self.turns.hold(model_id, self.model(model_id))
             return fn()
 
         with self.lock:
             if seq_id is not None and (model_id, seq_id) in self.seq_requests:
                 return self.seq_requests[(model_id, seq_id)]
-            request_id = self._submit(self.train_queue, guarded)
+            request_id = self._submit(in_turn, model_id)
             if seq_id is not None:
                 self.seq_requests[(model_id, seq_id)] = request_id
                 while len(self.seq_requests) > FINISHED_KEPT:
@@ -396,7 +408,7 @@ class TinkerService:
                                     bool(request.prompt_logprobs), request.topk_prompt_logprobs)  # fmt: skip
             )
 
-        return self._submit(self.sample_queue, run)
+        return self._submit(run)
 
     def _engine(self, base_model: str) -> Sampler:
         path = self.base_path(base_model)
@@ -408,9 +420,13 @@ class TinkerService:
 
     # ------------------------------------------------------------------ futures
 
-    def _submit(self, queue: ThreadPoolExecutor, fn: Any) -> str:
+    def _submit(self, fn: Any, model_id: str | None = None) -> str:
+        """Queue `fn`: in `model_id`'s training turn, or (None) on the sampling threads."""
         request_id = uuid.uuid4().hex
-        future = queue.submit(self._answer, fn)
+        if model_id is None:
+            future = self.sample_queue.submit(self._answer, fn)
+        else:
+            future = self.turns.submit(model_id, lambda: self._answer(fn))
         with self._futures_lock:
             self.futures[request_id] = future
             while len(self.futures) > FINISHED_KEPT and next(iter(self.futures.values())).done():
@@ -438,7 +454,7 @@ class TinkerService:
         return fut
 
     def close(self) -> None:
-        self.train_queue.shutdown(wait=False, cancel_futures=True)
+        self.turns.close()
         self.sample_queue.shutdown(wait=False, cancel_futures=True)
 
 
