@@ -324,7 +324,8 @@ def _add_tinker_parser(commands: Any) -> None:
     serve.add_argument("--port-file", default="", help="write host:port here once serving")
     serve.add_argument(
         "--api-key-env", default="TINKER_API_KEY",
-        help="the variable holding the key clients must send (X-API-Key; the SDK wants it to start with tml-)",
+        help="the variable holding the key clients must send (X-API-Key; the SDK wants it to start with tml-), or "
+        "several separated by commas: each key a tenant, which reaches only what it created",
     )  # fmt: skip
 
 

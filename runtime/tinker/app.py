@@ -14,7 +14,6 @@ finish before answering "try_again".
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from typing import Any
 
@@ -23,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .access import CALLER, tenant_of
 from .errors import NotFound, UserError
 from .service import TinkerService
 
@@ -59,17 +59,19 @@ def _validated(model: Any, body: Any) -> Any:
         ) from None
 
 
-def build_app(service: TinkerService, api_key: str, models: list[dict[str, Any]]) -> FastAPI:
+def build_app(service: TinkerService, keys: list[str], models: list[dict[str, Any]]) -> FastAPI:
+    """The routes over `service`, for clients holding one of `keys` (each a tenant: access.py)."""
     app = FastAPI(title="rlcore tinker", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
     async def checked(request: Request, call_next: Any) -> Any:
         if request.url.path != "/api/v1/healthz":
-            given = request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
+            tenant = tenant_of(request.headers.get("x-api-key", ""), keys)
+            if tenant is None:
                 return _error(
-                    401, "X-API-Key: missing or wrong (give the key `rlcore tinker serve` was started with)"
+                    401, "X-API-Key: missing or wrong (give a key `rlcore tinker serve` was started with)"
                 )
+            CALLER.set(tenant)
         try:
             return await call_next(request)
         except UserError as e:
@@ -256,15 +258,15 @@ def _rest_routes(app: FastAPI, service: TinkerService) -> None:
 
     @app.get("/api/v1/training_runs")
     async def training_runs(limit: int = 20, offset: int = 0) -> dict[str, Any]:
-        return await run_in_threadpool(records.training_runs, limit, offset)
+        return await run_in_threadpool(records.training_runs, limit, offset, CALLER.get())
 
     @app.get("/api/v1/training_runs/{model_id}")
     async def training_run(model_id: str) -> dict[str, Any]:
-        return await run_in_threadpool(records.training_run, model_id)
+        return await run_in_threadpool(records.training_run, model_id, CALLER.get())
 
     @app.get("/api/v1/training_runs/{model_id}/checkpoints")
     async def checkpoints_of(model_id: str) -> dict[str, Any]:
-        return await run_in_threadpool(records.checkpoints_of, model_id)
+        return await run_in_threadpool(records.checkpoints_of, model_id, CALLER.get())
 
     @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
     async def delete_checkpoint(model_id: str, checkpoint_id: str) -> Response:
@@ -276,7 +278,7 @@ def _rest_routes(app: FastAPI, service: TinkerService) -> None:
 
     @app.get("/api/v1/checkpoints")
     async def all_checkpoints(limit: int = 100, offset: int = 0) -> dict[str, Any]:
-        return await run_in_threadpool(records.all_checkpoints, limit, offset)
+        return await run_in_threadpool(records.all_checkpoints, limit, offset, CALLER.get())
 
     @app.post("/api/v1/weights_info")
     async def weights_info(request: Request) -> dict[str, Any]:
@@ -284,4 +286,4 @@ def _rest_routes(app: FastAPI, service: TinkerService) -> None:
         path = given.get("tinker_path") if isinstance(given, dict) else None
         if not isinstance(path, str):
             raise UserError("tinker_path: required (a tinker:// checkpoint path)")
-        return service.records.weights_info(path)
+        return service.records.weights_info(service.checkpoint(path).tinker_path)

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...core.rpc.cli import write_atomic
+from .access import sees
 from .errors import NotFound, UserError
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
@@ -54,6 +55,8 @@ class Checkpoint:
 class Run:
     spec: ModelSpec
     created: float = field(default_factory=time.time)
+    owner: str = ""
+    """The tenant that created it (access.py); "" in records of servers that kept none."""
 
 
 class Records:
@@ -67,7 +70,7 @@ class Records:
             for r in self._read("checkpoints.json")
         }
         self.runs: dict[str, Run] = {
-            r["model_id"]: Run(ModelSpec(**r["spec"]), r["created"]) for r in self._read("runs.json")
+            r["model_id"]: Run(ModelSpec(**r["spec"]), r["created"], r.get("owner", "")) for r in self._read("runs.json")
         }
         for ckpt in sorted(self.checkpoints.values(), key=lambda c: c.time):  # a run an older server saved
             self.runs.setdefault(ckpt.model_id, Run(ckpt.spec, ckpt.time))
@@ -84,16 +87,22 @@ class Records:
         """Both files, from the records as they are (called holding the lock)."""
         write_atomic(os.path.join(self.workdir, "checkpoints.json"),
                      json.dumps([asdict(c) for c in self.checkpoints.values()], indent=1))  # fmt: skip
-        runs = [{"model_id": m, "spec": asdict(r.spec), "created": r.created} for m, r in self.runs.items()]
+        runs = [{"model_id": m, "spec": asdict(r.spec), "created": r.created, "owner": r.owner} for m, r in self.runs.items()]
         write_atomic(os.path.join(self.workdir, "runs.json"), json.dumps(runs, indent=1))
 
     # ------------------------------------------------------------------ what the service records
 
-    def started(self, model_id: str, spec: ModelSpec) -> None:
+    def started(self, model_id: str, spec: ModelSpec, owner: str) -> None:
         with self.lock:
             if model_id not in self.runs:
-                self.runs[model_id] = Run(spec)
+                self.runs[model_id] = Run(spec, owner=owner)
                 self._write()
+
+    def owner(self, model_id: str) -> str:
+        """The tenant of a training run ("" for one nobody owns, or none recorded)."""
+        with self.lock:
+            run = self.runs.get(model_id)
+        return run.owner if run is not None else ""
 
     def touched(self, model_id: str) -> None:
         """A request of `model_id` arrived (the run's last_request_time)."""
@@ -138,10 +147,10 @@ class Records:
 
     # ------------------------------------------------------------------ the RestClient's views
 
-    def training_run(self, model_id: str) -> dict[str, Any]:
+    def training_run(self, model_id: str, caller: str) -> dict[str, Any]:
         with self.lock:
             run = self.runs.get(model_id)
-            if run is None:
+            if run is None or not sees(run.owner, caller):
                 raise NotFound(f"training_run_id: no training run {model_id} on this server")
             own = sorted((c for c in self.checkpoints.values() if c.model_id == model_id), key=lambda c: c.time)
             last = max([run.created, self.last_request.get(model_id, 0.0), *(c.time for c in own)])
@@ -154,26 +163,28 @@ class Records:
             "last_sampler_checkpoint": _view(newest["sampler_weights"]) if newest["sampler_weights"] else None,
         }  # fmt: skip
 
-    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
+    def training_runs(self, limit: int, offset: int, caller: str) -> dict[str, Any]:
         _check_page(limit, offset)
         with self.lock:
-            ids = sorted(self.runs, key=lambda m: self.runs[m].created, reverse=True)
+            ids = [m for m, r in self.runs.items() if sees(r.owner, caller)]
+        ids.sort(key=lambda m: self.runs[m].created, reverse=True)
         return {
-            "training_runs": [self.training_run(m) for m in ids[offset : offset + limit]],
+            "training_runs": [self.training_run(m, caller) for m in ids[offset : offset + limit]],
             "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)},
         }
 
-    def checkpoints_of(self, model_id: str) -> dict[str, Any]:
+    def checkpoints_of(self, model_id: str, caller: str) -> dict[str, Any]:
         with self.lock:
-            if model_id not in self.runs:
+            if model_id not in self.runs or not sees(self.runs[model_id].owner, caller):
                 raise NotFound(f"training_run_id: no training run {model_id} on this server")
             own = sorted((c for c in self.checkpoints.values() if c.model_id == model_id), key=lambda c: c.time)
         return {"checkpoints": [_view(c) for c in own]}
 
-    def all_checkpoints(self, limit: int, offset: int) -> dict[str, Any]:
+    def all_checkpoints(self, limit: int, offset: int, caller: str) -> dict[str, Any]:
         _check_page(limit, offset)
         with self.lock:
-            every = sorted(self.checkpoints.values(), key=lambda c: c.time, reverse=True)
+            mine = [c for c in self.checkpoints.values() if sees(self.runs[c.model_id].owner if c.model_id in self.runs else "", caller)]
+            every = sorted(mine, key=lambda c: c.time, reverse=True)
         return {
             "checkpoints": [_view(c) for c in every[offset : offset + limit]],
             "cursor": {"offset": offset, "limit": limit, "total_count": len(every)},

@@ -22,6 +22,7 @@ import time
 from ...core.rpc.cli import EXIT_USAGE, await_port_file, usage_error, write_atomic
 from ...core.signals import StopSignals
 from ..child import wrap
+from .access import keys_of
 
 TRAINER_TOKEN_ENV = "RLCORE_TINKER_TRAINER_TOKEN"
 """The child trainer world's token (a fresh random one; only this process talks to it)."""
@@ -71,8 +72,8 @@ def serve_main(args: argparse.Namespace) -> int:
     from ...rollout.http_door import HttpDoor
     from .service import TinkerService
 
-    api_key = os.environ.get(args.api_key_env, "")
-    if not api_key:
+    keys = keys_of(os.environ.get(args.api_key_env, ""))
+    if not keys:
         return usage_error(f"--api-key-env: ${args.api_key_env} is empty; set the key clients will send "
                            "(e.g. export TINKER_API_KEY=tml-$(openssl rand -hex 16))")  # fmt: skip
     try:
@@ -97,7 +98,7 @@ def serve_main(args: argparse.Namespace) -> int:
     listed = [{"model_name": n, "max_context_length": args.max_model_len, "trainable": True, "sampleable": True}
               for n in models]  # fmt: skip
     try:
-        door = HttpDoor(build_app(service, api_key, listed), args.host, args.port, "tinker")
+        door = HttpDoor(build_app(service, keys, listed), args.host, args.port, "tinker")
     except OSError as e:
         if proc is not None:
             proc.terminate()

@@ -31,19 +31,15 @@ from typing import Any
 
 from ...client.trainer import TrainerClient
 from ...core.config.loader import to_yaml
-from ...core.config.schema import LoraConfig, RLCoreConfig
+from .access import CALLER, sees
 from .errors import NotFound, UserError
 from .losses import loss_sum, plan_loss, required_inputs, trainer_step
+from .models import model_config, spec_of
 from .records import Checkpoint, ModelSpec, Records
 from .sampler import DROPPED, Sampler
 from .turns import TrainTurns
 from .wire import decode_datums, forward_backward_output, loss_config
 
-LORA_ALPHA = 32
-"""Every adapter's alpha (Tinker's LoraConfig has a rank only): the update is scaled by 32 / rank."""
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP = ["gate_proj", "up_proj", "down_proj"]
-UNEMBED = ["lm_head"]
 FINISHED_KEPT = 10_000
 """Results of finished futures kept for the client to fetch (a client may fetch one again)."""
 SAMPLE_THREADS = 64
@@ -77,6 +73,8 @@ class TinkerService:
         os.makedirs(self.workdir, exist_ok=True)
         self.lock = threading.Lock()
         self.sessions: dict[str, float] = {}
+        self.owners: dict[str, str] = {}
+        """session or sampler -> the tenant that created it (access.py)."""
         self.models: dict[str, ModelSpec] = {}
         self.seq_requests: OrderedDict[tuple[str, int], str] = OrderedDict()
         self.samplers: dict[str, tuple[str, str]] = {}
@@ -87,7 +85,9 @@ class TinkerService:
         self.unnamed: dict[str, list[str]] = {}
         """model -> its unnamed sampler folders, oldest first."""
         self.keep_samplers = keep_samplers
-        self.turns = TrainTurns(trainer, self._configure, max_models)
+        self.turns = TrainTurns(
+            trainer, self._configure, lambda m: self._save_as(m, "turn"), lambda why: Result(error=why), max_models
+        )
         self.sample_queue = ThreadPoolExecutor(SAMPLE_THREADS, thread_name_prefix="tinker-sample")
         self.records = Records(self.workdir)
         self._sampler: Sampler | None = None
@@ -98,11 +98,12 @@ class TinkerService:
         session = f"s{uuid.uuid4().hex[:12]}"
         with self.lock:
             self.sessions[session] = time.time()
+            self.owners[session] = CALLER.get()
         return session
 
     def heartbeat(self, session: str) -> None:
         with self.lock:
-            if session not in self.sessions:
+            if session not in self.sessions or not sees(self.owners.get(session, "")):
                 raise NotFound(f"session_id: no session {session} on this server")
             self.sessions[session] = time.time()
 
@@ -110,12 +111,15 @@ class TinkerService:
         """The session ends, and its training models with it (their turns and saved states; their
         checkpoints stay)."""
         with self.lock:
+            if not sees(self.owners.get(session, "")):
+                raise NotFound(f"session_id: no session {session} on this server")
             self.sessions.pop(session, None)
             gone = [m for m in self.models if m.startswith(f"{session}:train:")]
             for model_id in gone:
                 del self.models[model_id]
         for model_id in gone:
             self.turns.drop(model_id)
+            shutil.rmtree(os.path.join(self._model_dir(model_id), "turn"), ignore_errors=True)
 
     def base_path(self, name: str, field_name: str = "base_model") -> str:
         path = self.base_models.get(name)
@@ -126,40 +130,24 @@ class TinkerService:
     def model(self, model_id: str) -> ModelSpec:
         with self.lock:
             spec = self.models.get(model_id)
-        if spec is None:
+        if spec is None or not sees(self.records.owner(model_id)):
             raise NotFound(f"model_id: no model {model_id} on this server")
         self.records.touched(model_id)
         return spec
 
     def spec_of(self, base_model: str, lora: Any) -> ModelSpec:
-        self.base_path(base_model)
-        if lora is None:
-            return ModelSpec(base_model, 0)
-        if lora.rank < 0:
-            raise UserError(f"lora_config.rank: must be >= 0 (0: full fine-tuning); got {lora.rank}")
-        if lora.rank and not (lora.train_attn or lora.train_mlp or lora.train_unembed):
-            raise UserError("lora_config: train_attn, train_mlp and train_unembed are all false: the adapter "
-                            "would train nothing")  # fmt: skip
-        # the SDK asks for the head by default: a head tied to the embedding gets none (weights_info says so)
-        unembed = bool(lora.rank and lora.train_unembed and not self._tied(base_model))
-        if lora.rank and not (lora.train_attn or lora.train_mlp or unembed):
-            raise UserError(f"lora_config.train_unembed: {base_model} ties its unembedding to its embedding, which "
-                            "gets no adapter here, and train_attn and train_mlp are false: nothing would train")  # fmt: skip
-        return ModelSpec(base_model, lora.rank, lora.train_attn, lora.train_mlp, lora.seed or 0, unembed)
-
-    def _tied(self, base_model: str) -> bool:
-        """Whether the base model's unembedding (lm_head) shares its embedding's weight."""
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(self.base_path(base_model))
-        return bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
+        return spec_of(base_model, lora, self.base_path(base_model))
 
     def create_model(self, model_id: str, spec: ModelSpec) -> str:
         """Queue the model's construction (its first turn); the future's request id."""
         self._admit(model_id, spec)
 
         def run() -> dict[str, Any]:
-            self.turns.hold(model_id, spec, fresh=True)
+            try:
+                self.turns.hold(model_id, spec, fresh=True)
+            except Exception:
+                self._unadmit(model_id)
+                raise
             return {"model_id": model_id}
 
         return self._train(model_id, None, run, creates=True)
@@ -168,25 +156,32 @@ class TinkerService:
         with self.lock:
             self.turns.admit(model_id, self.models)
             self.models[model_id] = spec
+        self.records.started(model_id, spec, CALLER.get())
+
+    def _unadmit(self, model_id: str) -> None:
+        """A model whose creation failed frees its place (--max-models)."""
+        with self.lock:
+            self.models.pop(model_id, None)
 
     def _configure(self, model_id: str, spec: ModelSpec) -> None:
         """Build `model_id` on the trainer world (turns.py calls it when the model's turn comes)."""
-        cfg = RLCoreConfig(seed=spec.seed, project="tinker", name=model_id)
-        m = cfg.model
-        m.model_path = self.base_path(spec.base_model)
-        m.max_model_len, m.dtype = self.max_model_len, self.dtype
-        m.max_prompt_tokens = m.max_response_tokens = self.max_model_len // 2
-        if spec.lora_rank:
-            m.lora_configs = [LoraConfig(lora_rank=spec.lora_rank, lora_alpha=LORA_ALPHA, target_modules=_targets(spec))]
-        cfg.algorithm.algorithm_type, cfg.algorithm.kl_loss_coef = "grpo", 0.0
-        cfg.algorithm.loss_agg_mode = "token-mean"  # with normalize_tokens 1: Tinker's sums
-        cfg.algorithm.optimizer.lr_scheduler_type = "constant"
-        cfg.trainer.strategy, cfg.trainer.save_hf_checkpoint = self.strategy, "never"
-        cfg.cluster.device = self.device
-        cfg.buffer.explorer_input.taskset.path = "(a Tinker client sends the data)"
-        folder = os.path.join(self.workdir, "models", _safe(model_id))
-        self.trainer.configure(to_yaml(cfg), checkpoint_dir=folder, total_steps=1_000_000)
-        self.records.started(model_id, spec)
+        cfg = model_config(model_id, spec, self.base_path(spec.base_model), self.max_model_len, self.dtype,
+                           self.strategy, self.device)  # fmt: skip
+        self.trainer.configure(to_yaml(cfg), checkpoint_dir=self._model_dir(model_id), total_steps=1_000_000)
+
+    def _model_dir(self, model_id: str) -> str:
+        return os.path.join(self.workdir, "models", _safe(model_id))
+
+    def _save_as(self, model_id: str, name: str) -> str:
+        """The holder's state as the folder `name` of its model's folder (replaced if there): `turn`
+        (its state between turns, turns.py) or `named/<name>` (a checkpoint its client names), so that
+        neither ever shares the trainer's step folder with the other."""
+        folder, _ = self.trainer.save_checkpoint()
+        dest = os.path.join(self._model_dir(model_id), name)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(folder, dest)
+        return dest
 
     def info(self, model_id: str) -> dict[str, Any]:
         spec = self.model(model_id)
@@ -248,7 +243,7 @@ class TinkerService:
         path = self._path(model_id, "weights", name, overwrite)
 
         def run() -> dict[str, Any]:
-            folder, _ = self.trainer.save_checkpoint()
+            folder = self._save_as(model_id, os.path.join("named", name))
             self._record(Checkpoint(path, "weights", folder, model_id, spec))
             return {"path": path, "type": "save_weights"}
 
@@ -261,6 +256,7 @@ class TinkerService:
             raise UserError("path: name the sampler weights (or give sampling_session_seq_id)")
         label = name if name is not None else f"sampler-{uuid.uuid4().hex[:8]}"
         path = self._path(model_id, "sampler_weights", label)
+        owner = CALLER.get()  # the training thread acts for it
 
         def run() -> dict[str, Any]:
             folder = os.path.join(self.workdir, "sampler_weights", _safe(model_id), label)
@@ -271,6 +267,7 @@ class TinkerService:
                 sampler = f"{session or model_id.split(':')[0]}:sample:{session_seq}"
                 with self.lock:
                     self.samplers[sampler] = (spec.base_model, folder)
+                    self.owners[sampler] = owner
                     kept = self.unnamed.setdefault(model_id, [])
                     kept.append(folder)
                     dropped = kept[: -self.keep_samplers]
@@ -292,9 +289,14 @@ class TinkerService:
             self.model(model_id)
 
         def run() -> dict[str, Any]:
-            if create:
-                self.turns.hold(model_id, ckpt.spec, fresh=True)
-            self.trainer.load_checkpoint(ckpt.folder, weights_only=not optimizer)
+            try:
+                if create:
+                    self.turns.hold(model_id, ckpt.spec, fresh=True)
+                self.trainer.load_checkpoint(ckpt.folder, weights_only=not optimizer)
+            except Exception:
+                if create:
+                    self._unadmit(model_id)
+                raise
             return {"path": path, "model_id": model_id, "type": "load_weights"}
 
         return self._train(model_id, seq_id, run, creates=create)
@@ -330,7 +332,10 @@ class TinkerService:
         return path
 
     def checkpoint(self, path: str, kind: str | None = None) -> Checkpoint:
-        return self.records.checkpoint(path, kind)
+        ckpt = self.records.checkpoint(path, kind)
+        if not sees(self.records.owner(ckpt.model_id)):
+            raise NotFound(f"path: no checkpoint {path} on this server")
+        return ckpt
 
     def _record(self, ckpt: Checkpoint) -> None:
         self.records.record(ckpt)
@@ -339,7 +344,7 @@ class TinkerService:
         """The RestClient's delete_checkpoint: the record, and its folder unless another checkpoint's
         record names it too (two saves of one step share a training folder); a sampler of it then
         says its weights were dropped; the live model keeps training."""
-        ckpt = self.records.find(model_id, checkpoint_id)
+        ckpt = self.checkpoint(self.records.find(model_id, checkpoint_id).tinker_path)
         with self.lock:
             for kept in self.unnamed.values():
                 if ckpt.folder in kept:
@@ -373,12 +378,14 @@ class TinkerService:
         sampler = f"{session}:sample:{seq}"
         with self.lock:
             self.samplers[sampler] = target
+            self.owners[sampler] = CALLER.get()
         return sampler
 
     def sampler(self, sampler_id: str) -> tuple[str, str]:
         with self.lock:
             target = self.samplers.get(sampler_id)
-        if target is None:
+            owner = self.owners.get(sampler_id, "")
+        if target is None or not sees(owner):
             raise NotFound(f"sampling_session_id: no sampler {sampler_id} on this server")
         return target
 
@@ -472,15 +479,6 @@ def _as_result(fn: Any) -> Result:
     except Exception as e:
         return Result(error=f"{type(e).__name__}: {e}", category="server")
     return out if isinstance(out, Result) else Result(json=out)
-
-
-def _targets(spec: ModelSpec) -> Any:
-    """The adapted layers of a LoRA model: every linear layer but the head (peft's all-linear) when
-    attention and MLP both train, else the named ones; lm_head too with train_unembed."""
-    head = UNEMBED if spec.train_unembed else []
-    if spec.train_attn and spec.train_mlp:
-        return ["all-linear", *head] if head else "all-linear"
-    return (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else []) + head
 
 
 def _safe(name: str) -> str:

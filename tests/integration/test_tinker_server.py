@@ -23,6 +23,8 @@ from tinker import types  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 KEY = "tml-rlcore-test"
+OTHER = "tml-rlcore-other"
+"""A second key the server takes: another tenant."""
 MODEL = "rlcore/tiny"
 
 
@@ -33,9 +35,9 @@ def _serve(root, model_path: str, port: int = 0) -> tuple[subprocess.Popen, str]
         os.remove(port_file)
     cmd = [sys.executable, "-m", "rlcore.cli", "tinker", "serve", "--base-model", f"{MODEL}={model_path}",
            "--port", str(port), "--port-file", port_file, "--workdir", os.path.join(root, "work"),
-           "--max-model-len", "256", "--threads", "1"]  # fmt: skip
+           "--max-model-len", "256", "--threads", "1", "--max-models", "32"]  # fmt: skip
     with open(log, "a") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"},
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TINKER_API_KEY": f"{KEY},{OTHER}", "TINKER_TELEMETRY": "0"},
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     return proc, "http://" + wait_for_port_file(port_file, proc, "tinker serve", log_file=log)
 
@@ -302,6 +304,37 @@ def test_two_clients_train_two_models_at_once_as_each_trains_alone(server) -> No
         assert together[seed][-1] < together[seed][0]
     for client in clients:
         client.close("success").result()
+
+
+def test_a_key_reaches_only_what_it_created(service, server) -> None:
+    """Each key the server takes is a tenant: another key can neither read nor sample a model, its
+    checkpoints or its samplers (404, as if they did not exist), and lists only its own."""
+    tc = service.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result()
+    ids = tc.get_tokenizer()("1+1=2.", add_special_tokens=False)["input_ids"]
+    path = tc.save_weights_for_sampler("private").result().path
+    state = tc.save_state("private").result().path
+    other = tinker.ServiceClient(base_url=server, api_key=OTHER)
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        other.create_sampling_client(model_path=path).result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        other.create_training_client_from_state(state).result()
+    theirs = tinker.RestClient(base_url=server, api_key=OTHER)
+    with pytest.raises(tinker.NotFoundError):
+        theirs.get_training_run(tc.model_id).result()
+    with pytest.raises(tinker.NotFoundError):
+        theirs.get_weights_info_by_tinker_path(state).result()
+    with pytest.raises(tinker.NotFoundError):
+        theirs.delete_checkpoint_from_tinker_path(path).result()
+    assert not {c.tinker_path for c in theirs.list_user_checkpoints().result().checkpoints} & {path, state}
+
+    own = other.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result()  # its own trains
+    assert own.forward([_datum(ids)], "cross_entropy").result().metrics["loss:sum"] > 0
+    assert [r.training_run_id for r in theirs.list_training_runs(limit=100).result().training_runs] == [own.model_id]
+    mine = tinker.RestClient(base_url=server, api_key=KEY).list_training_runs(limit=100).result().training_runs
+    assert tc.model_id in {r.training_run_id for r in mine} and own.model_id not in {r.training_run_id for r in mine}
+    sampler = service.create_sampling_client(model_path=path).result()  # the owner samples as before
+    assert sampler.sample(types.ModelInput.from_ints(ids[:3]), 1, types.SamplingParams(max_tokens=2)).result()
+    other.close("success").result()
 
 
 ONE_MODULE_ALGORITHM = "tests.integration.mean_baseline_algorithm:MEAN_BASELINE"

@@ -13,8 +13,10 @@ from tinker import types  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 
 from rlcore.runtime.tinker.errors import NotFound, UserError  # noqa: E402
+from rlcore.runtime.tinker.models import ATTENTION  # noqa: E402
+from rlcore.runtime.tinker.models import targets as _targets  # noqa: E402
 from rlcore.runtime.tinker.records import Checkpoint, ModelSpec, Records  # noqa: E402
-from rlcore.runtime.tinker.service import ATTENTION, TinkerService, _targets  # noqa: E402
+from rlcore.runtime.tinker.service import TinkerService  # noqa: E402
 
 
 def _service(tmp_path, tied: bool) -> TinkerService:
@@ -55,7 +57,7 @@ def test_runs_and_checkpoints_are_listed_across_a_restart_without_server_paths(t
     work = str(tmp_path)
     records = Records(work)
     spec = ModelSpec("m", 8, train_unembed=True)
-    records.started("s1:train:0", spec)
+    records.started("s1:train:0", spec, "alice")
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / "weights.bin").write_bytes(b"x" * 10)
@@ -64,28 +66,35 @@ def test_runs_and_checkpoints_are_listed_across_a_restart_without_server_paths(t
                               "s1:train:0", spec, 2.0))  # fmt: skip
 
     again = Records(work)  # a restarted server
-    run = types.TrainingRun.model_validate(again.training_run("s1:train:0"))
+    run = types.TrainingRun.model_validate(again.training_run("s1:train:0", "alice"))
     assert (run.is_lora, run.lora_rank, run.last_checkpoint.checkpoint_id) == (True, 8, "weights/a")
     assert run.last_sampler_checkpoint.checkpoint_type == "sampler"
-    listed = types.CheckpointsListResponse.model_validate(again.checkpoints_of("s1:train:0")).checkpoints
+    listed = types.CheckpointsListResponse.model_validate(again.checkpoints_of("s1:train:0", "alice")).checkpoints
     assert [(c.checkpoint_id, c.size_bytes) for c in listed] == [("weights/a", 10), ("sampler_weights/b", None)]
-    page = types.CheckpointsListResponse.model_validate(again.all_checkpoints(limit=1, offset=0))
+    page = types.CheckpointsListResponse.model_validate(again.all_checkpoints(limit=1, offset=0, caller="alice"))
     assert [c.checkpoint_id for c in page.checkpoints] == ["sampler_weights/b"] and page.cursor.total_count == 2
-    runs = types.TrainingRunsResponse.model_validate(again.training_runs(limit=20, offset=0))
+    runs = types.TrainingRunsResponse.model_validate(again.training_runs(limit=20, offset=0, caller="alice"))
     assert [r.training_run_id for r in runs.training_runs] == ["s1:train:0"]
     info = types.WeightsInfoResponse.model_validate(again.weights_info("tinker://s1:train:0/weights/a"))
     assert (info.lora_rank, info.train_unembed) == (8, True)
-    assert str(tmp_path) not in json.dumps([again.training_run("s1:train:0"), again.checkpoints_of("s1:train:0")])
+    assert str(tmp_path) not in json.dumps([again.training_run("s1:train:0", "alice"), again.checkpoints_of("s1:train:0", "alice")])
+    # another tenant sees none of it: not the run, its checkpoints, nor in the listings
+    with pytest.raises(NotFound, match="no training run s1:train:0"):
+        again.training_run("s1:train:0", "bob")
+    with pytest.raises(NotFound):
+        again.checkpoints_of("s1:train:0", "bob")
+    assert again.training_runs(limit=20, offset=0, caller="bob")["training_runs"] == []
+    assert again.all_checkpoints(limit=20, offset=0, caller="bob")["checkpoints"] == []
     # two saves of one step share a training folder: forgetting one leaves the folder to the other
     again.record(Checkpoint("tinker://s1:train:0/weights/c", "weights", str(folder), "s1:train:0", spec, 3.0))
     assert not again.forget("tinker://s1:train:0/weights/c") and again.checkpoint("tinker://s1:train:0/weights/a")
     assert again.forget("tinker://s1:train:0/weights/a")
     with pytest.raises(NotFound, match="no training run s2:train:0"):
-        again.checkpoints_of("s2:train:0")
+        again.checkpoints_of("s2:train:0", "alice")
     with pytest.raises(UserError, match="checkpoint_id: 'nonsense' is not weights/<name>"):
         again.find("s1:train:0", "nonsense")
     with pytest.raises(UserError, match="limit: must be >= 1"):
-        again.training_runs(limit=0, offset=0)
+        again.training_runs(limit=0, offset=0, caller="alice")
 
 
 def test_records_of_an_older_server_read_without_train_unembed_and_list_its_runs(tmp_path) -> None:
@@ -97,4 +106,15 @@ def test_records_of_an_older_server_read_without_train_unembed_and_list_its_runs
     records = Records(str(tmp_path))
     ckpt = records.checkpoint("tinker://s:train:0/weights/a", "weights")
     assert ckpt.spec == ModelSpec("m", 4) and not ckpt.spec.train_unembed
-    assert records.training_run("s:train:0")["last_checkpoint"]["checkpoint_id"] == "weights/a"  # no runs.json
+    assert records.training_run("s:train:0", "bob")["last_checkpoint"]["checkpoint_id"] == "weights/a"  # no runs.json
+
+
+def test_each_key_is_a_tenant_named_by_a_hash_of_it() -> None:
+    from rlcore.runtime.tinker.access import keys_of, sees, tenant_of
+
+    keys = keys_of(" tml-a, tml-b ,")
+    assert keys == ["tml-a", "tml-b"]
+    alice, bob = tenant_of("tml-a", keys), tenant_of("tml-b", keys)
+    assert alice and bob and alice != bob and "tml" not in alice
+    assert tenant_of("tml-c", keys) is None
+    assert sees(alice, alice) and not sees(alice, bob) and sees("", bob) and sees(alice, "")

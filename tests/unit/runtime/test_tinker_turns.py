@@ -27,9 +27,10 @@ class Trainer:
         self.calls.append(f"configure {model_id}")
         self.holds = model_id
 
-    def save_checkpoint(self) -> tuple[str, str]:
-        self.calls.append(f"save {self.holds}")
-        return f"ckpt-{self.holds}", ""
+    def save(self, model_id: str) -> str:
+        assert model_id == self.holds, "saves the model the world holds"
+        self.calls.append(f"save {model_id}")
+        return f"ckpt-{model_id}"
 
     def load_checkpoint(self, path: str) -> None:
         self.calls.append(f"load {path}")
@@ -37,7 +38,8 @@ class Trainer:
 
 def _turns(hold_s: float = 5.0) -> tuple[TrainTurns, Trainer]:
     trainer = Trainer()
-    return TrainTurns(trainer, trainer.configure, max_models=2, hold_s=hold_s), trainer
+    turns = TrainTurns(trainer, trainer.configure, trainer.save, lambda why: f"failed: {why}", 2, hold_s)
+    return turns, trainer
 
 
 def _request(turns: TrainTurns, model_id: str, log: list[str], what: str, fresh: bool = False):
@@ -87,9 +89,13 @@ def test_a_silent_holder_loses_its_gradients_and_its_optim_step_says_so() -> Non
     _request(turns, "a", log, "create", fresh=True).result(5)
     _request(turns, "a", log, "fb").result(5)
     _request(turns, "b", log, "create", fresh=True).result(5)  # after 0.2 s
+    _request(turns, "a", log, "fb").result(5)  # accumulated after its gradients went: dropped too
     with pytest.raises(UserError, match="optim_step: the gradients of model a's forward_backward were dropped"):
         _request(turns, "a", log, "step").result(5)
-    assert _request(turns, "a", log, "fb").result(5) == "fb"  # and it trains on
+    trainer = turns.trainer
+    trainer.calls.clear()
+    assert _request(turns, "a", log, "fb").result(5) == "fb"  # rebuilt from its saved state, and trains on
+    assert trainer.calls == ["configure a", "load ckpt-a"]
     turns.close()
 
 
@@ -105,6 +111,6 @@ def test_models_beyond_the_limit_are_refused_and_a_dropped_models_requests_fail(
     turns.drop("a")
     gate.set()
     assert busy.result(5)
-    with pytest.raises(UserError, match="model_id: a is gone"):
-        waiting.result(5)
+    assert waiting.result(5) == "failed: model_id: a is gone (its session finished)"
     turns.close()
+    assert turns.submit("b", lambda: "never").result(5) == "failed: the server is stopping"
