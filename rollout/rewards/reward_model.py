@@ -38,7 +38,9 @@ from ...core.config.stage_refs import STAGE_PREFIX
 REWARD_MODEL = "reward_model"
 """Its name in reward_fn."""
 
-KEYS = ("path", "address", "token_env", "timeout_s", "normalize", "batch_size")
+KEYS = ("path", "address", "token_env", "timeout_s", "normalize", "batch_size", "tls")
+TLS_KEYS = ("ca_file", "cert_file", "key_file", "server_name")
+"""reward_model.tls's files as they travel (enabled: the dict is there; off: None)."""
 NORMALIZE = ("none", "sigmoid")
 
 
@@ -48,6 +50,7 @@ def reward_model_settings(cfg: Any) -> dict[str, Any]:
     return {
         "path": cfg.path, "address": cfg.address, "token_env": cfg.token_env, "timeout_s": float(cfg.timeout_s),
         "normalize": cfg.normalize, "batch_size": int(cfg.batch_size),
+        "tls": {k: getattr(cfg.tls, k) for k in TLS_KEYS} if cfg.tls.enabled else None,
     }  # fmt: skip
 
 
@@ -65,6 +68,8 @@ def check_reward_model(settings: dict[str, Any], check_path: bool = True) -> Non
         )
     if address:
         _check_served(settings)
+    elif settings.get("tls"):
+        raise ValueError("reward_model.tls: applies with address (a reward model server); a path is scored here")
     elif not isinstance(path, str) or not path:
         raise ValueError(
             "reward_model.path: give the reward model's folder (AutoModelForSequenceClassification, one label), "
@@ -92,6 +97,25 @@ def _check_served(settings: dict[str, Any]) -> None:
     timeout = settings.get("timeout_s")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
         raise ValueError(f"reward_model.timeout_s must be a number > 0; got {timeout!r}")
+    tls = settings.get("tls")
+    if tls is not None and bool(tls.get("cert_file")) != bool(tls.get("key_file")):
+        raise ValueError("reward_model.tls: cert_file and key_file go together (this side's certificate for a server "
+                         "that requires client certificates)")  # fmt: skip
+
+
+def served_tls(settings: dict[str, Any]) -> Any:
+    """The TLS files of the reward model server's client (None: plaintext); files this process
+    cannot read are named in one line."""
+    from ...core.rpc.security import TLSFiles
+
+    tls = settings.get("tls")
+    if not tls:
+        return None
+    for key in ("ca_file", "cert_file", "key_file"):
+        if tls.get(key) and not os.access(tls[key], os.R_OK):
+            raise ValueError(f"reward_model.tls.{key}: {tls[key]} cannot be read here (where the workflow runs)")
+    mutual = bool(tls.get("cert_file") and tls.get("key_file"))  # a client presents its certificate then
+    return TLSFiles(tls.get("cert_file"), tls.get("key_file"), tls.get("ca_file"), mutual, tls.get("server_name"))
 
 
 def served_token(settings: dict[str, Any]) -> str:
@@ -186,6 +210,7 @@ class RewardModelScorer:
             )
         if settings.get("address"):
             served_token(settings)  # missing here: one line now, not at the first score
+            served_tls(settings)
         self.settings, self.prompt_format = settings, prompt_format
         self._client: Any = None
 
@@ -207,7 +232,9 @@ class RewardModelScorer:
             from ...client.base import ClientOptions
             from ...client.reward import RewardClient
 
-            options = ClientOptions(token=served_token(self.settings), timeout=float(self.settings["timeout_s"]))
+            options = ClientOptions(
+                token=served_token(self.settings), timeout=float(self.settings["timeout_s"]), tls=served_tls(self.settings)
+            )
             self._client = RewardClient(self.settings["address"], options)
         return self._client
 

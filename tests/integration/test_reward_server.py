@@ -19,6 +19,7 @@ from rlcore.client.base import ClientOptions, RpcError
 from rlcore.client.reward import RewardClient
 from rlcore.core.data.prompts import PromptFormat
 from rlcore.rollout.rewards.reward_model import RewardModelScorer
+from tests.unit.rpc.test_tls import pki  # noqa: F401 - the fixture: a CA, server and client certificates
 
 from .launch_utils import REPO, launch, tiny_grpo_config, wait_for_port_file
 
@@ -131,6 +132,33 @@ def test_calls_without_the_token_or_with_bad_rows_are_refused_naming_why(server,
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     with pytest.raises(ValueError, match=rf"^reward_model\.token_env: {TOKEN_ENV} is not set here: export it"):
         RewardModelScorer(_settings(address=server[1]), fmt)
+
+
+def test_a_server_under_mutual_tls_scores_for_a_scorer_with_its_certificates(
+    classifier, pki, monkeypatch, tmp_path  # noqa: F811 - pki is the fixture imported above
+):
+    """reward_model.tls: a scorer with the CA and a client certificate gets the in-process scores from a
+    server that requires client certificates; one without its certificate is refused."""
+    files = {name: os.path.join(pki, f) for name, f in (("ca_file", "ca.pem"), ("cert_file", "client.pem"),
+                                                         ("key_file", "client.key"))}  # fmt: skip
+    port_file = str(tmp_path / "port")
+    cmd = [sys.executable, "-m", "rlcore.cli", "reward-model", "serve", "--model", classifier, "--port", "0",
+           "--port-file", port_file, "--token-env", TOKEN_ENV, "--tls-cert", os.path.join(pki, "server.pem"),
+           "--tls-key", os.path.join(pki, "server.key"), "--tls-ca", files["ca_file"], "--tls-require-client-cert"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **{TOKEN_ENV: TOKEN}))
+    try:
+        address = "localhost:" + wait_for_port_file(port_file, proc, "reward-model serve").rsplit(":", 1)[1]
+        monkeypatch.setenv(TOKEN_ENV, TOKEN)
+        fmt = PromptFormat(16)
+        want = RewardModelScorer(_settings(path=classifier), fmt).scores(PROMPTS, COMPLETIONS)
+        got = RewardModelScorer(_settings(address=address, tls=files), fmt).scores(PROMPTS, COMPLETIONS)
+        assert got == pytest.approx(want, abs=1e-5)
+        anonymous = {"ca_file": files["ca_file"], "cert_file": None, "key_file": None, "server_name": None}
+        with pytest.raises(RpcError):
+            RewardModelScorer(_settings(address=address, tls=anonymous, timeout_s=5.0), fmt).scores(PROMPTS, COMPLETIONS)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_a_server_that_is_not_there_is_named_after_the_retries(monkeypatch):

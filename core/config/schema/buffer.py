@@ -7,6 +7,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from .control import TLSConfig
 from .fields import bounded, choice
 
 
@@ -111,6 +112,10 @@ class RewardModelRewardConfig:
     the response beats one scored 0)."""
     batch_size: int = bounded(32, ge=1)
     """Responses scored per forward pass (with address: per call)."""
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    """With address: call the server over TLS (`enabled`; `ca_file`: the CA its certificate chains
+    to, else the system's; `cert_file` and `key_file`: this side's, when the server requires client
+    certificates; `server_name` when its certificate names another host)."""
 
 
 @dataclass

@@ -87,3 +87,23 @@ def test_bad_settings_are_one_line_naming_the_key(tmp_path, classifier):
         check_reward_model(_settings(**{**served, "timeout_s": 0}))
     with pytest.raises(ValueError, match=r"^reward_model: unknown key\(s\) url; allowed: path, address"):
         check_reward_model(_settings(classifier, url="x"))
+
+
+def test_tls_settings_go_with_an_address_and_name_what_is_wrong(tmp_path, classifier, monkeypatch):
+    from rlcore.rollout.rewards.reward_model import served_tls
+
+    tls = {"ca_file": None, "cert_file": None, "key_file": None, "server_name": None}
+    served = {"path": None, "address": "127.0.0.1:9", "token_env": "RM_TOKEN", "timeout_s": 60.0, "tls": tls}
+    check_reward_model(_settings(**served))
+    with pytest.raises(ValueError, match=r"^reward_model\.tls: applies with address"):
+        check_reward_model(_settings(classifier, tls=tls))
+    with pytest.raises(ValueError, match=r"^reward_model\.tls: cert_file and key_file go together"):
+        check_reward_model(_settings(**{**served, "tls": {**tls, "cert_file": "c.pem"}}))
+    missing = str(tmp_path / "ca.pem")
+    with pytest.raises(ValueError, match=rf"^reward_model\.tls\.ca_file: {missing} cannot be read here"):
+        served_tls({**served, "tls": {**tls, "ca_file": missing}})
+    assert served_tls({**served, "tls": None}) is None
+    (tmp_path / "c.pem").write_text("x")
+    (tmp_path / "k.pem").write_text("x")
+    files = served_tls({**served, "tls": {**tls, "cert_file": str(tmp_path / "c.pem"), "key_file": str(tmp_path / "k.pem")}})
+    assert files.require_client_cert  # a client with a certificate presents it
