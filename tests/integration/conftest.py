@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,3 +20,14 @@ def one_host(tmp_path_factory: pytest.TempPathFactory) -> str:
     cfg["cluster"]["ranks_per_node"] = 2
     launch(cfg, os.path.join(root, "cfg.yaml"), timeout_s=600)
     return os.path.join(root, "quickstart", "arithmetic")
+
+
+@pytest.fixture(scope="module")
+def tinker_server(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`rlcore tinker serve` of the scratch model for a test module (tinker_serving.py): its URL."""
+    from .tinker_serving import serve
+
+    proc, url = serve(str(tmp_path_factory.mktemp("tinker")), tiny_model_path)
+    yield url
+    proc.terminate()
+    proc.wait(60)

@@ -3,58 +3,23 @@ world (fsdp2, LoRA) and the HF engine behind the Tinker HTTP API."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import signal
-import subprocess
-import sys
-import time
-
 import numpy as np
 import pytest
-import yaml
 
-from .launch_utils import REPO, heldout_taskset, launch, read_metrics, tiny_grpo_config, wait_for_port_file
+from .tinker_serving import KEY, MODEL, OTHER
 
 tinker = pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'rlcore[tinker]'")
 from tinker import types  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-KEY = "tml-rlcore-test"
-OTHER = "tml-rlcore-other"
-"""A second key the server takes: another tenant."""
-MODEL = "rlcore/tiny"
-
-
-def _serve(root, model_path: str, port: int = 0) -> tuple[subprocess.Popen, str]:
-    """`rlcore tinker serve` of `model_path` with its state in `root`/work: the process and its URL."""
-    port_file, log = os.path.join(root, "port"), os.path.join(root, "server.log")
-    if os.path.exists(port_file):
-        os.remove(port_file)
-    cmd = [sys.executable, "-m", "rlcore.cli", "tinker", "serve", "--base-model", f"{MODEL}={model_path}",
-           "--port", str(port), "--port-file", port_file, "--workdir", os.path.join(root, "work"),
-           "--max-model-len", "256", "--threads", "1", "--max-models", "32"]  # fmt: skip
-    with open(log, "a") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TINKER_API_KEY": f"{KEY},{OTHER}", "TINKER_TELEMETRY": "0"},
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-    return proc, "http://" + wait_for_port_file(port_file, proc, "tinker serve", log_file=log)
-
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory):
-    proc, url = _serve(tmp_path_factory.mktemp("tinker"), tiny_model_path)
-    yield url
-    proc.terminate()
-    proc.wait(60)
-
-
-@pytest.fixture(scope="module")
-def service(server):
-    client = tinker.ServiceClient(base_url=server, api_key=KEY)
+def service(tinker_server):
+    client = tinker.ServiceClient(base_url=tinker_server, api_key=KEY)
     yield client
     client.close("success").result()
+
 
 
 def _datum(ids: list[int], weights: list[float] | None = None, **inputs) -> types.Datum:
@@ -155,7 +120,7 @@ def test_policy_losses_are_tinkers_sums(service) -> None:
     assert np.isfinite(tc.optim_step(types.AdamParams(learning_rate=1e-3)).result().metrics["grad_norm:mean"])
 
 
-def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, server) -> None:
+def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, tinker_server) -> None:
     tc = service.create_lora_training_client(base_model=MODEL, rank=4).result()
     ids = tc.get_tokenizer()("2+2=4", add_special_tokens=False)["input_ids"]
     good = _datum(ids)
@@ -172,7 +137,7 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
     with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
         service.create_sampling_client(model_path="tinker://x:train:0/sampler_weights/none").result()
     with pytest.raises(tinker.AuthenticationError, match="X-API-Key"):
-        tinker.ServiceClient(base_url=server, api_key="tml-wrong").create_lora_training_client(
+        tinker.ServiceClient(base_url=tinker_server, api_key="tml-wrong").create_lora_training_client(
             base_model=MODEL, rank=4
         ).result()
     tc.save_weights_for_sampler("once").result()
@@ -184,7 +149,7 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
     assert out.metrics["loss:sum"] > 0
 
 
-def test_a_custom_loss_an_unembedding_adapter_the_rest_listings_and_prompt_top_k(service, server) -> None:
+def test_a_custom_loss_an_unembedding_adapter_the_rest_listings_and_prompt_top_k(service, tinker_server) -> None:
     """What programs written for the SDK also use: forward_backward_custom (a DPO loss computed on the
     client, whose weights have both signs) trains and its loss falls; an adapter on the unembedding
     alone trains (train_unembed honoured); the RestClient lists the run and its checkpoints, tells
@@ -223,7 +188,7 @@ def test_a_custom_loss_an_unembedding_adapter_the_rest_listings_and_prompt_top_k
         losses.append(fb.result().metrics["dpo_loss"])
     assert losses[0] == pytest.approx(np.log(2), abs=1e-4) and losses[-1] < 0.9 * losses[0], losses
 
-    rest = tinker.RestClient(base_url=server, api_key=KEY)
+    rest = tinker.RestClient(base_url=tinker_server, api_key=KEY)
     model_id = tc.model_id
     state = tc.save_state("dpo").result().path
     sampler_path = tc.save_weights_for_sampler("dpo-sampler").result().path
@@ -277,14 +242,14 @@ def _tenant_losses(client, seed: int, steps: int, out: dict) -> None:
     out[seed] = losses
 
 
-def test_two_clients_train_two_models_at_once_as_each_trains_alone(server) -> None:
+def test_two_clients_train_two_models_at_once_as_each_trains_alone(tinker_server) -> None:
     """Two official-SDK clients (sessions of their own) train a LoRA model each on one server at once,
     their requests interleaved: each model's losses are its single-tenant run's (the models take turns
     on the trainer world, each with its own adapter and optimizer state)."""
     import threading
 
     def session():
-        return tinker.ServiceClient(base_url=server, api_key=KEY)
+        return tinker.ServiceClient(base_url=tinker_server, api_key=KEY)
 
     alone: dict = {}
     for seed in (3, 5):  # each alone, one after the other
@@ -306,19 +271,19 @@ def test_two_clients_train_two_models_at_once_as_each_trains_alone(server) -> No
         client.close("success").result()
 
 
-def test_a_key_reaches_only_what_it_created(service, server) -> None:
+def test_a_key_reaches_only_what_it_created(service, tinker_server) -> None:
     """Each key the server takes is a tenant: another key can neither read nor sample a model, its
     checkpoints or its samplers (404, as if they did not exist), and lists only its own."""
     tc = service.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result()
     ids = tc.get_tokenizer()("1+1=2.", add_special_tokens=False)["input_ids"]
     path = tc.save_weights_for_sampler("private").result().path
     state = tc.save_state("private").result().path
-    other = tinker.ServiceClient(base_url=server, api_key=OTHER)
+    other = tinker.ServiceClient(base_url=tinker_server, api_key=OTHER)
     with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
         other.create_sampling_client(model_path=path).result()
     with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
         other.create_training_client_from_state(state).result()
-    theirs = tinker.RestClient(base_url=server, api_key=OTHER)
+    theirs = tinker.RestClient(base_url=tinker_server, api_key=OTHER)
     with pytest.raises(tinker.NotFoundError):
         theirs.get_training_run(tc.model_id).result()
     with pytest.raises(tinker.NotFoundError):
@@ -330,187 +295,8 @@ def test_a_key_reaches_only_what_it_created(service, server) -> None:
     own = other.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result()  # its own trains
     assert own.forward([_datum(ids)], "cross_entropy").result().metrics["loss:sum"] > 0
     assert [r.training_run_id for r in theirs.list_training_runs(limit=100).result().training_runs] == [own.model_id]
-    mine = tinker.RestClient(base_url=server, api_key=KEY).list_training_runs(limit=100).result().training_runs
+    mine = tinker.RestClient(base_url=tinker_server, api_key=KEY).list_training_runs(limit=100).result().training_runs
     assert tc.model_id in {r.training_run_id for r in mine} and own.model_id not in {r.training_run_id for r in mine}
     sampler = service.create_sampling_client(model_path=path).result()  # the owner samples as before
     assert sampler.sample(types.ModelInput.from_ints(ids[:3]), 1, types.SamplingParams(max_tokens=2)).result()
     other.close("success").result()
-
-
-ONE_MODULE_ALGORITHM = "tests.integration.mean_baseline_algorithm:MEAN_BASELINE"
-
-
-def _plan(root: str, model: str, **extra) -> dict:
-    """An SFT warm-up of 2 steps, then a GRPO step of 4 tasks x 4 answers, then a step of an algorithm
-    written outside rlcore in one module (ONE_MODULE_ALGORITHM), on the served model."""
-    cfg = tiny_grpo_config(
-        root, **{"model.model_path": model, "model.scratch": {"enabled": False}, "algorithm.kl_loss_coef": 0.0,
-                 "buffer.explorer_input.eval_tasksets": [heldout_taskset(root, 8)], **extra}
-    )  # fmt: skip
-    cfg["stages"] = [
-        {"name": "warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
-         "buffer": {"batch_size": 8, "total_steps": 2}},
-        {"name": "rl", "mode": "both", "buffer": {"total_steps": 1}},
-        {"name": "custom", "mode": "both", "algorithm": {"algorithm_type": ONE_MODULE_ALGORITHM},
-         "buffer": {"total_steps": 1}},
-    ]  # fmt: skip
-    return cfg
-
-
-def test_launch_through_a_tinker_service_is_the_run_rlcore_trains_itself(
-    server, tiny_model_path, tmp_path, monkeypatch
-) -> None:
-    """trainer.remote tinker://: the loop runs in the launch, training through the service and
-    sampling from it. The same plan trained by rlcore's own trainer and through the Tinker service
-    gives the same SFT losses (the lr schedule and the token mean computed client-side), the same
-    first GRPO step (the seeded samples, their rewards, the clipped loss with the advantages carrying
-    the aggregation weights), and the same step of an algorithm added as one module outside rlcore
-    (its advantage function computed in each, as it records)."""
-    monkeypatch.setenv("TINKER_API_KEY", KEY)
-    record = tmp_path / "advantages.jsonl"
-    monkeypatch.setenv("RLCORE_TEST_ADVANTAGES", str(record))
-    local_root, remote_root = str(tmp_path / "local"), str(tmp_path / "tinker")
-    launch(_plan(local_root, tiny_model_path), os.path.join(tmp_path, "local.yaml"))
-    remote = _plan(
-        remote_root, tiny_model_path, **{"trainer.remote": "tinker://" + server.removeprefix("http://"),
-                                         "trainer.tinker": {"base_model": MODEL},
-                                         "explorer.rollout_model.engine_type": "tinker"}
-    )  # fmt: skip
-    out = launch(remote, os.path.join(tmp_path, "tinker.yaml"))
-    assert "trained by tinker://" in out.stdout
-
-    def rows(root: str, stage: str) -> list[dict]:
-        return read_metrics(os.path.join(root, "it", "run", stage))
-
-    for a, b in zip(rows(local_root, "stage0_warmup"), rows(remote_root, "stage0_warmup"), strict=True):
-        if "sft/loss" in a:
-            assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-5), (a, b)
-            assert b["actor/lr"] == pytest.approx(a["actor/lr"], rel=1e-9)
-    for stage in ("stage1_rl", "stage2_custom"):
-        local_rl = [r for r in rows(local_root, stage) if "actor/loss" in r]
-        tinker_rl = [r for r in rows(remote_root, stage) if "actor/loss" in r]
-        assert len(local_rl) == len(tinker_rl) == 1, stage
-        first, other = local_rl[0], tinker_rl[0]
-        assert other["rollout/reward_mean"] == first["rollout/reward_mean"], stage
-        assert other["actor/loss"] == pytest.approx(first["actor/loss"], rel=1e-4, abs=1e-6), stage
-        assert other["actor/grad_norm"] == pytest.approx(first["actor/grad_norm"], rel=1e-4), stage
-        assert "eval/heldout/accuracy" in rows(remote_root, stage)[-1]
-    # the one-module algorithm's advantages, computed by the local trainer's rank, then by the launch
-    # that trains through the service: the same rewards, each less its group's mean (each launch also
-    # tried the function on its config check's batch of 4, core/algorithms/plugs.py)
-    records = [json.loads(line) for line in record.read_text().splitlines()]
-    steps = [r for r in records if len(r["rewards"]) == 16]  # 4 tasks x 4 answers
-    probes = [r for r in records if r not in steps]
-    assert len(steps) == 2 and probes and all(len(r["rewards"]) == 4 for r in probes), records
-    assert steps[0]["groups"] == steps[1]["groups"] and steps[0]["rewards"] == steps[1]["rewards"]
-    for step in steps:
-        for group in set(step["groups"]):
-            rows_of = [i for i, g in enumerate(step["groups"]) if g == group]
-            mean = sum(step["rewards"][i] for i in rows_of) / len(rows_of)
-            for i in rows_of:
-                assert step["advantages"][i] == pytest.approx(step["rewards"][i] - mean, abs=1e-6)
-    assert steps[0]["advantages"] == pytest.approx(steps[1]["advantages"], abs=1e-6)
-    # each stage's checkpoints are the service's; the RL stage started from the warm-up's last
-    with open(os.path.join(remote_root, "it", "run", "stage1_rl", "tinker_checkpoints.json")) as f:
-        saved = json.load(f)
-    assert saved[-1]["global_step"] == 1 and saved[-1]["path"].startswith("tinker://")
-
-
-class _Launch:
-    """`rlcore launch` of `cfg` in the background, its output in files beside its config."""
-
-    def __init__(self, cfg: dict, path: str, *overrides: str):
-        with open(path + ".yaml", "w") as f:
-            yaml.safe_dump(cfg, f)
-        self.out, self.err = path + ".out", path + ".err"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "rlcore.cli", "launch", path + ".yaml", *overrides],
-                                         cwd=REPO, stdout=out, stderr=err)  # fmt: skip
-
-    def output(self) -> tuple[str, str]:
-        with open(self.out) as out, open(self.err) as err:
-            return out.read(), err.read()
-
-    def wait_for(self, done, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done():
-            assert self.proc.poll() is None and time.monotonic() < deadline, (what, *self.output())
-            time.sleep(0.1)
-
-    def ended_within(self, timeout_s: float) -> tuple[int, float]:
-        """The exit code and the seconds it took from now (fails past `timeout_s`)."""
-        start = time.monotonic()
-        try:
-            rc = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(("still running", *self.output())) from None
-        return rc, time.monotonic() - start
-
-
-@pytest.mark.timeout(600)
-def test_a_lost_service_ends_the_launch_in_one_line_and_the_run_resumes(
-    tiny_model_path, tmp_path, monkeypatch
-) -> None:
-    """kill -9 of the Tinker server mid-run ends the launch within 60 s (two heartbeats of
-    control.heartbeat_interval without an answer), in one line naming the service and what to do.
-    Restarted on its folder and port, the server has the run's checkpoints: continue_from_checkpoint
-    says where it resumes from; SIGINT while the server hangs (SIGSTOP: a call pending) ends the
-    launch within seconds; the next resume completes the run."""
-    monkeypatch.setenv("TINKER_API_KEY", KEY)
-    root = str(tmp_path)
-    server, url = _serve(root, tiny_model_path)
-    cfg = tiny_grpo_config(
-        root, **{"model.model_path": tiny_model_path, "model.scratch": {"enabled": False},
-                 "algorithm.kl_loss_coef": 0.0, "buffer.total_steps": 8, "trainer.save_interval": 1,
-                 "trainer.remote": "tinker://" + url.removeprefix("http://"), "trainer.tinker": {"base_model": MODEL},
-                 "explorer.rollout_model.engine_type": "tinker"}
-    )  # fmt: skip
-    record = os.path.join(root, "it", "run", "tinker_checkpoints.json")
-    launches: list[_Launch] = []
-    try:
-        first = _Launch(cfg, os.path.join(root, "first"))
-        launches.append(first)
-        first.wait_for(lambda: os.path.isfile(record), 240, "a first checkpoint")
-        server.kill()
-        rc, killed_s = first.ended_within(60)
-        errors = [line for line in first.output()[1].splitlines() if line.startswith("rlcore: error:")]
-        assert rc == 1 and len(errors) == 1, first.output()
-        assert f"the Tinker service at {url} stopped answering" in errors[0], errors
-        assert "restart it, then resume the run with continue_from_checkpoint=true" in errors[0], errors
-
-        server.wait()
-        server, _ = _serve(root, tiny_model_path, port=int(url.rsplit(":", 1)[1]))
-        resumed = re.compile(r"resumed main from (tinker://\S+) \(step (\d+)\)")
-        with open(record) as f:
-            newest = json.load(f)[-1]
-        second = _Launch(cfg, os.path.join(root, "second"), "continue_from_checkpoint=true")
-        launches.append(second)
-        second.wait_for(lambda: resumed.search(second.output()[0]), 240, "the resume's line")
-        hit = resumed.search(second.output()[0])
-        assert hit is not None and hit.groups() == (newest["path"], str(newest["global_step"]))
-        server.send_signal(signal.SIGSTOP)  # the calls that follow hang
-        time.sleep(1.0)
-        second.proc.send_signal(signal.SIGINT)
-        rc, interrupted_s = second.ended_within(30)
-        server.send_signal(signal.SIGCONT)
-        err = second.output()[1]
-        assert rc == 130 and interrupted_s < 10, (rc, interrupted_s, err)
-        assert f"the Tinker service at {url} does not answer: stopping now" in err, err
-
-        third = _Launch(cfg, os.path.join(root, "third"), "continue_from_checkpoint=true")
-        launches.append(third)
-        rc, _ = third.ended_within(240)
-        out, err = third.output()
-        assert rc == 0 and "resumed main from tinker://" in out and "rlcore: finished" in out, (out, err)
-        with open(record) as f:
-            assert json.load(f)[-1]["global_step"] == 8
-        print(
-            f"kill -9: the launch ended in {killed_s:.1f} s; SIGINT, server stopped: in {interrupted_s:.1f} s"
-        )
-    finally:
-        for proc in [server] + [launch.proc for launch in launches]:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-                proc.wait()
