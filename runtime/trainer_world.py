@@ -187,6 +187,7 @@ class TrainerWorld:
         sends), or with none this stage's in-process engines. Every rank walks the weights, also
         when rank 0 cannot reach the workers, so the ranks stay in step: rank 0 then answers
         {"failed": one line} instead of raising, every rank having finished the command."""
+        from ..backends.common.collectives import on_ranks
         from ..weights import build_transport
         from ..weights.adapter import AdapterSource
         from ..weights.base import Endpoints
@@ -212,7 +213,8 @@ class TrainerWorld:
             backstop = 2 * t.cfg.synchronizer.sync_timeout + 30
             source: WeightSource = t.strategy
             if self.lora_sync == "adapter" and not call.transport:  # the stage's own engines (not an explorer's)
-                source = AdapterSource(t.strategy, with_base=self._agreed(first))  # type: ignore[arg-type]
+                # only rank 0 rebuilds its transport after a failed push: every rank walks the bases then
+                source = AdapterSource(t.strategy, with_base=on_ranks(first, every=False))  # type: ignore[arg-type]
             with deadline(backstop, "a weight sync", "synchronizer.sync_timeout"):
                 stats = transport.push(source, t.state.global_step)
             if failure is not None:
@@ -228,13 +230,6 @@ class TrainerWorld:
             "num_bytes": int(stats.get("num_bytes", 0)),
             "seconds": stats.get("total_s", time.perf_counter() - start),
         }
-
-    def _agreed(self, first: bool) -> bool:
-        """Whether any rank's transport is new (only rank 0's is rebuilt after a failed push): then
-        every rank walks the whole model for the bases, as the sharded gathers need."""
-        flag = torch.tensor([int(first)], device="cuda" if self.device == "cuda" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
     def publish_weights(self, call: PublishWeightsCall) -> dict[str, Any]:
         """Write the current weights as the next version in `folder` for the explorers of a

@@ -20,7 +20,7 @@ so it holds the weights a merged sync would give it (bit for bit where both comp
 of device; B @ A on a GPU and a CPU may differ in the last bit). It keeps each W0 on the CPU until a
 sync brings another one or a plain `L.weight`; a sync of factors for a layer whose base it lacks (a
 restarted worker) fails in one line, and the trainer's next sync, over a new transport, starts with
-the bases again (on every trainer rank: TrainerWorld._agreed).
+the bases again (on every trainer rank: TrainerWorld.sync_weights agrees it over them).
 """
 
 from __future__ import annotations

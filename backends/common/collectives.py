@@ -1,5 +1,5 @@
 """All-gathers that carry gradients, for the ranks that split one sequence (Ulysses, context
-parallelism), on NCCL and on gloo alike.
+parallelism), on NCCL and on gloo alike; and a flag agreed by every rank (`on_ranks`).
 
 torch.distributed.nn.functional.all_gather's backward on gloo emulates a reduce-scatter with
 scatters whose source is the rank's place in the group where the global rank is expected, so it
@@ -11,6 +11,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+
+def on_ranks(flag: bool, every: bool) -> bool:
+    """Whether `flag` holds on every rank of the default group (`every`), or on any."""
+    device = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
+    box = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN if every else dist.ReduceOp.MAX)
+    return bool(box.item())
 
 
 def all_gather_summed(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

@@ -19,6 +19,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from .collectives import on_ranks
+
 UNSTEPPED = "unstepped"
 """An optimizer that never stepped has no state, and torch's get_state_dict makes some by a step on
 zero gradients, which counts in Adam's step (its bias correction): the optimizer's next step would be
@@ -39,7 +41,7 @@ def save_sharded(
 ) -> None:
     """Collective: write model, optimizer, scheduler (and loss scaler) state under `path`; `keep`:
     only the model entries it accepts (LoRA's adapter, not the frozen base)."""
-    unstepped = _everywhere(not optimizer.state)
+    unstepped = on_ranks(not optimizer.state, every=True)  # a rank whose shard trains nothing has no state
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": _kept(model_sd, keep), "optim": optim_sd}, checkpoint_id=path)
     if unstepped:
@@ -72,15 +74,6 @@ def load_sharded(
     scheduler.load_state_dict(extra["scheduler"])
     if scaler is not None and "scaler" in extra:
         scaler.load_state_dict(extra["scaler"])
-
-
-def _everywhere(flag: bool) -> bool:
-    """Whether `flag` holds on every rank (a rank whose shard trains nothing has no optimizer state
-    even after steps)."""
-    device = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
-    box = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(box, op=dist.ReduceOp.MIN)
-    return bool(box.item())
 
 
 def _kept(state: dict[str, Any], keep: Callable[[str], bool] | None) -> dict[str, Any]:
