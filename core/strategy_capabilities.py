@@ -22,10 +22,15 @@ class Capabilities:
 CAPABILITIES = {
     "fsdp": Capabilities(lora=True, offload=True, ulysses=True, context_parallel=False),
     "fsdp2": Capabilities(lora=True, offload=True, ulysses=True, context_parallel=False),
-    # megatron-core 0.16 has no LoRA of its own; it offloads its optimizer instead of models
-    "megatron": Capabilities(lora=False, offload=False, ulysses=False, context_parallel=True),
+    # LoRA on megatron: rlcore's adapters beside its linear layers (backends/megatron/lora.py);
+    # it offloads its optimizer instead of models
+    "megatron": Capabilities(lora=True, offload=False, ulysses=False, context_parallel=True),
 }
 """trainer.strategy -> what it can do."""
+
+MEGATRON_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The HF layers a LoRA adapter can sit on with --strategy megatron: every linear layer of a dense
+decoder layer (not the output head, the embedding or a mixture of experts)."""
 
 CAPABILITY_NAMES = tuple(f.name for f in fields(Capabilities))
 

@@ -13,6 +13,8 @@ adapter `<layer>.lora_A.<name>.weight` / `<layer>.lora_B.<name>.weight`, all und
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,13 +31,23 @@ BASE_WEIGHT = BASE + ".weight"
 FACTORS = ("lora_A", "lora_B")
 
 
+def fresh_factor(seed: int, layer: str, rank: int, fan_in: int) -> torch.Tensor:
+    """A fresh adapter's A [rank, fan_in] for HF layer `layer` (e.g. model.layers.0.self_attn.q_proj):
+    uniform in +-1/sqrt(fan_in), peft's kaiming-uniform draw (a = sqrt(5)), from `seed` and the
+    layer's name alone, so a fresh adapter is the same on every strategy, rank and parallel layout
+    (B starts at zero: the first policy is the base model)."""
+    digest = hashlib.blake2b(f"{seed}:{layer}".encode(), digest_size=8).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    draw = torch.rand(rank, fan_in, generator=generator, dtype=torch.float64)
+    return ((draw * 2 - 1) / math.sqrt(fan_in)).float()
+
+
 def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> torch.nn.Module:
     """`model` (an HF causal LM, float32) as a peft model: a fresh adapter initialised from `seed`
-    (A random, B zero), or the one saved at `cfg.path`, trainable; every base weight frozen."""
+    (A by `fresh_factor`, B zero), or the one saved at `cfg.path`, trainable; every base weight frozen."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
-    torch.manual_seed(seed)  # A's initialisation: the same on every rank and strategy
     if cfg.path is not None:
         peft_model = PeftModel.from_pretrained(model, cfg.path, adapter_name=cfg.name, is_trainable=True)
     else:
@@ -48,6 +60,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> torch.nn.M
             peft_model = get_peft_model(model, config, adapter_name=cfg.name)
         except ValueError as e:  # peft's "Target modules {...} not found in the base model"
             raise ValueError(f"model.lora_configs[0].target_modules: {' '.join(str(e).split())}") from None
+        _draw_fresh(peft_model, cfg.name, seed)
     saved = peft_model.peft_config[cfg.name]  # type: ignore[index]
     unsupported = [
         what for what, on in (
@@ -70,6 +83,19 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> torch.nn.M
             f"model.lora_configs[0].target_modules: no layer of the model matches {cfg.target_modules!r}"
         )
     return peft_model
+
+
+@torch.no_grad()
+def _draw_fresh(peft_model: torch.nn.Module, adapter: str, seed: int) -> None:
+    """Every adapted layer's A drawn by `fresh_factor` (in place of peft's draw from the global RNG,
+    which depends on the order layers are built in)."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, m in peft_model.named_modules():
+        if isinstance(m, LoraLayer) and adapter in m.lora_A:
+            weight: torch.Tensor = m.lora_A[adapter].weight  # type: ignore[index,assignment]
+            rank, fan_in = weight.shape
+            weight.copy_(fresh_factor(seed, name.removeprefix(PREFIX), rank, fan_in))
 
 
 def _named(model: torch.nn.Module, targets: Iterable[str]) -> list[str]:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections import ChainMap
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from safetensors import safe_open
 
+from ..common.hf_model import VALUE_HEAD, value_head_init
 from . import compat, experts
 from .mapping import ModelDims, hf_to_megatron, padded_vocab, stage_layers, to_global
 
@@ -200,6 +202,21 @@ class HFWeights(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._file_of)
+
+
+def with_value_head(hf: Mapping[str, torch.Tensor], dims: ModelDims, seed: int) -> Mapping[str, torch.Tensor]:
+    """A value model's HF weights with the scalar head it lacks: a causal LM's folder gets a fresh
+    head (value_head_init), a reward model's export (no bias) a critic's bias 0. Read-only lookups."""
+    weight_name, bias_name = VALUE_HEAD + ".weight", VALUE_HEAD + ".bias"
+    added: dict[str, torch.Tensor] = {}
+    if weight_name not in hf:
+        weight, bias = value_head_init(dims.hidden, seed)
+        added = {weight_name: weight, bias_name: bias}
+    elif dims.head_bias and bias_name not in hf:
+        added = {bias_name: torch.zeros(1)}
+    if not dims.head_bias:
+        added.pop(bias_name, None)
+    return ChainMap(added, cast(MutableMapping[str, torch.Tensor], hf)) if added else hf
 
 
 def layer_offset(dims: ModelDims) -> int:

@@ -1,12 +1,15 @@
 """megatron-core's optimizer as the megatron strategy steps and checkpoints it: gradient clipping
-that also covers a MoE model's ChainedOptimizer, and the AdamW state that torch's optimizer keeps
-where megatron-core's checkpoints do not look."""
+that also covers a MoE model's ChainedOptimizer, the AdamW state that torch's optimizer keeps
+where megatron-core's checkpoints do not look, and the distributed optimizer's gradient slices
+gathered whole."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
 
@@ -55,3 +58,16 @@ def materialize_optimizer_state(optimizer: Any) -> None:
                     state["step"] = torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def gather_grad_shards(ddp_model: Any) -> None:
+    """With the distributed optimizer, after the reduce-scatter each DP rank of `ddp_model` (megatron's
+    DistributedDataParallel) holds only its slice of the summed gradients: all-gather the slices so
+    every rank has them whole (the optimizer reads only its own). The experts' buckets are reduced
+    over the expert-data-parallel group, the rest over the data-parallel group: each bucket group
+    says which."""
+    for bucket_group in ddp_model.bucket_groups + ddp_model.expert_parallel_bucket_groups:
+        group = bucket_group.intra_distributed_optimizer_instance_group
+        for bucket in bucket_group.buckets:
+            shards = shard_buffer(bucket.grad_data, group.size())
+            dist.all_gather_into_tensor(bucket.grad_data, shards[group.rank()].clone(), group=group)

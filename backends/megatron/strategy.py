@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections import ChainMap, defaultdict
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,6 @@ from megatron.core.distributed import (
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
-from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -35,12 +34,13 @@ from ...core.moe_routing import OWN_ROUTES, RoutingCounts
 from ...core.strategy_capabilities import CAPABILITIES
 from ..base import AdamHparams, Batch, LossFn, TrainingStrategy
 from ..common.dist_utils import rank_device
-from ..common.hf_model import VALUE_HEAD, freeze_routers, resolve_dtype, value_head_init, value_model_config
+from ..common.hf_model import freeze_routers, resolve_dtype, value_model_config
 from ..common.schedule import lr_lambda
 from ..common.sharded_checkpoint import REFERENCE_DIR
 from . import compat, routing
 from .full_tensors import FullTensors
 from .logprobs import token_logprobs_and_entropy
+from .lora import MegatronLora, is_adapter_key, load_adapter
 from .mapping import (
     ROUTER,
     ModelDims,
@@ -53,8 +53,9 @@ from .model import (
     freeze_padding_embedding,
     load_hf_weights,
     transformer_config,
+    with_value_head,
 )
-from .optimizer import clip_grad_norm, materialize_optimizer_state, restore_adam_steps
+from .optimizer import clip_grad_norm, gather_grad_shards, materialize_optimizer_state, restore_adam_steps
 from .packing import PackedInput, schedule_inputs
 from .setup import model_parallel, optimizer_config, parallel_sizes
 
@@ -79,9 +80,6 @@ class MegatronStrategy(TrainingStrategy):
     ):
         from transformers import AutoConfig
 
-        if lora is not None:  # the config check refuses it first (core/config/model_checks.py)
-            raise ValueError("model.lora_configs: megatron trains no LoRA adapter; use --strategy fsdp2")
-
         tp, pp, cp, ep = parallel_sizes(trainer_cfg)
         self.value_head = value_head
         self.packs_sequences, self.sequence_split = trainer_cfg.use_remove_padding, cp
@@ -90,6 +88,7 @@ class MegatronStrategy(TrainingStrategy):
         )
         self.dims = ModelDims.from_hf_config(self._hf_config, value_head=value_head, head_bias=head_bias)
         check_layout(self.dims, tp, pp, ep, cp)
+        adapter = None if lora is None else load_adapter(lora, model_path, self.dims, seed)
         self.grad_clip, self.optimizer_cfg = trainer_cfg.grad_clip, optimizer_cfg
         self._step_hparams: AdamHparams | None = None
         self._routes = RoutingCounts()  # what compute_logprobs replayed (routing.py)
@@ -105,7 +104,7 @@ class MegatronStrategy(TrainingStrategy):
             self.dims, tp, pp, self.dtype, on_cpu=self.device.type == "cpu", cp=cp,
             recompute=trainer_cfg.gradient_checkpointing, ep=ep,
         )  # fmt: skip
-        hf = _with_head(HFWeights(model_path), self.dims, seed) if value_head else HFWeights(model_path)
+        hf = with_value_head(HFWeights(model_path), self.dims, seed) if value_head else HFWeights(model_path)
         module = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
         load_hf_weights(module, hf, self.dims)
         routing.install(module)
@@ -113,13 +112,14 @@ class MegatronStrategy(TrainingStrategy):
         freeze_padding_embedding(module, self._hf_config.pad_token_id)
         if trainer_cfg.freeze_router:
             freeze_routers(module, "." + ROUTER)
+        self.full = FullTensors(module, self.dims, tp, pp, ep, self.device)
+        self.lora = None if adapter is None else MegatronLora(module, adapter, self.full, self.dtype)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
             use_distributed_optimizer=trainer_cfg.megatron.use_distributed_optimizer,
         )
         self.model = DistributedDataParallel(self.config, ddp_config, module)
-        self.full = FullTensors(module, self.dims, tp, pp, ep, self.device)
         self.optimizer = get_megatron_optimizer(
             optimizer_config(optimizer_cfg, trainer_cfg, self.dtype, self.device),
             [self.model],
@@ -132,7 +132,7 @@ class MegatronStrategy(TrainingStrategy):
         self.step = 0  # optimizer steps taken: the lr schedule's position
         self._set_lr()
         self.reference = None
-        if with_reference:
+        if with_reference and self.lora is None:  # LoRA's reference: the adapter switched off
             self.reference = self._on_device(build_gpt(self.config, self.dims, packed=self.packs_sequences))
             load_hf_weights(self.reference, hf, self.dims)
             routing.install(self.reference)
@@ -196,13 +196,15 @@ class MegatronStrategy(TrainingStrategy):
     def compute_logprobs(
         self, micro_batches: list[Batch], temperature: float, reference: bool = False
     ) -> list[torch.Tensor]:
+        def logprobs(mb: Batch, packed: PackedInput | None, out: torch.Tensor) -> torch.Tensor:
+            return self._logprobs(out, mb, packed, temperature, with_entropy=False)[0]
+
+        if reference and self.lora is not None:  # the base model under the adapter
+            with self.lora.off():
+                return self._per_token(self.model, micro_batches, logprobs)
         model = self.reference if reference else self.model
         assert model is not None, "compute_logprobs(reference=True) without a reference model"
-        return self._per_token(
-            model, micro_batches,
-            lambda mb, packed, out: self._logprobs(out, mb, packed, temperature, with_entropy=False)[0],
-            None if reference else self._routes,
-        )  # fmt: skip
+        return self._per_token(model, micro_batches, logprobs, None if reference else self._routes)
 
     def take_routing_counts(self) -> tuple[int, int]:
         return self._routes.take()
@@ -398,34 +400,45 @@ class MegatronStrategy(TrainingStrategy):
     # ------------------------------------------------------------------ weights
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.lora is not None:
+            return self.lora.layout.merged(self.lora.state(with_base=True))
         return self.full.tensors(lambda p: p, self.dtype)
 
     def iter_full_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.model.ddp_config.use_distributed_optimizer:
-            self._gather_grad_shards()
+            gather_grad_shards(self.model)
         scale = float(self.optimizer.get_loss_scale())  # float16's loss scale, 1 otherwise
 
         def grad(p: torch.nn.Parameter) -> torch.Tensor:  # DDP-owned, fp32; a frozen router has none
             return p.main_grad / scale if p.requires_grad else torch.zeros_like(p, dtype=torch.float32)  # type: ignore[attr-defined]
 
+        if self.lora is not None:  # the adapter's (the base has none)
+            return self.lora.layout.adapter_entries(self.lora.factors(grad, torch.float32))
         return self.full.tensors(grad, torch.float32)
-
-    def _gather_grad_shards(self) -> None:
-        """After the reduce-scatter each DP rank holds only its slice of the summed gradients;
-        all-gather the slices so every rank has them whole (the optimizer reads only its own). The
-        experts' buckets are reduced over the expert-data-parallel group, the rest over the
-        data-parallel group: each bucket group says which."""
-        for bucket_group in self.model.bucket_groups + self.model.expert_parallel_bucket_groups:
-            group = bucket_group.intra_distributed_optimizer_instance_group
-            for bucket in bucket_group.buckets:
-                shards = shard_buffer(bucket.grad_data, group.size())
-                dist.all_gather_into_tensor(bucket.grad_data, shards[group.rank()].clone(), group=group)
 
     def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         return [(name, self.dtype, tuple(shape)) for name, shape in hf_specs(self.dims)]
 
     def hf_config(self) -> Any:
         return self._hf_config
+
+    # ------------------------------------------------------------------ LoRA's views (lora.py)
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        return None if self.lora is None else self.lora.layout.config
+
+    def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        assert self.lora is not None, "iter_adapter_weights without a LoRA adapter"
+        return self.lora.layout.adapter_entries(self.lora.state(with_base=False))
+
+    def iter_adapter_sync(self, with_base: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """Adapter-only sync's entries (weights/adapter.py), as the PyTorch-native strategies send them."""
+        assert self.lora is not None, "adapter sync without a LoRA adapter"
+        return self.lora.layout.sync_entries(self.lora.state(with_base), with_base)
+
+    def adapter_sync_specs(self, with_base: bool) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        assert self.lora is not None, "adapter sync without a LoRA adapter"
+        return self.lora.layout.sync_specs(self.lora.specs(self.weight_specs() if with_base else None), with_base)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -434,12 +447,15 @@ class MegatronStrategy(TrainingStrategy):
         underneath). The optimizer state is saved as the distributed optimizer holds it: a resume
         may change the number of data-parallel ranks, not the TP/PP layout."""
         model_sd = self.model.module.sharded_state_dict()
+        if self.lora is not None:  # the frozen base is model_path's
+            model_sd = {k: v for k, v in model_sd.items() if is_adapter_key(k)}
         optim_sd = self.optimizer.sharded_state_dict(
             model_sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "dp_reshardable"}
         )
         return {"model": model_sd, "optimizer": optim_sd}
 
     def policy_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        assert self.lora is None, "with LoRA the reference is the base model, which does not move"
         assert self.reference is not None, "no reference model was built (nothing reads one)"
         return self.model.module, self.reference
 
@@ -462,7 +478,8 @@ class MegatronStrategy(TrainingStrategy):
         materialize_optimizer_state(self.optimizer)
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), path)
         with torch.no_grad():  # fp32 main params are views of the (leaf) model params
-            self.model.module.load_state_dict(state["model"])
+            loaded = self.model.module.load_state_dict(state["model"], strict=self.lora is None)
+            assert not [k for k in loaded.missing_keys if is_adapter_key(k)], loaded.missing_keys
             self.optimizer.load_state_dict(state["optimizer"])
         restore_adam_steps(self.optimizer)
         if self.reference_in_checkpoint:
@@ -474,18 +491,3 @@ class MegatronStrategy(TrainingStrategy):
                 reference.load_state_dict(ref_state["model"])
         self.step = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)["step"]
         self._set_lr()
-
-
-def _with_head(hf: Mapping[str, torch.Tensor], dims: ModelDims, seed: int) -> Mapping[str, torch.Tensor]:
-    """A value model's HF weights with the scalar head it lacks: a causal LM's folder gets a fresh
-    head (value_head_init), a reward model's export (no bias) a critic's bias 0. Read-only lookups."""
-    weight_name, bias_name = VALUE_HEAD + ".weight", VALUE_HEAD + ".bias"
-    added: dict[str, torch.Tensor] = {}
-    if weight_name not in hf:
-        weight, bias = value_head_init(dims.hidden, seed)
-        added = {weight_name: weight, bias_name: bias}
-    elif dims.head_bias and bias_name not in hf:
-        added = {bias_name: torch.zeros(1)}
-    if not dims.head_bias:
-        added.pop(bias_name, None)
-    return ChainMap(added, cast(MutableMapping[str, torch.Tensor], hf)) if added else hf

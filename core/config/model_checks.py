@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from ..strategy_capabilities import has, strategies_with
+from ..strategy_capabilities import MEGATRON_LORA_TARGETS, has, strategies_with
 from .errors import ConfigError
 from .schema import LoraConfig, MegatronConfig, RLCoreConfig
 
@@ -252,9 +252,9 @@ def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:
         )
     if not has(cfg.trainer.strategy, "lora"):
         raise ConfigError(
-            f"model.lora_configs: LoRA trains on strategies {' and '.join(strategies_with('lora'))}; "
-            f"{cfg.trainer.strategy} has none (megatron-core 0.16 has no LoRA of its own): use "
-            "--strategy fsdp2, or leave model.lora_configs empty for full fine-tuning"
+            f"model.lora_configs: LoRA trains on strategies {', '.join(strategies_with('lora'))}; "
+            f"{cfg.trainer.strategy} has none: use --strategy fsdp2, or leave model.lora_configs empty for "
+            "full fine-tuning"
         )
     if cfg.algorithm.sync_ref_model:
         raise ConfigError(
@@ -271,15 +271,53 @@ def _check_lora(cfg: RLCoreConfig, check_paths: bool) -> None:
             f"{cfg.model.model_path} (tie_word_embeddings): an adapter on it would move the embedding too "
             "where the merged weights load; leave lm_head out"
         )
+    if cfg.trainer.strategy == "megatron":
+        _check_megatron_lora(cfg, adapters[0], check_paths)
+
+
+def _check_megatron_lora(cfg: RLCoreConfig, lora: LoraConfig, check_paths: bool) -> None:
+    """What megatron's adapters (backends/megatron/lora.py) cover: the linear layers of dense
+    decoder layers, one rank and alpha, no dropout."""
+    saved: dict = {}
+    if lora.path is not None and check_paths:
+        with open(os.path.join(lora.path, "adapter_config.json")) as f:
+            saved = json.load(f)
+    where = "model.lora_configs[0]" + (".path" if saved else "")
+    targets = saved.get("target_modules", lora.target_modules) if saved else lora.target_modules
+    names = {targets} if isinstance(targets, str) else set(targets or ())
+    unknown = sorted(names - {"all-linear", *MEGATRON_LORA_TARGETS})
+    dropout = saved.get("lora_dropout", 0.0) if saved else lora.lora_dropout
+    patterns = [k for k in ("rank_pattern", "alpha_pattern", "layers_to_transform") if saved.get(k)]
+    refused = [
+        what for what, on in (
+            (f"target_modules {', '.join(unknown)} (its adapters sit on {', '.join(MEGATRON_LORA_TARGETS)})", unknown),
+            (f"lora_dropout {dropout} (its adapters apply no dropout)", dropout),
+            (f"{', '.join(patterns)} (its adapters take one rank and alpha)", patterns),
+        ) if on
+    ]  # fmt: skip
+    if refused:
+        raise ConfigError(
+            f"{where}: --strategy megatron cannot train {'; '.join(refused)}: change it, or use --strategy fsdp2"
+        )
+    if check_paths and _config_of(cfg.model.model_path).get("num_experts"):
+        raise ConfigError(
+            f"model.lora_configs: {cfg.model.model_path} is a mixture-of-experts model; megatron's LoRA adapts "
+            "dense models: use --strategy fsdp2, or leave model.lora_configs empty"
+        )
+
+
+def _config_of(model_path: str) -> dict:
+    """The model folder's config.json ({} where there is none to read)."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def _ties_head(model_path: str) -> bool:
     """Whether the model folder's config.json ties the output head to the embedding."""
-    try:
-        with open(os.path.join(model_path, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return False
+    config = _config_of(model_path)
     return bool(config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings")))
 
 

@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> None:
     if lora is None:
         assert list(grads) == [n for n in names if n in grads], "iter_full_grads is not in weight order"
     else:  # the adapter in peft's format, next to the merged HF export
+        result["adapter_sync_gap"] = [adapter_sync_gap(strategy, weights, rank == 0)]
         config = strategy.adapter_config()
         assert config is not None
         export_adapter(strategy.iter_adapter_weights(), os.path.join(args.out, "adapter"), config, rank == 0)
@@ -186,6 +187,28 @@ def run(args: argparse.Namespace) -> None:
     )
 
     write_results(args.out, result, grads, weights)
+
+
+def adapter_sync_gap(strategy, merged: dict[str, torch.Tensor], keep: bool) -> float:
+    """Adapter-only sync (weights/adapter.py): its entries, with the bases and then without, match
+    the specs announced for them, and merged as an engine merges them give the merged weights (rank 0
+    holds them in `merged`): the largest difference."""
+    from rlcore.weights.adapter import merge_adapters
+
+    bases: dict[str, torch.Tensor] = {}
+    gap = 0.0
+    for with_base in (True, False):
+        specs = strategy.adapter_sync_specs(with_base)
+        entries = list(strategy.iter_adapter_sync(with_base))
+        assert [(n, t.dtype, tuple(t.shape)) for n, t in entries] == specs, (with_base, entries[:3], specs[:3])
+        names = []
+        for name, tensor in merge_adapters(entries, bases):
+            names.append(name)
+            if keep:
+                gap = max(gap, float((tensor.float().cpu() - merged[name]).abs().max()))
+        if keep:
+            assert (names == list(merged)) if with_base else (set(names) < set(merged)), (with_base, names[:5])
+    return gap
 
 
 def reference_diffs(strategy, mbs: list[dict[str, torch.Tensor]]) -> list[float]:

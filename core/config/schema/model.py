@@ -69,10 +69,11 @@ class AuxiliaryModelConfig:
 
 @dataclass
 class LoraConfig:
-    """One LoRA adapter (peft) trained in place of the full weights, on strategies fsdp and fsdp2:
-    the base model is frozen, the reference policy is the base with the adapter switched off, the
-    engines get the merged weights (W + scale * B @ A, one tensor at a time) and checkpoints hold the
-    adapter and its optimizer only (plus the adapter in peft's format, `adapter/`)."""
+    """One LoRA adapter (peft's format) trained in place of the full weights, on every strategy
+    (megatron: dense models, backends/megatron/lora.py): the base model is frozen, the reference
+    policy is the base with the adapter switched off, the engines get the merged weights
+    (W + scale * B @ A, one tensor at a time) or the adapter alone (synchronizer.lora_sync), and
+    checkpoints hold the adapter and its optimizer only (plus the adapter in peft's format, `adapter/`)."""
 
     name: str = "default"
     """The adapter's name inside peft (the key its parameters are stored under)."""

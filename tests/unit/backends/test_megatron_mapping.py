@@ -400,16 +400,16 @@ def test_a_value_model_gets_the_head_its_folder_lacks() -> None:
     without a bias), a reward model's export (score.weight alone) loads into a critic with bias 0,
     and a head that is there is read as it is."""
     from rlcore.backends.common.hf_model import value_head_init
-    from rlcore.backends.megatron.strategy import _with_head
+    from rlcore.backends.megatron.model import with_value_head
 
     dims = ModelDims.from_hf_config(LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2,
                                                 num_hidden_layers=1), value_head=True)  # fmt: skip
     reward = dataclasses.replace(dims, head_bias=False)
     lm = {"model.norm.weight": torch.ones(8)}
-    fresh = _with_head(lm, dims, seed=3)
+    fresh = with_value_head(lm, dims, seed=3)
     assert torch.equal(fresh["score.weight"], value_head_init(8, 3)[0]) and torch.equal(fresh["score.bias"], torch.zeros(1))
-    assert "score.bias" not in _with_head(lm, reward, seed=3)
+    assert "score.bias" not in with_value_head(lm, reward, seed=3)
     export = {**lm, "score.weight": torch.full((1, 8), 0.5)}
-    critic = _with_head(export, dims, seed=3)
+    critic = with_value_head(export, dims, seed=3)
     assert torch.equal(critic["score.weight"], export["score.weight"]) and torch.equal(critic["score.bias"], torch.zeros(1))
-    assert _with_head(export, reward, seed=3) is export
+    assert with_value_head(export, reward, seed=3) is export

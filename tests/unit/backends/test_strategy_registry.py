@@ -45,4 +45,4 @@ def test_each_strategy_carries_its_row_of_the_torch_free_capability_table() -> N
     assert list(CAPABILITIES) == list(STRATEGIES)
     for name in STRATEGIES:
         assert STRATEGIES.resolve(name).capabilities is CAPABILITIES[name], name
-    assert strategies_with("lora") == ["fsdp", "fsdp2"] and strategies_with("context_parallel") == ["megatron"]
+    assert strategies_with("lora") == ["fsdp", "fsdp2", "megatron"] and strategies_with("context_parallel") == ["megatron"]

@@ -21,7 +21,10 @@ def test_an_adapter_resolves_with_its_defaults_and_a_list_of_targets(tmp_path) -
     ("overrides", "strategy", "message"),
     [
         (["model.lora_configs=[{},{}]"], None, r"model\.lora_configs: one adapter is trained at a time; got 2"),
-        ([], "megatron", r"model\.lora_configs: LoRA trains on strategies fsdp and fsdp2; megatron has none"),
+        (["model.lora_configs=[{target_modules: [q_proj, lm_head]}]"], "megatron",
+         r"model\.lora_configs\[0\]: --strategy megatron cannot train target_modules lm_head \(its adapters sit on q_proj"),
+        (["model.lora_configs=[{lora_dropout: 0.1}]"], "megatron",
+         r"model\.lora_configs\[0\]: --strategy megatron cannot train lora_dropout 0\.1 .*use --strategy fsdp2$"),
         (["algorithm.sync_ref_model=true", "algorithm.kl_loss_coef=0.1"], None,
          r"algorithm\.sync_ref_model: with LoRA the reference policy is the base model"),
         (["model.lora_configs=[{target_modules: everything}]"], None,
@@ -40,6 +43,17 @@ def test_a_bad_adapter_is_refused_in_one_line(tmp_path, overrides, strategy, mes
     with pytest.raises(ConfigError, match=message) as err:
         resolve(tmp_path, *adapter, *overrides, strategy=strategy)
     assert "\n" not in str(err.value)
+
+
+def test_megatron_refuses_an_adapter_folder_with_per_layer_ranks(tmp_path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(
+        '{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 8}}'
+    )
+    resolve(tmp_path, f"model.lora_configs=[{{path: {adapter}}}]", strategy="fsdp2")  # peft reads rank_pattern
+    with pytest.raises(ConfigError, match=r"model\.lora_configs\[0\]\.path: --strategy megatron cannot train rank_pattern"):
+        resolve(tmp_path, f"model.lora_configs=[{{path: {adapter}}}]", strategy="megatron")
 
 
 def test_an_adapter_folder_with_more_than_plain_lora_is_refused_at_load(tmp_path) -> None:
