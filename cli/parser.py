@@ -199,6 +199,11 @@ def _add_rollout_parser(commands: Any) -> None:
         "before the launch that serves it; default 300 s, as control.worker_start_timeout)",
     )  # fmt: skip
     serve.add_argument("--index", type=int, default=-1, help="worker index given by the launcher")
+    serve.add_argument(
+        "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+        help="LoRA adapters (peft folders) to hold beside the weights, each chosen by requests naming it "
+        "(sampling.adapter, the HTTP door's model); hf engine",
+    )  # fmt: skip
     _add_door_args(serve)
     _add_server_args(serve)
 

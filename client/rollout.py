@@ -185,6 +185,16 @@ class RolloutClient(BlockingClient):
         request = rollout_pb2.FinishEpisodeRequest(episode_id=episode_id, reward=reward, group_id=group_id)
         return [experience_from_proto(e) for e in self._unary("FinishEpisode", request, timeout).experiences]
 
+    def load_adapter(self, name: str, path: str, timeout: float | None = None) -> list[str]:
+        """Hold the LoRA adapter folder at `path` (on the worker's machine) under `name`, beside the
+        weights; requests select it by SamplingParams.adapter. Answers the names held."""
+        request = rollout_pb2.LoadAdapterRequest(name=name, path=path)
+        return list(self._unary("LoadAdapter", request, timeout).adapters)
+
+    def unload_adapter(self, name: str, timeout: float | None = None) -> list[str]:
+        request = rollout_pb2.UnloadAdapterRequest(name=name)
+        return list(self._unary("UnloadAdapter", request, timeout).adapters)
+
     def pause(self, timeout: float | None = None) -> int:
         """Refuse new generation once running calls finished; answers the version served."""
         return self._unary("Pause", rollout_pb2.PauseRequest(), timeout).policy_version
@@ -271,6 +281,14 @@ class AsyncRolloutClient(AsyncClient):
             experience_from_proto(e)
             for e in (await self._unary("FinishEpisode", request, timeout)).experiences
         ]
+
+    async def load_adapter(self, name: str, path: str, timeout: float | None = None) -> list[str]:
+        request = rollout_pb2.LoadAdapterRequest(name=name, path=path)
+        return list((await self._unary("LoadAdapter", request, timeout)).adapters)
+
+    async def unload_adapter(self, name: str, timeout: float | None = None) -> list[str]:
+        request = rollout_pb2.UnloadAdapterRequest(name=name)
+        return list((await self._unary("UnloadAdapter", request, timeout)).adapters)
 
     async def pause(self, timeout: float | None = None) -> int:
         return (await self._unary("Pause", rollout_pb2.PauseRequest(), timeout)).policy_version

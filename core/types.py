@@ -61,6 +61,9 @@ class SamplingParams:
     return_routed_experts: bool = False
     """An MoE model's engine records the experts each token was routed to (Completion.routed_experts:
     rollout routing replay, algorithm.router_replay r3)."""
+    adapter: str = ""
+    """A LoRA adapter the engine holds beside its weights to generate with (its name:
+    rollout/engines/adapters.py); empty: the engine's own weights."""
 
 
 @dataclass

@@ -25,7 +25,8 @@ class LoopbackDoor:
 
     def __init__(self, engine: Any):
         from .http_door import HttpDoor
-        from .openai_door import OpenAIDoor, build_app  # FastAPI: imported only when a workflow opens one
+        from .openai_app import build_app  # FastAPI: imported only when a workflow opens one
+        from .openai_door import OpenAIDoor
         from .server import RolloutServicer
 
         servicer = RolloutServicer(engine, engine_name="workflow", model_path="")

@@ -15,7 +15,10 @@ into experiences a trainer takes. Each choice also carries the ids of its tokens
 an rlcore field) and the response the version of the weights that generated it. `stream: true`
 sends the finished answer as OpenAI's server-sent events (openai_stream.py).
 
-FastAPI and uvicorn are imported only when a worker serves the door (`pip install 'rlcore[http]'`).
+A request's `model` names the model or a LoRA adapter the worker holds beside its weights
+(engines/adapters.py; loaded by `--lora-modules`, the gRPC LoadAdapter, or POST
+/v1/load_lora_adapter as vLLM takes it), which then generates its answer; /v1/models lists both.
+This module is the door's logic; openai_app.py serves it over FastAPI.
 """
 
 from __future__ import annotations
@@ -27,18 +30,12 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from ..core.data.prompts import PromptFormat
 from ..core.rpc.convert import sampling_to_proto
-from ..core.rpc.errors import InvalidArgument, ServiceError, Unavailable
+from ..core.rpc.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from ..core.types import Completion, SamplingParams
 from .episodes import EpisodeRecorder
 from .openai_schema import BodyError, check, check_id, shown
-from .openai_stream import sse_events
 from .server import RolloutServicer
 from .workflows.tool_formats import resolve
 from .workflows.turns import TurnFormat
@@ -71,7 +68,7 @@ class DoorError(Exception):
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
 
 
-def _invalid(param: str, problem: str) -> DoorError:
+def invalid(param: str, problem: str) -> DoorError:
     return DoorError(400, f"{param}: {problem}", param)
 
 
@@ -81,13 +78,14 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _not_served(model: str, served: str) -> DoorError:
-    return DoorError(404, f"model {shown(model)} is not served here; this worker serves '{served}'", "model",
+def _not_served(model: str, served: list[str]) -> DoorError:
+    names = ", ".join(f"'{name}'" for name in served)
+    return DoorError(404, f"model {shown(model)} is not served here; this worker serves {names}", "model",
                      "not_found_error")  # fmt: skip
 
 
 class OpenAIDoor:
-    """The door's logic, apart from the web framework (build_app wires it to FastAPI)."""
+    """The door's logic, apart from the web framework (openai_app.build_app wires it to FastAPI)."""
 
     def __init__(
         self, servicer: RolloutServicer, recorder: EpisodeRecorder, token: str, model_name: str,
@@ -117,11 +115,40 @@ class OpenAIDoor:
             )
 
     def models(self) -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rlcore",
-                      "max_model_len": self.servicer.max_model_len}],
-        }  # fmt: skip
+        """The model, then each LoRA adapter the worker holds (as vLLM lists them: its folder as
+        `root`, the model as `parent`)."""
+        base = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rlcore",
+                "max_model_len": self.servicer.max_model_len}  # fmt: skip
+        adapters = [
+            {**base, "id": name, "root": path, "parent": self.model_name}
+            for name, path in sorted(self.servicer.engine.adapter_names().items())
+        ]
+        return {"object": "list", "data": [base, *adapters]}
+
+    def load_adapter(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/load_lora_adapter {"lora_name", "lora_path"} (vLLM's): hold that adapter; a
+        request whose `model` is its name generates with it."""
+        name, path = (self._text(body, key) for key in ("lora_name", "lora_path"))
+        try:
+            held = self.servicer.load_adapter(name, path)
+        except InvalidArgument as e:
+            raise invalid("lora_name" if e.field == "name" else "lora_path", str(e).split(": ", 1)[1]) from None
+        return {"object": "list", "adapters": held}
+
+    def unload_adapter(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/unload_lora_adapter {"lora_name"} (vLLM's): drop that adapter."""
+        try:
+            held = self.servicer.unload_adapter(self._text(body, "lora_name"))
+        except NotFound as e:
+            raise DoorError(404, str(e), "lora_name", "not_found_error") from None
+        return {"object": "list", "adapters": held}
+
+    @staticmethod
+    def _text(body: Any, key: str) -> str:
+        value = body.get(key) if isinstance(body, dict) else None
+        if not isinstance(value, str) or not value:
+            raise invalid(key, "give a non-empty string")
+        return value
 
     def sampling(self, body: dict[str, Any], prompt_len: int, prompt_param: str = "prompt") -> SamplingParams:
         """The request's sampling, checked as RolloutService checks it (the error names the
@@ -132,31 +159,34 @@ class OpenAIDoor:
         stop = [stop] if isinstance(stop, str) else (stop or [])
         n = body.get("n") or 1
         if n > self.max_n:
-            raise _invalid(
+            raise invalid(
                 "n", f"at most {self.max_n} completions per request (rlcore rollout serve --http-max-n)"
             )
         room = self.servicer.max_model_len - prompt_len
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or max(room, 1)
         values = {k: body[k] for k in SAMPLING_KEYS if body.get(k) is not None}
         values.setdefault("temperature", 1.0)
+        values["adapter"] = "" if body.get("model") in (None, self.model_name) else body["model"]
         bias = body.get("logit_bias") or {}
         try:
             values["logit_bias"] = {int(token): value for token, value in bias.items()}
         except ValueError:
-            raise _invalid("logit_bias", f"keys must be token ids; got {sorted(bias)[:3]}") from None
+            raise invalid("logit_bias", f"keys must be token ids; got {sorted(bias)[:3]}") from None
         outside = [t for t in values["logit_bias"] if not 0 <= t < self.servicer.vocab_size]
         if outside:
-            raise _invalid("logit_bias", f"token id {outside[0]} is outside [0, {self.servicer.vocab_size})")
+            raise invalid("logit_bias", f"token id {outside[0]} is outside [0, {self.servicer.vocab_size})")
         try:
             sampling = self.servicer._sampling(
                 sampling_to_proto(SamplingParams(**values, stop=stop, max_tokens=max_tokens))
             )
             self.servicer._check_length(prompt_param, prompt_len, sampling)
         except InvalidArgument as e:
+            if e.field == "sampling.adapter":  # unloaded since the body's check
+                raise _not_served(body["model"], self._served()) from None
             field = e.field.removeprefix("sampling.")
-            raise _invalid(field, str(e).split(": ", 1)[1]) from None
+            raise invalid(field, str(e).split(": ", 1)[1]) from None
         if sampling.n * sampling.max_tokens > self.max_request_tokens:
-            raise _invalid(
+            raise invalid(
                 "max_tokens",
                 f"n {sampling.n} x max_tokens {sampling.max_tokens} is more than the {self.max_request_tokens} "
                 "tokens one request may generate here (rlcore rollout serve --http-max-request-tokens)",
@@ -171,7 +201,7 @@ class OpenAIDoor:
         try:
             return check_id("X-Episode-Id", header.encode("latin-1").decode("utf-8", "surrogateescape"))
         except BodyError as e:
-            raise _invalid(e.param, str(e).split(": ", 1)[1]) from None
+            raise invalid(e.param, str(e).split(": ", 1)[1]) from None
 
     def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[Completion], int]:
         """One prompt's completions. Requests go through the worker's batching engine, as RunTasks'
@@ -213,13 +243,13 @@ class OpenAIDoor:
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.servicer.vocab_size]
             if bad:
-                raise _invalid("prompt", f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
+                raise invalid("prompt", f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
         else:
-            raise _invalid("prompt", "give one non-empty prompt: a string or a list of token ids")
+            raise invalid("prompt", "give one non-empty prompt: a string or a list of token ids")
         logprobs = body.get("logprobs")  # 0 or 1 (the schema): the sampled token's log-prob
         sampling = self.sampling(body, len(ids))
         if episode and sampling.n != 1:
-            raise _invalid("n", "a recorded episode is one conversation: n must be 1")
+            raise invalid("n", "a recorded episode is one conversation: n must be 1")
         completions, version = self.generate(ids, sampling)
         choices = []
         for i, c in enumerate(completions):
@@ -249,7 +279,7 @@ class OpenAIDoor:
         self._check_chars("messages", sum(len(m["content"]) for m in messages))
         tools = body.get("tools")
         if body.get("top_logprobs"):
-            raise _invalid(
+            raise invalid(
                 "top_logprobs", "only 0 is served: the engine reports the sampled token's log-prob"
             )
         template_kwargs = body.get("chat_template_kwargs") or None  # vLLM's field (checked by the schema)
@@ -277,7 +307,7 @@ class OpenAIDoor:
             raise self._template_error(e) from None
         sampling = self.sampling(body, len(ids), "messages")
         if episode and sampling.n != 1:
-            raise _invalid("n", "a recorded episode is one conversation: n must be 1")
+            raise invalid("n", "a recorded episode is one conversation: n must be 1")
         completions, version = self.generate(ids, sampling)
         choices = []
         for i, c in enumerate(completions):
@@ -305,11 +335,15 @@ class OpenAIDoor:
     # helpers
 
     def model(self, model_id: str) -> dict[str, Any]:
-        """GET /v1/models/{id}: the served model, or a 404 in OpenAI's shape."""
-        (served,) = self.models()["data"]
-        if model_id != self.model_name:
-            raise _not_served(model_id, self.model_name)
-        return served
+        """GET /v1/models/{id}: the served model or adapter, or a 404 in OpenAI's shape."""
+        served = {m["id"]: m for m in self.models()["data"]}
+        if model_id not in served:
+            raise _not_served(model_id, list(served))
+        return served[model_id]
+
+    def _served(self) -> list[str]:
+        """What a request's `model` may name: the model, then the adapters held."""
+        return [self.model_name, *sorted(self.servicer.engine.adapter_names())]
 
     def _check_body(self, kind: str, body: Any) -> None:
         """The schema's check (types, ranges, unserved and unknown parameters, every string valid
@@ -317,20 +351,20 @@ class OpenAIDoor:
         try:
             check(kind, body, self.max_chars)
         except BodyError as e:
-            raise _invalid(e.param, str(e).split(": ", 1)[1]) from None
+            raise invalid(e.param, str(e).split(": ", 1)[1]) from None
         model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise _not_served(model, self.model_name)
+        if model is not None and model not in (served := self._served()):
+            raise _not_served(model, served)
 
     def _template_error(self, e: Exception) -> DoorError:
         """The chat template's failure in the door's words: a template's own refusal (its
         `raise_exception`, a jinja2 TemplateError) in the template's words; anything else logged."""
         if type(e).__module__ == "jinja2.exceptions" and type(e).__name__ == "TemplateError":
-            return _invalid("messages", f"the model's chat template refuses them: {e}")
+            return invalid("messages", f"the model's chat template refuses them: {e}")
         if not getattr(self.tokenizer, "chat_template", None):
-            return _invalid("messages", "the model has no chat template (send a prompt to /v1/completions)")
+            return invalid("messages", "the model has no chat template (send a prompt to /v1/completions)")
         log.warning("the chat template failed on a request's messages", exc_info=e)
-        return _invalid("messages", "the model's chat template cannot render them")
+        return invalid("messages", "the model's chat template cannot render them")
 
     def _messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The request's messages (typed by the schema) in the template's terms: text parts joined,
@@ -341,7 +375,7 @@ class OpenAIDoor:
             if isinstance(content, list):  # text parts (the schema serves no other)
                 content = "".join(p["text"] for p in content)
             if content is None and not (m["role"] == "assistant" and m.get("tool_calls")):
-                raise _invalid(
+                raise invalid(
                     f"messages[{j}].content", "is required (only an assistant's tool calls may go without)"
                 )
             message: dict[str, Any] = {
@@ -376,7 +410,7 @@ class OpenAIDoor:
 
     def _check_chars(self, param: str, chars: int) -> None:
         if chars > self.max_chars:
-            raise _invalid(
+            raise invalid(
                 param, f"{chars} characters cannot fit in max_model_len {self.servicer.max_model_len} tokens"
             )
 
@@ -406,7 +440,7 @@ def _arguments(arguments: str | dict[str, Any], j: int, k: int) -> dict[str, Any
     except (ValueError, RecursionError):
         parsed = None
     if not isinstance(parsed, dict):
-        raise _invalid(f"messages[{j}].tool_calls[{k}].function.arguments", "must be a JSON object")
+        raise invalid(f"messages[{j}].tool_calls[{k}].function.arguments", "must be a JSON object")
     return parsed
 
 
@@ -426,71 +460,3 @@ def _comparable(message: dict[str, Any]) -> dict[str, Any]:
             for c in message["tool_calls"]
         ]
     return out
-
-
-def _json(raw: bytes) -> Any:
-    """The request's JSON body. Bytes that are not UTF-8 decode to lone surrogates, so that the
-    schema's text rule refuses them naming the parameter that holds them."""
-    try:
-        return json.loads(raw.decode("utf-8", "surrogateescape"))
-    except RecursionError:
-        raise _invalid("body", "nests deeper than the JSON parser allows") from None
-    except json.JSONDecodeError as e:
-        raise _invalid("body", f"is not valid JSON (at character {e.pos})") from None
-
-
-def build_app(door: OpenAIDoor) -> FastAPI:
-    """The FastAPI application serving the door: every answer, errors included (a wrong route or
-    method, a body that is not JSON, anything unexpected), in OpenAI's shape."""
-    app = FastAPI(title="rlcore rollout worker (OpenAI-compatible)", docs_url=None, redoc_url=None)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        what = {
-            404: f"no route {request.url.path}",
-            405: f"{request.method} is not served on {request.url.path}",
-        }
-        error = DoorError(e.status_code, what.get(e.status_code, str(e.detail)), kind="invalid_request_error")
-        return JSONResponse(error.body(), status_code=e.status_code)
-
-    async def handle(request: Request, fn: Any, *args: Any) -> Any:
-        """`fn`'s answer to the request's body (JSON, or its events with stream: true); None: the
-        GET `args[0]()` answers, or the model list."""
-        try:
-            door.check_token(request.headers.get("authorization"))
-            if fn is None:
-                return JSONResponse(args[0]() if args else door.models())
-            body = _json(await request.body())
-            result = await run_in_threadpool(fn, body, *args)
-            if body.get("stream"):  # checked by `fn`: a finished answer, sent as OpenAI's events
-                usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return StreamingResponse(sse_events(result, usage), media_type="text/event-stream")
-            return JSONResponse(result)
-        except DoorError as e:
-            return JSONResponse(e.body(), status_code=e.status)
-        except Exception:  # a bug: said in OpenAI's shape, never as a bare 500 text
-            log.exception("OpenAI door: %s %s failed", request.method, request.url.path)
-            error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
-            return JSONResponse(error.body(), status_code=500)
-
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
-        return await handle(request, None, lambda: {"status": "ok", "model": door.model_name})
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        return await handle(request, None)
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(request: Request, model_id: str) -> JSONResponse:
-        return await handle(request, None, lambda: door.model(model_id))
-
-    @app.post("/v1/completions")
-    async def completions(request: Request, x_episode_id: str | None = Header(None)) -> Any:
-        return await handle(request, door.completions, x_episode_id)
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request, x_episode_id: str | None = Header(None)) -> Any:
-        return await handle(request, door.chat, x_episode_id)
-
-    return app

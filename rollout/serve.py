@@ -69,7 +69,8 @@ def _heartbeat_loop(
 
 def start_http_door(servicer: RolloutServicer, token: str, args: argparse.Namespace) -> HttpDoor:
     try:
-        from .openai_door import OpenAIDoor, build_app
+        from .openai_app import build_app
+        from .openai_door import OpenAIDoor
     except ImportError as e:
         raise OSError(f"--http-port needs FastAPI and uvicorn ({e}): pip install 'rlcore[http]'") from None
 
@@ -106,6 +107,10 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}"
     if not 0 <= args.http_batch_wait_ms <= 1000:
         return f"--http-batch-wait-ms must be in [0, 1000]; got {args.http_batch_wait_ms}"
+    for module in args.lora_modules:
+        name, eq, path = module.partition("=")
+        if not (eq and name and path):
+            return f"--lora-modules: give NAME=PATH (an adapter's name and its peft folder); got '{module}'"
     return None
 
 
@@ -158,8 +163,8 @@ def _log_rlcore_records() -> None:
 
 
 def _engine(args: argparse.Namespace) -> Any:
-    """The engine --engine-spec (a launch's) or the engine flags ask for; ValueError says in one line
-    why it cannot load."""
+    """The engine --engine-spec (a launch's) or the engine flags ask for, holding the --lora-modules
+    adapters; ValueError says in one line why it cannot load."""
     import torch
 
     from .engines import build_engine
@@ -177,9 +182,17 @@ def _engine(args: argparse.Namespace) -> Any:
     device = spec.device if spec.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     spec = replace(spec, device=device, dtype=compute_dtype(spec.dtype, device), max_model_len=max_model_len)
     try:
-        return build_engine(spec)
+        engine = build_engine(spec)
     except (OSError, ValueError, ImportError) as e:
         raise ValueError(f"cannot load --model {args.model} with the {spec.engine_type} engine: {e}") from None
+    for module in args.lora_modules:  # NAME=PATH (checked by _bad_flag)
+        name, _, path = module.partition("=")
+        try:
+            engine.load_adapter(name, path)
+        except ValueError as e:
+            engine.close()
+            raise ValueError(f"--lora-modules {module}: {e}") from None
+    return engine
 
 
 def _engine_spec(args: argparse.Namespace) -> EngineSpec:

@@ -38,6 +38,7 @@ from ..core.types import SamplingParams, Task, WorkflowSpec, by_episode
 from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from ..weights.receiver import WeightReceiver
 from .batching import BatchingEngine
+from .engines.adapters import NAME as ADAPTER_NAME
 from .engines.base import RolloutEngine
 from .episodes import EpisodeRecorder
 from .gate import GenerationGate
@@ -183,6 +184,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 f"sampling.{name}",
                 f"token id {bad[0] if bad else 0} is outside [0, {self.vocab_size})",
             )
+        held = self.engine.adapter_names()
+        require(
+            not sampling.adapter or sampling.adapter in held,
+            "sampling.adapter",
+            f"adapter '{sampling.adapter}' is not held by this worker (held: {', '.join(sorted(held)) or 'none'}; "
+            "LoadAdapter loads one)",
+        )
         return sampling
 
     def _check_length(self, field: str, num_prompt_tokens: int, sampling: SamplingParams) -> None:
@@ -328,8 +336,32 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             active_requests=active, completed_requests=completed, generated_tokens=tokens,
             vocab_size=self.vocab_size, worker_id=self.worker_id, max_message_bytes=self.max_message_bytes,
             weight_sync_ranks=self.engine.weight_sync_ranks, busy_s=busy_s, busy_span_s=busy_span_s,
-            interrupted_sequences=self.batching.interrupted,
+            interrupted_sequences=self.batching.interrupted, adapters=sorted(self.engine.adapter_names()),
         )  # fmt: skip
+
+    def LoadAdapter(self, request: rollout_pb2.LoadAdapterRequest, context: grpc.ServicerContext) -> Any:
+        return rollout_pb2.LoadAdapterResponse(adapters=self.load_adapter(request.name, request.path))
+
+    def UnloadAdapter(self, request: rollout_pb2.UnloadAdapterRequest, context: grpc.ServicerContext) -> Any:
+        return rollout_pb2.UnloadAdapterResponse(adapters=self.unload_adapter(request.name))
+
+    def load_adapter(self, name: str, path: str) -> list[str]:
+        """Hold a LoRA adapter beside the engine's weights (engines/adapters.py); the names held now.
+        InvalidArgument naming `name` or `path` when it cannot."""
+        with self._engine_lock:  # not while a batch decodes
+            try:
+                self.engine.load_adapter(name, path)
+            except (ValueError, OSError) as e:
+                raise InvalidArgument("path" if ADAPTER_NAME.match(name) else "name", str(e)) from None
+        return sorted(self.engine.adapter_names())
+
+    def unload_adapter(self, name: str) -> list[str]:
+        with self._engine_lock:
+            try:
+                self.engine.unload_adapter(name)
+            except KeyError as e:
+                raise NotFound(e.args[0]) from None
+        return sorted(self.engine.adapter_names())
 
     def Pause(self, request: rollout_pb2.PauseRequest, context: grpc.ServicerContext) -> Any:
         self.gate.close()

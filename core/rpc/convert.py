@@ -23,7 +23,7 @@ def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:
         repetition_penalty=s.repetition_penalty, n=s.n, max_tokens=s.max_tokens, stop=list(s.stop),
         presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logit_bias=s.logit_bias,
         min_tokens=s.min_tokens, ignore_eos=s.ignore_eos, stop_token_ids=list(s.stop_token_ids),
-        return_routed_experts=s.return_routed_experts,
+        return_routed_experts=s.return_routed_experts, adapter=s.adapter,
     )  # fmt: skip
     if s.seed is not None:
         msg.seed = s.seed
@@ -66,6 +66,7 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, field: str = "sampling")
         presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
         logit_bias=dict(sorted(msg.logit_bias.items())), min_tokens=msg.min_tokens, ignore_eos=msg.ignore_eos,
         stop_token_ids=list(msg.stop_token_ids), return_routed_experts=msg.return_routed_experts,
+        adapter=msg.adapter,
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from ...weights.wire import SyncGroup, TensorSpec
+    from .adapters import ResidentAdapters
 
 
 class RolloutEngine(ABC):
@@ -52,6 +53,9 @@ class RolloutEngine(ABC):
     """Whether `load_weights` takes an adapter-only sync's entries (LoRA factors and scales, merged
     into the base weights it reads from its model folder: weights/adapter.py), so a LoRA run may
     send the adapter alone (synchronizer.lora_sync)."""
+    adapters: ResidentAdapters | None = None
+    """LoRA adapters held beside the weights, one chosen per request by SamplingParams.adapter
+    (adapters.py); None: the engine serves none."""
     _sync_group: SyncGroup | None = None
 
     @abstractmethod
@@ -110,6 +114,22 @@ class RolloutEngine(ABC):
     def load_checkpoint(self, path: str, policy_version: int) -> None:
         """Load the weights of an HF model folder (safetensors files)."""
         self.load_weights(iter_safetensors(path), policy_version)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Hold the peft adapter folder at `path` under `name` (ValueError in one line when it cannot)."""
+        if self.adapters is None:
+            raise ValueError(f"the {type(self).__name__} serves no LoRA adapters beside its weights (the hf engine does)")
+        self.adapters.load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Drop adapter `name` (KeyError in one line when it is not held)."""
+        if self.adapters is None:
+            raise KeyError(f"adapter {name} is not loaded here (the {type(self).__name__} serves none)")
+        self.adapters.unload(name)
+
+    def adapter_names(self) -> dict[str, str]:
+        """The adapters held: name -> the folder each was loaded from."""
+        return {} if self.adapters is None else self.adapters.names()
 
     def pause(self) -> None:
         """Stop accepting work (before a weight update). Default: nothing to do for in-process engines."""

@@ -23,6 +23,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from ...core import moe_routing
 from ...core.types import Completion, SamplingParams
 from ...weights.adapter import merge_adapters
+from .adapters import ResidentAdapters
 from .base import (
     RolloutEngine,
     check_prompts,
@@ -75,6 +76,7 @@ class HFEngine(RolloutEngine):
         # taken once, stays valid; a state_dict() walk per sync cost more than small models' copies.
         self._weights: dict[str, torch.Tensor] = self.model.state_dict()
         self._adapter_bases: dict[str, torch.Tensor] = {}  # what adapter-only syncs merge into
+        self.adapters = ResidentAdapters(self.model)
         eos_ids = stop_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
         self.eos_token_ids = eos_ids
         pad = self.tokenizer.pad_token_id
@@ -101,10 +103,18 @@ class HFEngine(RolloutEngine):
         # Greedy samples are all equal: decode once per prompt and copy.
         n = 1 if sampling.temperature == 0 else sampling.n
         matcher = TextStopStrings(self.tokenizer, sampling.stop) if sampling.stop else None
-        out: list[list[Completion]] = [[] for _ in prompt_token_ids]
         seeds = (
             None if sampling.seed is None else [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]
         )
+        assert self.adapters is not None  # built with the engine
+        with self.adapters.active(sampling.adapter):
+            return self._generate(prompt_token_ids, sampling, n, matcher, seeds)
+
+    def _generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, n: int,
+        matcher: StopStringCriteria | None, seeds: list[int] | None,
+    ) -> list[list[Completion]]:  # fmt: skip
+        out: list[list[Completion]] = [[] for _ in prompt_token_ids]
         for indices, count in self._plan_chunks(len(prompt_token_ids), n):
             chunk = [prompt_token_ids[i] for i in indices]
             # sample j of prompt i draws from seed_i + j (j counts on across shares of a large n)
@@ -151,7 +161,7 @@ class HFEngine(RolloutEngine):
     ) -> list[Completion]:
         """Generate n completions for each prompt in one batch."""
         eos, pad = self.eos_token_ids, self.pad_token_id
-        if self._static is not None:
+        if self._static is not None and not sampling.adapter:  # an adapter's hooks are in no CUDA graph
             rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                                  stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
                                  interrupt=self.interrupt, routing=sampling.return_routed_experts)  # fmt: skip

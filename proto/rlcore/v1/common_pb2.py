@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlcore/v1/common.proto\x12\trlcore.v1\"\xbb\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x05 \x01(\x02\x12\t\n\x01n\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x04seed\x18\t \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12<\n\nlogit_bias\x18\x0c \x03(\x0b\x32(.rlcore.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\r \x01(\x05\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x0f \x03(\x05\x12\x1d\n\x15return_routed_experts\x18\x10 \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"\xe5\x01\n\nCompletion\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12.\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x17.rlcore.v1.FinishReason\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\x03\x12\x16\n\x0erouted_experts\x18\t \x01(\x0c\"\x82\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x13\n\x06\x61nswer\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x15\n\x08response\x18\x04 \x01(\tH\x01\x88\x01\x01\x12\x15\n\rmetadata_json\x18\x05 \x01(\tB\t\n\x07_answerB\x0b\n\t_response\"\xd1\x04\n\nExperience\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x10\n\x08group_id\x18\x05 \x01(\t\x12\x16\n\x0epolicy_version\x18\x06 \x01(\x03\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.rlcore.v1.FinishReason\x12\x15\n\rresponse_text\x18\x08 \x01(\t\x12\x46\n\x11reward_components\x18\t \x03(\x0b\x32+.rlcore.v1.Experience.RewardComponentsEntry\x12\x11\n\tloss_mask\x18\n \x03(\x05\x12\x33\n\x07metrics\x18\x0b \x03(\x0b\x32\".rlcore.v1.Experience.MetricsEntry\x12\x18\n\x0btemperature\x18\x0c \x01(\x01H\x00\x88\x01\x01\x12+\n\x08segments\x18\r \x03(\x0b\x32\x19.rlcore.v1.VersionSegment\x12\x16\n\x0erouted_experts\x18\x0e \x01(\x0c\x12\x12\n\nepisode_id\x18\x0f \x01(\t\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0e\n\x0c_temperature\"<\n\x0eVersionSegment\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlcore/v1/common.proto\x12\trlcore.v1\"\xcc\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x05 \x01(\x02\x12\t\n\x01n\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x04seed\x18\t \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12<\n\nlogit_bias\x18\x0c \x03(\x0b\x32(.rlcore.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\r \x01(\x05\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x0f \x03(\x05\x12\x1d\n\x15return_routed_experts\x18\x10 \x01(\x08\x12\x0f\n\x07\x61\x64\x61pter\x18\x11 \x01(\t\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"\xe5\x01\n\nCompletion\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12.\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x17.rlcore.v1.FinishReason\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\x03\x12\x16\n\x0erouted_experts\x18\t \x01(\x0c\"\x82\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x13\n\x06\x61nswer\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x15\n\x08response\x18\x04 \x01(\tH\x01\x88\x01\x01\x12\x15\n\rmetadata_json\x18\x05 \x01(\tB\t\n\x07_answerB\x0b\n\t_response\"\xd1\x04\n\nExperience\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x10\n\x08group_id\x18\x05 \x01(\t\x12\x16\n\x0epolicy_version\x18\x06 \x01(\x03\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.rlcore.v1.FinishReason\x12\x15\n\rresponse_text\x18\x08 \x01(\t\x12\x46\n\x11reward_components\x18\t \x03(\x0b\x32+.rlcore.v1.Experience.RewardComponentsEntry\x12\x11\n\tloss_mask\x18\n \x03(\x05\x12\x33\n\x07metrics\x18\x0b \x03(\x0b\x32\".rlcore.v1.Experience.MetricsEntry\x12\x18\n\x0btemperature\x18\x0c \x01(\x01H\x00\x88\x01\x01\x12+\n\x08segments\x18\r \x03(\x0b\x32\x19.rlcore.v1.VersionSegment\x12\x16\n\x0erouted_experts\x18\x0e \x01(\x0c\x12\x12\n\nepisode_id\x18\x0f \x01(\t\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0e\n\x0c_temperature\"<\n\x0eVersionSegment\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,24 +37,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXPERIENCE_REWARDCOMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_EXPERIENCE_METRICSENTRY']._loaded_options = None
   _globals['_EXPERIENCE_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1564
-  _globals['_FINISHREASON']._serialized_end=1688
+  _globals['_FINISHREASON']._serialized_start=1581
+  _globals['_FINISHREASON']._serialized_end=1705
   _globals['_SAMPLINGPARAMS']._serialized_start=38
-  _globals['_SAMPLINGPARAMS']._serialized_end=481
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=424
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=472
-  _globals['_COMPLETION']._serialized_start=484
-  _globals['_COMPLETION']._serialized_end=713
-  _globals['_TASK']._serialized_start=716
-  _globals['_TASK']._serialized_end=846
-  _globals['_EXPERIENCE']._serialized_start=849
-  _globals['_EXPERIENCE']._serialized_end=1442
-  _globals['_EXPERIENCE_REWARDCOMPONENTSENTRY']._serialized_start=1323
-  _globals['_EXPERIENCE_REWARDCOMPONENTSENTRY']._serialized_end=1378
-  _globals['_EXPERIENCE_METRICSENTRY']._serialized_start=1380
-  _globals['_EXPERIENCE_METRICSENTRY']._serialized_end=1426
-  _globals['_VERSIONSEGMENT']._serialized_start=1444
-  _globals['_VERSIONSEGMENT']._serialized_end=1504
-  _globals['_TENSORMETA']._serialized_start=1506
-  _globals['_TENSORMETA']._serialized_end=1562
+  _globals['_SAMPLINGPARAMS']._serialized_end=498
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=441
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=489
+  _globals['_COMPLETION']._serialized_start=501
+  _globals['_COMPLETION']._serialized_end=730
+  _globals['_TASK']._serialized_start=733
+  _globals['_TASK']._serialized_end=863
+  _globals['_EXPERIENCE']._serialized_start=866
+  _globals['_EXPERIENCE']._serialized_end=1459
+  _globals['_EXPERIENCE_REWARDCOMPONENTSENTRY']._serialized_start=1340
+  _globals['_EXPERIENCE_REWARDCOMPONENTSENTRY']._serialized_end=1395
+  _globals['_EXPERIENCE_METRICSENTRY']._serialized_start=1397
+  _globals['_EXPERIENCE_METRICSENTRY']._serialized_end=1443
+  _globals['_VERSIONSEGMENT']._serialized_start=1461
+  _globals['_VERSIONSEGMENT']._serialized_end=1521
+  _globals['_TENSORMETA']._serialized_start=1523
+  _globals['_TENSORMETA']._serialized_end=1579
 # @@protoc_insertion_point(module_scope)

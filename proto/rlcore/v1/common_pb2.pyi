@@ -19,7 +19,7 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_MAX_TURNS: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "stop_token_ids", "return_routed_experts")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "stop_token_ids", "return_routed_experts", "adapter")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SamplingParams(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -59,7 +60,8 @@ class SamplingParams(_message.Message):
     ignore_eos: bool
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     return_routed_experts: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_routed_experts: _Optional[bool] = ...) -> None: ...
+    adapter: str
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_routed_experts: _Optional[bool] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("prompt_index", "sample_index", "prompt_token_ids", "token_ids", "logprobs", "finish_reason", "text", "policy_version", "routed_experts")

@@ -7,6 +7,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoadAdapterResponse(_message.Message):
+    __slots__ = ("adapters",)
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ("adapters",)
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class FinishEpisodeRequest(_message.Message):
     __slots__ = ("episode_id", "reward", "group_id")
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -118,7 +144,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model_path", "engine", "max_model_len", "max_batch_size", "policy_version", "paused", "active_requests", "completed_requests", "generated_tokens", "vocab_size", "worker_id", "max_message_bytes", "weight_sync_ranks", "busy_s", "busy_span_s", "interrupted_sequences")
+    __slots__ = ("model_path", "engine", "max_model_len", "max_batch_size", "policy_version", "paused", "active_requests", "completed_requests", "generated_tokens", "vocab_size", "worker_id", "max_message_bytes", "weight_sync_ranks", "busy_s", "busy_span_s", "interrupted_sequences", "adapters")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +161,7 @@ class GetInfoResponse(_message.Message):
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     BUSY_SPAN_S_FIELD_NUMBER: _ClassVar[int]
     INTERRUPTED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     engine: str
     max_model_len: int
@@ -151,7 +178,8 @@ class GetInfoResponse(_message.Message):
     busy_s: float
     busy_span_s: float
     interrupted_sequences: int
-    def __init__(self, model_path: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., policy_version: _Optional[int] = ..., paused: _Optional[bool] = ..., active_requests: _Optional[int] = ..., completed_requests: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., worker_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., weight_sync_ranks: _Optional[int] = ..., busy_s: _Optional[float] = ..., busy_span_s: _Optional[float] = ..., interrupted_sequences: _Optional[int] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_path: _Optional[str] = ..., engine: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., policy_version: _Optional[int] = ..., paused: _Optional[bool] = ..., active_requests: _Optional[int] = ..., completed_requests: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., worker_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., weight_sync_ranks: _Optional[int] = ..., busy_s: _Optional[float] = ..., busy_span_s: _Optional[float] = ..., interrupted_sequences: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ()

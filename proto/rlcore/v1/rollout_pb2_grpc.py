@@ -84,6 +84,16 @@ class RolloutServiceStub:
                 request_serializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeRequest.SerializeToString,
                 response_deserializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/rlcore.v1.RolloutService/LoadAdapter',
+                request_serializer=rlcore_dot_v1_dot_rollout__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=rlcore_dot_v1_dot_rollout__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/rlcore.v1.RolloutService/UnloadAdapter',
+                request_serializer=rlcore_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=rlcore_dot_v1_dot_rollout__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -163,6 +173,21 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Hold a LoRA adapter (a folder peft's save_pretrained wrote, on the worker's filesystem) beside
+        the weights under a name; requests select it by sampling.adapter. Replaces one of that name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Drop a held adapter (NOT_FOUND for a name not held).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -215,6 +240,16 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.FinishEpisode,
                     request_deserializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeRequest.FromString,
                     response_serializer=rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=rlcore_dot_v1_dot_rollout__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=rlcore_dot_v1_dot_rollout__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=rlcore_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=rlcore_dot_v1_dot_rollout__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -487,6 +522,60 @@ class RolloutService:
             '/rlcore.v1.RolloutService/FinishEpisode',
             rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeRequest.SerializeToString,
             rlcore_dot_v1_dot_rollout__pb2.FinishEpisodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlcore.v1.RolloutService/LoadAdapter',
+            rlcore_dot_v1_dot_rollout__pb2.LoadAdapterRequest.SerializeToString,
+            rlcore_dot_v1_dot_rollout__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlcore.v1.RolloutService/UnloadAdapter',
+            rlcore_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.SerializeToString,
+            rlcore_dot_v1_dot_rollout__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,7 +18,8 @@ import pytest
 
 from rlcore.rollout.engines.hf import HFEngine
 from rlcore.rollout.http_door import HttpDoor
-from rlcore.rollout.openai_door import OpenAIDoor, build_app
+from rlcore.rollout.openai_app import build_app
+from rlcore.rollout.openai_door import OpenAIDoor
 from rlcore.rollout.openai_schema import MAX_ID_CHARS, ChatBody, CompletionBody
 from rlcore.rollout.server import RolloutServicer
 from rlcore.rollout.tools.calculator import Calculator

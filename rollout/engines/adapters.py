@@ -1,0 +1,154 @@
+"""LoRA adapters resident in an engine beside its weights, unmerged, one chosen per request
+(SamplingParams.adapter): one rollout worker serves its own weights and several LoRA adapters on
+them, as vLLM serves `--lora-modules` (the door's `model` name, a Generate or RunTasks request's
+sampling.adapter select one).
+
+An adapter is a folder peft's save_pretrained wrote (adapter_config.json, adapter_model.safetensors),
+loaded under a name. Its factors sit on the model's device in the model's dtype; while a request
+with its name decodes, a forward hook on each adapted linear layer adds scale * B (A x) to the
+layer's output, so the engine's own weights are never touched (a weight sync and adapters coexist:
+an adapter applies to whatever base the engine holds). The same sum as the merged weight
+W + scale * B @ A, in another order: outputs agree with a merged model's within rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+PREFIX = "base_model.model."
+"""What peft puts in front of the model's own module names in a saved adapter."""
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+"""An adapter's name: what a request's `model` or sampling.adapter says."""
+
+
+@dataclass
+class Factors:
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: float
+
+
+class ResidentAdapters:
+    """The adapters one engine holds, at most `limit` of them, and the one its decoding uses now."""
+
+    def __init__(self, model: torch.nn.Module, limit: int = 8):
+        self.model, self.limit = model, limit
+        self._linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        self._adapters: dict[str, dict[str, Factors]] = {}  # name -> module name -> factors
+        self._paths: dict[str, str] = {}
+        self._hooks: dict[str, torch.utils.hooks.RemovableHandle] = {}
+        self._current: dict[str, Factors] | None = None
+        self._lock = threading.Lock()
+
+    def names(self) -> dict[str, str]:
+        """Adapter name -> the folder it was loaded from."""
+        return dict(self._paths)
+
+    def load(self, name: str, path: str) -> None:
+        """Load the peft adapter folder at `path` under `name` (replacing one of that name). Raises
+        ValueError in one line for a bad name, folder or adapter, or past the limit."""
+        if not NAME.match(name):
+            raise ValueError(f"adapter name {name!r}: letters, digits and . _ : / - only, at most 128 characters")
+        if name not in self._adapters and len(self._adapters) >= self.limit:
+            raise ValueError(
+                f"adapter {name}: this engine holds {self.limit} adapters already ({', '.join(sorted(self._paths))}); "
+                "unload one first"
+            )
+        factors = self._read(name, path)
+        with self._lock:
+            self._adapters[name], self._paths[name] = factors, path
+            for module in factors:
+                if module not in self._hooks:
+                    self._hooks[module] = self._linears[module].register_forward_hook(self._hook(module))
+
+    def unload(self, name: str) -> None:
+        if name not in self._adapters:
+            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._paths)) or 'none'})")
+        with self._lock:
+            del self._adapters[name], self._paths[name]
+            used = {m for factors in self._adapters.values() for m in factors}
+            for module in [m for m in self._hooks if m not in used]:
+                self._hooks.pop(module).remove()
+
+    @contextmanager
+    def active(self, name: str) -> Iterator[None]:
+        """Decode with adapter `name` (empty: the engine's own weights alone). KeyError in one line
+        for a name not loaded."""
+        if not name:
+            yield
+            return
+        factors = self._adapters.get(name)
+        if factors is None:
+            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._paths)) or 'none'})")
+        self._current = factors
+        try:
+            yield
+        finally:
+            self._current = None
+
+    def _hook(self, module: str):
+        def add(_: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+            current = self._current
+            f = None if current is None else current.get(module)
+            if f is None:
+                return None
+            return out + F.linear(F.linear(args[0], f.a), f.b) * f.scale
+
+        return add
+
+    def _read(self, name: str, path: str) -> dict[str, Factors]:
+        """The adapter at `path` as factors by module name, checked against the model."""
+        from safetensors.torch import load_file
+
+        config_file = os.path.join(path, "adapter_config.json")
+        weights_file = os.path.join(path, "adapter_model.safetensors")
+        if not (os.path.isfile(config_file) and os.path.isfile(weights_file)):
+            raise ValueError(
+                f"adapter {name}: '{path}' holds no adapter_config.json and adapter_model.safetensors "
+                "(give a folder peft's save_pretrained wrote)"
+            )
+        with open(config_file) as f:
+            config = json.load(f)
+        unsupported = [
+            what for what, on in (
+                ("a peft_type other than LORA", config.get("peft_type", "LORA") != "LORA"),
+                ("DoRA", bool(config.get("use_dora"))), ("rank_pattern", bool(config.get("rank_pattern"))),
+                ("alpha_pattern", bool(config.get("alpha_pattern"))),
+                ("modules_to_save", bool(config.get("modules_to_save"))),
+                ("trained biases", config.get("bias", "none") != "none"),
+            ) if on
+        ]  # fmt: skip
+        if unsupported:
+            raise ValueError(f"adapter {name}: '{path}' uses {', '.join(unsupported)}; engines serve plain LoRA adapters")
+        rank = int(config["r"])
+        scale = config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
+        pairs: dict[str, dict[str, torch.Tensor]] = {}
+        for key, tensor in load_file(weights_file).items():
+            module, _, factor = key.removeprefix(PREFIX).rpartition(".lora_")
+            pairs.setdefault(module, {})[factor.split(".")[0]] = tensor
+        weight = next(iter(self.model.parameters()))
+        out: dict[str, Factors] = {}
+        for module, pair in pairs.items():
+            linear = self._linears.get(module)
+            if linear is None or set(pair) != {"A", "B"}:
+                raise ValueError(f"adapter {name}: '{path}' adapts {module}, which is no linear layer of this model")
+            a, b = pair["A"], pair["B"]
+            if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
+                raise ValueError(
+                    f"adapter {name}: '{path}' does not fit this model at {module} (A {tuple(a.shape)}, "
+                    f"B {tuple(b.shape)}; the layer is {linear.out_features}x{linear.in_features})"
+                )
+            out[module] = Factors(a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), scale)
+        if not out:
+            raise ValueError(f"adapter {name}: '{path}' holds no LoRA factors")
+        return out

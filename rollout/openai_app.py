@@ -1,0 +1,95 @@
+"""The OpenAI-compatible door's web layer: the FastAPI application that serves an OpenAIDoor
+(openai_door.py: what each request means), its routes and every answer in OpenAI's shape, errors
+included. FastAPI is imported only when a worker serves the door (`pip install 'rlcore[http]'`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .openai_door import DoorError, OpenAIDoor, invalid
+from .openai_stream import sse_events
+
+log = logging.getLogger(__name__)
+
+
+def _json(raw: bytes) -> Any:
+    """The request's JSON body. Bytes that are not UTF-8 decode to lone surrogates, so that the
+    schema's text rule refuses them naming the parameter that holds them."""
+    try:
+        return json.loads(raw.decode("utf-8", "surrogateescape"))
+    except RecursionError:
+        raise invalid("body", "nests deeper than the JSON parser allows") from None
+    except json.JSONDecodeError as e:
+        raise invalid("body", f"is not valid JSON (at character {e.pos})") from None
+
+
+def build_app(door: OpenAIDoor) -> FastAPI:
+    """The FastAPI application serving the door: every answer, errors included (a wrong route or
+    method, a body that is not JSON, anything unexpected), in OpenAI's shape."""
+    app = FastAPI(title="rlcore rollout worker (OpenAI-compatible)", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        what = {
+            404: f"no route {request.url.path}",
+            405: f"{request.method} is not served on {request.url.path}",
+        }
+        error = DoorError(e.status_code, what.get(e.status_code, str(e.detail)), kind="invalid_request_error")
+        return JSONResponse(error.body(), status_code=e.status_code)
+
+    async def handle(request: Request, fn: Any, *args: Any) -> Any:
+        """`fn`'s answer to the request's body (JSON, or its events with stream: true); None: the
+        GET `args[0]()` answers, or the model list."""
+        try:
+            door.check_token(request.headers.get("authorization"))
+            if fn is None:
+                return JSONResponse(args[0]() if args else door.models())
+            body = _json(await request.body())
+            result = await run_in_threadpool(fn, body, *args)
+            if body.get("stream"):  # checked by `fn`: a finished answer, sent as OpenAI's events
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return StreamingResponse(sse_events(result, usage), media_type="text/event-stream")
+            return JSONResponse(result)
+        except DoorError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        except Exception:  # a bug: said in OpenAI's shape, never as a bare 500 text
+            log.exception("OpenAI door: %s %s failed", request.method, request.url.path)
+            error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
+            return JSONResponse(error.body(), status_code=500)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        return await handle(request, None, lambda: {"status": "ok", "model": door.model_name})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        return await handle(request, None)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> JSONResponse:
+        return await handle(request, None, lambda: door.model(model_id))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, x_episode_id: str | None = Header(None)) -> Any:
+        return await handle(request, door.completions, x_episode_id)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request, x_episode_id: str | None = Header(None)) -> Any:
+        return await handle(request, door.chat, x_episode_id)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_adapter(request: Request) -> Any:
+        return await handle(request, door.load_adapter)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_adapter(request: Request) -> Any:
+        return await handle(request, door.unload_adapter)
+
+    return app
