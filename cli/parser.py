@@ -199,13 +199,25 @@ def _add_rollout_parser(commands: Any) -> None:
         "before the launch that serves it; default 300 s, as control.worker_start_timeout)",
     )  # fmt: skip
     serve.add_argument("--index", type=int, default=-1, help="worker index given by the launcher")
+    _add_lora_args(serve)
+    _add_door_args(serve)
+    _add_server_args(serve)
+
+
+def _add_lora_args(serve: argparse.ArgumentParser) -> None:
+    """`rlcore rollout serve`'s LoRA adapters held beside the weights (rollout/engines/adapters.py)."""
     serve.add_argument(
         "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
         help="LoRA adapters (peft folders) to hold beside the weights, each chosen by requests naming it "
-        "(sampling.adapter, the HTTP door's model); hf engine",
+        "(sampling.adapter, the HTTP door's model)",
     )  # fmt: skip
-    _add_door_args(serve)
-    _add_server_args(serve)
+    serve.add_argument(
+        "--max-loras", type=int, default=None, metavar="N",
+        help="LoRA adapters the engine may hold at once (default: hf 8; vllm 0, which holds none: give N to serve any)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-lora-rank", type=int, default=None, metavar="R", help="the largest adapter rank vLLM makes room for (vllm; default 16)"
+    )
 
 
 def _add_door_args(serve: argparse.ArgumentParser) -> None:

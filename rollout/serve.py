@@ -102,11 +102,13 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         return f"--http-port must be a port number (0 to 65535, 0: any free one); got {args.http_port}"
     for name in ("max_model_len", "max_batch_size", "max_message_mb", "tensor_parallel_size", "http_max_n",
-                 "http_max_request_tokens"):  # fmt: skip
+                 "http_max_request_tokens", "max_lora_rank"):  # fmt: skip
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}"
     if not 0 <= args.http_batch_wait_ms <= 1000:
         return f"--http-batch-wait-ms must be in [0, 1000]; got {args.http_batch_wait_ms}"
+    if args.max_loras is not None and args.max_loras < 0:
+        return f"--max-loras must be >= 0; got {args.max_loras}"
     for module in args.lora_modules:
         name, eq, path = module.partition("=")
         if not (eq and name and path):
@@ -207,7 +209,10 @@ def _engine_spec(args: argparse.Namespace) -> EngineSpec:
         "enforce_eager": args.enforce_eager, "seed": args.seed, "service_url": args.service_url,
         "service_model": args.service_model, "service_key_env": args.service_key_env,
     }  # fmt: skip
-    return EngineSpec(args.engine, args.model, args.device, args.dtype, args.max_model_len, args.max_batch_size, options)
+    own = {name: getattr(args, name) for name in ("max_loras", "max_lora_rank") if getattr(args, name) is not None}
+    return EngineSpec(
+        args.engine, args.model, args.device, args.dtype, args.max_model_len, args.max_batch_size, options, own
+    )
 
 
 def serve_main(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ from megatron.core.tensor_parallel.mappings import (
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ...core.config.schema import LoraConfig
+from ...core.lora_files import read_factors, unsupported
 from ...core.strategy_capabilities import MEGATRON_LORA_TARGETS
 from ..common.lora import BASE_WEIGHT, PREFIX, LoraLayout, fresh_factor
 from .full_tensors import FullTensors
@@ -157,33 +158,40 @@ def _peft_config(cfg: LoraConfig, targets: list[str], model_path: str) -> dict[s
 
 def _saved(cfg: LoraConfig, dims: ModelDims) -> Adapter:
     """The peft adapter folder at `cfg.path`."""
-    from safetensors.torch import load_file
-
     assert cfg.path is not None
     where = "model.lora_configs[0].path"
     with open(os.path.join(cfg.path, "adapter_config.json")) as f:
         config = json.load(f)
-    patterns = [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
-    if patterns or config.get("lora_dropout") or config.get("layers_to_transform"):
+    beyond = unsupported(config) + [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
+    beyond += ["lora_dropout"] if config.get("lora_dropout") else []
+    if beyond:
         raise ValueError(
-            f"{where}: the adapter at '{cfg.path}' uses "
-            f"{', '.join(patterns or ['lora_dropout' if config.get('lora_dropout') else 'layers_to_transform'])}; "
-            "megatron's adapters take one rank and alpha, no dropout: use --strategy fsdp2"
+            f"{where}: the adapter at '{cfg.path}' uses {', '.join(beyond)}; megatron's adapters are plain LoRA "
+            "of one rank and alpha, without dropout: use --strategy fsdp2"
         )
-    weights = load_file(os.path.join(cfg.path, "adapter_model.safetensors"))
-    factors: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in weights.items():
-        layer, _, factor = key.removeprefix(PREFIX).rpartition(".lora_")
-        factors.setdefault(layer, {})[factor.split(".")[0]] = tensor.float()
-    _check_targets({layer.rsplit(".", 1)[-1] for layer in factors}, where)
+    try:
+        factors = read_factors(os.path.join(cfg.path, "adapter_model.safetensors"))
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{where}: the adapter at '{cfg.path}' {e}") from None
+    parts = {layer.rsplit(".", 1)[-1] for layer in factors}
+    _check_targets(parts, where)
+    missing = sorted(
+        name for layer in range(dims.num_layers) for linear in LINEARS for part in linear.parts
+        if part in parts and (name := hf_layer(layer, linear, part)) not in factors
+    )  # fmt: skip
+    if missing:  # megatron's checkpoints hold a projection's factors for every layer at once
+        raise ValueError(
+            f"{where}: the adapter at '{cfg.path}' leaves out {missing[0]}; megatron's adapters sit on a projection "
+            "in every layer or in none: use --strategy fsdp2"
+        )
     rank = config["r"]
-    for layer, pair in factors.items():
+    for layer, (a, b) in factors.items():
         out, fan_in = part_shape(layer.rsplit(".", 1)[-1], dims)
-        if set(pair) != {"A", "B"} or pair["A"].shape != (rank, fan_in) or pair["B"].shape != (out, rank):
+        if a.shape != (rank, fan_in) or b.shape != (out, rank):
             raise ValueError(f"{where}: the adapter at '{cfg.path}' does not fit the model at {layer}")
     scale = config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
     ordered = {
-        name: (factors[name]["A"], factors[name]["B"])
+        name: (factors[name][0].float(), factors[name][1].float())
         for layer in range(dims.num_layers) for linear in LINEARS for part in linear.parts
         if (name := hf_layer(layer, linear, part)) in factors
     }  # fmt: skip
@@ -248,6 +256,13 @@ class LoraLinear(torch.nn.Module):
         )
 
 
+def _needs_grad(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """The frozen embedding's output as a tensor that takes a gradient: megatron's activation
+    recompute (a reentrant autograd Function) gives its layers' outputs a gradient only when an input
+    has one, and the adapters inside them are no input of it (HF's enable_input_require_grads)."""
+    return output if output.requires_grad else output.detach().requires_grad_()
+
+
 def is_adapter_key(key: str) -> bool:
     return KEY in key
 
@@ -257,6 +272,8 @@ class MegatronLora:
 
     def __init__(self, module: GPTModel, adapter: Adapter, full: FullTensors, dtype: torch.dtype):
         module.requires_grad_(False)
+        if getattr(module, "pre_process", False):  # the first stage: its embedding, frozen, has no grad
+            module.embedding.register_forward_hook(_needs_grad)
         dims, device = full.dims, full.device
         self.full, self.dtype, self.name, self.switch = full, dtype, adapter.name, {"on": True}
         self.shapes = {layer: (tuple(a.shape), tuple(b.shape)) for layer, (a, b) in adapter.factors.items()}

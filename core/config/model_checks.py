@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Sequence
 
+from ..lora_files import unsupported
 from ..strategy_capabilities import MEGATRON_LORA_TARGETS, has, strategies_with
 from .errors import ConfigError
 from .schema import LoraConfig, MegatronConfig, RLCoreConfig
@@ -284,15 +285,19 @@ def _check_megatron_lora(cfg: RLCoreConfig, lora: LoraConfig, check_paths: bool)
             saved = json.load(f)
     where = "model.lora_configs[0]" + (".path" if saved else "")
     targets = saved.get("target_modules", lora.target_modules) if saved else lora.target_modules
+    if saved and isinstance(targets, str) and targets != "all-linear":
+        targets = ()  # peft's regex: the strategy reads the layers from the adapter's weights
     names = {targets} if isinstance(targets, str) else set(targets or ())
     unknown = sorted(names - {"all-linear", *MEGATRON_LORA_TARGETS})
     dropout = saved.get("lora_dropout", 0.0) if saved else lora.lora_dropout
-    patterns = [k for k in ("rank_pattern", "alpha_pattern", "layers_to_transform") if saved.get(k)]
+    patterns = [k for k in ("rank_pattern", "alpha_pattern") if saved.get(k)]
+    layers = [k for k in ("layers_to_transform", "layers_pattern", "exclude_modules") if saved.get(k)]
     refused = [
         what for what, on in (
             (f"target_modules {', '.join(unknown)} (its adapters sit on {', '.join(MEGATRON_LORA_TARGETS)})", unknown),
             (f"lora_dropout {dropout} (its adapters apply no dropout)", dropout),
             (f"{', '.join(patterns)} (its adapters take one rank and alpha)", patterns),
+            (f"{', '.join(layers)} (its adapters sit on a projection in every layer or in none)", layers),
         ) if on
     ]  # fmt: skip
     if refused:
@@ -343,17 +348,10 @@ def _check_adapter(lora: LoraConfig, path: str, check_paths: bool) -> None:
         )
     with open(config_file) as f:
         saved = json.load(f)
-    unsupported = [
-        what for what, on in (
-            ("a peft_type other than LORA", saved.get("peft_type", "LORA") != "LORA"),
-            ("DoRA (use_dora)", bool(saved.get("use_dora"))),
-            ("modules_to_save", bool(saved.get("modules_to_save"))),
-            (f"bias '{saved.get('bias')}'", saved.get("bias", "none") != "none"),
-        ) if on
-    ]  # fmt: skip
-    if unsupported:
+    beyond = unsupported(saved)
+    if beyond:
         raise ConfigError(
-            f"{path}.path: the adapter at '{lora.path}' uses {', '.join(unsupported)}; rlcore trains plain LoRA "
+            f"{path}.path: the adapter at '{lora.path}' uses {', '.join(beyond)}; rlcore trains plain LoRA "
             "adapters (r, alpha, dropout, target modules)"
         )
 

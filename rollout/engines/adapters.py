@@ -4,7 +4,8 @@ them, as vLLM serves `--lora-modules` (the door's `model` name, a Generate or Ru
 sampling.adapter select one).
 
 An adapter is a folder peft's save_pretrained wrote (adapter_config.json, adapter_model.safetensors),
-loaded under a name. Its factors sit on the model's device in the model's dtype; while a request
+loaded under a name. On the vLLM engine vLLM's own LoRA serving holds them (vllm.py); here, for the
+HF engine, ResidentAdapters does. Its factors sit on the model's device in the model's dtype; while a request
 with its name decodes, a forward hook on each adapted linear layer adds scale * B (A x) to the
 layer's output, so the engine's own weights are never touched (a weight sync and adapters coexist:
 an adapter applies to whatever base the engine holds). The same sum as the merged weight
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-PREFIX = "base_model.model."
-"""What peft puts in front of the model's own module names in a saved adapter."""
+from ...core.lora_files import read_factors, unsupported
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 """An adapter's name: what a request's `model` or sampling.adapter says."""
 
@@ -36,6 +37,37 @@ class Factors:
     a: torch.Tensor
     b: torch.Tensor
     scale: float
+
+
+def check_name(name: str) -> None:
+    if not NAME.match(name):
+        raise ValueError(f"adapter name {name!r}: letters, digits and . _ : / - only, at most 128 characters")
+
+
+def adapter_config(name: str, path: str) -> dict:
+    """The adapter folder's adapter_config.json, checked to be a plain LoRA adapter (what every engine
+    serves): ValueError in one line otherwise."""
+    config_file = os.path.join(path, "adapter_config.json")
+    if not (os.path.isfile(config_file) and os.path.isfile(os.path.join(path, "adapter_model.safetensors"))):
+        raise ValueError(
+            f"adapter {name}: '{path}' holds no adapter_config.json and adapter_model.safetensors "
+            "(give a folder peft's save_pretrained wrote)"
+        )
+    with open(config_file) as f:
+        config = json.load(f)
+    beyond = unsupported(config) + [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
+    if beyond:
+        raise ValueError(f"adapter {name}: '{path}' uses {', '.join(beyond)}; engines serve plain LoRA adapters")
+    return config
+
+
+def check_room(name: str, held: dict[str, str], limit: int) -> None:
+    """ValueError in one line when adapter `name` would be one more than `limit` held."""
+    if name not in held and len(held) >= limit:
+        raise ValueError(
+            f"adapter {name}: this engine holds {limit} adapters already ({', '.join(sorted(held)) or 'none'}); "
+            "unload one first, or start it with room for more (--max-loras, engine_options.max_loras)"
+        )
 
 
 class ResidentAdapters:
@@ -57,13 +89,8 @@ class ResidentAdapters:
     def load(self, name: str, path: str) -> None:
         """Load the peft adapter folder at `path` under `name` (replacing one of that name). Raises
         ValueError in one line for a bad name, folder or adapter, or past the limit."""
-        if not NAME.match(name):
-            raise ValueError(f"adapter name {name!r}: letters, digits and . _ : / - only, at most 128 characters")
-        if name not in self._adapters and len(self._adapters) >= self.limit:
-            raise ValueError(
-                f"adapter {name}: this engine holds {self.limit} adapters already ({', '.join(sorted(self._paths))}); "
-                "unload one first"
-            )
+        check_name(name)
+        check_room(name, self._paths, self.limit)
         factors = self._read(name, path)
         with self._lock:
             self._adapters[name], self._paths[name] = factors, path
@@ -108,47 +135,23 @@ class ResidentAdapters:
 
     def _read(self, name: str, path: str) -> dict[str, Factors]:
         """The adapter at `path` as factors by module name, checked against the model."""
-        from safetensors.torch import load_file
-
-        config_file = os.path.join(path, "adapter_config.json")
-        weights_file = os.path.join(path, "adapter_model.safetensors")
-        if not (os.path.isfile(config_file) and os.path.isfile(weights_file)):
-            raise ValueError(
-                f"adapter {name}: '{path}' holds no adapter_config.json and adapter_model.safetensors "
-                "(give a folder peft's save_pretrained wrote)"
-            )
-        with open(config_file) as f:
-            config = json.load(f)
-        unsupported = [
-            what for what, on in (
-                ("a peft_type other than LORA", config.get("peft_type", "LORA") != "LORA"),
-                ("DoRA", bool(config.get("use_dora"))), ("rank_pattern", bool(config.get("rank_pattern"))),
-                ("alpha_pattern", bool(config.get("alpha_pattern"))),
-                ("modules_to_save", bool(config.get("modules_to_save"))),
-                ("trained biases", config.get("bias", "none") != "none"),
-            ) if on
-        ]  # fmt: skip
-        if unsupported:
-            raise ValueError(f"adapter {name}: '{path}' uses {', '.join(unsupported)}; engines serve plain LoRA adapters")
+        config = adapter_config(name, path)
         rank = int(config["r"])
         scale = config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
-        pairs: dict[str, dict[str, torch.Tensor]] = {}
-        for key, tensor in load_file(weights_file).items():
-            module, _, factor = key.removeprefix(PREFIX).rpartition(".lora_")
-            pairs.setdefault(module, {})[factor.split(".")[0]] = tensor
+        try:
+            pairs = read_factors(os.path.join(path, "adapter_model.safetensors"))
+        except (ValueError, OSError) as e:
+            raise ValueError(f"adapter {name}: '{path}' {e}") from None
         weight = next(iter(self.model.parameters()))
         out: dict[str, Factors] = {}
-        for module, pair in pairs.items():
+        for module, (a, b) in pairs.items():
             linear = self._linears.get(module)
-            if linear is None or set(pair) != {"A", "B"}:
+            if linear is None:
                 raise ValueError(f"adapter {name}: '{path}' adapts {module}, which is no linear layer of this model")
-            a, b = pair["A"], pair["B"]
             if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
                 raise ValueError(
                     f"adapter {name}: '{path}' does not fit this model at {module} (A {tuple(a.shape)}, "
                     f"B {tuple(b.shape)}; the layer is {linear.out_features}x{linear.in_features})"
                 )
             out[module] = Factors(a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), scale)
-        if not out:
-            raise ValueError(f"adapter {name}: '{path}' holds no LoRA factors")
         return out

@@ -61,7 +61,9 @@ class HFEngine(RolloutEngine):
         max_model_len: int | None = None,
         max_batch_size: int = 256,
         enforce_eager: bool = False,
+        max_loras: int = 8,
     ):
+        """`max_loras`: LoRA adapters it may hold beside its weights (adapters.py; 0: none)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got '{dtype}'")
         self.device = torch.device(device)
@@ -76,7 +78,7 @@ class HFEngine(RolloutEngine):
         # taken once, stays valid; a state_dict() walk per sync cost more than small models' copies.
         self._weights: dict[str, torch.Tensor] = self.model.state_dict()
         self._adapter_bases: dict[str, torch.Tensor] = {}  # what adapter-only syncs merge into
-        self.adapters = ResidentAdapters(self.model)
+        self.adapters = ResidentAdapters(self.model, max_loras)
         eos_ids = stop_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
         self.eos_token_ids = eos_ids
         pad = self.tokenizer.pad_token_id

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import Completion, SamplingParams
+from .adapters import adapter_config, check_name, check_room
 from .base import (
     RolloutEngine,
     copy_completion,
@@ -79,6 +80,23 @@ def import_vllm() -> Any:
     return vllm
 
 
+def _check_settings(
+    dtype: str, device: str, in_process: bool, tensor_parallel_size: int, enable_sleep_mode: bool
+) -> None:
+    """ValueError in one line for settings the vllm engine cannot take together."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got '{dtype}'")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda for the vllm engine; got '{device}'")
+    if in_process and tensor_parallel_size > 1:
+        raise ValueError(
+            "explorer.rollout_model.tensor_parallel_size must be 1 for an in-process vLLM engine "
+            f"(mode colocate); got {tensor_parallel_size}"
+        )
+    if enable_sleep_mode and device != "cuda":
+        raise ValueError("explorer.rollout_model.enable_sleep_mode needs cluster.device=cuda (vLLM sleeps GPU memory)")
+
+
 class VLLMEngine(RolloutEngine):
     """A vLLM `LLM` serving token-id prompts; `max_batch_size` bounds the sequences run together."""
 
@@ -98,20 +116,12 @@ class VLLMEngine(RolloutEngine):
         enable_sleep_mode: bool = False,
         in_process: bool = False,
         seed: int = 0,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
     ):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got '{dtype}'")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda for the vllm engine; got '{device}'")
-        if in_process and tensor_parallel_size > 1:
-            raise ValueError(
-                "explorer.rollout_model.tensor_parallel_size must be 1 for an in-process vLLM engine "
-                f"(mode colocate); got {tensor_parallel_size}"
-            )
-        if enable_sleep_mode and device != "cuda":
-            raise ValueError(
-                "explorer.rollout_model.enable_sleep_mode needs cluster.device=cuda (vLLM sleeps GPU memory)"
-            )
+        """`max_loras` > 0: vLLM's LoRA serving holds up to that many adapters beside the weights, of
+        rank at most `max_lora_rank` (load_adapter; requests pick one by SamplingParams.adapter)."""
+        _check_settings(dtype, device, in_process, tensor_parallel_size, enable_sleep_mode)
         vllm = import_vllm()
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -145,6 +155,11 @@ class VLLMEngine(RolloutEngine):
             options["kv_cache_memory_bytes"] = _kv_cache_bytes(config, dtype, max_batch_size, max_model_len)
         else:
             options["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_loras > 0:
+            options.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
+        self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
+        self._loras: dict[str, tuple[Any, str]] = {}  # name -> (vLLM's LoRARequest, folder)
+        self._lora_ids = 0
         self.llm = vllm.LLM(
             model_path,
             dtype=dtype,
@@ -228,10 +243,10 @@ class VLLMEngine(RolloutEngine):
 
             torch.set_num_threads(torch.get_num_threads())
         if self.interrupt is not None:
-            stepped = self._stepped(prompt_token_ids, params, detokenize)
+            stepped = self._stepped(prompt_token_ids, params, detokenize, sampling)
         else:
             prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora(sampling.adapter))
             stepped = [
                 [self._completion(ids, c, detokenize) for c in sorted(out.outputs, key=lambda c: c.index)]
                 for ids, out in zip(prompt_token_ids, outputs, strict=True)
@@ -244,7 +259,7 @@ class VLLMEngine(RolloutEngine):
         return results
 
     def _stepped(
-        self, prompt_token_ids: list[list[int]], params: list[Any], detokenize: bool
+        self, prompt_token_ids: list[list[int]], params: list[Any], detokenize: bool, sampling: SamplingParams
     ) -> list[list[Completion]]:
         """`generate` with the engine stepped here, so that a set `interrupt` ends the call between two
         steps: the requests not finished are aborted and come back with their tokens so far, finish
@@ -254,7 +269,7 @@ class VLLMEngine(RolloutEngine):
 
         from vllm.sampling_params import RequestOutputKind
 
-        engine, requests = self.llm.llm_engine, {}
+        engine, requests, lora = self.llm.llm_engine, {}, self._lora(sampling.adapter)
         for i, (ids, p) in enumerate(zip(prompt_token_ids, params, strict=True)):
             for j in range(p.n):
                 one = p.clone()
@@ -262,7 +277,7 @@ class VLLMEngine(RolloutEngine):
                 one.seed = None if p.seed is None else p.seed + j
                 self._requests += 1
                 request_id = f"rlcore-{self._requests}"
-                engine.add_request(request_id, {"prompt_token_ids": list(ids)}, one)
+                engine.add_request(request_id, {"prompt_token_ids": list(ids)}, one, lora_request=lora)
                 requests[request_id] = SimpleNamespace(
                     prompt=i, token_ids=[], logprobs=[], text="", finish_reason=None
                 )
@@ -285,6 +300,52 @@ class VLLMEngine(RolloutEngine):
             c.finish_reason = "interrupted" if request_id in unfinished else c.finish_reason
             results[so_far.prompt].append(c)
         return results
+
+    # ------------------------------------------------------------------------------------------
+    # LoRA adapters beside the weights (vLLM's LoRA serving; adapters.py for the checks)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        check_name(name)
+        if self.max_loras == 0:
+            raise ValueError(
+                f"adapter {name}: this vllm engine was started without room for LoRA adapters; start it with "
+                "--max-loras N (engine_options.max_loras)"
+            )
+        check_room(name, self.adapter_names(), self.max_loras)
+        rank = int(adapter_config(name, path).get("r", 0))
+        if rank > self.max_lora_rank:
+            raise ValueError(
+                f"adapter {name}: rank {rank} is above this engine's max_lora_rank {self.max_lora_rank} "
+                "(--max-lora-rank, engine_options.max_lora_rank)"
+            )
+        self._lora_ids += 1
+        request = LoRARequest(name, self._lora_ids, os.path.abspath(path))
+        try:
+            self.llm.llm_engine.add_lora(request)
+        except Exception as e:  # vLLM's own refusal (the adapter does not fit this model)
+            raise ValueError(f"adapter {name}: vLLM cannot load '{path}': {' '.join(str(e).split())[:300]}") from None
+        if name in self._loras:
+            self.llm.llm_engine.remove_lora(self._loras[name][0].lora_int_id)
+        self._loras[name] = (request, path)
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self._loras:
+            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._loras)) or 'none'})")
+        request, _ = self._loras.pop(name)
+        self.llm.llm_engine.remove_lora(request.lora_int_id)
+
+    def adapter_names(self) -> dict[str, str]:
+        return {name: path for name, (_, path) in self._loras.items()}
+
+    def _lora(self, name: str) -> Any:
+        """vLLM's request for adapter `name` (None: the engine's own weights)."""
+        if not name:
+            return None
+        if name not in self._loras:
+            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._loras)) or 'none'})")
+        return self._loras[name][0]
 
     def _completion(self, prompt: list[int], c: Any, detokenized: bool) -> Completion:
         tokens = list(c.token_ids)

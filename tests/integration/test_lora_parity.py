@@ -32,8 +32,9 @@ CASES = {
     "fsdp2-1": ("fsdp2", 1, []),
     "fsdp2-2": ("fsdp2", 2, []),
     # megatron's adapters split over two tensor-parallel ranks (backends/megatron/lora.py's column-
-    # and row-parallel factors), and over two pipeline stages (the factors each stage holds)
-    "megatron-tp2": ("megatron", 2, ["megatron.tensor_model_parallel_size=2"]),
+    # and row-parallel factors; with activation recompute, whose layers see a frozen embedding's
+    # output), and over two pipeline stages (the factors each stage holds)
+    "megatron-tp2": ("megatron", 2, ["megatron.tensor_model_parallel_size=2", "gradient_checkpointing=true"]),
     "megatron-pp2": ("megatron", 2, ["megatron.pipeline_model_parallel_size=2"]),
 }
 RESUMED = ["fsdp-1", "fsdp2-2", "megatron-tp2"]

@@ -161,3 +161,29 @@ def test_a_bad_lora_module_stops_the_worker_in_one_line(bpe_model_path, tmp_path
         )  # fmt: skip
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_vllm_worker_serves_adapters_through_vllm_lora(bpe_model_path, folders, tmp_path: Path) -> None:
+    """vLLM's own LoRA serving (--max-loras): each adapter's greedy tokens are its merged model's on
+    the HF engine, the worker's own weights the base's; an engine started without room refuses."""
+    from rlcore.rollout.engines.hf import HFEngine
+
+    from .vllm_support import require_vllm
+
+    require_vllm()
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    with serving(bpe_model_path, tmp_path, "--engine", "vllm", "--max-loras", "2", "--lora-modules",
+                 f"alpha={folders['alpha'][0]}") as (address, _):  # fmt: skip
+        with RolloutClient(address, ClientOptions(token=TOKEN, timeout=120)) as client:
+            assert client.load_adapter("beta", folders["beta"][0]) == ["alpha", "beta"]
+            with pytest.raises(RpcError, match=r"adapter gamma: this engine holds 2 adapters already"):
+                client.load_adapter("gamma", folders["beta"][0])
+            for name, want_path in (("", bpe_model_path), ("alpha", folders["alpha"][1]), ("beta", folders["beta"][1])):
+                got = _greedy(client, dataclasses.replace(greedy, adapter=name))
+                assert [t for t, _ in got] == [t for t, _ in _greedy(HFEngine(want_path), greedy)], name
+            assert client.unload_adapter("alpha") == ["beta"]
+    (tmp_path / "plain").mkdir()
+    with serving(bpe_model_path, tmp_path / "plain", "--engine", "vllm") as (address, _):
+        with RolloutClient(address, ClientOptions(token=TOKEN, timeout=120)) as client:
+            with pytest.raises(RpcError, match=r"path: adapter beta: this vllm engine was started without room"):
+                client.load_adapter("beta", folders["beta"][0])

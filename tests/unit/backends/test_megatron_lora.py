@@ -81,3 +81,29 @@ def test_what_megatron_adapters_cannot_cover_is_refused_in_one_line(tiny_model_p
     with pytest.raises(ValueError, match=message) as err:
         load_adapter(cfg, tiny_model_path, dims, seed=0)
     assert "\n" not in str(err.value)
+
+
+def test_a_saved_adapter_megatron_cannot_hold_is_refused_in_one_line(tiny_model_path, tmp_path) -> None:
+    """An adapter on some layers only (peft's layers_to_transform: megatron's checkpoints hold a
+    projection's factors for every layer at once), and one with a trained bias beside its factors."""
+    from safetensors.torch import load_file, save_file
+
+    model = apply_lora(load_causal_lm(tiny_model_path), LoraConfig(lora_rank=4, target_modules=["q_proj"]), seed=0)
+    model.save_pretrained(str(tmp_path / "full"))
+    weights = load_file(str(tmp_path / "full" / "adapter_model.safetensors"))
+    dims = _dims(tiny_model_path)
+    for case, changed in (
+        ("partial", {k: v for k, v in weights.items() if ".layers.2." not in k}),
+        ("biased", {**weights, next(iter(weights)).replace("lora_A.weight", "lora_B.bias"): torch.zeros(4)}),
+    ):
+        folder = tmp_path / case
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text((tmp_path / "full" / "adapter_config.json").read_text())
+        save_file(changed, str(folder / "adapter_model.safetensors"))
+        message = {
+            "partial": r"leaves out model\.layers\.2\.self_attn\.q_proj; megatron's adapters sit on a projection in every layer",
+            "biased": r"holds base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_B\.bias, which is no plain LoRA factor",
+        }[case]  # fmt: skip
+        with pytest.raises(ValueError, match=r"^model\.lora_configs\[0\]\.path: the adapter at .*" + message) as err:
+            load_adapter(LoraConfig(path=str(folder)), tiny_model_path, dims, seed=0)
+        assert "\n" not in str(err.value)

@@ -56,6 +56,14 @@ def test_megatron_refuses_an_adapter_folder_with_per_layer_ranks(tmp_path) -> No
         resolve(tmp_path, f"model.lora_configs=[{{path: {adapter}}}]", strategy="megatron")
 
 
+def test_an_adapter_folder_with_trained_lora_biases_is_refused(tmp_path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_bias": true}')
+    with pytest.raises(ConfigError, match=r"model\.lora_configs\[0\]\.path: the adapter at .* uses lora_bias; rlcore"):
+        resolve(tmp_path, f"model.lora_configs=[{{path: {adapter}}}]")
+
+
 def test_an_adapter_folder_with_more_than_plain_lora_is_refused_at_load(tmp_path) -> None:
     adapter = tmp_path / "adapter"
     adapter.mkdir()
