@@ -33,10 +33,15 @@ def read_factors(weights_file: str) -> dict[str, tuple[torch.Tensor, torch.Tenso
     """Module name (the model's own) -> (A [r, in], B [out, r]) of every adapted layer, in the file's
     order. ValueError in one line for an entry that is no plain LoRA factor (a bias, DoRA's magnitude,
     an embedding's factors) or a layer with only one of its factors."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        weights = load_file(weights_file)
+    except SafetensorError as e:
+        raise ValueError(f"holds an adapter_model.safetensors that cannot be read ({e})") from None
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(weights_file).items():
+    for key, tensor in weights.items():
         match = FACTOR.match(key.removeprefix(PREFIX))
         if match is None:
             raise ValueError(f"holds {key}, which is no plain LoRA factor (lora_A.weight / lora_B.weight)")

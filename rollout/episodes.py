@@ -49,6 +49,8 @@ class Episode:
     conversations: list[Conversation] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
     touched: float = field(default_factory=time.monotonic)
+    adapter: str = ""
+    """The LoRA adapter its requests generated with (empty: the worker's own weights)."""
 
 
 class EpisodeRecorder:
@@ -83,11 +85,12 @@ class EpisodeRecorder:
         completion: Completion,
         history: Any,
         policy_version: int,
+        adapter: str = "",
     ) -> None:
         """Add one request's turn: `inserted` (the new turns' tokens, context) and the completion
         to the continued conversation, or a new conversation from `prompt`."""
         with self._lock:
-            episode = self._episodes.pop(episode_id, None) or Episode()
+            episode = self._episodes.pop(episode_id, None) or Episode(adapter=adapter)
             self._episodes[episode_id] = episode  # most recent last
             episode.touched = time.monotonic()
             if continued is None or not episode.conversations or episode.conversations[-1] is not continued:
@@ -106,6 +109,12 @@ class EpisodeRecorder:
             episode.policy_versions.append(policy_version)
             while len(self._episodes) > self.max_episodes:
                 self._episodes.popitem(last=False)
+
+    def adapter_of(self, episode_id: str) -> str | None:
+        """The adapter an episode's requests generated with; None for an episode not recorded."""
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        return None if episode is None else episode.adapter
 
     def finish(self, episode_id: str, reward: float, group_id: str) -> list[Experience] | None:
         """The episode's experiences (None for an unknown id); the record is dropped."""

@@ -35,5 +35,6 @@ class LoopbackDoor:
         os.environ[self.key_env] = secrets.token_hex(16)
         self.recorder = servicer.episodes
         door = OpenAIDoor(servicer, self.recorder, os.environ[self.key_env], self.model_name)
-        self.http = HttpDoor(build_app(door), "127.0.0.1", 0, self.model_name)
+        # a workflow's programs generate, with the worker's adapters too, but load or unload none
+        self.http = HttpDoor(build_app(door, manages_adapters=False), "127.0.0.1", 0, self.model_name)
         self.base_url = f"http://{self.http.address}/v1"

@@ -30,7 +30,7 @@ def _json(raw: bytes) -> Any:
         raise invalid("body", f"is not valid JSON (at character {e.pos})") from None
 
 
-def build_app(door: OpenAIDoor) -> FastAPI:
+def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
     """The FastAPI application serving the door: every answer, errors included (a wrong route or
     method, a body that is not JSON, anything unexpected), in OpenAI's shape."""
     app = FastAPI(title="rlcore rollout worker (OpenAI-compatible)", docs_url=None, redoc_url=None)
@@ -84,12 +84,14 @@ def build_app(door: OpenAIDoor) -> FastAPI:
     async def chat(request: Request, x_episode_id: str | None = Header(None)) -> Any:
         return await handle(request, door.chat, x_episode_id)
 
-    @app.post("/v1/load_lora_adapter")
-    async def load_adapter(request: Request) -> Any:
-        return await handle(request, door.load_adapter)
+    if manages_adapters:  # the worker's own door (not a workflow's loopback one)
 
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_adapter(request: Request) -> Any:
-        return await handle(request, door.unload_adapter)
+        @app.post("/v1/load_lora_adapter")
+        async def load_adapter(request: Request) -> Any:
+            return await handle(request, door.load_adapter)
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_adapter(request: Request) -> Any:
+            return await handle(request, door.unload_adapter)
 
     return app

@@ -34,6 +34,7 @@ from ..core.data.prompts import PromptFormat
 from ..core.rpc.convert import sampling_to_proto
 from ..core.rpc.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from ..core.types import Completion, SamplingParams
+from .engines.adapters import AdapterNotHeld
 from .episodes import EpisodeRecorder
 from .openai_schema import BodyError, check, check_id, shown
 from .server import RolloutServicer
@@ -129,6 +130,8 @@ class OpenAIDoor:
         """POST /v1/load_lora_adapter {"lora_name", "lora_path"} (vLLM's): hold that adapter; a
         request whose `model` is its name generates with it."""
         name, path = (self._text(body, key) for key in ("lora_name", "lora_path"))
+        if name == self.model_name:
+            raise invalid("lora_name", f"'{name}' is the model's own name here; give the adapter another")
         try:
             held = self.servicer.load_adapter(name, path)
         except InvalidArgument as e:
@@ -216,6 +219,8 @@ class OpenAIDoor:
             self.servicer.gate.count(sum(len(c.token_ids) for c in completions))
         except Unavailable as e:
             raise DoorError(503, str(e), kind="service_unavailable") from None
+        except AdapterNotHeld:  # unloaded since the request was checked
+            raise _not_served(sampling.adapter, self._served()) from None
         except ServiceError as e:
             raise DoorError(500, str(e), kind="server_error") from None
         return completions, version
@@ -248,8 +253,7 @@ class OpenAIDoor:
             raise invalid("prompt", "give one non-empty prompt: a string or a list of token ids")
         logprobs = body.get("logprobs")  # 0 or 1 (the schema): the sampled token's log-prob
         sampling = self.sampling(body, len(ids))
-        if episode and sampling.n != 1:
-            raise invalid("n", "a recorded episode is one conversation: n must be 1")
+        self._check_episode(episode, sampling)
         completions, version = self.generate(ids, sampling)
         choices = []
         for i, c in enumerate(completions):
@@ -267,8 +271,8 @@ class OpenAIDoor:
         if episode:
             c = completions[0]
             history = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)) + c.text
-            self.recorder.record(episode, continued, inserted, ids, c, history, version)
-        return self._response("text_completion", choices, ids, completions, version)
+            self.recorder.record(episode, continued, inserted, ids, c, history, version, sampling.adapter)
+        return self._response("text_completion", choices, ids, completions, version, sampling)
 
     # ------------------------------------------------------------------------------------------
     # /v1/chat/completions
@@ -306,8 +310,7 @@ class OpenAIDoor:
         except Exception as e:  # no chat template, or one that refuses these messages
             raise self._template_error(e) from None
         sampling = self.sampling(body, len(ids), "messages")
-        if episode and sampling.n != 1:
-            raise invalid("n", "a recorded episode is one conversation: n must be 1")
+        self._check_episode(episode, sampling)
         completions, version = self.generate(ids, sampling)
         choices = []
         for i, c in enumerate(completions):
@@ -328,8 +331,8 @@ class OpenAIDoor:
         if episode:
             c = completions[0]
             history = messages + [_comparable(choices[0]["message"])]
-            self.recorder.record(episode, continued, inserted, ids, c, history, version)
-        return self._response("chat.completion", choices, ids, completions, version)
+            self.recorder.record(episode, continued, inserted, ids, c, history, version, sampling.adapter)
+        return self._response("chat.completion", choices, ids, completions, version, sampling)
 
     # ------------------------------------------------------------------------------------------
     # helpers
@@ -340,6 +343,19 @@ class OpenAIDoor:
         if model_id not in served:
             raise _not_served(model_id, list(served))
         return served[model_id]
+
+    def _check_episode(self, episode: str | None, sampling: SamplingParams) -> None:
+        """A recorded episode is one conversation, with one model (the model or one adapter)."""
+        if not episode:
+            return
+        if sampling.n != 1:
+            raise invalid("n", "a recorded episode is one conversation: n must be 1")
+        held = self.recorder.adapter_of(episode)
+        if held is not None and held != sampling.adapter:
+            raise invalid(
+                "model", f"episode {shown(episode)} was recorded with '{held or self.model_name}'; an episode stays "
+                "on one model (give this request another episode id)",
+            )
 
     def _served(self) -> list[str]:
         """What a request's `model` may name: the model, then the adapters held."""
@@ -421,13 +437,14 @@ class OpenAIDoor:
         return [self.tokenizer.decode([t]) for t in token_ids]
 
     def _response(
-        self, kind: str, choices: list, prompt_ids: list[int], completions: list[Completion], version: int
-    ) -> dict[str, Any]:
+        self, kind: str, choices: list, prompt_ids: list[int], completions: list[Completion], version: int,
+        sampling: SamplingParams,
+    ) -> dict[str, Any]:  # fmt: skip
         """The response; `prompt_token_ids` and each choice's `token_ids` are rlcore's (vLLM's names)."""
         generated, prompt_len = sum(len(c.token_ids) for c in completions), len(prompt_ids)
         return {
             "id": f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}",
-            "object": kind, "created": int(time.time()), "model": self.model_name, "choices": choices,
+            "object": kind, "created": int(time.time()), "model": sampling.adapter or self.model_name, "choices": choices,
             "usage": {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated},
             "policy_version": version, "prompt_token_ids": prompt_ids,
         }  # fmt: skip

@@ -109,6 +109,8 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
         return f"--http-batch-wait-ms must be in [0, 1000]; got {args.http_batch_wait_ms}"
     if args.max_loras is not None and args.max_loras < 0:
         return f"--max-loras must be >= 0; got {args.max_loras}"
+    if args.engine_spec and (args.max_loras is not None or args.max_lora_rank is not None):
+        return "--max-loras and --max-lora-rank: a launch's --engine-spec sets the engine (engine_options.max_loras)"
     for module in args.lora_modules:
         name, eq, path = module.partition("=")
         if not (eq and name and path):

@@ -39,6 +39,7 @@ from ..proto.v1 import rollout_pb2, rollout_pb2_grpc
 from ..weights.receiver import WeightReceiver
 from .batching import BatchingEngine
 from .engines.adapters import NAME as ADAPTER_NAME
+from .engines.adapters import AdapterNotHeld
 from .engines.base import RolloutEngine
 from .episodes import EpisodeRecorder
 from .gate import GenerationGate
@@ -102,9 +103,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         sampling = self._sampling(request.sampling)
         prompts = self._prompts(request.prompts, sampling)
         with self.gate.admit():
-            with self._engine_lock:
-                results = self.engine.generate(prompts, sampling)
-                version = self.engine.policy_version
+            results, version = self._generate(prompts, sampling)
             self.gate.count(sum(len(c.token_ids) for samples in results for c in samples))
         return rollout_pb2.GenerateResponse(
             results=[
@@ -123,9 +122,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             for indices in self._chunks(len(prompts), sampling):
                 if not context.is_active():  # the caller left: do not generate for nobody
                     return
-                with self._engine_lock:
-                    results = self.engine.generate([prompts[i] for i in indices], sampling)
-                    version = self.engine.policy_version
+                results, version = self._generate([prompts[i] for i in indices], sampling)
                 self.gate.count(sum(len(c.token_ids) for samples in results for c in samples))
                 for i, samples in zip(indices, results, strict=True):
                     for s, c in enumerate(samples):
@@ -147,6 +144,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 experiences = sampled_at(
                     workflow.run([tasks[i] for i in indices], sampling, version), sampling
                 )
+            except AdapterNotHeld as e:  # unloaded since the request was checked
+                raise NotFound(f"sampling.adapter: {e}") from None
             except ValueError as e:  # a reward function refused a task (the engine's are validated)
                 raise InvalidArgument("workflow.reward_fn", str(e)) from e
             self.gate.count(sum(len(e.response_token_ids) for e in experiences))
@@ -156,6 +155,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     task_index=i,
                     experiences=[experience_to_proto(e) for ep in episodes[j * n : (j + 1) * n] for e in ep],
                 )
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> tuple[list[list[Any]], int]:
+        """One engine call under the engine lock: its completions and the weights' version."""
+        with self._engine_lock:
+            try:
+                return self.engine.generate(prompts, sampling), self.engine.policy_version
+            except AdapterNotHeld as e:  # unloaded since the request was checked
+                raise NotFound(f"sampling.adapter: {e}") from None
 
     def _chunks(self, num_prompts: int, sampling: SamplingParams) -> list[list[int]]:
         """Prompt indices per engine call of at most max_batch_size sequences (at least one prompt;

@@ -19,9 +19,10 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,17 @@ class Factors:
     scale: float
 
 
+class AdapterNotHeld(KeyError):
+    """A request or an unload names an adapter the engine does not hold (unloaded meanwhile)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def not_held(name: str, held: Iterable[str]) -> AdapterNotHeld:
+    return AdapterNotHeld(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(held)) or 'none'})")
+
+
 def check_name(name: str) -> None:
     if not NAME.match(name):
         raise ValueError(f"adapter name {name!r}: letters, digits and . _ : / - only, at most 128 characters")
@@ -53,8 +65,17 @@ def adapter_config(name: str, path: str) -> dict:
             f"adapter {name}: '{path}' holds no adapter_config.json and adapter_model.safetensors "
             "(give a folder peft's save_pretrained wrote)"
         )
-    with open(config_file) as f:
-        config = json.load(f)
+    try:
+        with open(config_file) as f:
+            config = json.load(f)
+        rank = int(config["r"])
+        float(config["lora_alpha"])
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, not an object, r or lora_alpha missing
+        raise ValueError(
+            f"adapter {name}: '{path}' has an adapter_config.json without a LoRA's r and lora_alpha ({e!r})"
+        ) from None
+    if rank < 1:
+        raise ValueError(f"adapter {name}: '{path}' has rank r={rank}")
     beyond = unsupported(config) + [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
     if beyond:
         raise ValueError(f"adapter {name}: '{path}' uses {', '.join(beyond)}; engines serve plain LoRA adapters")
@@ -100,7 +121,7 @@ class ResidentAdapters:
 
     def unload(self, name: str) -> None:
         if name not in self._adapters:
-            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._paths)) or 'none'})")
+            raise not_held(name, self._paths)
         with self._lock:
             del self._adapters[name], self._paths[name]
             used = {m for factors in self._adapters.values() for m in factors}
@@ -116,7 +137,7 @@ class ResidentAdapters:
             return
         factors = self._adapters.get(name)
         if factors is None:
-            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._paths)) or 'none'})")
+            raise not_held(name, self._paths)
         self._current = factors
         try:
             yield
@@ -143,11 +164,15 @@ class ResidentAdapters:
         except (ValueError, OSError) as e:
             raise ValueError(f"adapter {name}: '{path}' {e}") from None
         weight = next(iter(self.model.parameters()))
+        head: Any = getattr(self.model, "get_output_embeddings", lambda: None)()
+        tied = head is not None and head.weight is self.model.get_input_embeddings().weight  # type: ignore[operator]
         out: dict[str, Factors] = {}
         for module, (a, b) in pairs.items():
             linear = self._linears.get(module)
             if linear is None:
                 raise ValueError(f"adapter {name}: '{path}' adapts {module}, which is no linear layer of this model")
+            if tied and linear is head:  # merged, it would move the embedding too: served, it could not
+                raise ValueError(f"adapter {name}: '{path}' adapts {module}, which shares its weight with the embedding")
             if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
                 raise ValueError(
                     f"adapter {name}: '{path}' does not fit this model at {module} (A {tuple(a.shape)}, "

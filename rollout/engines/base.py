@@ -122,9 +122,11 @@ class RolloutEngine(ABC):
         self.adapters.load(name, path)
 
     def unload_adapter(self, name: str) -> None:
-        """Drop adapter `name` (KeyError in one line when it is not held)."""
+        """Drop adapter `name` (adapters.AdapterNotHeld when it is not held)."""
+        from .adapters import not_held
+
         if self.adapters is None:
-            raise KeyError(f"adapter {name} is not loaded here (the {type(self).__name__} serves none)")
+            raise not_held(name, ())
         self.adapters.unload(name)
 
     def adapter_names(self) -> dict[str, str]:

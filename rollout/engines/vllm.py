@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import Completion, SamplingParams
-from .adapters import adapter_config, check_name, check_room
+from .adapters import adapter_config, check_name, check_room, not_held
 from .base import (
     RolloutEngine,
     copy_completion,
@@ -57,6 +57,8 @@ log = logging.getLogger("rlcore.rollout.vllm")
 SUPPORTED_VLLM = ((0, 32), (0, 33))
 """vLLM versions rlcore is tested with: >= the first, < the second (pyproject's vllm extra)."""
 DTYPES = ("float32", "bfloat16", "float16")
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM takes."""
 WORKER_EXTENSION = "rlcore.rollout.engines.vllm_worker.RLCoreWorkerExtension"
 MIN_KV_CACHE_BYTES = 64 << 20
 
@@ -156,7 +158,10 @@ class VLLMEngine(RolloutEngine):
         else:
             options["gpu_memory_utilization"] = gpu_memory_utilization
         if max_loras > 0:
-            options.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
+            if max_lora_rank not in LORA_RANKS:
+                raise ValueError(f"max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's); got {max_lora_rank}")
+            # one more held on the CPU than served: replacing an adapter evicts no other (load_adapter)
+            options.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_loras + 1)
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self._loras: dict[str, tuple[Any, str]] = {}  # name -> (vLLM's LoRARequest, folder)
         self._lora_ids = 0
@@ -302,7 +307,9 @@ class VLLMEngine(RolloutEngine):
         return results
 
     # ------------------------------------------------------------------------------------------
-    # LoRA adapters beside the weights (vLLM's LoRA serving; adapters.py for the checks)
+    # LoRA adapters beside the weights (vLLM's LoRA serving; adapters.py for the checks). vLLM drops
+    # its loaded adapters when it reloads the weights (a sync) and reads each again from its folder
+    # at its next request: a held adapter's folder must stay in place while it is held.
 
     def load_adapter(self, name: str, path: str) -> None:
         from vllm.lora.request import LoRARequest
@@ -332,20 +339,21 @@ class VLLMEngine(RolloutEngine):
 
     def unload_adapter(self, name: str) -> None:
         if name not in self._loras:
-            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._loras)) or 'none'})")
+            raise not_held(name, self._loras)
         request, _ = self._loras.pop(name)
         self.llm.llm_engine.remove_lora(request.lora_int_id)
 
     def adapter_names(self) -> dict[str, str]:
-        return {name: path for name, (_, path) in self._loras.items()}
+        return {name: path for name, (_, path) in list(self._loras.items())}  # one step: a load may run
 
     def _lora(self, name: str) -> Any:
         """vLLM's request for adapter `name` (None: the engine's own weights)."""
         if not name:
             return None
-        if name not in self._loras:
-            raise KeyError(f"adapter {name} is not loaded here (loaded: {', '.join(sorted(self._loras)) or 'none'})")
-        return self._loras[name][0]
+        held = self._loras.get(name)
+        if held is None:
+            raise not_held(name, self._loras)
+        return held[0]
 
     def _completion(self, prompt: list[int], c: Any, detokenized: bool) -> Completion:
         tokens = list(c.token_ids)

@@ -157,5 +157,6 @@ class _Running:
         client = vf.EvalClientConfig(
             base_url=self.door.base_url, api_key_var=self.door.key_env, headers={"X-Episode-Id": episode_id}
         )
-        ctx = vf.ModelContext(model=self.door.model_name, client=client, sampling=vf.Sampling(**knobs))
+        model = sampling.adapter or self.door.model_name  # the door generates with the adapter so named
+        ctx = vf.ModelContext(model=model, client=client, sampling=vf.Sampling(**knobs))
         return await asyncio.wait_for(self.env.run_episode(task, ctx), self.timeout_s)

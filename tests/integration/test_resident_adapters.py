@@ -135,6 +135,16 @@ def test_the_door_serves_each_adapter_under_its_name(worker, folders) -> None:
             ((want,),) = client.generate([PROMPTS[1]], sampling).completions
             assert answer.choices[0].model_extra["token_ids"] == want.token_ids, name
 
+    answer = api.chat.completions.create(model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                         extra_body={"episode_id": "e1"})  # fmt: skip
+    assert answer.model == "beta"  # the answer names the adapter that generated it, as vLLM's does
+    with pytest.raises(openai.BadRequestError, match=r"episode 'e1' was recorded with 'beta'; an episode stays on one"):
+        api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                    extra_body={"episode_id": "e1"})  # fmt: skip
+    own = httpx.post(f"{worker[1]}/load_lora_adapter", headers=headers,
+                     json={"lora_name": "tiny", "lora_path": folders["beta"][0]}, timeout=60)  # fmt: skip
+    assert own.status_code == 400 and own.json()["error"]["param"] == "lora_name", own.text
+
     unloaded = httpx.post(f"{worker[1]}/unload_lora_adapter", headers=headers, json={"lora_name": "beta"}, timeout=60)
     assert unloaded.json()["adapters"] == ["alpha"]
     with pytest.raises(openai.NotFoundError, match=r"model 'beta' is not served here; this worker serves 'tiny', 'alpha'"):

@@ -56,6 +56,11 @@ def test_what_cannot_be_held_is_refused_in_one_line(bpe_model_path, tiny_model_p
         ("x", str(tmp_path / "none"), r"^adapter x: '.*none' holds no adapter_config\.json"),
         ("x", str(tmp_path / "other"), r"^adapter x: '.*other' does not fit this model at .*q_proj \(A \(2, 128\)"),
     ]
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "adapter_config.json").write_text((tmp_path / "other" / "adapter_config.json").read_text())
+    (corrupt / "adapter_model.safetensors").write_bytes(b"\x07\x00not a safetensors file")
+    cases.append(("x", str(corrupt), r"^adapter x: '.*corrupt' holds an adapter_model\.safetensors that cannot be read"))
     for name, path, message in cases:
         with pytest.raises(ValueError, match=message):
             engine.load_adapter(name, path)
