@@ -50,15 +50,22 @@ def test_strategy_matches_reference_on_cuda(case, dtype, reference, tiny_model_p
         tiny_model_path, strategy, ranks, sets, str(tmp_path),
         "--steps", str(STEPS), "--total-steps", str(STEPS), "--device", "cuda", "--dtype", dtype,
     )  # fmt: skip
+    follows(run, reference, dtype)
+    loss_tol = TOLERANCES[dtype][0]
+    for key in ("reference_logprob_diffs", "trained_reference_logprob_diffs"):  # an offloaded reference
+        assert max(run.result.get(key, [0.0])) <= loss_tol, (key, run.result[key])
+
+
+def follows(run, ref, dtype: str) -> None:
+    """`run` is within the dtype's TOLERANCES of the reference run `ref`: its first loss, every
+    gradient, its loss at every step."""
     loss_tol, grad_tol, curve_tol = TOLERANCES[dtype]
-    ref_losses, ref_grads, _ = reference
+    ref_losses, ref_grads, _ = ref
     assert abs(run.result["losses"][0] - ref_losses[0]) <= loss_tol, (run.result["losses"][0], ref_losses[0])
     worst, rel = _worst_relative(run.grads, ref_grads)
     assert rel <= grad_tol, f"gradient of {worst} differs by {rel:.3g} of its largest magnitude"
     diffs = [abs(a - b) for a, b in zip(run.result["losses"], ref_losses, strict=True)]
     assert max(diffs) <= curve_tol, diffs
-    for key in ("reference_logprob_diffs", "trained_reference_logprob_diffs"):  # an offloaded reference
-        assert max(run.result.get(key, [0.0])) <= loss_tol, (key, run.result[key])
 
 
 @pytest.mark.timeout(1800)
