@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from ..client.base import RpcError
 from ..core.config.schema import RLCoreConfig
-from .remote import GONE, RemoteRollout
+from .remote import LOST, RemoteRollout
 
 log = logging.getLogger("rlcore.loop")
 
@@ -96,7 +96,7 @@ class WorkerPool:
             try:
                 client.get_info(timeout=min(30.0, self.cfg.explorer.max_timeout))
             except RpcError as e:
-                if e.code.name not in GONE:
+                if e.code.name not in LOST:
                     raise
                 gone.append(client.address)
         self.rollout.forget(gone)

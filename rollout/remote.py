@@ -18,6 +18,10 @@ log = logging.getLogger("rlcore.explorer")
 
 GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 """Status codes of a worker that is not there (as opposed to one that answered with an error)."""
+LOST = (*GONE, "UNAUTHENTICATED")
+"""What a worker that served the run answers once it is gone: besides GONE, another server's refusal
+of the run's token, which took the dead worker's port (seen when tests run side by side). At a
+worker's joining, a refused token is the run's own error and fails it."""
 
 
 class NoWorkerAnswers(RuntimeError):
@@ -89,7 +93,7 @@ class RemoteRollout:
                 try:
                     future.result()
                 except RpcError as e:
-                    if e.code.name not in GONE:
+                    if e.code.name not in LOST:
                         raise  # the worker answered: bad input, a failing reward
                     self.drop(client, e)
                     failed.append(i)

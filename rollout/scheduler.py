@@ -34,7 +34,7 @@ from ..client.base import RpcError
 from ..client.rollout import RolloutClient
 from ..core.config.schema import RLCoreConfig
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
-from .remote import GONE, RemoteRollout
+from .remote import LOST, RemoteRollout
 
 log = logging.getLogger("rlcore.explorer")
 
@@ -202,7 +202,7 @@ class TaskScheduler:
         code = error.code.name
         if code == "INVALID_ARGUMENT":  # the worker refused the task itself: retrying cannot help
             raise error
-        if code in GONE and not self._answers(client):
+        if code in LOST and not self._answers(client):
             self.rollout.drop(client, error)
             self._send(unit)  # on another worker, not counted as a retry
             return
