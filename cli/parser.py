@@ -327,6 +327,11 @@ def _add_tinker_parser(commands: Any) -> None:
         help="training models held at once (each client's create_model is one; they take turns on the trainer)",
     )  # fmt: skip
     serve.add_argument(
+        "--max-model-mb", type=float, default=0.0,
+        help="the most weights and AdamW state (MB, float32) one model may train: a create_model asking for more "
+        "(a larger LoRA rank, full fine-tuning) is refused (0: no limit)",
+    )  # fmt: skip
+    serve.add_argument(
         "--keep-samplers", type=int, default=3,
         help="unnamed sampler weights (one per save_weights_and_get_sampling_client) kept per model; older ones "
         "are deleted",

@@ -34,6 +34,35 @@ def spec_of(base_model: str, lora: Any, base_path: str) -> ModelSpec:
     return ModelSpec(base_model, lora.rank, lora.train_attn, lora.train_mlp, lora.seed or 0, unembed)
 
 
+BYTES_PER_TRAINED = 12
+"""What one trained parameter holds while its model trains: a float32 master weight and AdamW's two
+float32 moments (the gradient comes and goes within a step)."""
+
+
+def state_mb(spec: ModelSpec, base_path: str) -> float:
+    """The weights and optimizer state a model trains (MB): a LoRA adapter's r x (in + out) per adapted
+    linear layer, or every parameter in full fine-tuning, counted on the base model built without
+    memory (meta tensors)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path))
+    if not spec.lora_rank:
+        return sum(p.numel() for p in model.parameters()) * BYTES_PER_TRAINED / 2**20
+    wanted = targets(spec)
+    names = set() if isinstance(wanted, str) else set(wanted)
+    every = wanted == "all-linear" or "all-linear" in names
+    head = model.get_output_embeddings()
+    count = sum(
+        spec.lora_rank * (m.in_features + m.out_features)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+        and (name.rsplit(".", 1)[-1] in names or (every and m is not head))
+    )
+    return count * BYTES_PER_TRAINED / 2**20
+
+
 def _tied(base_path: str) -> bool:
     """Whether the base model's unembedding (lm_head) shares its embedding's weight."""
     from transformers import AutoConfig

@@ -83,6 +83,8 @@ def serve_main(args: argparse.Namespace) -> int:
     for flag, value in (("--keep-samplers", args.keep_samplers), ("--max-models", args.max_models)):
         if value < 1:
             return usage_error(f"{flag}: must be >= 1; got {value}")
+    if args.max_model_mb < 0:
+        return usage_error(f"--max-model-mb: must be >= 0 (0: no limit); got {args.max_model_mb}")
     import torch
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -93,7 +95,7 @@ def serve_main(args: argparse.Namespace) -> int:
     trainer = TrainerClient(address, ClientOptions(token=token or None, timeout=3600))
     service = TinkerService(
         trainer, models, workdir, device, dtype, args.max_model_len, args.strategy, args.keep_samplers,
-        args.max_models,
+        args.max_models, args.max_model_mb,
     )
     listed = [{"model_name": n, "max_context_length": args.max_model_len, "trainable": True, "sampleable": True}
               for n in models]  # fmt: skip

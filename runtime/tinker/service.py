@@ -34,7 +34,7 @@ from ...core.config.loader import to_yaml
 from .access import CALLER, sees
 from .errors import NotFound, UserError
 from .losses import loss_sum, plan_loss, required_inputs, trainer_step
-from .models import model_config, spec_of
+from .models import model_config, spec_of, state_mb
 from .records import Checkpoint, ModelSpec, Records
 from .sampler import DROPPED, Sampler
 from .turns import TrainTurns
@@ -67,7 +67,9 @@ class TinkerService:
     def __init__(
         self, trainer: TrainerClient, base_models: dict[str, str], workdir: str, device: str, dtype: str,
         max_model_len: int, strategy: str, keep_samplers: int = UNNAMED_KEPT, max_models: int = MAX_MODELS,
+        max_model_mb: float = 0.0,
     ):  # fmt: skip
+        """`max_model_mb` > 0: the most weights and optimizer state one model may train (models.state_mb)."""
         self.trainer, self.base_models, self.workdir = trainer, base_models, os.path.abspath(workdir)
         self.device, self.dtype, self.max_model_len, self.strategy = device, dtype, max_model_len, strategy
         os.makedirs(self.workdir, exist_ok=True)
@@ -84,7 +86,7 @@ class TinkerService:
         self._engine_lock = threading.Lock()
         self.unnamed: dict[str, list[str]] = {}
         """model -> its unnamed sampler folders, oldest first."""
-        self.keep_samplers = keep_samplers
+        self.keep_samplers, self.max_model_mb = keep_samplers, max_model_mb
         self.turns = TrainTurns(
             trainer, self._configure, lambda m: self._save_as(m, "turn"), lambda why: Result(error=why), max_models
         )
@@ -153,6 +155,13 @@ class TinkerService:
         return self._train(model_id, None, run, creates=True)
 
     def _admit(self, model_id: str, spec: ModelSpec) -> None:
+        if self.max_model_mb and (mb := state_mb(spec, self.base_path(spec.base_model))) > self.max_model_mb:
+            what = f"a rank-{spec.lora_rank} adapter" if spec.lora_rank else "full fine-tuning"
+            raise UserError(
+                f"create_model: {what} of {spec.base_model} trains {mb:.1f} MB of weights and optimizer state; "
+                f"this server allows {self.max_model_mb:g} MB per model (rlcore tinker serve --max-model-mb): "
+                "ask for a lower rank"
+            )
         with self.lock:
             self.turns.admit(model_id, self.models)
             self.models[model_id] = spec

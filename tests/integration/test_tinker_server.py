@@ -132,6 +132,9 @@ def test_bad_requests_are_the_sdks_errors_and_the_server_keeps_serving(service, 
         tc.forward_backward([short], "cross_entropy").result()
     with pytest.raises(tinker.BadRequestError, match="advantages missing"):
         tc.forward_backward([good], "importance_sampling").result()
+    with pytest.raises(tinker.BadRequestError, match=r"create_model: a rank-8192 adapter of rlcore/tiny trains "
+                       r"[0-9.]+ MB of weights and optimizer state; this server allows 64 MB per model"):  # fmt: skip
+        service.create_lora_training_client(base_model=MODEL, rank=8192).result()
     with pytest.raises(tinker.BadRequestError, match="base_model: nobody/none is not served"):
         service.create_lora_training_client(base_model="nobody/none", rank=4).result()
     with pytest.raises(tinker.NotFoundError, match="no checkpoint"):

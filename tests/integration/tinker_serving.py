@@ -23,7 +23,7 @@ def serve(root, model_path: str, port: int = 0) -> tuple[subprocess.Popen, str]:
         os.remove(port_file)
     cmd = [sys.executable, "-m", "rlcore.cli", "tinker", "serve", "--base-model", f"{MODEL}={model_path}",
            "--port", str(port), "--port-file", port_file, "--workdir", os.path.join(root, "work"),
-           "--max-model-len", "256", "--threads", "1", "--max-models", "32"]  # fmt: skip
+           "--max-model-len", "256", "--threads", "1", "--max-models", "32", "--max-model-mb", "64"]  # fmt: skip
     with open(log, "a") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TINKER_API_KEY": f"{KEY},{OTHER}", "TINKER_TELEMETRY": "0"},
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
