@@ -23,5 +23,6 @@ BENCHMARKS = {
     "routing": "rlcore.benchmarks.routing_replay",
     "curriculum": "rlcore.benchmarks.curriculum",
     "adapter-sync": "rlcore.benchmarks.adapter_sync",
+    "resident-adapters": "rlcore.benchmarks.resident_adapters",
 }
 """`rlcore bench` name -> module."""
