@@ -25,7 +25,7 @@ from typing import Any
 from rlcore.benchmarks.cli_args import comma_names, positive_int
 from rlcore.benchmarks.common import default_out, machine_info, pyplot, save_figure, versions, write_outputs
 
-SHAPES: dict[str, dict[str, int]] = {
+SHAPES: dict[str, dict[str, Any]] = {
     "quickstart": {"hidden_size": 128, "num_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
                    "intermediate_size": 384},
     "small": {"hidden_size": 512, "num_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
