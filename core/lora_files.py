@@ -4,6 +4,7 @@ factors by layer. Torch is imported only to read the factors."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,18 @@ def unsupported(config: dict[str, Any]) -> list[str]:
             ("lora_bias", bool(config.get("lora_bias"))),
         ) if on
     ]  # fmt: skip
+
+
+def per_layer(config: dict[str, Any]) -> list[str]:
+    """The per-layer ranks or alphas adapter_config.json sets (peft reads them; rlcore's megatron
+    adapters and its engines take one rank and alpha)."""
+    return [key for key in ("rank_pattern", "alpha_pattern") if config.get(key)]
+
+
+def scale_of(config: dict[str, Any]) -> float:
+    """The update's scale, lora_alpha / r (/ sqrt(r) with use_rslora), as peft computes it."""
+    rank = config["r"]
+    return config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
 
 
 def read_factors(weights_file: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -25,7 +25,6 @@ optimizer state only (`is_adapter_key`).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -45,7 +44,7 @@ from megatron.core.tensor_parallel.mappings import (
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ...core.config.schema import LoraConfig
-from ...core.lora_files import read_factors, unsupported
+from ...core.lora_files import per_layer, read_factors, scale_of, unsupported
 from ...core.strategy_capabilities import MEGATRON_LORA_TARGETS
 from ..common.lora import BASE_WEIGHT, PREFIX, LoraLayout, fresh_factor
 from .full_tensors import FullTensors
@@ -162,7 +161,7 @@ def _saved(cfg: LoraConfig, dims: ModelDims) -> Adapter:
     where = "model.lora_configs[0].path"
     with open(os.path.join(cfg.path, "adapter_config.json")) as f:
         config = json.load(f)
-    beyond = unsupported(config) + [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
+    beyond = unsupported(config) + per_layer(config)
     beyond += ["lora_dropout"] if config.get("lora_dropout") else []
     if beyond:
         raise ValueError(
@@ -189,7 +188,7 @@ def _saved(cfg: LoraConfig, dims: ModelDims) -> Adapter:
         out, fan_in = part_shape(layer.rsplit(".", 1)[-1], dims)
         if a.shape != (rank, fan_in) or b.shape != (out, rank):
             raise ValueError(f"{where}: the adapter at '{cfg.path}' does not fit the model at {layer}")
-    scale = config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
+    scale = scale_of(config)
     ordered = {
         name: (factors[name][0].float(), factors[name][1].float())
         for layer in range(dims.num_layers) for linear in LINEARS for part in linear.parts

@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from ..lora_files import unsupported
+from ..lora_files import per_layer, unsupported
 from ..strategy_capabilities import MEGATRON_LORA_TARGETS, has, strategies_with
 from .errors import ConfigError
 from .schema import LoraConfig, MegatronConfig, RLCoreConfig
@@ -290,7 +290,7 @@ def _check_megatron_lora(cfg: RLCoreConfig, lora: LoraConfig, check_paths: bool)
     names = {targets} if isinstance(targets, str) else set(targets or ())
     unknown = sorted(names - {"all-linear", *MEGATRON_LORA_TARGETS})
     dropout = saved.get("lora_dropout", 0.0) if saved else lora.lora_dropout
-    patterns = [k for k in ("rank_pattern", "alpha_pattern") if saved.get(k)]
+    patterns = per_layer(saved)
     layers = [k for k in ("layers_to_transform", "layers_pattern", "exclude_modules") if saved.get(k)]
     refused = [
         what for what, on in (

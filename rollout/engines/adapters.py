@@ -15,7 +15,6 @@ W + scale * B @ A, in another order: outputs agree with a merged model's within 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import threading
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...core.lora_files import read_factors, unsupported
+from ...core.lora_files import per_layer, read_factors, scale_of, unsupported
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 """An adapter's name: what a request's `model` or sampling.adapter says."""
@@ -76,7 +75,7 @@ def adapter_config(name: str, path: str) -> dict:
         ) from None
     if rank < 1:
         raise ValueError(f"adapter {name}: '{path}' has rank r={rank}")
-    beyond = unsupported(config) + [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
+    beyond = unsupported(config) + per_layer(config)
     if beyond:
         raise ValueError(f"adapter {name}: '{path}' uses {', '.join(beyond)}; engines serve plain LoRA adapters")
     return config
@@ -158,7 +157,7 @@ class ResidentAdapters:
         """The adapter at `path` as factors by module name, checked against the model."""
         config = adapter_config(name, path)
         rank = int(config["r"])
-        scale = config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
+        scale = scale_of(config)
         try:
             pairs = read_factors(os.path.join(path, "adapter_model.safetensors"))
         except (ValueError, OSError) as e:
