@@ -107,7 +107,7 @@ class GenerateBaseline:
         import torch
 
         from rlcore.core.types import Completion
-        from rlcore.rollout.engines.hf_decode import left_pad
+        from rlcore.rollout.engines.hf_running import left_pad
 
         engine, n = self.engine, sampling.n
         rows = [p for p in prompts for _ in range(n)]

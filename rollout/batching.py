@@ -1,15 +1,20 @@
-"""Generation calls of concurrent tasks on one engine, merged into shared engine calls.
+"""Generation calls of concurrent tasks on one engine, decoded together.
 
-A rollout worker runs each RunTasks stream in a thread of its own. Its workflows generate through a
-`BatchingEngine`: a call made while the engine is busy waits, and whichever waiting call goes next
-takes every queued call with the same sampling parameters into one engine call. So tasks sent one
-by one (the explorer's task scheduler, rollout/scheduler.py) are batched as a whole batch would be,
-and a task's reward or environment step runs while the engine generates for the others instead of
-holding it. Engines seed each prompt by itself (engines/base.py: prompt_seed), so a prompt samples
-the same whatever it is merged with.
+A rollout worker runs each RunTasks stream (and each door request) in a thread of its own. Its
+workflows generate through a `BatchingEngine`. Where the engine has a running batch (continuous
+batching: engines/base.EngineBatch, the HF engine's eager loop), one loop thread steps it while
+there is work: a call joins it at the next token boundary, with its own sampling (calls with the
+same sampling join as one request), and returns as soon as its rows end. Elsewhere a call made while
+the engine is busy waits, and whichever waiting call goes next takes every queued call with the same
+sampling parameters into one engine call. Either way tasks sent one by one (the explorer's task
+scheduler, rollout/scheduler.py) are batched as a whole batch would be, and a task's reward or
+environment step runs while the engine generates for the others instead of holding it. Engines seed
+each prompt by itself (engines/base.py: prompt_seed), so a prompt samples the same whatever it is
+batched with.
 
-Each engine call passes the worker's generation gate: a weight update waits for the engine call
-running, not for whole tasks, and a task's next engine call waits for the update to finish (its
+Each engine call (a running batch's stretch from its first call to its last) passes the worker's
+generation gate: a weight update waits for the engine call running, not for whole tasks (a running
+batch admits no call while an update waits), and a task's next engine call waits for the update to finish (its
 tokens then come from the new weights, their log-probs with them: the trainer's off-policy
 correction reads each token's own). A task is tagged with the version it started on.
 
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.types import Completion, SamplingParams, routing_tokens
-from .engines.base import RolloutEngine, response_text
+from .engines.base import EngineBatch, RolloutEngine, TokensOut, response_text
 from .gate import GenerationGate
 
 log = logging.getLogger("rlcore.rollout.batching")
@@ -43,6 +48,8 @@ GATE_WAIT_S = 600.0
 class _Call:
     prompts: list[list[int]]
     sampling: SamplingParams
+    linger_s: float = 0.0
+    on_tokens: TokensOut | None = None
     result: list[list[Completion]] | None = None
     error: BaseException | None = None
     version: int = -1
@@ -65,6 +72,8 @@ class BatchingEngine:
         """Engine calls made (a test's and a metric's view of how much was merged)."""
         self.interrupted = 0
         """Sequences continued after a weight update interrupted them (partial rollouts)."""
+        self._batch = engine.continuous_batch()
+        self._loop: threading.Thread | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -73,13 +82,16 @@ class BatchingEngine:
         return self.generate_versioned(prompt_token_ids, sampling)[0]
 
     def generate_versioned(
-        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, linger_s: float = 0.0
-    ) -> tuple[list[list[Completion]], int]:
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, linger_s: float = 0.0,
+        on_tokens: TokensOut | None = None,
+    ) -> tuple[list[list[Completion]], int]:  # fmt: skip
         """`generate`, and the policy version of the weights that began the completions (a sequence a
         weight update interrupted names the versions of its stretches in `segments`). `linger_s`: a
         call that finds the engine idle waits this long for others to join it (the HTTP door's
-        requests arrive one by one; the explorer's tasks queue while the engine runs)."""
-        results, version = self._generate_once(prompt_token_ids, sampling, linger_s)
+        requests arrive one by one; the explorer's tasks queue while the engine runs). `on_tokens`:
+        called with each step's tokens as they are sampled (rows, tokens; row r is prompt r // n,
+        sample r % n), where the engine has a running batch (else never: the completions say all)."""
+        results, version = self._generate_once(prompt_token_ids, sampling, linger_s, on_tokens)
         if any(c.finish_reason == "interrupted" for cs in results for c in cs):
             self._continue([c for cs in results for c in cs], sampling, version)
         return results, version
@@ -117,10 +129,13 @@ class BatchingEngine:
                 c.text = response_text(self.engine.tokenizer, c.token_ids, sampling.stop)
 
     def _generate_once(
-        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, linger_s: float = 0.0
-    ) -> tuple[list[list[Completion]], int]:
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, linger_s: float = 0.0,
+        on_tokens: TokensOut | None = None,
+    ) -> tuple[list[list[Completion]], int]:  # fmt: skip
         """One engine call's share: the completions as the engine returned them, and its version."""
-        call = _Call([list(p) for p in prompt_token_ids], sampling)
+        call = _Call([list(p) for p in prompt_token_ids], sampling, linger_s, on_tokens)
+        if self._batch is not None:
+            return self._through_loop(call)
         with self._cond:
             self._queue.append(call)
             idle = not self._leading
@@ -165,12 +180,145 @@ class BatchingEngine:
             c.result, c.version, c.done = results[start : start + len(c.prompts)], version, True
             start += len(c.prompts)
 
+    # ------------------------------------------------------------------------------------------
+    # continuous batching: one loop thread steps the engine's running batch while there is work
+
+    def _through_loop(self, call: _Call) -> tuple[list[list[Completion]], int]:
+        with self._cond:
+            self._queue.append(call)
+            if self._loop is None:
+                self._loop = threading.Thread(target=self._run_loop, name="rlcore-engine-loop", daemon=True)
+                self._loop.start()
+            self._cond.notify_all()
+            while not call.done:
+                self._cond.wait()
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result, call.version
+
+    def _run_loop(self) -> None:
+        """Step the running batch while calls wait or run (under the gate and the engine lock); the
+        thread ends when the queue is empty. A weight update waiting (the gate closed) admits no
+        new call: the running ones finish (or, interrupted, end at their next token) first."""
+        assert self._batch is not None
+        while True:
+            with self._cond:
+                if not self._queue:
+                    self._loop = None
+                    return
+                linger_s = max(c.linger_s for c in self._queue)
+            if linger_s > 0:  # an idle engine: let the calls arriving now share the first prefill
+                time.sleep(linger_s)
+            try:
+                admitted = self.gate.admit(GATE_WAIT_S) if self.gate is not None else nullcontext()
+                with admitted, self.lock:
+                    self.engine.interrupt = None if self.gate is None else self.gate.interrupt
+                    try:
+                        self._drain(self._batch)
+                    finally:
+                        self.engine.interrupt = None
+            except BaseException as e:  # the gate's refusal: every call waiting sees it
+                with self._cond:
+                    waiting, self._queue = self._queue, []
+                for c in waiting:
+                    self._deliver(c, error=e)
+
+    def _drain(self, batch: EngineBatch) -> None:
+        """Admit queued calls into `batch` and step it until no call runs."""
+        running: dict[int, list[_Call]] = {}
+        self.calls += 1
+        while True:
+            if self.gate is None or not self.gate.closed:
+                self._admit(batch, running)
+                if not running and (alone := self._take_one()) is not None:  # one no batch can hold
+                    self._serve_alone(alone)
+                    continue
+            if not running:
+                return
+            try:
+                finished = batch.step()
+            except Exception as e:  # every running call sees the engine's error
+                for calls in running.values():
+                    for c in calls:
+                        self._deliver(c, error=e)
+                return
+            for request, completions in finished.items():
+                start = 0
+                for c in running.pop(request):
+                    self._deliver(c, completions[start : start + len(c.prompts)])
+                    start += len(c.prompts)
+
+    def _admit(self, batch: EngineBatch, running: dict[int, list[_Call]]) -> None:
+        """Queued calls into the running batch, in arrival order, while it admits them; those with
+        the same sampling as one request (their rows then share the sampler's work)."""
+        while True:
+            with self._cond:
+                first = next((c for c in self._queue if batch.admits(len(c.prompts), c.sampling)), None)
+                if first is None:
+                    return
+                calls, prompts = [], 0
+                for c in self._queue:
+                    if c.sampling == first.sampling and batch.admits(prompts + len(c.prompts), c.sampling):
+                        calls.append(c)
+                        prompts += len(c.prompts)
+                self._queue = [c for c in self._queue if c not in calls]
+            try:
+                running[batch.add([p for c in calls for p in c.prompts], first.sampling, _fanned(calls))] = calls
+            except Exception as e:  # the engine refused a prompt: each call alone, so only its own fails
+                if len(calls) == 1:
+                    self._deliver(first, error=e)
+                    continue
+                for c in calls:
+                    try:
+                        running[batch.add(c.prompts, c.sampling, c.on_tokens)] = [c]
+                    except Exception as e:
+                        self._deliver(c, error=e)
+
+    def _take_one(self) -> _Call | None:
+        with self._cond:
+            return self._queue.pop(0) if self._queue else None
+
+    def _serve_alone(self, call: _Call) -> None:
+        """A call larger than the running batch holds: one `generate`, which splits it."""
+        try:
+            self._deliver(call, self.engine.generate(call.prompts, call.sampling))
+        except Exception as e:
+            self._deliver(call, error=e)
+
+    def _deliver(
+        self, call: _Call, result: list[list[Completion]] | None = None, error: BaseException | None = None
+    ) -> None:
+        with self._cond:
+            call.result, call.error, call.version, call.done = result, error, self.engine.policy_version, True
+            self._cond.notify_all()
+
     def _take(self, sampling: SamplingParams) -> list[_Call]:
         """The queued calls with `sampling`, out of the queue."""
         with self._cond:
             batch = [c for c in self._queue if c.sampling == sampling]
             self._queue = [c for c in self._queue if c.sampling != sampling]
         return batch
+
+
+def _fanned(calls: list[_Call]) -> TokensOut | None:
+    """One request's `on_tokens` for the calls merged into it: each call's rows to its own (row r
+    of the request is prompt r // n; the calls' prompts follow one another)."""
+    if not any(c.on_tokens for c in calls):
+        return None
+    n = calls[0].sampling.n
+    starts, first = [], 0
+    for c in calls:
+        starts.append(first * n)
+        first += len(c.prompts)
+
+    def fan(rows: list[int], tokens: list[int]) -> None:
+        for c, start in zip(calls, starts, strict=True):
+            mine = [(r - start, t) for r, t in zip(rows, tokens, strict=True) if start <= r < start + len(c.prompts) * n]
+            if c.on_tokens is not None and mine:
+                c.on_tokens([r for r, _ in mine], [t for _, t in mine])
+
+    return fan
 
 
 def joined_routing(before: Completion, continued: Completion) -> bytes:

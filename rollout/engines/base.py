@@ -9,7 +9,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...core.types import Completion, SamplingParams
 
@@ -133,6 +133,12 @@ class RolloutEngine(ABC):
         """The adapters held: name -> the folder each was loaded from."""
         return {} if self.adapters is None else self.adapters.names()
 
+    def continuous_batch(self) -> EngineBatch | None:
+        """A batch that requests join and leave at token boundaries, each with its own sampling
+        (continuous batching), or None: the engine decodes one `generate` call at a time (the
+        batching engine then merges concurrent calls with equal sampling)."""
+        return None
+
     def pause(self) -> None:
         """Stop accepting work (before a weight update). Default: nothing to do for in-process engines."""
         return None
@@ -153,6 +159,35 @@ class RolloutEngine(ABC):
     def close(self) -> None:
         """Release the engine's resources."""
         return None
+
+
+TokensOut = Callable[[list[int], list[int]], None]
+"""A streaming caller's view of a request's tokens as they are sampled: after each step, the rows
+that sampled one (row r: prompt r // n, sample r % n) and their tokens."""
+
+
+class EngineBatch(Protocol):
+    """An engine's running batch (continuous batching). A request added decodes from the next
+    `step` on, beside the requests running, with its own sampling; `step` decodes one token for
+    every running row and returns the requests it finished, by the id `add` gave them."""
+
+    @property
+    def rows(self) -> int:
+        """Sequences decoding now."""
+
+    def admits(self, num_prompts: int, sampling: SamplingParams) -> bool:
+        """Whether a request of `num_prompts` prompts under `sampling` may join now (room, and what
+        the running requests must share with it)."""
+
+    def add(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
+        on_tokens: TokensOut | None = None,
+    ) -> int:  # fmt: skip
+        """Start a request (ValueError in one line for one the engine cannot serve); `on_tokens` is
+        called after each step with the request's rows that sampled a token and their tokens."""
+
+    def step(self) -> dict[int, list[list[Completion]]]:
+        """One token for every running row; the requests finished: id -> each prompt's completions."""
 
 
 def stop_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model_path: str) -> list[int]:

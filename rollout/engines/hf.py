@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from ...weights.adapter import merge_adapters
 from .adapters import ResidentAdapters
 from .base import (
     RolloutEngine,
+    TokensOut,
     check_prompts,
     copy_completion,
     prompt_seed,
@@ -35,6 +37,7 @@ from .base import (
 )
 from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode, decode_static
+from .hf_running import DecodedRows, Group, RunningBatch
 from .hf_sampling import TextStopStrings
 from .hf_static import StaticDecodeStates, supports
 
@@ -175,6 +178,10 @@ class HFEngine(RolloutEngine):
         else:
             rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                           stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt)  # fmt: skip
+        return self.completions(prompts, n, sampling, rows)
+
+    def completions(self, prompts: list[list[int]], n: int, sampling: SamplingParams, rows: DecodedRows) -> list[Completion]:
+        """The Completions of decoded rows (row r: prompt r // n)."""
         routed = rows.routed_experts or [b""] * len(rows.tokens)
         return [
             Completion(
@@ -189,6 +196,11 @@ class HFEngine(RolloutEngine):
                 zip(rows.tokens, rows.logprobs, rows.finish_reasons, routed, strict=True)
             )
         ]
+
+    def continuous_batch(self) -> HFBatch | None:
+        """A running batch requests join and leave at token boundaries (hf_running.py); None on a
+        GPU's static decode, whose CUDA graphs hold a fixed batch."""
+        return None if self._static is not None else HFBatch(self)
 
     # ------------------------------------------------------------------------------------------
     # weights
@@ -218,3 +230,109 @@ class HFEngine(RolloutEngine):
                     )
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         self.policy_version = policy_version
+
+
+class HFBatch:
+    """HFEngine's continuous batch (base.EngineBatch): requests join its running batch while they
+    ask for the same adapter and routing record as the requests running (the adapter's hooks and
+    the routing recorder hold for every forward), at most max_batch_size rows in all."""
+
+    def __init__(self, engine: HFEngine):
+        self.engine = engine
+        self._running: RunningBatch | None = None
+        self._key: tuple[str, bool] = ("", False)
+        self._context = ExitStack()
+        self._requests: dict[Group, tuple[int, list[list[int]], SamplingParams]] = {}
+        self._next_id = 0
+
+    @property
+    def rows(self) -> int:
+        return 0 if self._running is None else self._running.rows
+
+    def admits(self, num_prompts: int, sampling: SamplingParams) -> bool:
+        rows = num_prompts * (1 if sampling.temperature == 0 else sampling.n)
+        if self._running is None:
+            return rows <= self.engine.max_batch_size
+        key = (sampling.adapter, sampling.return_routed_experts)
+        return key == self._key and self.rows + rows <= self.engine.max_batch_size
+
+    def add(self, prompt_token_ids: list[list[int]], sampling: SamplingParams, on_tokens: TokensOut | None = None) -> int:
+        e = self.engine
+        check_prompts(prompt_token_ids, sampling.max_tokens, e.max_model_len)
+        if self._running is None:
+            self._start(sampling)
+        assert self._running is not None
+        n = 1 if sampling.temperature == 0 else sampling.n
+        if on_tokens is not None and n != sampling.n:  # greedy: each decoded row stands for n samples
+            on_tokens = _copied_rows(on_tokens, sampling.n)
+        matcher = TextStopStrings(e.tokenizer, sampling.stop) if sampling.stop else None
+        row_seeds = None
+        if sampling.seed is not None:
+            seeds = [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]
+            row_seeds = [s + j for s in seeds for j in range(n)]
+        try:
+            with torch.inference_mode():
+                group = self._running.add(
+                    [list(p) for p in prompt_token_ids], n, sampling, matcher=matcher, row_seeds=row_seeds,
+                    on_tokens=on_tokens,
+                )  # fmt: skip
+        except BaseException:
+            if not self._running.groups:
+                self._close()
+            raise
+        self._next_id += 1
+        self._requests[group] = (self._next_id, group.prompts, sampling)
+        return self._next_id
+
+    def step(self) -> dict[int, list[list[Completion]]]:
+        assert self._running is not None, "step: no request is running"
+        try:
+            with torch.inference_mode():
+                finished = self._running.step()
+        except BaseException:
+            self._close()
+            raise
+        out = {}
+        for group in finished:
+            request, prompts, sampling = self._requests.pop(group)
+            flat = self.engine.completions(prompts, group.n, sampling, group.decoded())
+            per_prompt = [flat[i * group.n : (i + 1) * group.n] for i in range(len(prompts))]
+            if group.n != sampling.n:  # greedy: decoded once, copied
+                per_prompt = [[copy_completion(c) for _ in range(sampling.n)] for (c,) in per_prompt]
+            out[request] = per_prompt
+        if not self._running.groups:
+            self._close()
+        return out
+
+    def _start(self, sampling: SamplingParams) -> None:
+        """A new running batch under `sampling`'s adapter, recording routes if it asks."""
+        e = self.engine
+        assert e.adapters is not None  # built with the engine
+        self._context = ExitStack()
+        try:
+            self._context.enter_context(e.adapters.active(sampling.adapter))
+            recorder = None
+            if sampling.return_routed_experts:
+                recorder = self._context.enter_context(moe_routing.RoutingRecorder(e.model))
+        except BaseException:
+            self._context.close()
+            raise
+        self._running = RunningBatch(
+            e.model, eos_token_ids=e.eos_token_ids, pad_token_id=e.pad_token_id, interrupt=e.interrupt,
+            routing=recorder,
+        )  # fmt: skip
+        self._key = (sampling.adapter, sampling.return_routed_experts)
+
+    def _close(self) -> None:
+        self._running = None
+        self._requests.clear()
+        self._context.close()
+
+
+def _copied_rows(on_tokens: TokensOut, n: int) -> TokensOut:
+    """`on_tokens` of a greedy request's n samples, fed the one row decoded for each prompt."""
+
+    def each_sample(rows: list[int], tokens: list[int]) -> None:
+        on_tokens([r * n + j for r in rows for j in range(n)], [t for t in tokens for _ in range(n)])
+
+    return each_sample

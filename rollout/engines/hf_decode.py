@@ -26,95 +26,20 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core import moe_routing
 from ...core.types import SamplingParams
 from .base import ending_tokens
+from .hf_running import DecodedRows, RowRoutes, RunningBatch, held_back, prefill, seen_tokens
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
 from .hf_static import StaticDecodeStates
 
 
-@dataclass
-class DecodedRows:
-    """What one decode call produced, row r = prompt r // n, sample r % n."""
-
-    tokens: list[list[int]]
-    """Response tokens, the stopping token (EOS, or the last of a stop string) included."""
-    logprobs: list[list[float]]
-    finish_reasons: list[str]
-    """"stop" (EOS or a stop string), "length" or "interrupted" (see the module's docstring)."""
-    routed_experts: list[bytes] | None = None
-    """Each row's routing record (core/moe_routing.py's layout), when asked: `decode` given a
-    recorder, `decode_static` with routing."""
-
-
-def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts as one left-padded batch: input ids and attention mask, [P, longest prompt]."""
-    width = max(len(p) for p in prompts)
-    input_ids_PL = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    mask_PL = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids_PL[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        mask_PL[row, width - len(ids) :] = 1
-    return input_ids_PL, mask_PL
-
-
-def prefill(
-    model: Any, prompts: list[list[int]], pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor]:
-    """One forward over the left-padded prompts: their input ids, mask and positions [P, W], the KV
-    cache it filled, and the logits of each prompt's last token [P, V]."""
-    device = next(model.parameters()).device
-    input_ids_PL, mask_PL = (x.to(device) for x in left_pad(prompts, pad_token_id))
-    positions_PL = (mask_PL.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=input_ids_PL,
-        attention_mask=mask_PL,
-        position_ids=positions_PL,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    return input_ids_PL, mask_PL, positions_PL, cache, out.logits[:, -1]
-
-
-def seen_tokens(input_ids_PL: torch.Tensor, mask_PL: torch.Tensor, vocab: int, n: int) -> torch.Tensor:
-    """[P * n, V] True where a row's prompt holds the token (padding excluded): the repetition
-    penalty's history, each prompt's row repeated for its n samples."""
-    counts_PV = torch.zeros((input_ids_PL.shape[0], vocab), dtype=torch.long, device=input_ids_PL.device)
-    return counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
-
-
-def held_back(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
-    """The tokens min_tokens holds back: EOS (even when ignored, as vLLM does) and stop_token_ids."""
-    return sorted(set(eos_token_ids + sampling.stop_token_ids))
-
-
 @torch.inference_mode()
-def feed(
-    model: Any, token_A: torch.Tensor, mask_AL: torch.Tensor, positions_A: torch.Tensor, cache: DynamicCache
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One decode forward: each row's sampled token fed back at its next position (the KV cache
-    grows by one); the next logits [A, V], and the rows' mask and positions grown with it."""
-    mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
-    positions_A = positions_A + 1
-    logits_AV = model(
-        input_ids=token_A[:, None],
-        attention_mask=mask_AL,
-        position_ids=positions_A[:, None],
-        past_key_values=cache,
-        use_cache=True,
-    ).logits[:, -1]
-    return logits_AV, mask_AL, positions_A
-
-
 def decode(
     model: Any,
     prompts: list[list[int]],
@@ -128,92 +53,17 @@ def decode(
     interrupt: threading.Event | None = None,
     routing: moe_routing.RoutingRecorder | None = None,
 ) -> DecodedRows:
-    """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped);
-    `row_seeds` (one per row) makes each row's draws its own; `interrupt`: see the module's docstring;
-    `routing` (active around the call) records the experts every token was routed to."""
-    device = next(model.parameters()).device
-    input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(model, prompts, pad_token_id)
-    routes = None if routing is None else RowRoutes(routing.take(), len(prompts), n, sampling.max_tokens)
-    # every sample of a prompt starts from the same prefill
-    logits_AV = logits_PV.repeat_interleave(n, dim=0)
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-    mask_AL = mask_PL.repeat_interleave(n, dim=0)
-    positions_A = positions_PL[:, -1].repeat_interleave(n, dim=0)
-
-    rows = len(prompts) * n
-    steps = sampling.max_tokens
-    tokens_RT = torch.full((rows, steps), pad_token_id, dtype=torch.long, device=device)
-    logprobs_RT = torch.zeros((rows, steps), dtype=torch.float32, device=device)
-    lengths = [steps] * rows
-    finish = ["length"] * rows
-    active = torch.arange(rows, device=device)  # row of each batch entry still decoding
-    stops = ending_tokens(sampling, eos_token_ids)
-    stops_t = torch.tensor(stops, dtype=torch.long, device=device)
-    vocab = logits_AV.shape[-1]
-    prompt_seen = seen_tokens(input_ids_PL, mask_PL, vocab, n) if sampling.repetition_penalty != 1.0 else None
-    rules = LogitRules.start(sampling, prompt_seen, rows, vocab, device, held_back(sampling, eos_token_ids))
-    greedy = sampling.temperature == 0
-    uniform_RT = None if greedy else uniform_draws(rows, steps, row_seeds).to(device)
-
-    for t in range(steps):
-        uniform_A = None if uniform_RT is None else uniform_RT[active, t]
-        token_A = pick_tokens(filter_logits(logits_AV, sampling, rules, t), greedy, uniform_A)
-        tokens_RT[active, t] = token_A
-        logprobs_RT[active, t] = sampled_logprobs(logits_AV, token_A, sampling.temperature)
-        done_A = torch.isin(token_A, stops_t)
-        if stop_matcher is not None and t >= sampling.min_tokens:  # past min_tokens, as vLLM
-            done_A |= stop_matcher(tokens_RT[active, : t + 1], logits_AV)
-        num_done = int(done_A.sum())  # the step's one host sync
-        if num_done:
-            for row in active[done_A].tolist():
-                lengths[row], finish[row] = t + 1, "stop"
-        if t == steps - 1 or num_done == len(done_A):
-            break
-        if interrupt is not None and interrupt.is_set():
-            for row in active[~done_A].tolist():
-                lengths[row], finish[row] = t + 1, "interrupted"
-            break
-        if num_done:  # finished rows leave the batch, and their KV cache with them
-            keep_A = ~done_A
-            active, token_A = active[keep_A], token_A[keep_A]
-            mask_AL, positions_A = mask_AL[keep_A], positions_A[keep_A]
-            cache.batch_select_indices(keep_A.nonzero().squeeze(-1))
-            if rules is not None:
-                rules.keep(keep_A)
-        if rules is not None:
-            rules.observe(token_A)
-        logits_AV, mask_AL, positions_A = feed(model, token_A, mask_AL, positions_A, cache)
-        if routes is not None and routing is not None:
-            routes.step(active, t, routing.take())
-
-    decoded = _cut(tokens_RT, logprobs_RT, lengths, finish)
-    if routes is not None:
-        decoded.routed_experts = routes.records(prompts, lengths)
-    return decoded
-
-
-class RowRoutes:
-    """The routing records of one `decode` call's rows: the prefill's (every prompt token) and each
-    decode step's (the token fed back), gathered per row."""
-
-    def __init__(self, prefill_NLK: torch.Tensor, num_prompts: int, n: int, steps: int):
-        self.n = n
-        layers, top_k = prefill_NLK.shape[1:]
-        self.prefill_PWLK = prefill_NLK.view(num_prompts, -1, layers, top_k)
-        self.steps_RTLK = prefill_NLK.new_zeros((num_prompts * n, steps, layers, top_k))
-
-    def step(self, rows: torch.Tensor | slice, t: int, record_ALK: torch.Tensor) -> None:
-        """The record of the forward that fed back the tokens sampled at step `t` to `rows`."""
-        self.steps_RTLK[rows, t] = record_ALK
-
-    def records(self, prompts: list[list[int]], lengths: list[int]) -> list[bytes]:
-        width = self.prefill_PWLK.shape[1]
-        out = []
-        for row, length in enumerate(lengths):
-            prompt = self.prefill_PWLK[row // self.n, width - len(prompts[row // self.n]) :]
-            out.append(moe_routing.to_bytes(torch.cat([prompt, self.steps_RTLK[row, : length - 1]])))
-        return out
+    """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped):
+    one request alone in a running batch (hf_running.py); `row_seeds` (one per row) makes each row's
+    draws its own; `interrupt`: see the module's docstring; `routing` (active around the call)
+    records the experts every token was routed to."""
+    batch = RunningBatch(
+        model, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, interrupt=interrupt, routing=routing
+    )
+    group = batch.add(prompts, n, sampling, matcher=stop_matcher, row_seeds=row_seeds)
+    while not group.done:
+        batch.step()
+    return group.decoded()
 
 
 @torch.inference_mode()

@@ -80,6 +80,11 @@ class _WithWeights:
         self.sampler._hold(self.folder)
         return self.sampler.engine.generate(prompts, sampling)
 
+    def continuous_batch(self) -> None:
+        """None: a call loads its folder's weights first, so calls of one folder are merged whole
+        (a running batch would decode under whichever folder's weights the engine held)."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sampler.engine, name)
 

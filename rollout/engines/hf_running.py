@@ -1,0 +1,367 @@
+"""The HF engine's running batch: the rows of many requests decoded together, each request joining
+at a token boundary and leaving when its last row ends (continuous batching).
+
+A request (`Group`: prompts, n samples of each, one SamplingParams) keeps everything its sampling
+needs to itself: temperature, top-k/top-p/min-p, penalties and logit bias (hf_sampling.LogitRules),
+its seeded draws, its stop tokens and stop strings, its max_tokens and its own step count. The
+rows of every request share one forward per step over one KV cache: a request joining is prefilled
+by itself, then its cache is laid beside the running one (both left-padded to the longer of the
+two); rows that finish leave the batch with their cache, and columns no remaining row attends to
+are cut from the left. A request's tokens therefore depend on its prompt, sampling and seed only,
+not on the requests decoded beside it.
+
+A step: every request samples from its rows' logits (hf_decode.decode's rules and order), the host
+learns which rows ended (the step's one sync), finished rows leave, the others' tokens are fed
+back. An `interrupt` set meanwhile (a weight update is waiting: partial rollouts) ends every request
+at the next token boundary with finish reason "interrupted" for the rows still decoding.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from ...core import moe_routing
+from ...core.types import SamplingParams
+from .base import TokensOut, ending_tokens
+from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
+
+
+def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as one left-padded batch: input ids and attention mask, [P, longest prompt]."""
+    width = max(len(p) for p in prompts)
+    input_ids_PL = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask_PL = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids_PL[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        mask_PL[row, width - len(ids) :] = 1
+    return input_ids_PL, mask_PL
+
+
+def prefill(
+    model: Any, prompts: list[list[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor]:
+    """One forward over the left-padded prompts: their input ids, mask and positions [P, W], the KV
+    cache it filled, and the logits of each prompt's last token [P, V]."""
+    device = next(model.parameters()).device
+    input_ids_PL, mask_PL = (x.to(device) for x in left_pad(prompts, pad_token_id))
+    positions_PL = (mask_PL.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=input_ids_PL,
+        attention_mask=mask_PL,
+        position_ids=positions_PL,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return input_ids_PL, mask_PL, positions_PL, cache, out.logits[:, -1]
+
+
+def seen_tokens(input_ids_PL: torch.Tensor, mask_PL: torch.Tensor, vocab: int, n: int) -> torch.Tensor:
+    """[P * n, V] True where a row's prompt holds the token (padding excluded): the repetition
+    penalty's history, each prompt's row repeated for its n samples."""
+    counts_PV = torch.zeros((input_ids_PL.shape[0], vocab), dtype=torch.long, device=input_ids_PL.device)
+    return counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
+
+
+def held_back(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
+    """The tokens min_tokens holds back: EOS (even when ignored, as vLLM does) and stop_token_ids."""
+    return sorted(set(eos_token_ids + sampling.stop_token_ids))
+
+
+@torch.inference_mode()
+def feed(
+    model: Any, token_A: torch.Tensor, mask_AL: torch.Tensor, positions_A: torch.Tensor, cache: DynamicCache
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode forward: each row's sampled token fed back at its next position (the KV cache
+    grows by one); the next logits [A, V], and the rows' mask and positions grown with it."""
+    mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
+    positions_A = positions_A + 1
+    logits_AV = model(
+        input_ids=token_A[:, None],
+        attention_mask=mask_AL,
+        position_ids=positions_A[:, None],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits[:, -1]
+    return logits_AV, mask_AL, positions_A
+
+
+@dataclass
+class DecodedRows:
+    """What one request's decoding produced, row r = prompt r // n, sample r % n."""
+
+    tokens: list[list[int]]
+    """Response tokens, the stopping token (EOS, or the last of a stop string) included."""
+    logprobs: list[list[float]]
+    finish_reasons: list[str]
+    """"stop" (EOS or a stop string), "length" or "interrupted" (see the module's docstring)."""
+    routed_experts: list[bytes] | None = None
+    """Each row's routing record (core/moe_routing.py's layout), when asked."""
+
+
+@dataclass(eq=False)
+class Group:
+    """One request's rows in the running batch and its sampling state; `active` are its rows still
+    decoding (in batch order: a request's rows are contiguous in the batch)."""
+
+    prompts: list[list[int]]
+    n: int
+    sampling: SamplingParams
+    matcher: StopStringCriteria | None
+    stops_t: torch.Tensor
+    rules: LogitRules | None
+    uniform_RT: torch.Tensor | None
+    tokens_RT: torch.Tensor
+    logprobs_RT: torch.Tensor
+    active: torch.Tensor
+    routes: RowRoutes | None = None
+    on_tokens: TokensOut | None = None
+    lengths: list[int] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)
+    t: int = 0
+    """Tokens sampled so far by each active row (the decode step the request is at)."""
+    done: bool = False
+
+    def sample(self, logits_AV: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The active rows' next tokens from their logits, and which of them end the row."""
+        s, t = self.sampling, self.t
+        uniform_A = None if self.uniform_RT is None else self.uniform_RT[self.active, t]
+        token_A = pick_tokens(filter_logits(logits_AV, s, self.rules, t), s.temperature == 0, uniform_A)
+        self.tokens_RT[self.active, t] = token_A
+        self.logprobs_RT[self.active, t] = sampled_logprobs(logits_AV, token_A, s.temperature)
+        done_A = torch.isin(token_A, self.stops_t)
+        if self.matcher is not None and t >= s.min_tokens:  # past min_tokens, as vLLM
+            done_A |= self.matcher(self.tokens_RT[self.active, : t + 1], logits_AV)
+        return token_A, done_A
+
+    def decoded(self) -> DecodedRows:
+        """Each row's tokens and log-probs up to its length."""
+        tokens, logprobs = self.tokens_RT.cpu().tolist(), self.logprobs_RT.cpu().tolist()
+        rows = DecodedRows(
+            tokens=[row[:n] for row, n in zip(tokens, self.lengths, strict=True)],
+            logprobs=[row[:n] for row, n in zip(logprobs, self.lengths, strict=True)],
+            finish_reasons=self.finish,
+        )
+        if self.routes is not None:
+            rows.routed_experts = self.routes.records(self.prompts, self.lengths)
+        return rows
+
+
+class RunningBatch:
+    """The rows being decoded on `model`, of the requests `add`ed; `step` decodes one token for
+    each. `routing` (active while the batch runs) records the experts of every forward; each
+    request's rows then carry their routing records."""
+
+    def __init__(
+        self, model: Any, *, eos_token_ids: list[int], pad_token_id: int,
+        interrupt: threading.Event | None = None, routing: moe_routing.RoutingRecorder | None = None,
+    ) -> None:  # fmt: skip
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.eos_token_ids = eos_token_ids
+        self.pad_token_id = pad_token_id
+        self.interrupt = interrupt
+        self.routing = routing
+        self.groups: list[Group] = []
+        self._joining: list[Group] = []
+        self.cache: DynamicCache | None = None
+        self.mask_AL = self.positions_A = self.logits_AV = torch.empty(0)
+
+    @property
+    def rows(self) -> int:
+        """Rows decoding now, or from the next step."""
+        return sum(len(g.active) for g in self.groups + self._joining)
+
+    def add(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, *,
+        matcher: StopStringCriteria | None = None, row_seeds: list[int] | None = None,
+        on_tokens: TokensOut | None = None,
+    ) -> Group:  # fmt: skip
+        """Decode n samples of each of `prompts` from the next step on (the requests added since
+        the last step are prefilled together at its start); `row_seeds` (one per row) makes each
+        row's draws its own."""
+        rows, steps, device = len(prompts) * n, sampling.max_tokens, self.device
+        group = Group(
+            prompts=prompts, n=n, sampling=sampling, matcher=matcher,
+            stops_t=torch.tensor(ending_tokens(sampling, self.eos_token_ids), dtype=torch.long, device=device),
+            rules=None,
+            uniform_RT=None if sampling.temperature == 0 else uniform_draws(rows, steps, row_seeds).to(device),
+            tokens_RT=torch.full((rows, steps), self.pad_token_id, dtype=torch.long, device=device),
+            logprobs_RT=torch.zeros((rows, steps), dtype=torch.float32, device=device),
+            active=torch.arange(rows, device=device), on_tokens=on_tokens,
+            lengths=[steps] * rows, finish=["length"] * rows,
+        )  # fmt: skip
+        self._joining.append(group)
+        return group
+
+    def _prefill_joining(self) -> None:
+        """One prefill of every prompt of the requests added since the last step; their rows (each
+        prompt's KV cache repeated for its n samples) join the running batch."""
+        joining, self._joining = self._joining, []
+        prompts = [p for g in joining for p in g.prompts]
+        input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(self.model, prompts, self.pad_token_id)
+        vocab = logits_PV.shape[-1]
+        record_PWLK = None
+        if self.routing is not None:
+            record = self.routing.take()
+            record_PWLK = record.view(len(prompts), -1, *record.shape[1:])
+        rows_of, first = [], 0  # each row's prompt, in the batch's order
+        for g in joining:
+            mine = slice(first, first + len(g.prompts))
+            first += len(g.prompts)
+            rows_of += [p for p in range(mine.start, mine.stop) for _ in range(g.n)]
+            seen = None
+            if g.sampling.repetition_penalty != 1.0:
+                seen = seen_tokens(input_ids_PL[mine], mask_PL[mine], vocab, g.n)
+            rows = len(g.prompts) * g.n
+            g.rules = LogitRules.start(
+                g.sampling, seen, rows, vocab, self.device, held_back(g.sampling, self.eos_token_ids)
+            )
+            if record_PWLK is not None:
+                mine_NLK = record_PWLK[mine].reshape(-1, *record_PWLK.shape[2:])
+                g.routes = RowRoutes(mine_NLK, len(g.prompts), g.n, g.sampling.max_tokens)
+        index = torch.tensor(rows_of, device=self.device)
+        if rows_of != list(range(len(prompts))):  # every sample of a prompt starts from its prefill
+            cache.batch_select_indices(index)
+        self._join(cache, mask_PL[index], positions_PL[index, -1], logits_PV[index])
+        self.groups += joining
+
+    def _join(self, cache: DynamicCache, mask_AL: torch.Tensor, positions_A: torch.Tensor, logits_AV: torch.Tensor) -> None:
+        """Lay a joining request's cache, mask, positions and pending logits after the running rows'."""
+        if self.cache is None:
+            self.cache, self.mask_AL, self.positions_A, self.logits_AV = cache, mask_AL, positions_A, logits_AV
+            return
+        width = max(self.mask_AL.shape[1], mask_AL.shape[1])
+        layers = _dynamic_layers(self.cache), _dynamic_layers(cache)
+        for running, joining in zip(*layers, strict=True):
+            for name in ("keys", "values"):
+                old, new = getattr(running, name), getattr(joining, name)
+                setattr(running, name, torch.cat([_left_pad(old, width, -2), _left_pad(new, width, -2)]))
+        self.mask_AL = torch.cat([_left_pad(self.mask_AL, width, -1), _left_pad(mask_AL, width, -1)])
+        self.positions_A = torch.cat([self.positions_A, positions_A])
+        self.logits_AV = torch.cat([self.logits_AV, logits_AV])
+
+    def step(self) -> list[Group]:
+        """Decode one token for every running row; the requests that finished at it."""
+        if self._joining:
+            self._prefill_joining()
+        sampled = []
+        start = 0
+        for g in self.groups:
+            a = len(g.active)
+            sampled.append(g.sample(self.logits_AV[start : start + a]))
+            start += a
+        done_A = sampled[0][1] if len(sampled) == 1 else torch.cat([d for _, d in sampled])
+        num_done = int(done_A.sum())  # the step's one host sync
+        interrupted = self.interrupt is not None and self.interrupt.is_set()
+        finished, keeps, tokens = [], [], []
+        for g, (token_A, gdone_A) in zip(self.groups, sampled, strict=True):
+            if num_done:
+                for row in g.active[gdone_A].tolist():
+                    g.lengths[row], g.finish[row] = g.t + 1, "stop"
+            if g.on_tokens is not None:
+                g.on_tokens(g.active.tolist(), token_A.tolist())
+            ended = g.t == g.sampling.max_tokens - 1 or bool(gdone_A.all())
+            if ended or interrupted:
+                if not ended:
+                    for row in g.active[~gdone_A].tolist():
+                        g.lengths[row], g.finish[row] = g.t + 1, "interrupted"
+                g.done = True
+                finished.append(g)
+                keeps.append(torch.zeros_like(gdone_A))
+                continue
+            keep_A = ~gdone_A
+            if num_done:
+                g.active, token_A = g.active[keep_A], token_A[keep_A]
+                if g.rules is not None:
+                    g.rules.keep(keep_A)
+            if g.rules is not None:
+                g.rules.observe(token_A)
+            keeps.append(keep_A)
+            tokens.append(token_A)
+            g.t += 1
+        if finished or num_done:
+            self._keep(keeps[0] if len(keeps) == 1 else torch.cat(keeps))
+        self.groups = [g for g in self.groups if not g.done]
+        if self.groups:
+            self._feed(tokens[0] if len(tokens) == 1 else torch.cat(tokens))
+        return finished
+
+    def _keep(self, keep_A: torch.Tensor) -> None:
+        """Only the rows `keep_A` decode on; cache columns none of them attends to are dropped."""
+        if not bool(keep_A.any()):
+            self.cache = None
+            return
+        assert self.cache is not None
+        self.cache.batch_select_indices(keep_A.nonzero().squeeze(-1))
+        self.mask_AL, self.positions_A = self.mask_AL[keep_A], self.positions_A[keep_A]
+        first = int(self.mask_AL.any(dim=0).int().argmax())  # the first column a row attends to
+        if first > 0:
+            self.mask_AL = self.mask_AL[:, first:]
+            for layer in _dynamic_layers(self.cache):
+                assert layer.keys is not None and layer.values is not None
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+    def _feed(self, token_A: torch.Tensor) -> None:
+        """Feed each running row's sampled token back: the next logits, the routing records."""
+        assert self.cache is not None
+        self.logits_AV, self.mask_AL, self.positions_A = feed(
+            self.model, token_A, self.mask_AL, self.positions_A, self.cache
+        )
+        if self.routing is None:
+            return
+        record_ALK = self.routing.take()
+        start = 0
+        for g in self.groups:
+            a = len(g.active)
+            if g.routes is not None:
+                g.routes.step(g.active, g.t - 1, record_ALK[start : start + a])
+            start += a
+
+
+def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    layers = [layer for layer in cache.layers if type(layer) is DynamicLayer]
+    if len(layers) != len(cache.layers):
+        raise ValueError("the running batch lays caches side by side only for full-attention layers")
+    return layers
+
+
+def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`x` padded with zeros at the start of `dim` to `width` entries."""
+    missing = width - x.shape[dim]
+    if missing == 0:
+        return x
+    pad = [0, 0] * (-dim - 1) + [missing, 0]
+    return F.pad(x, pad)
+
+
+class RowRoutes:
+    """The routing records of one request's rows: the prefill's (every prompt token) and each
+    decode step's (the token fed back), gathered per row."""
+
+    def __init__(self, prefill_NLK: torch.Tensor, num_prompts: int, n: int, steps: int):
+        self.n = n
+        layers, top_k = prefill_NLK.shape[1:]
+        self.prefill_PWLK = prefill_NLK.view(num_prompts, -1, layers, top_k)
+        self.steps_RTLK = prefill_NLK.new_zeros((num_prompts * n, steps, layers, top_k))
+
+    def step(self, rows: torch.Tensor | slice, t: int, record_ALK: torch.Tensor) -> None:
+        """The record of the forward that fed back the tokens sampled at step `t` to `rows`."""
+        self.steps_RTLK[rows, t] = record_ALK
+
+    def records(self, prompts: list[list[int]], lengths: list[int]) -> list[bytes]:
+        width = self.prefill_PWLK.shape[1]
+        out = []
+        for row, length in enumerate(lengths):
+            prompt = self.prefill_PWLK[row // self.n, width - len(prompts[row // self.n]) :]
+            out.append(moe_routing.to_bytes(torch.cat([prompt, self.steps_RTLK[row, : length - 1]])))
+        return out

@@ -1,0 +1,173 @@
+"""Continuous batching in the HF engine (engines/hf_running.py, HFBatch) and the batching engine's
+loop over it (batching.py): requests with different sampling settings share one running batch,
+join it at token boundaries, leave it when they end, and each samples what it samples alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from rlcore.core.types import SamplingParams
+from rlcore.rollout.batching import BatchingEngine
+from rlcore.rollout.engines.hf import HFEngine
+
+pytestmark = pytest.mark.timeout(300)
+
+MIXED = [
+    SamplingParams(n=1, temperature=1.0, max_tokens=9, seed=1),
+    SamplingParams(n=3, temperature=0.7, top_p=0.8, max_tokens=14, seed=2),
+    SamplingParams(n=1, temperature=0.0, max_tokens=6),
+    SamplingParams(n=2, temperature=0.0, max_tokens=5, repetition_penalty=1.3),
+    SamplingParams(n=2, temperature=1.2, top_k=5, min_p=0.05, max_tokens=12, seed=3, min_tokens=4),
+    SamplingParams(n=1, temperature=1.0, max_tokens=20, seed=4, presence_penalty=0.5, frequency_penalty=0.4),
+    SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=5, stop=["1"], logit_bias={7: 3.0}),
+    SamplingParams(n=1, temperature=0.9, max_tokens=11, seed=6, ignore_eos=True, stop_token_ids=[9]),
+]
+"""One request each: every setting a row samples under, different in each."""
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path: str) -> HFEngine:
+    torch.set_num_threads(1)
+    return HFEngine(tiny_model_path, max_model_len=256, max_batch_size=64)
+
+
+def _prompts(engine: HFEngine) -> list[list[list[int]]]:
+    """Request i's prompts: one or two, of different lengths (the joins pad them)."""
+    tok = engine.tokenizer
+    return [[tok(f"{i}+{i * 7}=")["input_ids"]] + ([tok(f"{i}*{i}*{i}+1=")["input_ids"]] if i % 2 else []) for i in range(len(MIXED))]
+
+
+def _same(got: list, alone: list) -> None:
+    """Request by request, prompt by prompt: token for token, finish reason for finish reason;
+    log-probs to float rounding."""
+    flat = [c for request in got for cs in request for c in cs]
+    refs = [c for request in alone for cs in request for c in cs]
+    assert [len(cs) for request in got for cs in request] == [len(cs) for request in alone for cs in request]
+    assert [(c.token_ids, c.finish_reason, c.text) for c in flat] == [(c.token_ids, c.finish_reason, c.text) for c in refs]
+    for c, ref in zip(flat, refs, strict=True):
+        assert c.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+
+
+def test_requests_joining_a_running_batch_at_different_steps_each_sample_what_they_sample_alone(engine: HFEngine) -> None:
+    """Requests added one per step (each prefilled while the others decode, its cache laid beside
+    theirs), each with its own settings: every one's completions are those of the request alone."""
+    prompts = _prompts(engine)
+    alone = [engine.generate(p, s) for p, s in zip(prompts, MIXED, strict=True)]
+    batch = engine.continuous_batch()
+    assert batch is not None
+    ids, done = [], {}
+    for p, s in zip(prompts, MIXED, strict=True):
+        ids.append(batch.add(p, s))
+        done.update(batch.step())
+    most_rows = batch.rows
+    while batch.rows:
+        done.update(batch.step())
+    assert most_rows > 4  # several requests did run side by side
+    _same([done[i] for i in ids], alone)
+
+
+def test_concurrent_requests_with_their_own_seeds_and_lengths_share_one_running_batch(engine: HFEngine) -> None:
+    """Eight calls at once, each with its own seed, max_tokens and sampling: one stretch of the
+    engine's loop serves them all (one batching-engine "call"), each answer the call's alone."""
+    batching = BatchingEngine(engine, threading.Lock())
+    prompts = _prompts(engine)
+    alone = [engine.generate(p, s) for p, s in zip(prompts, MIXED, strict=True)]
+    got: list = [None] * len(MIXED)
+    barrier = threading.Barrier(len(MIXED))
+
+    def call(i: int) -> None:
+        barrier.wait()
+        got[i] = batching.generate_versioned(prompts[i], MIXED[i], linger_s=0.3)[0]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(MIXED))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert batching.calls == 1
+    _same(got, alone)
+
+
+def test_a_short_request_arriving_during_a_long_one_finishes_long_before_it(engine: HFEngine) -> None:
+    """The short request joins the running batch at the next token instead of waiting for the long
+    one to end: it is back while the long one still decodes."""
+    batching = BatchingEngine(engine, threading.Lock())
+    tok = engine.tokenizer
+    long = SamplingParams(temperature=1.0, max_tokens=200, seed=1, ignore_eos=True)
+    short = SamplingParams(temperature=1.0, max_tokens=4, seed=2)
+    forwards = threading.Semaphore(0)
+    hook = engine.model.register_forward_hook(lambda *_: forwards.release())
+    result: list = []
+    try:
+        runner = threading.Thread(target=lambda: result.append(batching.generate([tok("1+1=")["input_ids"]], long)))
+        runner.start()
+        for _ in range(10):  # the long request is decoding
+            assert forwards.acquire(timeout=60)
+        (answer,) = batching.generate([tok("2+2=")["input_ids"]], short)[0]
+        assert runner.is_alive() and not result  # the long one is still running
+        runner.join(120)
+    finally:
+        hook.remove()
+    assert len(answer.token_ids) <= 4 and len(result[0][0][0].token_ids) == 200
+    assert batching.calls == 1  # the short one joined the long one's stretch
+    assert [answer.token_ids] == [c.token_ids for c in engine.generate([tok("2+2=")["input_ids"]], short)[0]]
+
+
+def test_a_request_the_engine_refuses_fails_alone(engine: HFEngine) -> None:
+    """A request past max_model_len fails with its own one-line error; the one beside it is served."""
+    batching = BatchingEngine(engine, threading.Lock())
+    tok = engine.tokenizer
+    errors: list = []
+
+    def too_long() -> None:
+        try:
+            batching.generate([tok("1+1=")["input_ids"]], SamplingParams(max_tokens=10_000))
+        except ValueError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=too_long)
+    t.start()
+    (ok,) = batching.generate([tok("3+3=")["input_ids"]], SamplingParams(temperature=0.0, max_tokens=5))[0]
+    t.join(60)
+    assert len(ok.token_ids) >= 1
+    assert len(errors) == 1 and "exceed max_model_len 256" in errors[0]
+
+
+def test_a_weight_update_waits_for_the_running_requests_and_admits_none_meanwhile(engine: HFEngine) -> None:
+    """The gate closed (a weight update waiting) while a request decodes: it finishes, a request
+    arriving meanwhile waits for the gate to open and then runs."""
+    from rlcore.rollout.gate import GenerationGate
+
+    lock, gate = threading.Lock(), GenerationGate()
+    batching = BatchingEngine(engine, lock, gate)
+    tok = engine.tokenizer
+    forwards = threading.Semaphore(0)
+    hook = engine.model.register_forward_hook(lambda *_: forwards.release())
+    first: list = []
+    try:
+        runner = threading.Thread(target=lambda: first.append(batching.generate_versioned(
+            [tok("1+1=")["input_ids"]], SamplingParams(max_tokens=60, seed=1, ignore_eos=True))))  # fmt: skip
+        runner.start()
+        assert forwards.acquire(timeout=60)
+        gate.close()
+        second: list = []
+        waiter = threading.Thread(target=lambda: second.append(batching.generate_versioned(
+            [tok("2+2=")["input_ids"]], SamplingParams(max_tokens=5, seed=2))))  # fmt: skip
+        waiter.start()
+        runner.join(120)
+        with lock:  # the update: the running request is done, the waiting one has not started
+            assert first and not second
+            engine.policy_version = 7
+        time.sleep(0.2)
+        assert not second
+        gate.open()
+        waiter.join(60)
+    finally:
+        hook.remove()
+        engine.policy_version = 0
+    assert first[0][1] == 0 and len(first[0][0][0][0].token_ids) == 60
+    assert second[0][1] == 7
