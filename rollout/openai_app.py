@@ -4,8 +4,10 @@ included. FastAPI is imported only when a worker serves the door (`pip install '
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Header, Request
@@ -13,8 +15,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .openai_door import DoorError, OpenAIDoor, invalid
-from .openai_stream import sse_events
+from .openai_door import OpenAIDoor
+from .openai_errors import DoorError, invalid
+from .openai_stream import LiveStream, sse_events
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,43 @@ def _json(raw: bytes) -> Any:
         raise invalid("body", "nests deeper than the JSON parser allows") from None
     except json.JSONDecodeError as e:
         raise invalid("body", f"is not valid JSON (at character {e.pos})") from None
+
+
+async def _streamed(fn: Any, body: dict[str, Any], *args: Any) -> Any:
+    """`fn`'s answer as OpenAI's events, sent as the engine generates it (openai_stream.py). An
+    error before the answer begins is a JSON error as any; one after it, an error event."""
+    live = LiveStream(asyncio.get_running_loop())
+
+    def run() -> Any:
+        try:
+            return fn(body, *args, live)
+        finally:
+            live.put(None)
+
+    answer = asyncio.ensure_future(run_in_threadpool(run))
+    first = await live.events.get()
+    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    if first is None:  # done before it began: refused (raised here), or answered whole
+        return StreamingResponse(sse_events(await answer, usage), media_type="text/event-stream")
+
+    async def events() -> AsyncIterator[str]:
+        yield first
+        while (event := await live.events.get()) is not None:
+            yield event
+        try:
+            result = await answer
+        except DoorError as e:
+            yield f"data: {json.dumps(e.body())}\n\n"
+            return
+        except Exception:
+            log.exception("OpenAI door: a streamed answer failed")
+            error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
+            yield f"data: {json.dumps(error.body())}\n\n"
+            return
+        for event in live.finish(result, usage):
+            yield event
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
@@ -52,11 +92,9 @@ def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
             if fn is None:
                 return JSONResponse(args[0]() if args else door.models())
             body = _json(await request.body())
-            result = await run_in_threadpool(fn, body, *args)
-            if body.get("stream"):  # checked by `fn`: a finished answer, sent as OpenAI's events
-                usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return StreamingResponse(sse_events(result, usage), media_type="text/event-stream")
-            return JSONResponse(result)
+            if fn in (door.completions, door.chat) and isinstance(body, dict) and body.get("stream") is True:
+                return await _streamed(fn, body, *args)
+            return JSONResponse(await run_in_threadpool(fn, body, *args))
         except DoorError as e:
             return JSONResponse(e.body(), status_code=e.status)
         except Exception:  # a bug: said in OpenAI's shape, never as a bare 500 text

@@ -4,8 +4,8 @@
 The door is the same worker: the same token (`Authorization: Bearer`), engine lock, pause gate,
 limits and validation as RolloutService (sampling is checked by the same function, the error
 names the request's parameter), errors in OpenAI's shape ({"error": {"message", "type", "param",
-"code"}}). Concurrent requests with the same sampling share engine calls (the worker's
-batching engine, batching.py). Chat requests are rendered by the model's chat template with the request's `tools`;
+"code"}}). Concurrent requests share the engine's running batch whatever their settings (the
+worker's batching engine, batching.py). Chat requests are rendered by the model's chat template with the request's `tools`;
 tool calls in a reply (in the format the model's templates use: workflows/tool_formats.py) come back
 as `tool_calls`.
 
@@ -13,7 +13,7 @@ A request tagged with an episode id (body field `episode_id`, or header `X-Episo
 recorded token by token (episodes.py); the gRPC call FinishEpisode scores the record and turns it
 into experiences a trainer takes. Each choice also carries the ids of its tokens (`token_ids`,
 an rlcore field) and the response the version of the weights that generated it. `stream: true`
-sends the finished answer as OpenAI's server-sent events (openai_stream.py).
+sends the answer as OpenAI's server-sent events while it is generated (openai_stream.py).
 
 A request's `model` names the model or a LoRA adapter the worker holds beside its weights
 (engines/adapters.py; loaded by `--lora-modules`, the gRPC LoadAdapter, or POST
@@ -24,7 +24,6 @@ This module is the door's logic; openai_app.py serves it over FastAPI.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -35,8 +34,12 @@ from ..core.rpc.convert import sampling_to_proto
 from ..core.rpc.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from ..core.types import Completion, SamplingParams
 from .engines.adapters import AdapterNotHeld
+from .engines.base import TokensOut
 from .episodes import EpisodeRecorder
+from .openai_errors import DoorError, invalid, not_served
+from .openai_messages import assistant_message, comparable, template_messages
 from .openai_schema import BodyError, check, check_id, shown
+from .openai_stream import LiveStream
 from .server import RolloutServicer
 from .workflows.tool_formats import resolve
 from .workflows.turns import TurnFormat
@@ -54,35 +57,6 @@ for its whole generation."""
 BATCH_WAIT_S = 0.01
 """How long a request that finds the engine idle waits for concurrent ones to share its engine call
 (`--http-batch-wait-ms`)."""
-
-
-class DoorError(Exception):
-    """An HTTP error in OpenAI's JSON shape."""
-
-    def __init__(
-        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
-    ):
-        super().__init__(_encodable(message))
-        self.status, self.param, self.kind = status, param and _encodable(param), kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
-
-
-def invalid(param: str, problem: str) -> DoorError:
-    return DoorError(400, f"{param}: {problem}", param)
-
-
-def _encodable(text: str) -> str:
-    """`text` as UTF-8 can carry it (what cannot be, a lone surrogate, escaped): an error that
-    echoes a request's value must never fail to be sent."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _not_served(model: str, served: list[str]) -> DoorError:
-    names = ", ".join(f"'{name}'" for name in served)
-    return DoorError(404, f"model {shown(model)} is not served here; this worker serves {names}", "model",
-                     "not_found_error")  # fmt: skip
 
 
 class OpenAIDoor:
@@ -185,7 +159,7 @@ class OpenAIDoor:
             self.servicer._check_length(prompt_param, prompt_len, sampling)
         except InvalidArgument as e:
             if e.field == "sampling.adapter":  # unloaded since the body's check
-                raise _not_served(body["model"], self._served()) from None
+                raise not_served(body["model"], self._served()) from None
             field = e.field.removeprefix("sampling.")
             raise invalid(field, str(e).split(": ", 1)[1]) from None
         if sampling.n * sampling.max_tokens > self.max_request_tokens:
@@ -206,21 +180,24 @@ class OpenAIDoor:
         except BodyError as e:
             raise invalid(e.param, str(e).split(": ", 1)[1]) from None
 
-    def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[Completion], int]:
+    def generate(
+        self, prompt: list[int], sampling: SamplingParams, on_tokens: TokensOut | None = None
+    ) -> tuple[list[Completion], int]:
         """One prompt's completions. Requests go through the worker's batching engine, as RunTasks'
-        tasks do: concurrent requests with the same sampling share one engine call (batching.py),
-        under the worker's gate and engine lock. A paused worker refuses new requests (503); one
-        admitted waits out a weight update that starts meanwhile."""
+        tasks do: concurrent requests decode together (batching.py), under the worker's gate and
+        engine lock; `on_tokens` sees the tokens as they are sampled (a streamed answer). A paused
+        worker refuses new requests (503); one admitted waits out a weight update that starts
+        meanwhile."""
         try:
             self.servicer.gate.check()
             (completions,), version = self.servicer.batching.generate_versioned(
-                [prompt], sampling, self.batch_wait_s
+                [prompt], sampling, self.batch_wait_s, on_tokens
             )
             self.servicer.gate.count(sum(len(c.token_ids) for c in completions))
         except Unavailable as e:
             raise DoorError(503, str(e), kind="service_unavailable") from None
         except AdapterNotHeld:  # unloaded since the request was checked
-            raise _not_served(sampling.adapter, self._served()) from None
+            raise not_served(sampling.adapter, self._served()) from None
         except ServiceError as e:
             raise DoorError(500, str(e), kind="server_error") from None
         return completions, version
@@ -228,7 +205,9 @@ class OpenAIDoor:
     # ------------------------------------------------------------------------------------------
     # /v1/completions
 
-    def completions(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
+    def completions(
+        self, body: dict[str, Any], episode_header: str | None, live: LiveStream | None = None
+    ) -> dict[str, Any]:
         self._check_body("completions", body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -254,7 +233,7 @@ class OpenAIDoor:
         logprobs = body.get("logprobs")  # 0 or 1 (the schema): the sampled token's log-prob
         sampling = self.sampling(body, len(ids))
         self._check_episode(episode, sampling)
-        completions, version = self.generate(ids, sampling)
+        completions, version = self.generate(ids, sampling, self._begin(live, False, ids, sampling, body, True))
         choices = []
         for i, c in enumerate(completions):
             choice: dict[str, Any] = {
@@ -277,9 +256,11 @@ class OpenAIDoor:
     # ------------------------------------------------------------------------------------------
     # /v1/chat/completions
 
-    def chat(self, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
+    def chat(
+        self, body: dict[str, Any], episode_header: str | None, live: LiveStream | None = None
+    ) -> dict[str, Any]:
         self._check_body("chat", body)
-        messages = self._messages(body["messages"])
+        messages = template_messages(body["messages"])
         self._check_chars("messages", sum(len(m["content"]) for m in messages))
         tools = body.get("tools")
         if body.get("top_logprobs"):
@@ -311,10 +292,10 @@ class OpenAIDoor:
             raise self._template_error(e) from None
         sampling = self.sampling(body, len(ids), "messages")
         self._check_episode(episode, sampling)
-        completions, version = self.generate(ids, sampling)
+        completions, version = self.generate(ids, sampling, self._begin(live, True, ids, sampling, body, not tools))
         choices = []
         for i, c in enumerate(completions):
-            message = self._assistant_message(c.text)
+            message = assistant_message(c.text, self.tool_calls)
             finish = "tool_calls" if message.get("tool_calls") else c.finish_reason
             choice: dict[str, Any] = {
                 "index": i,
@@ -330,18 +311,34 @@ class OpenAIDoor:
             choices.append(choice)
         if episode:
             c = completions[0]
-            history = messages + [_comparable(choices[0]["message"])]
+            history = messages + [comparable(choices[0]["message"])]
             self.recorder.record(episode, continued, inserted, ids, c, history, version, sampling.adapter)
         return self._response("chat.completion", choices, ids, completions, version, sampling)
 
     # ------------------------------------------------------------------------------------------
     # helpers
 
+    def _begin(
+        self, live: LiveStream | None, chat: bool, ids: list[int], sampling: SamplingParams,
+        body: dict[str, Any], text_live: bool,
+    ) -> TokensOut | None:  # fmt: skip
+        """Start a streamed answer (its first events); what the engine hands its tokens to."""
+        if live is None:
+            return None
+        live.begin(
+            chat=chat, n=sampling.n, model=sampling.adapter or self.model_name, prompt_token_ids=ids,
+            policy_version=self.servicer.engine.policy_version,
+            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            decode=lambda tokens: str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
+            stop=sampling.stop, live=text_live,
+        )  # fmt: skip
+        return live.tokens
+
     def model(self, model_id: str) -> dict[str, Any]:
         """GET /v1/models/{id}: the served model or adapter, or a 404 in OpenAI's shape."""
         served = {m["id"]: m for m in self.models()["data"]}
         if model_id not in served:
-            raise _not_served(model_id, list(served))
+            raise not_served(model_id, list(served))
         return served[model_id]
 
     def _check_episode(self, episode: str | None, sampling: SamplingParams) -> None:
@@ -370,7 +367,7 @@ class OpenAIDoor:
             raise invalid(e.param, str(e).split(": ", 1)[1]) from None
         model = body.get("model")
         if model is not None and model not in (served := self._served()):
-            raise _not_served(model, served)
+            raise not_served(model, served)
 
     def _template_error(self, e: Exception) -> DoorError:
         """The chat template's failure in the door's words: a template's own refusal (its
@@ -381,48 +378,6 @@ class OpenAIDoor:
             return invalid("messages", "the model has no chat template (send a prompt to /v1/completions)")
         log.warning("the chat template failed on a request's messages", exc_info=e)
         return invalid("messages", "the model's chat template cannot render them")
-
-    def _messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The request's messages (typed by the schema) in the template's terms: text parts joined,
-        tool call arguments as objects; the error names the message and field."""
-        out = []
-        for j, m in enumerate(messages):
-            content = m.get("content")
-            if isinstance(content, list):  # text parts (the schema serves no other)
-                content = "".join(p["text"] for p in content)
-            if content is None and not (m["role"] == "assistant" and m.get("tool_calls")):
-                raise invalid(
-                    f"messages[{j}].content", "is required (only an assistant's tool calls may go without)"
-                )
-            message: dict[str, Any] = {
-                "role": "system" if m["role"] == "developer" else m["role"],
-                "content": content or "",
-            }
-            if m.get("tool_calls"):
-                message["tool_calls"] = [
-                    {"type": "function", "function": {"name": call["function"]["name"],
-                                                      "arguments": _arguments(call["function"].get("arguments", "{}"), j, k)}}
-                    for k, call in enumerate(m["tool_calls"])
-                ]  # fmt: skip
-            out.append(message)
-        return out
-
-    def _assistant_message(self, text: str) -> dict[str, Any]:
-        """The reply as an OpenAI assistant message: readable tool calls in `tool_calls`, the rest
-        (the calls removed) in `content`."""
-        calls = [c for c in self.tool_calls.parse(text) if not isinstance(c, str)]
-        if not calls:
-            return {"role": "assistant", "content": text}
-        content = self.tool_calls.content(text)
-        return {
-            "role": "assistant",
-            "content": content or None,
-            "tool_calls": [
-                {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                 "function": {"name": name, "arguments": json.dumps(arguments)}}
-                for name, arguments in calls
-            ],
-        }  # fmt: skip
 
     def _check_chars(self, param: str, chars: int) -> None:
         if chars > self.max_chars:
@@ -448,32 +403,3 @@ class OpenAIDoor:
             "usage": {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated},
             "policy_version": version, "prompt_token_ids": prompt_ids,
         }  # fmt: skip
-
-
-def _arguments(arguments: str | dict[str, Any], j: int, k: int) -> dict[str, Any]:
-    """A tool call's arguments (OpenAI's JSON text of an object, or the object) as an object."""
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except (ValueError, RecursionError):
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise invalid(f"messages[{j}].tool_calls[{k}].function.arguments", "must be a JSON object")
-    return parsed
-
-
-def _comparable(message: dict[str, Any]) -> dict[str, Any]:
-    """An assistant reply as the agent will send it back (tool call ids dropped, arguments as
-    objects), so the next request's messages can be matched against it."""
-    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
-    if message.get("tool_calls"):
-        out["tool_calls"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": c["function"]["name"],
-                    "arguments": json.loads(c["function"]["arguments"]),
-                },
-            }
-            for c in message["tool_calls"]
-        ]
-    return out

@@ -1,22 +1,122 @@
-"""`stream: true` on the OpenAI-compatible door: a finished response as OpenAI's server-sent events.
+"""`stream: true` on the OpenAI-compatible door: an answer as OpenAI's server-sent events, its text
+sent while the engine generates it.
 
-The engine returns whole completions (it does not hand out tokens as it decodes), so a streamed
-answer arrives once generation ends, as the chunks OpenAI's SDKs reassemble: per choice, the
-assistant's role, then its content (and tool calls, each with its index) with the log-probs when
-asked, then the finish reason, which carries rlcore's `token_ids`; with stream_options.include_usage
-every chunk has `usage: null` but a last one without choices that holds the usage. The first chunk
-carries `policy_version` and `prompt_token_ids`, as the whole response does; `data: [DONE]` ends it.
+Where the worker's engine has a running batch (the HF engine on CPU: engines/hf_running.py), the
+engine hands each step's tokens to a `LiveStream`: the first events are the assistant's role (chat),
+then each choice's text as it grows. Text that could still change is held back: a trailing
+character whose bytes are not all generated yet, and a trailing piece that may be the start of a
+stop string (the answer is cut before a stop string). Once generation ends, the rest goes out as
+the chunks OpenAI's SDKs reassemble (`sse_events`): per choice, the text not yet sent (and tool
+calls, each with its index) with the log-probs when asked, then the finish reason, which carries
+rlcore's `token_ids`; with stream_options.include_usage every chunk has `usage: null` but a last one
+without choices that holds the usage. The first chunk carries `policy_version` and
+`prompt_token_ids`, as the whole response does; `data: [DONE]` ends it.
+
+A chat request with `tools` sends its reply when generation ends (whether the reply holds calls is
+known only then, and its content is the reply without them), as does an engine without a running
+batch (vLLM in process, a GPU's CUDA-graph decode).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def sse_events(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
-    """The events of `response` (a chat.completion or text_completion the door built)."""
+class LiveStream:
+    """One streamed answer's events while it is generated. The door calls `begin` once the
+    request is accepted and the engine's loop thread calls `tokens` after each step; the web layer
+    reads `events` (an asyncio queue of event texts, None once the door is done with the request)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self.events: asyncio.Queue[str | None] = asyncio.Queue()
+        self.begun = False
+        self.sent: list[str] = []
+        """Each choice's text sent so far."""
+        self._tokens: list[list[int]] = []
+        self._base: dict[str, Any] = {}
+        self.first: dict[str, Any] = {}
+        """The fields the stream's first event carries, until it is sent."""
+        self._decode: Callable[[list[int]], str] = lambda ids: ""
+        self._stop: list[str] = []
+        self._live = False
+
+    def put(self, event: str | None) -> None:
+        """Queue an event from any thread (None: no more events from the door)."""
+        self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def begin(
+        self, *, chat: bool, n: int, model: str, prompt_token_ids: list[int], policy_version: int,
+        include_usage: bool, decode: Callable[[list[int]], str], stop: list[str], live: bool,
+    ) -> None:  # fmt: skip
+        """The answer starts: its first events (chat: each choice's role). `live`: whether its text
+        is sent as it grows (else all of it when generation ends)."""
+        self.begun, self._live = True, live
+        self.sent, self._tokens = [""] * n, [[] for _ in range(n)]
+        self._decode, self._stop = decode, stop
+        self._base = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": model,
+        }  # fmt: skip
+        if include_usage:
+            self._base["usage"] = None
+        self.first = {"policy_version": policy_version, "prompt_token_ids": prompt_token_ids}
+        if chat:  # a completion's first event is its first text (or, with none, its end)
+            for i in range(n):
+                role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                self._send(role)
+
+    def tokens(self, rows: list[int], tokens: list[int]) -> None:
+        """Rows `rows` sampled `tokens` (the engine's loop thread): send the text that is final."""
+        for row, token in zip(rows, tokens, strict=True):
+            self._tokens[row].append(token)
+        if not self._live:
+            return
+        for row in sorted(set(rows)):
+            text = releasable(self._decode(self._tokens[row]), self._stop)
+            sent = self.sent[row]
+            if len(text) > len(sent) and text.startswith(sent):
+                self.sent[row] = text
+                delta = text[len(sent) :]
+                chat = self._base["object"] == "chat.completion.chunk"
+                part = {"index": row, "delta": {"content": delta}} if chat else {"index": row, "text": delta}
+                self._send({**part, "logprobs": None, "finish_reason": None})
+
+    def _send(self, choice: dict[str, Any]) -> None:
+        self.put(_event({**self._base, **self.first, "choices": [choice]}))
+        self.first = {}
+
+    def finish(self, response: dict[str, Any], include_usage: bool) -> Iterator[str]:
+        """The events after those sent: the rest of `response` (the answer the door built)."""
+        same = {k: self._base[k] for k in ("id", "created", "model")}
+        return sse_events({**response, **same}, include_usage, self)
+
+
+def releasable(text: str, stop: list[str]) -> str:
+    """The part of `text` (a reply decoded so far) that stays as it is whatever is generated next:
+    cut before a stop string it holds, without a trailing piece that may begin one, or a trailing
+    character whose bytes are not all there yet (decoded as U+FFFD)."""
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    if cuts:
+        return text[: min(cuts)]
+    keep = len(text.rstrip("\ufffd"))
+    for s in stop:
+        for k in range(min(len(s) - 1, keep), 0, -1):
+            if text[:keep].endswith(s[:k]):
+                keep -= k
+                break
+    return text[:keep]
+
+
+def sse_events(response: dict[str, Any], include_usage: bool, live: LiveStream | None = None) -> Iterator[str]:
+    """The events of `response` (a chat.completion or text_completion the door built); after a
+    `live` stream's events, only what it has not sent."""
     chat = response["object"] == "chat.completion"
     base: dict[str, Any] = {
         "id": response["id"], "object": "chat.completion.chunk" if chat else "text_completion",
@@ -25,8 +125,12 @@ def sse_events(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
     if include_usage:
         base["usage"] = None
     first = {"policy_version": response["policy_version"], "prompt_token_ids": response["prompt_token_ids"]}
+    if live is not None:
+        first = live.first  # the live events carried them, unless none was sent
     for choice in response["choices"]:
-        for part in _chat_parts(choice) if chat else _text_parts(choice):
+        sent = "" if live is None else live.sent[choice["index"]]
+        parts = _chat_parts(choice, sent, live is None) if chat else _text_parts(choice, sent)
+        for part in parts:
             yield _event({**base, **first, "choices": [part]})
             first = {}
     if include_usage:
@@ -34,23 +138,31 @@ def sse_events(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
     yield "data: [DONE]\n\n"
 
 
-def _chat_parts(choice: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _rest(text: str, sent: str) -> str:
+    """`text` without the part a live stream sent (all of it where the two part ways)."""
+    return text[len(sent) :] if text.startswith(sent) else text
+
+
+def _chat_parts(choice: dict[str, Any], sent: str, role: bool) -> Iterator[dict[str, Any]]:
     i, message = choice["index"], choice["message"]
-    yield {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    if role:
+        yield {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
     delta: dict[str, Any] = {}
-    if message.get("content"):
-        delta["content"] = message["content"]
+    if rest := _rest(message.get("content") or "", sent):
+        delta["content"] = rest
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
-    if delta:
+    if delta or choice["logprobs"]:
         yield {"index": i, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
     yield {"index": i, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"],
            "token_ids": choice["token_ids"]}  # fmt: skip
 
 
-def _text_parts(choice: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _text_parts(choice: dict[str, Any], sent: str) -> Iterator[dict[str, Any]]:
     i = choice["index"]
-    yield {"index": i, "text": choice["text"], "logprobs": choice["logprobs"], "finish_reason": None}
+    rest = _rest(choice["text"], sent)
+    if rest or choice["logprobs"] or not sent:
+        yield {"index": i, "text": rest, "logprobs": choice["logprobs"], "finish_reason": None}
     yield {"index": i, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"],
            "token_ids": choice["token_ids"]}  # fmt: skip
 

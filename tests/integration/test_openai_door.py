@@ -173,6 +173,27 @@ def test_streamed_answers_are_the_answers_in_openais_events(api: openai.OpenAI) 
     assert parts == {c.index: c.text for c in text.choices}
 
 
+def test_a_streamed_answer_arrives_piece_by_piece_as_it_is_generated(api: openai.OpenAI) -> None:
+    """Without tools a chat answer streams as the engine samples it: its text comes in many
+    chunks before the one that ends it, the pieces join to the unstreamed answer, and text past a
+    stop string is never sent (a piece that may begin one is held back until it cannot)."""
+    kwargs = dict(model="tiny", messages=[{"role": "user", "content": "Count: 1 2 3"}], max_tokens=40, seed=3,
+                  extra_body={"ignore_eos": True})  # fmt: skip
+    stop = None
+    for _ in range(2):
+        whole = api.chat.completions.create(**kwargs, stop=stop).choices[0]
+        chunks = [c for c in api.chat.completions.create(**kwargs, stop=stop, stream=True) if c.choices]
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+        assert "".join(pieces) == whole.message.content
+        ends = [i for i, c in enumerate(chunks) if c.choices[0].finish_reason]
+        assert ends == [len(chunks) - 1] and chunks[-1].choices[0].finish_reason == whole.finish_reason
+        if stop is None:
+            assert len(pieces) >= 10, pieces  # one piece a token or so, not one at the end
+            stop = [whole.message.content[12:15]]  # the same seeded answer then stops there
+        else:
+            assert whole.finish_reason == "stop" and stop[0] not in "".join(pieces)
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [

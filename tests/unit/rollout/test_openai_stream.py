@@ -51,3 +51,47 @@ def test_completion_events_without_usage() -> None:
     assert "".join(c["choices"][0]["text"] for c in chunks) == "42"
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, "stop"]
     assert chunks[-1]["choices"][0]["token_ids"] == [4, 2]
+
+
+def test_text_that_may_still_change_is_held_back() -> None:
+    """A trailing piece that may begin a stop string, or a character not fully generated yet, is
+    not sent; a stop string found cuts the text before it."""
+    from rlcore.rollout.openai_stream import releasable
+
+    assert releasable("the answer is 4", []) == "the answer is 4"
+    assert releasable("the answer is 4\n\nQ", ["\n\nQ:"]) == "the answer is 4"
+    assert releasable("the answer is 4\n\nQ: next", ["\n\nQ:"]) == "the answer is 4"
+    assert releasable("caf\ufffd", []) == "caf"
+    assert releasable("a STO", ["STOP", "XY"]) == "a "
+    assert releasable("a STOX", ["STOP"]) == "a STOX"
+
+
+def test_a_live_stream_sends_text_as_it_grows_and_the_rest_once_done() -> None:
+    """Tokens in, text deltas out as they become final, then the rest of the finished answer: the
+    pieces join to the answer, the first event carries rlcore's fields, the last the finish."""
+    import asyncio
+
+    from rlcore.rollout.openai_stream import LiveStream
+
+    async def scenario() -> list[str]:
+        live = LiveStream(asyncio.get_running_loop())
+        live.begin(chat=True, n=1, model="tiny", prompt_token_ids=[1, 2], policy_version=4, include_usage=False,
+                   decode=lambda ids: "".join(chr(96 + i) for i in ids), stop=["de"], live=True)  # fmt: skip
+        for token in (1, 2, 3, 4):  # a b c d: "d" may begin the stop string "de"
+            live.tokens([0], [token])
+        live.put(None)
+        await asyncio.sleep(0)
+        events = []
+        while (event := await live.events.get()) is not None:
+            events.append(event)
+        answer = {**CHAT, "choices": [{"index": 0, "message": {"role": "assistant", "content": "abcd"},
+                                       "finish_reason": "length", "token_ids": [1, 2, 3, 4], "logprobs": None}]}  # fmt: skip
+        return events + list(live.finish(answer, include_usage=False))
+
+    chunks = [ChatCompletionChunk.model_validate(c) for c in _chunks(asyncio.run(scenario()))]
+    assert chunks[0].model_extra["policy_version"] == 4 and chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    assert pieces == ["a", "b", "c", "d"]  # "d" only once the answer ended without the stop string
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].choices[0].model_extra["token_ids"] == [1, 2, 3, 4]
+    assert len({c.id for c in chunks}) == 1
