@@ -8,8 +8,15 @@ the `openai` package:
 
 - `n`: one request, n=C completions of one prompt;
 - `concurrent`: C requests of n=1 at once (C different prompts of the same length), from C threads;
+- `mixed`: C requests at once as agents send them: each with its own seed and max_tokens (from
+  `--max-tokens` down to half of it), which the worker's running batch takes together (the HF
+  engine's continuous batching: engines/hf_running.py);
 - `sequential`: the same C requests one after another: what the door cost before it batched
   (each request held the engine by itself).
+
+Two latencies beside them, in the same repeats: a streamed `--stream-tokens`-token answer's time to
+its first text against its whole time (`stream`), and a 4-token request sent 0.2 s into such a
+long one against the same request alone (`short_in_long`).
 
 Each repeat runs the sides one after another, in alternating order (these machines drift); the
 report gives each side's wall time and tokens/s, and the ratio to `n` within each repeat
@@ -47,7 +54,9 @@ from rlcore.benchmarks.common import (
 )
 from rlcore.core.rpc.cli import await_port_file
 
-SIDES = ("n", "concurrent", "sequential")
+SIDES = ("n", "concurrent", "mixed", "sequential", "stream", "short_in_long")
+SHORT_TOKENS = 4
+SHORT_AFTER_S = 0.2
 TOKEN_ENV = "RLCORE_BENCH_TOKEN"
 MAX_MODEL_LEN = 512
 START_TIMEOUT_S = 180.0
@@ -98,16 +107,59 @@ def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         assert answer.usage is not None  # the door always reports usage
         return answer.usage.completion_tokens
 
-    def side(name: str, rep: int) -> dict[str, Any]:
+    def own(i: int, rep: int) -> int:
+        """Request i of the mixed side: its own seed and length."""
+        answer = api.completions.create(
+            model="bench", prompt=texts[i], max_tokens=args.max_tokens - i * args.max_tokens // (2 * len(texts)),
+            temperature=1.0, seed=1000 * rep + i,
+        )  # fmt: skip
+        assert answer.usage is not None
+        return answer.usage.completion_tokens
+
+    def long(rep: int, seen: list[float] | None = None) -> int:
+        """A streamed answer of --stream-tokens tokens; `seen` gets when its first text came."""
+        start, tokens = time.perf_counter(), 0
+        stream = api.completions.create(
+            model="bench", prompt=texts[0], max_tokens=args.stream_tokens, temperature=1.0, seed=rep, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        for chunk in stream:
+            if seen is not None and not seen and any(c.text for c in chunk.choices):
+                seen.append(time.perf_counter() - start)
+            for c in chunk.choices:
+                tokens += len((c.model_extra or {}).get("token_ids") or [])
+        return tokens
+
+    def short(rep: int) -> float:
         start = time.perf_counter()
+        api.completions.create(model="bench", prompt=texts[-1], max_tokens=SHORT_TOKENS, temperature=1.0,
+                               seed=rep, extra_body={"ignore_eos": True})  # fmt: skip
+        return time.perf_counter() - start
+
+    def side(name: str, rep: int) -> dict[str, Any]:
+        start, extra = time.perf_counter(), {}
         if name == "n":
             tokens = one(texts[0], args.concurrency, rep)
         elif name == "concurrent":
             tokens = sum(pool.map(lambda p: one(p, 1, rep), texts))
-        else:
+        elif name == "mixed":
+            tokens = sum(pool.map(lambda i: own(i, rep), range(len(texts))))
+        elif name == "sequential":
             tokens = sum(one(p, 1, rep) for p in texts)
+        elif name == "stream":
+            first: list[float] = []
+            tokens = long(rep, first)
+            extra = {"first_text_s": first[0], "first_over_total": first[0] / (time.perf_counter() - start)}
+        else:  # short_in_long
+            alone = short(rep)
+            start = time.perf_counter()
+            running = pool.submit(long, rep)
+            time.sleep(SHORT_AFTER_S)
+            beside = short(rep)
+            tokens = running.result() + SHORT_TOKENS
+            extra = {"short_alone_s": alone, "short_beside_s": beside, "beside_over_alone": beside / alone}
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+        return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, **extra}
 
     try:
         for name in SIDES:  # warm-up: first-call allocations, the connection
@@ -129,12 +181,14 @@ def run(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
                 [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[s], runs["n"], strict=True)]
             ),
         }
-        for s in ("concurrent", "sequential")
+        for s in ("concurrent", "mixed", "sequential")
     }
+    ratios["stream_first_text_over_total"] = spread([r["first_over_total"] for r in runs["stream"]])
+    ratios["short_beside_long_over_alone"] = spread([r["beside_over_alone"] for r in runs["short_in_long"]])
     return {
         "benchmark": "door_concurrency",
-        "config": {k: getattr(args, k) for k in ("concurrency", "max_tokens", "repeats", "threads", "device",
-                                                 "dtype", "batch_wait_ms")} | {"model": args.model_dir or "scratch"},
+        "config": {k: getattr(args, k) for k in ("concurrency", "max_tokens", "stream_tokens", "repeats", "threads",
+                                                 "device", "dtype", "batch_wait_ms")} | {"model": args.model_dir or "scratch"},
         "machine": machine_info(),
         "versions": versions(),
         "sides": {s: {"seconds": spread([r["seconds"] for r in runs[s]]),
@@ -158,6 +212,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     for s, label in (("n", f"1 request, n={c}"), ("concurrent", f"{c} concurrent requests, n=1"),
+                     ("mixed", f"{c} concurrent requests, each its own seed and max_tokens"),
                      ("sequential", f"{c} requests one after another")):  # fmt: skip
         w = sides[s]["seconds"]
         ratio = ratios.get(f"{s}_over_n", {}).get("seconds")
@@ -167,9 +222,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"{sides[s]['tokens_per_s']['median']:.0f} | {rel} |"
         )
     tps = ratios["concurrent_over_n"]["tokens_per_s"]["median"]
+    mixed = ratios["mixed_over_n"]["seconds"]
+    first, short = ratios["stream_first_text_over_total"], ratios["short_beside_long_over_alone"]
     rows += [
         "",
-        f"Concurrent requests reach {tps:.2f}x the tokens/s of one n={c} request (median of the pairs).",
+        f"Concurrent requests reach {tps:.2f}x the tokens/s of one n={c} request (median of the pairs); "
+        f"{c} requests each with its own seed and max_tokens take {mixed['median']:.2f}x its wall time "
+        f"({mixed['min']:.2f} / {mixed['max']:.2f}).",
+        "",
+        f"A streamed {cfg['stream_tokens']}-token answer's first text came at {first['median']:.3f} of its "
+        f"whole time (min {first['min']:.3f}, max {first['max']:.3f}); a {SHORT_TOKENS}-token request sent "
+        f"{SHORT_AFTER_S:g} s into it took {short['median']:.2f}x its time alone ({short['min']:.2f} / {short['max']:.2f}).",
     ]
     return "\n".join(rows)
 
@@ -178,11 +241,10 @@ def plot(result: dict[str, Any], path: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     sides = result["sides"]
-    ax.bar(
-        list(SIDES), [sides[s]["seconds"]["median"] for s in SIDES], color=["#4c72b0", "#55a868", "#c44e52"]
-    )
+    shown = ("n", "concurrent", "mixed", "sequential")
+    ax.bar(list(shown), [sides[s]["seconds"]["median"] for s in shown], color=["#4c72b0", "#55a868", "#8172b2", "#c44e52"])
     ax.set_ylabel("wall seconds (median)")
-    ax.set_title(f"door: {result['config']['concurrency']} completions, three ways")
+    ax.set_title(f"door: {result['config']['concurrency']} completions, four ways")
     save_figure(fig, path)
 
 
@@ -197,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "--concurrency", type=positive_int, default=8, help="requests at once (and n of one request)"
     )
     parser.add_argument("--max-tokens", type=positive_int, default=48, help="tokens per completion")
+    parser.add_argument("--stream-tokens", type=positive_int, default=200, help="tokens of the streamed answer")
     parser.add_argument("--repeats", type=positive_int, default=7, help="measured repeats of each side")
     parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads of the worker's engine")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the worker's device")
