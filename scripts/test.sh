@@ -3,7 +3,8 @@
 # then the static checks (mypy, the layer contracts) beside the test suite. The checks run at the
 # lowest priority, on the CPU time pytest leaves idle while its tests wait on the processes they
 # start (about a sixth of 2 cores), so they add nothing to its wall time; their output and verdict
-# come after pytest's. Arguments go to pytest (e.g. `bash scripts/test.sh -x --durations=30`).
+# come after pytest's. The test files run longest first (tests/durations.json, tests/conftest.py), so
+# the short ones fill the end. Arguments go to pytest (e.g. `bash scripts/test.sh -x --durations=30`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +16,7 @@ nice -n 19 python scripts/static_checks.py >"$checks_log" 2>&1 &
 checks=$!
 trap 'kill "$checks" 2>/dev/null; rm -f "$checks_log"' EXIT
 
-python -m pytest -q -n 2 --dist loadfile "$@" tests
+python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "$@" tests
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test: pytest collected no tests: failing on purpose"

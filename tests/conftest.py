@@ -8,6 +8,7 @@ thread_settings()  # OpenMP's and MKL's threads as `rlcore` sets them, before th
 
 # ruff: noqa: E402 - the imports below import torch
 
+import json
 import os
 import threading
 import time
@@ -75,6 +76,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     watch = config.pluginmanager.get_plugin("rlcore-long-test-watch")
     if watch is not None:
         watch.done.set()
+
+
+DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+"""Each test file's seconds in a whole run (scripts/test_durations.py writes it from --durations=0)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, each file's tests in their order. pytest-xdist (`-n 2 --dist
+    loadfile --no-loadscope-reorder`, scripts/test.sh) hands each worker the next file as it runs
+    out, so the short files fill the end and neither worker waits long for the other's last file.
+    A file the table lacks (a new one) counts as the median file."""
+    try:
+        with open(DURATIONS) as f:
+            seconds: dict[str, float] = json.load(f)
+    except (OSError, ValueError):
+        return
+    median = sorted(seconds.values())[len(seconds) // 2] if seconds else 0.0
+    root = os.path.dirname(__file__)
+    weight = {item: seconds.get(os.path.relpath(str(item.path), root), median) for item in items}
+    items.sort(key=lambda item: -weight[item])  # stable: a file's tests keep their order
 
 
 SESSION_START_UP = {k: os.environ.get(k) for k in fork_server.READ_AT_START}
