@@ -64,6 +64,12 @@ class SamplingParams:
     adapter: str = ""
     """A LoRA adapter the engine holds beside its weights to generate with (its name:
     rollout/engines/adapters.py); empty: the engine's own weights."""
+    prompt_logprobs: bool = False
+    """Also score the prompt: each prompt token's log-prob given the tokens before it, under the
+    raw logits (Completion.prompt_logprobs; OpenAI's `echo` with `logprobs`, a teacher's scores)."""
+    top_logprobs: int = 0
+    """Also report the k likeliest tokens at each sampled position, with their log-probs under
+    the distribution `logprobs` are taken from (Completion.top_logprobs)."""
 
 
 @dataclass
@@ -88,6 +94,10 @@ class Completion:
     routed_experts: bytes = b""
     """The experts each token was routed to, when asked (SamplingParams.return_routed_experts):
     uint8 [prompt + response - 1 tokens, MoE layers, top_k] (core/moe_routing.py); empty otherwise."""
+    prompt_logprobs: list[float] = field(default_factory=list)
+    """log p(prompt[i] | prompt[:i]) for i >= 1, when asked (SamplingParams.prompt_logprobs)."""
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per response token, the k likeliest (token, log-prob) there, when asked (SamplingParams.top_logprobs)."""
 
 
 @dataclass

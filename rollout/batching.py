@@ -74,6 +74,11 @@ class BatchingEngine:
         """Sequences continued after a weight update interrupted them (partial rollouts)."""
         self._batch = engine.continuous_batch()
         self._loop: threading.Thread | None = None
+        self.steps = 0
+        """Decode steps of the running batch (continuous batching)."""
+        self.step_rows = 0
+        """Sequences those steps held, summed (over `steps`: the mean batch size)."""
+        self._running_rows = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -236,9 +241,13 @@ class BatchingEngine:
                     continue
             if not running:
                 return
+            rows = batch.rows
             try:
                 finished = batch.step()
+                self.steps, self.step_rows = self.steps + 1, self.step_rows + rows
+                self._running_rows = batch.rows
             except Exception as e:  # every running call sees the engine's error
+                self._running_rows = 0
                 for calls in running.values():
                     for c in calls:
                         self._deliver(c, error=e)
@@ -248,6 +257,15 @@ class BatchingEngine:
                 for c in running.pop(request):
                     self._deliver(c, completions[start : start + len(c.prompts)])
                     start += len(c.prompts)
+
+    def queue_depth(self) -> int:
+        """Generation calls waiting for the engine."""
+        with self._cond:
+            return len(self._queue)
+
+    def running_rows(self) -> int:
+        """Sequences the running batch decodes now (as of its last step)."""
+        return self._running_rows
 
     def _admit(self, batch: EngineBatch, running: dict[int, list[_Call]]) -> None:
         """Queued calls into the running batch, in arrival order, while it admits them; those with

@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .door_metrics import DoorMetrics
 from .openai_door import OpenAIDoor
 from .openai_errors import DoorError, invalid
 from .openai_stream import LiveStream, sse_events
@@ -33,7 +37,12 @@ def _json(raw: bytes) -> Any:
         raise invalid("body", f"is not valid JSON (at character {e.pos})") from None
 
 
-async def _streamed(fn: Any, body: dict[str, Any], *args: Any) -> Any:
+Answered = Callable[[int, Any, float | None], None]
+"""Told once a request is answered: its status, its JSON answer (None for errors) and, streamed,
+when its first text went out (seconds after the start)."""
+
+
+async def _streamed(fn: Any, body: dict[str, Any], args: tuple[Any, ...], answered: Answered) -> Any:
     """`fn`'s answer as OpenAI's events, sent as the engine generates it (openai_stream.py). An
     error before the answer begins is a JSON error as any; one after it, an error event."""
     live = LiveStream(asyncio.get_running_loop())
@@ -48,7 +57,9 @@ async def _streamed(fn: Any, body: dict[str, Any], *args: Any) -> Any:
     first = await live.events.get()
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
     if first is None:  # done before it began: refused (raised here), or answered whole
-        return StreamingResponse(sse_events(await answer, usage), media_type="text/event-stream")
+        result = await answer
+        answered(200, result, None)
+        return StreamingResponse(sse_events(result, usage), media_type="text/event-stream")
 
     async def events() -> AsyncIterator[str]:
         yield first
@@ -57,17 +68,59 @@ async def _streamed(fn: Any, body: dict[str, Any], *args: Any) -> Any:
         try:
             result = await answer
         except DoorError as e:
+            answered(e.status, None, live.first_text_s)
             yield f"data: {json.dumps(e.body())}\n\n"
             return
         except Exception:
             log.exception("OpenAI door: a streamed answer failed")
+            answered(500, None, live.first_text_s)
             error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
             yield f"data: {json.dumps(error.body())}\n\n"
             return
-        for event in live.finish(result, usage):
+        rest = list(live.finish(result, usage))
+        answered(200, result, live.first_text_s)  # before the last event: a client may ask /metrics at once
+        for event in rest:
             yield event
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _handle(
+    door: OpenAIDoor, metrics: DoorMetrics, request: Request, fn: Any, *args: Any, endpoint: str = ""
+) -> Any:
+    """`fn`'s answer to the request's body (JSON, or its events with stream: true); None: the GET
+    `args[0]()` answers, or the model list. A request to `endpoint` is counted in the metrics."""
+    start = time.perf_counter()
+
+    def answered(status: int, result: Any, first_text_s: float | None) -> None:
+        if endpoint:
+            metrics.answered(endpoint, status, time.perf_counter() - start, result)
+        if first_text_s is not None:
+            metrics.first_token.observe(first_text_s)
+
+    status, result = 500, None
+    try:
+        door.check_token(request.headers.get("authorization"))
+        if fn is None:
+            return JSONResponse(args[0]() if args else door.models())
+        body = _json(await request.body())
+        if fn in (door.completions, door.chat) and isinstance(body, dict) and body.get("stream") is True:
+            status = 0  # the stream tells its own end
+            return await _streamed(fn, body, args, answered)
+        result = await run_in_threadpool(fn, body, *args)
+        status = 200
+        return JSONResponse(result)
+    except DoorError as e:
+        status = e.status
+        return JSONResponse(e.body(), status_code=e.status)
+    except Exception:  # a bug: said in OpenAI's shape, never as a bare 500 text
+        status = 500
+        log.exception("OpenAI door: %s %s failed", request.method, request.url.path)
+        error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
+        return JSONResponse(error.body(), status_code=500)
+    finally:
+        if status:
+            answered(status, result, None)
 
 
 def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
@@ -84,23 +137,8 @@ def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
         error = DoorError(e.status_code, what.get(e.status_code, str(e.detail)), kind="invalid_request_error")
         return JSONResponse(error.body(), status_code=e.status_code)
 
-    async def handle(request: Request, fn: Any, *args: Any) -> Any:
-        """`fn`'s answer to the request's body (JSON, or its events with stream: true); None: the
-        GET `args[0]()` answers, or the model list."""
-        try:
-            door.check_token(request.headers.get("authorization"))
-            if fn is None:
-                return JSONResponse(args[0]() if args else door.models())
-            body = _json(await request.body())
-            if fn in (door.completions, door.chat) and isinstance(body, dict) and body.get("stream") is True:
-                return await _streamed(fn, body, *args)
-            return JSONResponse(await run_in_threadpool(fn, body, *args))
-        except DoorError as e:
-            return JSONResponse(e.body(), status_code=e.status)
-        except Exception:  # a bug: said in OpenAI's shape, never as a bare 500 text
-            log.exception("OpenAI door: %s %s failed", request.method, request.url.path)
-            error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
-            return JSONResponse(error.body(), status_code=500)
+    metrics = DoorMetrics(door.servicer.batching)
+    handle = partial(_handle, door, metrics)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
@@ -116,11 +154,27 @@ def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request, x_episode_id: str | None = Header(None)) -> Any:
-        return await handle(request, door.completions, x_episode_id)
+        return await handle(request, door.completions, x_episode_id, endpoint="completions")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, x_episode_id: str | None = Header(None)) -> Any:
-        return await handle(request, door.chat, x_episode_id)
+        return await handle(request, door.chat, x_episode_id, endpoint="chat")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        return await handle(request, door.tokenize, endpoint="tokenize")
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        return await handle(request, door.detokenize, endpoint="detokenize")
+
+    @app.get("/metrics")
+    async def prometheus(request: Request) -> Any:
+        try:
+            door.check_token(request.headers.get("authorization"))
+        except DoorError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     if manages_adapters:  # the worker's own door (not a workflow's loopback one)
 

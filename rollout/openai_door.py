@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP door of a rollout worker (`rlcore rollout serve --http-port`):
-/v1/models, /v1/completions and /v1/chat/completions on the worker's engine, beside gRPC.
+/v1/models, /v1/completions and /v1/chat/completions on the worker's engine, beside gRPC, and
+vLLM's /tokenize and /detokenize (openai_app.py adds /metrics: door_metrics.py).
 
 The door is the same worker: the same token (`Authorization: Bearer`), engine lock, pause gate,
 limits and validation as RolloutService (sampling is checked by the same function, the error
@@ -14,6 +15,9 @@ recorded token by token (episodes.py); the gRPC call FinishEpisode scores the re
 into experiences a trainer takes. Each choice also carries the ids of its tokens (`token_ids`,
 an rlcore field) and the response the version of the weights that generated it. `stream: true`
 sends the answer as OpenAI's server-sent events while it is generated (openai_stream.py).
+/v1/completions takes several prompts, `echo` (each prompt's tokens and, with `logprobs`, their
+log-probs first: a distillation teacher's scores) and `logprobs` k (the k likeliest tokens);
+chat takes `top_logprobs`.
 
 A request's `model` names the model or a LoRA adapter the worker holds beside its weights
 (engines/adapters.py; loaded by `--lora-modules`, the gRPC LoadAdapter, or POST
@@ -27,6 +31,7 @@ import hmac
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from ..core.data.prompts import PromptFormat
@@ -127,7 +132,9 @@ class OpenAIDoor:
             raise invalid(key, "give a non-empty string")
         return value
 
-    def sampling(self, body: dict[str, Any], prompt_len: int, prompt_param: str = "prompt") -> SamplingParams:
+    def sampling(
+        self, body: dict[str, Any], prompt_len: int, prompt_param: str = "prompt", prompts: int = 1
+    ) -> SamplingParams:
         """The request's sampling, checked as RolloutService checks it (the error names the
         request's parameter), types and ranges by the schema (openai_schema.py) first, then what
         depends on this worker: the model length, and the caps on n and tokens per request.
@@ -162,10 +169,11 @@ class OpenAIDoor:
                 raise not_served(body["model"], self._served()) from None
             field = e.field.removeprefix("sampling.")
             raise invalid(field, str(e).split(": ", 1)[1]) from None
-        if sampling.n * sampling.max_tokens > self.max_request_tokens:
+        if prompts * sampling.n * sampling.max_tokens > self.max_request_tokens:
+            many = f"{prompts} prompts x " if prompts > 1 else ""
             raise invalid(
                 "max_tokens",
-                f"n {sampling.n} x max_tokens {sampling.max_tokens} is more than the {self.max_request_tokens} "
+                f"{many}n {sampling.n} x max_tokens {sampling.max_tokens} is more than the {self.max_request_tokens} "
                 "tokens one request may generate here (rlcore rollout serve --http-max-request-tokens)",
             )
         return sampling
@@ -181,26 +189,26 @@ class OpenAIDoor:
             raise invalid(e.param, str(e).split(": ", 1)[1]) from None
 
     def generate(
-        self, prompt: list[int], sampling: SamplingParams, on_tokens: TokensOut | None = None
-    ) -> tuple[list[Completion], int]:
-        """One prompt's completions. Requests go through the worker's batching engine, as RunTasks'
+        self, prompts: list[list[int]], sampling: SamplingParams, on_tokens: TokensOut | None = None
+    ) -> tuple[list[list[Completion]], int]:
+        """The prompts' completions (each prompt's n), and the version of the weights. Requests go through the worker's batching engine, as RunTasks'
         tasks do: concurrent requests decode together (batching.py), under the worker's gate and
         engine lock; `on_tokens` sees the tokens as they are sampled (a streamed answer). A paused
         worker refuses new requests (503); one admitted waits out a weight update that starts
         meanwhile."""
         try:
             self.servicer.gate.check()
-            (completions,), version = self.servicer.batching.generate_versioned(
-                [prompt], sampling, self.batch_wait_s, on_tokens
+            results, version = self.servicer.batching.generate_versioned(
+                prompts, sampling, self.batch_wait_s, on_tokens
             )
-            self.servicer.gate.count(sum(len(c.token_ids) for c in completions))
+            self.servicer.gate.count(sum(len(c.token_ids) for cs in results for c in cs))
         except Unavailable as e:
             raise DoorError(503, str(e), kind="service_unavailable") from None
         except AdapterNotHeld:  # unloaded since the request was checked
             raise not_served(sampling.adapter, self._served()) from None
         except ServiceError as e:
             raise DoorError(500, str(e), kind="server_error") from None
-        return completions, version
+        return results, version
 
     # ------------------------------------------------------------------------------------------
     # /v1/completions
@@ -208,11 +216,15 @@ class OpenAIDoor:
     def completions(
         self, body: dict[str, Any], episode_header: str | None, live: LiveStream | None = None
     ) -> dict[str, Any]:
+        """/v1/completions: one prompt or several (choice i * n + j is prompt i's sample j); `echo`
+        puts each prompt before its completion, with its tokens' log-probs when `logprobs` is set
+        (the prompt's first token has none); `logprobs` k > 0 adds the k likeliest tokens."""
         self._check_body("completions", body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
+        prompts = self._prompts(body.get("prompt"))
         episode = self.episode_id(body, episode_header)
+        if episode and len(prompts) > 1:
+            raise invalid("prompt", "a recorded episode is one conversation: give one prompt")
+        prompt = prompts[0]
         continued = (
             self.recorder.continuation(episode, prompt) if episode and isinstance(prompt, str) else None
         )
@@ -220,38 +232,60 @@ class OpenAIDoor:
         if continued is not None and isinstance(prompt, str):
             # the previous prompt, its completion, the new text
             inserted = self._encode(prompt[len(continued.history) :])
-            ids = continued.tokens + inserted
-        elif isinstance(prompt, str) and prompt:  # no longer than max_chars (the schema)
-            ids = self._encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.servicer.vocab_size]
-            if bad:
-                raise invalid("prompt", f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
+            ids_list = [continued.tokens + inserted]
         else:
-            raise invalid("prompt", "give one non-empty prompt: a string or a list of token ids")
-        logprobs = body.get("logprobs")  # 0 or 1 (the schema): the sampled token's log-prob
-        sampling = self.sampling(body, len(ids))
+            ids_list = [self._encode(p) if isinstance(p, str) else p for p in prompts]
+        logprobs, echo = body.get("logprobs"), bool(body.get("echo"))
+        sampling = self.sampling(body, max(len(ids) for ids in ids_list), prompts=len(ids_list))
+        sampling = replace(sampling, prompt_logprobs=echo and logprobs is not None, top_logprobs=logprobs or 0)
         self._check_episode(episode, sampling)
-        completions, version = self.generate(ids, sampling, self._begin(live, False, ids, sampling, body, True))
-        choices = []
-        for i, c in enumerate(completions):
-            choice: dict[str, Any] = {
-                "index": i,
-                "text": c.text,
-                "finish_reason": c.finish_reason,
-                "token_ids": c.token_ids,
-            }
-            choice["logprobs"] = (
-                {"tokens": self._pieces(c.token_ids), "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": None}
-                if logprobs is not None else None
-            )  # fmt: skip
-            choices.append(choice)
+        results, version = self.generate(
+            ids_list, sampling, self._begin(live, False, ids_list, sampling, body, not echo)
+        )
+        choices = [
+            self._text_choice(i * sampling.n + j, p, ids, c, echo, logprobs)
+            for i, (p, ids, cs) in enumerate(zip(prompts, ids_list, results, strict=True))
+            for j, c in enumerate(cs)
+        ]
         if episode:
-            c = completions[0]
-            history = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)) + c.text
-            self.recorder.record(episode, continued, inserted, ids, c, history, version, sampling.adapter)
-        return self._response("text_completion", choices, ids, completions, version, sampling)
+            c = results[0][0]
+            history = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids_list[0])) + c.text
+            self.recorder.record(episode, continued, inserted, ids_list[0], c, history, version, sampling.adapter)
+        return self._response("text_completion", choices, ids_list, results, version, sampling)
+
+    def _prompts(self, prompt: Any) -> list[str | list[int]]:
+        """The request's prompts (typed by the schema): one, or a list of strings or of token lists."""
+        one = isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))
+        prompts = [prompt] if one else list(prompt or [])
+        if not prompts:
+            raise invalid("prompt", "give a non-empty prompt: a string or a list of token ids, or a list of those")
+        for i, p in enumerate(prompts):
+            where = "prompt" if one else f"prompt[{i}]"
+            if not p:
+                raise invalid(where, "is empty; give a non-empty string or list of token ids")
+            bad = [] if isinstance(p, str) else [t for t in p if not 0 <= t < self.servicer.vocab_size]
+            if bad:
+                raise invalid(where, f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
+        return prompts
+
+    def _text_choice(
+        self, index: int, prompt: str | list[int], ids: list[int], c: Completion, echo: bool, logprobs: int | None
+    ) -> dict[str, Any]:
+        """A text completion's choice: the text (after the prompt's, with echo) and the log-probs."""
+        text = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)) + c.text if echo else c.text
+        choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": c.finish_reason, "token_ids": c.token_ids}
+        choice["logprobs"] = None
+        if logprobs is not None:
+            tokens, scores = self._pieces(c.token_ids), list[float | None](c.logprobs)
+            top: list[dict[str, float] | None] | None = None
+            if logprobs:
+                top = [{self._piece(t): lp for t, lp in k} for k in c.top_logprobs]
+            if echo:  # the prompt's tokens first (its first token has no log-prob)
+                tokens, scores = self._pieces(ids) + tokens, [None, *c.prompt_logprobs, *scores]
+                if top is not None:
+                    top = [None, *({self._piece(t): lp} for t, lp in zip(ids[1:], c.prompt_logprobs, strict=True)), *top]
+            choice["logprobs"] = {"tokens": tokens, "token_logprobs": scores, "top_logprobs": top, "text_offset": None}
+        return choice
 
     # ------------------------------------------------------------------------------------------
     # /v1/chat/completions
@@ -263,10 +297,8 @@ class OpenAIDoor:
         messages = template_messages(body["messages"])
         self._check_chars("messages", sum(len(m["content"]) for m in messages))
         tools = body.get("tools")
-        if body.get("top_logprobs"):
-            raise invalid(
-                "top_logprobs", "only 0 is served: the engine reports the sampled token's log-prob"
-            )
+        if body.get("top_logprobs") and not body.get("logprobs"):
+            raise invalid("top_logprobs", "is taken only with logprobs: true")
         template_kwargs = body.get("chat_template_kwargs") or None  # vLLM's field (checked by the schema)
         fmt = PromptFormat(self.servicer.max_model_len, True, None, None, tools or None, template_kwargs)
         episode = self.episode_id(body, episode_header)
@@ -291,8 +323,11 @@ class OpenAIDoor:
         except Exception as e:  # no chat template, or one that refuses these messages
             raise self._template_error(e) from None
         sampling = self.sampling(body, len(ids), "messages")
+        sampling = replace(sampling, top_logprobs=body.get("top_logprobs") or 0)
         self._check_episode(episode, sampling)
-        completions, version = self.generate(ids, sampling, self._begin(live, True, ids, sampling, body, not tools))
+        (completions,), version = self.generate(
+            [ids], sampling, self._begin(live, True, [ids], sampling, body, not tools)
+        )
         choices = []
         for i, c in enumerate(completions):
             message = assistant_message(c.text, self.tool_calls)
@@ -303,30 +338,73 @@ class OpenAIDoor:
                 "finish_reason": finish,
                 "token_ids": c.token_ids,
             }
-            choice["logprobs"] = (
-                {"content": [{"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-                             for piece, lp in zip(self._pieces(c.token_ids), c.logprobs, strict=True)]}
-                if body.get("logprobs") else None
-            )  # fmt: skip
+            choice["logprobs"] = self._chat_logprobs(c) if body.get("logprobs") else None
             choices.append(choice)
         if episode:
             c = completions[0]
             history = messages + [comparable(choices[0]["message"])]
             self.recorder.record(episode, continued, inserted, ids, c, history, version, sampling.adapter)
-        return self._response("chat.completion", choices, ids, completions, version, sampling)
+        return self._response("chat.completion", choices, [ids], [completions], version, sampling)
+
+    def _chat_logprobs(self, c: Completion) -> dict[str, Any]:
+        """A chat choice's log-probs: each token's, with the likeliest alternatives when asked."""
+        tops = c.top_logprobs or [[] for _ in c.token_ids]
+        return {"content": [
+            {**self._logprob(t, lp), "top_logprobs": [self._logprob(a, alp) for a, alp in top]}
+            for t, lp, top in zip(c.token_ids, c.logprobs, tops, strict=True)
+        ]}  # fmt: skip
+
+    def _logprob(self, token_id: int, logprob: float) -> dict[str, Any]:
+        piece = self._piece(token_id)
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+
+    # ------------------------------------------------------------------------------------------
+    # /tokenize, /detokenize (vLLM's)
+
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A prompt's tokens (add_special_tokens, default true), or chat messages' as the chat
+        template renders them (add_generation_prompt, default true; tools, chat_template_kwargs)."""
+        self._check_body("tokenize", body)
+        if (body.get("prompt") is None) == (body.get("messages") is None):
+            raise invalid("prompt", "give a prompt or messages (one of them)")
+        if body.get("prompt") is not None:
+            self._check_chars("prompt", len(body["prompt"]))
+            special = body.get("add_special_tokens") is not False
+            ids = list(self.tokenizer(body["prompt"], add_special_tokens=special)["input_ids"])
+        else:
+            messages = template_messages(body["messages"])
+            self._check_chars("messages", sum(len(m["content"]) for m in messages))
+            generation = body.get("add_generation_prompt") is not False
+            fmt = PromptFormat(self.servicer.max_model_len, True, None, None, body.get("tools") or None,
+                               body.get("chat_template_kwargs") or None)  # fmt: skip
+            try:
+                text = fmt.render(self.tokenizer, messages, generation)
+                ids = list(self.tokenizer(text, add_special_tokens=body.get("add_special_tokens") is True)["input_ids"])
+            except Exception as e:
+                raise self._template_error(e) from None
+        return {"count": len(ids), "max_model_len": self.servicer.max_model_len, "tokens": ids}
+
+    def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Token ids back to text (special tokens kept, as vLLM's /detokenize)."""
+        self._check_body("detokenize", body)
+        bad = [t for t in body["tokens"] if not t < self.servicer.vocab_size]
+        if bad:
+            raise invalid("tokens", f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
+        return {"prompt": str(self.tokenizer.decode(body["tokens"]))}
 
     # ------------------------------------------------------------------------------------------
     # helpers
 
     def _begin(
-        self, live: LiveStream | None, chat: bool, ids: list[int], sampling: SamplingParams,
+        self, live: LiveStream | None, chat: bool, prompts: list[list[int]], sampling: SamplingParams,
         body: dict[str, Any], text_live: bool,
     ) -> TokensOut | None:  # fmt: skip
         """Start a streamed answer (its first events); what the engine hands its tokens to."""
         if live is None:
             return None
         live.begin(
-            chat=chat, n=sampling.n, model=sampling.adapter or self.model_name, prompt_token_ids=ids,
+            chat=chat, n=len(prompts) * sampling.n, model=sampling.adapter or self.model_name,
+            prompt_token_ids=prompts[0] if len(prompts) == 1 else prompts,
             policy_version=self.servicer.engine.policy_version,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             decode=lambda tokens: str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
@@ -389,14 +467,20 @@ class OpenAIDoor:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _pieces(self, token_ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([t]) for t in token_ids]
+        return [self._piece(t) for t in token_ids]
+
+    def _piece(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
 
     def _response(
-        self, kind: str, choices: list, prompt_ids: list[int], completions: list[Completion], version: int,
+        self, kind: str, choices: list, prompts: list[list[int]], results: list[list[Completion]], version: int,
         sampling: SamplingParams,
     ) -> dict[str, Any]:  # fmt: skip
-        """The response; `prompt_token_ids` and each choice's `token_ids` are rlcore's (vLLM's names)."""
-        generated, prompt_len = sum(len(c.token_ids) for c in completions), len(prompt_ids)
+        """The response; `prompt_token_ids` (a list of them for several prompts) and each choice's
+        `token_ids` are rlcore's (vLLM's names)."""
+        generated = sum(len(c.token_ids) for cs in results for c in cs)
+        prompt_len = sum(len(ids) for ids in prompts)
+        prompt_ids = prompts[0] if len(prompts) == 1 else prompts
         return {
             "id": f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}",
             "object": kind, "created": int(time.time()), "model": sampling.adapter or self.model_name, "choices": choices,

@@ -194,7 +194,8 @@ class _Body(BaseModel):
 
 class CompletionBody(_Body):
     prompt: Text | list[int] | list[Text] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
 
 
 def _template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
@@ -212,14 +213,43 @@ class ChatBody(_Body):
     tools: list[dict[Text, Json]] | None = None
     tool_choice: Literal["auto", "none"] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=INT32)  # the door says which it serves
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     chat_template_kwargs: Annotated[dict[Text, Json], AfterValidator(_template_kwargs)] | None = None
     """vLLM's field: variables the chat template reads (e.g. enable_thinking)."""
 
 
+class TokenizeBody(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages as the template renders them."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    model: Id | None = None
+    prompt: Text | None = None
+    messages: list[Message] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    tools: list[dict[Text, Json]] | None = None
+    chat_template_kwargs: Annotated[dict[Text, Json], AfterValidator(_template_kwargs)] | None = None
+
+
+class DetokenizeBody(BaseModel):
+    """vLLM's /detokenize: token ids back to text."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    model: Id | None = None
+    tokens: list[Annotated[int, Field(ge=0, le=INT32)]]
+
+
+MODELS: dict[str, type[BaseModel]] = {
+    "completions": CompletionBody, "chat": ChatBody, "tokenize": TokenizeBody, "detokenize": DetokenizeBody,
+}  # fmt: skip
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "tokenize": "/tokenize",
+             "detokenize": "/detokenize"}  # fmt: skip
+
 UNSERVED: dict[str, dict[str, Any]] = {
     "completions": {
-        "best_of": 1, "echo": False, "suffix": None,
+        "best_of": 1, "suffix": None,
     },
     "chat": {
         "response_format": {"type": "text"}, "parallel_tool_calls": True,
@@ -234,27 +264,25 @@ UNIONS = {"prompt": "a string, a list of token ids, or a list of one of those"}
 """How to say what a parameter of several shapes takes (pydantic reports each shape's error)."""
 
 
-def check(kind: str, body: Any, max_chars: int | None = None) -> CompletionBody | ChatBody:
-    """The body of a /v1/completions (kind "completions") or /v1/chat/completions ("chat")
-    request, checked (no string longer than `max_chars`); BodyError names the first parameter that
-    is wrong."""
+def check(kind: str, body: Any, max_chars: int | None = None) -> BaseModel:
+    """The body of a request to `kind`'s endpoint (ENDPOINTS), checked (no string longer than
+    `max_chars`); BodyError names the first parameter that is wrong."""
     if not isinstance(body, dict):
         raise BodyError("body", f"must be a JSON object; got {_JSON_KINDS.get(type(body), 'a number')}")
-    model = CompletionBody if kind == "completions" else ChatBody
+    model, unserved = MODELS[kind], UNSERVED.get(kind, {})
     for key, value in body.items():
         if key in model.model_fields:
             continue
-        if key in UNSERVED[kind]:
-            if value is None or value == UNSERVED[kind][key]:
+        if key in unserved:
+            if value is None or value == unserved[key]:
                 continue
-            raise BodyError(key, f"is not served by this worker (only {UNSERVED[kind][key]!r} is)")
-        endpoint = "/v1/completions" if kind == "completions" else "/v1/chat/completions"
-        raise BodyError(_name(key), f"is not a parameter of {endpoint}")
+            raise BodyError(key, f"is not served by this worker (only {unserved[key]!r} is)")
+        raise BodyError(_name(key), f"is not a parameter of {ENDPOINTS[kind]}")
     try:
         checked = model.model_validate(body, context={"max_chars": max_chars})
     except ValidationError as e:
         raise _body_error(e, body) from None
-    if checked.stream_options is not None and not checked.stream:
+    if getattr(checked, "stream_options", None) is not None and not getattr(checked, "stream", None):
         raise BodyError("stream_options", "is taken only with stream: true")
     return checked
 

@@ -42,6 +42,9 @@ class LiveStream:
         self._base: dict[str, Any] = {}
         self.first: dict[str, Any] = {}
         """The fields the stream's first event carries, until it is sent."""
+        self._start = time.perf_counter()
+        self.first_text_s: float | None = None
+        """When the answer's first text went out, in seconds after the stream began."""
         self._decode: Callable[[list[int]], str] = lambda ids: ""
         self._stop: list[str] = []
         self._live = False
@@ -51,7 +54,7 @@ class LiveStream:
         self._loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     def begin(
-        self, *, chat: bool, n: int, model: str, prompt_token_ids: list[int], policy_version: int,
+        self, *, chat: bool, n: int, model: str, prompt_token_ids: list[int] | list[list[int]], policy_version: int,
         include_usage: bool, decode: Callable[[list[int]], str], stop: list[str], live: bool,
     ) -> None:  # fmt: skip
         """The answer starts: its first events (chat: each choice's role). `live`: whether its text
@@ -84,6 +87,8 @@ class LiveStream:
             if len(text) > len(sent) and text.startswith(sent):
                 self.sent[row] = text
                 delta = text[len(sent) :]
+                if self.first_text_s is None:
+                    self.first_text_s = time.perf_counter() - self._start
                 chat = self._base["object"] == "chat.completion.chunk"
                 part = {"index": row, "delta": {"content": delta}} if chat else {"index": row, "text": delta}
                 self._send({**part, "logprobs": None, "finish_reason": None})

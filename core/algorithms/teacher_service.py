@@ -2,7 +2,7 @@
 explorer.auxiliary_models): each rank asks it for the log-prob of every token of its micro-batches'
 sequences, one /v1/completions request per micro-batch with the rows' token ids as the prompts,
 `echo` and `logprobs: 0` (the legacy completions API's prompt log-probs, which vLLM's and SGLang's
-servers answer) and one generated token, which is dropped.
+servers and rlcore's own door answer) and one generated token, which is dropped.
 
 The service must serve a model with the student's tokenizer (the ids are sent as they are) and a
 context of at least model.max_model_len + 1 tokens. Its log-probs are of the raw distribution, so
@@ -68,7 +68,7 @@ class ServiceTeacher:
             if not lps or len(lps) < n or any(v is None for v in lps[1:n]):
                 raise TeacherServiceError(
                     f"teacher service '{self.name}' answered without the prompt's log-probs (echo with logprobs): "
-                    "serve the teacher with a server that returns them (vLLM, SGLang)"
+                    "serve the teacher with a server that returns them (vLLM, SGLang, rlcore's door on the hf engine)"
                 )
             out[choice.index] = [0.0] + [float(v) for v in lps[1:n]]
         return out

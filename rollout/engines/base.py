@@ -224,6 +224,14 @@ def refuse_routed_experts(sampling: SamplingParams, engine: str, why: str = "") 
         )
 
 
+def refuse_scores(sampling: SamplingParams, engine: str) -> None:
+    """ValueError in one line when `sampling` asks for prompt or top-k log-probs from an engine that
+    does not return them."""
+    if sampling.prompt_logprobs or sampling.top_logprobs:
+        what = "prompt log-probs (echo)" if sampling.prompt_logprobs else "top-k log-probs (top_logprobs)"
+        raise ValueError(f"the {engine} engine does not return {what}; serve the model with the hf engine")
+
+
 def response_text(tokenizer: Any, token_ids: list[int], stop: list[str]) -> str:
     """A response's text: special tokens dropped, cut before the first stop string it holds."""
     text = str(tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -166,7 +166,9 @@ class HFEngine(RolloutEngine):
     ) -> list[Completion]:
         """Generate n completions for each prompt in one batch."""
         eos, pad = self.eos_token_ids, self.pad_token_id
-        if self._static is not None and not sampling.adapter:  # an adapter's hooks are in no CUDA graph
+        # an adapter's hooks are in no CUDA graph, scores are the eager loop's
+        scores = sampling.prompt_logprobs or sampling.top_logprobs
+        if self._static is not None and not sampling.adapter and not scores:
             rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                                  stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
                                  interrupt=self.interrupt, routing=sampling.return_routed_experts)  # fmt: skip
@@ -183,6 +185,7 @@ class HFEngine(RolloutEngine):
     def completions(self, prompts: list[list[int]], n: int, sampling: SamplingParams, rows: DecodedRows) -> list[Completion]:
         """The Completions of decoded rows (row r: prompt r // n)."""
         routed = rows.routed_experts or [b""] * len(rows.tokens)
+        top = rows.top_logprobs or [[] for _ in rows.tokens]
         return [
             Completion(
                 prompt_token_ids=list(prompts[row // n]),
@@ -191,6 +194,8 @@ class HFEngine(RolloutEngine):
                 finish_reason=finish,
                 text=response_text(self.tokenizer, tokens, sampling.stop),
                 routed_experts=experts,
+                prompt_logprobs=list(rows.prompt_logprobs[row // n]) if rows.prompt_logprobs else [],
+                top_logprobs=top[row],
             )
             for row, (tokens, logprobs, finish, experts) in enumerate(
                 zip(rows.tokens, rows.logprobs, rows.finish_reasons, routed, strict=True)

@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core import moe_routing
+from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
 from .base import TokensOut, ending_tokens
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
@@ -72,6 +73,19 @@ def seen_tokens(input_ids_PL: torch.Tensor, mask_PL: torch.Tensor, vocab: int, n
     return counts_PV.scatter_add_(1, input_ids_PL, mask_PL).gt(0).repeat_interleave(n, dim=0)
 
 
+def score_prompt(model: Any, prompt: list[int], topk: int = 0) -> tuple[list[float], tuple[torch.Tensor, torch.Tensor] | None]:
+    """log p(prompt[i] | prompt[:i]) for i >= 1, by the function the trainer scores with, from one
+    forward of the prompt alone, and the `topk` likeliest tokens after each prompt[:i] with their
+    log-probs ([len - 1, k] each; None when topk is 0)."""
+    ids = torch.tensor([prompt], device=next(model.parameters()).device)
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    scored = token_logprobs(logits, ids[:, 1:])[0].tolist()
+    if not topk:
+        return scored, None
+    values, tokens = torch.log_softmax(logits[0], dim=-1).topk(topk, dim=-1)
+    return scored, (tokens, values)
+
+
 def held_back(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
     """The tokens min_tokens holds back: EOS (even when ignored, as vLLM does) and stop_token_ids."""
     return sorted(set(eos_token_ids + sampling.stop_token_ids))
@@ -106,6 +120,10 @@ class DecodedRows:
     """"stop" (EOS or a stop string), "length" or "interrupted" (see the module's docstring)."""
     routed_experts: list[bytes] | None = None
     """Each row's routing record (core/moe_routing.py's layout), when asked."""
+    prompt_logprobs: list[list[float]] | None = None
+    """Each prompt's token log-probs (log p(prompt[i] | prompt[:i]), i >= 1), when asked."""
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+    """Each row's k likeliest (token, log-prob) at every response position, when asked."""
 
 
 @dataclass(eq=False)
@@ -125,6 +143,10 @@ class Group:
     active: torch.Tensor
     routes: RowRoutes | None = None
     on_tokens: TokensOut | None = None
+    prompt_scores: list[list[float]] | None = None
+    """Each prompt's token log-probs (SamplingParams.prompt_logprobs), from its prefill step."""
+    top_RTK: tuple[torch.Tensor, torch.Tensor] | None = None
+    """The k likeliest tokens and their log-probs at each row's steps (SamplingParams.top_logprobs)."""
     lengths: list[int] = field(default_factory=list)
     finish: list[str] = field(default_factory=list)
     t: int = 0
@@ -138,6 +160,10 @@ class Group:
         token_A = pick_tokens(filter_logits(logits_AV, s, self.rules, t), s.temperature == 0, uniform_A)
         self.tokens_RT[self.active, t] = token_A
         self.logprobs_RT[self.active, t] = sampled_logprobs(logits_AV, token_A, s.temperature)
+        if self.top_RTK is not None:
+            scores_AV = logits_AV.float() / s.temperature if s.temperature > 0 else logits_AV.float()
+            values_AK, ids_AK = torch.log_softmax(scores_AV, dim=-1).topk(s.top_logprobs, dim=-1)
+            self.top_RTK[0][self.active, t], self.top_RTK[1][self.active, t] = ids_AK, values_AK
         done_A = torch.isin(token_A, self.stops_t)
         if self.matcher is not None and t >= s.min_tokens:  # past min_tokens, as vLLM
             done_A |= self.matcher(self.tokens_RT[self.active, : t + 1], logits_AV)
@@ -153,6 +179,13 @@ class Group:
         )
         if self.routes is not None:
             rows.routed_experts = self.routes.records(self.prompts, self.lengths)
+        rows.prompt_logprobs = self.prompt_scores
+        if self.top_RTK is not None:
+            ids, values = (x.cpu().tolist() for x in self.top_RTK)
+            rows.top_logprobs = [
+                [list(zip(ids[r][t], values[r][t], strict=True)) for t in range(length)]
+                for r, length in enumerate(self.lengths)
+            ]
         return rows
 
 
@@ -200,6 +233,12 @@ class RunningBatch:
             active=torch.arange(rows, device=device), on_tokens=on_tokens,
             lengths=[steps] * rows, finish=["length"] * rows,
         )  # fmt: skip
+        if sampling.top_logprobs:
+            k = sampling.top_logprobs
+            group.top_RTK = (
+                torch.zeros((rows, steps, k), dtype=torch.long, device=device),
+                torch.zeros((rows, steps, k), dtype=torch.float32, device=device),
+            )
         self._joining.append(group)
         return group
 
@@ -226,6 +265,8 @@ class RunningBatch:
             g.rules = LogitRules.start(
                 g.sampling, seen, rows, vocab, self.device, held_back(g.sampling, self.eos_token_ids)
             )
+            if g.sampling.prompt_logprobs:
+                g.prompt_scores = [score_prompt(self.model, p)[0] for p in g.prompts]
             if record_PWLK is not None:
                 mine_NLK = record_PWLK[mine].reshape(-1, *record_PWLK.shape[2:])
                 g.routes = RowRoutes(mine_NLK, len(g.prompts), g.n, g.sampling.max_tokens)

@@ -25,6 +25,7 @@ from .base import (
     check_prompts,
     ending_tokens,
     refuse_routed_experts,
+    refuse_scores,
     resolve_max_model_len,
     response_text,
     stop_token_ids,
@@ -112,6 +113,7 @@ class TinkerEngine(RolloutEngine):
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
         check_prompts(prompt_token_ids, sampling.max_tokens, self.max_model_len)
         refuse_routed_experts(sampling, "tinker")
+        refuse_scores(sampling, "tinker")
         params = self._params(sampling)
         sampler = self._sampler  # a load between the requests must not split one call's prompts
         futures = [

@@ -38,6 +38,7 @@ from .base import (
     ending_tokens,
     prompt_seed,
     refuse_routed_experts,
+    refuse_scores,
     resolve_max_model_len,
     stop_token_ids,
 )
@@ -202,6 +203,7 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
         refuse_routed_experts(sampling, "vllm", VLLM_ROUTED_EXPERTS)
+        refuse_scores(sampling, "vllm")
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) + sampling.max_tokens > self.max_model_len:
                 raise ValueError(

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from ...core.algorithms.logprob import token_logprobs
 from ...core.rpc.convert import sampling_from_proto, sampling_to_proto
 from ...core.rpc.errors import InvalidArgument
 from ...core.types import SamplingParams
@@ -153,11 +152,10 @@ class Sampler:
     def _prompt_logprobs(self, prompt: list[int], topk: int) -> tuple[list[float], PromptTopk | None]:
         """log p(prompt[i] | prompt[:i]) for i >= 1, by the function the trainer scores with, and the
         `topk` likeliest tokens after each prompt[:i] with their log-probs (none when topk is 0)."""
-        model = self.engine.model
-        ids = torch.tensor([prompt], device=model.device)
-        logits = model(input_ids=ids).logits[:, :-1].float()
-        scored = token_logprobs(logits, ids[:, 1:])[0].tolist()
-        if not topk:
+        from ...rollout.engines.hf_running import score_prompt
+
+        scored, top = score_prompt(self.engine.model, prompt, topk)
+        if top is None:
             return scored, None
-        values, tokens = torch.log_softmax(logits[0], dim=-1).topk(topk, dim=-1)
+        tokens, values = top
         return scored, PromptTopk(tokens.cpu().numpy(), values.cpu().numpy())

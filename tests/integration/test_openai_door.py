@@ -16,6 +16,7 @@ from typing import Any
 
 import openai
 import pytest
+import torch
 
 from rlcore.client.base import ClientOptions, RpcError
 from rlcore.client.rollout import RolloutClient
@@ -87,6 +88,100 @@ def test_models_completions_and_seeds(api: openai.OpenAI) -> None:
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0
     )
     assert greedy.choices[0].message.role == "assistant" and greedy.model_extra["policy_version"] == 0
+
+
+def test_echo_several_prompts_and_the_likeliest_tokens(api: openai.OpenAI, bpe_model_path: str) -> None:
+    """Several prompts in one completions request (choice i * n + j is prompt i's sample j), each
+    answered as alone; `echo` with `logprobs` puts each prompt's tokens and log-probs first (those
+    of the model's own forward, the first token none), as a distillation teacher asks; `logprobs`
+    k and chat's `top_logprobs` k give the k likeliest tokens at each generated one."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.core.algorithms.logprob import token_logprobs
+
+    prompts = [[5, 9, 14, 3, 22], [8, 2, 30]]
+    both = api.completions.create(model="tiny", prompt=prompts, max_tokens=4, seed=2, n=2, echo=True, logprobs=0)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert both.model_extra["prompt_token_ids"] == prompts
+    model = AutoModelForCausalLM.from_pretrained(bpe_model_path, dtype=torch.float32)
+    for i, prompt in enumerate(prompts):
+        alone = api.completions.create(model="tiny", prompt=prompt, max_tokens=4, seed=2, n=2)
+        for j in range(2):
+            c = both.choices[2 * i + j]
+            assert c.model_extra["token_ids"] == alone.choices[j].model_extra["token_ids"]
+            assert c.text.endswith(alone.choices[j].text) and c.logprobs.top_logprobs is None
+            scores = c.logprobs.token_logprobs
+            assert len(scores) == len(prompt) + len(c.model_extra["token_ids"]) and scores[0] is None
+            ids = torch.tensor([prompt + c.model_extra["token_ids"]])
+            with torch.no_grad():
+                want = token_logprobs(model(input_ids=ids).logits[:, :-1].float(), ids[:, 1:])[0].tolist()
+            assert scores[1 : len(prompt)] == pytest.approx(want[: len(prompt) - 1], abs=1e-5)
+    top = api.completions.create(model="tiny", prompt="12+7=", max_tokens=5, seed=1, logprobs=3).choices[0]
+    assert len(top.logprobs.top_logprobs) == len(top.logprobs.tokens) == len(top.model_extra["token_ids"])
+    for alternatives, token, lp in zip(top.logprobs.top_logprobs, top.logprobs.tokens, top.logprobs.token_logprobs, strict=True):
+        # keyed by text, as OpenAI's legacy format is: tokens of one text (an unfinished character) share a key
+        assert len(alternatives) <= 3 and lp <= max(alternatives.values()) + 1e-6
+        if token in alternatives and "\ufffd" not in token:
+            assert alternatives[token] == pytest.approx(lp, abs=1e-5)
+    chat = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                       seed=4, logprobs=True, top_logprobs=4).choices[0]  # fmt: skip
+    for entry in chat.logprobs.content:
+        values = [a.logprob for a in entry.top_logprobs]
+        assert len(values) == 4 and values == sorted(values, reverse=True) and entry.logprob <= values[0] + 1e-6
+
+
+def _metrics(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the door's /metrics, parsed by the Prometheus client library's parser."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_tokenize_detokenize_and_metrics(api: openai.OpenAI, worker: tuple[str, str], bpe_model_path: str) -> None:
+    """vLLM's /tokenize (a prompt, or messages as the chat template renders them) and /detokenize;
+    /metrics in Prometheus's text format counts requests, tokens, latency and a streamed answer's
+    first text, and answers only with the token."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    base, headers = worker[1].removesuffix("/v1"), {"Authorization": f"Bearer {TOKEN}"}
+    tok = AutoTokenizer.from_pretrained(bpe_model_path)
+    got = httpx.post(f"{base}/tokenize", json={"prompt": "12+7="}, headers=headers).json()
+    assert got == {"count": len(tok("12+7=")["input_ids"]), "max_model_len": 256, "tokens": tok("12+7=")["input_ids"]}
+    messages = [{"role": "user", "content": "hi"}]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    chat = httpx.post(f"{base}/tokenize", json={"messages": messages}, headers=headers).json()
+    assert chat["tokens"] == tok(rendered, add_special_tokens=False)["input_ids"]
+    back = httpx.post(f"{base}/detokenize", json={"tokens": got["tokens"]}, headers=headers).json()
+    assert back == {"prompt": tok.decode(got["tokens"])}
+    both = httpx.post(f"{base}/tokenize", json={"prompt": "x", "messages": messages}, headers=headers)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"
+    beyond = httpx.post(f"{base}/detokenize", json={"tokens": [10**6]}, headers=headers)
+    assert beyond.status_code == 400 and beyond.json()["error"]["param"] == "tokens"
+
+    before = _metrics(base)
+    answer = api.completions.create(model="tiny", prompt="1+1=", max_tokens=5, extra_body={"ignore_eos": True})
+    streamed = list(api.completions.create(model="tiny", prompt="2+2=", max_tokens=5, stream=True,
+                                           extra_body={"ignore_eos": True}))  # fmt: skip
+    assert streamed
+    after = _metrics(base)
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    assert grew("rlcore_door_requests_total", endpoint="completions", status="200") == 2
+    assert grew("rlcore_door_generation_tokens_total") == answer.usage.completion_tokens + 5
+    assert grew("rlcore_door_request_seconds_count", endpoint="completions") == 2
+    assert grew("rlcore_door_time_to_first_token_seconds_count") == 1
+    assert grew("rlcore_engine_steps_total") >= 5 and after[("rlcore_door_queue_depth", ())] == 0
+    assert httpx.get(f"{base}/metrics").status_code == 401
 
 
 def test_penalties_bias_min_tokens_ignore_eos_and_stop_token_ids_are_served(
@@ -200,7 +295,7 @@ def test_a_streamed_answer_arrives_piece_by_piece_as_it_is_generated(api: openai
         (dict(temperature="hot"), openai.BadRequestError, "temperature: must be a finite number"),
         (dict(temperature=-1), openai.BadRequestError, "temperature: must be >= 0"),
         (dict(max_tokens=300), openai.BadRequestError, r"max_tokens: 300 leaves no room for a prompt within max_model_len 256"),
-        (dict(top_logprobs=3, logprobs=True), openai.BadRequestError, "top_logprobs: only 0 is served"),
+        (dict(top_logprobs=3), openai.BadRequestError, "top_logprobs: is taken only with logprobs: true"),
         (dict(messages=[{"role": "robot", "content": "x"}]), openai.BadRequestError, r"messages\[0\]\.role: must be one of"),
         (dict(n=2, extra_body={"episode_id": "e"}), openai.BadRequestError, "n: a recorded episode is one conversation"),
         (dict(model="gpt-4"), openai.NotFoundError, "model 'gpt-4' is not served here; this worker serves 'tiny'"),
@@ -283,9 +378,8 @@ MALFORMED: list[tuple[str, Any, str | None]] = [
     ("completions", {"prompt": ""}, "prompt"),
     ("completions", {"prompt": [1, "a"]}, "prompt"),
     ("completions", {"prompt": [10**9]}, "prompt"),
-    ("completions", {"prompt": "x", "echo": True}, "echo"),
     ("completions", {"prompt": "x", "best_of": 3}, "best_of"),
-    ("completions", {"prompt": "x", "logprobs": 5}, "logprobs"),
+    ("completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
     ("completions", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("completions", {"prompt": "x", "messages": []}, "messages"),
 ]
@@ -318,10 +412,10 @@ UNKNOWN_OR_UNSERVED: dict[str, list[tuple[str, Any]]] = {
              ("modalities", ["audio"]), ("store", True), ("stream_options", {"include_usage": True}),
              ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"),
              ("service_tier", "flex"), ("web_search_options", {}), ("metadata", {"a": "b"}),
-             ("tool_choice", "required"), ("top_logprobs", 3), ("top_logprobs", -1), ("logprobs", "yes"),
+             ("tool_choice", "required"), ("top_logprobs", 21), ("top_logprobs", -1), ("logprobs", "yes"),
              ("max_completion_tokens", 0), ("max_completion_tokens", "4"), ("tools", "calculator")],
-    "completions": [("no_such_parameter", 1), ("messages", []), ("echo", True), ("best_of", 3), ("suffix", "y"),
-                    ("logprobs", 5), ("logprobs", -1), ("logprobs", "1"), ("stream", 1),
+    "completions": [("no_such_parameter", 1), ("messages", []), ("echo", "yes"), ("best_of", 3), ("suffix", "y"),
+                    ("logprobs", 6), ("logprobs", -1), ("logprobs", "1"), ("stream", 1),
                     ("stream_options", {"include_usage": True}), ("tools", []), ("max_completion_tokens", 4)],
 }  # fmt: skip
 BAD_BODIES = [b"{not json", b"", b"null", b"[]", b"1", b'"just a string"', b"\xff\xfe\x00garbage",
