@@ -70,9 +70,9 @@ class DoorMetrics:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
         self.latency.labels(endpoint=endpoint).observe(seconds)
         usage = response.get("usage") if isinstance(response, dict) else None
-        if usage:
-            self.prompt_tokens.inc(usage["prompt_tokens"])
-            self.generation_tokens.inc(usage["completion_tokens"])
+        if usage:  # chat and text completions' names, or the Responses API's
+            self.prompt_tokens.inc(usage.get("prompt_tokens", usage.get("input_tokens", 0)))
+            self.generation_tokens.inc(usage.get("completion_tokens", usage.get("output_tokens", 0)))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import openai_responses, openai_tokens
 from .door_metrics import DoorMetrics
 from .openai_door import OpenAIDoor
 from .openai_errors import DoorError, invalid
@@ -160,13 +161,17 @@ def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
     async def chat(request: Request, x_episode_id: str | None = Header(None)) -> Any:
         return await handle(request, door.chat, x_episode_id, endpoint="chat")
 
+    @app.post("/v1/responses")
+    async def responses(request: Request, x_episode_id: str | None = Header(None)) -> Any:
+        return await handle(request, partial(openai_responses.serve, door), x_episode_id, endpoint="responses")
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Any:
-        return await handle(request, door.tokenize, endpoint="tokenize")
+        return await handle(request, partial(openai_tokens.tokenize, door), endpoint="tokenize")
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Any:
-        return await handle(request, door.detokenize, endpoint="detokenize")
+        return await handle(request, partial(openai_tokens.detokenize, door), endpoint="detokenize")
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Any:

@@ -42,7 +42,7 @@ from .engines.adapters import AdapterNotHeld
 from .engines.base import TokensOut
 from .episodes import EpisodeRecorder
 from .openai_errors import DoorError, invalid, not_served
-from .openai_messages import assistant_message, comparable, template_messages
+from .openai_messages import Conversations, assistant_message, comparable, template_messages
 from .openai_schema import BodyError, check, check_id, shown
 from .openai_stream import LiveStream
 from .server import RolloutServicer
@@ -81,6 +81,8 @@ class OpenAIDoor:
         # symbol per byte); so a text longer than this x max_model_len cannot fit, whatever it holds,
         # and is refused before the tokenizer spends seconds on it.
         self.max_chars = max(map(len, self.tokenizer.get_vocab()), default=1) * servicer.max_model_len
+        self.conversations = Conversations()
+        """Stored /v1/responses conversations, for a later previous_response_id."""
 
     # ------------------------------------------------------------------------------------------
     # requests
@@ -219,7 +221,7 @@ class OpenAIDoor:
         """/v1/completions: one prompt or several (choice i * n + j is prompt i's sample j); `echo`
         puts each prompt before its completion, with its tokens' log-probs when `logprobs` is set
         (the prompt's first token has none); `logprobs` k > 0 adds the k likeliest tokens."""
-        self._check_body("completions", body)
+        self.check_body("completions", body)
         prompts = self._prompts(body.get("prompt"))
         episode = self.episode_id(body, episode_header)
         if episode and len(prompts) > 1:
@@ -293,9 +295,9 @@ class OpenAIDoor:
     def chat(
         self, body: dict[str, Any], episode_header: str | None, live: LiveStream | None = None
     ) -> dict[str, Any]:
-        self._check_body("chat", body)
+        self.check_body("chat", body)
         messages = template_messages(body["messages"])
-        self._check_chars("messages", sum(len(m["content"]) for m in messages))
+        self.check_chars("messages", sum(len(m["content"]) for m in messages))
         tools = body.get("tools")
         if body.get("top_logprobs") and not body.get("logprobs"):
             raise invalid("top_logprobs", "is taken only with logprobs: true")
@@ -321,7 +323,7 @@ class OpenAIDoor:
                 else fmt.encode_prompt(self.tokenizer, "", messages)
             )
         except Exception as e:  # no chat template, or one that refuses these messages
-            raise self._template_error(e) from None
+            raise self.template_error(e) from None
         sampling = self.sampling(body, len(ids), "messages")
         sampling = replace(sampling, top_logprobs=body.get("top_logprobs") or 0)
         self._check_episode(episode, sampling)
@@ -357,40 +359,6 @@ class OpenAIDoor:
     def _logprob(self, token_id: int, logprob: float) -> dict[str, Any]:
         piece = self._piece(token_id)
         return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
-
-    # ------------------------------------------------------------------------------------------
-    # /tokenize, /detokenize (vLLM's)
-
-    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A prompt's tokens (add_special_tokens, default true), or chat messages' as the chat
-        template renders them (add_generation_prompt, default true; tools, chat_template_kwargs)."""
-        self._check_body("tokenize", body)
-        if (body.get("prompt") is None) == (body.get("messages") is None):
-            raise invalid("prompt", "give a prompt or messages (one of them)")
-        if body.get("prompt") is not None:
-            self._check_chars("prompt", len(body["prompt"]))
-            special = body.get("add_special_tokens") is not False
-            ids = list(self.tokenizer(body["prompt"], add_special_tokens=special)["input_ids"])
-        else:
-            messages = template_messages(body["messages"])
-            self._check_chars("messages", sum(len(m["content"]) for m in messages))
-            generation = body.get("add_generation_prompt") is not False
-            fmt = PromptFormat(self.servicer.max_model_len, True, None, None, body.get("tools") or None,
-                               body.get("chat_template_kwargs") or None)  # fmt: skip
-            try:
-                text = fmt.render(self.tokenizer, messages, generation)
-                ids = list(self.tokenizer(text, add_special_tokens=body.get("add_special_tokens") is True)["input_ids"])
-            except Exception as e:
-                raise self._template_error(e) from None
-        return {"count": len(ids), "max_model_len": self.servicer.max_model_len, "tokens": ids}
-
-    def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Token ids back to text (special tokens kept, as vLLM's /detokenize)."""
-        self._check_body("detokenize", body)
-        bad = [t for t in body["tokens"] if not t < self.servicer.vocab_size]
-        if bad:
-            raise invalid("tokens", f"token id {bad[0]} is outside [0, {self.servicer.vocab_size})")
-        return {"prompt": str(self.tokenizer.decode(body["tokens"]))}
 
     # ------------------------------------------------------------------------------------------
     # helpers
@@ -436,7 +404,7 @@ class OpenAIDoor:
         """What a request's `model` may name: the model, then the adapters held."""
         return [self.model_name, *sorted(self.servicer.engine.adapter_names())]
 
-    def _check_body(self, kind: str, body: Any) -> None:
+    def check_body(self, kind: str, body: Any) -> None:
         """The schema's check (types, ranges, unserved and unknown parameters, every string valid
         text that fits in the model's context), then the model."""
         try:
@@ -447,7 +415,7 @@ class OpenAIDoor:
         if model is not None and model not in (served := self._served()):
             raise not_served(model, served)
 
-    def _template_error(self, e: Exception) -> DoorError:
+    def template_error(self, e: Exception) -> DoorError:
         """The chat template's failure in the door's words: a template's own refusal (its
         `raise_exception`, a jinja2 TemplateError) in the template's words; anything else logged."""
         if type(e).__module__ == "jinja2.exceptions" and type(e).__name__ == "TemplateError":
@@ -457,7 +425,7 @@ class OpenAIDoor:
         log.warning("the chat template failed on a request's messages", exc_info=e)
         return invalid("messages", "the model's chat template cannot render them")
 
-    def _check_chars(self, param: str, chars: int) -> None:
+    def check_chars(self, param: str, chars: int) -> None:
         if chars > self.max_chars:
             raise invalid(
                 param, f"{chars} characters cannot fit in max_model_len {self.servicer.max_model_len} tokens"

@@ -1,13 +1,16 @@
-"""OpenAI chat messages in the chat template's terms, and a reply back as an OpenAI assistant
-message: what the door's chat completions (and any API built on messages) share."""
+"""OpenAI chat messages in the chat template's terms, a reply back as an OpenAI assistant message,
+and the conversations the Responses API stores: what the door's chat completions and the APIs
+built on messages share."""
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections import OrderedDict
 from typing import Any
 
-from .openai_errors import invalid
+from .openai_errors import DoorError, invalid
 from .workflows.tool_formats import ToolCallFormat
 
 
@@ -80,3 +83,30 @@ def comparable(message: dict[str, Any]) -> dict[str, Any]:
             for c in message["tool_calls"]
         ]
     return out
+
+
+STORED = 4096
+"""Responses whose conversations a door keeps for `previous_response_id` (the oldest goes first)."""
+
+
+class Conversations:
+    """Stored responses' conversations (chat messages, the reply included), by response id."""
+
+    def __init__(self, limit: int = STORED):
+        self.limit = limit
+        self._kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, response_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            if response_id not in self._kept:
+                raise DoorError(404, f"previous_response_id: no stored response '{response_id}' here (a response "
+                                "is kept when created with store, and only the newest ones are)",
+                                "previous_response_id", "not_found_error")  # fmt: skip
+            return list(self._kept[response_id])
+
+    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._kept[response_id] = messages
+            while len(self._kept) > self.limit:
+                self._kept.popitem(last=False)

@@ -241,15 +241,100 @@ class DetokenizeBody(BaseModel):
     tokens: list[Annotated[int, Field(ge=0, le=INT32)]]
 
 
+class InputText(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+    annotations: list[Json] | None = None  # an output_text sent back as it came
+
+
+class InputMessage(_Open):
+    """A message item of the Responses API's input (a `type` of "message", or none)."""
+
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[
+        Union[Annotated[Text, Tag("json-str")], Annotated[list[InputText], Tag("json-list")]],
+        _shapes("a string or a list of input_text parts"),
+    ]
+
+
+class FunctionCallItem(_Open):
+    type: Literal["function_call"]
+    call_id: Id
+    name: Id
+    arguments: Text
+
+
+class FunctionCallOutput(_Open):
+    type: Literal["function_call_output"]
+    call_id: Id
+    output: Text
+
+
+def _item_kind(value: Any) -> str:
+    return f"item-{value.get('type') or 'message'}" if isinstance(value, dict) else "other"
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[InputMessage, Tag("item-message")], Annotated[FunctionCallItem, Tag("item-function_call")],
+        Annotated[FunctionCallOutput, Tag("item-function_call_output")],
+    ],
+    Discriminator(_item_kind, custom_error_type="shape", custom_error_message="must be a message, a "
+                  "function_call or a function_call_output item"),
+]  # fmt: skip
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["function"]
+    name: Id
+    description: Text | None = None
+    parameters: dict[Text, Json] | None = None
+    strict: bool | None = None
+
+
+class ResponsesBody(BaseModel):
+    """The Responses API's common subset (POST /v1/responses)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    model: Id | None = None
+    input: Annotated[
+        Union[Annotated[Text, Tag("json-str")], Annotated[list[InputItem], Tag("json-list")]],
+        _shapes("a string or a list of input items"),
+    ]
+    instructions: Text | None = None
+    previous_response_id: Id | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    max_output_tokens: int | None = Field(None, ge=1, le=INT32)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    store: bool | None = None
+    metadata: dict[Id, Text] | None = None
+    user: Id | None = None
+    episode_id: Id | None = Field(None, min_length=1)
+    seed: int | None = Field(None, ge=-INT64 - 1, le=INT64)  # rlcore's, as chat's
+
+
 MODELS: dict[str, type[BaseModel]] = {
     "completions": CompletionBody, "chat": ChatBody, "tokenize": TokenizeBody, "detokenize": DetokenizeBody,
+    "responses": ResponsesBody,
 }  # fmt: skip
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "tokenize": "/tokenize",
-             "detokenize": "/detokenize"}  # fmt: skip
+             "detokenize": "/detokenize", "responses": "/v1/responses"}  # fmt: skip
 
 UNSERVED: dict[str, dict[str, Any]] = {
     "completions": {
         "best_of": 1, "suffix": None,
+    },
+    "responses": {
+        "parallel_tool_calls": True, "truncation": "disabled", "stream": False, "background": False,
+        "text": {"format": {"type": "text"}}, "reasoning": None, "include": [], "service_tier": "auto",
     },
     "chat": {
         "response_format": {"type": "text"}, "parallel_tool_calls": True,
@@ -326,7 +411,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
             out[-1:] = [f"{out[-1]}[{part}]"] if out else [f"[{part}]"]
         elif k + 1 < len(loc) and loc[k + 1] == "[key]":
             continue
-        elif not ("[" in part or part.startswith(("json-", "function-")) or part in _BRANCHES):
+        elif not ("[" in part or part.startswith(("json-", "function-", "item-")) or part in _BRANCHES):
             out.append(_name(part))
     path = ".".join(out)
     return path if len(path) <= 120 else path[:117] + "..."
