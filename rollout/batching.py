@@ -3,8 +3,8 @@
 A rollout worker runs each RunTasks stream (and each door request) in a thread of its own. Its
 workflows generate through a `BatchingEngine`. Where the engine has a running batch (continuous
 batching: engines/base.EngineBatch, the HF engine's eager loop), one loop thread steps it while
-there is work: a call joins it at the next token boundary, with its own sampling (calls with the
-same sampling join as one request), and returns as soon as its rows end. Elsewhere a call made while
+there is work: a call joins it at the next token boundary, with its own sampling, and returns as
+soon as its rows end (calls with the same sampling join as one request, and return together). Elsewhere a call made while
 the engine is busy waits, and whichever waiting call goes next takes every queued call with the same
 sampling parameters into one engine call. Either way tasks sent one by one (the explorer's task
 scheduler, rollout/scheduler.py) are batched as a whole batch would be, and a task's reward or
@@ -30,7 +30,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -79,6 +80,7 @@ class BatchingEngine:
         self.step_rows = 0
         """Sequences those steps held, summed (over `steps`: the mean batch size)."""
         self._running_rows = 0
+        self._wanted = 0  # threads waiting in `exclusive`
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -121,12 +123,16 @@ class BatchingEngine:
                 for n in sorted({len(group) for group in prefixes.values()}):
                     groups = [(p, g) for p, g in prefixes.items() if len(g) == n]
                     more = replace(sampling, n=n, max_tokens=sampling.max_tokens - done,
-                                   min_tokens=max(0, sampling.min_tokens - done))  # fmt: skip
+                                   min_tokens=max(0, sampling.min_tokens - done),
+                                   prompt_logprobs=sampling.prompt_logprobs and done == 0)  # fmt: skip
                     outs, now = self._generate_once([list(p) for p, _ in groups], more)
                     for (_, group), samples in zip(groups, outs, strict=True):
                         for c, o in zip(group, samples, strict=True):
                             c.routed_experts = joined_routing(c, o)
                             c.token_ids, c.logprobs = c.token_ids + o.token_ids, c.logprobs + o.logprobs
+                            c.top_logprobs = c.top_logprobs + o.top_logprobs
+                            if not c.prompt_logprobs:  # interrupted before its prefill: the continuation's
+                                c.prompt_logprobs = o.prompt_logprobs[: len(c.prompt_token_ids) - 1]
                             c.finish_reason = o.finish_reason
                             c.segments.append((now, len(o.token_ids)))
         for c in completions:
@@ -215,6 +221,8 @@ class BatchingEngine:
                 linger_s = max(c.linger_s for c in self._queue)
             if linger_s > 0:  # an idle engine: let the calls arriving now share the first prefill
                 time.sleep(linger_s)
+            with self._cond:  # an `exclusive` holder waiting for the lock goes first
+                self._cond.wait_for(lambda: not self._wanted)
             try:
                 admitted = self.gate.admit(GATE_WAIT_S) if self.gate is not None else nullcontext()
                 with admitted, self.lock:
@@ -230,33 +238,48 @@ class BatchingEngine:
                     self._deliver(c, error=e)
 
     def _drain(self, batch: EngineBatch) -> None:
-        """Admit queued calls into `batch` and step it until no call runs."""
+        """Admit queued calls into `batch` and step it until no call runs. No call is admitted
+        while a weight update waits (the gate closed) or another holder of the engine lock does
+        (`exclusive`): the running ones finish, and the lock goes to it."""
         running: dict[int, list[_Call]] = {}
         self.calls += 1
-        while True:
-            if self.gate is None or not self.gate.closed:
-                self._admit(batch, running)
-                if not running and (alone := self._take_one()) is not None:  # one no batch can hold
-                    self._serve_alone(alone)
-                    continue
-            if not running:
-                return
-            rows = batch.rows
-            try:
+        try:
+            while True:
+                if (self.gate is None or not self.gate.closed) and not self._wanted:
+                    self._admit(batch, running)
+                    if not running and (alone := self._take_one()) is not None:  # one no batch can hold
+                        self._serve_alone(alone)
+                        continue
+                if not running:
+                    return
+                rows = batch.rows
                 finished = batch.step()
-                self.steps, self.step_rows = self.steps + 1, self.step_rows + rows
-                self._running_rows = batch.rows
-            except Exception as e:  # every running call sees the engine's error
-                self._running_rows = 0
-                for calls in running.values():
-                    for c in calls:
-                        self._deliver(c, error=e)
-                return
-            for request, completions in finished.items():
-                start = 0
-                for c in running.pop(request):
-                    self._deliver(c, completions[start : start + len(c.prompts)])
-                    start += len(c.prompts)
+                self.steps, self.step_rows, self._running_rows = self.steps + 1, self.step_rows + rows, batch.rows
+                for request, completions in finished.items():
+                    start = 0
+                    for c in running.pop(request, []):
+                        self._deliver(c, completions[start : start + len(c.prompts)])
+                        start += len(c.prompts)
+        except Exception as e:  # the engine's error (the batch ended): every running call sees it
+            for calls in running.values():
+                for c in calls:
+                    self._deliver(c, error=e)
+        finally:
+            self._running_rows = 0
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the engine lock for work beside generation (a direct Generate, loading an adapter):
+        the running batch admits no new call meanwhile, so the lock comes free once its calls end."""
+        with self._cond:
+            self._wanted += 1
+        try:
+            with self.lock:
+                yield
+        finally:
+            with self._cond:
+                self._wanted -= 1
+                self._cond.notify_all()
 
     def queue_depth(self) -> int:
         """Generation calls waiting for the engine."""
@@ -268,14 +291,15 @@ class BatchingEngine:
         return self._running_rows
 
     def _admit(self, batch: EngineBatch, running: dict[int, list[_Call]]) -> None:
-        """Queued calls into the running batch, in arrival order, while it admits them; those with
-        the same sampling as one request (their rows then share the sampler's work)."""
+        """Queued calls into the running batch in arrival order, until one it cannot admit yet (no
+        room, another adapter): that one goes first once the batch has drained, so none waits for
+        ever behind later calls. Calls with the same sampling join as one request (their rows then
+        share the sampler's work)."""
         while True:
             with self._cond:
-                first = next((c for c in self._queue if batch.admits(len(c.prompts), c.sampling)), None)
-                if first is None:
+                if not self._queue or not batch.admits(len(self._queue[0].prompts), self._queue[0].sampling):
                     return
-                calls, prompts = [], 0
+                first, calls, prompts = self._queue[0], [], 0
                 for c in self._queue:
                     if c.sampling == first.sampling and batch.admits(prompts + len(c.prompts), c.sampling):
                         calls.append(c)

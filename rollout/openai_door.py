@@ -210,6 +210,8 @@ class OpenAIDoor:
             raise not_served(sampling.adapter, self._served()) from None
         except ServiceError as e:
             raise DoorError(500, str(e), kind="server_error") from None
+        except ValueError as e:  # the engine's one-line refusal (a setting it does not serve)
+            raise DoorError(400, str(e)) from None
         return results, version
 
     # ------------------------------------------------------------------------------------------
@@ -256,11 +258,14 @@ class OpenAIDoor:
         return self._response("text_completion", choices, ids_list, results, version, sampling)
 
     def _prompts(self, prompt: Any) -> list[str | list[int]]:
-        """The request's prompts (typed by the schema): one, or a list of strings or of token lists."""
+        """The request's prompts (typed by the schema: each string fits the model's context): one, or
+        a list of at most --http-max-n strings or token lists."""
         one = isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))
         prompts = [prompt] if one else list(prompt or [])
         if not prompts:
             raise invalid("prompt", "give a non-empty prompt: a string or a list of token ids, or a list of those")
+        if len(prompts) > self.max_n:
+            raise invalid("prompt", f"at most {self.max_n} prompts per request (rlcore rollout serve --http-max-n)")
         for i, p in enumerate(prompts):
             where = "prompt" if one else f"prompt[{i}]"
             if not p:
@@ -332,7 +337,8 @@ class OpenAIDoor:
         )
         choices = []
         for i, c in enumerate(completions):
-            message = assistant_message(c.text, self.tool_calls)
+            # tool calls are read from a reply only where tools were offered (as OpenAI's, vLLM's)
+            message = assistant_message(c.text, self.tool_calls) if tools else {"role": "assistant", "content": c.text}
             finish = "tool_calls" if message.get("tool_calls") else c.finish_reason
             choice: dict[str, Any] = {
                 "index": i,
@@ -373,7 +379,7 @@ class OpenAIDoor:
         live.begin(
             chat=chat, n=len(prompts) * sampling.n, model=sampling.adapter or self.model_name,
             prompt_token_ids=prompts[0] if len(prompts) == 1 else prompts,
-            policy_version=self.servicer.engine.policy_version,
+            policy_version=lambda: self.servicer.engine.policy_version,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             decode=lambda tokens: str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
             stop=sampling.stop, live=text_live,

@@ -43,24 +43,36 @@ class LiveStream:
         self.first: dict[str, Any] = {}
         """The fields the stream's first event carries, until it is sent."""
         self._start = time.perf_counter()
+        self._started = False
         self.first_text_s: float | None = None
         """When the answer's first text went out, in seconds after the stream began."""
         self._decode: Callable[[list[int]], str] = lambda ids: ""
         self._stop: list[str] = []
-        self._live = False
+        self._live = self._chat = False
+        self._version: Callable[[], int] = lambda: 0
+        self._text: list[str] = []
+        self._offsets: list[tuple[int, int]] = []
+
+    @property
+    def started(self) -> bool:
+        """Whether its first events went out (the engine handed it tokens)."""
+        return self._started
 
     def put(self, event: str | None) -> None:
         """Queue an event from any thread (None: no more events from the door)."""
         self._loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     def begin(
-        self, *, chat: bool, n: int, model: str, prompt_token_ids: list[int] | list[list[int]], policy_version: int,
-        include_usage: bool, decode: Callable[[list[int]], str], stop: list[str], live: bool,
+        self, *, chat: bool, n: int, model: str, prompt_token_ids: list[int] | list[list[int]],
+        policy_version: Callable[[], int], include_usage: bool, decode: Callable[[list[int]], str],
+        stop: list[str], live: bool,
     ) -> None:  # fmt: skip
-        """The answer starts: its first events (chat: each choice's role). `live`: whether its text
-        is sent as it grows (else all of it when generation ends)."""
-        self.begun, self._live = True, live
+        """The answer is accepted; its first events go out with its first tokens (chat: each
+        choice's role; the first carries the version of the weights generating, `policy_version()`
+        then). `live`: whether its text is sent as it grows (else all of it when generation ends)."""
+        self.begun, self._live, self._chat, self._version = True, live, chat, policy_version
         self.sent, self._tokens = [""] * n, [[] for _ in range(n)]
+        self._text, self._offsets = [""] * n, [(0, 0)] * n
         self._decode, self._stop = decode, stop
         self._base = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
@@ -69,29 +81,43 @@ class LiveStream:
         }  # fmt: skip
         if include_usage:
             self._base["usage"] = None
-        self.first = {"policy_version": policy_version, "prompt_token_ids": prompt_token_ids}
-        if chat:  # a completion's first event is its first text (or, with none, its end)
-            for i in range(n):
-                role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                self._send(role)
+        self.first = {"prompt_token_ids": prompt_token_ids}
 
     def tokens(self, rows: list[int], tokens: list[int]) -> None:
         """Rows `rows` sampled `tokens` (the engine's loop thread): send the text that is final."""
+        if not self._started:
+            self._started = True
+            self.first = {"policy_version": self._version(), **self.first}
+            if self._chat:  # a completion's first event is its first text (or, with none, its end)
+                for i in range(len(self.sent)):
+                    self._send({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None})  # fmt: skip
         for row, token in zip(rows, tokens, strict=True):
             self._tokens[row].append(token)
         if not self._live:
             return
         for row in sorted(set(rows)):
-            text = releasable(self._decode(self._tokens[row]), self._stop)
+            self._grow(row)
             sent = self.sent[row]
-            if len(text) > len(sent) and text.startswith(sent):
+            text = releasable(self._text[row], self._stop, start=len(sent))
+            if len(text) > len(sent):
                 self.sent[row] = text
-                delta = text[len(sent) :]
                 if self.first_text_s is None:
                     self.first_text_s = time.perf_counter() - self._start
-                chat = self._base["object"] == "chat.completion.chunk"
-                part = {"index": row, "delta": {"content": delta}} if chat else {"index": row, "text": delta}
+                delta = text[len(sent) :]
+                part = {"index": row, "delta": {"content": delta}} if self._chat else {"index": row, "text": delta}
                 self._send({**part, "logprobs": None, "finish_reason": None})
+
+    def _grow(self, row: int) -> None:
+        """Row `row`'s text with its new tokens, decoding only the last few (a window from the last
+        token whose text was whole): the text of a token may depend on the one before it, and a
+        character's bytes may span tokens (then the text waits for the rest)."""
+        ids, (prefix, read) = self._tokens[row], self._offsets[row]
+        before = self._decode(ids[prefix:read])
+        now = self._decode(ids[prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            self._text[row] += now[len(before) :]
+            self._offsets[row] = (read, len(ids))
 
     def _send(self, choice: dict[str, Any]) -> None:
         self.put(_event({**self._base, **self.first, "choices": [choice]}))
@@ -103,11 +129,13 @@ class LiveStream:
         return sse_events({**response, **same}, include_usage, self)
 
 
-def releasable(text: str, stop: list[str]) -> str:
+def releasable(text: str, stop: list[str], start: int = 0) -> str:
     """The part of `text` (a reply decoded so far) that stays as it is whatever is generated next:
     cut before a stop string it holds, without a trailing piece that may begin one, or a trailing
-    character whose bytes are not all there yet (decoded as U+FFFD)."""
-    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    character whose bytes are not all there yet (decoded as U+FFFD). `start`: text[:start] holds
+    no stop string (it was released before), so the search begins just before it."""
+    since = max(0, start - max((len(s) for s in stop), default=0))
+    cuts = [i for i in (text.find(s, since) for s in stop) if i >= 0]
     if cuts:
         return text[: min(cuts)]
     keep = len(text.rstrip("\ufffd"))
@@ -130,11 +158,12 @@ def sse_events(response: dict[str, Any], include_usage: bool, live: LiveStream |
     if include_usage:
         base["usage"] = None
     first = {"policy_version": response["policy_version"], "prompt_token_ids": response["prompt_token_ids"]}
-    if live is not None:
-        first = live.first  # the live events carried them, unless none was sent
+    started = live is not None and live.started
+    if started and live is not None and not live.first:
+        first = {}  # the live events carried them
     for choice in response["choices"]:
-        sent = "" if live is None else live.sent[choice["index"]]
-        parts = _chat_parts(choice, sent, live is None) if chat else _text_parts(choice, sent)
+        sent = live.sent[choice["index"]] if started and live is not None else ""
+        parts = _chat_parts(choice, sent, not started) if chat else _text_parts(choice, sent)
         for part in parts:
             yield _event({**base, **first, "choices": [part]})
             first = {}
@@ -144,8 +173,9 @@ def sse_events(response: dict[str, Any], include_usage: bool, live: LiveStream |
 
 
 def _rest(text: str, sent: str) -> str:
-    """`text` without the part a live stream sent (all of it where the two part ways)."""
-    return text[len(sent) :] if text.startswith(sent) else text
+    """`text` without the part a live stream sent; nothing where the two part ways (what was sent
+    cannot be taken back, and sending it all again would repeat it)."""
+    return text[len(sent) :] if text.startswith(sent) else ""
 
 
 def _chat_parts(choice: dict[str, Any], sent: str, role: bool) -> Iterator[dict[str, Any]]:

@@ -158,7 +158,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> tuple[list[list[Any]], int]:
         """One engine call under the engine lock: its completions and the weights' version."""
-        with self._engine_lock:
+        with self.batching.exclusive():  # the running batch lets it in between its calls
             try:
                 return self.engine.generate(prompts, sampling), self.engine.policy_version
             except AdapterNotHeld as e:  # unloaded since the request was checked
@@ -355,7 +355,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def load_adapter(self, name: str, path: str) -> list[str]:
         """Hold a LoRA adapter beside the engine's weights (engines/adapters.py); the names held now.
         InvalidArgument naming `name` or `path` when it cannot."""
-        with self._engine_lock:  # not while a batch decodes
+        with self.batching.exclusive():  # not while a batch decodes
             try:
                 self.engine.load_adapter(name, path)
             except (ValueError, OSError) as e:
@@ -363,7 +363,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return sorted(self.engine.adapter_names())
 
     def unload_adapter(self, name: str) -> list[str]:
-        with self._engine_lock:
+        with self.batching.exclusive():
             try:
                 self.engine.unload_adapter(name)
             except KeyError as e:

@@ -305,8 +305,9 @@ def resolve_max_model_len(model_path: str, requested: int | None, key: str = "ma
 def copy_completion(c: Completion) -> Completion:
     """An independent copy (greedy samples are decoded once and copied n times)."""
     return replace(
-        c, prompt_token_ids=list(c.prompt_token_ids), token_ids=list(c.token_ids), logprobs=list(c.logprobs)
-    )
+        c, prompt_token_ids=list(c.prompt_token_ids), token_ids=list(c.token_ids), logprobs=list(c.logprobs),
+        prompt_logprobs=list(c.prompt_logprobs), top_logprobs=list(c.top_logprobs),
+    )  # fmt: skip
 
 
 def iter_safetensors(path: str) -> Iterator[tuple[str, Any]]:

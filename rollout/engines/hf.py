@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core import moe_routing
@@ -37,7 +37,7 @@ from .base import (
 )
 from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode, decode_static
-from .hf_running import DecodedRows, Group, RunningBatch
+from .hf_running import DecodedRows, Group, RunningBatch, full_attention
 from .hf_sampling import TextStopStrings
 from .hf_static import StaticDecodeStates, supports
 
@@ -204,8 +204,11 @@ class HFEngine(RolloutEngine):
 
     def continuous_batch(self) -> HFBatch | None:
         """A running batch requests join and leave at token boundaries (hf_running.py); None on a
-        GPU's static decode, whose CUDA graphs hold a fixed batch."""
-        return None if self._static is not None else HFBatch(self)
+        GPU's static decode, whose CUDA graphs hold a fixed batch, and for a model with sliding
+        window (or chunked) attention layers, whose caches are not laid side by side."""
+        if self._static is not None or not full_attention(DynamicCache(config=self.model.config)):
+            return None
+        return HFBatch(self)
 
     # ------------------------------------------------------------------------------------------
     # weights
@@ -267,22 +270,22 @@ class HFBatch:
         if self._running is None:
             self._start(sampling)
         assert self._running is not None
-        n = 1 if sampling.temperature == 0 else sampling.n
-        if on_tokens is not None and n != sampling.n:  # greedy: each decoded row stands for n samples
-            on_tokens = _copied_rows(on_tokens, sampling.n)
-        matcher = TextStopStrings(e.tokenizer, sampling.stop) if sampling.stop else None
-        row_seeds = None
-        if sampling.seed is not None:
-            seeds = [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]
-            row_seeds = [s + j for s in seeds for j in range(n)]
         try:
+            n = 1 if sampling.temperature == 0 else sampling.n
+            if on_tokens is not None and n != sampling.n:  # greedy: each decoded row stands for n samples
+                on_tokens = _copied_rows(on_tokens, sampling.n)
+            matcher = TextStopStrings(e.tokenizer, sampling.stop) if sampling.stop else None
+            row_seeds = None
+            if sampling.seed is not None:
+                seeds = [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]
+                row_seeds = [s + j for s in seeds for j in range(n)]
             with torch.inference_mode():
                 group = self._running.add(
                     [list(p) for p in prompt_token_ids], n, sampling, matcher=matcher, row_seeds=row_seeds,
                     on_tokens=on_tokens,
                 )  # fmt: skip
         except BaseException:
-            if not self._running.groups:
+            if self._running.rows == 0:  # nothing else runs or joins: the batch ends
                 self._close()
             raise
         self._next_id += 1
@@ -290,22 +293,23 @@ class HFBatch:
         return self._next_id
 
     def step(self) -> dict[int, list[list[Completion]]]:
+        """One step; on any error the batch ends (its requests all fail: the caller's to say)."""
         assert self._running is not None, "step: no request is running"
         try:
             with torch.inference_mode():
                 finished = self._running.step()
+            out = {}
+            for group in finished:
+                request, prompts, sampling = self._requests.pop(group)
+                flat = self.engine.completions(prompts, group.n, sampling, group.decoded())
+                per_prompt = [flat[i * group.n : (i + 1) * group.n] for i in range(len(prompts))]
+                if group.n != sampling.n:  # greedy: decoded once, copied
+                    per_prompt = [[copy_completion(c) for _ in range(sampling.n)] for (c,) in per_prompt]
+                out[request] = per_prompt
         except BaseException:
             self._close()
             raise
-        out = {}
-        for group in finished:
-            request, prompts, sampling = self._requests.pop(group)
-            flat = self.engine.completions(prompts, group.n, sampling, group.decoded())
-            per_prompt = [flat[i * group.n : (i + 1) * group.n] for i in range(len(prompts))]
-            if group.n != sampling.n:  # greedy: decoded once, copied
-                per_prompt = [[copy_completion(c) for _ in range(sampling.n)] for (c,) in per_prompt]
-            out[request] = per_prompt
-        if not self._running.groups:
+        if self._running.rows == 0:
             self._close()
         return out
 

@@ -18,6 +18,7 @@ at the next token boundary with finish reason "interrupted" for the rows still d
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
 from .base import TokensOut, ending_tokens
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
+
+log = logging.getLogger(__name__)
 
 
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,7 +269,10 @@ class RunningBatch:
                 g.sampling, seen, rows, vocab, self.device, held_back(g.sampling, self.eos_token_ids)
             )
             if g.sampling.prompt_logprobs:
+                recorded = len(self.routing.calls) if self.routing is not None else 0
                 g.prompt_scores = [score_prompt(self.model, p)[0] for p in g.prompts]
+                if self.routing is not None:  # the scoring forwards are no step's
+                    del self.routing.calls[recorded:]
             if record_PWLK is not None:
                 mine_NLK = record_PWLK[mine].reshape(-1, *record_PWLK.shape[2:])
                 g.routes = RowRoutes(mine_NLK, len(g.prompts), g.n, g.sampling.max_tokens)
@@ -310,7 +316,11 @@ class RunningBatch:
                 for row in g.active[gdone_A].tolist():
                     g.lengths[row], g.finish[row] = g.t + 1, "stop"
             if g.on_tokens is not None:
-                g.on_tokens(g.active.tolist(), token_A.tolist())
+                try:
+                    g.on_tokens(g.active.tolist(), token_A.tolist())
+                except Exception:  # a stream's reader gone: its request decodes on, unstreamed
+                    log.warning("a request's token stream failed; it goes on without it", exc_info=True)
+                    g.on_tokens = None
             ended = g.t == g.sampling.max_tokens - 1 or bool(gdone_A.all())
             if ended or interrupted:
                 if not ended:
@@ -345,6 +355,8 @@ class RunningBatch:
         assert self.cache is not None
         self.cache.batch_select_indices(keep_A.nonzero().squeeze(-1))
         self.mask_AL, self.positions_A = self.mask_AL[keep_A], self.positions_A[keep_A]
+        if not full_attention(self.cache):  # a sliding window's layers keep their own length
+            return
         first = int(self.mask_AL.any(dim=0).int().argmax())  # the first column a row attends to
         if first > 0:
             self.mask_AL = self.mask_AL[:, first:]
@@ -367,6 +379,12 @@ class RunningBatch:
             if g.routes is not None:
                 g.routes.step(g.active, g.t - 1, record_ALK[start : start + a])
             start += a
+
+
+def full_attention(cache: DynamicCache) -> bool:
+    """Whether every layer of `cache` holds all positions (no sliding window or chunk): only such
+    caches are laid side by side and trimmed."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:

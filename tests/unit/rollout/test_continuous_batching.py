@@ -171,3 +171,87 @@ def test_a_weight_update_waits_for_the_running_requests_and_admits_none_meanwhil
         engine.policy_version = 0
     assert first[0][1] == 0 and len(first[0][0][0][0].token_ids) == 60
     assert second[0][1] == 7
+
+
+def test_a_model_with_sliding_window_attention_decodes_without_a_running_batch(tmp_path) -> None:
+    """A sliding-window cache's layers keep their own length: the engine offers no running batch
+    for such a model, and its decode keeps the cache whole as rows leave (no column trimmed)."""
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    from rlcore.core.config.schema import ScratchModelConfig
+    from rlcore.core.scratch_model import build_scratch_model
+
+    base = str(tmp_path / "base")
+    build_scratch_model(base, ScratchModelConfig(enabled=True), max_model_len=256, seed=0)
+    config = MistralConfig(vocab_size=len(AutoTokenizer.from_pretrained(base)), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, sliding_window=8, max_position_embeddings=256)  # fmt: skip
+    torch.manual_seed(0)
+    MistralForCausalLM(config).save_pretrained(str(tmp_path / "mistral"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        src = tmp_path / "base" / name
+        if src.exists():
+            (tmp_path / "mistral" / name).write_bytes(src.read_bytes())
+    engine = HFEngine(str(tmp_path / "mistral"), max_model_len=256)
+    assert engine.continuous_batch() is None
+    prompts = [[5, 6, 7], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+    sampling = SamplingParams(temperature=1.0, n=2, max_tokens=12, seed=1, stop_token_ids=[9, 10, 11])
+    results = engine.generate(prompts, sampling)  # rows stop at different steps
+    assert [len(cs) for cs in results] == [2, 2]
+    assert any(c.finish_reason == "stop" for cs in results for c in cs)
+    again = engine.generate(prompts, sampling)
+    assert [[c.token_ids for c in cs] for cs in again] == [[c.token_ids for c in cs] for cs in results]
+
+
+def test_a_continued_sequence_keeps_its_scores_and_alternatives(engine: HFEngine) -> None:
+    """Partial rollouts: a sequence interrupted before it began and continued has its prompt's
+    log-probs and a top-k list for every token, as one generated whole."""
+    from dataclasses import replace
+
+    sampling = SamplingParams(temperature=1.0, n=2, max_tokens=6, seed=3, prompt_logprobs=True, top_logprobs=2)
+    prompt = engine.tokenizer("4+4=")["input_ids"]
+    batching = BatchingEngine(engine, threading.Lock())
+    interrupted = [replace(c, token_ids=[], logprobs=[], top_logprobs=[], prompt_logprobs=[], finish_reason="interrupted")
+                   for c in engine.generate([prompt], sampling)[0]]  # fmt: skip
+    batching._continue(interrupted, sampling, 0)
+    whole = engine.generate([prompt], sampling)[0]
+    for c, w in zip(interrupted, whole, strict=True):
+        assert c.token_ids == w.token_ids and len(c.top_logprobs) == len(c.token_ids)
+        assert c.prompt_logprobs == pytest.approx(w.prompt_logprobs, abs=1e-6) and len(c.prompt_logprobs) == len(prompt) - 1
+
+
+def test_an_exclusive_holder_gets_the_engine_between_calls(engine: HFEngine) -> None:
+    """Work beside generation (a direct Generate, loading an adapter) waiting for the engine lock
+    gets it once the running calls end: the running batch admits no call meanwhile."""
+    batching = BatchingEngine(engine, threading.Lock())
+    tok = engine.tokenizer
+    forwards = [0]
+    started = threading.Event()
+
+    def count(*_: object) -> None:
+        forwards[0] += 1
+        started.set()
+
+    hook = engine.model.register_forward_hook(count)
+    seen: list[int] = []
+    try:
+        long = threading.Thread(target=lambda: batching.generate(
+            [tok("1+1=")["input_ids"]], SamplingParams(max_tokens=80, seed=1, ignore_eos=True)))  # fmt: skip
+        long.start()
+        assert started.wait(60)
+
+        def holder() -> None:
+            with batching.exclusive():
+                seen.append(forwards[0])
+
+        waiting = threading.Thread(target=holder)
+        waiting.start()
+        while not batching._wanted:  # the holder waits for the lock
+            time.sleep(0.005)
+        short = threading.Thread(target=lambda: batching.generate([tok("2+2=")["input_ids"]], SamplingParams(max_tokens=3, seed=2)))
+        short.start()
+        for t in (long, waiting, short):
+            t.join(120)
+    finally:
+        hook.remove()
+    assert seen == [80]  # the long call's prefill and 79 decode steps, none of the short call's
+    assert forwards[0] > 80

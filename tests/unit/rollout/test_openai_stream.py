@@ -75,7 +75,7 @@ def test_a_live_stream_sends_text_as_it_grows_and_the_rest_once_done() -> None:
 
     async def scenario() -> list[str]:
         live = LiveStream(asyncio.get_running_loop())
-        live.begin(chat=True, n=1, model="tiny", prompt_token_ids=[1, 2], policy_version=4, include_usage=False,
+        live.begin(chat=True, n=1, model="tiny", prompt_token_ids=[1, 2], policy_version=lambda: 4, include_usage=False,
                    decode=lambda ids: "".join(chr(96 + i) for i in ids), stop=["de"], live=True)  # fmt: skip
         for token in (1, 2, 3, 4):  # a b c d: "d" may begin the stop string "de"
             live.tokens([0], [token])
