@@ -103,7 +103,7 @@ def response(body: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any]:
         "max_output_tokens": body.get("max_output_tokens"), "metadata": body.get("metadata") or {},
         "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": body.get("store") is not False,
         "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-                  "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                  "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
         "policy_version": chat["policy_version"], "prompt_token_ids": chat["prompt_token_ids"],
         "token_ids": choice["token_ids"],
