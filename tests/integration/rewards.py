@@ -37,6 +37,13 @@ def solved_half(response: str, task: Task) -> float:
     return 1.0 if digits and int(digits) % 2 == 0 else min(distinct_chars(response, task), 0.9)
 
 
+def solved_half_steady(response: str, task: Task) -> float:
+    """solved_half without the variation: 1.0 for every response to an even-numbered task, 0.25 for
+    every response to the others, so a run's task history is the same whatever its model samples."""
+    digits = "".join(c for c in task.task_id if c.isdigit())
+    return 1.0 if digits and int(digits) % 2 == 0 else 0.25
+
+
 def always_nan(response: str, task: Task) -> float:
     """A reward with a bug no row escapes: never a number."""
     return float("nan")

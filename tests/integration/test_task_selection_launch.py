@@ -4,17 +4,19 @@ always solved (tests.integration.rewards:solved_half gives every response to an 
 run stopped at a checkpoint, or killed (-9) mid-run, and resumed draws and trains exactly what the
 uninterrupted run does; a decoupled run's explorer (mode explore beside mode train) and an
 asynchronous one filter too, and drop the groups that teach nothing before the buffer (dynamic
-sampling, refused there before)."""
+sampling, refused there before); a decoupled run's explore launch killed (-9) mid-run and started
+again ends with the uninterrupted run's history and draws."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
 from .launch_utils import launch, read_metrics, tiny_grpo_config
-from .test_decoupled_launch import _config, _finish, _start
+from .test_decoupled_launch import _config, _finish, _read_until, _start, _wait_for_the_run_lock
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -148,3 +150,59 @@ def test_a_lockstep_run_killed_mid_run_resumes_its_task_history_exactly(tmp_path
     for x in _steps(a):
         for key in KEYS:
             assert abs(x.get(key, 0) - last[x["step"]].get(key, 0)) < 1e-6, (x["step"], key)
+
+
+def _decoupled_run(root: str, kill_at: int | None = None) -> tuple[dict, list[dict]]:
+    """A decoupled run (mode explore + mode train) of 6 steps with the steady half-solved reward;
+    `kill_at`: its explore launch is killed (-9) once its saved position is explore step `kill_at`,
+    then started again with continue_from_checkpoint. (the saved task selection, the explorer's
+    metrics by step: a step explored again after the kill counts once, as explored last)"""
+    steps = 6
+    settings = {**SOLVED_HALF, "buffer.explorer_input.taskset.reward_fn": ["tests.integration.rewards:solved_half_steady"],
+                "buffer.total_steps": steps}  # fmt: skip
+    os.makedirs(root, exist_ok=True)
+    path = _config(root, "file", **settings)
+    run_dir = os.path.join(root, "it", "run")
+    state_file = os.path.join(run_dir, "explorer", "explorer_state.json")
+    trainer, explorer = _start(path, "train"), _start(path, "explore")
+    if kill_at is not None:
+        deadline = time.monotonic() + 300
+        while _saved_step(state_file) < kill_at:
+            assert explorer.poll() is None and time.monotonic() < deadline, explorer.communicate()[0][-3000:]
+            time.sleep(0.02)
+        explorer.kill()  # the launcher only: its rollout workers end with it
+        explorer.communicate()
+        assert _saved_step(state_file) < steps, "the explore launch ended before the kill"
+        _wait_for_the_run_lock(os.path.join(run_dir, "explorer", "launch", "owner.lock"))
+        _read_until(trainer, "the explore launch of this run is gone", timeout_s=120)
+        explorer = _start(path, "explore", "continue_from_checkpoint=true")
+    _finish(explorer, "mode explore")
+    _finish(trainer, "mode train")
+    with open(state_file) as f:
+        saved = json.load(f)
+    assert saved["explore_step"] == steps
+    by_step = {m["step"]: m for m in read_metrics(os.path.join(run_dir, "explorer"))}
+    return saved["task_selection"], [by_step[s] for s in sorted(by_step)]
+
+
+def _saved_step(state_file: str) -> int:
+    try:
+        with open(state_file) as f:
+            return int(json.load(f)["explore_step"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return -1
+
+
+def test_a_decoupled_explorer_killed_mid_run_resumes_its_task_history_exactly(tmp_path) -> None:
+    """Killed once step 3's put is saved (the epoch's 2 batches explored, the filter skipping the
+    solved half since): the resumed explore launch ends with the history (pass rates, reward means,
+    last steps, counts) and the walk's position of the run never killed, and drew the same tasks."""
+    straight, straight_metrics = _decoupled_run(str(tmp_path / "straight"))
+    resumed, resumed_metrics = _decoupled_run(str(tmp_path / "killed"), kill_at=3)
+    assert len(straight["history"]) == 8
+    assert resumed == straight
+    assert [m["step"] for m in resumed_metrics] == [m["step"] for m in straight_metrics]
+    for x, y in zip(straight_metrics, resumed_metrics, strict=True):
+        for key in ("tasks/skipped_easy", "tasks/pool_easy", "tasks/pool_open", "tasks/seen", "tasks/pass_rate_mean"):
+            assert x.get(key) == y.get(key), (x["step"], key, x.get(key), y.get(key))
+    assert all(m.get("tasks/skipped_easy", 0) > 0 for m in straight_metrics[2:]), straight_metrics
