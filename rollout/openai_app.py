@@ -22,7 +22,8 @@ from . import openai_responses, openai_tokens
 from .door_metrics import DoorMetrics
 from .openai_door import OpenAIDoor
 from .openai_errors import DoorError, invalid
-from .openai_stream import LiveStream, sse_events
+from .openai_responses_stream import ResponsesStream
+from .openai_stream import LiveStream
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,13 @@ Answered = Callable[[int, Any, float | None], None]
 when its first text went out (seconds after the start)."""
 
 
-async def _streamed(fn: Any, body: dict[str, Any], args: tuple[Any, ...], answered: Answered) -> Any:
-    """`fn`'s answer as OpenAI's events, sent as the engine generates it (openai_stream.py). An
-    error before the answer begins is a JSON error as any; one after it, an error event."""
-    live = LiveStream(asyncio.get_running_loop())
+async def _streamed(
+    fn: Any, body: dict[str, Any], args: tuple[Any, ...], answered: Answered, kind: type[LiveStream]
+) -> Any:
+    """`fn`'s answer as OpenAI's events (`kind`'s: chat or completion chunks, or the Responses
+    API's), sent as the engine generates it (openai_stream.py). An error before the answer begins
+    is a JSON error as any; one after it, an error event."""
+    live = kind(asyncio.get_running_loop())
 
     def run() -> Any:
         try:
@@ -60,7 +64,7 @@ async def _streamed(fn: Any, body: dict[str, Any], args: tuple[Any, ...], answer
     if first is None:  # done before it began: refused (raised here), or answered whole
         result = await answer
         answered(200, result, None)
-        return StreamingResponse(sse_events(result, usage), media_type="text/event-stream")
+        return StreamingResponse(live.whole(result, usage), media_type="text/event-stream")
 
     async def events() -> AsyncIterator[str]:
         yield first
@@ -70,13 +74,12 @@ async def _streamed(fn: Any, body: dict[str, Any], args: tuple[Any, ...], answer
             result = await answer
         except DoorError as e:
             answered(e.status, None, live.first_text_s)
-            yield f"data: {json.dumps(e.body())}\n\n"
+            yield live.error(e)
             return
         except Exception:
             log.exception("OpenAI door: a streamed answer failed")
             answered(500, None, live.first_text_s)
-            error = DoorError(500, "internal error (the worker's log has the details)", kind="server_error")
-            yield f"data: {json.dumps(error.body())}\n\n"
+            yield live.error(DoorError(500, "internal error (the worker's log has the details)", kind="server_error"))
             return
         rest = list(live.finish(result, usage))
         answered(200, result, live.first_text_s)  # before the last event: a client may ask /metrics at once
@@ -87,10 +90,12 @@ async def _streamed(fn: Any, body: dict[str, Any], args: tuple[Any, ...], answer
 
 
 async def _handle(
-    door: OpenAIDoor, metrics: DoorMetrics, request: Request, fn: Any, *args: Any, endpoint: str = ""
+    door: OpenAIDoor, metrics: DoorMetrics, request: Request, fn: Any, *args: Any, endpoint: str = "",
+    streams: type[LiveStream] | None = None,
 ) -> Any:
-    """`fn`'s answer to the request's body (JSON, or its events with stream: true); None: the GET
-    `args[0]()` answers, or the model list. A request to `endpoint` is counted in the metrics."""
+    """`fn`'s answer to the request's body (JSON, or with stream: true its events, in `streams`'
+    terms); None: the GET `args[0]()` answers, or the model list. A request to `endpoint` is
+    counted in the metrics."""
     start = time.perf_counter()
 
     def answered(status: int, result: Any, first_text_s: float | None) -> None:
@@ -105,9 +110,9 @@ async def _handle(
         if fn is None:
             return JSONResponse(args[0]() if args else door.models())
         body = _json(await request.body())
-        if fn in (door.completions, door.chat) and isinstance(body, dict) and body.get("stream") is True:
+        if streams is not None and isinstance(body, dict) and body.get("stream") is True:
             status = 0  # the stream tells its own end
-            return await _streamed(fn, body, args, answered)
+            return await _streamed(fn, body, args, answered, streams)
         result = await run_in_threadpool(fn, body, *args)
         status = 200
         return JSONResponse(result)
@@ -155,15 +160,17 @@ def build_app(door: OpenAIDoor, manages_adapters: bool = True) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request, x_episode_id: str | None = Header(None)) -> Any:
-        return await handle(request, door.completions, x_episode_id, endpoint="completions")
+        return await handle(request, door.completions, x_episode_id, endpoint="completions", streams=LiveStream)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, x_episode_id: str | None = Header(None)) -> Any:
-        return await handle(request, door.chat, x_episode_id, endpoint="chat")
+        return await handle(request, door.chat, x_episode_id, endpoint="chat", streams=LiveStream)
 
     @app.post("/v1/responses")
     async def responses(request: Request, x_episode_id: str | None = Header(None)) -> Any:
-        return await handle(request, partial(openai_responses.serve, door), x_episode_id, endpoint="responses")
+        return await handle(
+            request, partial(openai_responses.serve, door), x_episode_id, endpoint="responses", streams=ResponsesStream
+        )
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Any:

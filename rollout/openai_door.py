@@ -46,7 +46,7 @@ from .openai_messages import Conversations, assistant_message, comparable, templ
 from .openai_schema import BodyError, check, check_id, shown
 from .openai_stream import LiveStream
 from .server import RolloutServicer
-from .workflows.tool_formats import resolve
+from .workflows.tool_formats import ToolCallFormat, resolve
 from .workflows.turns import TurnFormat
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ class OpenAIDoor:
         sampling = replace(sampling, prompt_logprobs=echo and logprobs is not None, top_logprobs=logprobs or 0)
         self._check_episode(episode, sampling)
         results, version = self.generate(
-            ids_list, sampling, self._begin(live, False, ids_list, sampling, body, not echo)
+            ids_list, sampling, self._begin(live, False, ids_list, sampling, body, live_text=not echo)
         )
         choices = [
             self._text_choice(i * sampling.n + j, p, ids, c, echo, logprobs)
@@ -333,7 +333,7 @@ class OpenAIDoor:
         sampling = replace(sampling, top_logprobs=body.get("top_logprobs") or 0)
         self._check_episode(episode, sampling)
         (completions,), version = self.generate(
-            [ids], sampling, self._begin(live, True, [ids], sampling, body, not tools)
+            [ids], sampling, self._begin(live, True, [ids], sampling, body, calls=self.tool_calls if tools else None)
         )
         choices = []
         for i, c in enumerate(completions):
@@ -371,9 +371,10 @@ class OpenAIDoor:
 
     def _begin(
         self, live: LiveStream | None, chat: bool, prompts: list[list[int]], sampling: SamplingParams,
-        body: dict[str, Any], text_live: bool,
+        body: dict[str, Any], live_text: bool = True, calls: ToolCallFormat | None = None,
     ) -> TokensOut | None:  # fmt: skip
-        """Start a streamed answer (its first events); what the engine hands its tokens to."""
+        """Start a streamed answer (its first events); what the engine hands its tokens to
+        (`calls`: the tool-call format of a request with tools)."""
         if live is None:
             return None
         live.begin(
@@ -382,7 +383,7 @@ class OpenAIDoor:
             policy_version=lambda: self.servicer.engine.policy_version,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             decode=lambda tokens: str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
-            stop=sampling.stop, live=text_live,
+            stop=sampling.stop, live=live_text, calls=calls,
         )  # fmt: skip
         return live.tokens
 

@@ -23,6 +23,8 @@ from .openai_errors import DoorError
 
 if TYPE_CHECKING:
     from .openai_door import OpenAIDoor
+    from .openai_responses_stream import ResponsesStream
+
 
 def chat_request(body: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat completion request of a (checked) Responses request whose stored conversation so
@@ -77,8 +79,9 @@ def as_responses_error(e: DoorError) -> DoorError:
     return DoorError(e.status, f"{CHAT_PARAMS[head]}: {message}", CHAT_PARAMS[head], e.kind)
 
 
-def response(body: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any]:
-    """The Responses API's response object for the chat completion `chat` answering `body`."""
+def response(body: dict[str, Any], chat: dict[str, Any], response_id: str | None = None) -> dict[str, Any]:
+    """The Responses API's response object for the chat completion `chat` answering `body` (its id
+    `response_id`, or a new one)."""
     choice = chat["choices"][0]
     message, output = choice["message"], []
     if message.get("content"):
@@ -94,7 +97,7 @@ def response(body: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any]:
     cut = choice["finish_reason"] == "length"
     usage = chat["usage"]
     return {
-        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(), "model": chat["model"],
+        "id": response_id or f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(), "model": chat["model"],
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
         "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
@@ -123,16 +126,21 @@ def reply_message(chat: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def serve(door: OpenAIDoor, body: dict[str, Any], episode_header: str | None) -> dict[str, Any]:
-    """POST /v1/responses: `body` answered by the door's chat completion of its conversation."""
+def serve(
+    door: OpenAIDoor, body: dict[str, Any], episode_header: str | None, live: ResponsesStream | None = None
+) -> dict[str, Any]:
+    """POST /v1/responses: `body` answered by the door's chat completion of its conversation
+    (streamed through `live` with stream: true)."""
     door.check_body("responses", body)
     earlier = door.conversations.get(body["previous_response_id"]) if body.get("previous_response_id") else []
     chat = chat_request(body, earlier)
+    if live is not None:
+        live.describe(body)
     try:
-        answer = door.chat(chat, episode_header)
+        answer = door.chat(chat, episode_header, live)
     except DoorError as e:
         raise as_responses_error(e) from None
-    out = response(body, answer)
+    out = response(body, answer, live.response_id if live is not None else None)
     if body.get("store") is not False:
         door.conversations.put(out["id"], [*chat["messages"], reply_message(answer)])
     return out

@@ -319,6 +319,7 @@ class ResponsesBody(BaseModel):
     user: Id | None = None
     episode_id: Id | None = Field(None, min_length=1)
     seed: int | None = Field(None, ge=-INT64 - 1, le=INT64)  # rlcore's, as chat's
+    stream: bool | None = None
 
 
 MODELS: dict[str, type[BaseModel]] = {
@@ -333,7 +334,7 @@ UNSERVED: dict[str, dict[str, Any]] = {
         "best_of": 1, "suffix": None,
     },
     "responses": {
-        "parallel_tool_calls": True, "truncation": "disabled", "stream": False, "background": False,
+        "parallel_tool_calls": True, "truncation": "disabled", "background": False,
         "text": {"format": {"type": "text"}}, "reasoning": None, "include": [], "service_tier": "auto",
     },
     "chat": {

@@ -12,9 +12,16 @@ rlcore's `token_ids`; with stream_options.include_usage every chunk has `usage: 
 without choices that holds the usage. The first chunk carries `policy_version` and
 `prompt_token_ids`, as the whole response does; `data: [DONE]` ends it.
 
-A chat request with `tools` sends its reply when generation ends (whether the reply holds calls is
-known only then, and its content is the reply without them), as does an engine without a running
-batch (vLLM in process, a GPU's CUDA-graph decode).
+A chat request with `tools`, where the model writes its calls between markers (the `hermes` format:
+Qwen's, Hermes'), streams the reply's text up to its first call marker and each call as one
+`tool_calls` delta as soon as its closing marker is generated (its id, name and whole arguments);
+the rest of the reply's text goes out when generation ends, as it must match the reply's content
+(which drops the calls and the whitespace around the text). With other tool-call formats (a reply
+is a call only once it is whole) the reply goes out when generation ends, as with an engine without
+a running batch (vLLM in process, a GPU's CUDA-graph decode).
+
+Subclasses say the same answer in another API's events (openai_responses_stream.py): the hooks
+`_opened`, `_text` and `_call` and the methods `finish`, `whole` and `error`.
 """
 
 from __future__ import annotations
@@ -24,7 +31,11 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .openai_errors import DoorError
+    from .workflows.tool_formats import ToolCallFormat
 
 
 class LiveStream:
@@ -52,6 +63,9 @@ class LiveStream:
         self._version: Callable[[], int] = lambda: 0
         self._text: list[str] = []
         self._offsets: list[tuple[int, int]] = []
+        self._calls: ToolCallFormat | None = None
+        self.calls_sent: list[list[dict[str, Any]]] = []
+        """Each choice's tool calls sent so far (live, with `tools`)."""
 
     @property
     def started(self) -> bool:
@@ -65,13 +79,17 @@ class LiveStream:
     def begin(
         self, *, chat: bool, n: int, model: str, prompt_token_ids: list[int] | list[list[int]],
         policy_version: Callable[[], int], include_usage: bool, decode: Callable[[list[int]], str],
-        stop: list[str], live: bool,
+        stop: list[str], live: bool = True, calls: ToolCallFormat | None = None,
     ) -> None:  # fmt: skip
         """The answer is accepted; its first events go out with its first tokens (chat: each
         choice's role; the first carries the version of the weights generating, `policy_version()`
-        then). `live`: whether its text is sent as it grows (else all of it when generation ends)."""
-        self.begun, self._live, self._chat, self._version = True, live, chat, policy_version
+        then). `live`: whether its text is sent as it grows (else all of it when generation ends);
+        `calls`: the tool-call format of a request with tools (its text goes out as it grows only if
+        the format marks where a call begins, and its calls as each is closed)."""
+        self._live = live and (calls is None or calls.MARKER is not None)
+        self.begun, self._chat, self._version, self._calls = True, chat, policy_version, calls
         self.sent, self._tokens = [""] * n, [[] for _ in range(n)]
+        self.calls_sent = [[] for _ in range(n)]
         self._text, self._offsets = [""] * n, [(0, 0)] * n
         self._decode, self._stop = decode, stop
         self._base = {
@@ -88,10 +106,7 @@ class LiveStream:
         if not self._started:
             self._started = True
             self.first = {"policy_version": self._version(), **self.first}
-            if self._chat:  # a completion's first event is its first text (or, with none, its end)
-                for i in range(len(self.sent)):
-                    self._send({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None})  # fmt: skip
+            self._opened()
         for row, token in zip(rows, tokens, strict=True):
             self._tokens[row].append(token)
         if not self._live:
@@ -100,13 +115,52 @@ class LiveStream:
             self._grow(row)
             sent = self.sent[row]
             text = releasable(self._text[row], self._stop, start=len(sent))
-            if len(text) > len(sent):
-                self.sent[row] = text
+            content = text if self._calls is None else self._content(text)
+            if len(content) > len(sent):
+                self.sent[row] = content
                 if self.first_text_s is None:
                     self.first_text_s = time.perf_counter() - self._start
-                delta = text[len(sent) :]
-                part = {"index": row, "delta": {"content": delta}} if self._chat else {"index": row, "text": delta}
-                self._send({**part, "logprobs": None, "finish_reason": None})
+                self._text_delta(row, content[len(sent) :])
+            if self._calls is not None:
+                self._closed_calls(row, text)
+
+    def _content(self, text: str) -> str:
+        """The part of a reply with tools that its content (the reply without its calls, stripped)
+        begins with whatever comes next: the text before the first call marker (or a trailing piece
+        of one), without trailing whitespace; none while the reply begins with whitespace (its
+        content is the reply itself if no call follows, else the reply stripped)."""
+        assert self._calls is not None and self._calls.MARKER is not None
+        if text[:1].isspace():
+            return ""
+        return releasable(text, [self._calls.MARKER]).rstrip()
+
+    def _closed_calls(self, row: int, text: str) -> None:
+        """Send row `row`'s calls closed in `text` that are not sent yet (each as it will be in the
+        reply: the reply's calls are the readable ones, in order)."""
+        assert self._calls is not None
+        calls = [c for c in self._calls.parse(text) if not isinstance(c, str)]
+        for name, arguments in calls[len(self.calls_sent[row]) :]:
+            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+            self.calls_sent[row].append(call)
+            self._call(row, len(self.calls_sent[row]) - 1, call)
+
+    # the events of chat.completion.chunk and text_completion; other APIs' streams override these
+
+    def _opened(self) -> None:
+        """The first tokens came: chat sends each choice's role (a completion's first event is its text)."""
+        if self._chat:
+            for i in range(len(self.sent)):
+                self._send({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})  # fmt: skip
+
+    def _text_delta(self, row: int, delta: str) -> None:
+        part = {"index": row, "delta": {"content": delta}} if self._chat else {"index": row, "text": delta}
+        self._send({**part, "logprobs": None, "finish_reason": None})
+
+    def _call(self, row: int, index: int, call: dict[str, Any]) -> None:
+        self._send({"index": row, "delta": {"tool_calls": [{"index": index, **call}]}, "logprobs": None,
+                    "finish_reason": None})  # fmt: skip
 
     def _grow(self, row: int) -> None:
         """Row `row`'s text with its new tokens, decoding only the last few (a window from the last
@@ -127,6 +181,14 @@ class LiveStream:
         """The events after those sent: the rest of `response` (the answer the door built)."""
         same = {k: self._base[k] for k in ("id", "created", "model")}
         return sse_events({**response, **same}, include_usage, self)
+
+    def whole(self, response: dict[str, Any], include_usage: bool) -> Iterator[str]:
+        """The events of `response`, answered before any was sent (an engine without a running batch)."""
+        return sse_events(response, include_usage)
+
+    def error(self, e: DoorError) -> str:
+        """The event that ends a stream that failed after it began."""
+        return _event(e.body())
 
 
 def releasable(text: str, stop: list[str], start: int = 0) -> str:
@@ -163,7 +225,8 @@ def sse_events(response: dict[str, Any], include_usage: bool, live: LiveStream |
         first = {}  # the live events carried them
     for choice in response["choices"]:
         sent = live.sent[choice["index"]] if started and live is not None else ""
-        parts = _chat_parts(choice, sent, not started) if chat else _text_parts(choice, sent)
+        calls = len(live.calls_sent[choice["index"]]) if started and live is not None else 0
+        parts = _chat_parts(choice, sent, calls, not started) if chat else _text_parts(choice, sent)
         for part in parts:
             yield _event({**base, **first, "choices": [part]})
             first = {}
@@ -178,15 +241,15 @@ def _rest(text: str, sent: str) -> str:
     return text[len(sent) :] if text.startswith(sent) else ""
 
 
-def _chat_parts(choice: dict[str, Any], sent: str, role: bool) -> Iterator[dict[str, Any]]:
+def _chat_parts(choice: dict[str, Any], sent: str, calls_sent: int, role: bool) -> Iterator[dict[str, Any]]:
     i, message = choice["index"], choice["message"]
     if role:
         yield {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
     delta: dict[str, Any] = {}
     if rest := _rest(message.get("content") or "", sent):
         delta["content"] = rest
-    if message.get("tool_calls"):
-        delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+    if calls := [{"index": k, **call} for k, call in enumerate(message.get("tool_calls") or []) if k >= calls_sent]:
+        delta["tool_calls"] = calls
     if delta or choice["logprobs"]:
         yield {"index": i, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
     yield {"index": i, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"],

@@ -50,6 +50,9 @@ def _not_json(body: str, e: json.JSONDecodeError) -> str:
 
 class ToolCallFormat(ABC):
     name = ""
+    MARKER: str | None = None
+    """The text each call begins with, where calls are written among text (a stream can send the
+    text before it, and each call once closed); None: a reply is read as calls only once whole."""
 
     @abstractmethod
     def parse(self, reply: str) -> list[ToolCall]:
@@ -62,6 +65,7 @@ class ToolCallFormat(ABC):
 
 class Hermes(ToolCallFormat):
     name = "hermes"
+    MARKER = "<tool_call>"
     CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, reply: str) -> list[ToolCall]:

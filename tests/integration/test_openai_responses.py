@@ -1,7 +1,8 @@
 """The door's /v1/responses (rollout/openai_responses.py), driven by the `openai` package's
 `responses.create`: a two-tool agent's turns (function calls and their outputs sent back as input
 items, the conversation carried by previous_response_id), recorded as one episode whose trained
-tokens are exactly the tokens the door served, and errors in the Responses request's terms."""
+tokens are exactly the tokens the door served; a streamed response (`responses.stream`) that is the
+unstreamed one, its text arriving while generated; errors in the Responses request's terms."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def test_a_two_tool_agent_through_responses_is_recorded_as_the_tokens_served(
 
 def test_a_responses_request_that_is_wrong_names_its_parameter(api: openai.OpenAI) -> None:
     """Errors in the Responses request's terms: an unknown stored response, an input item of a type
-    the door does not serve, a tool that is not a function, streaming (not served on this route)."""
+    the door does not serve, a tool that is not a function."""
     with pytest.raises(openai.NotFoundError, match="previous_response_id: no stored response 'resp_x'"):
         api.responses.create(model="tiny", input="hi", previous_response_id="resp_x")
     with pytest.raises(openai.BadRequestError, match=r"input\[0\]: must be a message, a function_call"):
@@ -99,3 +100,27 @@ def test_a_responses_request_that_is_wrong_names_its_parameter(api: openai.OpenA
     unstored = api.responses.create(model="tiny", input="hi", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError, match="previous_response_id"):
         api.responses.create(model="tiny", input="more", previous_response_id=unstored.id)
+
+
+def test_a_streamed_response_is_the_response_sent_while_generated(api: openai.OpenAI) -> None:
+    """`responses.create(stream=True)`: the SDK reads the events (each validated as its event type)
+    and the last one holds the response the same seeded request gets unstreamed (text, token ids,
+    status); the text comes in several deltas before it, and a follow-up continues the streamed
+    response by its id. (The random model rarely ends before max_output_tokens: the SDK's
+    `responses.stream` helper accepts only a completed response.)"""
+    kwargs: dict[str, Any] = dict(model="tiny", input="Count to ten.", max_output_tokens=24, temperature=1.0,
+                                  extra_body={"seed": 7})  # fmt: skip
+    whole = api.responses.create(**kwargs)
+    events = list(api.responses.create(**kwargs, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == ("response.incomplete" if whole.status == "incomplete" else "response.completed")
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    final = events[-1].response
+    assert final.id == events[0].response.id and final.status == whole.status
+    assert final.output_text == whole.output_text and "".join(deltas) == whole.output_text
+    assert len(deltas) >= 2, deltas
+    assert final.model_extra["token_ids"] == whole.model_extra["token_ids"]
+    more = api.responses.create(model="tiny", input="Again.", previous_response_id=final.id, max_output_tokens=4)
+    prompt = whole.model_extra["prompt_token_ids"]
+    assert more.model_extra["prompt_token_ids"][: len(prompt)] == prompt

@@ -95,3 +95,91 @@ def test_a_live_stream_sends_text_as_it_grows_and_the_rest_once_done() -> None:
     assert chunks[-1].choices[0].finish_reason == "length"
     assert chunks[-1].choices[0].model_extra["token_ids"] == [1, 2, 3, 4]
     assert len({c.id for c in chunks}) == 1
+
+
+REPLY = (
+    'Let me add. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n'
+    '<tool_call>{"name": "mul", "arguments": {"b": 2}}</tool_call> done'
+)
+"""A reply with text, two hermes calls and text after them; its "tokens" are its characters."""
+
+
+def _fed(live, reply: str, tools: bool) -> None:
+    """Begin `live` as a chat answer and feed it `reply` character by character."""
+    from rlcore.rollout.workflows.tool_formats import Hermes
+
+    live.begin(chat=True, n=1, model="tiny", prompt_token_ids=[1], policy_version=lambda: 2, include_usage=False,
+               decode=lambda ids: "".join(reply[i] for i in ids), stop=[], calls=Hermes() if tools else None)  # fmt: skip
+    for i in range(len(reply)):
+        live.tokens([0], [i])
+
+
+def _drain(live) -> list[str]:
+    events = []
+    while not live.events.empty():
+        events.append(live.events.get_nowait())
+    return events
+
+
+def test_a_chat_stream_with_tools_sends_the_text_before_a_call_and_each_call_once_closed() -> None:
+    """The hermes format: content up to the first call marker goes out as it grows (its trailing
+    whitespace held back), each call as a tool_calls delta once its closing marker is generated,
+    the rest when generation ends: the chunks join to the door's own reply (assistant_message)."""
+    import asyncio
+
+    from rlcore.rollout.openai_messages import assistant_message
+    from rlcore.rollout.openai_stream import LiveStream
+    from rlcore.rollout.workflows.tool_formats import Hermes
+
+    async def scenario() -> tuple[list[str], list[int], dict]:
+        live = LiveStream(asyncio.get_running_loop())
+        _fed(live, REPLY, tools=True)
+        await asyncio.sleep(0)  # the events were queued through the loop
+        events = _drain(live)
+        calls_at = [i for i, e in enumerate(events) if "tool_calls" in e]
+        message = assistant_message(REPLY, Hermes())
+        answer = {**CHAT, "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls",
+                                       "token_ids": list(range(len(REPLY))), "logprobs": None}]}  # fmt: skip
+        return events + list(live.finish(answer, include_usage=False)), calls_at, message
+
+    events, calls_at, message = asyncio.run(scenario())
+    chunks = [ChatCompletionChunk.model_validate(c) for c in _chunks(events)]
+    assert len(calls_at) == 2  # both calls went out while the reply was generated
+    live_content = "".join(c.choices[0].delta.content or "" for c in chunks[: calls_at[0]])
+    assert live_content == "Let me add."
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == message["content"] == "Let me add. \n done"
+    calls = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in calls] == [
+        (0, "add", {"a": 1}), (1, "mul", {"b": 2})
+    ]
+    assert all(d.id and d.id.startswith("call_") for d in calls) and calls[0].id != calls[1].id
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_a_chat_stream_with_tools_holds_what_its_content_may_not_begin_with() -> None:
+    """A reply beginning with whitespace sends no content until it ends (its content is the reply
+    stripped if a call follows, the reply itself if none does); a call never closed is content."""
+    import asyncio
+
+    from rlcore.rollout.openai_messages import assistant_message
+    from rlcore.rollout.openai_stream import LiveStream
+    from rlcore.rollout.workflows.tool_formats import Hermes
+
+    for reply in (" 4 <tool_call>{}", "4 <tool_call>{\"name\": \"add\""):
+
+        async def scenario(reply: str = reply) -> list[str]:
+            live = LiveStream(asyncio.get_running_loop())
+            _fed(live, reply, tools=True)
+            await asyncio.sleep(0)
+            message = assistant_message(reply, Hermes())
+            answer = {**CHAT, "choices": [{"index": 0, "message": message, "finish_reason": "length",
+                                           "token_ids": [1], "logprobs": None}]}  # fmt: skip
+            return _drain(live) + list(live.finish(answer, include_usage=False))
+
+        chunks = [ChatCompletionChunk.model_validate(c) for c in _chunks(asyncio.run(scenario()))]
+        content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert "".join(content) == reply  # no readable call: the reply is the content
+        assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+        if reply.startswith(" "):
+            assert len(content) == 1  # all of it at the end
