@@ -54,6 +54,8 @@ PROJECT = "bench_algorithms"
 """The SFT warm-up's project (algorithms.run_sft); the RL runs share it."""
 MODES = ("lockstep", "decoupled")
 VARIANTS = ("no_filter", "filter")
+EASY_WORDS = {"no_carry": "without a carry (which the SFT warm-up mostly gets right)",
+              "one_digit": "one-digit sums without a carry (which the SFT warm-up all but always gets right)"}  # fmt: skip
 GAIN_SHARE = 0.9
 """The target: this share of the unfiltered run's gain over the SFT checkpoint."""
 
@@ -64,9 +66,17 @@ def carries(prompt: str) -> bool:
     return int(a) % 10 + int(b) % 10 >= 10
 
 
-def write_tasks(workdir: str, tasks: int, heldout: int) -> tuple[str, str]:
-    """(training taskset, held-out taskset): `tasks` training problems alternating without and with a
-    carry, and `heldout` test problems with a carry (the quickstart's arithmetic, max operand 49)."""
+def easy(prompt: str, kind: str) -> bool:
+    """Whether 'a+b=' is of the easy half: `no_carry` (no carry from the ones column) or
+    `one_digit` (that, with both numbers below 10: the SFT warm-up's samples all but always solve it)."""
+    a, b = (int(x) for x in prompt.rstrip("=").split("+"))
+    return not carries(prompt) and (kind == "no_carry" or (a < 10 and b < 10))
+
+
+def write_tasks(workdir: str, tasks: int, heldout: int, easy_kind: str = "no_carry") -> tuple[str, str]:
+    """(training taskset, held-out taskset): `tasks` training problems alternating easy (`easy_kind`)
+    and with a carry, and `heldout` test problems with a carry (the quickstart's arithmetic, max
+    operand 49)."""
     from rlcore.core.data.synthetic import write_arithmetic_taskset
 
     parts: dict[str, list[dict[str, Any]]] = {}
@@ -76,11 +86,11 @@ def write_tasks(workdir: str, tasks: int, heldout: int) -> tuple[str, str]:
         write_arithmetic_taskset(path, part=part, num_tasks=n, max_operand=49, seed=0)
         with open(path) as f:
             parts[part] = [json.loads(line) for line in f]
-    easy = [r for r in parts["train"] if not carries(r["prompt"])]
+    solved = [r for r in parts["train"] if easy(r["prompt"], easy_kind)]
     hard = [r for r in parts["train"] if carries(r["prompt"])]
-    if tasks // 2 > min(len(easy), len(hard)):
-        raise SystemExit(f"rlcore bench curriculum: --tasks {tasks} needs more problems than the 2000 training ones give")
-    train = [row for pair in zip(easy[: tasks // 2], hard[: tasks // 2], strict=True) for row in pair]
+    if tasks // 2 > min(len(solved), len(hard)):
+        raise SystemExit(f"rlcore bench curriculum: --tasks {tasks} needs more {easy_kind} problems than the 2000 training ones give ({len(solved)})")
+    train = [row for pair in zip(solved[: tasks // 2], hard[: tasks // 2], strict=True) for row in pair]
     held = [r for r in parts["test"] if carries(r["prompt"])][:heldout]
     paths = os.path.join(workdir, "half_solved.jsonl"), os.path.join(workdir, "carry_heldout.jsonl")
     for path, rows in zip(paths, (train, held), strict=True):
@@ -177,7 +187,7 @@ def compare(pair: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     checkpoint = args.sft_checkpoint or run_sft(args, workdir)
-    tasks = write_tasks(workdir, args.tasks, args.heldout)
+    tasks = write_tasks(workdir, args.tasks, args.heldout, args.easy)
     runs: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in args.modes}
     total, done, order = len(args.modes) * len(args.seeds) * 2, 0, list(VARIANTS)
     for mode in args.modes:
@@ -202,7 +212,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Rollouts trained on until the held-out accuracy (test problems with a carry, greedy) first reaches "
         f"{100 * GAIN_SHARE:.0f}% of the unfiltered run's gain over the SFT checkpoint; {cfg['tasks']} training "
-        f"tasks, half of them without a carry (which the SFT warm-up gets right), {cfg['steps']} GRPO steps of "
+        f"tasks, half of them {EASY_WORDS[cfg.get('easy', 'no_carry')]}, {cfg['steps']} GRPO steps of "
         f"{cfg['batch_size']} tasks x {cfg['repeat_times']} responses at lr {cfg['lr']:g}; filter too_easy "
         f"{cfg['too_easy']:g}, readmit_after {cfg['readmit_after']}; {result['machine']['cpu']}.",
         "",
@@ -249,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="lockstep,decoupled", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--seeds", type=int_list, default=[42, 43], help="comma-separated seeds of the RL stages")
     parser.add_argument("--tasks", type=positive_int, default=32, help="training tasks (half without a carry)")
+    parser.add_argument("--easy", choices=("no_carry", "one_digit"), default="no_carry",
+                        help="the easy half: sums without a carry, or only those of two one-digit numbers")
     parser.add_argument("--heldout", type=positive_int, default=100, help="held-out problems with a carry")
     parser.add_argument("--steps", type=positive_int, default=40, help="RL steps per run")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="tasks per RL step")
