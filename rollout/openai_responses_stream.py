@@ -19,16 +19,17 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .openai_errors import DoorError
 from .openai_stream import LiveStream
-
-if TYPE_CHECKING:
-    from .openai_errors import DoorError
 
 
 class ResponsesStream(LiveStream):
     """One Responses answer's events while it is generated (one choice)."""
+
+    STREAMS_CALLS = False
+    """Calls go out when generation ends, after the message (the response's order)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -38,6 +39,7 @@ class ResponsesStream(LiveStream):
         self._message_open = False
         self._skeleton: dict[str, Any] = {}
         """The response in progress (the request's echo; set when the door has checked the request)."""
+        self.created_at = time.time()
 
     def describe(self, request: dict[str, Any]) -> None:
         """The checked Responses request, which the in-progress response echoes."""
@@ -61,7 +63,9 @@ class ResponsesStream(LiveStream):
         self.first = {}
 
     def _began(self, version: int | None) -> Iterator[str]:
-        progress = {**self._skeleton, "created_at": time.time(), "policy_version": version}
+        progress = {**self._skeleton, "created_at": self.created_at, "policy_version": version}
+        if progress.get("model") is None:  # the request named none: the model serving it
+            progress["model"] = self._base.get("model")
         yield self._event("response.created", response=progress)
         yield self._event("response.in_progress", response=progress)
 
@@ -80,15 +84,14 @@ class ResponsesStream(LiveStream):
         self.put(self._event("response.output_text.delta", item_id=self._message_id, output_index=0, content_index=0,
                              delta=delta, logprobs=[]))  # fmt: skip
 
-    def _call(self, row: int, index: int, call: dict[str, Any]) -> None:
-        """Calls go out when generation ends, after the message (the response's order)."""
-
     def finish(self, response: dict[str, Any], include_usage: bool = False) -> Iterator[str]:
         """The events after those sent: the rest of `response` (the Responses object the door built)."""
         response = copy.deepcopy(response)
+        response["created_at"] = self.created_at
         message = next((item for item in response["output"] if item["type"] == "message"), None)
         if self._message_open and message is None:  # cannot be: the text sent begins the reply's content
-            raise RuntimeError("a streamed reply's text is not in its response")
+            yield self.error(DoorError(500, "the streamed text is not the reply's (a bug: the worker's log has the reply)"))
+            return
         index = 0
         if message is not None:
             message["id"] = self._message_id
@@ -122,6 +125,8 @@ class ResponsesStream(LiveStream):
         if not self._skeleton:
             self._skeleton = {k: v for k, v in response.items() if k not in ("output", "usage", "token_ids")}
             self._skeleton.update(status="in_progress", output=[], usage=None, incomplete_details=None)
+            self.created_at = response["created_at"]
+        self._skeleton["model"] = self._skeleton.get("model") or response["model"]
         yield from self._began(response.get("policy_version"))
         yield from self.finish(response)
 

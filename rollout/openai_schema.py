@@ -320,6 +320,7 @@ class ResponsesBody(BaseModel):
     episode_id: Id | None = Field(None, min_length=1)
     seed: int | None = Field(None, ge=-INT64 - 1, le=INT64)  # rlcore's, as chat's
     stream: bool | None = None
+    stream_options: dict[Id, bool] | None = None  # OpenAI's include_obfuscation: the door sends none
 
 
 MODELS: dict[str, type[BaseModel]] = {

@@ -66,6 +66,13 @@ class LiveStream:
         self._calls: ToolCallFormat | None = None
         self.calls_sent: list[list[dict[str, Any]]] = []
         """Each choice's tool calls sent so far (live, with `tools`)."""
+        self._clear: list[int] = []
+        """Per choice: the length of the text released last (it holds no stop string)."""
+        self._held: list[bool] = []
+        """Per choice, with tools: whether its content waits for the end (a call marker came, or
+        it begins with whitespace)."""
+        self._scanned: list[int] = []
+        """Per choice, with tools: where its last closed call ends in its text."""
 
     @property
     def started(self) -> bool:
@@ -90,6 +97,7 @@ class LiveStream:
         self.begun, self._chat, self._version, self._calls = True, chat, policy_version, calls
         self.sent, self._tokens = [""] * n, [[] for _ in range(n)]
         self.calls_sent = [[] for _ in range(n)]
+        self._clear, self._held, self._scanned = [0] * n, [False] * n, [0] * n
         self._text, self._offsets = [""] * n, [(0, 0)] * n
         self._decode, self._stop = decode, stop
         self._base = {
@@ -113,36 +121,56 @@ class LiveStream:
             return
         for row in sorted(set(rows)):
             self._grow(row)
-            sent = self.sent[row]
-            text = releasable(self._text[row], self._stop, start=len(sent))
-            content = text if self._calls is None else self._content(text)
+            sent, looked = self.sent[row], self._clear[row]
+            text = releasable(self._text[row], self._stop, start=looked)
+            self._clear[row] = len(text)
+            content = text if self._calls is None else self._content(row, text)
             if len(content) > len(sent):
                 self.sent[row] = content
-                if self.first_text_s is None:
-                    self.first_text_s = time.perf_counter() - self._start
+                self._first_out()
                 self._text_delta(row, content[len(sent) :])
-            if self._calls is not None:
-                self._closed_calls(row, text)
+            if self._calls is not None and self.STREAMS_CALLS:
+                self._closed_calls(row, text, looked)
 
-    def _content(self, text: str) -> str:
-        """The part of a reply with tools that its content (the reply without its calls, stripped)
-        begins with whatever comes next: the text before the first call marker (or a trailing piece
-        of one), without trailing whitespace; none while the reply begins with whitespace (its
-        content is the reply itself if no call follows, else the reply stripped)."""
-        assert self._calls is not None and self._calls.MARKER is not None
+    STREAMS_CALLS = True
+    """Whether tool calls go out as each is closed (else with the rest, when generation ends)."""
+
+    def _first_out(self) -> None:
+        if self.first_text_s is None:
+            self.first_text_s = time.perf_counter() - self._start
+
+    def _content(self, row: int, text: str) -> str:
+        """The part of row `row`'s reply (with tools) that its content (the reply without its calls,
+        stripped) begins with whatever comes next: the text before the first call marker (or a
+        trailing piece of one), without trailing whitespace; none while the reply begins with
+        whitespace (its content is the reply itself if no call follows, else the reply stripped).
+        Final once a marker came: the rest goes out when generation ends."""
+        marker, sent = self._calls.MARKER if self._calls is not None else None, self.sent[row]
+        assert marker is not None
+        if self._held[row]:
+            return sent
         if text[:1].isspace():
+            self._held[row] = True
             return ""
-        return releasable(text, [self._calls.MARKER]).rstrip()
+        if (at := text.find(marker, max(0, len(sent) - len(marker)))) >= 0:
+            self._held[row] = True
+            return text[:at].rstrip()
+        return releasable(text, [marker], start=len(sent)).rstrip()
 
-    def _closed_calls(self, row: int, text: str) -> None:
-        """Send row `row`'s calls closed in `text` that are not sent yet (each as it will be in the
-        reply: the reply's calls are the readable ones, in order)."""
-        assert self._calls is not None
-        calls = [c for c in self._calls.parse(text) if not isinstance(c, str)]
-        for name, arguments in calls[len(self.calls_sent[row]) :]:
+    def _closed_calls(self, row: int, text: str, looked: int) -> None:
+        """Send row `row`'s calls closed in `text` since the last one (`looked`: the length of the
+        text looked at before), each as it will be in the reply (its readable calls, in order)."""
+        assert self._calls is not None and self._calls.CLOSE is not None
+        scanned = self._scanned[row]
+        if text.find(self._calls.CLOSE, max(scanned, looked - len(self._calls.CLOSE))) < 0:
+            return
+        found, end = self._calls.closed(text[scanned:])
+        self._scanned[row] = scanned + end
+        for name, arguments in (c for c in found if not isinstance(c, str)):
             call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                     "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
             self.calls_sent[row].append(call)
+            self._first_out()
             self._call(row, len(self.calls_sent[row]) - 1, call)
 
     # the events of chat.completion.chunk and text_completion; other APIs' streams override these

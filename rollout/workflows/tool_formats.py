@@ -52,7 +52,10 @@ class ToolCallFormat(ABC):
     name = ""
     MARKER: str | None = None
     """The text each call begins with, where calls are written among text (a stream can send the
-    text before it, and each call once closed); None: a reply is read as calls only once whole."""
+    text before it, and each call once closed: `closed`); None: a reply is read as calls only once
+    whole."""
+    CLOSE: str | None = None
+    """The text each call ends with (with MARKER)."""
 
     @abstractmethod
     def parse(self, reply: str) -> list[ToolCall]:
@@ -62,23 +65,35 @@ class ToolCallFormat(ABC):
     def content(self, reply: str) -> str:
         """The reply's text without its calls."""
 
+    def closed(self, text: str) -> tuple[list[ToolCall], int]:
+        """(a format with MARKER) The calls closed in `text` (a reply so far), and where the last ends."""
+        raise NotImplementedError(f"tool_call_format {self.name} reads calls only from a whole reply")
+
 
 class Hermes(ToolCallFormat):
     name = "hermes"
     MARKER = "<tool_call>"
     CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
+    CLOSE = "</tool_call>"
+
     def parse(self, reply: str) -> list[ToolCall]:
-        calls: list[ToolCall] = []
-        bodies = self.CALL.findall(reply)
-        for body in bodies:
-            try:
-                calls.append(_call(json.loads(body)))
-            except json.JSONDecodeError as e:
-                calls.append(_not_json(body, e))
-        if reply.count("<tool_call>") > len(bodies):
+        calls, _ = self.closed(reply)
+        if reply.count("<tool_call>") > len(calls):
             calls.append("malformed tool call: <tool_call> without its closing </tool_call>")
         return calls
+
+    def closed(self, text: str) -> tuple[list[ToolCall], int]:
+        """The calls closed in `text` (a reply so far), in order, and where the last one ends."""
+        calls: list[ToolCall] = []
+        end = 0
+        for match in self.CALL.finditer(text):
+            try:
+                calls.append(_call(json.loads(match.group(1))))
+            except json.JSONDecodeError as e:
+                calls.append(_not_json(match.group(1), e))
+            end = match.end()
+        return calls, end
 
     def content(self, reply: str) -> str:
         return self.CALL.sub("", reply).strip()

@@ -46,11 +46,11 @@ def _parsed(events: list[str]) -> list:
 def test_a_responses_stream_is_the_response_in_its_events(live: bool) -> None:
     """created, in_progress, the message's text (while generated: before the call's tokens end),
     its done events, the function call as an item, then response.completed with the response the
-    door built (its id the one the stream began with)."""
+    door built (its id, model and creation time the ones the stream began with)."""
 
     async def scenario() -> list[str]:
         stream = ResponsesStream(asyncio.get_running_loop())
-        stream.describe(REQUEST)
+        stream.describe({k: v for k, v in REQUEST.items() if k != "model"})  # the request may name no model
         if live:
             stream.begin(chat=True, n=1, model="tiny", prompt_token_ids=[1, 2], policy_version=lambda: 5,
                          include_usage=False, decode=lambda ids: "".join(REPLY[i] for i in ids), stop=[],
@@ -74,6 +74,7 @@ def test_a_responses_stream_is_the_response_in_its_events(live: bool) -> None:
         assert len(deltas) == len("Sure.")  # a character a step, while generated
     done = Response.model_validate(events[-1].response.model_dump())
     assert done.id == events[0].response.id and done.output_text == "Sure."
+    assert events[0].response.model == done.model == "tiny" and events[0].response.created_at == done.created_at
     (message,) = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "message"]
     assert message.id == done.output[0].id
     (call,) = [e for e in events if e.type == "response.function_call_arguments.done"]

@@ -183,3 +183,50 @@ def test_a_chat_stream_with_tools_holds_what_its_content_may_not_begin_with() ->
         assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
         if reply.startswith(" "):
             assert len(content) == 1  # all of it at the end
+
+
+def test_streamed_content_and_calls_join_to_the_reply_for_any_split_of_any_reply() -> None:
+    """Seeded random hermes replies (text, whitespace, readable, malformed and unclosed calls, text
+    between calls, stop strings) fed in random pieces: the content deltas join to the door's reply
+    content and the calls streamed live plus those sent at the end are its calls, in order, once
+    each; a reply whose first output is a call counts as its first text (time to first token)."""
+    import asyncio
+    import random
+
+    from rlcore.rollout.openai_messages import assistant_message
+    from rlcore.rollout.openai_stream import LiveStream
+    from rlcore.rollout.workflows.tool_formats import Hermes
+
+    pieces = ["ok", " ", "\n", "<tool_call>", "</tool_call>", '{"name": "f", "arguments": {"x": 1}}', "{bad",
+              "<tool", "STOP", "</", "é"]  # fmt: skip
+    rng = random.Random(0)
+    for _ in range(300):
+        reply = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 14)))
+        stop = rng.choice([[], ["STOP"], ["</tool_call>"]])
+
+        async def scenario(reply: str = reply, stop: list[str] = stop) -> tuple[list[str], LiveStream, dict]:
+            live = LiveStream(asyncio.get_running_loop())
+            live.begin(chat=True, n=1, model="tiny", prompt_token_ids=[1], policy_version=lambda: 0, include_usage=False,
+                       decode=lambda ids: "".join(reply[i] for i in ids), stop=stop, calls=Hermes())  # fmt: skip
+            i = 0
+            while i < len(reply):
+                step = list(range(i, min(i + rng.randint(1, 5), len(reply))))
+                live.tokens([0] * len(step), step)
+                i = step[-1] + 1
+            await asyncio.sleep(0)
+            cuts = [reply.find(s) for s in stop if s in reply]
+            message = assistant_message(reply[: min(cuts)] if cuts else reply, Hermes())  # the engine's text
+            answer = {**CHAT, "choices": [{"index": 0, "message": message, "finish_reason": "stop",
+                                           "token_ids": [1], "logprobs": None}]}  # fmt: skip
+            return _drain(live) + list(live.finish(answer, include_usage=False)), live, message
+
+        events, live, message = asyncio.run(scenario())
+        chunks = [ChatCompletionChunk.model_validate(c) for c in _chunks(events)]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert content == (message["content"] or ""), (reply, stop)
+        calls = [(d.index, d.function.name, d.function.arguments) for c in chunks if c.choices
+                 for d in (c.choices[0].delta.tool_calls or [])]  # fmt: skip
+        expected = [(k, t["function"]["name"], t["function"]["arguments"]) for k, t in enumerate(message.get("tool_calls") or [])]
+        assert calls == expected, (reply, stop)
+        if live.calls_sent[0] or live.sent[0]:
+            assert live.first_text_s is not None
