@@ -6,7 +6,7 @@ Plain dataclasses of Python lists and numbers: no torch here, so they serialise 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 def routing_tokens(prompt_len: int, response_len: int) -> int:
@@ -28,6 +28,15 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     """Name of the taskset it came from (a mixture's batches mix several); not sent to workers."""
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """What a response must be, held to it token by token (the door's `response_format`)."""
+
+    kind: Literal["json_schema", "json_object", "regex"]
+    spec: str = ""
+    """json_schema: the schema as JSON text; regex: the pattern; json_object: empty."""
 
 
 @dataclass
@@ -70,6 +79,9 @@ class SamplingParams:
     top_logprobs: int = 0
     """Also report the k likeliest tokens at each sampled position, with their log-probs under
     the distribution `logprobs` are taken from (Completion.top_logprobs)."""
+    structured_output: StructuredOutput | None = None
+    """Sample only what keeps the response within this grammar (the hf engine, through xgrammar;
+    the log-probs stay the policy's own)."""
 
 
 @dataclass

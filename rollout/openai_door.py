@@ -28,6 +28,7 @@ This module is the door's logic; openai_app.py serves it over FastAPI.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -37,19 +38,23 @@ from typing import Any
 from ..core.data.prompts import PromptFormat
 from ..core.rpc.convert import sampling_to_proto
 from ..core.rpc.errors import InvalidArgument, NotFound, ServiceError, Unavailable
-from ..core.types import Completion, SamplingParams
+from ..core.types import Completion, SamplingParams, StructuredOutput
 from .engines.adapters import AdapterNotHeld
 from .engines.base import TokensOut
 from .episodes import EpisodeRecorder
+from .openai_checks import check, check_id, shown
 from .openai_errors import DoorError, invalid, not_served
 from .openai_messages import Conversations, assistant_message, comparable, template_messages
-from .openai_schema import BodyError, check, check_id, shown
+from .openai_schema import BodyError
 from .openai_stream import LiveStream
 from .server import RolloutServicer
 from .workflows.tool_formats import ToolCallFormat, resolve
 from .workflows.turns import TurnFormat
 
 log = logging.getLogger(__name__)
+
+STRUCTURED = "structured output: "
+"""How an engine's refusal of a request's structured output begins (engines/hf_grammar.py, base.py)."""
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "seed", "presence_penalty",
                  "frequency_penalty", "min_tokens", "ignore_eos", "stop_token_ids")  # fmt: skip
@@ -211,6 +216,8 @@ class OpenAIDoor:
         except ServiceError as e:
             raise DoorError(500, str(e), kind="server_error") from None
         except ValueError as e:  # the engine's one-line refusal (a setting it does not serve)
+            if str(e).startswith(STRUCTURED):
+                raise invalid("response_format", str(e).removeprefix(STRUCTURED)) from None
             raise DoorError(400, str(e)) from None
         return results, version
 
@@ -330,7 +337,9 @@ class OpenAIDoor:
         except Exception as e:  # no chat template, or one that refuses these messages
             raise self.template_error(e) from None
         sampling = self.sampling(body, len(ids), "messages")
-        sampling = replace(sampling, top_logprobs=body.get("top_logprobs") or 0)
+        sampling = replace(
+            sampling, top_logprobs=body.get("top_logprobs") or 0, structured_output=structured(body.get("response_format"))
+        )
         self._check_episode(episode, sampling)
         (completions,), version = self.generate(
             [ids], sampling, self._begin(live, True, [ids], sampling, body, calls=self.tool_calls if tools else None)
@@ -462,3 +471,15 @@ class OpenAIDoor:
             "usage": {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated},
             "policy_version": version, "prompt_token_ids": prompt_ids,
         }  # fmt: skip
+
+
+def structured(response_format: dict[str, Any] | None) -> StructuredOutput | None:
+    """What a chat request's (checked) response_format holds its reply to; None: text."""
+    if not response_format or response_format["type"] == "text":
+        return None
+    if response_format["type"] == "json_object":
+        return StructuredOutput("json_object")
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    if schema is None:
+        raise invalid("response_format.json_schema.schema", "is required with type json_schema")
+    return StructuredOutput("json_schema", json.dumps(schema))

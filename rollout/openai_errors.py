@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .openai_schema import shown
+from .openai_checks import shown
 
 
 class DoorError(Exception):

@@ -56,6 +56,11 @@ def chat_request(body: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[st
             {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}}
             for t in body["tools"]
         ]  # fmt: skip
+    fmt = (body.get("text") or {}).get("format")
+    if fmt is not None:
+        chat["response_format"] = {"type": fmt["type"]}
+        if fmt["type"] == "json_schema":
+            chat["response_format"]["json_schema"] = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
     for key, chat_key in (("model", "model"), ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
                           ("max_output_tokens", "max_tokens"), ("tool_choice", "tool_choice"), ("user", "user"),
                           ("episode_id", "episode_id")):  # fmt: skip
@@ -104,7 +109,7 @@ def response(body: dict[str, Any], chat: dict[str, Any], response_id: str | None
         "output": output, "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
         "parallel_tool_calls": True, "temperature": body.get("temperature"), "top_p": body.get("top_p"),
         "max_output_tokens": body.get("max_output_tokens"), "metadata": body.get("metadata") or {},
-        "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": body.get("store") is not False,
+        "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled", "store": body.get("store") is not False,
         "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
                   "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},

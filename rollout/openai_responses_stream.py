@@ -49,7 +49,7 @@ class ResponsesStream(LiveStream):
             "output": [], "tools": request.get("tools") or [], "tool_choice": request.get("tool_choice") or "auto",
             "parallel_tool_calls": True, "temperature": request.get("temperature"), "top_p": request.get("top_p"),
             "max_output_tokens": request.get("max_output_tokens"), "metadata": request.get("metadata") or {},
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": request.get("store") is not False,
+            "text": request.get("text") or {"format": {"type": "text"}}, "truncation": "disabled", "store": request.get("store") is not False,
             "error": None, "incomplete_details": None, "usage": None,
         }  # fmt: skip
 

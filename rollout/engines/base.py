@@ -232,6 +232,15 @@ def refuse_scores(sampling: SamplingParams, engine: str) -> None:
         raise ValueError(f"the {engine} engine does not return {what}; serve the model with the hf engine")
 
 
+def refuse_structured(sampling: SamplingParams, engine: str) -> None:
+    """ValueError in one line when `sampling` asks for structured output from an engine without it."""
+    if sampling.structured_output is not None:
+        raise ValueError(
+            f"structured output: the {engine} engine does not hold its sampling to a grammar; serve the model "
+            "with the hf or vllm engine"
+        )
+
+
 def response_text(tokenizer: Any, token_ids: list[int], stop: list[str]) -> str:
     """A response's text: special tokens dropped, cut before the first stop string it holds."""
     text = str(tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -37,6 +37,7 @@ from .base import (
 )
 from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode, decode_static
+from .hf_grammar import Grammars, RowGrammars
 from .hf_running import DecodedRows, Group, RunningBatch, full_attention
 from .hf_sampling import TextStopStrings
 from .hf_static import StaticDecodeStates, supports
@@ -90,6 +91,7 @@ class HFEngine(RolloutEngine):
         # generation_config.json (top_k=20, temperature=0.6, ...) out of any generate call.
         self.model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=self.pad_token_id)
         self.policy_version = 0
+        self._grammars: Grammars | None = None
         self._static: StaticDecodeStates | None = None
         if self.device.type == "cuda" and not enforce_eager:
             why_not = supports(self.model.config, max_batch_size, self.model.dtype.itemsize)
@@ -168,7 +170,8 @@ class HFEngine(RolloutEngine):
         eos, pad = self.eos_token_ids, self.pad_token_id
         # an adapter's hooks are in no CUDA graph, scores are the eager loop's
         scores = sampling.prompt_logprobs or sampling.top_logprobs
-        if self._static is not None and not sampling.adapter and not scores:
+        grammar = self.grammar(sampling, len(prompts) * n)  # masks drawn per step: the eager loop's
+        if self._static is not None and not sampling.adapter and not scores and grammar is None:
             rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                                  stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
                                  interrupt=self.interrupt, routing=sampling.return_routed_experts)  # fmt: skip
@@ -176,11 +179,25 @@ class HFEngine(RolloutEngine):
             with moe_routing.RoutingRecorder(self.model) as recorder:
                 rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                               stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt,
-                              routing=recorder)  # fmt: skip
+                              routing=recorder, grammar=grammar)  # fmt: skip
         else:
             rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
-                          stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt)  # fmt: skip
+                          stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt,
+                          grammar=grammar)  # fmt: skip
         return self.completions(prompts, n, sampling, rows)
+
+    def grammar(self, sampling: SamplingParams, rows: int) -> RowGrammars | None:
+        """The grammar state of `rows` rows of a request asking for structured output (None: it
+        does not); ValueError, in one line, for one that cannot be served."""
+        spec = sampling.structured_output
+        if spec is None:
+            return None
+        if sampling.min_tokens:
+            raise ValueError("structured output with min_tokens: the grammar may end the text sooner; drop min_tokens")
+        if self._grammars is None:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._grammars = Grammars(self.tokenizer, vocab, self.eos_token_ids)
+        return self._grammars.rows(spec, rows)
 
     def completions(self, prompts: list[list[int]], n: int, sampling: SamplingParams, rows: DecodedRows) -> list[Completion]:
         """The Completions of decoded rows (row r: prompt r // n)."""
@@ -279,10 +296,11 @@ class HFBatch:
             if sampling.seed is not None:
                 seeds = [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]
                 row_seeds = [s + j for s in seeds for j in range(n)]
+            grammar = e.grammar(sampling, len(prompt_token_ids) * n)
             with torch.inference_mode():
                 group = self._running.add(
                     [list(p) for p in prompt_token_ids], n, sampling, matcher=matcher, row_seeds=row_seeds,
-                    on_tokens=on_tokens,
+                    on_tokens=on_tokens, grammar=grammar,
                 )  # fmt: skip
         except BaseException:
             if self._running.rows == 0:  # nothing else runs or joins: the batch ends

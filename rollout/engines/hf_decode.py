@@ -34,6 +34,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from ...core import moe_routing
 from ...core.types import SamplingParams
 from .base import ending_tokens
+from .hf_grammar import RowGrammars
 from .hf_running import DecodedRows, RowRoutes, RunningBatch, held_back, prefill, seen_tokens
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
 from .hf_static import StaticDecodeStates
@@ -52,15 +53,16 @@ def decode(
     row_seeds: list[int] | None = None,
     interrupt: threading.Event | None = None,
     routing: moe_routing.RoutingRecorder | None = None,
+    grammar: RowGrammars | None = None,
 ) -> DecodedRows:
     """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped):
     one request alone in a running batch (hf_running.py); `row_seeds` (one per row) makes each row's
     draws its own; `interrupt`: see the module's docstring; `routing` (active around the call)
-    records the experts every token was routed to."""
+    records the experts every token was routed to; `grammar`: the rows' structured output."""
     batch = RunningBatch(
         model, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, interrupt=interrupt, routing=routing
     )
-    group = batch.add(prompts, n, sampling, matcher=stop_matcher, row_seeds=row_seeds)
+    group = batch.add(prompts, n, sampling, matcher=stop_matcher, row_seeds=row_seeds, grammar=grammar)
     while not group.done:
         batch.step()
     return group.decoded()

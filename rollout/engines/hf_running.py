@@ -33,6 +33,7 @@ from ...core import moe_routing
 from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
 from .base import TokensOut, ending_tokens
+from .hf_grammar import RowGrammars
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class Group:
     """Each prompt's token log-probs (SamplingParams.prompt_logprobs), from its prefill step."""
     top_RTK: tuple[torch.Tensor, torch.Tensor] | None = None
     """The k likeliest tokens and their log-probs at each row's steps (SamplingParams.top_logprobs)."""
+    grammar: RowGrammars | None = None
+    """Each row's grammar (SamplingParams.structured_output): what it may draw next."""
     lengths: list[int] = field(default_factory=list)
     finish: list[str] = field(default_factory=list)
     t: int = 0
@@ -160,7 +163,10 @@ class Group:
         """The active rows' next tokens from their logits, and which of them end the row."""
         s, t = self.sampling, self.t
         uniform_A = None if self.uniform_RT is None else self.uniform_RT[self.active, t]
-        token_A = pick_tokens(filter_logits(logits_AV, s, self.rules, t), s.temperature == 0, uniform_A)
+        allowed_AV = logits_AV if self.grammar is None else self.grammar.masked(logits_AV, self.active)
+        token_A = pick_tokens(filter_logits(allowed_AV, s, self.rules, t), s.temperature == 0, uniform_A)
+        if self.grammar is not None:
+            self.grammar.accept(self.active, token_A)
         self.tokens_RT[self.active, t] = token_A
         self.logprobs_RT[self.active, t] = sampled_logprobs(logits_AV, token_A, s.temperature)
         if self.top_RTK is not None:
@@ -220,11 +226,11 @@ class RunningBatch:
     def add(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams, *,
         matcher: StopStringCriteria | None = None, row_seeds: list[int] | None = None,
-        on_tokens: TokensOut | None = None,
+        on_tokens: TokensOut | None = None, grammar: RowGrammars | None = None,
     ) -> Group:  # fmt: skip
         """Decode n samples of each of `prompts` from the next step on (the requests added since
         the last step are prefilled together at its start); `row_seeds` (one per row) makes each
-        row's draws its own."""
+        row's draws its own; `grammar` (one matcher per row) holds them to a structured output."""
         rows, steps, device = len(prompts) * n, sampling.max_tokens, self.device
         group = Group(
             prompts=prompts, n=n, sampling=sampling, matcher=matcher,
@@ -233,7 +239,7 @@ class RunningBatch:
             uniform_RT=None if sampling.temperature == 0 else uniform_draws(rows, steps, row_seeds).to(device),
             tokens_RT=torch.full((rows, steps), self.pad_token_id, dtype=torch.long, device=device),
             logprobs_RT=torch.zeros((rows, steps), dtype=torch.float32, device=device),
-            active=torch.arange(rows, device=device), on_tokens=on_tokens,
+            active=torch.arange(rows, device=device), on_tokens=on_tokens, grammar=grammar,
             lengths=[steps] * rows, finish=["length"] * rows,
         )  # fmt: skip
         if sampling.top_logprobs:

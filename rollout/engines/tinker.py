@@ -26,6 +26,7 @@ from .base import (
     ending_tokens,
     refuse_routed_experts,
     refuse_scores,
+    refuse_structured,
     resolve_max_model_len,
     response_text,
     stop_token_ids,
@@ -114,6 +115,7 @@ class TinkerEngine(RolloutEngine):
         check_prompts(prompt_token_ids, sampling.max_tokens, self.max_model_len)
         refuse_routed_experts(sampling, "tinker")
         refuse_scores(sampling, "tinker")
+        refuse_structured(sampling, "tinker")
         params = self._params(sampling)
         sampler = self._sampler  # a load between the requests must not split one call's prompts
         futures = [

@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ...core.types import Completion, SamplingParams
+from ...core.types import Completion, SamplingParams, StructuredOutput
 from .adapters import adapter_config, check_name, check_room, not_held
 from .base import (
     RolloutEngine,
@@ -178,6 +178,8 @@ class VLLMEngine(RolloutEngine):
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # sampling comes from SamplingParams only, as in the HF engine
+            # structured output: JSON without free whitespace, as the hf engine compiles it (hf_grammar.py)
+            structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
             **options,
         )
         self._sampling_params = vllm.SamplingParams
@@ -239,6 +241,7 @@ class VLLMEngine(RolloutEngine):
                 logprobs=0,
                 detokenize=detokenize,
                 skip_special_tokens=True,
+                structured_outputs=vllm_structured(sampling.structured_output),
             )
             for ids in prompt_token_ids
         ]
@@ -456,3 +459,15 @@ def _kv_cache_bytes(config: Any, dtype: str, max_batch_size: int, max_model_len:
     itemsize = 4 if dtype == "float32" else 2
     per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * itemsize
     return max(MIN_KV_CACHE_BYTES, int(per_token * max_batch_size * max_model_len * 1.25))
+
+
+def vllm_structured(spec: StructuredOutput | None) -> Any:
+    """vLLM's StructuredOutputsParams for `spec` (None: none). Its log-probs are taken from the
+    masked logits (vLLM's sampler sees them masked); the hf engine's are the policy's own."""
+    if spec is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if spec.kind == "regex":
+        return StructuredOutputsParams(regex=spec.spec)
+    return StructuredOutputsParams(json=spec.spec if spec.kind == "json_schema" else '{"type": "object"}')

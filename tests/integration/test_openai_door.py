@@ -212,7 +212,10 @@ MALFORMED: list[tuple[str, Any, str | None]] = [
     ("chat", {"logit_bias": {"5": "high"}}, "logit_bias.5"),
     ("chat", {"logit_bias": {"999999": 1}}, "logit_bias"),
     ("chat", {"logit_bias": [5]}, "logit_bias"),
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat", {"response_format": {"type": "yaml"}}, "response_format.type"),
+    ("chat", {"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),  # the engine cannot compile it
     ("chat", {"parallel_tool_calls": False}, "parallel_tool_calls"),
     ("chat", {"tool_choice": {"type": "function", "function": {"name": "calculator"}}}, "tool_choice"),
     ("chat", {"min_tokens": 5}, "min_tokens"),  # past max_tokens 4
@@ -256,7 +259,7 @@ BAD_VALUES: dict[str, list[Any]] = {
 }
 UNKNOWN_OR_UNSERVED: dict[str, list[tuple[str, Any]]] = {
     "chat": [("no_such_parameter", 1), ("temperaturee", 1.0), ("max_token", 4), ("prompt", "x"),
-             ("response_format", {"type": "json_object"}), ("parallel_tool_calls", False), ("stream", "yes"),
+             ("response_format", {"type": "json_object", "strict": True}), ("parallel_tool_calls", False), ("stream", "yes"),
              ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "x"}),
              ("modalities", ["audio"]), ("store", True), ("stream_options", {"include_usage": True}),
              ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"),

@@ -1,7 +1,8 @@
 """The door as a serving front (`rlcore rollout serve --http-port`), driven by the real `openai`
 package: answers streamed while they are generated, several prompts in one request, `echo` with the
 prompt's log-probs (a distillation teacher's scores), the likeliest tokens, vLLM's /tokenize and
-/detokenize, and /metrics read by the Prometheus client library's parser."""
+/detokenize, /metrics read by the Prometheus client library's parser, and structured output
+(`response_format`) read back by the SDK's own parser."""
 
 from __future__ import annotations
 
@@ -177,3 +178,36 @@ def test_tokenize_detokenize_and_metrics(api: openai.OpenAI, worker: tuple[str, 
     assert grew("rlcore_door_time_to_first_token_seconds_count") == 1
     assert grew("rlcore_engine_steps_total") >= 5 and after[("rlcore_door_queue_depth", ())] == 0
     assert httpx.get(f"{base}/metrics").status_code == 401
+
+
+def test_a_reply_held_to_a_json_schema_is_parsed_by_the_sdk(api: openai.OpenAI) -> None:
+    """`chat.completions.parse` with a pydantic model (the SDK sends its strict JSON schema and
+    validates the reply into the model), sampled and streamed; `json_object` gives an object; the
+    log-probs are the policy's own, as the door scores the same tokens (echo)."""
+    pytest.importorskip("xgrammar", reason="structured output needs xgrammar: pip install 'rlcore[structured]'")
+    from typing import Literal
+
+    import pydantic
+
+    class Verdict(pydantic.BaseModel):
+        answer: Literal["yes", "no"]
+        score: int = pydantic.Field(ge=0, le=99)  # bounded: a random model's digits may run on
+
+    messages = [{"role": "user", "content": "Is 2+2=4?"}]
+    parsed = api.chat.completions.parse(model="tiny", messages=messages, response_format=Verdict, max_tokens=32,
+                                        seed=4, n=2, logprobs=True)  # fmt: skip
+    for choice in parsed.choices:
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Verdict), choice.message.content
+    first = parsed.choices[0]
+    prompt, reply = parsed.model_extra["prompt_token_ids"], first.model_extra["token_ids"]
+    scored = api.completions.create(model="tiny", prompt=prompt + reply, echo=True, logprobs=0, max_tokens=1)
+    policy = scored.choices[0].logprobs.token_logprobs[len(prompt) : len(prompt) + len(reply)]
+    assert policy == pytest.approx([t.logprob for t in first.logprobs.content], abs=1e-5)
+    schema = {"type": "json_schema", "json_schema": {"name": "Verdict", "schema": Verdict.model_json_schema()}}
+    chunks = list(api.chat.completions.create(model="tiny", messages=messages, response_format=schema,
+                                              max_tokens=32, seed=4, stream=True))  # fmt: skip
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert Verdict.model_validate_json(streamed) == first.message.parsed
+    anything = api.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_object"},
+                                           max_tokens=6, seed=1)  # fmt: skip
+    assert anything.choices[0].message.content.startswith("{")

