@@ -100,6 +100,20 @@ def _check_settings(
         raise ValueError("explorer.rollout_model.enable_sleep_mode needs cluster.device=cuda (vLLM sleeps GPU memory)")
 
 
+STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+"""vLLM's structured outputs: JSON without free whitespace, as the hf engine compiles it (hf_grammar.py)."""
+
+
+def _lora_options(max_loras: int, max_lora_rank: int) -> dict[str, Any]:
+    """vLLM's LoRA serving options for up to `max_loras` adapters of rank `max_lora_rank` (none for 0)."""
+    if max_loras <= 0:
+        return {}
+    if max_lora_rank not in LORA_RANKS:
+        raise ValueError(f"max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's); got {max_lora_rank}")
+    # one more held on the CPU than served: replacing an adapter evicts no other (load_adapter)
+    return {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank, "max_cpu_loras": max_loras + 1}
+
+
 class VLLMEngine(RolloutEngine):
     """A vLLM `LLM` serving token-id prompts; `max_batch_size` bounds the sequences run together."""
 
@@ -158,11 +172,7 @@ class VLLMEngine(RolloutEngine):
             options["kv_cache_memory_bytes"] = _kv_cache_bytes(config, dtype, max_batch_size, max_model_len)
         else:
             options["gpu_memory_utilization"] = gpu_memory_utilization
-        if max_loras > 0:
-            if max_lora_rank not in LORA_RANKS:
-                raise ValueError(f"max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's); got {max_lora_rank}")
-            # one more held on the CPU than served: replacing an adapter evicts no other (load_adapter)
-            options.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_loras + 1)
+        options.update(_lora_options(max_loras, max_lora_rank))
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self._loras: dict[str, tuple[Any, str]] = {}  # name -> (vLLM's LoRARequest, folder)
         self._lora_ids = 0
@@ -178,8 +188,7 @@ class VLLMEngine(RolloutEngine):
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # sampling comes from SamplingParams only, as in the HF engine
-            # structured output: JSON without free whitespace, as the hf engine compiles it (hf_grammar.py)
-            structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+            structured_outputs_config=STRUCTURED_OUTPUTS,
             **options,
         )
         self._sampling_params = vllm.SamplingParams
