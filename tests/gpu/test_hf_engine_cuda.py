@@ -88,3 +88,26 @@ def test_qwen3_moe_decodes_in_cuda_graphs_as_in_the_eager_loop(tmp_path) -> None
         assert_same(first, eager.generate(prompts, sampling))
         assert_same(graphs.generate(prompts, sampling), first)
     assert all(s.graphs for s in graphs._static._states.values())
+
+
+def test_a_structured_request_on_a_graph_engine_decodes_eagerly_and_holds_to_its_pattern(tiny_model_path: str) -> None:
+    """Structured output on the CUDA-graph engine: the request takes the eager loop (its masks are
+    drawn per step on the host), the bitmask applies to CUDA logits, and the tokens are the CPU
+    engine's (greedy) and each a whole match of the pattern."""
+    import re
+
+    from rlcore.core.types import StructuredOutput
+
+    pytest.importorskip("xgrammar", reason="structured output needs xgrammar: pip install 'rlcore[structured]'")
+    graphs, _ = engines(tiny_model_path)
+    cpu = HFEngine(tiny_model_path, max_model_len=256)
+    prompts = [graphs.tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    pattern = r"[0-9]{1,3}"
+    for sampling in (
+        SamplingParams(temperature=0.0, max_tokens=8, structured_output=StructuredOutput("regex", pattern)),
+        SamplingParams(temperature=1.0, n=4, max_tokens=8, seed=2, structured_output=StructuredOutput("regex", pattern)),
+    ):
+        got = graphs.generate(prompts, sampling)
+        assert all(re.fullmatch(pattern, c.text) for cs in got for c in cs)
+        if sampling.temperature == 0:
+            assert [c.token_ids for cs in got for c in cs] == [c.token_ids for cs in cpu.generate(prompts, sampling) for c in cs]
