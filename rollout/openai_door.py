@@ -40,7 +40,7 @@ from ..core.rpc.convert import sampling_to_proto
 from ..core.rpc.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from ..core.types import Completion, SamplingParams, StructuredOutput
 from .engines.adapters import AdapterNotHeld
-from .engines.base import TokensOut
+from .engines.base import StructuredOutputRefused, TokensOut
 from .episodes import EpisodeRecorder
 from .openai_checks import check, check_id, shown
 from .openai_errors import DoorError, invalid, not_served
@@ -54,7 +54,7 @@ from .workflows.turns import TurnFormat
 log = logging.getLogger(__name__)
 
 STRUCTURED = "structured output: "
-"""How an engine's refusal of a request's structured output begins (engines/hf_grammar.py, base.py)."""
+"""The head of an engine's StructuredOutputRefused message, which the door's answer drops (it names response_format)."""
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "seed", "presence_penalty",
                  "frequency_penalty", "min_tokens", "ignore_eos", "stop_token_ids")  # fmt: skip
@@ -215,9 +215,9 @@ class OpenAIDoor:
             raise not_served(sampling.adapter, self._served()) from None
         except ServiceError as e:
             raise DoorError(500, str(e), kind="server_error") from None
+        except StructuredOutputRefused as e:
+            raise invalid("response_format", str(e).removeprefix(STRUCTURED)) from None
         except ValueError as e:  # the engine's one-line refusal (a setting it does not serve)
-            if str(e).startswith(STRUCTURED):
-                raise invalid("response_format", str(e).removeprefix(STRUCTURED)) from None
             raise DoorError(400, str(e)) from None
         return results, version
 

@@ -232,10 +232,15 @@ def refuse_scores(sampling: SamplingParams, engine: str) -> None:
         raise ValueError(f"the {engine} engine does not return {what}; serve the model with the hf engine")
 
 
+class StructuredOutputRefused(ValueError):
+    """An engine cannot serve a request's structured output (SamplingParams.structured_output): the
+    door answers it as a 400 naming response_format, whatever the engine."""
+
+
 def refuse_structured(sampling: SamplingParams, engine: str) -> None:
-    """ValueError in one line when `sampling` asks for structured output from an engine without it."""
+    """StructuredOutputRefused in one line when `sampling` asks for structured output from an engine without it."""
     if sampling.structured_output is not None:
-        raise ValueError(
+        raise StructuredOutputRefused(
             f"structured output: the {engine} engine does not hold its sampling to a grammar; serve the model "
             "with the hf or vllm engine"
         )

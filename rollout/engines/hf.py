@@ -27,6 +27,7 @@ from ...weights.adapter import merge_adapters
 from .adapters import ResidentAdapters
 from .base import (
     RolloutEngine,
+    StructuredOutputRefused,
     TokensOut,
     check_prompts,
     copy_completion,
@@ -188,12 +189,12 @@ class HFEngine(RolloutEngine):
 
     def grammar(self, sampling: SamplingParams, rows: int) -> RowGrammars | None:
         """The grammar state of `rows` rows of a request asking for structured output (None: it
-        does not); ValueError, in one line, for one that cannot be served."""
+        does not); StructuredOutputRefused, in one line, for one that cannot be served."""
         spec = sampling.structured_output
         if spec is None:
             return None
         if sampling.min_tokens:
-            raise ValueError("structured output with min_tokens: the grammar may end the text sooner; drop min_tokens")
+            raise StructuredOutputRefused("structured output with min_tokens: the grammar may end the text sooner; drop min_tokens")
         if self._grammars is None:
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._grammars = Grammars(self.tokenizer, vocab, self.eos_token_ids)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ...core.types import StructuredOutput
+from .base import StructuredOutputRefused
 
 COMPACT: dict[str, Any] = {"any_whitespace": False, "separators": (",", ":")}
 """JSON as vLLM compiles it with disable_any_whitespace (the vllm engine's setting): no whitespace."""
@@ -36,7 +37,7 @@ class Grammars:
         try:
             import xgrammar
         except ImportError:
-            raise ValueError(
+            raise StructuredOutputRefused(
                 "structured output needs the xgrammar package: pip install 'rlcore[structured]' (vLLM brings it too)"
             ) from None
         self.xgr, self.vocab_size = xgrammar, vocab_size
@@ -44,7 +45,7 @@ class Grammars:
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=1)
 
     def compile(self, spec: StructuredOutput) -> Any:
-        """`spec` compiled; ValueError naming what is wrong with it."""
+        """`spec` compiled; StructuredOutputRefused naming what is wrong with it."""
         try:
             if spec.kind == "json_schema":
                 return self.compiler.compile_json_schema(spec.spec, **COMPACT)
@@ -52,7 +53,7 @@ class Grammars:
                 return self.compiler.compile_json_schema(json.dumps({"type": "object"}), **COMPACT)
             return self.compiler.compile_regex(spec.spec)
         except Exception as e:  # xgrammar's own errors (RuntimeError, InvalidJSONError, ...)
-            raise ValueError(f"structured output: the {spec.kind.replace('_', ' ')} cannot be compiled: {_reason(e)}") from None
+            raise StructuredOutputRefused(f"structured output: the {spec.kind.replace('_', ' ')} cannot be compiled: {_reason(e)}") from None
 
     def rows(self, spec: StructuredOutput, rows: int) -> RowGrammars:
         return RowGrammars(self, self.compile(spec), rows)
@@ -80,7 +81,7 @@ class RowGrammars:
         """The `active` rows drew `token_A`; their matchers move on."""
         for row, token in zip(active.tolist(), token_A.tolist(), strict=True):
             if not self.matchers[row].is_terminated() and not self.matchers[row].accept_token(token):
-                raise ValueError(
+                raise StructuredOutputRefused(
                     "structured output: no token of the model's vocabulary continues the text as its grammar asks "
                     "(can the tokenizer write every character the schema or pattern needs?)"
                 )
