@@ -37,6 +37,9 @@ class StructuredOutput:
     kind: Literal["json_schema", "json_object", "regex"]
     spec: str = ""
     """json_schema: the schema as JSON text; regex: the pattern; json_object: empty."""
+    resumed: int = 0
+    """The last `resumed` tokens of each prompt are the response so far (a sequence a weight update
+    interrupted, continued): the grammar takes them before anything is drawn."""
 
 
 @dataclass

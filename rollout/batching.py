@@ -35,7 +35,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core.types import Completion, SamplingParams, routing_tokens
+from ..core.types import Completion, SamplingParams, StructuredOutput, routing_tokens
 from .engines.base import EngineBatch, RolloutEngine, TokensOut, response_text
 from .gate import GenerationGate
 
@@ -108,7 +108,8 @@ class BatchingEngine:
         gate's admission waits for it), from their tokens so far: each continuation's prompt is the
         prompt and those tokens, its budget what max_tokens and min_tokens leave. Sequences with the
         same tokens so far continue as one prompt's samples (so their draws differ), and continue
-        again if interrupted again."""
+        again if interrupted again. A structured output's grammar takes the tokens so far first
+        (the vllm engine does not interrupt those: its grammar cannot resume)."""
         for c in completions:
             if c.finish_reason == "interrupted":
                 c.segments = [(version, len(c.token_ids))]
@@ -124,7 +125,8 @@ class BatchingEngine:
                     groups = [(p, g) for p, g in prefixes.items() if len(g) == n]
                     more = replace(sampling, n=n, max_tokens=sampling.max_tokens - done,
                                    min_tokens=max(0, sampling.min_tokens - done),
-                                   prompt_logprobs=sampling.prompt_logprobs and done == 0)  # fmt: skip
+                                   prompt_logprobs=sampling.prompt_logprobs and done == 0,
+                                   structured_output=resumed(sampling.structured_output, done))  # fmt: skip
                     outs, now = self._generate_once([list(p) for p, _ in groups], more)
                     for (_, group), samples in zip(groups, outs, strict=True):
                         for c, o in zip(group, samples, strict=True):
@@ -256,6 +258,10 @@ class BatchingEngine:
                 finished = batch.step()
                 self.steps, self.step_rows, self._running_rows = self.steps + 1, self.step_rows + rows, batch.rows
                 for request, completions in finished.items():
+                    if isinstance(completions, Exception):  # that request's own failure
+                        for c in running.pop(request, []):
+                            self._deliver(c, error=completions)
+                        continue
                     start = 0
                     for c in running.pop(request, []):
                         self._deliver(c, completions[start : start + len(c.prompts)])
@@ -361,6 +367,11 @@ def _fanned(calls: list[_Call]) -> TokensOut | None:
                 c.on_tokens([r for r, _ in mine], [t for _, t in mine])
 
     return fan
+
+
+def resumed(spec: StructuredOutput | None, done: int) -> StructuredOutput | None:
+    """A continuation's structured output: its grammar first takes the `done` tokens so far."""
+    return None if spec is None else replace(spec, resumed=done)
 
 
 def joined_routing(before: Completion, continued: Completion) -> bytes:

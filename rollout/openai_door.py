@@ -480,6 +480,6 @@ def structured(response_format: dict[str, Any] | None) -> StructuredOutput | Non
     if response_format["type"] == "json_object":
         return StructuredOutput("json_object")
     schema = (response_format.get("json_schema") or {}).get("schema")
-    if schema is None:
-        raise invalid("response_format.json_schema.schema", "is required with type json_schema")
+    if schema is None:  # a json_schema without its schema (the SDK allows it): any JSON object
+        return StructuredOutput("json_object")
     return StructuredOutput("json_schema", json.dumps(schema))

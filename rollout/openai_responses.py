@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from .openai_errors import DoorError
+from .openai_errors import DoorError, invalid
 
 if TYPE_CHECKING:
     from .openai_door import OpenAIDoor
@@ -56,6 +56,9 @@ def chat_request(body: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[st
             {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}}
             for t in body["tools"]
         ]  # fmt: skip
+    verbosity = (body.get("text") or {}).get("verbosity")
+    if verbosity not in (None, "medium"):
+        raise invalid("text.verbosity", f"'{verbosity}' is not served: a model answers at its own length ('medium'); drop it")
     fmt = (body.get("text") or {}).get("format")
     if fmt is not None:
         chat["response_format"] = {"type": fmt["type"]}
@@ -69,13 +72,14 @@ def chat_request(body: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[st
     return chat
 
 
-CHAT_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens"}
+CHAT_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 """A chat parameter an error names, as the Responses request calls it."""
 
 
 def as_responses_error(e: DoorError) -> DoorError:
     """A chat completion's error in the Responses request's terms: `messages...` is the `input`
-    (its indices are the conversation's, not the input's), `max_tokens` the `max_output_tokens`."""
+    (its indices are the conversation's, not the input's), `max_tokens` the `max_output_tokens`,
+    `response_format` the `text.format`."""
     param = e.param or ""
     head = next((p for p in CHAT_PARAMS if param == p or param.startswith((f"{p}[", f"{p}."))), None)
     if head is None:

@@ -332,6 +332,8 @@ class ResponsesText(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     format: ResponsesFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    """Served at "medium" only (the model's own length; openai_responses.chat_request refuses the others)."""
 
 
 class ResponsesBody(BaseModel):

@@ -186,8 +186,9 @@ class EngineBatch(Protocol):
         """Start a request (ValueError in one line for one the engine cannot serve); `on_tokens` is
         called after each step with the request's rows that sampled a token and their tokens."""
 
-    def step(self) -> dict[int, list[list[Completion]]]:
-        """One token for every running row; the requests finished: id -> each prompt's completions."""
+    def step(self) -> dict[int, list[list[Completion]] | Exception]:
+        """One token for every running row; the requests finished: id -> each prompt's completions,
+        or the error that ended that request alone (its structured output found no way on)."""
 
 
 def stop_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model_path: str) -> list[int]:

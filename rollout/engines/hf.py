@@ -171,7 +171,7 @@ class HFEngine(RolloutEngine):
         eos, pad = self.eos_token_ids, self.pad_token_id
         # an adapter's hooks are in no CUDA graph, scores are the eager loop's
         scores = sampling.prompt_logprobs or sampling.top_logprobs
-        grammar = self.grammar(sampling, len(prompts) * n)  # masks drawn per step: the eager loop's
+        grammar = self.grammar(sampling, prompts, n)  # masks drawn per step: the eager loop's
         if self._static is not None and not sampling.adapter and not scores and grammar is None:
             rows = decode_static(self._static, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                                  stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
@@ -187,18 +187,20 @@ class HFEngine(RolloutEngine):
                           grammar=grammar)  # fmt: skip
         return self.completions(prompts, n, sampling, rows)
 
-    def grammar(self, sampling: SamplingParams, rows: int) -> RowGrammars | None:
-        """The grammar state of `rows` rows of a request asking for structured output (None: it
-        does not); StructuredOutputRefused, in one line, for one that cannot be served."""
+    def grammar(self, sampling: SamplingParams, prompts: list[list[int]], n: int) -> RowGrammars | None:
+        """The grammar state of the n rows per prompt of a request asking for structured output
+        (None: it does not); StructuredOutputRefused, in one line, for one that cannot be served."""
         spec = sampling.structured_output
         if spec is None:
             return None
         if sampling.min_tokens:
             raise StructuredOutputRefused("structured output with min_tokens: the grammar may end the text sooner; drop min_tokens")
+        if sampling.ignore_eos:
+            raise StructuredOutputRefused("structured output with ignore_eos: the grammar ends the text; drop ignore_eos")
         if self._grammars is None:
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._grammars = Grammars(self.tokenizer, vocab, self.eos_token_ids)
-        return self._grammars.rows(spec, rows)
+        return self._grammars.rows(spec, prompts, n)
 
     def completions(self, prompts: list[list[int]], n: int, sampling: SamplingParams, rows: DecodedRows) -> list[Completion]:
         """The Completions of decoded rows (row r: prompt r // n)."""
@@ -297,7 +299,7 @@ class HFBatch:
             if sampling.seed is not None:
                 seeds = [prompt_seed(sampling.seed, ids) for ids in prompt_token_ids]
                 row_seeds = [s + j for s in seeds for j in range(n)]
-            grammar = e.grammar(sampling, len(prompt_token_ids) * n)
+            grammar = e.grammar(sampling, prompt_token_ids, n)
             with torch.inference_mode():
                 group = self._running.add(
                     [list(p) for p in prompt_token_ids], n, sampling, matcher=matcher, row_seeds=row_seeds,
@@ -311,15 +313,19 @@ class HFBatch:
         self._requests[group] = (self._next_id, group.prompts, sampling)
         return self._next_id
 
-    def step(self) -> dict[int, list[list[Completion]]]:
-        """One step; on any error the batch ends (its requests all fail: the caller's to say)."""
+    def step(self) -> dict[int, list[list[Completion]] | Exception]:
+        """One step; a request whose grammar found no way on ends alone, with its error; on any other
+        error the batch ends (its requests all fail: the caller's to say)."""
         assert self._running is not None, "step: no request is running"
         try:
             with torch.inference_mode():
                 finished = self._running.step()
-            out = {}
+            out: dict[int, list[list[Completion]] | Exception] = {}
             for group in finished:
                 request, prompts, sampling = self._requests.pop(group)
+                if group.error is not None:  # this request's own failure: the others go on
+                    out[request] = group.error
+                    continue
                 flat = self.engine.completions(prompts, group.n, sampling, group.decoded())
                 per_prompt = [flat[i * group.n : (i + 1) * group.n] for i in range(len(prompts))]
                 if group.n != sampling.n:  # greedy: decoded once, copied

@@ -65,6 +65,8 @@ def decode(
     group = batch.add(prompts, n, sampling, matcher=stop_matcher, row_seeds=row_seeds, grammar=grammar)
     while not group.done:
         batch.step()
+    if group.error is not None:
+        raise group.error
     return group.decoded()
 
 

@@ -55,8 +55,13 @@ class Grammars:
         except Exception as e:  # xgrammar's own errors (RuntimeError, InvalidJSONError, ...)
             raise StructuredOutputRefused(f"structured output: the {spec.kind.replace('_', ' ')} cannot be compiled: {_reason(e)}") from None
 
-    def rows(self, spec: StructuredOutput, rows: int) -> RowGrammars:
-        return RowGrammars(self, self.compile(spec), rows)
+    def rows(self, spec: StructuredOutput, prompts: list[list[int]], n: int) -> RowGrammars:
+        """The grammar state of n rows per prompt; a resumed request's rows have taken the tokens
+        its prompts end with (StructuredOutput.resumed)."""
+        grammar = RowGrammars(self, self.compile(spec), len(prompts) * n)
+        if spec.resumed:
+            grammar.resume([p[len(p) - spec.resumed :] for p in prompts for _ in range(n)])
+        return grammar
 
 
 class RowGrammars:
@@ -70,9 +75,10 @@ class RowGrammars:
         """The logits of the `active` rows (their indices) with every token their grammars do not
         allow next at -inf."""
         rows = active.tolist()
-        bitmask = self._xgr.allocate_token_bitmask(len(rows), self._vocab)
+        bitmask = self._xgr.allocate_token_bitmask(len(rows), self._vocab)  # every token allowed
         for k, row in enumerate(rows):
-            self.matchers[row].fill_next_token_bitmask(bitmask, k)
+            if not self.matchers[row].is_terminated():  # a whole text (ignore_eos is refused) adds nothing
+                self.matchers[row].fill_next_token_bitmask(bitmask, k)
         scores = logits_AV.float().clone()
         self._xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), vocab_size=self._vocab)
         return scores
@@ -85,6 +91,15 @@ class RowGrammars:
                     "structured output: no token of the model's vocabulary continues the text as its grammar asks "
                     "(can the tokenizer write every character the schema or pattern needs?)"
                 )
+
+    def resume(self, responses: list[list[int]]) -> None:
+        """Each row's matcher takes its response so far (row r: `responses[r]`)."""
+        for matcher, tokens in zip(self.matchers, responses, strict=True):
+            for token in tokens:
+                if matcher.is_terminated() or not matcher.accept_token(token):
+                    raise StructuredOutputRefused(
+                        "structured output: a continued response's tokens so far do not follow its grammar"
+                    )
 
 
 def _reason(e: Exception) -> str:

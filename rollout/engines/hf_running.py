@@ -32,7 +32,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from ...core import moe_routing
 from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
-from .base import TokensOut, ending_tokens
+from .base import StructuredOutputRefused, TokensOut, ending_tokens
 from .hf_grammar import RowGrammars
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
 
@@ -158,6 +158,8 @@ class Group:
     t: int = 0
     """Tokens sampled so far by each active row (the decode step the request is at)."""
     done: bool = False
+    error: StructuredOutputRefused | None = None
+    """Why the request ended without its completions (its grammar found no token to go on with)."""
 
     def sample(self, logits_AV: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The active rows' next tokens from their logits, and which of them end the row."""
@@ -311,13 +313,22 @@ class RunningBatch:
         start = 0
         for g in self.groups:
             a = len(g.active)
-            sampled.append(g.sample(self.logits_AV[start : start + a]))
+            try:
+                sampled.append(g.sample(self.logits_AV[start : start + a]))
+            except StructuredOutputRefused as e:  # this request's grammar found no way on: it alone ends
+                g.error = e
+                sampled.append((torch.zeros_like(g.active), torch.ones_like(g.active, dtype=torch.bool)))
             start += a
         done_A = sampled[0][1] if len(sampled) == 1 else torch.cat([d for _, d in sampled])
         num_done = int(done_A.sum())  # the step's one host sync
         interrupted = self.interrupt is not None and self.interrupt.is_set()
         finished, keeps, tokens = [], [], []
         for g, (token_A, gdone_A) in zip(self.groups, sampled, strict=True):
+            if g.error is not None:
+                g.done = True
+                finished.append(g)
+                keeps.append(torch.zeros_like(gdone_A))
+                continue
             if num_done:
                 for row in g.active[gdone_A].tolist():
                     g.lengths[row], g.finish[row] = g.t + 1, "stop"

@@ -34,6 +34,7 @@ from ...core.types import Completion, SamplingParams, StructuredOutput
 from .adapters import adapter_config, check_name, check_room, not_held
 from .base import (
     RolloutEngine,
+    StructuredOutputRefused,
     copy_completion,
     ending_tokens,
     prompt_seed,
@@ -42,6 +43,7 @@ from .base import (
     resolve_max_model_len,
     stop_token_ids,
 )
+from .hf_grammar import Grammars
 
 if TYPE_CHECKING:
     import torch
@@ -193,6 +195,8 @@ class VLLMEngine(RolloutEngine):
         )
         self._sampling_params = vllm.SamplingParams
         self._requests = 0  # requests this engine added itself (_stepped)
+        self._grammars: Grammars | None = None  # structured output's check (generate), built at first use
+        self._vocab_size = config.vocab_size
         self.policy_version = 0
         if in_process:
             self._live_until_exit()
@@ -215,6 +219,9 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
         refuse_routed_experts(sampling, "vllm", VLLM_ROUTED_EXPERTS)
         refuse_scores(sampling, "vllm")
+        if sampling.structured_output is not None:  # refused in one line, as the hf engine does
+            self._grammars = self._grammars or Grammars(self.tokenizer, self._vocab_size, self.eos_token_ids)
+            self._grammars.compile(sampling.structured_output)
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) + sampling.max_tokens > self.max_model_len:
                 raise ValueError(
@@ -282,7 +289,8 @@ class VLLMEngine(RolloutEngine):
     ) -> list[list[Completion]]:
         """`generate` with the engine stepped here, so that a set `interrupt` ends the call between two
         steps: the requests not finished are aborted and come back with their tokens so far, finish
-        reason "interrupted". Each sample is a request of its own (a prompt's sample j draws from
+        reason "interrupted" (but structured ones, whose grammar could not resume: they finish). Each
+        sample is a request of its own (a prompt's sample j draws from
         seed + j, as vLLM's j-th child of the prompt's request does: the same samples)."""
         from types import SimpleNamespace
 
@@ -302,7 +310,7 @@ class VLLMEngine(RolloutEngine):
                 )
         unfinished = set(requests)
         while engine.has_unfinished_requests():
-            if self.interrupt is not None and self.interrupt.is_set():
+            if self.interrupt is not None and self.interrupt.is_set() and sampling.structured_output is None:
                 engine.abort_request(sorted(unfinished))
                 break
             for out in engine.step():
@@ -475,6 +483,8 @@ def vllm_structured(spec: StructuredOutput | None) -> Any:
     masked logits (vLLM's sampler sees them masked); the hf engine's are the policy's own."""
     if spec is None:
         return None
+    if spec.resumed:  # _stepped runs a structured request to its end
+        raise StructuredOutputRefused("structured output: the vllm engine cannot resume a grammar mid-response")
     from vllm.sampling_params import StructuredOutputsParams
 
     if spec.kind == "regex":

@@ -213,7 +213,8 @@ MALFORMED: list[tuple[str, Any, str | None]] = [
     ("chat", {"logit_bias": {"999999": 1}}, "logit_bias"),
     ("chat", {"logit_bias": [5]}, "logit_bias"),
     ("chat", {"response_format": {"type": "yaml"}}, "response_format.type"),
-    ("chat", {"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+    ("chat", {"response_format": {"type": "json_object"}, "ignore_eos": True}, "response_format"),  # the grammar ends the text
     ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "response_format"),  # the engine cannot compile it
     ("chat", {"parallel_tool_calls": False}, "parallel_tool_calls"),

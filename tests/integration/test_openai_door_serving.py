@@ -211,3 +211,7 @@ def test_a_reply_held_to_a_json_schema_is_parsed_by_the_sdk(api: openai.OpenAI) 
     anything = api.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_object"},
                                            max_tokens=6, seed=1)  # fmt: skip
     assert anything.choices[0].message.content.startswith("{")
+    unnamed = {"type": "json_schema", "json_schema": {"name": "any"}}  # no schema (the SDK allows it): any object
+    no_schema = api.chat.completions.create(model="tiny", messages=messages, response_format=unnamed,  # type: ignore[arg-type]
+                                            max_tokens=6, seed=1)  # fmt: skip
+    assert no_schema.choices[0].message.content == anything.choices[0].message.content

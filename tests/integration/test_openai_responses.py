@@ -142,3 +142,11 @@ def test_text_format_holds_a_responses_reply_to_a_json_schema(api: openai.OpenAI
                               extra_body={"seed": 5})  # fmt: skip
     assert out.status == "completed" and isinstance(out.output_parsed, Price), out.output_text
     assert out.text.format.type == "json_schema" and out.text.format.name == "Price"
+    # the chat completion's errors in the Responses request's terms; verbosity served at its neutral value
+    bad = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}
+    with pytest.raises(openai.BadRequestError, match=r"text\.format: the json schema cannot be compiled"):
+        api.responses.create(model="tiny", input="hi", text=bad, max_output_tokens=4)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match=r"text\.verbosity: 'low' is not served"):
+        api.responses.create(model="tiny", input="hi", text={"verbosity": "low"}, max_output_tokens=4)
+    medium = api.responses.create(model="tiny", input="hi", text={"verbosity": "medium"}, max_output_tokens=4)
+    assert medium.status in ("completed", "incomplete")

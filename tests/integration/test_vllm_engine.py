@@ -68,7 +68,7 @@ def test_vllm_greedy_equals_hf_token_for_token(engines, prompts) -> None:
 def test_structured_output_on_vllm_is_the_hf_engines_greedy_token_for_token(engines, prompts) -> None:
     """Regular expressions (xgrammar on both: vLLM's backend, the HF engine's own masks; the
     quickstart's character vocabulary has no braces for JSON, test_structured_output.py has): the
-    same greedy tokens, each a whole match."""
+    same greedy tokens, each a whole match; an interrupt does not cut one; a bad schema is one line."""
     import re
 
     from rlcore.core.types import StructuredOutput
@@ -80,6 +80,17 @@ def test_structured_output_on_vllm_is_the_hf_engines_greedy_token_for_token(engi
         theirs = [c for (c,) in hf_engine.generate(prompts[:4], sampling)]
         assert [c.token_ids for c in ours] == [c.token_ids for c in theirs], pattern
         assert all(re.fullmatch(pattern, c.text) and c.finish_reason == "stop" for c in theirs), pattern
+    # a weight update does not interrupt a structured request (its grammar could not resume): it ends whole
+    vllm_engine.interrupt = threading.Event()
+    vllm_engine.interrupt.set()
+    try:
+        (kept,) = vllm_engine.generate(prompts[:1], sampling)[0]
+    finally:
+        vllm_engine.interrupt = None
+    assert kept.finish_reason == "stop" and kept.token_ids == ours[0].token_ids
+    nonsense = SamplingParams(max_tokens=4, structured_output=StructuredOutput("json_schema", '{"type": "nonsense"}'))
+    with pytest.raises(ValueError, match='^structured output: the json schema cannot be compiled: Unsupported type "nonsense"$'):
+        vllm_engine.generate(prompts[:1], nonsense)
 
 
 def test_a_call_from_another_thread_decodes_as_one_from_the_engines_own(engines, prompts) -> None:

@@ -1,19 +1,24 @@
 """Structured output in the HF engine (engines/hf_grammar.py through xgrammar): every sample of a
 JSON schema parses and holds to it, a regular expression's match it whole, the log-probs stay the
 policy's own (what the trainer recomputes), a grammar row samples in a running batch what it
-samples alone, and a schema that cannot be compiled is one line."""
+samples alone, a response a weight update interrupts resumes its grammar, and a schema that cannot
+be compiled (or a grammar the vocabulary cannot write, which ends its request alone) is one line."""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from dataclasses import replace
 
 import pytest
 import torch
 
 from rlcore.core.algorithms.logprob import token_logprobs
 from rlcore.core.types import SamplingParams, StructuredOutput
+from rlcore.rollout.batching import BatchingEngine
 from rlcore.rollout.engines.hf import HFEngine
+from rlcore.rollout.gate import GenerationGate
 
 pytestmark = pytest.mark.timeout(300)
 pytest.importorskip("xgrammar", reason="structured output needs xgrammar: pip install 'rlcore[structured]'")
@@ -99,6 +104,60 @@ def test_what_cannot_be_served_is_one_line(engine: HFEngine) -> None:
         engine.generate(prompt, SamplingParams(max_tokens=4, structured_output=StructuredOutput("json_schema", '{"type": "nonsense"}')))
     with pytest.raises(ValueError, match="structured output with min_tokens"):
         engine.generate(prompt, SamplingParams(max_tokens=9, min_tokens=2, structured_output=JSON))
+    with pytest.raises(ValueError, match="^structured output with ignore_eos: .*; drop ignore_eos$"):
+        engine.generate(prompt, SamplingParams(max_tokens=9, ignore_eos=True, structured_output=JSON))
+
+
+def test_a_response_a_weight_update_interrupts_resumes_its_grammar(engine: HFEngine) -> None:
+    """A weight update (here: the same weights) interrupts a greedy structured request mid-text;
+    the continuation's grammar first takes the tokens so far (StructuredOutput.resumed), so the
+    response is the one decoded uninterrupted. A grammar begun afresh would open a second object."""
+    prompt, greedy = _prompt(engine), SamplingParams(temperature=0, max_tokens=40, structured_output=JSON)
+    (reference,) = engine.generate([prompt], greedy)[0]
+    gate, lock, forwards, updates = GenerationGate(interrupts=True), threading.Lock(), [0], []
+
+    def update() -> None:
+        gate.wait_idle()
+        gate.open()
+
+    def interrupt_at_the_fifth_forward(module: torch.nn.Module, args: tuple) -> None:
+        forwards[0] += 1
+        if forwards[0] == 5:
+            gate.close()
+            updates.append(threading.Thread(target=update))
+            updates[-1].start()
+
+    hook = engine.model.register_forward_pre_hook(interrupt_at_the_fifth_forward)
+    try:
+        ((c,),), _ = BatchingEngine(engine, lock, gate).generate_versioned([prompt], greedy)
+    finally:
+        hook.remove()
+        for t in updates:
+            t.join()
+    (_, first), _ = c.segments  # interrupted once, `first` tokens in
+    assert 1 <= first < len(c.token_ids)
+    assert c.token_ids == reference.token_ids and json.loads(c.text) == json.loads(reference.text)
+    afresh = replace(greedy, max_tokens=40 - first)  # what the continuation gave before it resumed its grammar
+    (restarted,) = engine.generate([prompt + c.token_ids[:first]], afresh)[0]
+    assert restarted.token_ids != c.token_ids[first:]
+
+
+def test_a_grammar_that_finds_no_way_on_ends_its_request_alone(tiny_model_path: str) -> None:
+    """In a running batch, the request whose grammar the vocabulary cannot write fails with its
+    one-line error; a plain request beside it decodes on to what it gives alone."""
+    engine = HFEngine(tiny_model_path, max_model_len=256)
+    prompt = [engine.tokenizer("1+1=")["input_ids"]]
+    plain = SamplingParams(n=2, max_tokens=12, seed=5)
+    (alone,) = engine.generate(prompt, plain)
+    batch = engine.continuous_batch()
+    assert batch is not None
+    first = batch.add(prompt, plain)
+    done = batch.step()
+    second = batch.add(prompt, SamplingParams(max_tokens=4, structured_output=StructuredOutput("json_object")))
+    while batch.rows:
+        done.update(batch.step())
+    assert isinstance(done[second], ValueError) and str(done[second]).startswith("structured output: no token")
+    assert [c.token_ids for c in done[first][0]] == [c.token_ids for c in alone]
 
 
 def test_a_grammar_the_vocabulary_cannot_write_is_one_line(tiny_model_path: str) -> None:
