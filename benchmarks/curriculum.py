@@ -13,8 +13,8 @@ buffer.explorer_input.task_selection.difficulty_filter (too_easy `--too-easy`, t
 never-solved task is kept), the two in alternating order. Mode lockstep is one `rlcore launch` (mode both); mode
 decoupled is a mode-explore and a mode-train launch side by side over the file buffer.
 
-Reported per run: the held-out accuracy at every evaluation against the rollouts trained on so far
-(steps x batch_size x repeat_times) and the tasks the filter skipped. The target of a (mode, seed) is
+Reported per run: the held-out accuracy at every evaluation against the rollouts explored so far
+(the tasks each step drew x repeat_times) and the tasks the filter skipped. The target of a (mode, seed) is
 90% of the unfiltered run's gain over the SFT checkpoint (start + 0.9 x (final - start)); the saving
 is the ratio of the rollouts the two runs needed to first reach it.
 """
@@ -106,9 +106,11 @@ def rl_config(args: argparse.Namespace, workdir: str, checkpoint: str, tasks: tu
     stage = rl_stage(recipe, args.base)
     base_ts = recipe["buffer"]["explorer_input"]["taskset"]
     taskset = {**base_ts, "name": "half_solved", "path": tasks[0], "generator": None, "generator_args": {}}
+    if args.temperature is not None:
+        taskset["rollout_args"] = {**(base_ts.get("rollout_args") or {}), "temperature": args.temperature}
     heldout = {"name": "carry", "path": tasks[1], "rollout_args": {"temperature": 0.0, "max_tokens": 8}}
     selection = {"difficulty_filter": {"enable": variant == "filter", "too_easy": args.too_easy, "too_hard": None,
-                                       "readmit_after": args.readmit_after}}  # fmt: skip
+                                       "readmit_after": args.readmit_after, "refill": not args.no_refill}}  # fmt: skip
     buffer = {**(stage.get("buffer") or {}), "batch_size": args.batch_size, "total_steps": args.steps, "total_epochs": 1000,
               "explorer_input": {"taskset": taskset, "eval_tasksets": [heldout], "task_selection": selection}}  # fmt: skip
     if mode == "decoupled":
@@ -153,16 +155,27 @@ def launch_run(path: str, tag: str, mode: str, workdir: str, timeout_s: float) -
     return os.path.join(workdir, PROJECT, tag)
 
 
-def summarise(run_dir: str, rollouts_per_step: int) -> dict[str, Any]:
-    """One run's curve [step, rollouts trained on, held-out accuracy] and the tasks its filter skipped."""
+def summarise(run_dir: str, batch_size: int, repeat_times: int) -> dict[str, Any]:
+    """One run's curve [step, rollouts explored, held-out accuracy] and the tasks its filter skipped.
+    Rollouts explored by an evaluation: its step's and the earlier steps' (lock-step), or the
+    explore steps logged before it (decoupled); a step explores its tasks drawn (tasks/drawn,
+    batch_size without the filter) x repeat_times."""
     rows = read_metrics(run_dir)
     key = accuracy_key(rows)
     evals = [r for r in rows if key in r]
     explorer = os.path.join(run_dir, "explorer")
-    explored = read_metrics(explorer) if os.path.isfile(os.path.join(explorer, "metrics.jsonl")) else rows
+    decoupled = os.path.isfile(os.path.join(explorer, "metrics.jsonl"))
+    explored = read_metrics(explorer) if decoupled else rows
+    steps = [r for r in explored if "rollout/effective_groups" in r]
+    spent = [(r["time"] if decoupled else r["step"], r.get("tasks/drawn", batch_size) * repeat_times) for r in steps]
+
+    def by(r: dict[str, Any]) -> float:
+        at = r["time"] if decoupled else r["step"]
+        return sum(n for when, n in spent if when <= at)
+
     return {
         "eval": key,
-        "curve": [[r["step"], r["step"] * rollouts_per_step, r[key]] for r in evals],
+        "curve": [[r["step"], by(r), r[key]] for r in evals],
         "start": evals[0][key],
         "final": evals[-1][key],
         "skipped": sum(r.get("tasks/skipped_easy", 0) + r.get("tasks/skipped_hard", 0) for r in explored),
@@ -171,7 +184,7 @@ def summarise(run_dir: str, rollouts_per_step: int) -> dict[str, Any]:
 
 
 def rollouts_to(curve: list[list[float]], target: float) -> float | None:
-    """The rollouts trained on at the first evaluation that reaches `target` (None: none does)."""
+    """The rollouts explored by the first evaluation that reaches `target` (None: none does)."""
     return next((point[1] for point in curve if point[2] >= target - 1e-9), None)
 
 
@@ -197,7 +210,7 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 path, tag = rl_config(args, workdir, checkpoint, tasks, mode, variant, seed)
                 run_dir = launch_run(path, tag, mode, workdir, args.run_timeout)
-                r = pair[variant] = summarise(run_dir, args.batch_size * args.repeat_times)
+                r = pair[variant] = summarise(run_dir, args.batch_size, args.repeat_times)
                 done += 1
                 print(f"  [{done}/{total}] {mode} seed {seed} {variant}: {100 * r['start']:.1f}% -> {100 * r['final']:.1f}%"
                       f", {r['skipped']:.0f} tasks skipped ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
@@ -210,11 +223,12 @@ def measure(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [
-        f"Rollouts trained on until the held-out accuracy (test problems with a carry, greedy) first reaches "
+        f"Rollouts explored until the held-out accuracy (test problems with a carry, greedy) first reaches "
         f"{100 * GAIN_SHARE:.0f}% of the unfiltered run's gain over the SFT checkpoint; {cfg['tasks']} training "
         f"tasks, half of them {EASY_WORDS[cfg.get('easy', 'no_carry')]}, {cfg['steps']} GRPO steps of "
         f"{cfg['batch_size']} tasks x {cfg['repeat_times']} responses at lr {cfg['lr']:g}; filter too_easy "
-        f"{cfg['too_easy']:g}, readmit_after {cfg['readmit_after']}; {result['machine']['cpu']}.",
+        f"{cfg['too_easy']:g}, readmit_after {cfg['readmit_after']}, refill {str(not cfg.get('no_refill', False)).lower()}; "
+        f"{result['machine']['cpu']}.",
         "",
         "| mode | seed | SFT start | target | final, no filter | final, filter | rollouts, no filter | rollouts, filter | saving | tasks skipped |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -244,7 +258,7 @@ def plot(result: dict[str, Any], path: str) -> None:
                         markersize=3, label=f"seed {seed}, {variant.replace('_', ' ')}")  # fmt: skip
             ax.axhline(100 * pair["compare"]["target"], color=colors[i], linewidth=0.6, linestyle=":")
         ax.set_title(f"{mode}")
-        ax.set_xlabel("rollouts trained on")
+        ax.set_xlabel("rollouts explored")
         ax.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel("held-out accuracy (carry problems), %")
     fig.suptitle("difficulty filtering on a taskset whose no-carry half the model solves")
@@ -268,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-5, help="the RL stage's learning rate (the quickstart's 1e-4 learns the task within its first epoch, before any task has a history)")
     parser.add_argument("--too-easy", type=float, default=1.0, help="difficulty_filter.too_easy: the pass rate that skips a task")
     parser.add_argument("--readmit-after", type=positive_int, default=8, help="difficulty_filter.readmit_after")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="the RL stage's sampling temperature (default: the base recipe's)")
+    parser.add_argument("--no-refill", action="store_true",
+                        help="difficulty_filter.refill false: a filtered step explores only its open tasks (smaller steps)")
     parser.add_argument("--sft-checkpoint", default=None, help="an SFT export to start from (default: run the base's SFT stage)")
     parser.add_argument("--sft-steps", type=positive_int, default=None, help="SFT steps (default: the base's)")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds per launch")

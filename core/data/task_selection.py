@@ -4,7 +4,8 @@ each task's history (task_history.py), difficulty filtering and a curriculum.
     filter      a task whose recent pass rate is >= too_easy (always solved) or <= too_hard (never
                 solved) is passed over when its turn comes, until readmit_after explore steps after
                 its last exploration (then it runs again and its new history decides); with
-                keep_probability > 0 it is down-weighted instead (explored with that chance)
+                keep_probability > 0 it is down-weighted instead (explored with that chance); an
+                open task takes its turn (refill), or without refill the step is smaller
     curriculum  a step draws from the easiest part of the tasks the filter leaves open (by recent
                 pass rate, or by a column): start_fraction of them at step 0, all after ramp_steps
                 explore steps
@@ -205,13 +206,16 @@ class SelectingStream:
         counts = {"tasks/pool_open": held[None], "tasks/pool_easy": held["easy"], "tasks/pool_hard": held["hard"]}
         if self.selection.cfg.curriculum.order != "none":
             counts["tasks/pool_closed"] = held[OUTSIDE]
-        if held[None] < self.batch_size:
+        refill = self.selection.cfg.difficulty_filter.refill
+        if held[None] < (self.batch_size if refill else 1):
             return self._too_few(index, states, counts)
         keep = self.selection.cfg.difficulty_filter.keep_probability
         rng = random.Random(f"{self.seed}:{index}")
         picked: list[int] = []
         skipped: Counter[str] = Counter()
-        while len(picked) < self.batch_size:
+        turns = 0  # without refill: the batch is the open tasks of batch_size turns (at least one)
+        while len(picked) < self.batch_size and (refill or turns < self.batch_size or not picked):
+            turns += 1
             if self.offset >= len(self.tasks):
                 self.epoch, self.offset = self.epoch + 1, 0
             j = self._order(self.epoch)[self.offset]
@@ -225,6 +229,7 @@ class SelectingStream:
                 skipped[str(s)] += 1
         counts.update({f"tasks/skipped_{k}": v for k, v in skipped.items()})
         counts["tasks/skipped"] = skipped["easy"] + skipped["hard"]
+        counts["tasks/drawn"] = len(picked)
         return picked, counts
 
     def _too_few(self, index: int, states: list[str | None], counts: dict[str, int]) -> tuple[list[int], dict[str, int]]:
@@ -247,4 +252,4 @@ class SelectingStream:
             "fill it (lower task_selection.difficulty_filter.readmit_after, or loosen too_easy/too_hard)",
             index, counts["tasks/pool_open"], self.batch_size, early,
         )  # fmt: skip
-        return picked, {**counts, "tasks/readmitted_early": early}
+        return picked, {**counts, "tasks/readmitted_early": early, "tasks/drawn": len(picked)}

@@ -174,6 +174,11 @@ class DifficultyFilterConfig:
     keep_probability: float = bounded(0.0, ge=0.0, lt=1.0)
     """The chance that a filtered task is explored anyway when its turn comes (0: skipped; above 0:
     down-weighted), drawn from the seed, so a resume draws the same."""
+    refill: bool = True
+    """true: a step explores buffer.batch_size tasks, open ones walked in for those passed over;
+    false: a step explores the open tasks among its batch_size turns of the epoch's order (at least
+    one), so the rollouts a filtered task would have taken are not spent and a lock-step step trains
+    on fewer groups (a decoupled or asynchronous trainer still waits for its batch of groups)."""
 
 
 @dataclass

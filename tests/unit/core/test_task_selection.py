@@ -83,6 +83,26 @@ def test_always_solved_tasks_are_passed_over_until_readmitted() -> None:
     assert all(sel.filtered(t, 3 + 6) is None for t in stream.tasks if sel.history.get(t.task_id).last_step <= 3)
 
 
+def test_without_refill_a_step_explores_only_the_open_tasks_of_its_turns() -> None:
+    """refill false: the tasks passed over are not replaced, so the epoch's order advances a batch's
+    worth of turns per step and the step is smaller: the solved half's rollouts are not spent."""
+    solved = {f"t-{i}" for i in range(0, 16, 2)}
+    refilled = SelectingStream(TaskStream(tasks(16), 4, 0, True), selection(readmit_after=100))
+    shrunk = SelectingStream(TaskStream(tasks(16), 4, 0, True), selection(readmit_after=100, refill=False))
+    for stream in (refilled, shrunk):
+        run(stream, range(4), solved)  # epoch 0: nothing known, every task once
+    later_refilled, later_shrunk = run(refilled, range(4, 8), solved), run(shrunk, range(4, 8), solved)
+    assert [len(b) for b in later_refilled] == [4] * 4
+    assert all(1 <= len(b) <= 4 for b in later_shrunk) and sum(len(b) for b in later_shrunk) <= 9
+    # epoch 1's open half (and, where a window held no open task, the walk on into epoch 2)
+    assert set(sum(later_shrunk, [])) == {t.task_id for t in shrunk.tasks} - solved
+    assert [shrunk.drawn_metrics(i)["tasks/drawn"] for i in range(4, 8)] == [len(b) for b in later_shrunk]
+    # a window of turns with no open task still explores one (the walk goes on to find it)
+    only_one = SelectingStream(TaskStream(tasks(8), 4, 0, False), selection(readmit_after=100, refill=False))
+    run(only_one, range(2), {f"t-{i}" for i in range(8)} - {"t-7"})
+    assert [t.task_id for t in only_one.batch(2)] == ["t-7"]
+
+
 def test_never_solved_tasks_are_hard_and_thresholds_can_be_off() -> None:
     sel = selection(too_easy=None, too_hard=0.0)
     t = tasks(2)
