@@ -181,6 +181,18 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(key: str) -> int:
+    """`rlcore config explain KEY`: the key's entry of the configuration reference (core/config/reference.py)."""
+    from ..core.config.reference import explain
+
+    try:
+        print(explain(key))
+    except ValueError as e:
+        print(f"rlcore: error: {e}", file=sys.stderr)
+        return _EXIT_USAGE
+    return 0
+
+
 def _launch(args: argparse.Namespace) -> int:
     cfg, stages = _load(args)  # the launch's one validation
     from ..runtime.child import QUIET_DATASETS
@@ -230,7 +242,11 @@ def entry() -> None:
     hand_over("rlcore.cli")
     from ..core.fast_exit import exit_now
 
-    exit_now(main())
+    try:
+        code = main()
+    except BrokenPipeError:  # the reader of the output went (`rlcore config explain x | head`)
+        code = 0
+    exit_now(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             return _show(args)
         if args.config_command == "prepare":
             return _prepare(args)
+        if args.config_command == "explain":
+            return _explain(args.key)
         return _validate(args)
     except ConfigError as e:  # user input: one line per problem, no traceback
         for line in str(e).splitlines():

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_config_parser(commands: Any) -> None:
     config = commands.add_parser("config", help="inspect a config without running it")
-    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="{show,validate,prepare}")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="{show,validate,prepare,explain}")
     show = config_commands.add_parser(
         "show", help="print the resolved config (and each resolved stage) as YAML; paths are not checked"
     )
@@ -128,6 +128,10 @@ def _add_config_parser(commands: Any) -> None:
         "prepare", help="generate the config's synthetic tasksets and scratch model (as a launch would) and print where"
     )
     _add_config_args(prepare)
+    explain = config_commands.add_parser(
+        "explain", help="what a config key is: its type, default, allowed values and text (a section: its keys too)"
+    )
+    explain.add_argument("key", help="a dotted key, e.g. algorithm.optimizer.lr or buffer.explorer_input.eval_tasksets[0].name")
 
 
 def _add_rollout_parser(commands: Any) -> None:

@@ -1,6 +1,6 @@
 """More than one host, on one machine: network namespaces joined by a bridge (netns.py) play the
 hosts, each with its own address. Trainer node 0 (the controller's host), trainer node 1 and a
-rollout host run the same commands users run on a cluster (README "Several hosts"):
+rollout host run the same commands users run on a cluster (docs/multi-host.md):
 
     node 0:        rlcore launch cfg.yaml cluster.node_address=<its address>
     node 1:        rlcore launch cfg.yaml cluster.node_rank=1 cluster.node_address=<its address>
