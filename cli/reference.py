@@ -35,7 +35,7 @@ def markdown() -> str:
         for name, parser in _commands(build_parser(), "rlcore"):
             out += [f"## `{name}`", "", "```text", parser.format_help().rstrip(), "```", ""]
         out += ["## `rlcore bench NAME`", "", "Each benchmark's own flags (`rlcore bench NAME --help`); what each "
-                "measures and its latest numbers: [Benchmarks](../benchmarks/README.md).", ""]  # fmt: skip
+                "measures and its latest numbers: [Benchmarks](../../benchmarks/README.md).", ""]  # fmt: skip
         for name in sorted(BENCHMARKS):
             out += [f"### `rlcore bench {name}`", "", "```text", _bench_help(name, BENCHMARKS[name]), "```", ""]
     return "\n".join(out).rstrip() + "\n"
@@ -62,14 +62,20 @@ def _bench_help(name: str, module: str) -> str:
     return text.getvalue().rstrip()
 
 
+PLAIN = {"COLUMNS": str(WIDTH), "NO_COLOR": "1", "PYTHON_COLORS": "0"}
+"""The environment the help is rendered in: a fixed width, no colours (Python 3.14's argparse
+colours help on a terminal)."""
+
+
 @contextlib.contextmanager
 def _width() -> Iterator[None]:
-    before = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(WIDTH)
+    before = {k: os.environ.get(k) for k in PLAIN}
+    os.environ.update(PLAIN)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = before
+        for k, v in before.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v

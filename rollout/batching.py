@@ -307,7 +307,9 @@ class BatchingEngine:
                     return
                 first, calls, prompts = self._queue[0], [], 0
                 for c in self._queue:
-                    if c.sampling == first.sampling and batch.admits(prompts + len(c.prompts), c.sampling):
+                    if c is not first and (c.sampling != first.sampling or first.sampling.structured_output is not None):
+                        continue  # a structured call joins alone: its grammar's failure is its own
+                    if batch.admits(prompts + len(c.prompts), c.sampling):
                         calls.append(c)
                         prompts += len(c.prompts)
                 self._queue = [c for c in self._queue if c not in calls]
@@ -342,10 +344,13 @@ class BatchingEngine:
             self._cond.notify_all()
 
     def _take(self, sampling: SamplingParams) -> list[_Call]:
-        """The queued calls with `sampling`, out of the queue."""
+        """The queued calls with `sampling` (the first alone when it asks for structured output: its
+        grammar's failure is its own), out of the queue."""
         with self._cond:
             batch = [c for c in self._queue if c.sampling == sampling]
-            self._queue = [c for c in self._queue if c.sampling != sampling]
+            if sampling.structured_output is not None:
+                batch = batch[:1]
+            self._queue = [c for c in self._queue if c not in batch]
         return batch
 
 

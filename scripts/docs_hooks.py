@@ -1,5 +1,6 @@
 """mkdocs hooks of the documentation site (mkdocs.yml): the benchmarks' README and their plots are
-pages and images of the site where they live (benchmarks/), not copies under docs/; the benchmarks
+pages and images of the site where they live (benchmarks/), not copies under docs/, and the docs'
+links to them (`../benchmarks/...` from docs/, as GitHub resolves them) point there; the benchmarks
 page ends with every plot the results hold."""
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def on_files(files: Files, config: Any) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    """The benchmarks page, followed by every plot of benchmarks/results (the GPU ones last)."""
+    """A docs page's links into benchmarks/ as the site lays it out; the benchmarks page followed
+    by every plot of benchmarks/results (the GPU ones last)."""
     if page.file.src_uri != BENCHMARKS:
-        return markdown
+        # docs/x.md links ../benchmarks/... (right on GitHub too); on the site benchmarks/ sits beside it
+        depth = page.file.src_uri.count("/")
+        return markdown.replace(f"]({'../' * (depth + 1)}benchmarks/", f"]({'../' * depth}benchmarks/")
     results = _root(config) / "benchmarks" / "results"
     plots = sorted(results.glob("*.png")) + sorted((results / "gpu").glob("*.png"))
     gallery = ["", "## Every plot", "", "Each beside its numbers in `benchmarks/results/` (the `.md` and `.json` of the same name).", ""]

@@ -79,8 +79,12 @@ def explain(key: str) -> str:
     if entry.doc:
         lines += ["", *textwrap.wrap(entry.doc, 96, initial_indent="  ", subsequent_indent="  ")]
     if entry.section:
-        inside = [e for e in by_path.values() if _parent(e.path) == entry.path]
-        lines += ["", "  keys:"] + [f"    {e.path.removeprefix(entry.path + '.')}  ({e.type}{'' if e.section else ', default ' + e.default})" for e in inside]
+        heads = (f"{entry.path}.", f"{entry.path}[].")  # a section's keys, a list's items' keys
+        inside = [e for e in by_path.values() if _parent(e.path) in (entry.path, f"{entry.path}[]")]
+        lines += ["", "  keys (of each item):" if entry.type.startswith("list of") else "  keys:"]
+        for e in inside:
+            name = next(e.path.removeprefix(h) for h in heads if e.path.startswith(h))
+            lines.append(f"    {name}  ({e.type}{'' if e.section else ', default ' + e.default})")
     return "\n".join(lines)
 
 

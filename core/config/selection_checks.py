@@ -35,6 +35,13 @@ def check_task_selection(cfg: RLCoreConfig, data: str) -> None:
             f"{KEY}.difficulty_filter.too_hard ({f.too_hard}) must be below too_easy ({f.too_easy}): a pass rate "
             "between them is a task worth exploring"
         )
+    lockstep = cfg.mode in ("both", "colocate") and not cfg.synchronizer.asynchronous
+    if f.enable and not f.refill and not lockstep:
+        raise ConfigError(
+            f"{KEY}.difficulty_filter.refill false shrinks a lock-step step to its open tasks; this run's "
+            "trainer takes batches of buffer.batch_size groups from the buffer (mode explore/train, or "
+            "asynchronous both), which smaller explore steps only fill later: keep refill true"
+        )
     if (f.enable or c.order != "none") and data != "rollouts":
         raise ConfigError(
             f"{KEY} chooses the tasks an RL stage explores; algorithm.algorithm_type "

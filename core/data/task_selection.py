@@ -233,8 +233,9 @@ class SelectingStream:
         return picked, counts
 
     def _too_few(self, index: int, states: list[str | None], counts: dict[str, int]) -> tuple[list[int], dict[str, int]]:
-        """Fewer tasks open than a batch: every open one, then the filtered ones explored longest ago
-        (then those the curriculum keeps closed); the walk does not move."""
+        """Fewer tasks open than a batch (without refill: none open): every open one, then the
+        filtered ones explored longest ago (then those the curriculum keeps closed), to a batch (without
+        refill: one task); the walk does not move."""
         history = self.selection.history
 
         def since(j: int) -> int:
@@ -242,10 +243,11 @@ class SelectingStream:
             return -1 if rec is None else rec.last_step
 
         picked = [j for j, s in enumerate(states) if s is None]
+        size = self.batch_size if self.selection.cfg.difficulty_filter.refill else 1  # without refill: one
         for outside in (False, True):
             rest = [j for j, s in enumerate(states) if s is not None and (s == OUTSIDE) == outside]
-            picked += sorted(rest, key=lambda j: (since(j), j))[: self.batch_size - len(picked)]
-        early = self.batch_size - counts["tasks/pool_open"]
+            picked += sorted(rest, key=lambda j: (since(j), j))[: max(0, size - len(picked))]
+        early = len(picked) - counts["tasks/pool_open"]
         warned, self.warned = self.warned, True
         (log.debug if warned else log.warning)(
             "explore step %d: %d task(s) open, fewer than the batch's %d: %d filtered one(s) explored longest ago "

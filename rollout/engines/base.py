@@ -247,6 +247,15 @@ def refuse_structured(sampling: SamplingParams, engine: str) -> None:
         )
 
 
+def refuse_grammar_conflicts(sampling: SamplingParams) -> None:
+    """StructuredOutputRefused in one line for settings a grammar cannot keep: min_tokens (the
+    grammar may end the text sooner) and ignore_eos (the grammar ends it)."""
+    if sampling.min_tokens:
+        raise StructuredOutputRefused("structured output with min_tokens: the grammar may end the text sooner; drop min_tokens")
+    if sampling.ignore_eos:
+        raise StructuredOutputRefused("structured output with ignore_eos: the grammar ends the text; drop ignore_eos")
+
+
 def response_text(tokenizer: Any, token_ids: list[int], stop: list[str]) -> str:
     """A response's text: special tokens dropped, cut before the first stop string it holds."""
     text = str(tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -27,11 +27,11 @@ from ...weights.adapter import merge_adapters
 from .adapters import ResidentAdapters
 from .base import (
     RolloutEngine,
-    StructuredOutputRefused,
     TokensOut,
     check_prompts,
     copy_completion,
     prompt_seed,
+    refuse_grammar_conflicts,
     resolve_max_model_len,
     response_text,
     stop_token_ids,
@@ -193,10 +193,7 @@ class HFEngine(RolloutEngine):
         spec = sampling.structured_output
         if spec is None:
             return None
-        if sampling.min_tokens:
-            raise StructuredOutputRefused("structured output with min_tokens: the grammar may end the text sooner; drop min_tokens")
-        if sampling.ignore_eos:
-            raise StructuredOutputRefused("structured output with ignore_eos: the grammar ends the text; drop ignore_eos")
+        refuse_grammar_conflicts(sampling)
         if self._grammars is None:
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._grammars = Grammars(self.tokenizer, vocab, self.eos_token_ids)

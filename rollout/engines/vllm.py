@@ -38,6 +38,7 @@ from .base import (
     copy_completion,
     ending_tokens,
     prompt_seed,
+    refuse_grammar_conflicts,
     refuse_routed_experts,
     refuse_scores,
     resolve_max_model_len,
@@ -196,7 +197,6 @@ class VLLMEngine(RolloutEngine):
         self._sampling_params = vllm.SamplingParams
         self._requests = 0  # requests this engine added itself (_stepped)
         self._grammars: Grammars | None = None  # structured output's check (generate), built at first use
-        self._vocab_size = config.vocab_size
         self.policy_version = 0
         if in_process:
             self._live_until_exit()
@@ -220,7 +220,9 @@ class VLLMEngine(RolloutEngine):
         refuse_routed_experts(sampling, "vllm", VLLM_ROUTED_EXPERTS)
         refuse_scores(sampling, "vllm")
         if sampling.structured_output is not None:  # refused in one line, as the hf engine does
-            self._grammars = self._grammars or Grammars(self.tokenizer, self._vocab_size, self.eos_token_ids)
+            refuse_grammar_conflicts(sampling)
+            vocab = self.llm.llm_engine.model_config.get_vocab_size()
+            self._grammars = self._grammars or Grammars(self.tokenizer, vocab, self.eos_token_ids)
             self._grammars.compile(sampling.structured_output)
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) + sampling.max_tokens > self.max_model_len:

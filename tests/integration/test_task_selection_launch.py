@@ -69,6 +69,24 @@ def test_a_lockstep_run_skips_the_solved_half_and_resumes_its_history_exactly(tm
     assert states[0] == states[1] and len(states[0]["task_selection"]["history"]) == 8
 
 
+def test_a_lockstep_step_without_refill_explores_and_trains_only_the_open_tasks(tmp_path) -> None:
+    """difficulty_filter.refill false: after epoch 0 a step explores only the open tasks of its 4
+    turns (about half: the solved half is not explored at all) and trains on those groups alone."""
+    logged = {"monitor.log_completions": True, "monitor.save_completions_probability": 1.0}
+    selection = {"difficulty_filter": {"enable": True, "too_hard": None, "readmit_after": 100, "refill": False}}
+    root = str(tmp_path)
+    launch(tiny_grpo_config(root, **{**SOLVED_HALF, **logged, "buffer.total_steps": 6,
+                                     "buffer.explorer_input.task_selection": selection}), root + ".yaml")  # fmt: skip
+    run_dir = os.path.join(root, "it", "run")
+    explored, steps = _explored_tasks(run_dir), _steps(run_dir)
+    assert sorted(explored[0] | explored[1]) == list(range(8))  # epoch 0: every task once
+    assert all(s and s <= {1, 3, 5, 7} for s in explored[2:]), explored  # then only open ones, fewer than 4
+    drawn = [m["tasks/drawn"] for m in steps]
+    assert drawn[:2] == [4, 4] and all(1 <= n < 4 for n in drawn[2:]) and sum(drawn[2:]) >= 4, drawn
+    assert [len(s) for s in explored[2:]] == drawn[2:]  # each step trained on its drawn tasks' groups
+    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
+
+
 def test_a_decoupled_explorer_filters_and_drops_the_groups_that_teach_nothing(tmp_path) -> None:
     """mode explore + mode train over the file buffer, with dapo (dynamic sampling: each step's
     groups whose rewards are all equal are dropped and refilled before the put)."""

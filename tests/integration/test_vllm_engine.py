@@ -91,6 +91,8 @@ def test_structured_output_on_vllm_is_the_hf_engines_greedy_token_for_token(engi
     nonsense = SamplingParams(max_tokens=4, structured_output=StructuredOutput("json_schema", '{"type": "nonsense"}'))
     with pytest.raises(ValueError, match='^structured output: the json schema cannot be compiled: Unsupported type "nonsense"$'):
         vllm_engine.generate(prompts[:1], nonsense)
+    with pytest.raises(ValueError, match="^structured output with min_tokens: .*; drop min_tokens$"):  # as the hf engine
+        vllm_engine.generate(prompts[:1], SamplingParams(max_tokens=8, min_tokens=2, structured_output=sampling.structured_output))
 
 
 def test_a_call_from_another_thread_decodes_as_one_from_the_engines_own(engines, prompts) -> None:

@@ -74,6 +74,8 @@ def test_config_explain_prints_a_keys_type_default_and_text(capsys: pytest.Captu
     assert "eval_tasksets[].rollout_args.temperature" in capsys.readouterr().out
     assert cli_main(["config", "explain", "synchronizer"]) == 0
     assert "    max_staleness  (int | null, default null)" in capsys.readouterr().out  # a section lists its keys
+    assert cli_main(["config", "explain", "model.lora_configs"]) == 0
+    assert "  keys (of each item):\n    name  (str" in capsys.readouterr().out  # a list of sections, its items' keys
     assert cli_main(["config", "explain", "algorithm.optimzer.lr"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rlcore: error: config explain: 'algorithm.optimzer.lr' is not a key of the schema; did you mean algorithm.optimizer.lr")

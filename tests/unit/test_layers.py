@@ -1,4 +1,4 @@
-"""The layer contracts (pyproject.toml [tool.importlinter], README "Layout") hold on the code, and
+"""The layer contracts (pyproject.toml [tool.importlinter], docs/contributing.md "Layout") hold on the code, and
 they have teeth: the same check fails once the ground floor imports the roof."""
 
 from __future__ import annotations

@@ -105,7 +105,9 @@ __all__ = [
 @dataclass
 class RLCoreConfig:
     project: str = "rlcore"
+    """The project: runs live in <checkpoint_root_dir>/<project>/<name>/ (monitors group runs by it too)."""
     name: str = "run"
+    """The run's name within the project; a second run needs a new one (rlcore refuses to overwrite a run)."""
     mode: str = choice("both", ("both", "colocate", "train", "explore", "bench"))
     """both: explore on rollout workers (separate processes, spawned or at explorer.rollout_model.
     endpoints) and train in turn; colocate: the engine lives in trainer rank 0's process; train: SFT
@@ -118,6 +120,7 @@ class RLCoreConfig:
     continue_from_checkpoint: bool = False
     """Resume from the latest checkpoint of this run (stages already finished are skipped)."""
     seed: int = 42
+    """Seeds the run's random draws (model init, shuffling, sampling): a run and its resume draw the same."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

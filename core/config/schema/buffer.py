@@ -51,10 +51,14 @@ class RolloutArgs:
     temperature: float = bounded(1.0, ge=0.0)
     """0 means greedy decoding."""
     top_p: float = bounded(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: draw from the likeliest tokens whose probabilities sum to this (1.0: all)."""
     top_k: int = bounded(-1, ge=-1)
     """-1 disables top-k."""
     min_p: float = bounded(0.0, ge=0.0, le=1.0)
+    """Drop tokens less likely than this times the likeliest token's probability (0: none)."""
     repetition_penalty: float = bounded(1.0, gt=0.0)
+    """Divides (or, for negative logits, multiplies) the logit of every token the prompt or response
+    holds already (1.0: off; as transformers' and vLLM's)."""
     max_tokens: int | None = bounded(None, gt=0)
     """Generation budget; null: model.max_response_tokens."""
     stop: list[str] = field(default_factory=list)
@@ -78,17 +82,22 @@ class JudgeConfig:
     template: str = JUDGE_TEMPLATE
     """The user message; {prompt}, {response} and {answer} are filled in ({{ and }} for braces)."""
     system_prompt: str | None = None
+    """A system message before the template's user message (null: none)."""
     parse: str = choice("score", ("score", "verdict"))
     """score: the last match of score_pattern, mapped from score_range onto [0, 1] and clipped;
     verdict: of the verdicts words, the one said last (whole words, any case), its value."""
     score_pattern: str = r"(-?\d+(?:\.\d+)?)"
     """A regular expression with at most one group (the number)."""
     score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
+    """parse score: the scale the judge scores on, [low, high], mapped onto [0, 1]."""
     verdicts: dict[str, float] = field(default_factory=lambda: {"correct": 1.0, "incorrect": 0.0})
+    """parse verdict: each verdict word and its reward."""
     unparsed_reward: float | None = None
     """The reward of a reply with no score or verdict; null: such a reply fails the batch, naming it."""
     max_tokens: int = bounded(256, ge=1)
+    """The judge's reply budget, in tokens."""
     temperature: float = bounded(0.0, ge=0.0)
+    """The judge's sampling temperature (0: greedy)."""
 
 
 @dataclass
@@ -125,6 +134,7 @@ class TasksetConfig:
     path: str = MISSING
     """Local jsonl/json/parquet file or folder, read through HF datasets."""
     split: str = "train"
+    """The dataset split to read (load_dataset's `split`)."""
     subset_name: str | None = None
     """The dataset's configuration (load_dataset's `name`) for a Hub id or a folder of data files."""
     format: FormatConfig = field(default_factory=FormatConfig)
@@ -144,6 +154,7 @@ class TasksetConfig:
     generator: str | None = None
     """Writes `path` when it is missing: a registered name (arithmetic) or 'pkg.mod:fn(path, **args)'."""
     generator_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the generator (arithmetic: part, num_tasks, max_operand, seed, ...)."""
     weight: float = bounded(1.0, gt=0.0)
     """Its share of each batch in a mixture (buffer.explorer_input.mixture), relative to the others'."""
     default_workflow_type: str = "single_turn"
@@ -164,6 +175,7 @@ class DifficultyFilterConfig:
     always solved (every response right: zero advantage) or never solved."""
 
     enable: bool = False
+    """Turn the filter on."""
     too_easy: float | None = bounded(1.0, ge=0.0, le=1.0)
     """A task whose recent pass rate is at least this is too easy (null: none is)."""
     too_hard: float | None = bounded(0.0, ge=0.0, le=1.0)
@@ -178,7 +190,7 @@ class DifficultyFilterConfig:
     """true: a step explores buffer.batch_size tasks, open ones walked in for those passed over;
     false: a step explores the open tasks among its batch_size turns of the epoch's order (at least
     one), so the rollouts a filtered task would have taken are not spent and a lock-step step trains
-    on fewer groups (a decoupled or asynchronous trainer still waits for its batch of groups)."""
+    on fewer groups (lock-step only: a decoupled or asynchronous trainer takes batches of groups)."""
 
 
 @dataclass
@@ -192,8 +204,11 @@ class CurriculumConfig:
     column: str | None = None
     """order column: the taskset's column that holds each task's difficulty (a number, smaller is easier)."""
     start_fraction: float = bounded(0.25, gt=0.0, le=1.0)
+    """The share of the tasks open at explore step 0."""
     ramp_steps: int = bounded(50, ge=1)
+    """Explore steps until every task is open (the share grows linearly)."""
     unseen_pass_rate: float = bounded(0.5, ge=0.0, le=1.0)
+    """order history: the pass rate a task not explored yet counts as."""
 
 
 @dataclass
@@ -231,11 +246,13 @@ class ReplayBufferConfig:
     before (buffer/replay.py)."""
 
     enable: bool = False
+    """Turn the replay buffer on."""
     priority_fn: str = "linear_decay"
     """fn(group, uses, **priority_fn_args) -> float, higher first: linear_decay (the generating
     policy version less `decay` (2.0) per use), reward_spread (the spread of the group's rewards less
     `decay` (1.0) per use), or an import path 'pkg.mod:fn'."""
     priority_fn_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of priority_fn (e.g. decay)."""
     reuse_cooldown_time: float | None = bounded(None, ge=0.0)
     """Seconds before a group taken by a step is ready again; null: it is not taken again (the
     replay buffer only orders the groups)."""

@@ -74,3 +74,4 @@ class ControlConfig:
 @dataclass
 class LogConfig:
     level: str = choice("INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    """The least severe log records printed (rlcore's loggers)."""

@@ -74,6 +74,7 @@ class DynamicTimeoutConfig:
     """A task's timeout follows the tasks seen so far (mode explore, and asynchronous `both`)."""
 
     enable: bool = False
+    """Turn the dynamic timeout on (otherwise explorer.max_timeout bounds every task)."""
     ratio: float = bounded(3.0, gt=1.0)
     """A task may take this many times the running mean of the finished tasks' seconds (at
     least 1 s, at most explorer.max_timeout); one that takes longer is cut and retried."""

@@ -23,11 +23,17 @@ class ScratchModelConfig:
     (Qwen3's attention, every MLP a mixture of `num_experts` experts of which each token takes
     `num_experts_per_tok`)."""
     hidden_size: int = bounded(128, gt=0)
+    """The model's width."""
     num_layers: int = bounded(4, gt=0)
+    """Decoder layers."""
     num_attention_heads: int = bounded(4, gt=0)
+    """Query heads per layer (hidden_size / heads: each head's width)."""
     num_key_value_heads: int = bounded(2, gt=0)
+    """Key/value heads per layer (grouped-query attention: a divisor of num_attention_heads)."""
     intermediate_size: int = bounded(384, gt=0)
+    """The MLP's inner width."""
     tie_word_embeddings: bool = False
+    """The output projection shares the input embeddings' weights."""
     tokenizer: str = "char"
     """char: single characters plus the answer tags (no chat template); bpe: a byte-level BPE of
     `vocab_size` tokens trained locally, with ChatML special tokens and a chat template that
@@ -101,10 +107,15 @@ class ExternalModelConfig:
     """`model.external_model`: one OpenAI-compatible service, known to workflows as 'external'."""
 
     enable: bool = False
+    """Make the service known to workflows (as 'external', and to the `judge` reward)."""
     model_name: str | None = None
+    """The `model` of its requests."""
     base_url: str | None = None
+    """e.g. http://host:8000/v1; or give base_url_env."""
     base_url_env: str | None = None
+    """Environment variable holding the base URL."""
     api_key_env: str | None = None
+    """Environment variable holding the API key (none: no key)."""
 
 
 @dataclass

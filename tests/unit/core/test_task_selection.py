@@ -218,6 +218,8 @@ def test_a_curriculum_column_without_numbers_is_named() -> None:
         (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.too_hard=0.6", "buffer.explorer_input.task_selection.difficulty_filter.too_easy=0.5"], r"too_hard \(0\.6\) must be below too_easy \(0\.5\)"),
         (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "algorithm.algorithm_type=sft", "mode=train"], r"task_selection chooses the tasks an RL stage explores; algorithm\.algorithm_type sft trains on the taskset's own responses"),
         (["buffer.explorer_input.task_selection.difficulty_filter.keep_probability=1.0"], r"keep_probability must be < 1"),
+        (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.refill=false", "mode=explore"], r"difficulty_filter\.refill false shrinks a lock-step step to its open tasks; .* keep refill true$"),
+        (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.refill=false", "synchronizer.asynchronous=true"], r"difficulty_filter\.refill false shrinks a lock-step step"),
         (["buffer.explorer_input.task_selection.curriculum.order=column", "buffer.explorer_input.task_selection.curriculum.column=answer"], r"curriculum\.column 'answer' is buffer\.explorer_input\.taskset's own"),
         (["buffer.explorer_input.task_selection.curriculum.order=hardest"], r"curriculum\.order must be one of none, history, column; got 'hardest'"),
     ],
