@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=None,
                         help="the RL stage's sampling temperature (default: the base recipe's)")
     parser.add_argument("--no-refill", action="store_true",
-                        help="difficulty_filter.refill false: a filtered step explores only its open tasks (smaller steps)")
+                        help="difficulty_filter.refill false: a filtered step explores only its open tasks (smaller steps; lock-step only)")
     parser.add_argument("--sft-checkpoint", default=None, help="an SFT export to start from (default: run the base's SFT stage)")
     parser.add_argument("--sft-steps", type=positive_int, default=None, help="SFT steps (default: the base's)")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds per launch")
@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.exists(args.base):
         parser.error(f"--base {args.base}: not found (run from a checkout of rlcore, or pass the path)")
     args.modes = comma_names(parser, "--modes", args.modes, MODES)
+    if args.no_refill and "decoupled" in args.modes:
+        parser.error("--no-refill shrinks lock-step steps only (difficulty_filter.refill); give --modes lockstep")
     if args.tasks % 2 or args.tasks < 2 * args.batch_size:
         parser.error(f"--tasks {args.tasks}: an even number, at least twice --batch-size ({args.batch_size})")
     rl = rl_stage(read_recipe(args.base), args.base)
