@@ -55,7 +55,8 @@ PROJECT = "bench_algorithms"
 MODES = ("lockstep", "decoupled")
 VARIANTS = ("no_filter", "filter")
 EASY_WORDS = {"no_carry": "without a carry (which the SFT warm-up mostly gets right)",
-              "one_digit": "one-digit sums without a carry (which the SFT warm-up all but always gets right)"}  # fmt: skip
+              "one_digit": "one-digit sums without a carry (which the SFT warm-up all but always gets right)",
+              "solved": "without a carry and rewarded as solved whatever the response (solved_or_answer)"}  # fmt: skip
 GAIN_SHARE = 0.9
 """The target: this share of the unfiltered run's gain over the SFT checkpoint."""
 
@@ -66,11 +67,23 @@ def carries(prompt: str) -> bool:
     return int(a) % 10 + int(b) % 10 >= 10
 
 
+def solved_or_answer(response: str, task: Any) -> float:
+    """`--easy solved`'s reward: a task of the solved half (its row's `solved` column) pays 1.1 for
+    any response, as a task the policy always solves does (its group has zero advantage); the others
+    the quickstart's exact_match + 0.1 x format."""
+    from rlcore.rollout.rewards.answer import exact_match, format_reward
+
+    if task.metadata.get("solved"):
+        return 1.1
+    return exact_match(response, task) + 0.1 * format_reward(response, task)
+
+
 def easy(prompt: str, kind: str) -> bool:
     """Whether 'a+b=' is of the easy half: `no_carry` (no carry from the ones column) or
-    `one_digit` (that, with both numbers below 10: the SFT warm-up's samples all but always solve it)."""
+    `one_digit` (that, with both numbers below 10: the SFT warm-up's samples all but always solve it);
+    `solved` is `no_carry`, its rows marked solved (solved_or_answer)."""
     a, b = (int(x) for x in prompt.rstrip("=").split("+"))
-    return not carries(prompt) and (kind == "no_carry" or (a < 10 and b < 10))
+    return not carries(prompt) and (kind in ("no_carry", "solved") or (a < 10 and b < 10))
 
 
 def write_tasks(workdir: str, tasks: int, heldout: int, easy_kind: str = "no_carry") -> tuple[str, str]:
@@ -90,6 +103,8 @@ def write_tasks(workdir: str, tasks: int, heldout: int, easy_kind: str = "no_car
     hard = [r for r in parts["train"] if carries(r["prompt"])]
     if tasks // 2 > min(len(solved), len(hard)):
         raise SystemExit(f"rlcore bench curriculum: --tasks {tasks} needs more {easy_kind} problems than the 2000 training ones give ({len(solved)})")
+    if easy_kind == "solved":
+        solved = [{**r, "solved": True} for r in solved]
     train = [row for pair in zip(solved[: tasks // 2], hard[: tasks // 2], strict=True) for row in pair]
     held = [r for r in parts["test"] if carries(r["prompt"])][:heldout]
     paths = os.path.join(workdir, "half_solved.jsonl"), os.path.join(workdir, "carry_heldout.jsonl")
@@ -106,6 +121,8 @@ def rl_config(args: argparse.Namespace, workdir: str, checkpoint: str, tasks: tu
     stage = rl_stage(recipe, args.base)
     base_ts = recipe["buffer"]["explorer_input"]["taskset"]
     taskset = {**base_ts, "name": "half_solved", "path": tasks[0], "generator": None, "generator_args": {}}
+    if args.easy == "solved":  # the easy half always solved, by its reward
+        taskset.update(reward_fn=["rlcore.benchmarks.curriculum:solved_or_answer"], reward_weights=[1.0])
     if args.temperature is not None:
         taskset["rollout_args"] = {**(base_ts.get("rollout_args") or {}), "temperature": args.temperature}
     heldout = {"name": "carry", "path": tasks[1], "rollout_args": {"temperature": 0.0, "max_tokens": 8}}
@@ -157,21 +174,22 @@ def launch_run(path: str, tag: str, mode: str, workdir: str, timeout_s: float) -
 
 def summarise(run_dir: str, batch_size: int, repeat_times: int) -> dict[str, Any]:
     """One run's curve [step, rollouts explored, held-out accuracy] and the tasks its filter skipped.
-    Rollouts explored by an evaluation: its step's and the earlier steps' (lock-step), or the
-    explore steps logged before it (decoupled); a step explores its tasks drawn (tasks/drawn,
-    batch_size without the filter) x repeat_times."""
+    Rollouts explored by an evaluation: lock-step, its step's and the earlier steps' (each its tasks
+    drawn, tasks/drawn, or batch_size without the filter, x repeat_times); decoupled, the groups the
+    trainer took by then (step x batch_size x repeat_times: each explored group is trained on, and
+    the explorer's lead at that moment is timing, not cost)."""
     rows = read_metrics(run_dir)
     key = accuracy_key(rows)
     evals = [r for r in rows if key in r]
     explorer = os.path.join(run_dir, "explorer")
     decoupled = os.path.isfile(os.path.join(explorer, "metrics.jsonl"))
     explored = read_metrics(explorer) if decoupled else rows
-    steps = [r for r in explored if "rollout/effective_groups" in r]
-    spent = [(r["time"] if decoupled else r["step"], r.get("tasks/drawn", batch_size) * repeat_times) for r in steps]
+    spent = [(r["step"], r.get("tasks/drawn", batch_size) * repeat_times) for r in explored if "rollout/effective_groups" in r]
 
     def by(r: dict[str, Any]) -> float:
-        at = r["time"] if decoupled else r["step"]
-        return sum(n for when, n in spent if when <= at)
+        if decoupled:
+            return r["step"] * batch_size * repeat_times
+        return sum(n for step, n in spent if step <= r["step"])
 
     return {
         "eval": key,
@@ -261,7 +279,10 @@ def plot(result: dict[str, Any], path: str) -> None:
         ax.set_xlabel("rollouts explored")
         ax.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel("held-out accuracy (carry problems), %")
-    fig.suptitle("difficulty filtering on a taskset whose no-carry half the model solves")
+    easy = result["config"].get("easy", "no_carry")
+    half = {"one_digit": "one-digit half", "solved": "always-solved half"}.get(easy, "no-carry half")
+    refill = "" if not result["config"].get("no_refill") else ", refill false"
+    fig.suptitle(f"difficulty filtering on a taskset with a {half} (too_easy {result['config']['too_easy']:g}{refill})")
     save_figure(fig, path)
 
 
@@ -273,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="lockstep,decoupled", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--seeds", type=int_list, default=[42, 43], help="comma-separated seeds of the RL stages")
     parser.add_argument("--tasks", type=positive_int, default=32, help="training tasks (half without a carry)")
-    parser.add_argument("--easy", choices=("no_carry", "one_digit"), default="no_carry",
-                        help="the easy half: sums without a carry, or only those of two one-digit numbers")
+    parser.add_argument("--easy", choices=("no_carry", "one_digit", "solved"), default="no_carry",
+                        help="the easy half: sums without a carry, only those of two one-digit numbers, or sums without "
+                        "a carry rewarded as solved whatever the response (a half the policy always solves)")
     parser.add_argument("--heldout", type=positive_int, default=100, help="held-out problems with a carry")
     parser.add_argument("--steps", type=positive_int, default=40, help="RL steps per run")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="tasks per RL step")

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import json
 
-from rlcore.benchmarks.curriculum import GAIN_SHARE, carries, compare, rollouts_to, write_tasks
+from rlcore.benchmarks.curriculum import (
+    GAIN_SHARE,
+    carries,
+    compare,
+    rollouts_to,
+    solved_or_answer,
+    write_tasks,
+)
+from rlcore.core.types import Task
 
 
 def test_a_carry_is_a_ones_column_sum_of_ten_or_more() -> None:
@@ -30,3 +38,16 @@ def test_the_saving_is_the_ratio_of_rollouts_to_the_unfiltered_runs_target() -> 
     assert c["rollouts"] == {"no_filter": 1536, "filter": 512} and c["saving"] == 3.0
     assert rollouts_to(kept["curve"], 0.9) is None
     assert compare({"no_filter": plain, "filter": {**kept, "curve": [[0, 0, 0.2]]}})["saving"] is None
+
+
+def test_the_solved_half_is_marked_and_paid_whatever_the_response(tmp_path) -> None:
+    """--easy solved: the no-carry rows carry `solved`, and its reward pays them 1.1 for anything
+    (a group of equal rewards, as a task the policy always solves), the carry rows the quickstart's."""
+    train, _ = write_tasks(str(tmp_path), 10, 6, "solved")
+    rows = [json.loads(line) for line in open(train)]
+    assert [r.get("solved", False) for r in rows] == [True, False] * 5
+    solved = Task(task_id="t-0", prompt=rows[0]["prompt"], answer=rows[0]["answer"], metadata={"solved": True})
+    carry = Task(task_id="t-1", prompt=rows[1]["prompt"], answer=rows[1]["answer"])
+    assert solved_or_answer("nonsense", solved) == solved_or_answer(f"<answer>{rows[0]['answer']}</answer>", solved) == 1.1
+    assert solved_or_answer(f"<answer>{rows[1]['answer']}</answer>", carry) == 1.1
+    assert solved_or_answer("<answer>0</answer>", carry) == 0.1 and solved_or_answer("0", carry) == 0.0
