@@ -4,6 +4,7 @@ order, each refused in one line naming the key and the fix (core/data/task_selec
 from __future__ import annotations
 
 from .errors import ConfigError
+from .plan import source_of
 from .schema import RLCoreConfig
 
 KEY = "buffer.explorer_input.task_selection"
@@ -35,8 +36,7 @@ def check_task_selection(cfg: RLCoreConfig, data: str) -> None:
             f"{KEY}.difficulty_filter.too_hard ({f.too_hard}) must be below too_easy ({f.too_easy}): a pass rate "
             "between them is a task worth exploring"
         )
-    lockstep = cfg.mode in ("both", "colocate") and not cfg.synchronizer.asynchronous
-    if f.enable and not f.refill and not lockstep:
+    if f.enable and not f.refill and data == "rollouts" and source_of(cfg, "rollouts") not in ("rollouts", "evaluation"):
         raise ConfigError(
             f"{KEY}.difficulty_filter.refill false shrinks a lock-step step to its open tasks; this run's "
             "trainer takes batches of buffer.batch_size groups from the buffer (mode explore/train, or "
