@@ -307,8 +307,8 @@ class BatchingEngine:
                     return
                 first, calls, prompts = self._queue[0], [], 0
                 for c in self._queue:
-                    if c is not first and (c.sampling != first.sampling or first.sampling.structured_output is not None):
-                        continue  # a structured call joins alone: its grammar's failure is its own
+                    if c is not first and not _joins(first.sampling, c):
+                        continue
                     if batch.admits(prompts + len(c.prompts), c.sampling):
                         calls.append(c)
                         prompts += len(c.prompts)
@@ -348,10 +348,15 @@ class BatchingEngine:
         grammar's failure is its own), out of the queue."""
         with self._cond:
             batch = [c for c in self._queue if c.sampling == sampling]
-            if sampling.structured_output is not None:
-                batch = batch[:1]
+            batch = batch[:1] + [c for c in batch[1:] if _joins(sampling, c)]
             self._queue = [c for c in self._queue if c not in batch]
         return batch
+
+
+def _joins(sampling: SamplingParams, call: _Call) -> bool:
+    """Whether `call` may share one engine request with a call under `sampling`: the same sampling,
+    and no structured output (a grammar's failure is its own call's)."""
+    return call.sampling == sampling and sampling.structured_output is None
 
 
 def _fanned(calls: list[_Call]) -> TokensOut | None:
