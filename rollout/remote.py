@@ -13,6 +13,7 @@ from ..client.rollout import RolloutClient
 from ..core.config.schema import RLCoreConfig
 from ..core.step_metrics import rollout_report
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
+from ..proto.v1 import rollout_pb2
 
 log = logging.getLogger("rlcore.explorer")
 
@@ -24,8 +25,25 @@ of the run's token, which took the dead worker's port (seen when tests run side 
 worker's joining, a refused token is the run's own error and fails it."""
 
 
+LIVENESS_S = 10.0
+"""Longest a worker that failed a call may take to answer GetInfo and so be found there."""
+
+
 class NoWorkerAnswers(RuntimeError):
     """Every rollout worker of a batch stopped answering (the launch may be restarting them)."""
+
+
+class WorkersPaused(RuntimeError):
+    """Rollout workers refused a batch because they are paused, yet answer: a weight update holds
+    them (one still running, or one whose sender died part way: they stay paused until the next
+    version reaches them). They are kept; the batch is to be run again once they hold newer weights."""
+
+    def __init__(self, addresses: list[str], version: int):
+        self.addresses, self.version = addresses, version
+        super().__init__(
+            f"rollout worker(s) {', '.join(addresses)} are paused by a weight update (serving policy version "
+            f"{version})"
+        )
 
 
 class RemoteRollout:
@@ -69,7 +87,8 @@ class RemoteRollout:
         """Contiguous, balanced shares, one per worker. Engines seed each prompt by itself, so the
         batch samples what one worker would; a worker that stops answering is dropped (`lost`)
         and its share runs on a worker still answering: the batch comes out as if nothing had
-        happened."""
+        happened. Workers that answer but are paused (a weight update holds them) raise
+        WorkersPaused once the others finished, and stay."""
         n = len(self.clients)
         if n == 0:
             raise NoWorkerAnswers(
@@ -88,15 +107,21 @@ class RemoteRollout:
 
         todo = [(i, self.clients[i]) for i in range(n)]
         while todo:
-            failed = []
+            failed, paused = [], {}
             for (i, client), future in [(t, self._pool.submit(share, *t)) for t in todo]:
                 try:
                     future.result()
                 except RpcError as e:
                     if e.code.name not in LOST:
                         raise  # the worker answered: bad input, a failing reward
+                    info = liveness(client) if e.code.name == "UNAVAILABLE" else None
+                    if info is not None and info.paused:
+                        paused[client.address] = info.policy_version
+                        continue
                     self.drop(client, e)
                     failed.append(i)
+            if paused:
+                raise WorkersPaused(sorted(paused), min(paused.values()))
             if failed and not self.clients:
                 raise NoWorkerAnswers(f"no rollout worker answers: {', '.join(self.lost)} stopped")
             todo = [(i, self.clients[k % len(self.clients)]) for k, i in enumerate(failed)]
@@ -151,3 +176,11 @@ class RemoteRollout:
         self._pool.shutdown(wait=False)
         for c in self.clients:
             c.close()
+
+
+def liveness(client: RolloutClient) -> rollout_pb2.GetInfoResponse | None:
+    """The worker's GetInfo, or None when it does not answer (it is gone)."""
+    try:
+        return client.get_info(timeout=LIVENESS_S)
+    except RpcError:
+        return None

@@ -34,7 +34,7 @@ from ..client.base import RpcError
 from ..client.rollout import RolloutClient
 from ..core.config.schema import RLCoreConfig
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec
-from .remote import LOST, RemoteRollout
+from .remote import LOST, RemoteRollout, liveness
 
 log = logging.getLogger("rlcore.explorer")
 
@@ -45,8 +45,6 @@ MIN_DYNAMIC_TIMEOUT_S = 1.0
 """The dynamic timeout never cuts a task sooner (sub-second deadlines would cut on jitter alone)."""
 WINDOW = 64
 """Finished tasks the dynamic timeout's running mean is over."""
-LIVENESS_S = 10.0
-"""How long a worker whose task failed has to answer GetInfo to count as still there."""
 
 
 _ORDER = itertools.count()
@@ -202,7 +200,7 @@ class TaskScheduler:
         code = error.code.name
         if code == "INVALID_ARGUMENT":  # the worker refused the task itself: retrying cannot help
             raise error
-        if code in LOST and not self._answers(client):
+        if code in LOST and liveness(client) is None:
             self.rollout.drop(client, error)
             self._send(unit)  # on another worker, not counted as a retry
             return
@@ -239,11 +237,3 @@ class TaskScheduler:
     def _release(self, client: RolloutClient) -> None:
         with self._cond:
             self._busy[client.address] -= 1
-
-    @staticmethod
-    def _answers(client: RolloutClient) -> bool:
-        try:
-            client.get_info(timeout=LIVENESS_S)
-            return True
-        except RpcError:
-            return False

@@ -36,7 +36,7 @@ from ..core.step_metrics import rollout_metrics
 from ..core.types import Experience
 from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.pool import WorkerPool
-from ..rollout.remote import NoWorkerAnswers
+from ..rollout.remote import NoWorkerAnswers, WorkersPaused
 from ..rollout.scheduler import TaskScheduler
 from ..weights.follower import WeightsFollower
 from ..weights.schedule import SyncSchedule
@@ -170,6 +170,10 @@ class ExploreLoop:
             exps, explored = self._explore()
             if self.stage.plan.passes.refill:  # dynamic sampling: the groups that teach nothing stay out of the buffer
                 exps = self._refill(exps, explored)
+        except WorkersPaused as e:
+            if not self._wait_for_unpause(e):
+                return None
+            return self._step(buffer)  # the step again, on workers that hold newer weights
         except NoWorkerAnswers:
             if not self._wait_for_restarts():
                 raise
@@ -253,6 +257,16 @@ class ExploreLoop:
             return False
         self._follow_workers()
         return bool(self.workers.clients)
+
+    def _wait_for_unpause(self, paused: WorkersPaused) -> bool:
+        """The workers answer but a weight update holds them paused: one running now, or one whose
+        sender died part way (a trainer killed mid-push), which holds them until its next update.
+        Wait for that (watching the trainer meanwhile, as any wait for weights does); False when
+        the run stopped first."""
+        log.warning("explore step %d: %s; waiting for it to end, then exploring the step again", self.explore_step, paused)
+        wait_s = self.cfg.buffer.trainer_input.experience_buffer.max_wait_s
+        what = f"explore step {self.explore_step} of {self.stage.name}"
+        return self.weights.await_unpaused(wait_s, what, self.stop, self._waiting)
 
     def _waiting(self) -> bool:
         """While waiting for weights: True (stop) when the run asks to stop (a Ctrl-C of this launch

@@ -114,6 +114,35 @@ class WeightsFollower:
             log.info("the rollout workers hold version %d (%s)", version, path)
         return metrics
 
+    def await_unpaused(self, wait_s: float, what: str, stop: threading.Event, check: Callable[[], bool]) -> bool:
+        """Wait until no worker is paused (a weight update held them: one running, or one whose
+        sender died part way, which the next version's update ends); False when `stop` is set or
+        `check()` says the run stops first. What they hold then is not known (a resumed trainer
+        pushes its checkpoint's weights again, older than those they held): the next `follow`
+        takes the newest as new."""
+        deadline, checked = time.monotonic() + wait_s, -CHECK_S
+        while True:
+            try:
+                paused = [c.address for c in self.clients if c.get_info(timeout=10.0).paused]
+            except RpcError:  # a worker went: the step's failover leaves it out
+                paused = []
+            if not paused:
+                self.version = -1
+                return True
+            if time.monotonic() - checked >= CHECK_S:
+                checked = time.monotonic()
+                if check():
+                    return False
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{what}: rollout worker(s) {', '.join(paused)} stayed paused for {wait_s:g} s "
+                    "(buffer.trainer_input.experience_buffer.max_wait_s): a weight update that did not finish "
+                    "holds them until the next version reaches them; is the mode-train launch of this run "
+                    "running? (a Resume call reopens them by hand)"
+                )
+            if stop.wait(POLL_S):
+                return False
+
     def load(self, path: str, again: bool = False) -> dict[str, float]:
         """Have the workers load the published folder `path`; `again`: after some took its number
         (a load that failed part way), under a newer one."""

@@ -14,6 +14,8 @@ import time
 import pytest
 import yaml
 
+from rlcore.client import ClientOptions, RolloutClient
+from rlcore.weights.publish import registered_receivers
 from tests.integration.launch_utils import REPO, read_metrics, tiny_grpo_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -178,11 +180,15 @@ def test_a_trainer_killed_and_resumed_trains_every_experience_once(tmp_path) -> 
     """With the weights pushed over a group (synchronizer.sync_method nccl): the first version is a
     folder the explore launch's workers start from, later ones go over a gloo group to the workers
     the explorer registered; the resumed trainer's first version is a folder again, which the
-    explorer loads as the newest, then pushes resume. The staleness rule holds as with folders."""
+    explorer loads as the newest, then pushes resume. The staleness rule holds as with folders.
+    The kill comes with the workers paused, as a push it cuts leaves them: an explorer that then
+    explores finds them paused but answering, and waits for newer weights, watching the trainer
+    (it once took them for dead and waited minutes for a restart, blind to the trainer)."""
     import re
 
     steps = 8
     path, run_dir, trainer, explorer = _past_the_step_2_checkpoint(tmp_path, steps, **{"synchronizer.sync_method": "nccl"})
+    _pause_the_workers(run_dir)  # as a push the kill cuts leaves them: paused until the next version
     trainer.kill()  # the launcher only: its trainer world dies with it
     before = trainer.communicate()[0]
     # the trainer starts again once the explorer saw it gone (a restart may take less than a second)
@@ -242,6 +248,19 @@ def _past_the_step_2_checkpoint(
         assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[0][-3000:]
         time.sleep(0.2)
     return path, run_dir, trainer, explorer
+
+
+def _pause_the_workers(run_dir: str) -> None:
+    """Pause the explore launch's rollout workers (those it registered for the trainer's pushes)."""
+    folder = os.path.join(run_dir, "published")
+    deadline = time.monotonic() + 60
+    while not (registered := registered_receivers(folder))[0]:
+        assert time.monotonic() < deadline, f"the explorer registered no workers in {folder}: {os.listdir(folder)}"
+        time.sleep(0.2)
+    workers, _, token = registered
+    for address in workers:
+        with RolloutClient(address, ClientOptions(token=token)) as client:
+            client.pause()
 
 
 def _each_group_trained_once(run_dir: str, train: list[dict], steps: int) -> None:

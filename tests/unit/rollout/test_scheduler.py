@@ -18,7 +18,7 @@ from rlcore.core.rpc.server import RpcServer, ServerOptions
 from rlcore.core.types import SamplingParams, Task, WorkflowSpec
 from rlcore.rollout.batching import BatchingEngine
 from rlcore.rollout.engines.hf import HFEngine
-from rlcore.rollout.remote import RemoteRollout
+from rlcore.rollout.remote import RemoteRollout, WorkersPaused
 from rlcore.rollout.scheduler import MIN_DYNAMIC_TIMEOUT_S, TaskScheduler
 from rlcore.rollout.server import build_rollout_server
 
@@ -200,3 +200,28 @@ def test_a_batch_with_every_worker_gone_names_them(server: RpcServer, monkeypatc
     rollout.lost.append(server.address)
     with pytest.raises(RuntimeError, match=rf"^no rollout worker answers: {server.address} stopped$"):
         rollout.run([Task("t", "1+1=")], SamplingParams(max_tokens=2), WorkflowSpec(["exact_match"]), timeout=10)
+
+
+def test_a_paused_worker_is_kept_and_named_not_dropped(server: RpcServer, monkeypatch) -> None:
+    """A worker that refuses a batch because it is paused (a weight update holds it: one whose sender
+    died part way holds it until the next version) but answers GetInfo is alive: the batch raises
+    WorkersPaused naming it and the version it serves, and the worker stays, where it was once
+    dropped as gone (the explorer then waited minutes for a restart that never came)."""
+    monkeypatch.setenv("RLCORE_TOKEN", TOKEN)
+    cfg = RLCoreConfig()
+    cfg.model.max_model_len = 256
+    cfg.control.retry_attempts = 2
+    rollout = RemoteRollout(cfg, [server.address])
+    client = RolloutClient(server.address, ClientOptions(token=TOKEN))
+    version = client.pause()
+    spec, tasks = WorkflowSpec(["exact_match"], max_prompt_tokens=64), _tasks(range(2))
+    try:
+        with pytest.raises(WorkersPaused) as paused:
+            rollout.run(tasks, SamplingParams(max_tokens=2, seed=1), spec, timeout=30)
+    finally:
+        client.resume()
+    assert paused.value.addresses == [server.address] and paused.value.version == version
+    assert [c.address for c in rollout.clients] == [server.address] and rollout.lost == []
+    assert len(rollout.run(tasks, SamplingParams(max_tokens=2, seed=1), spec, timeout=30)) == 2
+    rollout.close()
+    client.close()
