@@ -175,9 +175,9 @@ def launch_run(path: str, tag: str, mode: str, workdir: str, timeout_s: float) -
 def summarise(run_dir: str, batch_size: int, repeat_times: int) -> dict[str, Any]:
     """One run's curve [step, rollouts explored, held-out accuracy] and the tasks its filter skipped.
     Rollouts explored by an evaluation: lock-step, its step's and the earlier steps' (each its tasks
-    drawn, tasks/drawn, or batch_size without the filter, x repeat_times); decoupled, the groups the
-    trainer took by then (step x batch_size x repeat_times: each explored group is trained on, and
-    the explorer's lead at that moment is timing, not cost)."""
+    drawn, tasks/drawn, or batch_size without the filter, x repeat_times); decoupled, the rollouts the
+    trainer took by then (its steps' buffer/experiences: each explored group is trained on, and the
+    explorer's lead at that moment is timing, not cost; the places of skipped tasks hold none)."""
     rows = read_metrics(run_dir)
     key = accuracy_key(rows)
     evals = [r for r in rows if key in r]
@@ -186,10 +186,10 @@ def summarise(run_dir: str, batch_size: int, repeat_times: int) -> dict[str, Any
     explored = read_metrics(explorer) if decoupled else rows
     spent = [(r["step"], r.get("tasks/drawn", batch_size) * repeat_times) for r in explored if "rollout/effective_groups" in r]
 
+    trained = [(r["step"], r["buffer/experiences"]) for r in rows if "buffer/experiences" in r]
+
     def by(r: dict[str, Any]) -> float:
-        if decoupled:
-            return r["step"] * batch_size * repeat_times
-        return sum(n for step, n in spent if step <= r["step"])
+        return sum(n for step, n in (trained if decoupled else spent) if step <= r["step"])
 
     return {
         "eval": key,
@@ -307,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=None,
                         help="the RL stage's sampling temperature (default: the base recipe's)")
     parser.add_argument("--no-refill", action="store_true",
-                        help="difficulty_filter.refill false: a filtered step explores only its open tasks (smaller steps; lock-step only)")
+                        help="difficulty_filter.refill false: a filtered step explores only its open tasks (smaller steps; "
+                             "decoupled: the explorer puts a place for each skipped task, which the trainer drops)")
     parser.add_argument("--sft-checkpoint", default=None, help="an SFT export to start from (default: run the base's SFT stage)")
     parser.add_argument("--sft-steps", type=positive_int, default=None, help="SFT steps (default: the base's)")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds per launch")
@@ -317,8 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.exists(args.base):
         parser.error(f"--base {args.base}: not found (run from a checkout of rlcore, or pass the path)")
     args.modes = comma_names(parser, "--modes", args.modes, MODES)
-    if args.no_refill and "decoupled" in args.modes:
-        parser.error("--no-refill shrinks lock-step steps only (difficulty_filter.refill); give --modes lockstep")
     if args.tasks % 2 or args.tasks < 2 * args.batch_size:
         parser.error(f"--tasks {args.tasks}: an even number, at least twice --batch-size ({args.batch_size})")
     rl = rl_stage(read_recipe(args.base), args.base)

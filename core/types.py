@@ -161,7 +161,8 @@ class Experience:
     """The trainer step whose weights generated this experience."""
     finish_reason: str = "stop"
     """"stop" (EOS, a stop string, or the environment ended the episode), "length" (a token limit:
-    max_tokens, the model length or an episode's token budget) or "max_turns" (the turn limit)."""
+    max_tokens, the model length or an episode's token budget), "max_turns" (the turn limit), or
+    SKIPPED (no rollout: the place of a task the difficulty filter skipped, `skipped_task`)."""
     response_text: str = ""
     reward_components: dict[str, float] = field(default_factory=dict)
     """Each reward function's unweighted score."""
@@ -205,6 +206,23 @@ class Experience:
         e = cls(**d)
         e.segments = [(int(v), int(n)) for v, n in e.segments]  # JSON gives lists
         return e
+
+
+SKIPPED = "skipped"
+"""The finish_reason of a skipped task's place in a buffer (`skipped_task`)."""
+
+
+def skipped_task(task_id: str, policy_version: int) -> list[Experience]:
+    """The group that stands in a buffer for a task the difficulty filter skipped without refill
+    (task_selection.difficulty_filter.refill false): no rollout, no tokens. It keeps an explore
+    step's batch_size places, so a trainer that takes batch_size groups a step steps on one explore
+    step's open tasks, as a lock-step step does; the trainer drops it (`is_skipped`)."""
+    return [Experience([], [], [], 0.0, task_id, policy_version=policy_version, finish_reason=SKIPPED)]
+
+
+def is_skipped(group: list[Experience]) -> bool:
+    """Whether `group` is a skipped task's place (`skipped_task`), not rollouts."""
+    return len(group) == 1 and group[0].finish_reason == SKIPPED and not group[0].response_token_ids
 
 
 def by_episode(exps: list[Experience]) -> list[list[Experience]]:

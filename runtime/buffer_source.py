@@ -4,7 +4,9 @@ own explorer thread fills (plan.source explorer_thread, asynchronous both).
 
 A step takes buffer.batch_size groups at the step's position (explore_step, which checkpoints keep:
 a resumed trainer gets the same groups for the steps it retrains), each experience tagged by its
-explorer with the version of the weights that generated it.
+explorer with the version of the weights that generated it. The places an explorer puts for the
+tasks its difficulty filter skipped (refill false: core/types.skipped_task) count toward the batch
+and are dropped: the step trains on one explore step's open tasks.
 
 The in-memory buffer of an asynchronous run ends with its process, so each checkpoint keeps
 `state_dict()` beside it: the groups not taken yet and the explorer's position after the last step
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.config import Stage
-from ..core.types import Experience
+from ..core.types import Experience, is_skipped
 from ..weights.schedule import SyncSchedule
 from .paths import EXPLORER_DIR, published_dir
 
@@ -131,12 +133,15 @@ class BufferSource:
         taken = self._take(explore_step, eb.max_wait_s)
         self.exhausted = taken.exhausted
         self.next_step = self.buffer.stats().steps_taken if taken.exhausted else explore_step + 1
-        exps = [e for g in taken.groups for e in g]
+        groups = [g for g in taken.groups if not is_skipped(g)]  # the places of tasks the filter skipped
+        exps = [e for g in groups for e in g]
         metrics = {
             "perf/buffer_wait_s": time.perf_counter() - start,
-            "buffer/groups": float(len(taken.groups)),
+            "buffer/groups": float(len(groups)),
             "buffer/experiences": float(len(exps)),
         }
+        if len(groups) < len(taken.groups):
+            metrics["buffer/skipped_places"] = float(len(taken.groups) - len(groups))
         if taken.exhausted:
             log.info(
                 "the explorers finished: the buffer's last %d group(s) at step %d", len(taken.groups), step
@@ -146,9 +151,7 @@ class BufferSource:
             enforce=self.cfg.algorithm.sample_strategy == "staleness_control",
         )  # fmt: skip
         if self.keys is not None:  # replay: groups trained on before
-            keys = [
-                (g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in taken.groups
-            ]
+            keys = [(g[0].group_id, g[0].policy_version, tuple(g[0].response_token_ids)) for g in groups]
             metrics["buffer/groups_reused"] = float(sum(k in self.keys for k in keys))
             self.keys.update(keys)
         return exps, metrics

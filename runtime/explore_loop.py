@@ -33,7 +33,7 @@ from ..core.algorithms.dpo import best_and_worst
 from ..core.config import Stage
 from ..core.data.taskset import task_stream
 from ..core.step_metrics import rollout_metrics
-from ..core.types import Experience
+from ..core.types import Experience, skipped_task
 from ..rollout.explorer import Explorer, rollout_seed
 from ..rollout.pool import WorkerPool
 from ..rollout.remote import NoWorkerAnswers, WorkersPaused
@@ -104,6 +104,8 @@ class ExploreLoop:
         self.resumes = start_step is None and cfg.continue_from_checkpoint
         self.dropped = 0
         """Tasks the scheduler left out so far."""
+        self.drawn = 0
+        """Tasks the last explore step drew."""
         self.stop = threading.Event()
         self.lock = lock or threading.Lock()
         if resume_from is not None:
@@ -187,8 +189,9 @@ class ExploreLoop:
             pairs = [p for p in map(best_and_worst, groups) if p is not None]
             metrics["buffer/groups_tied"] = float(len(groups) - len(pairs))
             groups = pairs
+        places = self._skipped_places()
         running = self.scheduler.running_tasks() if self.scheduler is not None else None
-        self.position.record(buffer, groups, running, self.weights.version, self.lock)
+        self.position.record(buffer, groups + places, running, self.weights.version, self.lock)
         if not groups:
             log.warning("explore step %d: every task was left out (or tied); nothing put", self.explore_step - 1)
         if exps:
@@ -197,8 +200,24 @@ class ExploreLoop:
         metrics["rollout/policy_version"] = float(self.weights.version)
         metrics["buffer/groups_put"] = float(len(groups))
         metrics["buffer/experiences_put"] = float(sum(len(g) for g in groups))
+        if places:
+            metrics["buffer/skipped_places_put"] = float(len(places))
         metrics["perf/step_time_s"] = time.perf_counter() - start
         return metrics
+
+    def _skipped_places(self) -> list[list[Experience]]:
+        """Without refill (task_selection.difficulty_filter.refill false), a place in the buffer for
+        each task the filter skipped this step, so that the step fills batch_size places and the
+        trainer's step, which takes batch_size of them, trains on this step's open tasks only, as a
+        lock-step step does (core/types.skipped_task); none otherwise."""
+        selection = self.stream.selection
+        if selection is None or selection.cfg.difficulty_filter.refill or not selection.cfg.difficulty_filter.enable:
+            return []
+        stage = self.stage.name
+        return [
+            skipped_task(f"{stage}:skipped:{self.explore_step}:{k}", self.weights.version)
+            for k in range(max(0, self.cfg.buffer.batch_size - self.drawn))
+        ]
 
     def _where(self) -> tuple[str, int, int, int]:
         """(stage, explore step, total steps, policy version held), for the run's controller."""
@@ -279,6 +298,7 @@ class ExploreLoop:
         """The step's experiences (with the task scheduler: every task finished since the last
         step, whichever step sent it) and the scheduler's metrics."""
         tasks, self.position.resend = self.position.resend + self.stream.batch(self.explore_step), []
+        self.drawn = len(tasks)
         seed = rollout_seed(self.cfg.seed, self.explore_step)
         if self.scheduler is not None:
             self.scheduler.submit(self.explorer.plan(tasks, seed), self.weights.version)

@@ -37,11 +37,7 @@ def check_task_selection(cfg: RLCoreConfig, data: str) -> None:
             "between them is a task worth exploring"
         )
     if f.enable and not f.refill and data == "rollouts" and source_of(cfg, "rollouts") not in ("rollouts", "evaluation"):
-        raise ConfigError(
-            f"{KEY}.difficulty_filter.refill false shrinks a lock-step step to its open tasks; this run's "
-            "trainer takes batches of buffer.batch_size groups from the buffer (mode explore/train, or "
-            "asynchronous both), which smaller explore steps only fill later: keep refill true"
-        )
+        _check_places_fill_steps(cfg)
     if (f.enable or c.order != "none") and data != "rollouts":
         raise ConfigError(
             f"{KEY} chooses the tasks an RL stage explores; algorithm.algorithm_type "
@@ -62,3 +58,24 @@ def _check_column_is_free(cfg: RLCoreConfig, column: str) -> None:
                 f"{KEY}.curriculum.column '{column}' is {key}'s own (its format names it for the prompt, answer, "
                 "response, messages, tools or system prompt): give the difficulty a column of its own"
             )
+
+
+def _check_places_fill_steps(cfg: RLCoreConfig) -> None:
+    """refill false where the trainer takes batch_size groups a step from a buffer (mode explore and
+    train, asynchronous both): each explore step puts its open tasks' groups and a place for each
+    skipped task, batch_size in all, so a trainer step is one explore step. What breaks that count
+    is refused."""
+    ex, why = cfg.explorer, f"{KEY}.difficulty_filter.refill false"
+    if ex.over_rollout.ratio > 0 or ex.dynamic_timeout.enable:
+        raise ConfigError(
+            f"{why} makes each trainer step one explore step's tasks; the task scheduler "
+            "(explorer.over_rollout.ratio > 0 or explorer.dynamic_timeout.enable) puts whichever tasks finished: "
+            "turn it off, or keep refill true"
+        )
+    from ..algorithms import with_preset
+
+    if with_preset(cfg.algorithm).dynamic_sampling:  # a preset's (dapo) too
+        raise ConfigError(
+            f"{why} explores fewer tasks a step, and algorithm.dynamic_sampling refills a step to "
+            "buffer.batch_size groups: use one of them"
+        )

@@ -112,6 +112,44 @@ def test_a_decoupled_explorer_filters_and_drops_the_groups_that_teach_nothing(tm
     assert [m["step"] for m in train] == [1, 2, 3, 4]
 
 
+NO_REFILL = {"difficulty_filter": {"enable": True, "too_hard": None, "readmit_after": 100, "refill": False}}
+
+
+def _each_trainer_step_is_one_explore_step(run_dir: str, steps: int) -> None:
+    """Without refill: after epoch 0 an explore step explores only its open tasks (fewer than 4) and
+    puts a place for each skipped one; each trainer step takes one explore step's 4 places and
+    trains on its explored groups alone, as a lock-step step does."""
+    explore = read_metrics(os.path.join(run_dir, "explorer"))
+    drawn = [m["tasks/drawn"] for m in explore]
+    assert drawn[:2] == [4, 4] and all(1 <= n < 4 for n in drawn[2:]), drawn
+    assert [m["buffer/groups_put"] for m in explore] == drawn
+    assert [m.get("buffer/skipped_places_put", 0) for m in explore] == [4 - n for n in drawn]
+    train = [m for m in read_metrics(run_dir) if "buffer/experiences" in m]
+    assert [m["step"] for m in train] == list(range(1, steps + 1))
+    assert [m["buffer/groups"] for m in train] == drawn  # one explore step's open groups each
+    assert [m.get("buffer/skipped_places", 0) for m in train] == [4 - n for n in drawn]
+    assert [m["buffer/experiences"] for m in train] == [4 * n for n in drawn]  # repeat_times 4
+
+
+def test_a_decoupled_step_without_refill_trains_on_one_explore_steps_open_tasks(tmp_path) -> None:
+    root = str(tmp_path)
+    path = _config(root, "sql", **{**SOLVED_HALF, "buffer.total_steps": 6, "buffer.explorer_input.task_selection": NO_REFILL})
+    trainer = _start(path, "train")
+    _finish(_start(path, "explore"), "mode explore")
+    _finish(trainer, "mode train")
+    _each_trainer_step_is_one_explore_step(os.path.join(root, "it", "run"), 6)
+
+
+def test_an_asynchronous_step_without_refill_trains_on_one_explore_steps_open_tasks(tmp_path) -> None:
+    root = str(tmp_path)
+    cfg = tiny_grpo_config(root, **{
+        **SOLVED_HALF, "buffer.total_steps": 6, "buffer.explorer_input.task_selection": NO_REFILL,
+        "synchronizer.asynchronous": True, "synchronizer.max_staleness": 2,
+    })  # fmt: skip
+    launch(cfg, os.path.join(root, "cfg.yaml"))
+    _each_trainer_step_is_one_explore_step(os.path.join(root, "it", "run"), 6)
+
+
 def test_an_asynchronous_run_filters_in_its_explorer_thread(tmp_path) -> None:
     root = str(tmp_path)
     cfg = tiny_grpo_config(root, **{

@@ -189,8 +189,10 @@ class DifficultyFilterConfig:
     refill: bool = True
     """true: a step explores buffer.batch_size tasks, open ones walked in for those passed over;
     false: a step explores the open tasks among its batch_size turns of the epoch's order (at least
-    one), so the rollouts a filtered task would have taken are not spent and a lock-step step trains
-    on fewer groups (lock-step only: a decoupled or asynchronous trainer takes batches of groups)."""
+    one), so the rollouts a filtered task would have taken are not spent and the trainer's step
+    trains on those groups alone (decoupled and asynchronous runs: the explorer puts a place for
+    each skipped task beside them, which the trainer drops; not with the task scheduler or
+    algorithm.dynamic_sampling there)."""
 
 
 @dataclass

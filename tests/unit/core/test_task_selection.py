@@ -218,8 +218,8 @@ def test_a_curriculum_column_without_numbers_is_named() -> None:
         (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.too_hard=0.6", "buffer.explorer_input.task_selection.difficulty_filter.too_easy=0.5"], r"too_hard \(0\.6\) must be below too_easy \(0\.5\)"),
         (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "algorithm.algorithm_type=sft", "mode=train"], r"task_selection chooses the tasks an RL stage explores; algorithm\.algorithm_type sft trains on the taskset's own responses"),
         (["buffer.explorer_input.task_selection.difficulty_filter.keep_probability=1.0"], r"keep_probability must be < 1"),
-        (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.refill=false", "mode=explore"], r"difficulty_filter\.refill false shrinks a lock-step step to its open tasks; .* keep refill true$"),
-        (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.refill=false", "synchronizer.asynchronous=true"], r"difficulty_filter\.refill false shrinks a lock-step step"),
+        (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.refill=false", "mode=explore", "explorer.over_rollout.ratio=0.25"], r"difficulty_filter\.refill false makes each trainer step one explore step's tasks; the task scheduler .* turn it off, or keep refill true$"),
+        (["buffer.explorer_input.task_selection.difficulty_filter.enable=true", "buffer.explorer_input.task_selection.difficulty_filter.refill=false", "synchronizer.asynchronous=true", "algorithm.algorithm_type=dapo"], r"difficulty_filter\.refill false explores fewer tasks a step, and algorithm\.dynamic_sampling refills a step to buffer\.batch_size groups: use one of them$"),
         (["buffer.explorer_input.task_selection.curriculum.order=column", "buffer.explorer_input.task_selection.curriculum.column=answer"], r"curriculum\.column 'answer' is buffer\.explorer_input\.taskset's own"),
         (["buffer.explorer_input.task_selection.curriculum.order=hardest"], r"curriculum\.order must be one of none, history, column; got 'hardest'"),
     ],
@@ -227,6 +227,15 @@ def test_a_curriculum_column_without_numbers_is_named() -> None:
 def test_bad_task_selection_settings_are_refused_in_one_line(tmp_path, overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve(tmp_path, *overrides)
+
+
+@pytest.mark.parametrize("shape", [["mode=explore"], ["mode=train"], ["synchronizer.asynchronous=true"], []])
+def test_refill_false_is_taken_in_every_run_shape(tmp_path, shape: list[str]) -> None:
+    """Lock-step, either launch of a decoupled run, asynchronous both: an explorer that feeds a
+    buffer puts places for the skipped tasks (runtime/explore_loop.py), so no shape refuses it."""
+    f = "buffer.explorer_input.task_selection.difficulty_filter"
+    cfg = resolve(tmp_path, f"{f}.enable=true", f"{f}.refill=false", *shape)
+    assert cfg.buffer.explorer_input.task_selection.difficulty_filter.refill is False
 
 
 def test_a_curriculum_column_every_row_must_fill_is_checked_before_the_run(tmp_path) -> None:
