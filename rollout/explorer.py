@@ -21,7 +21,6 @@ from ..core.step_metrics import sampled_eval_metrics
 from ..core.types import Experience, SamplingParams, Task, WorkflowSpec, by_episode
 from ..core.watchdog import deadline
 from .engines import in_process
-from .remote import WorkersPaused
 from .rewards.answer import extract_answer
 from .rewards.compose import correctness_names
 from .rewards.judge import JUDGE, judge_settings
@@ -141,8 +140,7 @@ class Explorer:
                 with deadline(timeout, "a rollout batch", "explorer.max_timeout"):
                     return rollout.run(tasks, sampling, spec, timeout)
             except (RuntimeError, OSError, RpcError) as e:  # engine/worker failures; bad input is not retried
-                refused = isinstance(e, RpcError) and e.code.name == "INVALID_ARGUMENT"
-                if attempt == retries or refused or isinstance(e, WorkersPaused):  # paused: the caller waits
+                if attempt == retries or (isinstance(e, RpcError) and e.code.name == "INVALID_ARGUMENT"):
                     raise
                 log.warning("rollout batch failed (%s); retry %d/%d", e, attempt + 1, retries)
         raise AssertionError("unreachable")

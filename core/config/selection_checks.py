@@ -72,6 +72,18 @@ def _check_places_fill_steps(cfg: RLCoreConfig) -> None:
             "(explorer.over_rollout.ratio > 0 or explorer.dynamic_timeout.enable) puts whichever tasks finished: "
             "turn it off, or keep refill true"
         )
+    per_step = cfg.buffer.batch_size * cfg.algorithm.repeat_times
+    if cfg.buffer.train_batch_size and cfg.buffer.train_batch_size < per_step:
+        raise ConfigError(
+            f"{why} gives a step with fewer open tasks fewer optimizer updates, and buffer.train_batch_size "
+            f"{cfg.buffer.train_batch_size} (below a step's {per_step} rollouts) would make several: the explorer's "
+            "staleness count, in updates, would run ahead of the trainer's: leave train_batch_size unset, or keep refill true"
+        )
+    if cfg.buffer.trainer_input.experience_buffer.replay_buffer.enable:
+        raise ConfigError(
+            f"{why} keeps each trainer step to one explore step's places; the replay buffer draws groups by "
+            "priority, places and all: turn one of them off"
+        )
     from ..algorithms import with_preset
 
     if with_preset(cfg.algorithm).dynamic_sampling:  # a preset's (dapo) too

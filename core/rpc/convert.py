@@ -6,13 +6,14 @@ import json
 import math
 
 from ...proto.v1 import common_pb2
-from ..types import Completion, Experience, SamplingParams, Task, routing_tokens
+from ..types import SKIPPED, Completion, Experience, SamplingParams, Task, routing_tokens
 from .errors import require
 
 _FINISH = {
     "stop": common_pb2.FINISH_REASON_STOP,
     "length": common_pb2.FINISH_REASON_LENGTH,
     "max_turns": common_pb2.FINISH_REASON_MAX_TURNS,
+    SKIPPED: common_pb2.FINISH_REASON_SKIPPED,  # an experience buffer's place (types.skipped_task)
 }
 _FINISH_NAME: dict[int, str] = {v: k for k, v in _FINISH.items()}
 
@@ -140,7 +141,13 @@ def experience_to_proto(e: Experience) -> common_pb2.Experience:
 
 
 def experience_from_proto(msg: common_pb2.Experience, field: str = "experience") -> Experience:
-    require(len(msg.response_token_ids) > 0, f"{field}.response_token_ids", "must be non-empty")
+    if msg.finish_reason == common_pb2.FINISH_REASON_SKIPPED:  # a skipped task's place: no tokens at all
+        require(
+            not msg.response_token_ids and not msg.logprobs, f"{field}.response_token_ids",
+            "must be empty with finish_reason SKIPPED (a skipped task's place holds no rollout)",
+        )  # fmt: skip
+    else:
+        require(len(msg.response_token_ids) > 0, f"{field}.response_token_ids", "must be non-empty")
     require(
         len(msg.logprobs) == len(msg.response_token_ids),
         f"{field}.logprobs",

@@ -191,8 +191,9 @@ class DifficultyFilterConfig:
     false: a step explores the open tasks among its batch_size turns of the epoch's order (at least
     one), so the rollouts a filtered task would have taken are not spent and the trainer's step
     trains on those groups alone (decoupled and asynchronous runs: the explorer puts a place for
-    each skipped task beside them, which the trainer drops; not with the task scheduler or
-    algorithm.dynamic_sampling there)."""
+    each skipped task beside them, which the trainer drops; not with the task scheduler,
+    algorithm.dynamic_sampling, a train_batch_size below a step's rollouts or the replay buffer
+    there)."""
 
 
 @dataclass

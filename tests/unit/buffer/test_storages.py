@@ -13,6 +13,7 @@ import pytest
 
 from rlcore.buffer.base import BufferError, BufferTimeout, ExperienceBuffer
 from rlcore.buffer.memory import MemoryBuffer
+from rlcore.core.types import is_skipped, skipped_task
 
 from .storages import STORAGES, group, open_storage, served_queue
 
@@ -54,6 +55,20 @@ def test_groups_come_back_whole_in_order_once_with_every_field(storage) -> None:
     writer.finish()
     last = reader.take(2, 4, timeout_s=5)
     assert last.groups == written[6:] and last.exhausted
+    writer.close()
+    reader.close()
+
+
+def test_a_skipped_tasks_place_comes_back_as_a_place(storage) -> None:
+    """difficulty_filter.refill false in a decoupled run: the explorer puts a place (no tokens) for
+    each task its filter skipped beside its groups; every storage (the queue's gRPC wire included)
+    gives it back in its slot, still a place, for the trainer to count and drop."""
+    memory: dict[str, MemoryBuffer] = {}
+    writer, reader = _open(storage, memory, "w1"), _open(storage, memory)
+    written = [group("t0"), skipped_task("main:skipped:3:0", 2), group("t1"), skipped_task("main:skipped:3:1", 2)]
+    writer.put(written)
+    taken = reader.take(0, 4, timeout_s=5).groups
+    assert taken == written and [is_skipped(g) for g in taken] == [False, True, False, True]
     writer.close()
     reader.close()
 
