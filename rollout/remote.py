@@ -114,7 +114,8 @@ class RemoteRollout:
                 except RpcError as e:
                     if e.code.name not in LOST:
                         raise  # the worker answered: bad input, a failing reward
-                    info = liveness(client) if e.code.name == "UNAVAILABLE" else None
+                    # refused while paused (UNAVAILABLE), or cut while it waited for a weight update to end
+                    info = liveness(client) if e.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else None
                     if info is not None and info.paused:
                         paused[client.address] = info.policy_version
                         continue

@@ -122,10 +122,7 @@ class WeightsFollower:
         takes the newest as new."""
         deadline, checked = time.monotonic() + wait_s, -CHECK_S
         while True:
-            try:
-                paused = [c.address for c in self.clients if c.get_info(timeout=10.0).paused]
-            except RpcError:  # a worker went: the step's failover leaves it out
-                paused = []
+            paused = [c.address for c in self.clients if _paused(c)]
             if not paused:
                 self.version = -1
                 return True
@@ -175,3 +172,12 @@ class WeightsFollower:
         self.sender.close()
         if self.registered is not None:  # the trainer publishes folders again
             unregister_receivers(self.folder)
+
+
+def _paused(client: Any) -> bool:
+    """Whether the worker answers and is paused (one that does not answer is not waited for here:
+    the step's failover leaves it out)."""
+    try:
+        return bool(client.get_info(timeout=10.0).paused)
+    except RpcError:
+        return False

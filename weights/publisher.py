@@ -45,8 +45,12 @@ class Publisher:
             try:
                 number, seconds = self.handle.push_weights(workers, "nccl", token)
             except Exception as e:  # the group did not form, or a worker failed in the push
-                log.warning("could not push the weights to the explorer's rollout workers %s (%s): "
-                            "publishing a folder instead", ", ".join(workers), e)  # fmt: skip
+                if registered_receivers(self.folder)[0] == workers:
+                    log.warning("could not push the weights to the explorer's rollout workers %s (%s): "
+                                "publishing a folder instead", ", ".join(workers), e)  # fmt: skip
+                else:  # the explorer finished (or changed its workers) during the push: nothing failed
+                    log.info("the explorer's rollout workers %s left during the push (it finished, or changed "
+                             "them): publishing a folder", ", ".join(workers))  # fmt: skip
             else:
                 record_push(self.folder, step, number)
                 self.pushed_to = workers

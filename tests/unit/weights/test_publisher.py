@@ -67,6 +67,34 @@ def test_a_failed_push_publishes_a_folder_and_new_workers_lacking_the_newest_get
     assert trainer.calls[-1] == ("push", ("w:1", "w:4"), "nccl", "t")
     assert pub.on_wait() == {}  # pushed to them already
 
+def test_a_push_cut_by_the_explorer_finishing_is_no_warning(publisher, caplog) -> None:
+    """The explorer finished (unregistering its workers, which then stop) while a push to them ran:
+    the push fails, and a folder goes out as always, but nothing failed: said at info, where a
+    push to workers still registered that fails is a warning."""
+    import logging
+
+    pub, trainer, folder = publisher
+    pub.publish(0)
+    register_receivers(folder, ["w:1"], 0, "t")
+    trainer.fail = True
+    with caplog.at_level(logging.INFO, logger="rlcore.loop"):
+        pub.publish(1)  # still registered: a real failure
+        unregister_receivers(folder)
+        register_receivers(folder, ["w:1"], 1, "t")
+        original = trainer.push_weights
+
+        def finishing(*args):
+            unregister_receivers(folder)  # the explorer's close, during the push
+            return original(*args)
+
+        trainer.push_weights = finishing  # type: ignore[method-assign]
+        pub.publish(2)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "could not push the weights" in warned[0]
+    assert any("left during the push (it finished" in r.getMessage() for r in caplog.records)
+    assert [c[0] for c in trainer.calls] == ["folder", "push", "folder", "push", "folder"]
+
+
 def test_folders_only_without_sync_method_nccl(tmp_path) -> None:
     plan = plan_stage(resolve(tmp_path, "mode=train"))
     assert plan.explorer_weights == "publish"
