@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..client.base import RpcError
 from ..core.config.schema import SynchronizerConfig
@@ -22,6 +22,8 @@ CHECK_S = 1.0
 """How often an explorer waiting for weights asks whether the run stops and the trainer launch lives."""
 POLL_S = 0.5
 
+T = TypeVar("T")
+
 
 def wait_for_weights(
     folder: str, after: int, wait_s: float, what: str, stop: threading.Event | None = None,
@@ -31,25 +33,40 @@ def wait_for_weights(
     None when `stop` is set first. `check`, called at once and then about once a second, returns
     True when the run asks to stop (then None too). `newest()`: what is newest instead of the
     folder's latest version (path "" for weights the workers already hold)."""
+    look = newest or (lambda: latest_published(folder))
+
+    def newer() -> tuple[int, str] | None:
+        latest = look()
+        return latest if latest is not None and latest[0] > after else None
+
+    return poll_until(newer, wait_s, stop, check, lambda: (
+        f"{what}: the trainer published no weights newer than version {after} in {folder} within "
+        f"{wait_s:g} s (buffer.trainer_input.experience_buffer.max_wait_s): is the mode-train launch "
+        "of this run (same checkpoint_root_dir, project and name) running?"
+    ))  # fmt: skip
+
+
+def poll_until(
+    ready: Callable[[], T | None], wait_s: float, stop: threading.Event | None, check: Callable[[], bool] | None,
+    timed_out: Callable[[], str],
+) -> T | None:  # fmt: skip
+    """`ready()`'s first answer that is not None, asked every POLL_S; None when `stop` is set or
+    `check()` (asked at once, then about once a second) says the run stops; after `wait_s`,
+    TimeoutError(timed_out())."""
     deadline = time.monotonic() + wait_s
     checked = -CHECK_S  # at once, then about once a second
-    look = newest or (lambda: latest_published(folder))
-    while (latest := look()) is None or latest[0] <= after:
+    while (got := ready()) is None:
         if check is not None and time.monotonic() - checked >= CHECK_S:
             checked = time.monotonic()
             if check():
                 return None
         if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{what}: the trainer published no weights newer than version {after} in {folder} within "
-                f"{wait_s:g} s (buffer.trainer_input.experience_buffer.max_wait_s): is the mode-train launch "
-                "of this run (same checkpoint_root_dir, project and name) running?"
-            )
+            raise TimeoutError(timed_out())
         if stop is not None and stop.wait(POLL_S):
             return None
         if stop is None:
             time.sleep(POLL_S)
-    return latest
+    return got
 
 
 class WeightsFollower:
@@ -120,25 +137,21 @@ class WeightsFollower:
         `check()` says the run stops first. What they hold then is not known (a resumed trainer
         pushes its checkpoint's weights again, older than those they held): the next `follow`
         takes the newest as new."""
-        deadline, checked = time.monotonic() + wait_s, -CHECK_S
-        while True:
-            paused = [c.address for c in self.clients if _paused(c)]
-            if not paused:
-                self.version = -1
-                return True
-            if time.monotonic() - checked >= CHECK_S:
-                checked = time.monotonic()
-                if check():
-                    return False
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{what}: rollout worker(s) {', '.join(paused)} stayed paused for {wait_s:g} s "
-                    "(buffer.trainer_input.experience_buffer.max_wait_s): a weight update that did not finish "
-                    "holds them until the next version reaches them; is the mode-train launch of this run "
-                    "running? (a Resume call reopens them by hand)"
-                )
-            if stop.wait(POLL_S):
-                return False
+        paused: list[str] = []
+
+        def none_paused() -> bool | None:
+            paused[:] = [c.address for c in self.clients if _paused(c)]
+            return None if paused else True
+
+        if poll_until(none_paused, wait_s, stop, check, lambda: (
+            f"{what}: rollout worker(s) {', '.join(paused)} stayed paused for {wait_s:g} s "
+            "(buffer.trainer_input.experience_buffer.max_wait_s): a weight update that did not finish "
+            "holds them until the next version reaches them; is the mode-train launch of this run "
+            "running? (a Resume call reopens them by hand)"
+        )) is None:  # fmt: skip
+            return False
+        self.version = -1
+        return True
 
     def load(self, path: str, again: bool = False) -> dict[str, float]:
         """Have the workers load the published folder `path`; `again`: after some took its number
