@@ -15,6 +15,9 @@
 #   throughput  rlcore bench throughput (rollout tokens/s of the HF engine, its eager loop and
 #               model.generate; greedy agreement of the first two) at --model; not in the default
 #               parts (bench trl reports the same rollout speeds)
+#   door        rlcore bench door on CUDA (bf16, the scratch model): 8 requests with their own seeds
+#               and max_tokens against one n=8 request (continuous batching in CUDA graphs), time to
+#               first streamed token, a short request inside a long one; not in the default parts
 #   tests       the rest of tests/gpu (--tests-k EXPR: only those pytest -k selects)
 #   quickstarts the quickstart on CUDA with megatron (rollout worker on the same GPU, checkpoint sync)
 #               and with fsdp2 (stage rl colocated), bf16
@@ -53,15 +56,15 @@ while [ $# -gt 0 ]; do
     --tests-k) tests_k="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
     --trl-configs) trl_configs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (allowed: --wheels DIR, --parts LIST, --model NAME, --repeats N, --trl-configs LIST, --tests-k EXPR, --out DIR)" >&2; exit 2 ;;
   esac
 done
 parts=${parts//bench,/decode,bench_packing,bench_lora,bench_trl,}
 [[ "$parts" == *,bench || "$parts" == bench ]] && parts="${parts%bench}decode,bench_packing,bench_lora,bench_trl"
 for part in ${parts//,/ }; do
-  case "$part" in engine|decode|bench_trl|bench_lora|bench_packing|throughput|tests|quickstarts|qwen3_moe) ;; *)
-    echo "gpu_check.sh: --parts takes engine, bench (decode,bench_packing,bench_lora,bench_trl), throughput, tests, quickstarts, qwen3_moe; got '$part'" >&2
+  case "$part" in engine|decode|bench_trl|bench_lora|bench_packing|throughput|door|tests|quickstarts|qwen3_moe) ;; *)
+    echo "gpu_check.sh: --parts takes engine, bench (decode,bench_packing,bench_lora,bench_trl), throughput, door, tests, quickstarts, qwen3_moe; got '$part'" >&2
     exit 2 ;;
   esac
 done
@@ -146,6 +149,11 @@ if want throughput; then
     --engines hf,hf-eager,hf-generate --strategies '' --prompts 8 --n 8 --max-tokens 96 \
     --calls 2 --repeats 1 --out "$results/throughput.json"
 fi
+if want door; then
+  names+=(door)
+  run_part door python3 -m rlcore.cli bench door --device cuda --dtype bfloat16 --concurrency 8 \
+    --max-tokens 48 --repeats "$(( repeats > 3 ? repeats : 3 ))" --out "$results/door.json"
+fi
 if want bench_lora; then
   names+=(bench_lora)
   run_part bench_lora python3 -m rlcore.cli bench lora --device cuda --model "$model" --repeats "$repeats" --steps 3 \
@@ -215,7 +223,7 @@ if want quickstarts || want qwen3_moe; then
   } >> "$summary"
 fi
 
-for f in decode_profile vs_trl throughput lora packing; do
+for f in decode_profile vs_trl throughput lora packing door; do
   want "${f/vs_trl/bench_trl}" || want "${f/lora/bench_lora}" || want "${f/packing/bench_packing}" \
     || want "${f/decode_profile/decode}" || continue
   [ -f "$results/$f.md" ] && { echo; echo "## $f"; echo; cat "$results/$f.md"; } >> "$summary"

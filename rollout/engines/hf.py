@@ -1,7 +1,9 @@
 """The embedded engine: a HF transformers causal LM in the calling process, decoded by rlcore's loop
 over the model's forward and KV cache (hf_decode.py: one prefill per prompt). On a GPU the decode
-runs over a static cache, each step a CUDA graph replay with no host sync (hf_static.py); on CPU,
-or with enforce_eager, over transformers' dynamic cache, finished rows leaving the batch.
+runs over a static cache, each step a CUDA graph replay (hf_static.py); on CPU, or with
+enforce_eager, over transformers' dynamic cache, finished rows leaving the batch. Either way
+concurrent requests share a running batch (`continuous_batch`, hf_running.py): they join it at
+token boundaries, each with its own sampling, and leave it when they end.
 
 It is the default because it needs nothing beyond transformers, loads in a second and takes new
 weights by an in-place copy, which is what colocated and CPU runs want. Log-probs are computed
@@ -38,10 +40,12 @@ from .base import (
 )
 from .hf_attention import use_grouped_sdpa
 from .hf_decode import decode, decode_static
+from .hf_dynamic_batch import full_attention
 from .hf_grammar import Grammars, RowGrammars
-from .hf_running import DecodedRows, Group, RunningBatch, full_attention
+from .hf_running import DecodedRows, Group, RunningBatch
 from .hf_sampling import TextStopStrings
 from .hf_static import StaticDecodeStates, supports
+from .hf_static_batch import StaticRows
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +71,11 @@ class HFEngine(RolloutEngine):
         max_batch_size: int = 256,
         enforce_eager: bool = False,
         max_loras: int = 8,
+        static_cache: bool | None = None,
     ):
-        """`max_loras`: LoRA adapters it may hold beside its weights (adapters.py; 0: none)."""
+        """`max_loras`: LoRA adapters it may hold beside its weights (adapters.py; 0: none).
+        `static_cache`: decode over the static cache (hf_static.py); None: on CUDA unless
+        enforce_eager. True elsewhere runs it without CUDA graphs (the GPU path, seen on CPU)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got '{dtype}'")
         self.device = torch.device(device)
@@ -94,14 +101,15 @@ class HFEngine(RolloutEngine):
         self.policy_version = 0
         self._grammars: Grammars | None = None
         self._static: StaticDecodeStates | None = None
-        if self.device.type == "cuda" and not enforce_eager:
+        cuda = self.device.type == "cuda"
+        if (cuda and not enforce_eager) if static_cache is None else static_cache:
             why_not = supports(self.model.config, max_batch_size, self.model.dtype.itemsize)
             if why_not is None:
                 self._static = StaticDecodeStates(
-                    self.model, max_batch_size, self.max_model_len, use_graphs=True
+                    self.model, max_batch_size, self.max_model_len, use_graphs=cuda and not enforce_eager
                 )
             else:
-                logger.warning("HF engine: eager decoding on %s (no CUDA graphs: %s)", self.device, why_not)
+                logger.warning("HF engine: eager decoding on %s (no static cache: %s)", self.device, why_not)
 
     # ------------------------------------------------------------------------------------------
     # generation
@@ -177,10 +185,9 @@ class HFEngine(RolloutEngine):
                                  stop_matcher=matcher, row_seeds=row_seeds, check_every=CHECK_EVERY,
                                  interrupt=self.interrupt, routing=sampling.return_routed_experts)  # fmt: skip
         elif sampling.return_routed_experts:
-            with moe_routing.RoutingRecorder(self.model) as recorder:
-                rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
-                              stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt,
-                              routing=recorder, grammar=grammar)  # fmt: skip
+            rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
+                          stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt,
+                          routing=moe_routing.RoutingRecorder(self.model), grammar=grammar)  # fmt: skip
         else:
             rows = decode(self.model, prompts, n, sampling, eos_token_ids=eos, pad_token_id=pad,
                           stop_matcher=matcher, row_seeds=row_seeds, interrupt=self.interrupt,
@@ -220,10 +227,11 @@ class HFEngine(RolloutEngine):
         ]
 
     def continuous_batch(self) -> HFBatch | None:
-        """A running batch requests join and leave at token boundaries (hf_running.py); None on a
-        GPU's static decode, whose CUDA graphs hold a fixed batch, and for a model with sliding
-        window (or chunked) attention layers, whose caches are not laid side by side."""
-        if self._static is not None or not full_attention(DynamicCache(config=self.model.config)):
+        """A running batch requests join and leave at token boundaries (hf_running.py), in the
+        static cache's slots where the engine decodes over one (hf_static_batch.py); None for a
+        model with sliding window (or chunked) attention layers, whose caches are not laid side by
+        side."""
+        if self._static is None and not full_attention(DynamicCache(config=self.model.config)):
             return None
         return HFBatch(self)
 
@@ -260,7 +268,9 @@ class HFEngine(RolloutEngine):
 class HFBatch:
     """HFEngine's continuous batch (base.EngineBatch): requests join its running batch while they
     ask for the same adapter and routing record as the requests running (the adapter's hooks and
-    the routing recorder hold for every forward), at most max_batch_size rows in all."""
+    the routing recorder hold for every forward), at most max_batch_size rows in all. The rows are
+    in the engine's static cache (CUDA graphs) unless they run an adapter, whose hooks no graph
+    holds."""
 
     def __init__(self, engine: HFEngine):
         self.engine = engine
@@ -342,15 +352,16 @@ class HFBatch:
         self._context = ExitStack()
         try:
             self._context.enter_context(e.adapters.active(sampling.adapter))
-            recorder = None
-            if sampling.return_routed_experts:
-                recorder = self._context.enter_context(moe_routing.RoutingRecorder(e.model))
+            recorder = moe_routing.RoutingRecorder(e.model) if sampling.return_routed_experts else None
         except BaseException:
             self._context.close()
             raise
+        kv = None  # transformers' dynamic cache
+        if e._static is not None and not sampling.adapter:
+            kv = StaticRows(e._static, record=recorder is not None)
         self._running = RunningBatch(
             e.model, eos_token_ids=e.eos_token_ids, pad_token_id=e.pad_token_id, interrupt=e.interrupt,
-            routing=recorder,
+            routing=recorder, kv=kv,
         )  # fmt: skip
         self._key = (sampling.adapter, sampling.return_routed_experts)
 

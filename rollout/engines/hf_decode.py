@@ -57,8 +57,9 @@ def decode(
 ) -> DecodedRows:
     """Sample n responses for each prompt (left-padded batch, KV cache, finished rows dropped):
     one request alone in a running batch (hf_running.py); `row_seeds` (one per row) makes each row's
-    draws its own; `interrupt`: see the module's docstring; `routing` (active around the call)
-    records the experts every token was routed to; `grammar`: the rows' structured output."""
+    draws its own; `interrupt`: see the module's docstring; `routing` records the experts every
+    token was routed to (the batch enters it around its forwards); `grammar`: the rows' structured
+    output."""
     batch = RunningBatch(
         model, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, interrupt=interrupt, routing=routing
     )

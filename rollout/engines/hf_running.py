@@ -4,11 +4,12 @@ at a token boundary and leaving when its last row ends (continuous batching).
 A request (`Group`: prompts, n samples of each, one SamplingParams) keeps everything its sampling
 needs to itself: temperature, top-k/top-p/min-p, penalties and logit bias (hf_sampling.LogitRules),
 its seeded draws, its stop tokens and stop strings, its max_tokens and its own step count. The
-rows of every request share one forward per step over one KV cache: a request joining is prefilled
-by itself, then its cache is laid beside the running one (both left-padded to the longer of the
-two); rows that finish leave the batch with their cache, and columns no remaining row attends to
-are cut from the left. A request's tokens therefore depend on its prompt, sampling and seed only,
-not on the requests decoded beside it.
+rows of every request share one forward per step over one KV cache (`BatchRows`): a request
+joining is prefilled by itself, then its rows join the cache. In transformers' dynamic cache
+(hf_dynamic_batch.DynamicRows, eager) its cache is laid beside the running one and rows that
+finish are cut out; in a static cache (hf_static_batch.StaticRows, CUDA graphs on a GPU) it takes
+free slots and the rows that finish free theirs. A request's tokens therefore depend on its
+prompt, sampling and seed only, not on the requests decoded beside it.
 
 A step: every request samples from its rows' logits (hf_decode.decode's rules and order), the host
 learns which rows ended (the step's one sync), finished rows leave, the others' tokens are fed
@@ -20,19 +21,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ...core import moe_routing
 from ...core.algorithms.logprob import token_logprobs
 from ...core.types import SamplingParams
 from .base import StructuredOutputRefused, TokensOut, ending_tokens
+from .hf_dynamic_batch import DynamicRows
 from .hf_grammar import RowGrammars
 from .hf_sampling import LogitRules, filter_logits, pick_tokens, sampled_logprobs, uniform_draws
 
@@ -93,24 +94,6 @@ def score_prompt(model: Any, prompt: list[int], topk: int = 0) -> tuple[list[flo
 def held_back(sampling: SamplingParams, eos_token_ids: list[int]) -> list[int]:
     """The tokens min_tokens holds back: EOS (even when ignored, as vLLM does) and stop_token_ids."""
     return sorted(set(eos_token_ids + sampling.stop_token_ids))
-
-
-@torch.inference_mode()
-def feed(
-    model: Any, token_A: torch.Tensor, mask_AL: torch.Tensor, positions_A: torch.Tensor, cache: DynamicCache
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One decode forward: each row's sampled token fed back at its next position (the KV cache
-    grows by one); the next logits [A, V], and the rows' mask and positions grown with it."""
-    mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
-    positions_A = positions_A + 1
-    logits_AV = model(
-        input_ids=token_A[:, None],
-        attention_mask=mask_AL,
-        position_ids=positions_A[:, None],
-        past_key_values=cache,
-        use_cache=True,
-    ).logits[:, -1]
-    return logits_AV, mask_AL, positions_A
 
 
 @dataclass
@@ -202,12 +185,14 @@ class Group:
 
 class RunningBatch:
     """The rows being decoded on `model`, of the requests `add`ed; `step` decodes one token for
-    each. `routing` (active while the batch runs) records the experts of every forward; each
-    request's rows then carry their routing records."""
+    each. `kv` keeps the rows' KV cache and feeds them (default: DynamicRows). `routing` records
+    the experts of every forward (the batch enters it around its own forwards); each request's rows
+    then carry their routing records."""
 
     def __init__(
         self, model: Any, *, eos_token_ids: list[int], pad_token_id: int,
         interrupt: threading.Event | None = None, routing: moe_routing.RoutingRecorder | None = None,
+        kv: BatchRows | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.device = next(model.parameters()).device
@@ -215,10 +200,9 @@ class RunningBatch:
         self.pad_token_id = pad_token_id
         self.interrupt = interrupt
         self.routing = routing
+        self.kv: BatchRows = kv if kv is not None else DynamicRows(model, routing)
         self.groups: list[Group] = []
         self._joining: list[Group] = []
-        self.cache: DynamicCache | None = None
-        self.mask_AL = self.positions_A = self.logits_AV = torch.empty(0)
 
     @property
     def rows(self) -> int:
@@ -258,17 +242,19 @@ class RunningBatch:
         prompt's KV cache repeated for its n samples) join the running batch."""
         joining, self._joining = self._joining, []
         prompts = [p for g in joining for p in g.prompts]
-        input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(self.model, prompts, self.pad_token_id)
+        with self.routing if self.routing is not None else nullcontext():
+            input_ids_PL, mask_PL, positions_PL, cache, logits_PV = prefill(self.model, prompts, self.pad_token_id)
         vocab = logits_PV.shape[-1]
         record_PWLK = None
         if self.routing is not None:
             record = self.routing.take()
             record_PWLK = record.view(len(prompts), -1, *record.shape[1:])
-        rows_of, first = [], 0  # each row's prompt, in the batch's order
+        rows_of, budgets, first = [], [], 0  # each row's prompt and max_tokens, in the batch's order
         for g in joining:
             mine = slice(first, first + len(g.prompts))
             first += len(g.prompts)
             rows_of += [p for p in range(mine.start, mine.stop) for _ in range(g.n)]
+            budgets += [g.sampling.max_tokens] * (len(g.prompts) * g.n)
             seen = None
             if g.sampling.repetition_penalty != 1.0:
                 seen = seen_tokens(input_ids_PL[mine], mask_PL[mine], vocab, g.n)
@@ -277,33 +263,15 @@ class RunningBatch:
                 g.sampling, seen, rows, vocab, self.device, held_back(g.sampling, self.eos_token_ids)
             )
             if g.sampling.prompt_logprobs:
-                recorded = len(self.routing.calls) if self.routing is not None else 0
                 g.prompt_scores = [score_prompt(self.model, p)[0] for p in g.prompts]
-                if self.routing is not None:  # the scoring forwards are no step's
-                    del self.routing.calls[recorded:]
             if record_PWLK is not None:
                 mine_NLK = record_PWLK[mine].reshape(-1, *record_PWLK.shape[2:])
                 g.routes = RowRoutes(mine_NLK, len(g.prompts), g.n, g.sampling.max_tokens)
         index = torch.tensor(rows_of, device=self.device)
         if rows_of != list(range(len(prompts))):  # every sample of a prompt starts from its prefill
             cache.batch_select_indices(index)
-        self._join(cache, mask_PL[index], positions_PL[index, -1], logits_PV[index])
+        self.kv.join(cache, mask_PL[index], positions_PL[index, -1], logits_PV[index], budgets)
         self.groups += joining
-
-    def _join(self, cache: DynamicCache, mask_AL: torch.Tensor, positions_A: torch.Tensor, logits_AV: torch.Tensor) -> None:
-        """Lay a joining request's cache, mask, positions and pending logits after the running rows'."""
-        if self.cache is None:
-            self.cache, self.mask_AL, self.positions_A, self.logits_AV = cache, mask_AL, positions_A, logits_AV
-            return
-        width = max(self.mask_AL.shape[1], mask_AL.shape[1])
-        layers = _dynamic_layers(self.cache), _dynamic_layers(cache)
-        for running, joining in zip(*layers, strict=True):
-            for name in ("keys", "values"):
-                old, new = getattr(running, name), getattr(joining, name)
-                setattr(running, name, torch.cat([_left_pad(old, width, -2), _left_pad(new, width, -2)]))
-        self.mask_AL = torch.cat([_left_pad(self.mask_AL, width, -1), _left_pad(mask_AL, width, -1)])
-        self.positions_A = torch.cat([self.positions_A, positions_A])
-        self.logits_AV = torch.cat([self.logits_AV, logits_AV])
 
     def step(self) -> list[Group]:
         """Decode one token for every running row; the requests that finished at it."""
@@ -314,7 +282,7 @@ class RunningBatch:
         for g in self.groups:
             a = len(g.active)
             try:
-                sampled.append(g.sample(self.logits_AV[start : start + a]))
+                sampled.append(g.sample(self.kv.logits_AV[start : start + a]))
             except StructuredOutputRefused as e:  # this request's grammar found no way on: it alone ends
                 g.error = e
                 sampled.append((torch.zeros_like(g.active), torch.ones_like(g.active, dtype=torch.bool)))
@@ -358,38 +326,17 @@ class RunningBatch:
             tokens.append(token_A)
             g.t += 1
         if finished or num_done:
-            self._keep(keeps[0] if len(keeps) == 1 else torch.cat(keeps))
+            self.kv.keep(keeps[0] if len(keeps) == 1 else torch.cat(keeps))
         self.groups = [g for g in self.groups if not g.done]
         if self.groups:
             self._feed(tokens[0] if len(tokens) == 1 else torch.cat(tokens))
         return finished
 
-    def _keep(self, keep_A: torch.Tensor) -> None:
-        """Only the rows `keep_A` decode on; cache columns none of them attends to are dropped."""
-        if not bool(keep_A.any()):
-            self.cache = None
-            return
-        assert self.cache is not None
-        self.cache.batch_select_indices(keep_A.nonzero().squeeze(-1))
-        self.mask_AL, self.positions_A = self.mask_AL[keep_A], self.positions_A[keep_A]
-        if not full_attention(self.cache):  # a sliding window's layers keep their own length
-            return
-        first = int(self.mask_AL.any(dim=0).int().argmax())  # the first column a row attends to
-        if first > 0:
-            self.mask_AL = self.mask_AL[:, first:]
-            for layer in _dynamic_layers(self.cache):
-                assert layer.keys is not None and layer.values is not None
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-
     def _feed(self, token_A: torch.Tensor) -> None:
         """Feed each running row's sampled token back: the next logits, the routing records."""
-        assert self.cache is not None
-        self.logits_AV, self.mask_AL, self.positions_A = feed(
-            self.model, token_A, self.mask_AL, self.positions_A, self.cache
-        )
-        if self.routing is None:
+        record_ALK = self.kv.feed(token_A)
+        if record_ALK is None:
             return
-        record_ALK = self.routing.take()
         start = 0
         for g in self.groups:
             a = len(g.active)
@@ -398,26 +345,29 @@ class RunningBatch:
             start += a
 
 
-def full_attention(cache: DynamicCache) -> bool:
-    """Whether every layer of `cache` holds all positions (no sliding window or chunk): only such
-    caches are laid side by side and trimmed."""
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
+class BatchRows(Protocol):
+    """Where a running batch's rows keep their KV cache, and the forward that feeds them a token:
+    hf_dynamic_batch.DynamicRows (transformers' dynamic cache, rows cut out as they leave) or
+    hf_static_batch.StaticRows (slots of a static cache, the step a CUDA graph on a GPU). Rows are
+    in the batch's order (each request's rows together, requests in the order they joined)."""
 
+    logits_AV: torch.Tensor
+    """Each row's logits for its next token."""
 
-def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
-    layers = [layer for layer in cache.layers if type(layer) is DynamicLayer]
-    if len(layers) != len(cache.layers):
-        raise ValueError("the running batch lays caches side by side only for full-attention layers")
-    return layers
+    def join(
+        self, cache: DynamicCache, mask_AL: torch.Tensor, positions_A: torch.Tensor, logits_AV: torch.Tensor,
+        budgets: list[int],
+    ) -> None:  # fmt: skip
+        """Rows after the running ones, from their prefill: its cache (one row each, prompts
+        left-padded to one width), mask, the last prompt position and the logits; `budgets`: each
+        row's max_tokens."""
 
+    def keep(self, keep_A: torch.Tensor) -> None:
+        """Only the rows `keep_A` decode on (the others left the batch)."""
 
-def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """`x` padded with zeros at the start of `dim` to `width` entries."""
-    missing = width - x.shape[dim]
-    if missing == 0:
-        return x
-    pad = [0, 0] * (-dim - 1) + [missing, 0]
-    return F.pad(x, pad)
+    def feed(self, token_A: torch.Tensor) -> torch.Tensor | None:
+        """Feed each row its token (one forward): `logits_AV` becomes the next; the forward's routing
+        record [A, MoE layers, top_k] when the rows record one."""
 
 
 class RowRoutes:

@@ -5,13 +5,16 @@ A decode batch is padded up to a batch bucket (powers of two up to the engine's 
 its cache sized to a length bucket (a multiple of 128 tokens), so the same few shapes come back call
 after call. For each (batch bucket, capacity) one `StaticDecodeState` holds:
 
-- `SlotCache`: per layer keys/values [B, KV heads, capacity, head_dim]. Every row writes the step's
-  key/value at the same slot (prompts are left-padded to one width W, so slot W + t is step t's for
-  every row); the slot is a device tensor, so a captured graph reads its current value.
-- input buffers (the step's token and position per row, the prompt's padding mask, the width W);
+- `SlotCache`: per layer keys/values [B, KV heads, capacity, head_dim]. Each row writes the step's
+  key/value at its own slot (column): a row's prompt fills columns 0..W-1 (left-padded to its
+  call's width W), and its step t writes column W + t. One call's rows share W and so the slot
+  (`decode_static`); rows of a running batch joined at different steps do not
+  (hf_static_batch.py). The slots are a device tensor, so a captured graph reads their current
+  values.
+- input buffers (the step's token and position per row, the prompt's padding mask, each row's W);
   the attention mask [B, 1, 1, L] is computed from them inside the step: prompt tokens that are not
-  padding, plus every decode slot up to the current one. Finished rows stay in the batch with their
-  mask as it is: their tokens are ignored, nothing is cut out of the cache.
+  padding, plus the row's decode columns up to its slot. In one call, finished rows stay in the
+  batch with their mask as it is: their tokens are ignored, nothing is cut out of the cache.
 - on CUDA, one graph per view length L (128, 256, 512, ... up to the capacity) and per kind of
   step (recording the MoE routers' choices or not: rollout routing replay): the step at slot s
   replays the smallest graph whose view holds s, so attention reads the cache written so far, not
@@ -103,15 +106,17 @@ class SlotCache:
         self.values = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
         ]
-        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.slot_B = torch.zeros(batch, dtype=torch.long, device=device)
+        """The column each row writes the step's key and value to."""
+        self._slot_BH1D = self.slot_B.view(batch, 1, 1, 1).expand(shape[0], shape[1], 1, shape[3])
         self.view_len = capacity
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys.index_copy_(2, self.slot, key_states)
-        values.index_copy_(2, self.slot, value_states)
+        keys.scatter_(2, self._slot_BH1D, key_states)
+        values.scatter_(2, self._slot_BH1D, value_states)
         return keys[:, :, : self.view_len], values[:, :, : self.view_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -136,7 +141,10 @@ class StaticDecodeState:
         self.tokens_B1 = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.positions_B1 = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.prompt_mask_BL = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
-        self.width = torch.zeros(1, dtype=torch.long, device=device)
+        self.start_B = torch.zeros(batch, dtype=torch.long, device=device)
+        """Each row's first decoded column (its prompt's width)."""
+        self.live_B = torch.zeros(batch, dtype=torch.long, device=device)
+        """1 for the rows a step advances (their slot and position), 0 for free rows."""
         self.columns_L = torch.arange(capacity, device=device)
         self.use_graphs = use_graphs
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -149,23 +157,63 @@ class StaticDecodeState:
     def start(
         self, prefill_cache: Any, n: int, mask_PL: torch.Tensor, last_positions_P: torch.Tensor
     ) -> None:
-        """Load a call's prompts: P*n rows of the batch (the rest are idle rows)."""
+        """Load one call's prompts: P*n rows of the batch (the rest are idle rows, stepped along)."""
         rows, width = mask_PL.shape[0] * n, mask_PL.shape[1]
         self.cache.load_prompts(prefill_cache, n, width)
         self.prompt_mask_BL.zero_()
         self.prompt_mask_BL[:rows, :width] = mask_PL.repeat_interleave(n, dim=0).bool()
         self.positions_B1.zero_()
         self.positions_B1[:rows, 0] = last_positions_P.repeat_interleave(n) + 1
-        self.width.fill_(width)
-        self.cache.slot.fill_(width)
+        self.start_B.fill_(width)
+        self.cache.slot_B.fill_(width)
+        self.live_B.fill_(1)
         self.tokens_B1.zero_()
 
-    def step(self, token_B: torch.Tensor, slot: int, record: bool = False) -> torch.Tensor:
-        """Feed each row's token at cache slot `slot` (the host's count, equal to cache.slot); the
-        next logits [B, V]. The returned tensor is overwritten by the next step. `record`: the step
-        also writes the experts it routed each row to into `routes_BLK` (its own captured graphs)."""
+    def load_rows(
+        self, prefill_cache: Any, slots_A: torch.Tensor, mask_AL: torch.Tensor, last_positions_A: torch.Tensor
+    ) -> None:
+        """Rows joining a running batch: row a of the prefill (its prompt left-padded to the
+        prefill's width W) into slot slots_A[a], columns 0..W-1; it decodes from column W on."""
+        width = mask_AL.shape[1]
+        for layer, (keys, values) in enumerate(zip(self.cache.keys, self.cache.values, strict=True)):
+            prompt = prefill_cache.layers[layer]
+            keys[slots_A, :, :width] = prompt.keys
+            values[slots_A, :, :width] = prompt.values
+        self.prompt_mask_BL[slots_A] = False
+        self.prompt_mask_BL[slots_A, :width] = mask_AL.bool()
+        self.positions_B1[slots_A, 0] = last_positions_A + 1
+        self.start_B[slots_A] = width
+        self.cache.slot_B[slots_A] = width
+        self.live_B[slots_A] = 1
+
+    def free_rows(self, slots: torch.Tensor) -> None:
+        """Rows that left: they stay in the step, writing to and reading column 0 alone."""
+        self.prompt_mask_BL[slots] = False
+        for x in (self.start_B, self.cache.slot_B, self.live_B, self.positions_B1):
+            x[slots] = 0
+
+    def take_rows(self, other: StaticDecodeState, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Rows `src` of another state (a smaller or larger one) as this state's rows `dst`, every
+        column they hold (each row's columns fit the smaller of the two capacities)."""
+        columns = min(self.capacity, other.capacity)
+        for mine, theirs in ((self.cache.keys, other.cache.keys), (self.cache.values, other.cache.values)):
+            for x, y in zip(mine, theirs, strict=True):
+                x[dst, :, :columns] = y[src, :, :columns]
+        self.prompt_mask_BL[dst] = False
+        self.prompt_mask_BL[dst, :columns] = other.prompt_mask_BL[src, :columns]
+        for x, y in (
+            (self.start_B, other.start_B), (self.cache.slot_B, other.cache.slot_B),
+            (self.live_B, other.live_B), (self.positions_B1, other.positions_B1),
+        ):  # fmt: skip
+            x[dst] = y[src]
+
+    def step(self, token_B: torch.Tensor, top: int, record: bool = False) -> torch.Tensor:
+        """Feed each row's token at its slot (`top`: the host's count of the largest slot a live
+        row writes); the next logits [B, V]. The returned tensor is overwritten by the next step.
+        `record`: the step also writes the experts it routed each row to into `routes_BLK` (its
+        own captured graphs)."""
         self.tokens_B1.copy_(token_B[:, None])
-        view_len = min(self.capacity, round_up(slot + 1))
+        view_len = min(self.capacity, round_up(top + 1))
         if self.use_graphs:
             if (view_len, record) not in self.graphs:
                 self.graphs[view_len, record] = self._capture(view_len, record)
@@ -173,13 +221,13 @@ class StaticDecodeState:
             graph.replay()
         else:
             logits_BV = self._forward(view_len, record)
-        self.cache.slot += 1
-        self.positions_B1 += 1
+        self.cache.slot_B += self.live_B
+        self.positions_B1 += self.live_B[:, None]
         return logits_BV
 
     def _forward(self, view_len: int, record: bool = False) -> torch.Tensor:
         columns = self.columns_L[:view_len]
-        decoded = (columns >= self.width) & (columns <= self.cache.slot)
+        decoded = (columns >= self.start_B[:, None]) & (columns <= self.cache.slot_B[:, None])
         mask_B11L = (self.prompt_mask_BL[:, :view_len] | decoded)[:, None, None, :]
         self.cache.view_len = view_len
         with step_implementations(self.model.config), self._recording(record):

@@ -52,6 +52,38 @@ def test_graph_decode_equals_the_eager_loop_on_cuda(tiny_model_path: str, sampli
     assert graphs._static is not None and all(s.graphs for s in graphs._static._states.values())
 
 
+def test_requests_joining_the_graph_engines_running_batch_decode_as_they_do_alone(tiny_model_path: str) -> None:
+    """Continuous batching in CUDA graphs (hf_static_batch.py): requests with their own settings
+    join the running batch at different steps, their rows in the static cache's slots (moving to a
+    larger state as they come, a smaller one as they go); each decodes what the eager engine
+    decodes for it alone, and the steps are graph replays."""
+    from rlcore.rollout.engines.hf_static_batch import StaticRows
+
+    graphs, eager = engines(tiny_model_path)
+    samplings = [
+        SamplingParams(temperature=0.0, max_tokens=40),
+        SamplingParams(temperature=1.0, n=8, max_tokens=48, seed=3),
+        SamplingParams(temperature=0.7, top_k=8, top_p=0.9, repetition_penalty=1.2, n=3, max_tokens=150, seed=5),
+        SamplingParams(temperature=1.0, n=2, max_tokens=12, seed=7, stop=["1"]),
+    ]
+    prompts = [graphs.tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS[: len(samplings)]]
+    alone = [eager.generate([p], s) for p, s in zip(prompts, samplings, strict=True)]
+    batch = graphs.continuous_batch()
+    assert batch is not None
+    ids, done, step, kinds = [], {}, 0, set()
+    while step == 0 or batch.rows:
+        if step % 3 == 0 and len(ids) < len(samplings):
+            ids.append(batch.add([prompts[len(ids)]], samplings[len(ids)]))
+        done.update(batch.step())
+        if batch.rows:
+            kinds.add(type(batch._running.kv))
+        step += 1
+    assert kinds == {StaticRows}
+    for i, ref in zip(ids, alone, strict=True):
+        assert_same(done[i], ref)
+    assert graphs._static is not None and any(s.graphs for s in graphs._static._states.values())
+
+
 def test_weights_loaded_after_capture_reach_the_graphs(tiny_model_path: str) -> None:
     graphs, eager = engines(tiny_model_path)
     prompts = [graphs.tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]

@@ -35,6 +35,14 @@ def engine(tiny_model_path: str) -> HFEngine:
     return HFEngine(tiny_model_path, max_model_len=256, max_batch_size=64)
 
 
+@pytest.fixture(scope="module")
+def static_engine(tiny_model_path: str) -> HFEngine:
+    """The engine over its static cache, as on a GPU (here without CUDA graphs): the running
+    batch's rows take slots of it (hf_static_batch.py)."""
+    torch.set_num_threads(1)
+    return HFEngine(tiny_model_path, max_model_len=256, max_batch_size=64, static_cache=True)
+
+
 def _prompts(engine: HFEngine) -> list[list[list[int]]]:
     """Request i's prompts: one or two, of different lengths (the joins pad them)."""
     tok = engine.tokenizer
@@ -52,12 +60,16 @@ def _same(got: list, alone: list) -> None:
         assert c.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
 
 
-def test_requests_joining_a_running_batch_at_different_steps_each_sample_what_they_sample_alone(engine: HFEngine) -> None:
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_requests_joining_a_running_batch_at_different_steps_each_sample_what_they_sample_alone(
+    engine: HFEngine, cache: str, request: pytest.FixtureRequest
+) -> None:
     """Requests added one per step (each prefilled while the others decode, its cache laid beside
-    theirs), each with its own settings: every one's completions are those of the request alone."""
+    theirs or in free slots of the static cache, which grows to hold them), each with its own
+    settings: every one's completions are those of the request alone (the eager engine's)."""
     prompts = _prompts(engine)
     alone = [engine.generate(p, s) for p, s in zip(prompts, MIXED, strict=True)]
-    batch = engine.continuous_batch()
+    batch = (engine if cache == "dynamic" else request.getfixturevalue("static_engine")).continuous_batch()
     assert batch is not None
     ids, done = [], {}
     for p, s in zip(prompts, MIXED, strict=True):
@@ -70,10 +82,61 @@ def test_requests_joining_a_running_batch_at_different_steps_each_sample_what_th
     _same([done[i] for i in ids], alone)
 
 
-def test_concurrent_requests_with_their_own_seeds_and_lengths_share_one_running_batch(engine: HFEngine) -> None:
+def test_static_rows_move_to_a_larger_state_and_back_as_requests_join_and_leave(
+    engine: HFEngine, static_engine: HFEngine
+) -> None:
+    """In the static cache, a request that needs more rows or a longer capacity than the state in
+    use moves the running rows to another, and rows that end free slots (taken by the next
+    request) and, past a quarter, move the rest to a smaller state: each request's answer is its
+    answer alone all the same."""
+    from rlcore.rollout.engines.hf_static_batch import StaticRows
+
+    tok = engine.tokenizer
+    plan = [  # (step it joins at, prompt, sampling)
+        (0, "1+1=", SamplingParams(temperature=1.0, max_tokens=60, seed=1, ignore_eos=True)),
+        (3, "22+3=", SamplingParams(temperature=1.0, n=8, max_tokens=6, seed=2, ignore_eos=True)),
+        (5, "7*7=", SamplingParams(temperature=0.8, max_tokens=200, seed=3, ignore_eos=True)),
+        (14, "9-4=", SamplingParams(temperature=1.0, n=3, max_tokens=5, seed=4)),
+    ]
+    alone = [engine.generate([tok(text)["input_ids"]], s) for _, text, s in plan]
+    batch = static_engine.continuous_batch()
+    assert batch is not None
+    ids: dict[int, int] = {}
+    done: dict = {}
+    shapes = []  # (state rows, capacity, rows running) after each step
+    step = 0
+    while step == 0 or batch.rows:
+        for i, (at, text, s) in enumerate(plan):
+            if at == step:
+                ids[i] = batch.add([tok(text)["input_ids"]], s)
+        done.update(batch.step())
+        if batch.rows:
+            kv = batch._running.kv
+            assert isinstance(kv, StaticRows) and kv.state is not None
+            shapes.append((kv.state.batch, kv.state.capacity, batch.rows))
+        step += 1
+    got = [done[ids[i]] for i in range(len(plan))]
+    _same(got, alone)
+    states = [(b, c) for b, c, _ in shapes]
+    moves = [x for i, x in enumerate(states) if i == 0 or x != states[i - 1]]
+    assert moves == [
+        (1, 128),  # one row of 60 tokens
+        (16, 128),  # eight more rows: a larger state
+        (16, 256),  # a row of 200 tokens: a longer capacity
+        (2, 256),  # the eight ended: two rows fill an eighth of 16, so a smaller state
+        (8, 256),  # three more rows: five
+        (2, 256),  # the three ended; the last row alone stays (one row fills half of 2)
+    ]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_concurrent_requests_with_their_own_seeds_and_lengths_share_one_running_batch(
+    engine: HFEngine, cache: str, request: pytest.FixtureRequest
+) -> None:
     """Eight calls at once, each with its own seed, max_tokens and sampling: one stretch of the
     engine's loop serves them all (one batching-engine "call"), each answer the call's alone."""
-    batching = BatchingEngine(engine, threading.Lock())
+    serving = engine if cache == "dynamic" else request.getfixturevalue("static_engine")
+    batching = BatchingEngine(serving, threading.Lock())
     prompts = _prompts(engine)
     alone = [engine.generate(p, s) for p, s in zip(prompts, MIXED, strict=True)]
     got: list = [None] * len(MIXED)

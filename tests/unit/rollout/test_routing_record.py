@@ -21,9 +21,9 @@ def test_the_decode_loops_record_is_transformers_routing_of_the_sequence() -> No
     prompts = [torch.randint(1, 101, (length,), generator=gen).tolist() for length in (3, 9, 6)]
     sampling = SamplingParams(temperature=1.0, max_tokens=12, n=3)
     # a token the model emits often ends rows at different steps, so rows leave the batch
-    with moe_routing.RoutingRecorder(model) as recorder:
-        rows = decode(model, prompts, 3, sampling, eos_token_ids=[7, 19, 42], pad_token_id=0,
-                      stop_matcher=None, row_seeds=list(range(9)), routing=recorder)  # fmt: skip
+    recorder = moe_routing.RoutingRecorder(model)  # entered by the batch around its forwards
+    rows = decode(model, prompts, 3, sampling, eos_token_ids=[7, 19, 42], pad_token_id=0,
+                  stop_matcher=None, row_seeds=list(range(9)), routing=recorder)  # fmt: skip
     assert rows.routed_experts is not None and len(rows.routed_experts) == 9
     assert len({len(t) for t in rows.tokens}) > 1, "every row ended at the same step"
     assert not recorder.calls, "a forward's record was left unread"
@@ -64,8 +64,7 @@ def test_the_static_loop_records_what_the_eager_loop_records() -> None:
     prompts = [torch.randint(1, 101, (length,), generator=gen).tolist() for length in (5, 2, 8)]
     sampling = SamplingParams(temperature=1.0, max_tokens=10, n=2)
     options = dict(eos_token_ids=[7, 19, 42], pad_token_id=0, stop_matcher=None, row_seeds=list(range(6)))
-    with moe_routing.RoutingRecorder(model) as recorder:
-        eager = decode(model, prompts, 2, sampling, routing=recorder, **options)
+    eager = decode(model, prompts, 2, sampling, routing=moe_routing.RoutingRecorder(model), **options)
     states = StaticDecodeStates(model, max_batch_size=8, max_model_len=64, use_graphs=False)
     static = decode_static(states, prompts, 2, sampling, check_every=3, routing=True, **options)
     assert static.tokens == eager.tokens and static.finish_reasons == eager.finish_reasons
@@ -76,6 +75,46 @@ def test_the_static_loop_records_what_the_eager_loop_records() -> None:
         assert torch.equal(x.sort(-1).values, y.sort(-1).values)
     plain = decode_static(states, prompts, 2, sampling, check_every=3, **options)
     assert plain.routed_experts is None and plain.tokens == static.tokens
+
+
+def test_the_static_running_batch_records_what_each_request_records_alone() -> None:
+    """Requests joining a running batch in the static cache's slots at different steps (the step's
+    router choices gathered back from the slots): each request's records are those of the eager
+    loop decoding it alone, and no forward is left on the recorder."""
+    from rlcore.rollout.engines.hf_running import RunningBatch
+    from rlcore.rollout.engines.hf_static import StaticDecodeStates
+    from rlcore.rollout.engines.hf_static_batch import StaticRows
+
+    model = tiny_hf_model("qwen3_moe", tied=False)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 101, (length,), generator=gen).tolist() for length in (5, 2, 8)]
+    samplings = [SamplingParams(temperature=1.0, max_tokens=m, n=2) for m in (10, 6, 12)]
+    eos, pad = [7, 19, 42], 0
+    alone = [
+        decode(model, [p], 2, s, eos_token_ids=eos, pad_token_id=pad, stop_matcher=None,
+               row_seeds=[10 * i, 10 * i + 1], routing=moe_routing.RoutingRecorder(model))
+        for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))
+    ]  # fmt: skip
+    recorder = moe_routing.RoutingRecorder(model)
+    states = StaticDecodeStates(model, max_batch_size=8, max_model_len=64, use_graphs=False)
+    batch = RunningBatch(model, eos_token_ids=eos, pad_token_id=pad, routing=recorder, kv=StaticRows(states, record=True))
+    groups = []
+    with torch.inference_mode():
+        for step in range(40):
+            if step % 2 == 0 and len(groups) < len(prompts):
+                i = len(groups)
+                groups.append(batch.add([prompts[i]], 2, samplings[i], row_seeds=[10 * i, 10 * i + 1]))
+            if batch.rows:
+                batch.step()
+    assert all(g.done for g in groups) and not recorder.calls
+    layers, top_k = moe_routing.shape_of(model)
+    for g, ref in zip(groups, alone, strict=True):
+        got = g.decoded()
+        assert got.tokens == ref.tokens and got.finish_reasons == ref.finish_reasons
+        assert got.routed_experts is not None and ref.routed_experts is not None
+        for a, b in zip(got.routed_experts, ref.routed_experts, strict=True):
+            x, y = moe_routing.from_bytes(a, layers, top_k), moe_routing.from_bytes(b, layers, top_k)
+            assert torch.equal(x.sort(-1).values, y.sort(-1).values)
 
 
 @pytest.fixture(scope="module")
