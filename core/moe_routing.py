@@ -111,6 +111,8 @@ class RoutingRecorder:
         self._handles: list[Any] = []
 
     def __enter__(self) -> RoutingRecorder:
+        if self._handles:  # its hooks would fire twice a router: every record torn in two
+            raise RuntimeError("this RoutingRecorder is active already; enter it once (`with` it, or hand it to one user)")
         self._handles = [r.register_forward_hook(self._hook) for r in self._routers]
         return self
 

@@ -369,6 +369,8 @@ class HFBatch:
         self._running = None
         self._requests.clear()
         self._context.close()
+        if self.engine._static is not None:  # an ended batch (or a failed one) holds no state
+            self.engine._static.held = None
 
 
 def _copied_rows(on_tokens: TokensOut, n: int) -> TokensOut:

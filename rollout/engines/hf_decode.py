@@ -98,6 +98,8 @@ def decode_static(
     rows, width, steps = len(prompts) * n, mask_PL.shape[1], sampling.max_tokens
     routes = None if recorder is None else RowRoutes(recorder.take(), len(prompts), n, steps)
     state = states.get(rows, width + steps)
+    if state is states.held:  # the engine lock keeps generate out while its running batch decodes
+        raise RuntimeError("decode_static: the static cache's state is held by the engine's running batch")
     state.start(cache, n, mask_PL, positions_PL[:, -1])
     del cache
     batch, vocab = state.batch, logits_PV.shape[-1]

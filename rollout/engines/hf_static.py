@@ -308,6 +308,8 @@ class StaticDecodeStates:
         self.model, self.max_batch_size, self.max_model_len = model, max_batch_size, max_model_len
         self.use_graphs = use_graphs
         self._states: OrderedDict[tuple[int, int], StaticDecodeState] = OrderedDict()
+        self.held: StaticDecodeState | None = None
+        """The state a running batch's rows are in (hf_static_batch.py), none while none decode."""
 
     def get(self, rows: int, length: int) -> StaticDecodeState:
         """A state for `rows` rows of up to `length` tokens (prompt width + max_tokens)."""

@@ -10,11 +10,14 @@ transformers' dynamic cache; only where the rows' keys and values live differs (
   different requests write different columns at the same step (the cache's per-row slot);
 - a row that ends frees its slot, which stays in the step (it reads and writes its column 0
   alone) until a joining row takes it;
-- the state is the smallest batch bucket that holds the rows, its capacity the longest any row
-  needs (prompt width + max_tokens, rounded up to a power of two times 128 tokens so that a few
-  capacities serve many requests). A request that does not fit moves the rows to a larger state;
-  once the rows fill a quarter of the state or less they move to a smaller one (the quarter keeps
-  a batch hovering at a bucket's edge from moving every step). Moving copies each row's columns.
+- the state is the smallest batch bucket that holds the rows, at least MIN_ROWS (a decode step of
+  a few rows costs what one row's does: the weights' reads), its capacity the longest any row
+  needs (prompt width + max_tokens, rounded up to a power of two times 128 tokens). So a few
+  states serve many requests, and their captured graphs are reused rather than captured again (the
+  engine keeps hf_static.MAX_STATES states). A request that does not fit moves the rows to a larger
+  state; once the rows fill a quarter of the state or less they move to a smaller one (the quarter
+  keeps a batch hovering at a bucket's edge from moving every step). Moving copies each row's
+  columns.
 
 A step feeds each row's token to its slot, replays the graph of the view length the longest row
 has reached (hf_static.StaticDecodeState.step), and gathers the rows' logits (and routing records)
@@ -26,17 +29,20 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .hf_static import CAPACITY_STEP, StaticDecodeState, StaticDecodeStates, batch_bucket
+from .hf_static import CAPACITY_STEP, StaticDecodeState, StaticDecodeStates, batch_bucket, round_up
 
 SHRINK_AT = 4
 """The rows move to a smaller state once they fill 1/SHRINK_AT of theirs or less."""
+MIN_ROWS = 8
+"""The smallest batch a running batch's state holds (at most the engine's max_batch_size)."""
 
 
 def capacity_for(length: int, max_model_len: int) -> int:
     """The capacity a running batch asks for rows of up to `length` tokens: the next power of two
-    times CAPACITY_STEP, at most max_model_len (or `length`, when it is longer)."""
+    times CAPACITY_STEP, at most max_model_len, or `length` rounded up to CAPACITY_STEP where the
+    rows need more (a short prompt padded to a long one's width beside it, with a large max_tokens)."""
     steps = -(-length // CAPACITY_STEP)
-    return min(CAPACITY_STEP << (steps - 1).bit_length(), max(length, max_model_len))
+    return min(CAPACITY_STEP << (steps - 1).bit_length(), max(round_up(length), max_model_len))
 
 
 class StaticRows:
@@ -69,6 +75,7 @@ class StaticRows:
         self.slots, self.needs = self.slots + free, needs
         self.columns += [width] * len(budgets)
         self._slots_A = torch.tensor(self.slots, device=mask_AL.device)
+        self.states.held = state
 
     def keep(self, keep_A: torch.Tensor) -> None:
         assert self.state is not None
@@ -81,7 +88,9 @@ class StaticRows:
         if gone:
             self.state.free_rows(torch.tensor(gone, device=keep_A.device))
         if self.slots:
-            self._fit(len(self.slots), max(self.needs))
+            self.states.held = self._fit(len(self.slots), max(self.needs))
+        else:
+            self.states.held = None
 
     def feed(self, token_A: torch.Tensor) -> torch.Tensor | None:
         state = self.state
@@ -101,10 +110,11 @@ class StaticRows:
         and is less than SHRINK_AT times too large, else another, the running rows moved into its
         first slots."""
         old = self.state
-        bucket = batch_bucket(rows, self.states.max_batch_size)
+        most = self.states.max_batch_size
+        bucket = max(batch_bucket(rows, most), min(MIN_ROWS, most))
         if old is not None and old.capacity >= length and bucket <= old.batch < bucket * SHRINK_AT:
             return old
-        new = self.states.get(rows, capacity_for(length, self.states.max_model_len))
+        new = self.states.get(bucket, capacity_for(length, self.states.max_model_len))
         if new is old:
             return old
         device = new.live_B.device

@@ -1,6 +1,6 @@
-"""GPU tier of partial rollouts: the HF engine's CUDA-graph decode loop, interrupted by a weight update
-at one of its host syncs, gives back the tokens so far, and the batching engine continues them under
-the new weights with the graphs captured before the load. Skipped without a CUDA device."""
+"""GPU tier of partial rollouts: the HF engine's running batch in CUDA graphs, interrupted by a
+weight update at a token boundary, gives back the tokens so far, and the batching engine continues
+them under the new weights with the graphs captured before the load. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ pytestmark = [
 SAMPLING = SamplingParams(temperature=1.0, n=2, max_tokens=40, seed=3, ignore_eos=True)
 
 
-def test_the_graph_loop_stops_at_a_sync_and_continues_under_the_new_weights(
+def test_the_graph_batch_stops_at_a_token_and_continues_under_the_new_weights(
     tiny_model_path: str,
     new_weights: str,  # noqa: F811
 ) -> None:

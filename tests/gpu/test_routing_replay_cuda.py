@@ -27,10 +27,9 @@ def test_a_bf16_engines_routing_replayed_by_an_fp32_trainer_closes_the_gap() -> 
     engine = tiny_hf_model("qwen3_moe", tied=False).to("cuda", torch.bfloat16)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 101, (n,), generator=gen).tolist() for n in (4, 9, 6, 12)]
-    with torch.no_grad(), moe_routing.RoutingRecorder(engine) as recorder:
-        rows = decode(engine, prompts, 8, SamplingParams(temperature=1.0, max_tokens=24, n=8),
-                      eos_token_ids=[-1], pad_token_id=0, stop_matcher=None, row_seeds=list(range(32)),
-                      routing=recorder)  # fmt: skip
+    rows = decode(engine, prompts, 8, SamplingParams(temperature=1.0, max_tokens=24, n=8),
+                  eos_token_ids=[-1], pad_token_id=0, stop_matcher=None, row_seeds=list(range(32)),
+                  routing=moe_routing.RoutingRecorder(engine))  # fmt: skip
     assert rows.routed_experts is not None
     seqs = [
         Sequence(prompts[r // 8], tokens, old_logprobs=lps, routed_experts=record)
@@ -64,8 +63,7 @@ def test_the_captured_decode_steps_record_what_the_eager_loop_records() -> None:
     prompts = [torch.randint(1, 101, (n,), generator=gen).tolist() for n in (5, 2, 8)]
     sampling = SamplingParams(temperature=1.0, max_tokens=20, n=4)
     options = dict(eos_token_ids=[7, 19], pad_token_id=0, stop_matcher=None, row_seeds=list(range(12)))
-    with torch.no_grad(), moe_routing.RoutingRecorder(model) as recorder:
-        eager = decode(model, prompts, 4, sampling, routing=recorder, **options)
+    eager = decode(model, prompts, 4, sampling, routing=moe_routing.RoutingRecorder(model), **options)
     states = StaticDecodeStates(model, max_batch_size=16, max_model_len=64, use_graphs=True)
     graphs = decode_static(states, prompts, 4, sampling, check_every=4, routing=True, **options)
     assert graphs.tokens == eager.tokens

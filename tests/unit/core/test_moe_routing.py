@@ -59,6 +59,21 @@ def test_replay_forces_the_experts_and_the_router_still_learns():
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
 
 
+def test_a_recorder_entered_twice_is_refused_and_records_whole_after():
+    """Entered inside itself, a recorder would hook every router twice and tear each record in two:
+    it says so; entered again after it left, it records one whole record a forward."""
+    model = _moe()
+    ids = torch.randint(0, 101, (1, 5), generator=torch.Generator().manual_seed(3))
+    recorder = moe_routing.RoutingRecorder(model)
+    with recorder:
+        with pytest.raises(RuntimeError, match="active already"):
+            recorder.__enter__()
+    for _ in range(2):
+        with torch.no_grad(), recorder:
+            model(input_ids=ids)
+    assert [tuple(c.shape) for c in recorder.calls] == [(5, *moe_routing.shape_of(model))] * 2
+
+
 def test_replay_refuses_a_record_of_another_shape():
     model = _moe()
     with pytest.raises(ValueError, match="does not fit this model"):

@@ -87,14 +87,14 @@ def test_static_rows_move_to_a_larger_state_and_back_as_requests_join_and_leave(
 ) -> None:
     """In the static cache, a request that needs more rows or a longer capacity than the state in
     use moves the running rows to another, and rows that end free slots (taken by the next
-    request) and, past a quarter, move the rest to a smaller state: each request's answer is its
+    request) and, down to a quarter, move the rest to a smaller state: each request's answer is its
     answer alone all the same."""
     from rlcore.rollout.engines.hf_static_batch import StaticRows
 
     tok = engine.tokenizer
     plan = [  # (step it joins at, prompt, sampling)
         (0, "1+1=", SamplingParams(temperature=1.0, max_tokens=60, seed=1, ignore_eos=True)),
-        (3, "22+3=", SamplingParams(temperature=1.0, n=8, max_tokens=6, seed=2, ignore_eos=True)),
+        (3, "22+3=", SamplingParams(temperature=1.0, n=30, max_tokens=6, seed=2, ignore_eos=True)),
         (5, "7*7=", SamplingParams(temperature=0.8, max_tokens=200, seed=3, ignore_eos=True)),
         (14, "9-4=", SamplingParams(temperature=1.0, n=3, max_tokens=5, seed=4)),
     ]
@@ -120,13 +120,28 @@ def test_static_rows_move_to_a_larger_state_and_back_as_requests_join_and_leave(
     states = [(b, c) for b, c, _ in shapes]
     moves = [x for i, x in enumerate(states) if i == 0 or x != states[i - 1]]
     assert moves == [
-        (1, 128),  # one row of 60 tokens
-        (16, 128),  # eight more rows: a larger state
-        (16, 256),  # a row of 200 tokens: a longer capacity
-        (2, 256),  # the eight ended: two rows fill an eighth of 16, so a smaller state
-        (8, 256),  # three more rows: five
-        (2, 256),  # the three ended; the last row alone stays (one row fills half of 2)
+        (8, 128),  # one row of 60 tokens: the smallest state (MIN_ROWS)
+        (32, 128),  # thirty more rows: a larger state
+        (32, 256),  # a row of 200 tokens: a longer capacity
+        (8, 256),  # the thirty ended: two rows, whose state of 8 is a quarter of 32: a smaller one
     ]
+    assert max(rows for b, c, rows in shapes if (b, c) == (8, 256)) == 5  # three more joined the two
+
+
+def test_a_call_beside_the_static_running_batch_cannot_take_its_state(static_engine: HFEngine) -> None:
+    """The engine lock keeps a direct call out while the running batch decodes; one that slipped
+    past it would reset the rows' state: it is refused in one line, and served once the batch ended."""
+    tok = static_engine.tokenizer
+    batch = static_engine.continuous_batch()
+    assert batch is not None
+    batch.add([tok("1+1=")["input_ids"]], SamplingParams(temperature=1.0, max_tokens=5, seed=1, ignore_eos=True))
+    batch.step()
+    beside = SamplingParams(temperature=1.0, n=8, max_tokens=5, seed=2)  # the batch's state: 8 rows, 128 columns
+    with pytest.raises(RuntimeError, match="held by the engine's running batch"):
+        static_engine.generate([tok("2+2=")["input_ids"]], beside)
+    while batch.rows:
+        batch.step()
+    assert len(static_engine.generate([tok("2+2=")["input_ids"]], beside)[0]) == 8
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
