@@ -6,7 +6,9 @@ Rollout: each engine generates in a fresh process (this file's --rollout-worker 
 same tokens on every call). vLLM runs in process (engine core and worker in the caller, as
 colocated GRPO runs use it), like the HF engine. `hf-eager` is the HF engine with enforce_eager
 (its loop over transformers' dynamic cache, the only one on CPU; on a GPU `hf` replays CUDA graphs
-over a static cache). `hf-generate` is no rlcore engine but the baseline of the HF engine's decode
+over a static cache). `hf-batch` is the HF engine as a rollout worker calls it: through the worker's
+batching engine, into its running batch (continuous batching, a host sync every step; on a GPU in
+the static cache's slots), where `hf`'s single call syncs every 8 steps. `hf-generate` is no rlcore engine but the baseline of the HF engine's decode
 loop: transformers' `model.generate` on the same model, each prompt repeated n times (as TRL's
 GRPOTrainer calls it). After one warm-up call, `--calls` calls are timed; tokens/s = generated
 tokens / wall time, over all the timed calls. Engine start-up is reported apart. Each rlcore engine
@@ -73,10 +75,11 @@ from rlcore.benchmarks.common import (
 )
 
 RESULTS = default_out("throughput.json")
-ENGINES = ("hf", "hf-eager", "vllm", "hf-generate")
-"""rlcore's engines (`hf-eager`: the HF engine with enforce_eager), and `hf-generate`: transformers'
-own `model.generate` on the HF engine's model (each prompt repeated n times, as TRL's GRPOTrainer
-calls it), the baseline for rlcore's decode loop."""
+ENGINES = ("hf", "hf-eager", "hf-batch", "vllm", "hf-generate")
+"""rlcore's engines (`hf-eager`: the HF engine with enforce_eager; `hf-batch`: the HF engine through
+a rollout worker's running batch), and `hf-generate`: transformers' own `model.generate` on the HF
+engine's model (each prompt repeated n times, as TRL's GRPOTrainer calls it), the baseline for
+rlcore's decode loop."""
 DEFAULT_ENGINES = ("hf", "vllm", "hf-generate")
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
 REFERENCE = {"rollout": "hf", "train": "fsdp2"}
@@ -155,6 +158,12 @@ def rollout_worker(spec_path: str, result_path: str) -> None:
     )
     if name == "hf-generate":
         engine = GenerateBaseline(engine)
+    elif name == "hf-batch":
+        import threading
+
+        from rlcore.rollout.batching import BatchingEngine
+
+        engine = BatchingEngine(engine, threading.Lock())
     sampling = SamplingParams(temperature=1.0, n=spec["n"], max_tokens=spec["max_tokens"], seed=SEED)
     engine.generate(prompts, sampling)
     calls = []

@@ -12,9 +12,9 @@
 #               fine-tuning, CUDA peak memory and step time
 #   bench_packing  rlcore bench packing: packed against padded micro-batches on a long tail (most
 #               responses 32-128 tokens, 1 in 12 of 4-8k), train tokens/s and CUDA peak memory
-#   throughput  rlcore bench throughput (rollout tokens/s of the HF engine, its eager loop and
-#               model.generate; greedy agreement of the first two) at --model; not in the default
-#               parts (bench trl reports the same rollout speeds)
+#   throughput  rlcore bench throughput (rollout tokens/s of the HF engine, its running batch as a
+#               worker calls it, its eager loop and model.generate; greedy agreement of the first and
+#               the eager loop) at --model; not in the default parts (bench trl reports the rollout speeds)
 #   door        rlcore bench door on CUDA (bf16, the scratch model): 8 requests with their own seeds
 #               and max_tokens against one n=8 request (continuous batching in CUDA graphs), time to
 #               first streamed token, a short request inside a long one; not in the default parts
@@ -146,7 +146,7 @@ fi
 if want throughput; then
   names+=(throughput)
   run_part throughput python3 -m rlcore.cli bench throughput --device cuda --model "$model" \
-    --engines hf,hf-eager,hf-generate --strategies '' --prompts 8 --n 8 --max-tokens 96 \
+    --engines hf,hf-batch,hf-eager,hf-generate --strategies '' --prompts 8 --n 8 --max-tokens 96 \
     --calls 2 --repeats 1 --out "$results/throughput.json"
 fi
 if want door; then
