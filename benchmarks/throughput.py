@@ -7,8 +7,8 @@ same tokens on every call). vLLM runs in process (engine core and worker in the 
 colocated GRPO runs use it), like the HF engine. `hf-eager` is the HF engine with enforce_eager
 (its loop over transformers' dynamic cache, the only one on CPU; on a GPU `hf` replays CUDA graphs
 over a static cache). `hf-batch` is the HF engine as a rollout worker calls it: through the worker's
-batching engine, into its running batch (continuous batching, a host sync every step; on a GPU in
-the static cache's slots), where `hf`'s single call syncs every 8 steps. `hf-generate` is no rlcore engine but the baseline of the HF engine's decode
+batching engine, into its running batch (continuous batching; on a GPU in the static cache's
+slots, the host looking at ends every 8 steps as `hf`'s single call does). `hf-generate` is no rlcore engine but the baseline of the HF engine's decode
 loop: transformers' `model.generate` on the same model, each prompt repeated n times (as TRL's
 GRPOTrainer calls it). After one warm-up call, `--calls` calls are timed; tokens/s = generated
 tokens / wall time, over all the timed calls. Engine start-up is reported apart. Each rlcore engine

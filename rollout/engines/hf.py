@@ -50,8 +50,8 @@ from .hf_static_batch import StaticRows
 logger = logging.getLogger(__name__)
 
 CHECK_EVERY = 8
-"""On a GPU the host asks whether every row is done once per this many decode steps (the steps in
-between run without a host sync; at most this many - 1 steps are spent after the last row ends)."""
+"""On a GPU the host asks which rows are done once per this many decode steps (the steps in between
+run without a host sync; a row decodes at most this many - 1 steps past its end, those tokens cut)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -356,12 +356,12 @@ class HFBatch:
         except BaseException:
             self._context.close()
             raise
-        kv = None  # transformers' dynamic cache
+        kv, sync_every = None, 1  # transformers' dynamic cache, eager: nothing to run ahead
         if e._static is not None and not sampling.adapter:
-            kv = StaticRows(e._static, record=recorder is not None)
+            kv, sync_every = StaticRows(e._static, record=recorder is not None), CHECK_EVERY
         self._running = RunningBatch(
             e.model, eos_token_ids=e.eos_token_ids, pad_token_id=e.pad_token_id, interrupt=e.interrupt,
-            routing=recorder, kv=kv,
+            routing=recorder, kv=kv, sync_every=sync_every,
         )  # fmt: skip
         self._key = (sampling.adapter, sampling.return_routed_experts)
 

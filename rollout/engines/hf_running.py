@@ -13,7 +13,9 @@ prompt, sampling and seed only, not on the requests decoded beside it.
 
 A step: every request samples from its rows' logits (hf_decode.decode's rules and order), the host
 learns which rows ended (the step's one sync), finished rows leave, the others' tokens are fed
-back. An `interrupt` set meanwhile (a weight update is waiting: partial rollouts) ends every request
+back. With `sync_every` k (the static cache on a GPU), the host looks at the ends once per k steps
+only: a row that ended in between is noted on the device and decodes on until then, the tokens
+past its end cut. An `interrupt` set meanwhile (a weight update is waiting: partial rollouts) ends every request
 at the next token boundary with finish reason "interrupted" for the rows still decoding.
 """
 
@@ -140,6 +142,10 @@ class Group:
     finish: list[str] = field(default_factory=list)
     t: int = 0
     """Tokens sampled so far by each active row (the decode step the request is at)."""
+    ended_A: torch.Tensor | None = None
+    """Active rows that ended at a step the host has not looked at yet (RunningBatch's sync_every),
+    and each such row's length in `ended_len_A`: they decode on, their tokens past it cut."""
+    ended_len_A: torch.Tensor | None = None
     done: bool = False
     error: StructuredOutputRefused | None = None
     """Why the request ended without its completions (its grammar found no token to go on with)."""
@@ -162,6 +168,25 @@ class Group:
         if self.matcher is not None and t >= s.min_tokens:  # past min_tokens, as vLLM
             done_A |= self.matcher(self.tokens_RT[self.active, : t + 1], logits_AV)
         return token_A, done_A
+
+    def defer(self, done_A: torch.Tensor) -> None:
+        """The rows `done_A` ended at this step, which the host does not look at: they are noted
+        on the device (length t + 1, unless they ended before) and decode on."""
+        if self.ended_A is None or self.ended_len_A is None:
+            self.ended_A = torch.zeros_like(done_A)
+            self.ended_len_A = torch.zeros_like(self.active)
+        self.ended_len_A = torch.where(done_A & ~self.ended_A, self.t + 1, self.ended_len_A)
+        self.ended_A = self.ended_A | done_A
+
+    def ended(self, done_A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """At a step the host looks at: the active rows ended by now and each one's length (this
+        step's t + 1, or the step it ended at before); the noted ends are cleared."""
+        length_A = torch.full_like(self.active, self.t + 1)
+        if self.ended_A is None or self.ended_len_A is None:
+            return done_A, length_A
+        ended_A, length_A = done_A | self.ended_A, torch.where(self.ended_A, self.ended_len_A, length_A)
+        self.ended_A = self.ended_len_A = None
+        return ended_A, length_A
 
     def decoded(self) -> DecodedRows:
         """Each row's tokens and log-probs up to its length."""
@@ -192,9 +217,14 @@ class RunningBatch:
     def __init__(
         self, model: Any, *, eos_token_ids: list[int], pad_token_id: int,
         interrupt: threading.Event | None = None, routing: moe_routing.RoutingRecorder | None = None,
-        kv: BatchRows | None = None,
+        kv: BatchRows | None = None, sync_every: int = 1,
     ) -> None:  # fmt: skip
+        """`sync_every`: the host learns which rows ended once per this many steps (a GPU's
+        steps between run ahead of it); every step while a request streams its tokens or holds to
+        a grammar, at a request's last token and when interrupted."""
         self.model = model
+        self.sync_every = sync_every
+        self._steps = 0
         self.device = next(model.parameters()).device
         self.eos_token_ids = eos_token_ids
         self.pad_token_id = pad_token_id
@@ -277,6 +307,8 @@ class RunningBatch:
         """Decode one token for every running row; the requests that finished at it."""
         if self._joining:
             self._prefill_joining()
+        if not self.groups:
+            return []
         sampled = []
         start = 0
         for g in self.groups:
@@ -287,28 +319,37 @@ class RunningBatch:
                 g.error = e
                 sampled.append((torch.zeros_like(g.active), torch.ones_like(g.active, dtype=torch.bool)))
             start += a
-        done_A = sampled[0][1] if len(sampled) == 1 else torch.cat([d for _, d in sampled])
-        num_done = int(done_A.sum())  # the step's one host sync
+        self._steps += 1
         interrupted = self.interrupt is not None and self.interrupt.is_set()
+        if not (interrupted or self._sync_now()):
+            for g, (token_A, done_A) in zip(self.groups, sampled, strict=True):
+                g.defer(done_A)
+                if g.rules is not None:
+                    g.rules.observe(token_A)
+                g.t += 1
+            self._feed(torch.cat([token_A for token_A, _ in sampled]))
+            return []
+        ended = [g.ended(done_A) for g, (_, done_A) in zip(self.groups, sampled, strict=True)]
+        num_done = int(sum(e.sum() for e, _ in ended))  # the host's sync
         finished, keeps, tokens = [], [], []
-        for g, (token_A, gdone_A) in zip(self.groups, sampled, strict=True):
+        for g, (token_A, _), (gdone_A, length_A) in zip(self.groups, sampled, ended, strict=True):
             if g.error is not None:
                 g.done = True
                 finished.append(g)
                 keeps.append(torch.zeros_like(gdone_A))
                 continue
             if num_done:
-                for row in g.active[gdone_A].tolist():
-                    g.lengths[row], g.finish[row] = g.t + 1, "stop"
+                for row, length in zip(g.active[gdone_A].tolist(), length_A[gdone_A].tolist(), strict=True):
+                    g.lengths[row], g.finish[row] = length, "stop"
             if g.on_tokens is not None:
                 try:
                     g.on_tokens(g.active.tolist(), token_A.tolist())
                 except Exception:  # a stream's reader gone: its request decodes on, unstreamed
                     log.warning("a request's token stream failed; it goes on without it", exc_info=True)
                     g.on_tokens = None
-            ended = g.t == g.sampling.max_tokens - 1 or bool(gdone_A.all())
-            if ended or interrupted:
-                if not ended:
+            ended_all = g.t == g.sampling.max_tokens - 1 or bool(gdone_A.all())
+            if ended_all or interrupted:
+                if not ended_all:
                     for row in g.active[~gdone_A].tolist():
                         g.lengths[row], g.finish[row] = g.t + 1, "interrupted"
                 g.done = True
@@ -331,6 +372,13 @@ class RunningBatch:
         if self.groups:
             self._feed(tokens[0] if len(tokens) == 1 else torch.cat(tokens))
         return finished
+
+    def _sync_now(self) -> bool:
+        """Whether this step's ends go to the host (see __init__'s sync_every)."""
+        return self.sync_every == 1 or self._steps % self.sync_every == 0 or any(
+            g.on_tokens is not None or g.grammar is not None or g.t == g.sampling.max_tokens - 1
+            for g in self.groups
+        )
 
     def _feed(self, token_A: torch.Tensor) -> None:
         """Feed each running row's sampled token back: the next logits, the routing records."""

@@ -79,8 +79,9 @@ def test_the_static_loop_records_what_the_eager_loop_records() -> None:
 
 def test_the_static_running_batch_records_what_each_request_records_alone() -> None:
     """Requests joining a running batch in the static cache's slots at different steps (the step's
-    router choices gathered back from the slots): each request's records are those of the eager
-    loop decoding it alone, and no forward is left on the recorder."""
+    router choices gathered back from the slots; the host looking at ends every third step): each
+    request's records are those of the eager loop decoding it alone, and no forward is left on
+    the recorder."""
     from rlcore.rollout.engines.hf_running import RunningBatch
     from rlcore.rollout.engines.hf_static import StaticDecodeStates
     from rlcore.rollout.engines.hf_static_batch import StaticRows
@@ -97,7 +98,8 @@ def test_the_static_running_batch_records_what_each_request_records_alone() -> N
     ]  # fmt: skip
     recorder = moe_routing.RoutingRecorder(model)
     states = StaticDecodeStates(model, max_batch_size=8, max_model_len=64, use_graphs=False)
-    batch = RunningBatch(model, eos_token_ids=eos, pad_token_id=pad, routing=recorder, kv=StaticRows(states, record=True))
+    batch = RunningBatch(model, eos_token_ids=eos, pad_token_id=pad, routing=recorder,
+                         kv=StaticRows(states, record=True), sync_every=3)  # fmt: skip
     groups = []
     with torch.inference_mode():
         for step in range(40):
