@@ -144,6 +144,43 @@ def test_a_call_beside_the_static_running_batch_cannot_take_its_state(static_eng
     assert len(static_engine.generate([tok("2+2=")["input_ids"]], beside)[0]) == 8
 
 
+def test_an_interrupt_between_the_hosts_looks_ends_each_row_where_it_was(engine: HFEngine, static_engine: HFEngine) -> None:
+    """Rows in the static cache, the host looking at ends every 8th step: an interrupt set at a step
+    between ends the request there. Rows that ended at steps the host had not looked at keep their
+    own length and "stop"; the others end "interrupted" with their tokens so far. Each row is its
+    row decoded alone, or the start of it."""
+    from rlcore.rollout.engines.base import prompt_seed
+    from rlcore.rollout.engines.hf_running import RunningBatch
+    from rlcore.rollout.engines.hf_static_batch import StaticRows
+
+    tok = engine.tokenizer
+    prompts = [tok("1+1=")["input_ids"], tok("12*3=")["input_ids"]]
+    (stop,) = tok("e", add_special_tokens=False)["input_ids"]  # these rows stop on it at steps 3, 6, 8, 14...
+    at = 12
+    sampling = SamplingParams(temperature=1.0, n=8, max_tokens=40, seed=5, stop_token_ids=[stop])
+    alone = [c for cs in engine.generate(prompts, sampling) for c in cs]
+    interrupt = threading.Event()
+    e = static_engine
+    batch = RunningBatch(e.model, eos_token_ids=e.eos_token_ids, pad_token_id=e.pad_token_id, interrupt=interrupt,
+                         kv=StaticRows(e._static), sync_every=8)  # fmt: skip
+    seeds = [prompt_seed(sampling.seed, p) + j for p in prompts for j in range(8)]
+    with torch.inference_mode():
+        group = batch.add(prompts, 8, sampling, row_seeds=seeds)
+        for _ in range(at - 1):
+            batch.step()
+        interrupt.set()
+        assert batch.step() == [group]  # step 12, between the host's looks at 8 and 16
+    got = group.decoded()
+    stopped = [len(t) for t, f in zip(got.tokens, got.finish_reasons, strict=True) if f == "stop"]
+    assert any(length % 8 for length in stopped if length < at)  # a row ended where the host did not look
+    assert "interrupted" in got.finish_reasons
+    for tokens, finish, ref in zip(got.tokens, got.finish_reasons, alone, strict=True):
+        if finish == "stop":
+            assert tokens == ref.token_ids and ref.finish_reason == "stop"
+        else:
+            assert finish == "interrupted" and tokens == ref.token_ids[:at]
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_concurrent_requests_with_their_own_seeds_and_lengths_share_one_running_batch(
     engine: HFEngine, cache: str, request: pytest.FixtureRequest
